@@ -1,0 +1,60 @@
+"""meshio: many processes, GPUs and hosts driven as one program from a
+single asyncio controller."""
+
+from ._actor import Actor as Actor
+from ._actor import Context as Context
+from ._actor import ProcInfo as ProcInfo
+from ._actor import context as context
+from ._actor import current_rank as current_rank
+from ._actor_mesh import ActorMesh as ActorMesh
+from ._endpoint import Endpoint as Endpoint
+from ._endpoint import EndpointDescriptor as EndpointDescriptor
+from ._endpoint import endpoint as endpoint
+from ._exceptions import ActorError as ActorError
+from ._exceptions import CallTimeout as CallTimeout
+from ._exceptions import MeshioError as MeshioError
+from ._exceptions import ProtocolError as ProtocolError
+from ._exceptions import SchemaError as SchemaError
+from ._exceptions import SupervisionError as SupervisionError
+from ._exceptions import UnknownActorError as UnknownActorError
+from ._exceptions import UnknownEndpointError as UnknownEndpointError
+from ._extent import Extent as Extent
+from ._extent import Point as Point
+from ._port import Channel as Channel
+from ._port import Port as Port
+from ._port import PortReceiver as PortReceiver
+from ._proc_mesh import HostMesh as HostMesh
+from ._proc_mesh import ProcMesh as ProcMesh
+from ._proc_mesh import this_host as this_host
+from ._run import run as run
+from ._value_mesh import ValueMesh as ValueMesh
+
+__all__ = (
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "CallTimeout",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "EndpointDescriptor",
+    "Extent",
+    "HostMesh",
+    "MeshioError",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcInfo",
+    "ProcMesh",
+    "ProtocolError",
+    "SchemaError",
+    "SupervisionError",
+    "UnknownActorError",
+    "UnknownEndpointError",
+    "ValueMesh",
+    "context",
+    "current_rank",
+    "endpoint",
+    "run",
+    "this_host",
+)

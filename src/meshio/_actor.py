@@ -1,0 +1,149 @@
+"""``Actor``, the base class of everything spawned on a proc mesh, and the
+per-actor ``context()``."""
+
+from __future__ import annotations
+
+import builtins
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ._endpoint import EndpointDescriptor
+from ._exceptions import MeshioError
+from ._schema import Schema
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from ._actor_mesh import ActorMesh
+    from ._extent import Extent, Point
+    from ._value_mesh import ValueMesh
+
+__all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank", "self_mesh")
+
+#: names of mesh operations; an endpoint may not take one of them
+RESERVED = frozenset({
+    "call", "extent", "flatten", "rename", "size", "sizes", "slice", "stop",
+})
+
+
+class Actor:
+    """Base class of actors.  Mark remotely callable methods with ``@endpoint``.
+
+    ``__init__`` runs in the actor's process with the constructor arguments
+    given to ``procs.spawn(...)``, inside the actor's :func:`context`.
+
+    For type checkers an actor class also stands for a mesh of such actors
+    (``procs.spawn`` returns the mesh typed as the class), so the mesh
+    operations below type-check on it; at run time they live on
+    :class:`~meshio.ActorMesh`.
+    """
+
+    _meshio_endpoints: ClassVar[dict[str, EndpointDescriptor[Any, Any, Any]]] = {}
+    _meshio_ctor: ClassVar[Schema]
+
+    def __init__(self) -> None:
+        pass
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        endpoints: dict[str, EndpointDescriptor[Any, Any, Any]] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, EndpointDescriptor):
+                    endpoints[name] = value
+                else:
+                    endpoints.pop(name, None)
+        clash = sorted(RESERVED & endpoints.keys())
+        if clash:
+            raise TypeError(
+                f"{cls.__qualname__}: endpoint name(s) {clash} clash with mesh operations; "
+                "rename them")
+        cls._meshio_endpoints = endpoints
+        cls._meshio_ctor = Schema(cls.__init__, f"{cls.__qualname__}.__init__")
+
+    @classmethod
+    def _meshio_accepts(cls, obj: object) -> bool:
+        """A mesh reference of this class (or a subclass) stands for the class."""
+        from ._actor_mesh import ActorMesh
+
+        return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)
+
+    if TYPE_CHECKING:
+        # Typing-only: what a mesh of this actor can do (see the class docstring).
+        @property
+        def extent(self) -> Extent: ...
+        @property
+        def sizes(self) -> dict[str, int]: ...
+        def size(self, dim: str | None = None) -> int: ...
+        def __len__(self) -> int: ...
+        def __iter__(self) -> Iterator[Point]: ...
+        def slice(self, **dims: int | builtins.slice) -> Self: ...
+        def flatten(self, name: str) -> Self: ...
+        def rename(self, **names: str) -> Self: ...
+        def call(self, ep: EndpointDescriptor[Any, Any, Any], /, *args: Any,
+                 **kwargs: Any) -> Any: ...
+        async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """The process an actor lives in."""
+
+    rank: int
+    pid: int
+    host: str
+    addr: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where the running actor is.
+
+    Attributes:
+        point: the actor's coordinates in the mesh it was spawned as.
+        actor_name: the name given to ``procs.spawn``.
+        proc: the process hosting the actor.
+        mesh: a reference to the whole actor mesh (call your peers with it).
+    """
+
+    point: Point
+    actor_name: str
+    proc: ProcInfo
+    mesh: ActorMesh[Any]
+
+
+_context: contextvars.ContextVar[Context] = contextvars.ContextVar("meshio_context")
+
+
+def context() -> Context:
+    """The running actor's :class:`Context`.
+
+    Raises:
+        MeshioError: when called outside an actor (e.g. in the controller).
+    """
+    try:
+        return _context.get()
+    except LookupError:
+        raise MeshioError(
+            "meshio.context() is only available inside an actor (its __init__ or "
+            "an endpoint); the controller has no mesh coordinates") from None
+
+
+def current_rank() -> Point:
+    """The running actor's point: ``context().point``."""
+    return context().point
+
+
+def self_mesh(actor: object) -> ActorMesh[Any]:
+    """A one-actor mesh referring to ``actor`` itself."""
+    ctx: Context | None = getattr(actor, "_meshio_context", None)
+    if ctx is None:
+        raise MeshioError(
+            f"{type(actor).__qualname__} was not spawned on a proc mesh; endpoints can only "
+            "be called on actors created with procs.spawn(...)")
+    point = ctx.point
+    return ctx.mesh.slice(**{k: point[k] for k in point})
+
+

@@ -1,0 +1,159 @@
+"""``ActorMesh``: a reference to actors spawned on a proc mesh.
+
+A mesh reference is a value: pickled into an argument or a result it
+arrives in another process as a working reference that calls the actors
+directly (not through the controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+import msgspec
+
+from ._endpoint import Endpoint, EndpointDescriptor
+from ._exceptions import MeshioError
+from ._extent import Extent, MeshShape, Region
+from ._messages import Call, encode_message
+from ._runtime import Pending, Runtime, runtime
+from ._serial import OutBuffers
+
+if TYPE_CHECKING:
+    from ._proc_mesh import ProcMesh
+    from ._value_mesh import ValueMesh
+
+__all__ = ("ActorMesh",)
+
+A = TypeVar("A")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ActorMesh(MeshShape, Generic[A]):
+    """Actors of class ``A``, one per point.  Endpoints are attributes:
+    ``mesh.train.call(step=0)``; ``mesh.call(Trainer.train, step=0)`` is the
+    explicit spelling."""
+
+    def __init__(self, target: str, name: str, cls: type[A], region: Region,
+                 addrs: Sequence[str], procs: ProcMesh | None = None) -> None:
+        self._target = target
+        self._name = name
+        self._cls = cls
+        self._region = region
+        self._addrs = tuple(addrs)
+        self._procs = procs
+        self._rt: Runtime | None = None
+        self._inflight = [0] * len(region.ranks)
+        self._rr = 0
+
+    def _with_region(self, region: Region) -> ActorMesh[A]:
+        return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs)
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
+
+    def __getattr__(self, name: str) -> Endpoint[Any, Any]:
+        desc = self._cls._meshio_endpoints.get(name) if not name.startswith("__") else None  # type: ignore[attr-defined]
+        if desc is None:
+            raise AttributeError(
+                f"{self._cls.__qualname__} actor mesh {self._name!r} has no endpoint {name!r} "
+                f"(endpoints: {sorted(self._cls._meshio_endpoints)})")  # type: ignore[attr-defined]
+        ep: Endpoint[Any, Any] = Endpoint(self, desc)
+        self.__dict__[name] = ep  # later reads skip __getattr__
+        return ep
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._target, self._name, self._cls, self._region.extent.labels,
+                           self._region.extent.sizes, self._region.ranks, self._addrs))
+
+    def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
+             **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
+        """``mesh.call(Trainer.train, step=0)``: same as ``mesh.train.call(step=0)``."""
+        if not isinstance(ep, EndpointDescriptor) or ep.name not in self._cls._meshio_endpoints:  # type: ignore[attr-defined]
+            raise MeshioError(f"{ep!r} is not an endpoint of {self._cls.__qualname__}")
+        return Endpoint(self, ep).call(*args, **kwargs)
+
+    async def stop(self) -> None:
+        """Stop these actors (their processes keep running)."""
+        from ._messages import StopActor
+
+        rt = self._runtime()
+        futs = []
+        for grank in self._region.ranks:
+            conn = rt.connect(self._addrs[grank])
+            fut = rt.loop.create_future()
+            req = conn.next_req(Pending(fut, lambda raw, bufs: None, "stop", self._name, grank))
+            conn.send_message(StopActor(req, self._target))
+            futs.append(fut)
+        await asyncio.gather(*futs, return_exceptions=True)
+
+    # -------------------------------------------------------- internals
+
+    def _runtime(self) -> Runtime:
+        rt = self._rt
+        if rt is None or rt.loop is not asyncio.get_running_loop():
+            rt = self._rt = runtime()
+        return rt
+
+    def _send(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+              out: OutBuffers, reply: bool) -> asyncio.Future[Any]:
+        """Send one call to the actor at ``index`` of this view."""
+        rt = self._runtime()
+        addr = self._addrs[self._region.ranks[index]]
+        fut: asyncio.Future[Any] = rt.loop.create_future()
+        conn = rt.conns.get(addr)
+        if conn is None:
+            dead = rt.dead.get(addr)
+            if dead is not None:
+                fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
+                                               desc.fn.__qualname__, self._name,
+                                               self._region.point(index))))
+                return fut
+            conn = rt.connect(addr)
+        req = 0
+        if reply:
+            req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
+                                        self._name, _LazyPoint(self._region, index)))
+            inflight = self._inflight
+            inflight[index] += 1
+            fut.add_done_callback(lambda _f: inflight.__setitem__(index, inflight[index] - 1))
+        else:
+            fut.set_result(None)
+        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body))), out)
+        return fut
+
+    def _least_loaded(self) -> int:
+        """Fewest calls in flight from this caller; ties go round-robin."""
+        inflight = self._inflight
+        n = len(inflight)
+        start = best = self._rr
+        self._rr = (start + 1) % n
+        for k in range(1, n):
+            i = (start + k) % n
+            if inflight[i] < inflight[best]:
+                best = i
+        return best
+
+
+class _LazyPoint:
+    """The point of a call, built only if an error message needs it."""
+
+    __slots__ = ("index", "region")
+
+    def __init__(self, region: Region, index: int) -> None:
+        self.region = region
+        self.index = index
+
+    @property
+    def rank(self) -> int:
+        return self.index
+
+    def __repr__(self) -> str:
+        return repr(self.region.point(self.index))
+
+
+def _rebuild(target: str, name: str, cls: type[Any], labels: Sequence[str],
+             sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str]) -> ActorMesh[Any]:
+    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs)

@@ -1,0 +1,280 @@
+"""``@endpoint`` and the adverbs: ``call``, ``call_one``, ``choose``,
+``stream``, ``broadcast``.
+
+Typing: ``@endpoint`` turns ``async def train(self, step: int) -> float``
+into an ``EndpointDescriptor[Trainer, [step: int], float]``; read on a mesh
+it is an ``Endpoint[[step: int], float]`` whose adverbs reuse the parameter
+spec, so IDEs and mypy check every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from ._exceptions import (
+    CallTimeout,
+    MeshioError,
+    SchemaError,
+    SupervisionError,
+)
+from ._schema import Schema
+from ._serial import Packer
+
+if TYPE_CHECKING:
+    from typing import Concatenate, Self
+
+    from ._actor_mesh import ActorMesh
+    from ._extent import Point
+    from ._value_mesh import ValueMesh
+
+__all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+A = TypeVar("A")
+
+
+class EndpointDescriptor(Generic[A, P, R]):
+    """What ``@endpoint`` makes of a method; read it on an actor mesh to get
+    an :class:`Endpoint`, or pass it to ``mesh.call(Cls.method, ...)``."""
+
+    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False) -> None:
+        self.fn = fn
+        self.name: str = fn.__name__
+        self.concurrent = concurrent
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.schema = Schema(fn, fn.__qualname__)
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type[Any] | None = None) -> Self: ...
+    @overload
+    def __get__(self, obj: A, objtype: type[Any] | None = None) -> Endpoint[P, R]: ...
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        # Read on an actor instance: the endpoint of that actor alone.
+        from ._actor import self_mesh
+
+        return Endpoint(self_mesh(obj), self)
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self.fn.__qualname__}>"
+
+
+class _EndpointDecorator(Protocol):
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, fn: Callable[Concatenate[A, P], Awaitable[R]], /
+    ) -> EndpointDescriptor[A, P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
+
+
+@overload
+def endpoint(  # type: ignore[overload-overlap]
+    fn: Callable[Concatenate[A, P], Awaitable[R]], /
+) -> EndpointDescriptor[A, P, R]: ...
+@overload
+def endpoint(fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
+@overload
+def endpoint(*, concurrent: bool = False) -> _EndpointDecorator: ...
+def endpoint(fn: Any = None, /, *, concurrent: bool = False) -> Any:
+    """Mark a method of an :class:`~meshio.Actor` as remotely callable.
+
+    ``async def`` and plain ``def`` methods both work.  Arguments and the
+    result are validated against the annotations on the receiving side.
+
+    Args:
+        concurrent: let calls to this endpoint run concurrently with other
+            messages of the same actor (each in its own task) instead of one
+            message at a time.  Only for ``async def`` endpoints that are
+            safe to interleave.
+    """
+    if fn is None:
+        return lambda f: EndpointDescriptor(f, concurrent=concurrent)
+    if not callable(fn):
+        raise TypeError(f"@endpoint expects a function, got {fn!r}")
+    return EndpointDescriptor(fn, concurrent=concurrent)
+
+
+class Endpoint(Generic[P, R]):
+    """An endpoint of an actor mesh, with the adverbs to call it.
+
+    ``mesh.train.call(step=0)`` — every actor, gathered into a ValueMesh;
+    ``call_one`` — the only actor; ``choose`` — one actor, load-balanced;
+    ``stream`` — every actor, results as they arrive; ``broadcast`` — every
+    actor, fire and forget.  ``options(timeout=...)`` sets per-call options.
+    """
+
+    __slots__ = ("_desc", "_mesh", "_timeout")
+
+    def __init__(self, mesh: ActorMesh[Any], desc: EndpointDescriptor[Any, P, R],
+                 timeout: float | None = None) -> None:
+        self._mesh = mesh
+        self._desc = desc
+        self._timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._desc.fn.__qualname__} of {self._mesh!r}>"
+
+    @property
+    def _qualname(self) -> str:
+        return self._desc.fn.__qualname__
+
+    def options(self, *, timeout: float | None = None) -> Endpoint[P, R]:
+        """The same endpoint with per-call options.
+
+        Args:
+            timeout: seconds to wait for the answers before raising
+                :class:`~meshio.CallTimeout` (``None``: wait forever).
+        """
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
+        return Endpoint(self._mesh, self._desc, timeout)
+
+    def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, Packer]:
+        schema = self._desc.schema
+        packer = Packer()
+        return schema.pack_args(schema.bind(args, kwargs), packer), packer
+
+    # ------------------------------------------------------------ adverbs
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
+        """Call every actor of the mesh; a ValueMesh of the results."""
+        body, packer = self._encode(args, kwargs)
+        mesh = self._mesh
+        futs = [mesh._send(i, self._desc, body, packer.out, True) for i in range(len(mesh))]
+        return asyncio.ensure_future(self._gather(futs))
+
+    async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
+        from ._value_mesh import ValueMesh
+
+        if futs:
+            done, pending = await asyncio.wait(futs, timeout=self._timeout)
+            if pending:
+                self._raise_timeout(futs, pending)
+        failures = []
+        for point, f in zip(self._mesh, futs):
+            if f.exception() is not None:
+                failures.append((point, f.exception()))
+        if failures:
+            raise combine_failures(self._qualname, self._mesh, failures)
+        return ValueMesh(self._mesh._region, [f.result() for f in futs])
+
+    def _raise_timeout(self, futs: list[asyncio.Future[Any]], pending: set[Any]) -> None:
+        for f in pending:
+            f.cancel()
+        points = [p for p, f in zip(self._mesh, futs) if f in pending]
+        ranks = [p.rank for p in points]
+        raise CallTimeout(
+            f"{self._qualname} on {self._mesh._name!r}: no answer within {self._timeout}s "
+            f"from rank(s) {ranks} ({', '.join(map(repr, points))})",
+            endpoint=self._qualname, ranks=ranks)
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
+        """Call the only actor of a one-actor mesh (e.g. a slice) and return its result."""
+        mesh = self._mesh
+        if len(mesh) != 1:
+            raise MeshioError(
+                f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
+                f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
+        body, packer = self._encode(args, kwargs)
+        return self._single(mesh._send(0, self._desc, body, packer.out, True), 0)
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
+        """Call one actor, the least loaded as seen from this caller."""
+        mesh = self._mesh
+        if len(mesh) == 0:
+            raise MeshioError(f"choose on {mesh._name!r}: the mesh is empty")
+        body, packer = self._encode(args, kwargs)
+        index = mesh._least_loaded()
+        return self._single(mesh._send(index, self._desc, body, packer.out, True), index)
+
+    def _single(self, fut: asyncio.Future[Any], index: int) -> asyncio.Future[R]:
+        if self._timeout is None:
+            return fut
+        return asyncio.ensure_future(self._single_timeout(fut, index))
+
+    async def _single_timeout(self, fut: asyncio.Future[Any], index: int) -> R:
+        done, _ = await asyncio.wait([fut], timeout=self._timeout)
+        if not done:
+            self._raise_timeout([fut], {fut})
+        result: R = fut.result()
+        return result
+
+    async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[tuple[Point, R]]:
+        """Call every actor; yield ``(point, result)`` in arrival order.
+
+        A failing rank raises its error when its turn comes; the iterator then ends.
+        """
+        body, packer = self._encode(args, kwargs)
+        mesh = self._mesh
+        points = list(mesh)
+        futs = [mesh._send(i, self._desc, body, packer.out, True) for i in range(len(mesh))]
+        where = {f: p for f, p in zip(futs, points)}
+        remaining = set(futs)
+        loop = asyncio.get_running_loop()
+        deadline = None if self._timeout is None else loop.time() + self._timeout
+        try:
+            while remaining:
+                timeout = None if deadline is None else max(0.0, deadline - loop.time())
+                done, remaining = await asyncio.wait(
+                    remaining, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    self._raise_timeout(futs, remaining)
+                for f in sorted(done, key=lambda f: where[f].rank):
+                    yield where[f], f.result()
+        finally:
+            for f in remaining:
+                f.cancel()
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Send to every actor without waiting; an exception in the endpoint
+        is reported as a supervision event, not to the caller."""
+        body, packer = self._encode(args, kwargs)
+        mesh = self._mesh
+        for i in range(len(mesh)):
+            mesh._send(i, self._desc, body, packer.out, False)
+
+
+_SEVERITY = (SupervisionError, CallTimeout, MeshioError)
+
+
+def combine_failures(what: str, mesh: Any, failures: list[tuple[Point, BaseException]]
+                     ) -> BaseException:
+    """One error for a call that failed on several ranks, listing each."""
+    if len(failures) == 1:
+        return failures[0][1]
+    errors = [(p, e) for p, e in failures]
+    first = next((e for kind in _SEVERITY for _, e in errors if isinstance(e, kind)), errors[0][1])
+    lines = "\n".join(f"  rank {p.rank} {dict(p)}: {type(e).__name__}: {_first_line(e)}"
+                      for p, e in errors)
+    message = (f"{what} failed on {len(errors)} of {len(mesh)} ranks of "
+               f"{mesh._name!r}:\n{lines}\n\nFirst failure in full:\n{first}")
+    if isinstance(first, MeshioError):
+        combined = _copy_error(first, message)
+        combined.failures = tuple((p, e) for p, e in errors if isinstance(e, MeshioError))
+        return combined
+    return first
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
+
+
+def _copy_error(e: MeshioError, message: str) -> MeshioError:
+    clone = type(e).__new__(type(e))
+    clone.__dict__.update(e.__dict__)
+    clone.args = (message,)
+    return clone
+
+

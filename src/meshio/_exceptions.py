@@ -1,0 +1,163 @@
+"""Errors raised by meshio.
+
+Every error is a value you can read: it says what happened, to which actor
+mesh / rank / host, and what you can do about it::
+
+    MeshioError                      base of everything meshio raises
+    ├── ActorError                   an endpoint (or constructor) raised remotely
+    ├── SchemaError (ValueError)     arguments or a result do not match the signature
+    ├── SupervisionError             a process or actor died; the call cannot complete
+    ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
+    ├── UnknownActorError (LookupError)     no such actor in the target process
+    ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
+    └── ProtocolError                a malformed or truncated frame was received
+
+A call on many ranks that fails on several of them raises one error of the
+most serious kind (supervision > timeout > actor > schema); its ``failures``
+attribute lists every failing rank with its own error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._extent import Point
+
+__all__ = (
+    "ActorError",
+    "CallTimeout",
+    "MeshioError",
+    "ProtocolError",
+    "SchemaError",
+    "SupervisionError",
+    "UnknownActorError",
+    "UnknownEndpointError",
+)
+
+
+class MeshioError(Exception):
+    """Base class of every error meshio raises.
+
+    Attributes:
+        failures: for a call on several ranks, ``(point, error)`` for every
+            rank that failed; empty for a single failure.
+    """
+
+    failures: tuple[tuple[Point, MeshioError], ...]
+
+    def __init__(
+        self, message: str, *, failures: Sequence[tuple[Point, MeshioError]] = ()
+    ) -> None:
+        super().__init__(message)
+        self.failures = tuple(failures)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class ActorError(MeshioError):
+    """An exception raised by a remote endpoint or actor constructor.
+
+    Attributes:
+        remote_type: qualified name of the remote exception's type.
+        remote_message: ``str()`` of the remote exception.
+        remote_traceback: the remote traceback, formatted.
+        actor: name of the actor mesh.
+        rank: flat rank of the failing actor in its mesh.
+        endpoint: name of the endpoint (``"__init__"`` for the constructor).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remote_type: str,
+        remote_message: str,
+        remote_traceback: str,
+        actor: str,
+        rank: int,
+        endpoint: str,
+        failures: Sequence[tuple[Point, MeshioError]] = (),
+    ) -> None:
+        super().__init__(message, failures=failures)
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+        self.actor = actor
+        self.rank = rank
+        self.endpoint = endpoint
+
+
+class SchemaError(MeshioError, ValueError):
+    """Arguments or a result do not match the endpoint's signature.
+
+    The message names the endpoint and the path of the offending field
+    (``$.step``, ``$.batch[3].x``).
+    """
+
+
+class SupervisionError(MeshioError):
+    """The process or actor serving a call died, so the call cannot complete.
+
+    Attributes:
+        actor: name of the actor mesh ('' when not known).
+        rank: flat rank in that mesh (-1 when not known).
+        host: host name of the process.
+        pid: process id (-1 when not known).
+        cause: what happened ("killed by signal SIGKILL", "exit code 3",
+            "connection lost", ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        actor: str = "",
+        rank: int = -1,
+        host: str = "",
+        pid: int = -1,
+        cause: str = "",
+        failures: Sequence[tuple[Point, MeshioError]] = (),
+    ) -> None:
+        super().__init__(message, failures=failures)
+        self.actor = actor
+        self.rank = rank
+        self.host = host
+        self.pid = pid
+        self.cause = cause
+
+
+class CallTimeout(MeshioError, TimeoutError):
+    """No answer arrived within the call's timeout.
+
+    Attributes:
+        endpoint: ``Class.endpoint`` that timed out.
+        ranks: flat ranks that did not answer in time.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        endpoint: str = "",
+        ranks: Sequence[int] = (),
+        failures: Sequence[tuple[Point, MeshioError]] = (),
+    ) -> None:
+        super().__init__(message, failures=failures)
+        self.endpoint = endpoint
+        self.ranks = tuple(ranks)
+
+
+class UnknownActorError(MeshioError, LookupError):
+    """The target process hosts no actor of that name (never spawned or stopped)."""
+
+
+class UnknownEndpointError(MeshioError, AttributeError):
+    """The actor class has no endpoint of that name."""
+
+
+class ProtocolError(MeshioError):
+    """A malformed or truncated frame was received; the connection is dropped."""

@@ -1,0 +1,133 @@
+"""Starting worker processes: the one seam a host agent takes over.
+
+A :class:`ProcLauncher` starts ``python -m meshio.worker`` processes on one
+host and hands back :class:`ProcHandle`\\ s to watch and signal them.  The
+controller's own host uses :class:`LocalLauncher`; a per-host agent (for
+remote hosts) implements the same two methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ("LocalLauncher", "LocalProc", "ProcHandle", "ProcLauncher", "WorkerSpec",
+           "describe_exit")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to start: its id, where it listens, whom it reports to."""
+
+    worker: str
+    listen: str
+    controller: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class ProcHandle(Protocol):
+    """A started worker process."""
+
+    pid: int
+    host: str
+
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int:
+        """Wait for the process to exit; its return code (negative: signal)."""
+        ...
+    def send_signal(self, sig: int) -> None: ...
+
+
+class ProcLauncher(Protocol):
+    """Starts worker processes on one host."""
+
+    host: str
+
+    async def launch(self, spec: WorkerSpec) -> ProcHandle: ...
+
+
+def describe_exit(rc: int | None) -> str:
+    """Human words for a return code."""
+    if rc is None:
+        return "connection lost (process still running)"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return "exited normally" if rc == 0 else f"exited with code {rc}"
+
+
+class LocalProc:
+    """A worker on this host, watched with a pidfd (no thread, no SIGCHLD)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.host = socket.gethostname()
+        self._loop = loop
+        self._exit: asyncio.Future[int] = loop.create_future()
+        try:
+            self._fd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # no pidfd: a thread waits instead
+            self._fd = -1
+            fut = loop.run_in_executor(None, popen.wait)
+            fut.add_done_callback(lambda f: self._set(f.result()))
+        else:
+            loop.add_reader(self._fd, self._reap)
+
+    def _reap(self) -> None:
+        rc = self._popen.poll()
+        if rc is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._set(rc)
+
+    def _set(self, rc: int) -> None:
+        if not self._exit.done():
+            self._exit.set_result(rc)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode if self._exit.done() else self._popen.poll()
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, sig: int) -> None:
+        if self._popen.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class LocalLauncher:
+    """Starts workers on this host as child processes of the controller."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+
+    async def launch(self, spec: WorkerSpec) -> LocalProc:
+        import meshio
+
+        src = os.path.dirname(os.path.dirname(os.path.abspath(meshio.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["MESHIO_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+        env.update(spec.env)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
+             "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid())],
+            env=env, stdin=subprocess.DEVNULL, close_fds=True)
+        return LocalProc(popen, asyncio.get_running_loop())

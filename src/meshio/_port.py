@@ -1,0 +1,112 @@
+"""``Port`` and ``Channel``: streaming values back to whoever opened the channel.
+
+``port, receiver = Channel[int].open()`` in any process (controller or
+actor); pass ``port`` to actors as an argument; they ``port.send(v)`` as
+often as they like and ``port.close()`` when done; the owner reads with
+``await receiver.recv()`` or ``async for v in receiver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from ._exceptions import MeshioError
+from ._messages import PortSend
+from ._runtime import runtime
+from ._serial import Buffers, Packer, TypedDecoder
+
+__all__ = ("Channel", "Port", "PortReceiver")
+
+T = TypeVar("T")
+
+_ids = itertools.count(1)
+_CLOSE = object()
+
+
+class Port(Generic[T]):
+    """The sending end of a channel; a small value that can travel anywhere."""
+
+    __slots__ = ("_addr", "_id")
+
+    def __init__(self, addr: str, port_id: int) -> None:
+        self._addr = addr
+        self._id = port_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Port, (self._addr, self._id))
+
+    def __repr__(self) -> str:
+        return f"<Port {self._id} at {self._addr}>"
+
+    def send(self, value: T) -> None:
+        """Send ``value`` to the receiver (fire and forget, in order)."""
+        packer = Packer()
+        body = packer.pack(value, False)
+        runtime().connect(self._addr).send_message(
+            PortSend(self._id, msgspec.Raw(body)), packer.out)
+
+    def close(self) -> None:
+        """Tell the receiver no more values will come."""
+        runtime().connect(self._addr).send_message(PortSend(self._id, msgspec.Raw(b"\xc0"), True))
+
+
+class PortReceiver(Generic[T]):
+    """The receiving end of a channel, in the process that opened it."""
+
+    def __init__(self, port_id: int) -> None:
+        self._id = port_id
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._decoder = TypedDecoder(Any)
+
+    def _put(self, msg: PortSend, bufs: Buffers) -> None:
+        self._items.append(_CLOSE if msg.close else self._decoder.decode(msg.value, bufs))
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def recv(self) -> T:
+        """The next value.
+
+        Raises:
+            MeshioError: the port was closed and every value has been read.
+        """
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item = self._items[0]
+        if item is _CLOSE:
+            raise MeshioError(f"port {self._id} is closed")
+        self._items.popleft()
+        value: T = item
+        return value
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        while True:
+            try:
+                yield await self.recv()
+            except MeshioError:
+                if self._items and self._items[0] is _CLOSE:
+                    return
+                raise
+
+    def close(self) -> None:
+        """Stop receiving; later sends to the port are dropped."""
+        runtime().ports.pop(self._id, None)
+
+
+class Channel(Generic[T]):
+    """Opens ports: ``port, receiver = Channel[int].open()``."""
+
+    @staticmethod
+    def open() -> tuple[Port[T], PortReceiver[T]]:
+        rt = runtime()
+        port_id = next(_ids)
+        receiver: PortReceiver[T] = PortReceiver(port_id)
+        rt.ports[port_id] = receiver
+        return Port(rt.addr, port_id), receiver

@@ -1,0 +1,306 @@
+"""Values on the wire: msgspec msgpack with out-of-band buffers.
+
+A message body is msgpack; large buffers (tensor storage, big ``bytes``,
+every ``bytearray``/``memoryview``) travel beside it as separate frame
+buffers, sent with vectored writes and received into preallocated memory.
+
+Typed values (a parameter or result with a precise annotation) are encoded
+natively and validated on decode against the annotation.  Untyped values
+(no annotation or ``Any``) keep their Python type: plain JSON-like data goes
+natively, anything else is pickled with cloudpickle inside an extension
+type, tensor storage still out of band.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+import cloudpickle
+import msgspec
+
+__all__ = ("Buffers", "OutBuffers", "Packer", "decoder_for", "dumps", "loads")
+
+#: buffers received with a frame: ``bytes`` or ``bytearray``
+Buffers = list[Any]
+#: buffers to send with a frame: ``(buffer, kind)`` with kind 0 = receive as
+#: ``bytearray`` (writable), 1 = receive as ``bytes``
+OutBuffers = list[tuple[Any, int]]
+
+KIND_BYTEARRAY: Final = 0
+KIND_BYTES: Final = 1
+
+EXT_PICKLE: Final = 1
+EXT_BUFFER: Final = 2
+EXT_TENSOR: Final = 3
+
+#: ``bytes`` at least this large travel out of band
+OOB_THRESHOLD: Final = 32 * 1024
+
+_AS_BYTES, _AS_BYTEARRAY, _AS_MEMORYVIEW = 0, 1, 2
+_PLAIN: Final = frozenset({int, float, str, bool, type(None)})
+
+_tls = threading.local()
+
+
+def _out() -> OutBuffers:
+    out: OutBuffers | None = getattr(_tls, "out", None)
+    if out is None:
+        raise RuntimeError("meshio: encoding outside of a frame")
+    return out
+
+
+def _in() -> Buffers:
+    bufs: Buffers | None = getattr(_tls, "bufs", None)
+    return [] if bufs is None else bufs
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _tensor_memory(t: Any) -> tuple[Any, Any]:
+    """``(contiguous cpu tensor, writable byte view of its storage)``."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return t, bytearray()
+    array = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    array._meshio_owner = t  # keep the storage alive while the bytes are in flight
+    return t, memoryview(array).cast("B")
+
+
+def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int]) -> Any:
+    import torch
+
+    dt = getattr(torch, dtype.removeprefix("torch."))
+    if len(buf) == 0:
+        return torch.empty(shape, dtype=dt)
+    flat = torch.frombuffer(buf, dtype=dt)
+    return flat.as_strided(shape, strides)
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            t, mem = _tensor_memory(obj)
+            return _rebuild_tensor, (
+                pickle.PickleBuffer(mem), str(t.dtype), list(t.shape), list(t.stride()))
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any, out: OutBuffers) -> bytes:
+    """cloudpickle ``obj``; tensor storages go to ``out`` instead of the pickle."""
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=lambda pb: out.append((pb.raw(), KIND_BYTEARRAY))
+             ).dump(obj)
+    return f.getvalue()
+
+
+def loads(data: bytes | memoryview, bufs: Buffers, start: int) -> Any:
+    """Unpickle what :func:`dumps` made, its buffers being ``bufs[start:]``."""
+    return pickle.loads(data, buffers=bufs[start:])
+
+
+# ----------------------------------------------------------- msgspec hooks
+
+
+class _OOB:
+    __slots__ = ("buf",)
+
+    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
+        self.buf = buf
+
+
+class _Pickled:
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+
+_small = msgspec.msgpack.Encoder()
+
+
+def _enc_hook(obj: Any) -> Any:
+    out = _out()
+    if type(obj) is _OOB:
+        buf = obj.buf
+        if type(buf) is bytes:
+            as_, kind = _AS_BYTES, KIND_BYTES
+        else:
+            as_, kind = (_AS_BYTEARRAY if type(buf) is bytearray else _AS_MEMORYVIEW), KIND_BYTEARRAY
+            if type(buf) is memoryview and not buf.c_contiguous:
+                buf = buf.tobytes()
+        index = len(out)
+        out.append((buf, kind))
+        return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        t, mem = _tensor_memory(obj)
+        index = len(out)
+        out.append((mem, KIND_BYTEARRAY))
+        return msgspec.msgpack.Ext(
+            EXT_TENSOR, _small.encode((str(t.dtype), list(t.shape), list(t.stride()), index)))
+    if type(obj) is _Pickled:
+        obj = obj.obj
+    start = len(out)
+    data = dumps(obj, out)
+    return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, data)))
+
+
+_small_dec = msgspec.msgpack.Decoder()
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    bufs = _in()
+    if code == EXT_BUFFER:
+        index, as_ = _small_dec.decode(data)
+        buf = bufs[index]
+        if as_ == _AS_MEMORYVIEW:
+            return memoryview(buf)
+        return buf
+    if code == EXT_TENSOR:
+        dtype, shape, strides, index = _small_dec.decode(data)
+        return _rebuild_tensor(bufs[index], dtype, shape, strides)
+    if code == EXT_PICKLE:
+        start, payload = _small_dec.decode(data)
+        return loads(payload, bufs, start)
+    raise ValueError(f"unknown msgpack extension code {code}")
+
+
+def _dec_hook(tp: Any, obj: Any) -> Any:
+    if isinstance(obj, tp):
+        return obj
+    check = getattr(tp, "_meshio_accepts", None)
+    if check is not None and check(obj):
+        return obj
+    raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
+
+
+# ---------------------------------------------------------------- walkers
+
+
+def _prep_typed(v: Any) -> Any:
+    """Move big buffers out of band; msgspec does the rest."""
+    t = type(v)
+    if t in _PLAIN:
+        return v
+    if t is bytes:
+        return _OOB(v) if len(v) >= OOB_THRESHOLD else v
+    if t is bytearray or t is memoryview:
+        return _OOB(v)
+    if t is list:
+        return [_prep_typed(x) for x in v]
+    if t is tuple:
+        return tuple(_prep_typed(x) for x in v)
+    if t is dict:
+        return {k: _prep_typed(x) for k, x in v.items()}
+    return v
+
+
+def _prep_untyped(v: Any) -> Any:
+    """Keep the Python type: plain data natively, the rest pickled."""
+    t = type(v)
+    if t in _PLAIN:
+        return v
+    if t is bytes:
+        return _OOB(v) if len(v) >= OOB_THRESHOLD else v
+    if t is bytearray or t is memoryview:
+        return _OOB(v)
+    if t is list:
+        return [_prep_untyped(x) for x in v]
+    if t is dict and all(type(k) is str for k in v):
+        return {k: _prep_untyped(x) for k, x in v.items()}
+    torch = sys.modules.get("torch")
+    if torch is not None and t is torch.Tensor:
+        return v
+    return _Pickled(v)
+
+
+# ------------------------------------------------------------------ packer
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+
+
+class Packer:
+    """Encodes values for one frame, collecting its out-of-band buffers."""
+
+    __slots__ = ("out",)
+
+    def __init__(self) -> None:
+        self.out: OutBuffers = []
+
+    def pack(self, value: Any, typed: bool) -> bytes:
+        t = type(value)
+        if t in _PLAIN:
+            return _small.encode(value)
+        prepped = _prep_typed(value) if typed else _prep_untyped(value)
+        return self.encode(prepped)
+
+    def pack_map(self, values: dict[str, Any], typed: Callable[[str], bool]) -> bytes:
+        prepped = {}
+        plain = True
+        for k, v in values.items():
+            if type(v) in _PLAIN:
+                prepped[k] = v
+            else:
+                plain = False
+                prepped[k] = _prep_typed(v) if typed(k) else _prep_untyped(v)
+        return _small.encode(prepped) if plain else self.encode(prepped)
+
+    def encode(self, prepped: Any) -> bytes:
+        _tls.out = self.out
+        try:
+            return _encoder.encode(prepped)
+        finally:
+            _tls.out = None
+
+
+def decoder_for(tp: Any) -> tuple[Any, bool]:
+    """``(decodable type, typed)`` for an annotation: types msgspec cannot
+    describe fall back to their origin class, then to ``Any``."""
+    if tp is Any or tp is object:
+        return Any, False
+    for candidate in (tp, getattr(tp, "__origin__", None)):
+        if candidate is None:
+            continue
+        try:
+            msgspec.msgpack.Decoder(candidate, dec_hook=_dec_hook, ext_hook=_ext_hook)
+        except TypeError:
+            continue
+        return candidate, True
+    return Any, False
+
+
+class TypedDecoder:
+    """Decodes msgpack into ``tp`` with validation; buffers via ``bufs``."""
+
+    __slots__ = ("_dec", "_tp")
+
+    def __init__(self, tp: Any) -> None:
+        self._tp = tp
+        self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
+
+    def decode(self, data: Any, bufs: Buffers) -> Any:
+        _tls.bufs = bufs
+        try:
+            if not bufs:
+                return self._dec.decode(data)
+            # Extension values cannot stand where msgspec expects a builtin
+            # (a big ``bytes``), so decode loosely first, then validate.
+            return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+        finally:
+            _tls.bufs = None
+
+

@@ -1,0 +1,3 @@
+"""One-sided RDMA buffers.  Filled in by the RDMA work."""
+
+__all__ = ()
