@@ -3,6 +3,7 @@ per-actor ``context()``."""
 
 from __future__ import annotations
 
+import abc
 import builtins
 import contextvars
 from collections.abc import Iterator
@@ -28,7 +29,19 @@ RESERVED = frozenset({
 })
 
 
-class Actor:
+class _ActorMeta(abc.ABCMeta):
+    """Lets a mesh reference pass for its actor class in ``isinstance`` (so a
+    parameter annotated ``learners: Learner`` accepts a mesh of learners)."""
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        if super().__instancecheck__(obj):
+            return True
+        from ._actor_mesh import ActorMesh
+
+        return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)
+
+
+class Actor(metaclass=_ActorMeta):
     """Base class of actors.  Mark remotely callable methods with ``@endpoint``.
 
     ``__init__`` runs in the actor's process with the constructor arguments
@@ -62,13 +75,6 @@ class Actor:
                 "rename them")
         cls._meshio_endpoints = endpoints
         cls._meshio_ctor = Schema(cls.__init__, f"{cls.__qualname__}.__init__")
-
-    @classmethod
-    def _meshio_accepts(cls, obj: object) -> bool:
-        """A mesh reference of this class (or a subclass) stands for the class."""
-        from ._actor_mesh import ActorMesh
-
-        return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)
 
     if TYPE_CHECKING:
         # Typing-only: what a mesh of this actor can do (see the class docstring).

@@ -179,10 +179,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
 
 
 def _dec_hook(tp: Any, obj: Any) -> Any:
-    if isinstance(obj, tp):
-        return obj
-    check = getattr(tp, "_meshio_accepts", None)
-    if check is not None and check(obj):
+    if isinstance(obj, getattr(tp, "__origin__", tp)):
         return obj
     raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
 

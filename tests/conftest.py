@@ -1,0 +1,44 @@
+"""Shared fixtures: every test must leave no worker process behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+import meshio
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) child processes of this test process."""
+    me = str(os.getpid())
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_workers() -> Iterator[None]:
+    before = child_pids()
+    yield
+    leaked = child_pids() - before
+    for pid in leaked:
+        os.kill(pid, 9)
+    assert not leaked, f"test leaked worker processes {sorted(leaked)}"
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[meshio.ProcMesh]:
+    """Two worker processes on this host, stopped after the test."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as pm:
+        yield pm
