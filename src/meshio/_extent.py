@@ -117,8 +117,8 @@ class Point(Mapping[str, int]):
         return hash((self._extent.labels, self._coords))
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in zip(self._extent.labels, self._coords))
-        return f"Point({inner}, rank={self._rank})"
+        inner = "".join(f"{k}={v}, " for k, v in zip(self._extent.labels, self._coords))
+        return f"Point({inner}rank={self._rank})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_point, (self._extent.labels, self._extent.sizes, self._coords, self._rank))
@@ -209,7 +209,8 @@ class Region:
         unknown = [k for k in coords if k not in labels]
         missing = [k for k, s in zip(labels, sizes) if k not in coords and s != 1]
         if unknown or missing:
-            raise KeyError(self._where(f"coordinates {dict(coords)}: unknown {unknown}, missing {missing}"))
+            raise KeyError(self._where(
+                f"coordinates {dict(coords)}: unknown {unknown}, missing {missing}"))
         idx = [coords.get(k, 0) for k in labels]
         for k, i, s in zip(labels, idx, sizes):
             if not 0 <= i < s:

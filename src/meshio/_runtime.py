@@ -24,7 +24,7 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ._cell import ActorCell
     from ._port import PortReceiver
 
-__all__ = ("Connection", "Pending", "Runtime", "runtime")
+__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "runtime")
 
 log = logging.getLogger("meshio")
 
@@ -162,12 +162,12 @@ class Connection(asyncio.BufferedProtocol):
     # ---------------------------------------------------------- lifecycle
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
         if self.peer is not None:  # we dialled: introduce ourselves first
             self.send_message(Hello(self.rt.addr, os.getpid(), self.rt.worker))
             backlog, self._backlog = self._backlog or [], None
             if backlog:
-                transport.writelines(backlog)
+                stream.writelines(backlog)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -207,7 +207,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._parse()
         except ProtocolError as e:
-            log.warning("meshio: %s; dropping connection from %s", e, self.peer or "unidentified peer")
+            log.warning("meshio: %s; dropping connection from %s", e,
+                        self.peer or "unidentified peer")
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", str(e))))
             self.abort()
 
@@ -243,6 +244,8 @@ class Connection(asyncio.BufferedProtocol):
                     self._reserve(need)
                     break
                 descs = struct.unpack_from(f"<{nbufs}Q", buf, self._start + 8) if nbufs else ()
+                if any(d >> 56 > KIND_BYTES for d in descs):
+                    raise ProtocolError("malformed frame header (unknown buffer kind)")
                 self._start += need
                 f = self._frame = _Frame(body_len, descs)
             if f.body is None:
@@ -254,7 +257,11 @@ class Connection(asyncio.BufferedProtocol):
             while len(f.bufs) < len(f.descs):
                 d = f.descs[len(f.bufs)]
                 n = d & _LEN_MASK
-                target, tmv = _allocate(d >> 56, n)
+                try:
+                    target, tmv = _allocate(d >> 56, n)
+                except (MemoryError, OverflowError) as e:
+                    raise ProtocolError(f"malformed frame header (cannot allocate a {n}-byte "
+                                        f"buffer: {type(e).__name__})") from None
                 k = min(self._end - self._start, n)
                 tmv[:k] = mv[self._start:self._start + k]
                 self._start += k
@@ -273,7 +280,8 @@ class Connection(asyncio.BufferedProtocol):
         try:
             msg = decode_message(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            log.warning("meshio: malformed message from %s: %s", self.peer or "unidentified peer", e)
+            log.warning("meshio: malformed message from %s: %s",
+                        self.peer or "unidentified peer", e)
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError",
                                                 f"malformed message: {e}")))
             return
@@ -406,13 +414,14 @@ class Runtime:
         try:
             await self.loop.create_unix_connection(lambda: conn, addr)
         except OSError as e:
+            why = e.strerror or e
             if self.conns.get(addr) is conn:
                 del self.conns[addr]
             conn.closed = True
             conn._backlog = None
             dead = self.dead.get(addr)
             conn.fail_all(dead or (lambda p: SupervisionError(
-                f"cannot reach {p.mesh} {p.point} at {addr}: {e.strerror or e} "
+                f"cannot reach {p.mesh} {p.point} at {addr}: {why} "
                 "(the process is gone or was never started)",
                 actor=p.mesh, rank=getattr(p.point, "rank", -1), host=self.host,
                 cause="connection refused")))
@@ -483,11 +492,26 @@ class Runtime:
             self.connect(self.controller).send_message(Fault(info))
 
     def close(self) -> None:
+        """Stop listening and drop every connection (the end of this loop's
+        runtime; workers still attached exit when their connection drops)."""
+        self._serving.cancel()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.close()
         for conn in list(self.all_conns):
             conn.abort()
         self._sock.close()
         if os.path.exists(self.addr):
             os.unlink(self.addr)
+        if _runtimes.get(self.loop) is self:
+            del _runtimes[self.loop]
+
+
+def close_runtime() -> None:
+    """Close the running loop's runtime, if it has one."""
+    rt = _runtimes.get(asyncio.get_running_loop())
+    if rt is not None:
+        rt.close()
 
 
 def _log_fault(conn: Connection, info: ErrorInfo) -> None:

@@ -27,19 +27,28 @@ class Schema:
     ``fn`` is an unbound method; its first parameter (``self``) is skipped.
     """
 
-    def __init__(self, fn: Callable[..., Any], qualname: str) -> None:
+    def __init__(self, fn: Callable[..., Any], qualname: str,
+                 hints: dict[str, Any] | None = None) -> None:
         self.fn = fn
         self.qualname = qualname
+        self._hints = hints
         self._ready = False
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Schema, (self.fn, self.qualname))
+        # Ship resolved annotations: a class pickled by value (defined in
+        # __main__ or a notebook) loses the module globals that string
+        # annotations (``from __future__ import annotations``) refer to.
+        try:
+            hints = self._hints if self._hints is not None else typing.get_type_hints(self.fn)
+        except Exception:
+            hints = None
+        return (Schema, (self.fn, self.qualname, hints))
 
     def _build(self) -> None:
         sig = inspect.signature(self.fn)
         params = list(sig.parameters.values())[1:]
         try:
-            hints = typing.get_type_hints(self.fn)
+            hints = self._hints if self._hints is not None else typing.get_type_hints(self.fn)
         except Exception as e:  # unresolvable forward reference: stay untyped
             raise SchemaError(
                 f"{self.qualname}: cannot resolve annotations ({e}); define the "
