@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import meshio
+import meshio._runtime
 
 
 def child_pids() -> set[int]:
@@ -35,6 +36,14 @@ def no_leaked_workers() -> Iterator[None]:
     for pid in leaked:
         os.kill(pid, 9)
     assert not leaked, f"test leaked worker processes {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+async def close_meshio_runtime() -> AsyncIterator[None]:
+    """Each test has its own event loop: close that loop's meshio runtime
+    (listening socket, connections) with it."""
+    yield
+    meshio._runtime.close_runtime()
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
 from ._run import run as run
+from ._supervisor import SupervisionEvent as SupervisionEvent
+from ._supervisor import Supervisor as Supervisor
 from ._value_mesh import ValueMesh as ValueMesh
 
 __all__ = (
@@ -49,6 +51,8 @@ __all__ = (
     "ProtocolError",
     "SchemaError",
     "SupervisionError",
+    "SupervisionEvent",
+    "Supervisor",
     "UnknownActorError",
     "UnknownEndpointError",
     "ValueMesh",

@@ -15,11 +15,15 @@ from ._exceptions import MeshioError
 from ._schema import Schema
 
 if TYPE_CHECKING:
-    from typing import Self
+    import asyncio
+    from typing import ParamSpec, Self, TypeVar
 
     from ._actor_mesh import ActorMesh
     from ._extent import Extent, Point
     from ._value_mesh import ValueMesh
+
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 __all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank", "self_mesh")
 
@@ -88,8 +92,8 @@ class Actor(metaclass=_ActorMeta):
         def slice(self, **dims: int | builtins.slice) -> Self: ...
         def flatten(self, name: str) -> Self: ...
         def rename(self, **names: str) -> Self: ...
-        def call(self, ep: EndpointDescriptor[Any, Any, Any], /, *args: Any,
-                 **kwargs: Any) -> Any: ...
+        def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
+                 **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]: ...
         async def stop(self) -> None: ...
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import msgspec
 
 from ._endpoint import Endpoint, EndpointDescriptor
-from ._exceptions import MeshioError
+from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Region
 from ._messages import Call, encode_message
 from ._runtime import Pending, Runtime, runtime
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from ._value_mesh import ValueMesh
 
 __all__ = ("ActorMesh",)
+
+#: seconds a retryable call keeps trying across restarts
+RETRY_WINDOW = 60.0
 
 A = TypeVar("A")
 P = ParamSpec("P")
@@ -71,7 +74,8 @@ class ActorMesh(MeshShape, Generic[A]):
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """``mesh.call(Trainer.train, step=0)``: same as ``mesh.train.call(step=0)``."""
-        if not isinstance(ep, EndpointDescriptor) or ep.name not in self._cls._meshio_endpoints:  # type: ignore[attr-defined]
+        if not isinstance(ep, EndpointDescriptor) or not any(
+                vars(k).get(ep.name) is ep for k in self._cls.__mro__):  # an endpoint of cls or a base
             raise MeshioError(f"{ep!r} is not an endpoint of {self._cls.__qualname__}")
         return Endpoint(self, ep).call(*args, **kwargs)
 
@@ -103,15 +107,15 @@ class ActorMesh(MeshShape, Generic[A]):
         rt = self._runtime()
         addr = self._addrs[self._region.ranks[index]]
         fut: asyncio.Future[Any] = rt.loop.create_future()
-        conn = rt.conns.get(addr)
-        if conn is None:
-            dead = rt.dead.get(addr)
-            if dead is not None:
-                fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
-                                               desc.fn.__qualname__, self._name,
-                                               self._region.point(index))))
-                return fut
-            conn = rt.connect(addr)
+        # A dead (or restarting) process may already have a new connection up
+        # before its actors are rebuilt: the dead list is checked first.
+        dead = rt.dead.get(addr) if rt.dead else None
+        if dead is not None:
+            fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
+                                           desc.fn.__qualname__, self._name,
+                                           self._region.point(index))))
+            return fut
+        conn = rt.conns.get(addr) or rt.connect(addr)
         req = 0
         if reply:
             req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
@@ -123,6 +127,33 @@ class ActorMesh(MeshShape, Generic[A]):
             fut.set_result(None)
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body))), out)
         return fut
+
+    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                 out: OutBuffers) -> asyncio.Future[Any]:
+        """A call expecting a reply; retried on the new incarnation after a
+        restart when the endpoint is ``retryable``."""
+        fut = self._send(index, desc, body, out, True)
+        if not desc.retryable:
+            return fut
+        return asyncio.ensure_future(self._retry(index, desc, body, out, fut))
+
+    async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                     out: OutBuffers, fut: asyncio.Future[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RETRY_WINDOW
+        delay = 0.02
+        while True:
+            try:
+                return await fut
+            except SupervisionError:
+                if loop.time() >= deadline:
+                    raise
+                if self._procs is not None:  # the owner knows when the restart is done
+                    await self._procs._state.wait_ready(self._region.ranks[index])
+                else:  # a reference held elsewhere: back off and try again
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, 1.0)
+            fut = self._send(index, desc, body, out, True)
 
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""

@@ -4,6 +4,7 @@ message at a time (unless the endpoint is ``concurrent``)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import traceback
 from collections import deque
@@ -48,6 +49,16 @@ class ActorCell:
         self.task = rt.loop.create_task(self._pump())
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        desc = self.endpoints.get(msg.method)
+        if desc is not None and desc.concurrent:
+            # Concurrent endpoints do not queue behind a busy actor: start now.
+            try:
+                args, kwargs = desc.schema.unpack_args(msg.args, bufs)
+            except SchemaError as e:
+                self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
+                return
+            self.rt.loop.create_task(self._run_concurrent(conn, msg.req, desc, args, kwargs))
+            return
         self.mailbox.append((conn, msg, bufs))
         waiter = self.waiter
         if waiter is not None:
@@ -100,6 +111,12 @@ class ActorCell:
             else:
                 await self._run(conn, msg.req, desc, args, kwargs)
 
+    async def _run_concurrent(self, conn: Connection, req: int,
+                              desc: EndpointDescriptor[Any, Any, Any],
+                              args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        _context.set(self.ctx)  # this task's own copy of the context
+        await self._run(conn, req, desc, args, kwargs)
+
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
@@ -139,6 +156,12 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
             instance = cls.__new__(cls)
             instance._meshio_context = ctx
             instance.__init__(*args, **kwargs)
+            if msg.restart:
+                hook = getattr(instance, "on_restart", None)
+                if hook is not None:
+                    result = hook()
+                    if inspect.isawaitable(result):
+                        await result
         finally:
             _context.reset(token)
     except SchemaError as e:

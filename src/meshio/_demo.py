@@ -90,21 +90,22 @@ async def demo(procs_per_host: int = 2) -> None:
             payload = [1.0] * 1000
             what = "list of floats (install torch for tensors)"
         first = learners.slice(gpus=0)
-        await _timed("send it once (the worker imports torch)", lambda: first.norm.call_one(payload))
+        await _timed("send it once (the worker imports torch)",
+                     lambda: first.norm.call_one(payload))
         await _timed(f"send a {what}", lambda: first.norm.call_one(payload))
         t1 = time.perf_counter()
         try:
             await learners.fail.call(why="demo failure")
         except meshio.ActorError as e:
-            first = e.failures[0][1] if e.failures else e
-            assert isinstance(first, meshio.ActorError)
+            err = e.failures[0][1] if e.failures else e
+            assert isinstance(err, meshio.ActorError)
             print(f"  {'remote error arrives as ActorError':<44} "
-                  f"{(time.perf_counter() - t1) * 1e3:8.2f} ms   -> {first.remote_type}: "
-                  f"{first.remote_message} (ranks {[p.rank for p, _ in e.failures]})")
+                  f"{(time.perf_counter() - t1) * 1e3:8.2f} ms   -> {err.remote_type}: "
+                  f"{err.remote_message} (ranks {[p.rank for p, _ in e.failures]})")
         one = learners.slice(gpus=0)
         n = 2000
         t1 = time.perf_counter()
-        for i in range(n):
+        for _ in range(n):
             await one.pid.call_one()
         per_call = (time.perf_counter() - t1) / n * 1e6
         print(f"  {'round trip, one call at a time':<44} {per_call:8.1f} us/call")

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ov
 from ._exceptions import (
     CallTimeout,
     MeshioError,
-    SchemaError,
     SupervisionError,
 )
 from ._schema import Schema
@@ -43,10 +42,12 @@ class EndpointDescriptor(Generic[A, P, R]):
     """What ``@endpoint`` makes of a method; read it on an actor mesh to get
     an :class:`Endpoint`, or pass it to ``mesh.call(Cls.method, ...)``."""
 
-    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False,
+                 retryable: bool = False) -> None:
         self.fn = fn
         self.name: str = fn.__name__
         self.concurrent = concurrent
+        self.retryable = retryable
         self.is_async = inspect.iscoroutinefunction(fn)
         self.schema = Schema(fn, fn.__qualname__)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -72,7 +73,7 @@ class EndpointDescriptor(Generic[A, P, R]):
 
 class _EndpointDecorator(Protocol):
     @overload
-    def __call__(  # type: ignore[overload-overlap]
+    def __call__(
         self, fn: Callable[Concatenate[A, P], Awaitable[R]], /
     ) -> EndpointDescriptor[A, P, R]: ...
     @overload
@@ -80,14 +81,14 @@ class _EndpointDecorator(Protocol):
 
 
 @overload
-def endpoint(  # type: ignore[overload-overlap]
+def endpoint(
     fn: Callable[Concatenate[A, P], Awaitable[R]], /
 ) -> EndpointDescriptor[A, P, R]: ...
 @overload
 def endpoint(fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
 @overload
-def endpoint(*, concurrent: bool = False) -> _EndpointDecorator: ...
-def endpoint(fn: Any = None, /, *, concurrent: bool = False) -> Any:
+def endpoint(*, concurrent: bool = False, retryable: bool = False) -> _EndpointDecorator: ...
+def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = False) -> Any:
     """Mark a method of an :class:`~meshio.Actor` as remotely callable.
 
     ``async def`` and plain ``def`` methods both work.  Arguments and the
@@ -98,12 +99,17 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False) -> Any:
             messages of the same actor (each in its own task) instead of one
             message at a time.  Only for ``async def`` endpoints that are
             safe to interleave.
+        retryable: the endpoint is idempotent: a call that fails because the
+            actor's process died is sent again to the new incarnation once
+            its supervisor has restarted it (for up to a minute), instead of
+            raising :class:`~meshio.SupervisionError`.  Without it calls are
+            never re-executed silently.
     """
     if fn is None:
-        return lambda f: EndpointDescriptor(f, concurrent=concurrent)
+        return lambda f: EndpointDescriptor(f, concurrent=concurrent, retryable=retryable)
     if not callable(fn):
         raise TypeError(f"@endpoint expects a function, got {fn!r}")
-    return EndpointDescriptor(fn, concurrent=concurrent)
+    return EndpointDescriptor(fn, concurrent=concurrent, retryable=retryable)
 
 
 class Endpoint(Generic[P, R]):
@@ -152,20 +158,21 @@ class Endpoint(Generic[P, R]):
         """Call every actor of the mesh; a ValueMesh of the results."""
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
-        futs = [mesh._send(i, self._desc, body, packer.out, True) for i in range(len(mesh))]
+        futs = [mesh._request(i, self._desc, body, packer.out) for i in range(len(mesh))]
         return asyncio.ensure_future(self._gather(futs))
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
         from ._value_mesh import ValueMesh
 
         if futs:
-            done, pending = await asyncio.wait(futs, timeout=self._timeout)
+            _, pending = await asyncio.wait(futs, timeout=self._timeout)
             if pending:
                 self._raise_timeout(futs, pending)
-        failures = []
+        failures: list[tuple[Point, BaseException]] = []
         for point, f in zip(self._mesh, futs):
-            if f.exception() is not None:
-                failures.append((point, f.exception()))
+            exc = f.exception()
+            if exc is not None:
+                failures.append((point, exc))
         if failures:
             raise combine_failures(self._qualname, self._mesh, failures)
         return ValueMesh(self._mesh._region, [f.result() for f in futs])
@@ -188,7 +195,7 @@ class Endpoint(Generic[P, R]):
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
         body, packer = self._encode(args, kwargs)
-        return self._single(mesh._send(0, self._desc, body, packer.out, True), 0)
+        return self._single(mesh._request(0, self._desc, body, packer.out), 0)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller."""
@@ -197,7 +204,7 @@ class Endpoint(Generic[P, R]):
             raise MeshioError(f"choose on {mesh._name!r}: the mesh is empty")
         body, packer = self._encode(args, kwargs)
         index = mesh._least_loaded()
-        return self._single(mesh._send(index, self._desc, body, packer.out, True), index)
+        return self._single(mesh._request(index, self._desc, body, packer.out), index)
 
     def _single(self, fut: asyncio.Future[Any], index: int) -> asyncio.Future[R]:
         if self._timeout is None:
@@ -219,7 +226,7 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         points = list(mesh)
-        futs = [mesh._send(i, self._desc, body, packer.out, True) for i in range(len(mesh))]
+        futs = [mesh._request(i, self._desc, body, packer.out) for i in range(len(mesh))]
         where = {f: p for f, p in zip(futs, points)}
         remaining = set(futs)
         loop = asyncio.get_running_loop()

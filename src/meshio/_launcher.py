@@ -31,6 +31,11 @@ class WorkerSpec:
     listen: str
     controller: str
     env: Mapping[str, str] = field(default_factory=dict)
+    #: a replacement for a failed worker (its actors are being rebuilt)
+    restart: bool = False
+
+    def restarted(self) -> WorkerSpec:
+        return WorkerSpec(self.worker, self.listen, self.controller, self.env, True)
 
 
 class ProcHandle(Protocol):
@@ -128,6 +133,7 @@ class LocalLauncher:
         env.update(spec.env)
         popen = subprocess.Popen(
             [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
-             "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid())],
+             "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
+             *(["--restart"] if spec.restart else [])],
             env=env, stdin=subprocess.DEVNULL, close_fds=True)
         return LocalProc(popen, asyncio.get_running_loop())

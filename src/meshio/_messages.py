@@ -7,8 +7,6 @@ typed decoder, so the control decoder never looks inside them.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 __all__ = (
@@ -18,8 +16,11 @@ __all__ = (
     "Fault",
     "Hello",
     "Message",
+    "Ping",
+    "Pong",
     "PortSend",
     "Reply",
+    "Restored",
     "Shutdown",
     "SpawnActor",
     "StopActor",
@@ -29,10 +30,11 @@ __all__ = (
 
 
 class _Msg(msgspec.Struct, frozen=True, array_like=True, tag=True, gc=False):
-    pass
+    """Base of control messages.  Subclasses repeat ``frozen=True`` (msgspec
+    inherits it, but mypy's dataclass_transform needs it on each class)."""
 
 
-class Hello(_Msg, tag=1):
+class Hello(_Msg, frozen=True, tag=1):
     """First message on every connection: who is speaking."""
 
     addr: str
@@ -40,7 +42,7 @@ class Hello(_Msg, tag=1):
     worker: str = ""
 
 
-class Call(_Msg, tag=2):
+class Call(_Msg, frozen=True, tag=2):
     """Invoke ``method`` on the actor of mesh ``target`` hosted by the receiver.
 
     ``req`` 0 means no reply is wanted (broadcast).
@@ -52,7 +54,7 @@ class Call(_Msg, tag=2):
     args: msgspec.Raw
 
 
-class Reply(_Msg, tag=3):
+class Reply(_Msg, frozen=True, tag=3):
     req: int
     value: msgspec.Raw
 
@@ -68,12 +70,12 @@ class ErrorInfo(msgspec.Struct, frozen=True, array_like=True, gc=False):
     rank: int = -1
 
 
-class Fail(_Msg, tag=4):
+class Fail(_Msg, frozen=True, tag=4):
     req: int
     error: ErrorInfo
 
 
-class SpawnActor(_Msg, tag=5):
+class SpawnActor(_Msg, frozen=True, tag=5):
     """Create the actor of mesh ``target`` at ``rank`` of a mesh shaped
     ``labels``/``sizes``; ``mesh`` is the pickled full-mesh reference."""
 
@@ -86,14 +88,16 @@ class SpawnActor(_Msg, tag=5):
     sizes: list[int]
     mesh: bytes
     args: msgspec.Raw
+    #: rebuilt by a supervisor after a failure (runs the ``on_restart`` hook)
+    restart: bool = False
 
 
-class StopActor(_Msg, tag=6):
+class StopActor(_Msg, frozen=True, tag=6):
     req: int
     target: str
 
 
-class PortSend(_Msg, tag=7):
+class PortSend(_Msg, frozen=True, tag=7):
     """A value for the port ``port`` owned by the receiver; ``close`` ends it."""
 
     port: int
@@ -101,17 +105,35 @@ class PortSend(_Msg, tag=7):
     close: bool = False
 
 
-class Fault(_Msg, tag=8):
+class Fault(_Msg, frozen=True, tag=8):
     """An actor failed with no caller to tell (broadcast, failing hook)."""
 
     error: ErrorInfo
 
 
-class Shutdown(_Msg, tag=9):
+class Shutdown(_Msg, frozen=True, tag=9):
     pass
 
 
-Message = Union[Hello, Call, Reply, Fail, SpawnActor, StopActor, PortSend, Fault, Shutdown]
+class Ping(_Msg, frozen=True, tag=10):
+    """Heartbeat from a supervising controller; answered with Pong at once."""
+
+    seq: int
+
+
+class Pong(_Msg, frozen=True, tag=11):
+    seq: int
+
+
+class Restored(_Msg, frozen=True, tag=12):
+    """A restarted worker has all its actors back; ``lost`` names temporary
+    actors that were not rebuilt."""
+
+    lost: list[str]
+
+
+Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
+           | Ping | Pong | Restored)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

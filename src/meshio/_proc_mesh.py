@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
+
+import msgspec
 
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._endpoint import combine_failures
 from ._exceptions import MeshioError, SupervisionError
-from ._extent import MeshShape, Region
+from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
-from ._messages import Shutdown, SpawnActor
+from ._messages import ErrorInfo, Ping, Restored, Shutdown, SpawnActor
 from ._runtime import Connection, Pending, Runtime, runtime
 from ._serial import Packer, dumps
+from ._supervisor import RestartType, ShutdownPolicy, Supervisor
 
 __all__ = ("HostMesh", "ProcMesh", "this_host")
 
@@ -26,53 +30,106 @@ P = ParamSpec("P")
 
 #: seconds a worker gets to say hello before spawn_procs fails
 START_TIMEOUT = 60.0
-#: seconds a worker gets to exit after Shutdown before it is killed
+#: default seconds a worker gets to exit after a shutdown request before it is killed
 STOP_GRACE = 5.0
 #: seconds to wait for an exit status after a worker's connection drops
 EXIT_STATUS_WAIT = 1.0
 
 
 class _Worker:
-    __slots__ = ("addr", "conn", "handle", "rank")
+    """One process slot of a proc mesh; survives restarts (same rank, same
+    address), ``handle``/``conn`` are the current incarnation's."""
 
-    def __init__(self, rank: int, addr: str, handle: ProcHandle) -> None:
+    __slots__ = ("addr", "cause", "conn", "handle", "incarnation", "rank", "ready", "spec",
+                 "stopping")
+
+    def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.rank = rank
         self.addr = addr
         self.handle = handle
+        self.spec = spec
         self.conn: Connection | None = None
+        self.incarnation = 0
+        #: why this incarnation is being taken down (overrides the exit status)
+        self.cause: str | None = None
+        #: taken down on purpose (stop or a strategy restart), not a failure
+        self.stopping = False
+        #: resolved when the current incarnation serves calls (retryable calls wait on it)
+        self.ready: asyncio.Future[None] = loop.create_future()
+
+
+class _ActorRecord:
+    """What it takes to rebuild an actor mesh's actors after a restart."""
+
+    __slots__ = ("body", "cls_blob", "labels", "mesh_blob", "name", "out", "ranks", "restart",
+                 "sizes", "target")
+
+    def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
+                 out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
+                 restart: RestartType) -> None:
+        self.name, self.target = name, target
+        self.cls_blob, self.mesh_blob, self.body, self.out = cls_blob, mesh_blob, body, out
+        self.labels, self.sizes, self.ranks, self.restart = labels, sizes, tuple(ranks), restart
 
 
 class _ProcState:
     """Shared by a proc mesh and all its slices."""
 
     def __init__(self, name: str, launchers: Sequence[ProcLauncher], region: Region,
-                 per_host: int) -> None:
+                 per_host: int, supervisor: Supervisor | None = None,
+                 restart: RestartType | None = None,
+                 shutdown: ShutdownPolicy = STOP_GRACE) -> None:
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.name = name
         self.launchers = launchers
         self.region = region
         self.per_host = per_host
+        self.supervisor = supervisor
+        self.restart = restart
+        self.shutdown = shutdown
         self.workers: list[_Worker] = []
+        self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
         self.stopped = False
         self.rt: Runtime = runtime()
+        self._pongs: dict[str, float] = {}
+        if supervisor is not None:
+            supervisor.children.append(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
 
+    @property
+    def restart_type(self) -> RestartType:
+        """The proc mesh's own, or the most permanent of its actor meshes'."""
+        if self.restart is not None:
+            return self.restart
+        kinds = {a.restart for a in self.actors}
+        for kind in ("permanent", "transient", "temporary"):
+            if kind in kinds:
+                return kind  # type: ignore[return-value]
+        return "permanent"
+
+    def _spec(self, grank: int, point: Point) -> WorkerSpec:
+        worker_id = f"{self.id}-{grank}"
+        env = {"MESHIO_WORKER": worker_id}
+        if "gpus" in self.region.extent.labels:
+            env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
+        return WorkerSpec(worker_id, os.path.join(self.rt.sockdir, f"{worker_id}.sock"),
+                          self.rt.addr, env)
+
+    async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
+                                                                   asyncio.Future[Connection]]:
+        waiter: asyncio.Future[Connection] = self.rt.loop.create_future()
+        self.rt.hello_waiters[spec.worker] = waiter
+        launcher = self.launchers[grank // self.per_host]
+        return await launcher.launch(spec), waiter
+
     async def _start(self) -> None:
-        rt = self.rt
-        labels = self.region.extent.labels
         waits = []
         for grank, point in zip(self.region.ranks, self.region.points()):
-            worker_id = f"{self.id}-{grank}"
-            addr = os.path.join(rt.sockdir, f"{worker_id}.sock")
-            env = {"MESHIO_WORKER": worker_id}
-            if "gpus" in labels:
-                env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
-            waiter: asyncio.Future[Connection] = rt.loop.create_future()
-            rt.hello_waiters[worker_id] = waiter
-            launcher = self.launchers[grank // self.per_host]
-            handle = await launcher.launch(WorkerSpec(worker_id, addr, rt.addr, env))
-            worker = _Worker(grank, addr, handle)
+            spec = self._spec(grank, point)
+            handle, waiter = await self._launch(grank, spec)
+            worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
             self.workers.append(worker)
             waits.append(self._hello(worker, waiter))
         try:
@@ -80,10 +137,15 @@ class _ProcState:
         except BaseException:
             self.kill()
             raise
+        for worker in self.workers:
+            worker.ready.set_result(None)
+        if self.supervisor is not None:
+            self.rt.loop.create_task(self._heartbeats(self.supervisor))
 
     async def _hello(self, worker: _Worker, waiter: asyncio.Future[Connection]) -> None:
         exited = asyncio.ensure_future(worker.handle.wait())
-        done, _ = await asyncio.wait([waiter, exited], timeout=START_TIMEOUT,
+        racers: list[asyncio.Future[Any]] = [waiter, exited]
+        done, _ = await asyncio.wait(racers, timeout=START_TIMEOUT,
                                      return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             exited.cancel()
@@ -94,9 +156,30 @@ class _ProcState:
                 f"{worker.handle.host}) failed to start: {why}; its stderr above says why")
         exited.cancel()
         worker.conn = waiter.result()
-        self.rt.on_lost[worker.addr] = lambda conn, w=worker: self._lost(w, conn)
+        self._pongs[worker.addr] = self._now()
+        self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
+        self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
+        self.rt.on_pong[worker.addr] = lambda: self.pong(worker.addr)
+
+    def _now(self) -> float:
+        return self.supervisor.clock.now() if self.supervisor is not None else 0.0
+
+    # ------------------------------------------------------------ failures
 
     def _lost(self, worker: _Worker, conn: Connection) -> None:
+        # Until _fail_calls has the exit status, new calls fail at once with
+        # what is known (not with a bare "connection refused" from a redial).
+        handle = worker.handle
+
+        def error(p: Pending) -> SupervisionError:
+            cause = describe_exit(handle.returncode)
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.point.rank,
+                host=handle.host, pid=handle.pid, cause=cause)
+
+        if not self.stopped:
+            self.rt.dead[worker.addr] = error
         self.rt.loop.create_task(self._fail_calls(worker, conn))
 
     async def _fail_calls(self, worker: _Worker, conn: Connection) -> None:
@@ -104,18 +187,131 @@ class _ProcState:
         if not self.stopped:
             try:
                 await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
-        cause = "proc mesh stopped" if self.stopped else describe_exit(handle.returncode)
+        if self.stopped:
+            cause = "proc mesh stopped"
+        elif worker.cause is not None:
+            cause = worker.cause
+        elif handle.returncode is None:
+            cause = "connection lost (process still running; killed)"
+            handle.send_signal(signal.SIGKILL)
+        else:
+            cause = describe_exit(handle.returncode)
+        restarting = " (its supervisor restarts it)" if self._will_restart(worker) else ""
 
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in flight",
-                actor=p.mesh, rank=p.point.rank, host=handle.host, pid=handle.pid, cause=cause)
+                f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
+                f"flight{restarting}", actor=p.mesh, rank=p.point.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
 
         self.rt.dead[worker.addr] = error
         conn.fail_all(error)
+        if worker.ready.done():
+            worker.ready = self.rt.loop.create_future()
+        if self.supervisor is not None and not self.stopped and not worker.stopping:
+            self.supervisor.child_failed(self, worker.rank, cause,
+                                         abnormal=handle.returncode != 0,
+                                         pid=handle.pid, host=handle.host)
+        elif not restarting:
+            self._no_restart(worker, SupervisionError(
+                f"proc mesh {self.name!r} rank {worker.rank}: {cause}", actor=self.name,
+                rank=worker.rank, host=handle.host, pid=handle.pid, cause=cause))
+
+    def _will_restart(self, worker: _Worker) -> bool:
+        return (self.supervisor is not None and not self.stopped and not worker.stopping
+                and self.supervisor.failure is None)
+
+    def _no_restart(self, worker: _Worker, error: SupervisionError) -> None:
+        if not worker.ready.done():
+            worker.ready.set_exception(error)
+            worker.ready.exception()  # nobody may be waiting: don't warn
+
+    def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
+        """An actor raised with nobody to tell (e.g. in a broadcast)."""
+        _log_fault(worker, info)
+        if self.supervisor is not None and not worker.stopping:
+            worker.cause = (f"{info.type_name}: {info.message} escaped {info.actor} rank "
+                            f"{info.rank} (no caller to tell)\n{info.traceback}")
+            worker.handle.send_signal(signal.SIGKILL)  # replaced with a fresh process
+
+    async def _heartbeats(self, sup: Supervisor) -> None:
+        """Ping every live process; one silent for heartbeat_timeout is hung."""
+        while not self.stopped:
+            await sup.clock.sleep(sup.heartbeat_interval)
+            now = sup.clock.now()
+            for w in self.workers:
+                conn = w.conn
+                if conn is None or conn.closed or w.stopping or not w.ready.done():
+                    continue
+                last = self._pongs.get(w.addr, now)
+                if now - last > sup.heartbeat_timeout:
+                    w.cause = (f"hung: no heartbeat answer for {now - last:.1f}s "
+                               f"(heartbeat_timeout={sup.heartbeat_timeout}s); killed")
+                    w.handle.send_signal(signal.SIGKILL)
+                else:
+                    conn.send_message(Ping(w.incarnation))
+
+    def pong(self, addr: str) -> None:
+        self._pongs[addr] = self._now()
+
+    # ------------------------------------------------- restarts (supervisor)
+
+    def _worker(self, grank: int) -> _Worker:
+        return next(w for w in self.workers if w.rank == grank)
+
+    async def stop_rank(self, grank: int) -> None:
+        """Take one process down on purpose, by the shutdown policy."""
+        w = self._worker(grank)
+        w.stopping = True
+        await _shutdown([w], self.shutdown)
+
+    async def restart_rank(self, grank: int) -> tuple[int, str]:
+        """Replace one process: same rank and address, actors rebuilt with
+        their constructor arguments at the same coordinates."""
+        w = self._worker(grank)
+        w.stopping = True
+        if w.handle.returncode is None:
+            w.handle.send_signal(signal.SIGKILL)
+        await w.handle.wait()
+        if w.conn is not None and not w.conn.closed:
+            w.conn.abort()
+        w.incarnation += 1
+        handle, waiter = await self._launch(grank, w.spec.restarted())
+        w.handle, w.cause, w.stopping = handle, None, False
+        await self._hello(w, waiter)
+        rt = self.rt
+        lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
+        futs = []
+        for a in self.actors:
+            if grank not in a.ranks or a.restart == "temporary":
+                continue
+            fut: asyncio.Future[Any] = rt.loop.create_future()
+            assert w.conn is not None
+            req = w.conn.next_req(Pending(fut, _ignore, f"{a.name}.__init__", a.name,
+                                          Region(Extent(a.labels, a.sizes), a.ranks)
+                                          .point(a.ranks.index(grank))))
+            w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
+                                           a.ranks.index(grank), a.labels, a.sizes,
+                                           a.mesh_blob, msgspec.Raw(a.body), True), a.out)
+            futs.append(fut)
+        if futs:
+            await asyncio.gather(*futs)
+        assert w.conn is not None
+        w.conn.send_message(Restored(lost))
+        rt.dead.pop(w.addr, None)
+        if not w.ready.done():
+            w.ready.set_result(None)
+        return handle.pid, handle.host
+
+    async def wait_ready(self, grank: int) -> None:
+        """Wait until the process at ``grank`` serves calls again (after a
+        restart); raises SupervisionError if it will not."""
+        await asyncio.shield(self._worker(grank).ready)
+
+    # ----------------------------------------------------------------- stop
 
     def kill(self) -> None:
         for w in self.workers:
@@ -130,23 +326,19 @@ class _ProcState:
                 await self.ready
             except Exception:
                 pass
-            for w in self.workers:
-                if w.conn is not None and not w.conn.closed:
-                    w.conn.send_message(Shutdown())
-            waits = [w.handle.wait() for w in self.workers]
-            if waits:
-                _, pending = await asyncio.wait([asyncio.ensure_future(x) for x in waits],
-                                                timeout=STOP_GRACE)
-                if pending:
-                    self.kill()
-                    await asyncio.wait(pending)
+            await _shutdown(self.workers, self.shutdown)
         except BaseException:
             self.kill()
             raise
         finally:
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
-                self.rt.dead.setdefault(w.addr, self._stopped_error(w))
+                self.rt.on_fault_from.pop(w.addr, None)
+                self.rt.on_pong.pop(w.addr, None)
+                self.rt.dead[w.addr] = self._stopped_error(w)
+                self._no_restart(w, SupervisionError(
+                    f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
+                    cause="proc mesh stopped"))
 
     def _stopped_error(self, w: _Worker) -> Callable[[Pending], SupervisionError]:
         def error(p: Pending) -> SupervisionError:
@@ -155,6 +347,36 @@ class _ProcState:
                 actor=p.mesh, rank=p.point.rank, host=w.handle.host, pid=w.handle.pid,
                 cause="proc mesh stopped")
         return error
+
+
+async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
+    """Stop processes: ``brutal_kill`` at once, else a graceful request and
+    ``policy`` seconds of grace before SIGKILL."""
+    if policy == "brutal_kill":
+        for w in workers:
+            w.handle.send_signal(signal.SIGKILL)
+    else:
+        for w in workers:
+            if w.conn is not None and not w.conn.closed:
+                w.conn.send_message(Shutdown())
+    waits = [asyncio.ensure_future(w.handle.wait()) for w in workers]
+    if not waits:
+        return
+    _, pending = await asyncio.wait(waits, timeout=None if policy == "brutal_kill" else policy)
+    if pending:
+        for w in workers:
+            w.handle.send_signal(signal.SIGKILL)
+        await asyncio.wait(pending)
+
+
+def _ignore(raw: Any, bufs: Any) -> None:
+    return None
+
+
+def _log_fault(worker: _Worker, info: ErrorInfo) -> None:
+    print(f"meshio: unhandled failure in {info.actor} rank {info.rank} "
+          f"(pid {worker.handle.pid}): {info.type_name}: {info.message}\n{info.traceback}",
+          file=sys.stderr, flush=True)
 
 
 class ProcMesh(MeshShape):
@@ -189,8 +411,14 @@ class ProcMesh(MeshShape):
             await self.stop()
             raise
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         await self.stop()
+        sup = self._state.supervisor
+        root = sup
+        while root is not None and root.parent is not None:
+            root = root.parent
+        if exc_type is None and root is not None and root.failure is not None:
+            raise root.failure
 
     @property
     def pids(self) -> list[int]:
@@ -207,12 +435,21 @@ class ProcMesh(MeshShape):
         :class:`ActorMesh`, typed as ``cls`` so endpoints type-check (the one
         deliberate ``cast`` of the library).
 
+        With a supervisor, ``restart="permanent" | "transient" | "temporary"``
+        (a keyword reserved by meshio, not passed to ``cls``) says whether
+        these actors are rebuilt when their process is replaced; default
+        ``"permanent"``.
+
         Raises:
             ActorError: a constructor raised (every failing rank listed).
             SchemaError: the arguments do not match ``cls.__init__``.
         """
+        restart = kwargs.pop("restart", "permanent")
+        if restart not in ("permanent", "transient", "temporary"):
+            raise ValueError(f"spawn: restart must be 'permanent', 'transient' or 'temporary', "
+                             f"got {restart!r}")
         state = self._state
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"spawn: actor mesh name must be a non-empty str without '/', "
@@ -247,11 +484,16 @@ class ProcMesh(MeshShape):
             conn = rt.connect(addrs[grank])
             req = conn.next_req(pending)
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
-                                         mesh_blob, _raw(body)), packer.out)
+                                         mesh_blob, msgspec.Raw(body)), packer.out)
+        state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
+                                         labels, sizes, self._region.ranks,
+                                         cast(RestartType, restart)))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
             await mesh.stop()
+            state.actors = [a for a in state.actors if a.target != target]
+            state.actor_names.discard(name)  # stopped everywhere: the name is free again
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
         return cast(A, mesh)
@@ -262,10 +504,9 @@ class ProcMesh(MeshShape):
         await self._state.stop()
 
 
-def _raw(body: bytes) -> Any:
-    import msgspec
-
-    return msgspec.Raw(body)
+def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:
+    """``cls`` is a subclass of :class:`Actor` (for mypy: ``type[A]``, not a mere callable)."""
+    return isinstance(cls, type) and issubclass(cls, Actor)
 
 
 class HostMesh(MeshShape):
@@ -280,11 +521,29 @@ class HostMesh(MeshShape):
         return HostMesh(self._launchers, region)
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
-                    name: str = "procs") -> ProcMesh:
+                    name: str = "procs", supervisor: Supervisor | None = None,
+                    restart: RestartType | None = None,
+                    shutdown: ShutdownPolicy = STOP_GRACE) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
+
+        Args:
+            supervisor: the :class:`~meshio.Supervisor` owning these processes
+                (declared as its next child); without one, failures are
+                reported and nothing restarts.
+            restart: restart type of the processes (default: the most
+                permanent of their actor meshes' types).
+            shutdown: ``"brutal_kill"`` or seconds of grace after a graceful
+                shutdown request before SIGKILL (stop and strategy restarts).
         """
+        if restart not in (None, "permanent", "transient", "temporary"):
+            raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
+                             f"'temporary', got {restart!r}")
+        if shutdown != "brutal_kill" and not (
+                isinstance(shutdown, (int, float)) and shutdown >= 0):
+            raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
+                             f"got {shutdown!r}")
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -299,7 +558,7 @@ class HostMesh(MeshShape):
             n *= v
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
-        state = _ProcState(name, launchers, region, n)
+        state = _ProcState(name, launchers, region, n, supervisor, restart, shutdown)
         return ProcMesh(state, region)
 
 

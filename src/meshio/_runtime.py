@@ -36,8 +36,11 @@ from ._messages import (
     Fault,
     Hello,
     Message,
+    Ping,
+    Pong,
     PortSend,
     Reply,
+    Restored,
     Shutdown,
     SpawnActor,
     StopActor,
@@ -376,6 +379,13 @@ class Runtime:
         #: called with (connection, exc) when a peer connection is lost
         self.on_lost: dict[str, Callable[[Connection], None]] = {}
         self.on_fault: Callable[[Connection, ErrorInfo], None] = _log_fault
+        #: controller side, by worker address: fault and heartbeat handlers
+        self.on_fault_from: dict[str, Callable[[ErrorInfo], None]] = {}
+        self.on_pong: dict[str, Callable[[], None]] = {}
+        #: worker side: a replacement process whose actors are being rebuilt
+        self.restoring = False
+        #: worker side: temporary actors not rebuilt after a restart
+        self.lost: set[str] = set()
         self.on_shutdown: Callable[[], None] | None = None
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
@@ -447,11 +457,7 @@ class Runtime:
                 cell = self.actors.get(msg.target)
                 if cell is None:
                     if msg.req:
-                        conn.send_message(Fail(msg.req, ErrorInfo(
-                            "unknown_actor", "UnknownActorError",
-                            f"no actor {msg.target!r} in process {os.getpid()} "
-                            f"({self.worker or 'controller'}); it was never spawned here or "
-                            "has been stopped")))
+                        conn.send_message(Fail(msg.req, self._missing(msg.target)))
                     return
                 cell.post(conn, msg, bufs)
             case Hello():
@@ -477,12 +483,36 @@ class Runtime:
                     cell.stop()
                 conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
             case Fault():
-                self.on_fault(conn, msg.error)
+                handler = self.on_fault_from.get(conn.peer or "")
+                if handler is not None:
+                    handler(msg.error)
+                else:
+                    self.on_fault(conn, msg.error)
+            case Ping():
+                conn.send_message(Pong(msg.seq))
+            case Pong():
+                on_pong = self.on_pong.get(conn.peer or "")
+                if on_pong is not None:
+                    on_pong()
+            case Restored():
+                self.restoring = False
+                self.lost.update(msg.lost)
             case Shutdown():
                 if self.on_shutdown is not None:
                     self.on_shutdown()
             case _:
                 log.warning("meshio: unexpected %s from %s", type(msg).__name__, conn.peer)
+
+    def _missing(self, target: str) -> ErrorInfo:
+        if self.restoring or target in self.lost:
+            why = ("is being rebuilt after a restart" if self.restoring
+                   else "was temporary and not rebuilt after a restart")
+            return ErrorInfo("supervision", "SupervisionError",
+                             f"actor {target!r} in process {os.getpid()} {why}")
+        return ErrorInfo(
+            "unknown_actor", "UnknownActorError",
+            f"no actor {target!r} in process {os.getpid()} "
+            f"({self.worker or 'controller'}); it was never spawned here or has been stopped")
 
     def report_fault(self, info: ErrorInfo) -> None:
         """Tell the supervising controller that an actor failed with nobody waiting."""

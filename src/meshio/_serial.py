@@ -44,6 +44,9 @@ OOB_THRESHOLD: Final = 32 * 1024
 
 _AS_BYTES, _AS_BYTEARRAY, _AS_MEMORYVIEW = 0, 1, 2
 _PLAIN: Final = frozenset({int, float, str, bool, type(None)})
+#: ints msgpack can carry natively; untyped ones beyond are pickled
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = (1 << 64) - 1
 
 _tls = threading.local()
 
@@ -138,7 +141,8 @@ def _enc_hook(obj: Any) -> Any:
         if type(buf) is bytes:
             as_, kind = _AS_BYTES, KIND_BYTES
         else:
-            as_, kind = (_AS_BYTEARRAY if type(buf) is bytearray else _AS_MEMORYVIEW), KIND_BYTEARRAY
+            as_ = _AS_BYTEARRAY if type(buf) is bytearray else _AS_MEMORYVIEW
+            kind = KIND_BYTEARRAY
             if type(buf) is memoryview and not buf.c_contiguous:
                 buf = buf.tobytes()
         index = len(out)
@@ -209,7 +213,7 @@ def _prep_untyped(v: Any) -> Any:
     """Keep the Python type: plain data natively, the rest pickled."""
     t = type(v)
     if t in _PLAIN:
-        return v
+        return v if t is not int or _INT_MIN <= v <= _INT_MAX else _Pickled(v)
     if t is bytes:
         return _OOB(v) if len(v) >= OOB_THRESHOLD else v
     if t is bytearray or t is memoryview:
@@ -240,7 +244,7 @@ class Packer:
 
     def pack(self, value: Any, typed: bool) -> bytes:
         t = type(value)
-        if t in _PLAIN:
+        if t in _PLAIN and (t is not int or _INT_MIN <= value <= _INT_MAX):
             return _small.encode(value)
         prepped = _prep_typed(value) if typed else _prep_untyped(value)
         return self.encode(prepped)
@@ -249,7 +253,8 @@ class Packer:
         prepped = {}
         plain = True
         for k, v in values.items():
-            if type(v) in _PLAIN:
+            t = type(v)
+            if t in _PLAIN and (t is not int or _INT_MIN <= v <= _INT_MAX):
                 prepped[k] = v
             else:
                 plain = False

@@ -35,6 +35,7 @@ async def _serve(args: argparse.Namespace) -> int:
     rt = Runtime(loop, addr=args.listen, worker=args.worker)
     _runtimes[loop] = rt
     rt.controller = args.controller
+    rt.restoring = args.restart
     done: asyncio.Future[int] = loop.create_future()
 
     def finish(code: int) -> None:
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--listen", required=True)
     ap.add_argument("--worker", required=True)
     ap.add_argument("--parent", type=int, required=True)
+    ap.add_argument("--restart", action="store_true")
     args = ap.parse_args(argv)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when we stop

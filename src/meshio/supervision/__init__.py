@@ -1,6 +1,24 @@
-"""Supervision trees (OTP vocabulary).  Filled in by the supervision work;
-today a dead process surfaces as :class:`meshio.SupervisionError`."""
+"""Supervision trees (OTP vocabulary): supervisors, strategies, restart
+types, shutdown policies, events and clocks."""
 
 from .._exceptions import SupervisionError as SupervisionError
+from .._supervisor import Clock as Clock
+from .._supervisor import ManualClock as ManualClock
+from .._supervisor import MonotonicClock as MonotonicClock
+from .._supervisor import RestartType as RestartType
+from .._supervisor import ShutdownPolicy as ShutdownPolicy
+from .._supervisor import Strategy as Strategy
+from .._supervisor import SupervisionEvent as SupervisionEvent
+from .._supervisor import Supervisor as Supervisor
 
-__all__ = ("SupervisionError",)
+__all__ = (
+    "Clock",
+    "ManualClock",
+    "MonotonicClock",
+    "RestartType",
+    "ShutdownPolicy",
+    "Strategy",
+    "SupervisionError",
+    "SupervisionEvent",
+    "Supervisor",
+)

@@ -1,0 +1,392 @@
+"""Supervision trees with OTP's vocabulary.
+
+A :class:`Supervisor` owns children in declaration order: the processes of
+the proc meshes started with ``spawn_procs(..., supervisor=sup)`` (with the
+actors spawned on them) and child supervisors (``Supervisor(...,
+parent=sup)``).  When a process fails — it exits, its connection is lost, it
+misses heartbeats, or an actor in it raises with nobody to tell — the
+strategy decides what restarts:
+
+- ``one_for_one``: the failed process only;
+- ``one_for_all``: every child (the SPMD gang);
+- ``rest_for_one``: the failed process and every child declared after it.
+
+More than ``max_restarts`` restarts ``within`` seconds (OTP's intensity and
+period) and the supervisor gives up: it stops its children in reverse order
+and escalates to its parent, or, at the root, to the controller
+(``await sup.wait_failed()``, the ``on_escalate`` hook, and the error raised
+when the supervised proc mesh's ``async with`` block exits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from ._exceptions import SupervisionError
+
+if TYPE_CHECKING:
+    from ._proc_mesh import _ProcState
+
+__all__ = (
+    "Clock",
+    "ManualClock",
+    "MonotonicClock",
+    "RestartType",
+    "ShutdownPolicy",
+    "Strategy",
+    "SupervisionEvent",
+    "Supervisor",
+)
+
+Strategy = Literal["one_for_one", "one_for_all", "rest_for_one"]
+RestartType = Literal["permanent", "transient", "temporary"]
+#: ``"brutal_kill"``: SIGKILL at once; a number: seconds of grace after a
+#: graceful shutdown request, then SIGKILL
+ShutdownPolicy = Literal["brutal_kill"] | float
+
+_STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
+_RESTARTS = ("permanent", "transient", "temporary")
+_EVENT_HISTORY = 10_000
+
+
+class Clock(Protocol):
+    """Time for heartbeats and intensity windows (injectable for tests)."""
+
+    def now(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: the event loop's monotonic time."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class ManualClock:
+    """A clock that moves only when told to: ``clock.advance(seconds)``.
+
+    Sleepers wake, in deadline order, when the clock passes their deadline.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self._now + seconds, fut))
+        await fut
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward, waking every sleeper whose deadline passed."""
+        self._now += seconds
+        due = sorted((s for s in self._sleepers if s[0] <= self._now), key=lambda s: s[0])
+        self._sleepers = [s for s in self._sleepers if s[0] > self._now]
+        for _, fut in due:
+            if not fut.done():
+                fut.set_result(None)
+
+    @property
+    def sleepers(self) -> int:
+        """How many tasks are waiting on this clock (for tests to sync on)."""
+        return sum(1 for _, f in self._sleepers if not f.done())
+
+
+@dataclass(frozen=True)
+class SupervisionEvent:
+    """One thing a supervisor saw or did.
+
+    Attributes:
+        kind: ``"failure"``, ``"restart"`` (a replacement is up and its actors
+            rebuilt), ``"escalation"`` (intensity exceeded: gave up) or
+            ``"stopped"`` (a child was stopped by the strategy).
+        timestamp: wall-clock time (``time.time()``).
+        supervisor: the supervisor's name.
+        mesh: the proc mesh (or child supervisor) concerned.
+        rank: the process's rank in that mesh (-1: the whole child).
+        cause: what happened, in words.
+        pid: the process id (-1 when not about one process).
+        host: the host of the process.
+    """
+
+    kind: Literal["failure", "restart", "escalation", "stopped"]
+    timestamp: float
+    supervisor: str
+    mesh: str
+    rank: int
+    cause: str
+    pid: int = -1
+    host: str = ""
+
+
+class Supervisor:
+    """Owns proc meshes (with their actors) and child supervisors, and
+    restarts them when they fail.
+
+    Args:
+        strategy: ``"one_for_one"`` | ``"one_for_all"`` | ``"rest_for_one"``.
+        max_restarts: restart intensity (OTP default 1) ...
+        within: ... within this period in seconds (OTP default 5).
+        name: used in events and errors.
+        parent: the supervisor this one is a child of (declared in order
+            with the parent's other children).
+        heartbeat_interval: seconds between heartbeats to each process.
+        heartbeat_timeout: a process silent this long is declared hung,
+            killed and restarted (default: 3 intervals).
+        clock: time source for heartbeats and the intensity window.
+        on_escalate: called with the error when this supervisor gives up; it
+            runs on the controller's loop; returning True stops the
+            escalation there (the children stay stopped). If it raises, the
+            exception is logged and the escalation goes on.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy = "one_for_one",
+        *,
+        max_restarts: int = 1,
+        within: float = 5.0,
+        name: str = "supervisor",
+        parent: Supervisor | None = None,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float | None = None,
+        clock: Clock | None = None,
+        on_escalate: Callable[[SupervisionError], bool | None | Awaitable[bool | None]]
+        | None = None,
+    ) -> None:
+        if strategy not in _STRATEGIES:
+            raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"Supervisor: max_restarts must be an int >= 0, got {max_restarts!r}")
+        if not within > 0:
+            raise ValueError(f"Supervisor: within must be > 0 seconds, got {within!r}")
+        if not heartbeat_interval > 0:
+            raise ValueError(f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
+        self.strategy = strategy
+        self.max_restarts = max_restarts
+        self.within = within
+        self.name = name
+        self.parent = parent
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = (
+            3 * heartbeat_interval if heartbeat_timeout is None else heartbeat_timeout)
+        self.clock: Clock = clock or MonotonicClock()
+        self.on_escalate = on_escalate
+        self.children: list[_ProcState | Supervisor] = []
+        self.failure: SupervisionError | None = None
+        self._restarts: list[float] = []
+        self._events: list[SupervisionEvent] = []
+        self._listeners: list[asyncio.Queue[SupervisionEvent]] = []
+        self._failed: asyncio.Future[SupervisionError] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._owner: Any = None
+        if parent is not None:
+            parent.children.append(self)
+        try:
+            from ._actor import _context
+
+            ctx = _context.get()
+        except LookupError:
+            pass
+        else:  # created inside an actor: that actor owns it (__supervise__)
+            self._owner = ctx
+
+    def __repr__(self) -> str:
+        return (f"<Supervisor {self.name!r} {self.strategy} max_restarts={self.max_restarts} "
+                f"within={self.within}>")
+
+    # ------------------------------------------------------------ events
+
+    def _emit(self, event: SupervisionEvent) -> None:
+        self._events.append(event)
+        del self._events[:-_EVENT_HISTORY]
+        for q in self._listeners:
+            q.put_nowait(event)
+
+    def event(self, kind: Literal["failure", "restart", "escalation", "stopped"], mesh: str,
+              rank: int, cause: str, pid: int = -1, host: str = "") -> SupervisionEvent:
+        ev = SupervisionEvent(kind, time.time(), self.name, mesh, rank, cause, pid, host)
+        self._emit(ev)
+        return ev
+
+    async def events(self) -> AsyncIterator[SupervisionEvent]:
+        """Every event of this supervisor, from its start, then live ones as
+        they happen (failure, restart, stopped, escalation).  Never ends by
+        itself: break out of the loop when done."""
+        queue: asyncio.Queue[SupervisionEvent] = asyncio.Queue()
+        for ev in self._events:
+            queue.put_nowait(ev)
+        self._listeners.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._listeners.remove(queue)
+
+    def _failed_future(self) -> asyncio.Future[SupervisionError]:
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+            if self.failure is not None:
+                self._failed.set_result(self.failure)
+        return self._failed
+
+    async def wait_failed(self) -> SupervisionError:
+        """Wait until this supervisor gives up; the escalation error."""
+        return await asyncio.shield(self._failed_future())
+
+    # --------------------------------------------------------- decisions
+
+    def _serial(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def _order(self) -> list[tuple[_ProcState | Supervisor, int]]:
+        """Children as restart units in declaration order: one per process of
+        a proc mesh, one per child supervisor (rank -1)."""
+        from ._proc_mesh import _ProcState
+
+        units: list[tuple[_ProcState | Supervisor, int]] = []
+        for child in self.children:
+            if isinstance(child, _ProcState):
+                units.extend((child, w.rank) for w in child.workers)
+            else:
+                units.append((child, -1))
+        return units
+
+    def child_failed(self, child: _ProcState | Supervisor, rank: int, cause: str, *,
+                     abnormal: bool = True, pid: int = -1, host: str = "") -> None:
+        """A child failed (called by the proc mesh or a child supervisor)."""
+        name = child.name
+        self.event("failure", name, rank, cause, pid, host)
+        if self.failure is not None:
+            return
+        restart = child.restart_type if not isinstance(child, Supervisor) else "permanent"
+        if restart == "temporary" or (restart == "transient" and not abnormal):
+            return
+        now = self.clock.now()
+        self._restarts = [t for t in self._restarts if now - t < self.within]
+        self._restarts.append(now)
+        if len(self._restarts) > self.max_restarts:
+            asyncio.get_running_loop().create_task(self._escalate(
+                f"{len(self._restarts)} restarts within {self.within}s exceeds max_restarts="
+                f"{self.max_restarts} (last: {name} rank {rank}: {cause})"))
+            return
+        units = self._order()
+        me = units.index((child, rank)) if (child, rank) in units else 0
+        match self.strategy:
+            case "one_for_one":
+                targets = [(child, rank)]
+            case "one_for_all":
+                targets = units
+            case _:
+                targets = units[me:]
+        asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
+
+    async def _restart(self, targets: list[tuple[_ProcState | Supervisor, int]],
+                       failed: tuple[_ProcState | Supervisor, int]) -> None:
+        async with self._serial():
+            if self.failure is not None:
+                return
+            try:
+                for unit, rank in reversed(targets):
+                    if unit is failed[0] and rank == failed[1]:
+                        continue
+                    await self._stop_unit(unit, rank)
+                for unit, rank in targets:
+                    await self._start_unit(unit, rank)
+            except Exception as e:  # a restart that fails is one more failure
+                if self.failure is None:
+                    unit, rank = failed
+                    self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}")
+
+    async def _stop_unit(self, unit: _ProcState | Supervisor, rank: int) -> None:
+        if isinstance(unit, Supervisor):
+            await unit.stop()
+            self.event("stopped", unit.name, -1, f"{self.strategy} restart")
+        else:
+            await unit.stop_rank(rank)
+            self.event("stopped", unit.name, rank, f"{self.strategy} restart")
+
+    async def _start_unit(self, unit: _ProcState | Supervisor, rank: int) -> None:
+        if isinstance(unit, Supervisor):
+            await unit._start_all()
+            self.event("restart", unit.name, -1, f"{self.strategy} restart")
+        else:
+            pid, host = await unit.restart_rank(rank)
+            self.event("restart", unit.name, rank, f"{self.strategy} restart", pid, host)
+
+    async def _start_all(self) -> None:
+        """Start every child again (this supervisor restarted by its parent)."""
+        self.failure = None
+        self._failed = None
+        self._restarts = []
+        for unit, rank in self._order():
+            await self._start_unit(unit, rank)
+
+    async def _escalate(self, why: str) -> None:
+        async with self._serial():
+            if self.failure is not None:
+                return
+            error = SupervisionError(
+                f"supervisor {self.name!r} gave up: {why}; its children are stopped",
+                actor=self.name, cause=why)
+            self.failure = error
+            await self.stop()
+            self.event("escalation", self.name, -1, why)
+            fut = self._failed_future()
+            if not fut.done():
+                fut.set_result(error)
+        if await self._handled_by_owner(error):
+            return
+        if self.parent is not None:
+            self.parent.child_failed(self, -1, why)
+            return
+        if self.on_escalate is not None:
+            try:
+                handled = self.on_escalate(error)
+                if isinstance(handled, Awaitable):
+                    handled = await handled
+            except Exception as e:  # the hook's own failure must not hide the escalation
+                import logging
+
+                logging.getLogger("meshio").exception("on_escalate hook failed: %s", e)
+
+    async def _handled_by_owner(self, error: SupervisionError) -> bool:
+        """Monarch's ``__supervise__``: the actor owning this supervisor may
+        handle the failure; True stops the escalation."""
+        if self._owner is None:
+            return False
+        instance = _owner_instance(self._owner)
+        hook = getattr(instance, "__supervise__", None) if instance is not None else None
+        if hook is None:
+            return False
+        result = hook(error)
+        if isinstance(result, Awaitable):
+            result = await result
+        return bool(result)
+
+    async def stop(self) -> None:
+        """Stop every child, in reverse declaration order."""
+        for child in reversed(self.children):
+            await child.stop()
+
+
+def _owner_instance(ctx: Any) -> Any:
+    from ._runtime import runtime
+
+    for cell in runtime().actors.values():
+        if cell.ctx is ctx:
+            return cell.instance
+    return None
