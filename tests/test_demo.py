@@ -42,3 +42,11 @@ def test_quickstart_example() -> None:
 def test_rl_loop_example() -> None:
     out = _run(sys.executable, "examples/rl_loop.py")
     assert "progress [1, 2, 3, 4, 5] final version 5" in out
+
+
+def test_supervised_example() -> None:
+    out = _run(sys.executable, "examples/supervised.py")
+    assert "failure  procs rank 1: killed by signal SIGKILL" in out
+    assert "restart  procs rank 1" in out
+    assert "w[0]" in out and "restored=False" in out
+    assert "w[1]" in out and "restored=True" in out

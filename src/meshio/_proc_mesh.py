@@ -341,11 +341,17 @@ class _ProcState:
                     cause="proc mesh stopped"))
 
     def _stopped_error(self, w: _Worker) -> Callable[[Pending], SupervisionError]:
+        sup = self.supervisor
+        why = (f"its supervisor gave up ({sup.failure.cause})"
+               if sup is not None and sup.failure is not None else "it was stopped")
+        cause = "supervisor gave up" if sup is not None and sup.failure is not None \
+            else "proc mesh stopped"
+
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
-                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} was stopped; spawn a new one",
+                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} is down: {why}; spawn a new one",
                 actor=p.mesh, rank=p.point.rank, host=w.handle.host, pid=w.handle.pid,
-                cause="proc mesh stopped")
+                cause=cause)
         return error
 
 
