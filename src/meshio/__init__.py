@@ -14,6 +14,9 @@ from ._exceptions import ActorError as ActorError
 from ._exceptions import CallTimeout as CallTimeout
 from ._exceptions import MeshioError as MeshioError
 from ._exceptions import ProtocolError as ProtocolError
+from ._exceptions import RDMAError as RDMAError
+from ._exceptions import RDMAFallbackWarning as RDMAFallbackWarning
+from ._exceptions import RDMASizeError as RDMASizeError
 from ._exceptions import SchemaError as SchemaError
 from ._exceptions import SupervisionError as SupervisionError
 from ._exceptions import UnknownActorError as UnknownActorError
@@ -23,6 +26,7 @@ from ._extent import Point as Point
 from ._port import Channel as Channel
 from ._port import Port as Port
 from ._port import PortReceiver as PortReceiver
+from ._rdma import RDMABuffer as RDMABuffer
 from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
@@ -49,6 +53,10 @@ __all__ = (
     "ProcInfo",
     "ProcMesh",
     "ProtocolError",
+    "RDMABuffer",
+    "RDMAError",
+    "RDMAFallbackWarning",
+    "RDMASizeError",
     "SchemaError",
     "SupervisionError",
     "SupervisionEvent",

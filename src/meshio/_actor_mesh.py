@@ -85,10 +85,11 @@ class ActorMesh(MeshShape, Generic[A]):
 
         rt = self._runtime()
         futs = []
-        for grank in self._region.ranks:
+        for index, grank in enumerate(self._region.ranks):
             conn = rt.connect(self._addrs[grank])
             fut = rt.loop.create_future()
-            req = conn.next_req(Pending(fut, lambda raw, bufs: None, "stop", self._name, grank))
+            req = conn.next_req(Pending(fut, lambda raw, bufs: None, "stop", self._name,
+                                        self._region.point(index)))  # errors read .rank
             conn.send_message(StopActor(req, self._target))
             futs.append(fut)
         await asyncio.gather(*futs, return_exceptions=True)
@@ -114,6 +115,8 @@ class ActorMesh(MeshShape, Generic[A]):
             fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
                                            desc.fn.__qualname__, self._name,
                                            self._region.point(index))))
+            if not reply:
+                fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
             return fut
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = 0

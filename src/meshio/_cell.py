@@ -68,6 +68,10 @@ class ActorCell:
 
     def stop(self) -> None:
         self.task.cancel()
+        if getattr(self.rt, "_rdma", None):
+            from ._rdma import release_owned
+
+            release_owned(self.rt, self.target)  # its RDMA registrations go with it
         while self.mailbox:
             conn, msg, _ = self.mailbox.popleft()
             if msg.req:

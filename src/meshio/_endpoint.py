@@ -97,8 +97,9 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = F
     Args:
         concurrent: let calls to this endpoint run concurrently with other
             messages of the same actor (each in its own task) instead of one
-            message at a time.  Only for ``async def`` endpoints that are
-            safe to interleave.
+            message at a time; such a call starts on arrival, even while the
+            actor is busy with a normal call.  Only for ``async def``
+            endpoints that are safe to interleave.
         retryable: the endpoint is idempotent: a call that fails because the
             actor's process died is sent again to the new incarnation once
             its supervisor has restarted it (for up to a minute), instead of

@@ -10,7 +10,12 @@ mesh / rank / host, and what you can do about it::
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
     ├── UnknownActorError (LookupError)     no such actor in the target process
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
-    └── ProtocolError                a malformed or truncated frame was received
+    ├── ProtocolError                a malformed or truncated frame was received
+    └── RDMAError                    a one-sided transfer failed (dropped buffer, dead owner)
+        └── RDMASizeError (ValueError)  offset/length/destination do not fit
+
+Warnings: ``RDMAFallbackWarning`` (once per process) when transfers fall back
+to the TCP backend.
 
 A call on many ranks that fails on several of them raises one error of the
 most serious kind (supervision > timeout > actor > schema); its ``failures``
@@ -30,6 +35,9 @@ __all__ = (
     "CallTimeout",
     "MeshioError",
     "ProtocolError",
+    "RDMAError",
+    "RDMAFallbackWarning",
+    "RDMASizeError",
     "SchemaError",
     "SupervisionError",
     "UnknownActorError",
@@ -161,3 +169,18 @@ class UnknownEndpointError(MeshioError, AttributeError):
 
 class ProtocolError(MeshioError):
     """A malformed or truncated frame was received; the connection is dropped."""
+
+
+class RDMAError(MeshioError):
+    """A one-sided transfer could not be done: the buffer was dropped, its
+    owner is gone, or the backend failed.  The message names the buffer, its
+    owner (pid, host) and the backend."""
+
+
+class RDMASizeError(RDMAError, ValueError):
+    """Offset, length or destination size do not fit the registered buffer."""
+
+
+class RDMAFallbackWarning(UserWarning):
+    """Transfers fall back to the TCP backend (no same-host path or ibverbs
+    device between the two processes): they work, slower.  Emitted once."""

@@ -19,6 +19,7 @@ __all__ = (
     "Ping",
     "Pong",
     "PortSend",
+    "RdmaOp",
     "Reply",
     "Restored",
     "Shutdown",
@@ -132,8 +133,23 @@ class Restored(_Msg, frozen=True, tag=12):
     lost: list[str]
 
 
+class RdmaOp(_Msg, frozen=True, tag=13):
+    """A transfer on a registered buffer, served by the owner's runtime (not
+    its actors): ``op`` is "read" (reply carries ``length`` bytes from
+    ``offset``), "write" (the frame's buffer goes to ``offset``), "drop", or
+    "connect" (ibverbs queue-pair set-up, ``info`` holds the peer's side)."""
+
+    req: int
+    op: str
+    buf: int
+    token: int
+    offset: int = 0
+    length: int = 0
+    info: bytes = b""
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
-           | Ping | Pong | Restored)
+           | Ping | Pong | Restored | RdmaOp)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

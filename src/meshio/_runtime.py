@@ -39,6 +39,7 @@ from ._messages import (
     Ping,
     Pong,
     PortSend,
+    RdmaOp,
     Reply,
     Restored,
     Shutdown,
@@ -331,6 +332,11 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             return UnknownActorError(info.message + where)
         case "unknown_endpoint":
             return UnknownEndpointError(info.message + where)
+        case "rdma":
+            from ._exceptions import RDMAError, RDMASizeError
+
+            cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
+            return cls(info.message + where)
         case "supervision":
             return SupervisionError(info.message + where, actor=info.actor, rank=info.rank,
                                     cause=info.message)
@@ -494,6 +500,10 @@ class Runtime:
                 on_pong = self.on_pong.get(conn.peer or "")
                 if on_pong is not None:
                     on_pong()
+            case RdmaOp():
+                from ._rdma import serve_op
+
+                serve_op(self, conn, msg, bufs)
             case Restored():
                 self.restoring = False
                 self.lost.update(msg.lost)

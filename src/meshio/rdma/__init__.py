@@ -1,3 +1,22 @@
-"""One-sided RDMA buffers.  Filled in by the RDMA work."""
+"""One-sided RDMA buffers: ``RDMABuffer``, backends ``same_host``,
+``ibverbs`` and ``tcp``."""
 
-__all__ = ()
+from .._exceptions import RDMAError as RDMAError
+from .._exceptions import RDMAFallbackWarning as RDMAFallbackWarning
+from .._exceptions import RDMASizeError as RDMASizeError
+from .._rdma import BACKENDS as BACKENDS
+from .._rdma import Handle as Handle
+from .._rdma import RDMABuffer as RDMABuffer
+from .._rdma import available_backends as available_backends
+from .._rdma import backend_for as backend_for
+
+__all__ = (
+    "BACKENDS",
+    "Handle",
+    "RDMABuffer",
+    "RDMAError",
+    "RDMAFallbackWarning",
+    "RDMASizeError",
+    "available_backends",
+    "backend_for",
+)

@@ -1,0 +1,244 @@
+"""The RDMA suite, run on every backend this process has (same_host and tcp
+here; ibverbs too inside the soft-RoCE VM)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+import meshio
+from meshio import Actor, RDMABuffer, endpoint
+from meshio.rdma import RDMAError, RDMAFallbackWarning, RDMASizeError, available_backends
+
+GUARD = 60
+N = 1 << 20
+
+pytestmark = pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")
+
+
+class Owner(Actor):
+    def __init__(self) -> None:
+        self.data = bytearray(os.urandom(N))
+
+    @endpoint
+    async def register(self, backend: str) -> RDMABuffer:
+        self.buf = RDMABuffer(self.data, backend=backend)
+        return self.buf
+
+    @endpoint
+    async def content(self, offset: int, length: int) -> bytes:
+        return bytes(self.data[offset:offset + length])
+
+    @endpoint
+    def block(self, ready: str, release: str) -> None:
+        """Block this process's event loop: say so through the FIFO ``ready``,
+        then wait on the FIFO ``release`` (no Python runs meanwhile)."""
+        fd = os.open(ready, os.O_WRONLY)  # blocks until the test opens it
+        os.close(fd)
+        fd = os.open(release, os.O_RDONLY)  # blocks until the test writes
+        os.read(fd, 1)
+        os.close(fd)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+class Peer(Actor):
+    @endpoint
+    async def read(self, buf: RDMABuffer, offset: int, length: int) -> bytes:
+        dst = bytearray(length)
+        assert await buf.read_into(dst, offset=offset, length=length) == length
+        return bytes(dst)
+
+    @endpoint
+    async def write(self, buf: RDMABuffer, data: bytes, offset: int) -> int:
+        return await buf.write_from(data, offset=offset)
+
+    @endpoint
+    async def backend(self, buf: RDMABuffer) -> str:
+        return buf.backend
+
+    @endpoint
+    async def drop(self, buf: RDMABuffer) -> None:
+        await buf.drop()
+
+
+@pytest.fixture(params=available_backends())
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+async def pair(procs: meshio.ProcMesh) -> AsyncIterator[tuple[Owner, Peer]]:
+    owner = await procs.slice(procs=0).spawn("owner", Owner)
+    peer = await procs.slice(procs=1).spawn("peer", Peer)
+    yield owner, peer
+
+
+async def test_read_and_write_with_offsets(pair: tuple[Owner, Peer], backend: str) -> None:
+    owner, peer = pair
+    buf = await owner.register.call_one(backend)
+    assert await peer.backend.call_one(buf) == backend
+    assert buf.size == N
+    for offset, length in [(0, N), (1, 4095), (N - 7, 7), (12345, 65536)]:
+        got = await asyncio.wait_for(peer.read.call_one(buf, offset, length), GUARD)
+        assert got == await owner.content.call_one(offset, length)
+    patch = os.urandom(70001)
+    assert await peer.write.call_one(buf, patch, 333) == len(patch)
+    assert await owner.content.call_one(333, len(patch)) == patch
+    assert await owner.content.call_one(0, 333) != patch[:333]  # nothing else moved
+
+
+async def test_controller_reads_into_a_tensor(pair: tuple[Owner, Peer], backend: str) -> None:
+    torch = pytest.importorskip("torch")
+    owner, _ = pair
+    buf = await owner.register.call_one(backend)
+    dst = torch.zeros(N // 4, dtype=torch.int32)
+    await buf.read_into(dst)
+    assert bytes(dst.numpy().tobytes()) == await owner.content.call_one(0, N)
+
+
+async def test_size_errors(pair: tuple[Owner, Peer], backend: str) -> None:
+    owner, _ = pair
+    buf = await owner.register.call_one(backend)
+    with pytest.raises(RDMASizeError, match="exceeds"):
+        await buf.read_into(bytearray(16), offset=N - 8, length=16)
+    with pytest.raises(RDMASizeError, match="destination holds 16 bytes"):
+        await buf.read_into(bytearray(16), length=32)
+    with pytest.raises(RDMASizeError, match="exceeds"):
+        await buf.write_from(b"x" * 10, offset=N - 5)
+    with pytest.raises(RDMAError, match="read-only"):
+        await buf.read_into(b"immutable")
+
+
+async def test_drop_then_use_is_a_clear_error(pair: tuple[Owner, Peer], backend: str) -> None:
+    owner, peer = pair
+    buf = await owner.register.call_one(backend)
+    assert len(await peer.read.call_one(buf, 0, 10)) == 10
+    await peer.drop.call_one(buf)  # dropped from a holder: released in the owner
+    with pytest.raises(meshio.ActorError) as err:
+        await peer.read.call_one(buf, 0, 10)
+    assert err.value.remote_type.endswith("RDMAError")
+    assert "dropped" in err.value.remote_message
+    with pytest.raises(RDMAError, match="dropped"):
+        await buf.read_into(bytearray(10), length=10)
+    await buf.drop()  # idempotent
+
+
+async def test_dead_owner_fails_promptly(pair: tuple[Owner, Peer], backend: str) -> None:
+    owner, peer = pair
+    buf = await owner.register.call_one(backend)
+    os.kill(await owner.pid.call_one(), signal.SIGKILL)
+    with pytest.raises(meshio.ActorError) as err:
+        await asyncio.wait_for(peer.read.call_one(buf, 0, 10), GUARD)
+    assert err.value.remote_type.endswith("RDMAError")
+
+
+async def test_one_sided_owner_loop_blocked(pair: tuple[Owner, Peer], backend: str,
+                                            tmp_path: os.PathLike[str]) -> None:
+    if backend == "tcp":
+        pytest.skip("the tcp fallback is served by the owner's loop: not one-sided")
+    owner, peer = pair
+    buf = await owner.register.call_one(backend)
+    assert len(await peer.read.call_one(buf, 0, 8)) == 8  # connection set up once
+    blocked, release = await _block(owner, tmp_path)
+    # The owner is stuck in a blocking open(): its loop cannot run.
+    got = await asyncio.wait_for(peer.read.call_one(buf, 100, 4096), GUARD)
+    assert not blocked.done()
+    await release()
+    await asyncio.wait_for(blocked, GUARD)
+    assert got == await owner.content.call_one(100, 4096)
+
+
+async def test_bad_objects_are_refused() -> None:
+    with pytest.raises(RDMASizeError, match="empty"):
+        RDMABuffer(bytearray())
+    with pytest.raises(RDMAError, match="read-only"):
+        RDMABuffer(b"bytes are immutable")
+    with pytest.raises(TypeError, match="expected a CPU torch.Tensor"):
+        RDMABuffer(object())
+    with pytest.raises(ValueError, match="backend must be one of"):
+        RDMABuffer(bytearray(8), backend="carrier-pigeon")
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RDMASizeError, match="not contiguous"):
+        RDMABuffer(torch.zeros(4, 4).t())
+
+
+async def test_backend_names_and_local_buffer() -> None:
+    have = available_backends()
+    assert have[-1] == "tcp" and "same_host" in have
+    data = bytearray(range(256)) * 4
+    buf = RDMABuffer(data)
+    assert buf.backend == "same_host"
+    assert meshio.rdma.backend_for(buf.handle) == "same_host"
+    dst = bytearray(10)
+    await buf.read_into(dst, offset=256, length=10)
+    assert dst == data[256:266]
+    await buf.drop()
+    with pytest.raises(RDMAError, match="dropped"):
+        await buf.read_into(dst, length=10)
+
+
+async def test_tcp_fallback_warns_once(pair: tuple[Owner, Peer]) -> None:
+    owner, _ = pair
+    buf = await owner.register.call_one("tcp")
+    import meshio._rdma as impl
+
+    impl._warned = False
+    with pytest.warns(RDMAFallbackWarning):
+        await buf.read_into(bytearray(8), length=8)
+    with _no_warning():
+        await buf.read_into(bytearray(8), length=8)
+
+
+class _no_warning:
+    def __enter__(self) -> None:
+        import warnings
+
+        self._cm = warnings.catch_warnings(record=True)
+        self.caught = self._cm.__enter__()
+        warnings.simplefilter("always")
+
+    def __exit__(self, *exc: object) -> None:
+        self._cm.__exit__(*exc)
+        assert not [w for w in self.caught if issubclass(w.category, RDMAFallbackWarning)]
+
+
+async def test_timeout_option(pair: tuple[Owner, Peer], tmp_path: os.PathLike[str]) -> None:
+    owner, _ = pair
+    buf = (await owner.register.call_one("tcp")).options(timeout=0.5)
+    blocked, release = await _block(owner, tmp_path)  # tcp needs the owner's loop
+    t0 = time.monotonic()
+    with pytest.raises(meshio.CallTimeout, match="longer than 0.5s"):
+        await buf.read_into(bytearray(8), length=8)
+    assert time.monotonic() - t0 < GUARD
+    await release()
+    await asyncio.wait_for(blocked, GUARD)
+
+
+async def _block(owner: Owner, tmp: os.PathLike[str]) -> tuple[
+        asyncio.Future[None], Callable[[], Awaitable[None]]]:
+    """Block the owner's event loop; returns its pending call and a release."""
+    ready, release = os.path.join(tmp, "ready"), os.path.join(tmp, "release")
+    os.mkfifo(ready)
+    os.mkfifo(release)
+    blocked = owner.block.call_one(ready, release)
+    fd = await asyncio.wait_for(asyncio.to_thread(os.open, ready, os.O_RDONLY), GUARD)
+    os.close(fd)  # the owner is inside its blocking endpoint now
+
+    async def let_go() -> None:
+        def write() -> None:
+            wfd = os.open(release, os.O_WRONLY)
+            os.write(wfd, b"x")
+            os.close(wfd)
+
+        await asyncio.to_thread(write)
+
+    return blocked, let_go

@@ -1,0 +1,318 @@
+"""Errors are values you can read: remote exceptions, schema errors, bad
+constructors, unknown endpoints."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import msgspec
+import pytest
+
+import meshio
+from meshio import (
+    Actor,
+    ActorError,
+    MeshioError,
+    SchemaError,
+    UnknownEndpointError,
+    current_rank,
+    endpoint,
+)
+
+
+class Item(msgspec.Struct):
+    name: str
+    qty: int
+
+
+class CustomError(Exception):
+    pass
+
+
+def deep_helper_that_raises(msg: str) -> None:
+    raise ValueError(msg)
+
+
+class Faulty(Actor):
+    def __init__(self, lr: float = 0.1, fail_ranks: list[int] | None = None) -> None:
+        if current_rank().rank in (fail_ranks or []):
+            raise RuntimeError(f"cannot start rank {current_rank().rank}")
+        self.lr = lr
+
+    @endpoint
+    async def boom(self, msg: str) -> None:
+        deep_helper_that_raises(msg)
+
+    @endpoint
+    def sync_boom(self) -> int:
+        raise CustomError("custom failure")
+
+    @endpoint
+    async def fail_on(self, ranks: list[int]) -> int:
+        r = current_rank().rank
+        if r in ranks:
+            raise KeyError(f"rank {r} has no key")
+        return r
+
+    @endpoint
+    async def train(self, step: int) -> float:
+        return step * self.lr
+
+    @endpoint
+    async def total(self, items: list[int]) -> int:
+        return sum(items)
+
+    @endpoint
+    async def order(self, items: list[Item]) -> int:
+        return sum(i.qty for i in items)
+
+    @endpoint
+    async def config(self, cfg: dict[str, int], flag: bool = False) -> int:
+        return len(cfg) + flag
+
+    @endpoint
+    async def lies(self) -> int:
+        return "not an int"  # type: ignore[return-value]
+
+    @endpoint
+    async def lies_nested(self) -> list[int]:
+        return [1, 2, "three"]  # type: ignore[list-item]
+
+    @endpoint
+    async def unencodable(self) -> int:
+        return object()  # type: ignore[return-value]
+
+    @endpoint
+    async def ok(self) -> str:
+        return "ok"
+
+
+@pytest.fixture
+async def faulty(procs: meshio.ProcMesh) -> Faulty:
+    return await procs.spawn("faulty", Faulty)
+
+
+# ------------------------------------------------------ remote exceptions
+
+
+async def test_remote_exception_is_an_actor_error(faulty: Faulty) -> None:
+    with pytest.raises(ActorError) as info:
+        await faulty.slice(procs=1).boom.call_one(msg="kaboom")
+    err = info.value
+    assert isinstance(err, MeshioError)
+    assert err.remote_type == "ValueError"
+    assert err.remote_message == "kaboom"
+    assert err.actor == "faulty"
+    assert err.rank == 1
+    assert "boom" in err.endpoint
+    assert "deep_helper_that_raises" in err.remote_traceback
+    assert "raise ValueError(msg)" in err.remote_traceback
+    msg = str(err)
+    assert "ValueError: kaboom" in msg and "faulty" in msg and "rank 1" in msg
+    assert "deep_helper_that_raises" in msg  # the traceback is part of the message
+    assert err.failures == ()
+
+
+async def test_remote_custom_exception_and_plain_def(faulty: Faulty) -> None:
+    with pytest.raises(ActorError) as info:
+        await faulty.slice(procs=0).sync_boom.call_one()
+    err = info.value
+    assert err.remote_type.endswith("CustomError")
+    assert err.remote_message == "custom failure"
+    assert err.rank == 0
+    assert "sync_boom" in err.remote_traceback
+
+
+async def test_actor_keeps_serving_after_an_exception(faulty: Faulty) -> None:
+    with pytest.raises(ActorError):
+        await faulty.boom.call(msg="x")
+    assert (await faulty.ok.call()).values() == ["ok", "ok"]
+
+
+async def test_one_failing_rank_raises_its_own_error(faulty: Faulty) -> None:
+    with pytest.raises(ActorError) as info:
+        await faulty.fail_on.call(ranks=[1])
+    err = info.value
+    assert err.rank == 1 and err.remote_type == "KeyError"
+    assert "rank 1 has no key" in err.remote_message
+
+
+async def test_every_failing_rank_is_listed() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 3}) as pm:
+        f = await pm.spawn("faulty", Faulty)
+        with pytest.raises(ActorError) as info:
+            await f.fail_on.call(ranks=[0, 2])
+        err = info.value
+        assert [p.rank for p, _ in err.failures] == [0, 2]
+        errors = [e for _, e in err.failures]
+        assert all(isinstance(e, ActorError) for e in errors)
+        assert [e.rank for e in errors if isinstance(e, ActorError)] == [0, 2]
+        assert all(e.remote_type == "KeyError" for e in errors if isinstance(e, ActorError))
+        msg = str(err)
+        assert "failed on 2 of 3 ranks" in msg
+        assert "rank 0 {'procs': 0}" in msg and "rank 2 {'procs': 2}" in msg
+        assert "rank 1 {" not in msg
+        # rank 1 was fine and still is
+        assert await f.slice(procs=1).fail_on.call_one(ranks=[0, 2]) == 1
+        # stream raises the failing ranks' errors in turn
+        seen = []
+        with pytest.raises(ActorError):
+            async for _, v in f.fail_on.stream(ranks=[0, 2]):
+                seen.append(v)
+        assert len(seen) <= 1
+
+
+# ---------------------------------------------------------- schema errors
+
+
+async def test_wrong_argument_type_is_a_schema_error(faulty: Faulty) -> None:
+    with pytest.raises(SchemaError) as info:
+        await faulty.train.call(step="x")  # type: ignore[arg-type]
+    err = info.value
+    assert isinstance(err, ValueError) and isinstance(err, MeshioError)
+    msg = str(err)
+    assert "$.step" in msg and "int" in msg and "train" in msg
+    # the actors keep serving
+    assert (await faulty.train.call(step=2)).values() == [pytest.approx(0.2)] * 2
+
+
+async def test_nested_schema_error_paths(faulty: Faulty) -> None:
+    one = faulty.slice(procs=0)
+    with pytest.raises(SchemaError, match=r"\$\.items\[1\]"):
+        await one.total.call_one(items=[1, "two", 3])  # type: ignore[list-item]
+    with pytest.raises(SchemaError, match=r"\$\.items\[1\]\.qty"):
+        await one.order.call_one(items=[Item("a", 1), {"name": "b", "qty": "x"}])  # type: ignore[list-item]
+    with pytest.raises(SchemaError, match=r"\$\.cfg"):
+        await one.config.call_one(cfg={"a": "b"})  # type: ignore[dict-item]
+    with pytest.raises(SchemaError, match=r"\$\.flag"):
+        await one.config.call_one(cfg={}, flag="yes")  # type: ignore[arg-type]
+    assert await one.total.call_one(items=[1, 2, 3]) == 6
+    assert await one.order.call_one(items=[Item("a", 1), Item("b", 4)]) == 5
+    assert await one.config.call_one(cfg={"a": 1}, flag=True) == 2
+
+
+async def test_schema_error_on_every_rank_lists_them(faulty: Faulty) -> None:
+    with pytest.raises(SchemaError) as info:
+        await faulty.total.call(items=["x"])  # type: ignore[list-item]
+    err = info.value
+    assert [p.rank for p, _ in err.failures] == [0, 1]
+    assert "$.items[0]" in str(err)
+
+
+async def test_binding_errors_are_raised_at_the_caller(faulty: Faulty) -> None:
+    ep = faulty.train
+    with pytest.raises(SchemaError, match=r"unexpected keyword argument\(s\) \['stpe'\]"):
+        ep.call(stpe=1)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match=r"takes 1 positional argument\(s\) but 2 were given"):
+        ep.call(1, 2)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match=r"missing required argument\(s\) \['step'\]"):
+        ep.call()  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match="multiple values for argument 'step'"):
+        ep.call(1, step=2)  # type: ignore[misc]
+    one = faulty.slice(procs=0)
+    with pytest.raises(SchemaError, match="stpe"):
+        one.train.call_one(stpe=1)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match="stpe"):
+        faulty.train.choose(stpe=1)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match="stpe"):
+        faulty.train.broadcast(stpe=1)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match="stpe"):
+        async for _ in faulty.train.stream(stpe=1):  # type: ignore[call-arg]
+            pass
+    assert (await faulty.train.call(step=10)).values() == [pytest.approx(1.0)] * 2
+
+
+async def test_result_not_matching_its_annotation(faulty: Faulty) -> None:
+    one = faulty.slice(procs=1)
+    with pytest.raises(SchemaError) as info:
+        await one.lies.call_one()
+    msg = str(info.value)
+    assert "lies" in msg and "result" in msg and "int" in msg
+    with pytest.raises(SchemaError, match=r"\$\[2\]"):
+        await one.lies_nested.call_one()
+    with pytest.raises(SchemaError, match="unencodable"):
+        await one.unencodable.call_one()
+    assert await one.ok.call_one() == "ok"
+
+
+# ------------------------------------------------------------ constructors
+
+
+async def test_wrong_constructor_argument_types(procs: meshio.ProcMesh) -> None:
+    with pytest.raises(SchemaError) as info:
+        await procs.spawn("faulty", Faulty, lr="fast")  # type: ignore[arg-type]
+    assert "$.lr" in str(info.value) and "__init__" in str(info.value)
+    with pytest.raises(SchemaError, match=r"\$\.fail_ranks\[0\]"):
+        await procs.spawn("faulty2", Faulty, fail_ranks=["zero"])  # type: ignore[list-item]
+    with pytest.raises(SchemaError, match="unexpected keyword"):
+        await procs.spawn("faulty3", Faulty, learning_rate=0.1)  # type: ignore[call-arg]
+    with pytest.raises(SchemaError, match="positional"):
+        await procs.spawn("faulty4", Faulty, 0.1, [], 3)  # type: ignore[call-arg]
+    # the same name can be used again once the arguments are right
+    f = await procs.spawn("faulty", Faulty, lr=0.5)
+    assert (await f.train.call(step=2)).values() == [1.0, 1.0]
+
+
+async def test_constructor_that_raises(procs: meshio.ProcMesh) -> None:
+    with pytest.raises(ActorError) as info:
+        await procs.spawn("faulty", Faulty, fail_ranks=[1])
+    err = info.value
+    assert "__init__" in err.endpoint
+    assert err.rank == 1 and err.actor == "faulty"
+    assert err.remote_type == "RuntimeError"
+    assert err.remote_message == "cannot start rank 1"
+    assert "__init__" in str(err) and "Faulty" in str(err)
+    assert "__init__" in err.remote_traceback
+
+
+async def test_constructor_raising_on_every_rank(procs: meshio.ProcMesh) -> None:
+    with pytest.raises(ActorError) as info:
+        await procs.spawn("faulty", Faulty, fail_ranks=[0, 1])
+    err = info.value
+    assert [p.rank for p, _ in err.failures] == [0, 1]
+    assert "__init__" in str(err)
+    assert "cannot start rank 0" in str(err) and "cannot start rank 1" in str(err)
+
+
+async def test_spawn_rejects_non_actors_and_bad_names(procs: meshio.ProcMesh) -> None:
+    with pytest.raises(TypeError, match="not a subclass"):
+        await procs.spawn("x", dict)  # type: ignore[type-var]
+    with pytest.raises(ValueError, match="name"):
+        await procs.spawn("a/b", Faulty)
+    with pytest.raises(ValueError, match="name"):
+        await procs.spawn("", Faulty)
+    await procs.spawn("twice", Faulty)
+    with pytest.raises(ValueError, match="already has actors named 'twice'"):
+        await procs.spawn("twice", Faulty)
+
+
+# ------------------------------------------------------- unknown endpoints
+
+
+async def test_unknown_endpoint_attribute_lists_endpoints(faulty: Faulty) -> None:
+    with pytest.raises(AttributeError) as info:
+        faulty.nonexistent  # type: ignore[attr-defined]  # noqa: B018
+    msg = str(info.value)
+    assert "nonexistent" in msg and "'boom'" in msg and "'train'" in msg
+    assert not hasattr(faulty, "also_missing")
+
+
+async def test_endpoint_unknown_to_the_remote_class(faulty: Faulty) -> None:
+    class Stranger(Actor):
+        @endpoint
+        async def wander(self) -> None: ...
+
+    # an Endpoint built by hand for another class reaches the actor, which refuses it
+    ep = meshio.Endpoint(cast(meshio.ActorMesh[Any], faulty), Stranger.wander)
+    with pytest.raises(UnknownEndpointError) as info:
+        await ep.call()
+    assert isinstance(info.value, AttributeError)
+    assert "wander" in str(info.value) and "'boom'" in str(info.value)
+    assert (await faulty.ok.call()).values() == ["ok", "ok"]
+
+
+def test_endpoint_names_may_not_shadow_mesh_operations() -> None:
+    with pytest.raises(TypeError, match="slice"):
+        class Bad(Actor):
+            @endpoint
+            async def slice(self) -> None: ...  # type: ignore[override]
