@@ -50,3 +50,9 @@ def test_supervised_example() -> None:
     assert "restart  procs rank 1" in out
     assert "w[0]" in out and "restored=False" in out
     assert "w[1]" in out and "restored=True" in out
+
+
+def test_rdma_example() -> None:
+    out = _run(sys.executable, "examples/rdma_weights.py")
+    assert "backend ['same_host', 'same_host']" in out
+    assert "pulled [3.0, 3.0]" in out
