@@ -26,10 +26,10 @@ from ._extent import Point as Point
 from ._port import Channel as Channel
 from ._port import Port as Port
 from ._port import PortReceiver as PortReceiver
-from ._rdma import RDMABuffer as RDMABuffer
 from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
+from ._rdma import RDMABuffer as RDMABuffer
 from ._run import run as run
 from ._supervisor import SupervisionEvent as SupervisionEvent
 from ._supervisor import Supervisor as Supervisor

@@ -74,8 +74,9 @@ class ActorMesh(MeshShape, Generic[A]):
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """``mesh.call(Trainer.train, step=0)``: same as ``mesh.train.call(step=0)``."""
+        # an endpoint of cls or of a base class
         if not isinstance(ep, EndpointDescriptor) or not any(
-                vars(k).get(ep.name) is ep for k in self._cls.__mro__):  # an endpoint of cls or a base
+                vars(k).get(ep.name) is ep for k in self._cls.__mro__):
             raise MeshioError(f"{ep!r} is not an endpoint of {self._cls.__qualname__}")
         return Endpoint(self, ep).call(*args, **kwargs)
 

@@ -106,7 +106,7 @@ class _ProcState:
         kinds = {a.restart for a in self.actors}
         for kind in ("permanent", "transient", "temporary"):
             if kind in kinds:
-                return kind  # type: ignore[return-value]
+                return kind
         return "permanent"
 
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
@@ -493,7 +493,7 @@ class ProcMesh(MeshShape):
                                          mesh_blob, msgspec.Raw(body)), packer.out)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
                                          labels, sizes, self._region.ranks,
-                                         cast(RestartType, restart)))
+                                         restart))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:

@@ -162,7 +162,7 @@ class Supervisor:
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float | None = None,
         clock: Clock | None = None,
-        on_escalate: Callable[[SupervisionError], bool | None | Awaitable[bool | None]]
+        on_escalate: Callable[[SupervisionError], bool | Awaitable[bool | None] | None]
         | None = None,
     ) -> None:
         if strategy not in _STRATEGIES:
@@ -172,7 +172,8 @@ class Supervisor:
         if not within > 0:
             raise ValueError(f"Supervisor: within must be > 0 seconds, got {within!r}")
         if not heartbeat_interval > 0:
-            raise ValueError(f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
+            raise ValueError(
+                f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
         self.strategy = strategy
         self.max_restarts = max_restarts
         self.within = within
