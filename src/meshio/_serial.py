@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import cloudpickle
 import msgspec
+import msgspec.structs
 
 __all__ = ("Buffers", "OutBuffers", "Packer", "decoder_for", "dumps", "loads")
 
@@ -91,6 +92,64 @@ def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int]) 
     return flat.as_strided(shape, strides)
 
 
+_STRUCT_CONFIG: Final = ("frozen", "eq", "order", "array_like", "gc", "omit_defaults",
+                         "forbid_unknown_fields", "repr_omit_defaults", "cache_hash", "dict",
+                         "weakref", "tag", "tag_field")
+_by_reference = getattr(cloudpickle.cloudpickle, "_should_pickle_by_reference",
+                        lambda obj: obj.__module__ != "__main__")
+#: cloudpickle's registry keeps one class per definition across messages
+_tracker_id = getattr(cloudpickle.cloudpickle, "_get_or_create_tracker_id", lambda cls: None)
+_track = getattr(cloudpickle.cloudpickle, "_lookup_class_or_track", lambda tid, cls: cls)
+
+
+def _reduce_struct_class(cls: Any) -> Any:
+    """A ``msgspec.Struct`` class pickled by value (defined in ``__main__`` or
+    a notebook).  cloudpickle's empty skeleton + attribute setting loses the
+    fields, which ``StructMeta`` reads once, at class creation; so the class is
+    re-created from its annotations, defaults and config, and its methods
+    (which may refer to the class) are set afterwards."""
+    import inspect
+
+    own = dict(vars(cls).get("__annotations__", {}))
+    ns: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                          "__doc__": cls.__doc__, "__annotations__": own}
+    rename, factories = {}, {}
+    for f in msgspec.structs.fields(cls):
+        if f.name not in own:
+            continue
+        if f.default is not msgspec.NODEFAULT:
+            ns[f.name] = f.default
+        elif f.default_factory is not msgspec.NODEFAULT:
+            factories[f.name] = f.default_factory  # msgspec.field() does not pickle
+        if f.encode_name != f.name:
+            rename[f.name] = f.encode_name
+    config = cls.__struct_config__
+    kwargs = {k: getattr(config, k) for k in _STRUCT_CONFIG}
+    mine = [p for p in inspect.signature(cls).parameters.values() if p.name in own]
+    kwargs["kw_only"] = bool(mine) and all(p.kind is p.KEYWORD_ONLY for p in mine)
+    kwargs["rename"] = rename or None
+    if "__post_init__" in vars(cls):  # read by StructMeta at creation too
+        ns["__post_init__"] = vars(cls)["__post_init__"]
+    skip = {*ns, *cls.__struct_fields__, "__slots__", "__dict__", "__weakref__"}
+    later = {k: v for k, v in vars(cls).items() if k not in skip}  # methods, class vars
+    return (_make_struct_class,
+            (type(cls), cls.__name__, cls.__bases__, ns, factories, kwargs, _tracker_id(cls)),
+            later, None, None, _set_class_attrs)
+
+
+def _make_struct_class(meta: Any, name: str, bases: tuple[type, ...], ns: dict[str, Any],
+                       factories: dict[str, Any], kwargs: dict[str, Any],
+                       tracker_id: str | None) -> Any:
+    for k, factory in factories.items():
+        ns[k] = msgspec.field(default_factory=factory)
+    return _track(tracker_id, meta(name, bases, ns, **kwargs))
+
+
+def _set_class_attrs(cls: Any, attrs: dict[str, Any]) -> None:
+    for k, v in attrs.items():
+        setattr(cls, k, v)
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
@@ -98,6 +157,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             t, mem = _tensor_memory(obj)
             return _rebuild_tensor, (
                 pickle.PickleBuffer(mem), str(t.dtype), list(t.shape), list(t.stride()))
+        if (isinstance(obj, type) and issubclass(obj, msgspec.Struct)
+                and obj is not msgspec.Struct and not _by_reference(obj)):
+            return _reduce_struct_class(obj)
         return super().reducer_override(obj)
 
 

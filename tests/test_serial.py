@@ -1,0 +1,595 @@
+"""Serialisation: tensors, big buffers, untyped Python values and typed,
+validated values through real worker processes; out-of-band packing
+(``meshio._serial.Packer``) and the frame parser (``meshio._runtime.Connection``)
+as units."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+import torch
+
+import meshio
+from meshio import Actor, ActorMesh, endpoint
+from meshio import _messages as M
+from meshio._runtime import MAX_BUFS, Connection, frame_header
+from meshio._serial import KIND_BYTEARRAY, KIND_BYTES, OOB_THRESHOLD, Packer, TypedDecoder
+
+#: async tests share the module's event loop (and its worker process)
+LOOP = pytest.mark.asyncio(loop_scope="module")
+
+DEADLINE = 60.0
+MiB = 1 << 20
+MAX_BUFS_PLUS = MAX_BUFS + 1
+
+
+# -------------------------------------------------------------- value types
+
+
+@dataclasses.dataclass
+class Pt:
+    x: int
+    y: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Tagged:
+    """Hashable, so it can live in a set."""
+
+    name: str
+    n: int
+
+
+class Custom:
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a = a
+        self.b = b
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Custom and (self.a, self.b) == (other.a, other.b)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Cfg(msgspec.Struct):
+    lr: float
+    layers: list[int]
+    name: str = "cfg"
+
+
+class Store(Actor):
+    # ---- tensors
+    @endpoint
+    async def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @endpoint
+    async def describe(self, t: torch.Tensor) -> tuple[str, list[int], Any]:
+        return str(t.dtype), list(t.shape), t.tolist()
+
+    @endpoint
+    async def make(self, dtype: str, n: int) -> torch.Tensor:
+        base = torch.arange(n * 6).reshape(n, 6)
+        return base.to(getattr(torch, dtype)).t()[1:, ::2]  # non-contiguous result
+
+    @endpoint
+    async def writable_sum(self, t: torch.Tensor) -> float:
+        t.add_(1)  # received tensors are writable, in place
+        return float(t.sum())
+
+    # ---- buffers
+    @endpoint
+    async def bytes_(self, b: bytes) -> bytes:
+        return b
+
+    @endpoint
+    async def bytearray_(self, b: bytearray) -> bytearray:
+        b[0] ^= 0xFF  # writable on arrival
+        return b
+
+    @endpoint
+    async def types_of(self, v: Any) -> str:
+        return type(v).__name__
+
+    # ---- untyped
+    @endpoint
+    async def anything(self, v):  # type: ignore[no-untyped-def]
+        return v
+
+    @endpoint
+    async def anything_any(self, v: Any) -> Any:
+        return v
+
+    @endpoint
+    async def type_name(self, v):  # type: ignore[no-untyped-def]
+        return f"{type(v).__module__}.{type(v).__qualname__}"
+
+    # ---- typed
+    @endpoint
+    async def ints(self, xs: list[int]) -> int:
+        assert all(type(x) is int for x in xs)
+        return sum(xs)
+
+    @endpoint
+    async def floats(self, d: dict[str, float]) -> dict[str, float]:
+        assert all(type(v) is float for v in d.values())
+        return {k: v * 2 for k, v in d.items()}
+
+    @endpoint
+    async def cfg(self, c: Cfg) -> Cfg:
+        assert type(c) is Cfg
+        return Cfg(lr=c.lr / 10, layers=[*c.layers, 0], name=c.name.upper())
+
+    @endpoint
+    async def point(self, p: Pt) -> Pt:
+        assert type(p) is Pt
+        return Pt(p.x + 1, p.y * 2)
+
+    @endpoint
+    async def bad_result(self) -> int:
+        return "not an int"  # type: ignore[return-value]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def store() -> AsyncIterator[ActorMesh[Store]]:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="serial") as pm:
+        yield await pm.spawn("store", Store)  # type: ignore[misc]
+
+
+def call(mesh: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    return asyncio.wait_for(getattr(mesh, name).call_one(*args, **kwargs), DEADLINE)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert type(b) is torch.Tensor
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------- tensors e2e
+
+TENSORS = {
+    "float32": torch.linspace(-3, 3, 24, dtype=torch.float32).reshape(2, 3, 4),
+    "int64": torch.arange(-5, 7, dtype=torch.int64) * (1 << 40),
+    "bool": torch.tensor([True, False, True, True]).reshape(2, 2),
+    "bfloat16": torch.tensor([1.5, -2.25, 3e38, 1e-3], dtype=torch.bfloat16),
+    "float64-0dim": torch.tensor(3.25, dtype=torch.float64),
+    "int8-0dim": torch.tensor(-7, dtype=torch.int8),
+    "empty": torch.empty(0, dtype=torch.float32),
+    "empty-2d": torch.empty(3, 0, dtype=torch.int32),
+    "transposed": torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+    "strided-slice": torch.arange(100, dtype=torch.int64).reshape(10, 10)[1:9:3, ::4],
+    "expanded": torch.tensor([1.0, 2.0]).expand(3, 2),
+    "offset-view": torch.arange(50, dtype=torch.int16)[17:29],
+    "complex64": torch.tensor([1 + 2j, -3.5j], dtype=torch.complex64),
+    "uint8": torch.arange(256, dtype=torch.uint8),
+    "float16": torch.tensor([[0.5, -1.0], [65504.0, 0.0]], dtype=torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(TENSORS))
+@LOOP
+async def test_tensor_round_trip(store: ActorMesh[Store], name: str) -> None:
+    t = TENSORS[name]
+    before = t.clone()
+    back = await call(store, "tensor", t)
+    same(t, back)
+    dtype, shape, values = await call(store, "describe", t)
+    assert dtype == str(t.dtype) and shape == list(t.shape)
+    assert values == t.tolist()
+    same(before, t)  # the argument is untouched
+
+
+@LOOP
+async def test_tensor_untyped_and_nested(store: ActorMesh[Store]) -> None:
+    a, b = TENSORS["transposed"], TENSORS["bfloat16"]
+    back = await call(store, "anything", {"a": a, "nested": [b, (a, 1)]})
+    same(a, back["a"])
+    same(b, back["nested"][0])
+    assert type(back["nested"][1]) is tuple
+    same(a, back["nested"][1][0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "bfloat16"])
+@LOOP
+async def test_non_contiguous_tensor_result(store: ActorMesh[Store], dtype: str) -> None:
+    expected = torch.arange(4 * 6).reshape(4, 6).to(getattr(torch, dtype)).t()[1:, ::2]
+    same(expected, await call(store, "make", dtype, 4))
+
+
+@LOOP
+async def test_received_tensor_is_writable_and_separate(store: ActorMesh[Store]) -> None:
+    t = torch.ones(1000)
+    assert await call(store, "writable_sum", t) == 2000.0
+    assert float(t.sum()) == 1000.0  # the caller's tensor was not touched
+
+
+@LOOP
+async def test_large_tensor_round_trip(store: ActorMesh[Store]) -> None:
+    t = torch.randn(1024, 1024 * 2)  # 8 MiB
+    same(t, await call(store, "tensor", t))
+
+
+# ------------------------------------------------------------ buffers e2e
+
+
+@LOOP
+async def test_large_bytes_round_trip(store: ActorMesh[Store]) -> None:
+    data = random.Random(1).randbytes(8 * MiB)
+    back = await call(store, "bytes_", data)
+    assert type(back) is bytes and back == data
+    assert await call(store, "types_of", data) == "bytes"
+
+
+@LOOP
+async def test_large_bytearray_round_trip(store: ActorMesh[Store]) -> None:
+    data = bytearray(random.Random(2).randbytes(8 * MiB))
+    back = await call(store, "bytearray_", data)
+    assert type(back) is bytearray
+    assert back[0] == data[0] ^ 0xFF and back[1:] == data[1:]
+    assert await call(store, "types_of", data) == "bytearray"
+
+
+@LOOP
+async def test_memoryview_arrives_as_memoryview(store: ActorMesh[Store]) -> None:
+    raw = random.Random(3).randbytes(8 * MiB)
+    back = await call(store, "anything", memoryview(raw))
+    assert type(back) is memoryview and back.tobytes() == raw
+    assert await call(store, "types_of", memoryview(raw)) == "memoryview"
+    # a non-contiguous view still arrives with the right bytes
+    strided = memoryview(raw)[::2]
+    back = await call(store, "anything", strided)
+    assert type(back) is memoryview and back.tobytes() == raw[::2]
+
+
+@pytest.mark.parametrize("size", [0, 1, OOB_THRESHOLD - 1, OOB_THRESHOLD, OOB_THRESHOLD + 1])
+@LOOP
+async def test_bytes_around_threshold_keep_type(store: ActorMesh[Store], size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    back = await call(store, "anything", (data, bytearray(data)))
+    assert type(back) is tuple
+    assert type(back[0]) is bytes and back[0] == data
+    assert type(back[1]) is bytearray and back[1] == data
+
+
+# ------------------------------------------------------------ untyped e2e
+
+
+@LOOP
+async def test_untyped_keeps_python_types(store: ActorMesh[Store]) -> None:
+    value = {
+        "tuple": (1, "two", (3.0, None)),
+        "set": {1, 2, 3},
+        "frozenset": frozenset({"a"}),
+        "custom": Custom([1, 2], {"k": (1,)}),
+        "dataclass": Pt(1, 2.5),
+        "tagged_set": {Tagged("a", 1), Tagged("b", 2)},
+        "int_keys": {1: "one", (2, 3): "tuple key"},
+        "complex": 1 + 2j,
+        "big_int": 1 << 100,
+        "list": [1, [2, (3,)]],
+    }
+    for name in ("anything", "anything_any"):
+        back = await call(store, name, value)
+        assert back == value
+        for k, v in value.items():
+            assert type(back[k]) is type(v), k
+        assert type(back["tuple"][2]) is tuple
+        assert type(back["list"][1][1]) is tuple
+
+
+@LOOP
+async def test_untyped_types_seen_by_the_actor(store: ActorMesh[Store]) -> None:
+    assert await call(store, "type_name", (1, 2)) == "builtins.tuple"
+    assert await call(store, "type_name", {1}) == "builtins.set"
+    assert await call(store, "type_name", Pt(1, 2.0)) == f"{Pt.__module__}.Pt"
+    assert await call(store, "type_name", Custom(1, 2)) == f"{Custom.__module__}.Custom"
+
+
+# -------------------------------------------------------------- typed e2e
+
+
+@LOOP
+async def test_typed_list_of_int(store: ActorMesh[Store]) -> None:
+    assert await call(store, "ints", [1, 2, 3]) == 6
+    assert await call(store, "ints", []) == 0
+    with pytest.raises(meshio.SchemaError) as info:
+        await call(store, "ints", [1, "2", 3])
+    assert "$.xs[1]" in str(info.value)
+    with pytest.raises(meshio.SchemaError):
+        await call(store, "ints", {"not": "a list"})
+
+
+@LOOP
+async def test_typed_dict_str_float(store: ActorMesh[Store]) -> None:
+    assert await call(store, "floats", {"a": 1.5, "b": 2}) == {"a": 3.0, "b": 4.0}
+    with pytest.raises(meshio.SchemaError) as info:
+        await call(store, "floats", {"a": "x"})
+    assert "$.d" in str(info.value)
+
+
+@LOOP
+async def test_typed_struct(store: ActorMesh[Store]) -> None:
+    back = await call(store, "cfg", Cfg(lr=0.5, layers=[4, 8]))
+    assert back == Cfg(lr=0.05, layers=[4, 8, 0], name="CFG")
+    with pytest.raises(meshio.SchemaError) as info:
+        await call(store, "cfg", Cfg(lr=0.5, layers=["x"]))  # type: ignore[list-item]
+    assert "$.c.layers[0]" in str(info.value)
+
+
+@LOOP
+async def test_typed_dataclass(store: ActorMesh[Store]) -> None:
+    back = await call(store, "point", Pt(2, 3.5))
+    assert type(back) is Pt and back == Pt(3, 7.0)
+    with pytest.raises(meshio.SchemaError) as info:
+        await call(store, "point", Pt("x", 1.0))  # type: ignore[arg-type]
+    assert "$.p.x" in str(info.value)
+    with pytest.raises(meshio.SchemaError):
+        await call(store, "point", {"x": 1})
+
+
+@LOOP
+async def test_bad_result_is_schema_error(store: ActorMesh[Store]) -> None:
+    with pytest.raises(meshio.SchemaError) as info:
+        await call(store, "bad_result")
+    assert "bad_result" in str(info.value)
+    assert await call(store, "ints", [5]) == 5  # the actor is fine
+
+
+# ------------------------------------------------------ Packer (unit tests)
+
+
+def decode_any(body: bytes, out: list[tuple[Any, int]]) -> Any:
+    """What a receiver makes of ``body`` with its buffers (copied as the
+    wire would)."""
+    bufs = [bytes(b) if k == KIND_BYTES else bytearray(b) for b, k in out]
+    return TypedDecoder(Any).decode(body, bufs)
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_packer_tensor_is_out_of_band(typed: bool) -> None:
+    t = torch.randn(256, 1024)  # 1 MiB
+    p = Packer()
+    body = p.pack(t, typed)
+    nbytes = t.numel() * t.element_size()
+    assert len(body) < 200 < nbytes
+    assert len(p.out) == 1
+    buf, kind = p.out[0]
+    assert kind == KIND_BYTEARRAY
+    assert memoryview(buf).nbytes == nbytes
+    # the out-of-band buffer *is* the tensor's storage: no copy was made
+    assert bytes(memoryview(buf)[:16]) == t.numpy().tobytes()[:16]
+    t[0, 0] = 12345.0
+    assert bytes(memoryview(buf)[:4]) == struct.pack("<f", 12345.0)
+    same(t, decode_any(body, p.out))
+
+
+def test_packer_tensor_data_is_never_pickled() -> None:
+    t = torch.full((1 << 16,), 7, dtype=torch.int32)
+    for value in ({"t": t}, [t, (t,)], Custom(t, 1), (t,)):
+        p = Packer()
+        body = p.pack(value, False)
+        assert len(body) < 4096, type(value)
+        assert sum(memoryview(b).nbytes for b, _ in p.out) >= t.numel() * 4
+        back = decode_any(body, p.out)
+        assert back is not None
+
+
+def test_packer_non_contiguous_tensor() -> None:
+    t = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64).t()[::2]
+    p = Packer()
+    body = p.pack(t, True)
+    assert len(body) < 200
+    assert memoryview(p.out[0][0]).nbytes == t.numel() * 4  # only the visible elements
+    same(t, decode_any(body, p.out))
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview"])
+@pytest.mark.parametrize("typed", [True, False])
+def test_packer_large_buffers_out_of_band_without_copy(kind: str, typed: bool) -> None:
+    raw = random.Random(4).randbytes(8 * MiB)
+    value: Any = {"bytes": raw, "bytearray": bytearray(raw), "memoryview": memoryview(raw)}[kind]
+    p = Packer()
+    body = p.pack(value, typed)
+    assert len(body) < 64
+    assert len(p.out) == 1
+    buf, wire_kind = p.out[0]
+    assert buf is value  # no copy
+    assert wire_kind == (KIND_BYTES if kind == "bytes" else KIND_BYTEARRAY)
+    back = decode_any(body, p.out)
+    assert type(back) is type(value)
+    assert bytes(back) == raw
+
+
+def test_packer_small_bytes_inline() -> None:
+    p = Packer()
+    body = p.pack(b"abc", True)
+    assert p.out == [] and b"abc" in body
+
+
+def test_packer_pickle_fallback_keeps_tensors_out_of_band() -> None:
+    """A tensor held by a custom (pickled) object still goes out of band."""
+    t = torch.zeros(1 << 18)  # 1 MiB
+    p = Packer()
+    body = p.pack(Custom(t, "x"), False)
+    assert len(body) < 4096
+    assert [memoryview(b).nbytes for b, _ in p.out] == [1 << 20]
+    back = decode_any(body, p.out)
+    assert type(back) is Custom and back.b == "x"
+    same(t, back.a)
+
+
+# --------------------------------------------- frame parser (unit tests)
+
+
+class Recorder(Connection):
+    """A Connection with no socket: frames delivered are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(None, None)  # type: ignore[arg-type]
+        self.got: list[tuple[bytes, list[Any]]] = []
+        self.written: list[bytes] = []
+        self.aborted = False
+        rec = self
+
+        class FakeTransport:
+            def write(self, data: bytes) -> None:
+                rec.written.append(bytes(data))
+
+            def writelines(self, parts: list[Any]) -> None:
+                rec.written.append(b"".join(bytes(x) for x in parts))
+
+            def abort(self) -> None:
+                rec.aborted = True
+
+        self.transport = FakeTransport()  # type: ignore[assignment]
+
+    def _deliver(self, body: bytes, bufs: list[Any]) -> None:
+        self.got.append((body, bufs))
+
+    def feed(self, data: bytes | memoryview, chunk: int | None = None) -> None:
+        """What the event loop does: get_buffer, fill it, buffer_updated."""
+        data = memoryview(data)
+        pos = 0
+        while pos < len(data):
+            target = self.get_buffer(-1)
+            assert len(target) > 0
+            n = min(len(target), len(data) - pos, chunk or len(data))
+            target[:n] = data[pos:pos + n]
+            self.buffer_updated(n)
+            pos += n
+
+
+def make_frame(body: bytes, bufs: list[tuple[bytes, int]]) -> bytes:
+    return frame_header(len(body), bufs) + body + b"".join(b for b, _ in bufs)
+
+
+def expected(body: bytes, bufs: list[tuple[bytes, int]]) -> tuple[bytes, list[Any]]:
+    return body, [bytes(b) if k == KIND_BYTES else bytearray(b) for b, k in bufs]
+
+
+def check(got: list[tuple[bytes, list[Any]]], want: list[tuple[bytes, list[Any]]]) -> None:
+    assert len(got) == len(want)
+    for (gb, gbufs), (wb, wbufs) in zip(got, want):
+        assert type(gb) is bytes and gb == wb
+        assert len(gbufs) == len(wbufs)
+        for g, w in zip(gbufs, wbufs):
+            assert type(g) is type(w) and g == w
+
+
+FRAMES = [
+    (b"hello", []),
+    (b"", []),
+    (b"with buffers", [(b"abc", KIND_BYTES), (b"defg", KIND_BYTEARRAY)]),
+    (b"x" * 300, [(b"", KIND_BYTES), (b"", KIND_BYTEARRAY), (b"z", KIND_BYTES)]),
+    (b"\x00" * 7, [(bytes(range(256)) * 3, KIND_BYTEARRAY)]),
+]
+
+
+def test_parser_every_split_point() -> None:
+    stream = b"".join(make_frame(b, bufs) for b, bufs in FRAMES)
+    want = [expected(b, bufs) for b, bufs in FRAMES]
+    for cut in range(len(stream) + 1):
+        c = Recorder()
+        c.feed(stream[:cut])
+        c.feed(stream[cut:])
+        check(c.got, want)
+        assert c._start == c._end == 0 and c._frame is None and c._cur is None
+
+
+def test_parser_byte_by_byte() -> None:
+    stream = b"".join(make_frame(b, bufs) for b, bufs in FRAMES)
+    c = Recorder()
+    c.feed(stream, chunk=1)
+    check(c.got, [expected(b, bufs) for b, bufs in FRAMES])
+
+
+def test_parser_many_frames_in_one_chunk() -> None:
+    frames = [(f"frame {i}".encode() * (i % 37), [(bytes([i % 256]) * (i % 5), i % 2)])
+              for i in range(2000)]
+    stream = b"".join(make_frame(b, bufs) for b, bufs in frames)
+    assert len(stream) > 1 << 18  # more than the scratch buffer in one go
+    c = Recorder()
+    c.feed(stream)
+    check(c.got, [expected(b, bufs) for b, bufs in frames])
+
+
+@pytest.mark.parametrize("kind", [KIND_BYTES, KIND_BYTEARRAY])
+def test_parser_5mib_buffer_in_many_chunks(kind: int) -> None:
+    big = random.Random(5).randbytes(5 * MiB)
+    frames = [(b"before", []), (b"big one", [(b"head", kind), (big, kind), (b"tail", kind)]),
+              (b"after", [(b"!", KIND_BYTES)])]
+    stream = b"".join(make_frame(b, bufs) for b, bufs in frames)
+    want = [expected(b, bufs) for b, bufs in frames]
+    rnd = random.Random(6)
+    for chunking in ("random", 65536, 4093, None):
+        c = Recorder()
+        if chunking == "random":
+            pos = 0
+            while pos < len(stream):
+                n = rnd.choice([1, 7, 100, 4096, 65537, 300_000])
+                c.feed(stream[pos:pos + n])
+                pos += n
+        else:
+            c.feed(stream, chunk=chunking)  # type: ignore[arg-type]
+        check(c.got, want)
+        # the big buffer was received straight into its own object, and the
+        # scratch buffer did not grow to hold it
+        assert len(c._buf) < MiB
+
+
+def test_parser_large_body_grows_scratch() -> None:
+    body = random.Random(7).randbytes(3 * MiB)
+    c = Recorder()
+    c.feed(make_frame(body, []) + make_frame(b"next", []), chunk=100_000)
+    check(c.got, [(body, []), (b"next", [])])
+
+
+def test_parser_absurd_header_reports_and_aborts() -> None:
+    c = Recorder()
+    c.feed(struct.pack("<II", 0xFFFF_FFFF, 0) + b"more")
+    assert c.got == []
+    assert c.aborted
+    assert len(c.written) == 1
+    body_len, nbufs = struct.unpack_from("<II", c.written[0])
+    assert nbufs == 0
+    msg = M.decode_message(c.written[0][8:8 + body_len])
+    assert isinstance(msg, M.Fail) and msg.req == 0 and msg.error.kind == "protocol"
+
+
+def test_parser_good_frames_then_garbage_header() -> None:
+    c = Recorder()
+    good = make_frame(b"ok", [(b"buf", KIND_BYTES)])
+    c.feed(good + good + struct.pack("<II", 1, MAX_BUFS_PLUS) + good)
+    check(c.got, [expected(b"ok", [(b"buf", KIND_BYTES)])] * 2)
+    assert c.aborted and len(c.written) == 1
+
+
+def test_parser_delivers_real_messages() -> None:
+    """The unpatched _deliver path: a Reply resolves its pending future."""
+    loop = asyncio.new_event_loop()
+    try:
+        c = Connection(None, None)  # type: ignore[arg-type]
+        from meshio._runtime import Pending
+
+        fut = loop.create_future()
+        req = c.next_req(Pending(fut, lambda raw, bufs: (msgspec.msgpack.decode(raw), bufs),
+                                 "ep", "mesh", 0))
+        body = M.encode_message(M.Reply(req, msgspec.Raw(msgspec.msgpack.encode([1, 2]))))
+        frame = make_frame(body, [(b"buf", KIND_BYTES)])
+        mv = memoryview(frame)
+        for i in range(len(frame)):  # byte by byte through the real path
+            target = c.get_buffer(-1)
+            target[:1] = mv[i:i + 1]
+            c.buffer_updated(1)
+        assert fut.done() and fut.result() == ([1, 2], [b"buf"])
+    finally:
+        loop.close()

@@ -1,0 +1,281 @@
+"""Wire robustness against real worker processes: malformed, garbage and
+truncated frames on a worker's socket, calls to unknown actors and endpoints.
+
+A raw client dials a worker's listening Unix socket and speaks the frame
+format by hand (``meshio._runtime.frame_header`` + ``meshio._messages``).
+After each abuse the worker must still serve the controller's calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+import meshio
+from meshio import Actor, ActorMesh, endpoint
+from meshio import _messages as M
+from meshio._runtime import MAX_BODY, MAX_BUFS, frame_header, runtime
+from meshio._serial import KIND_BYTEARRAY, KIND_BYTES
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+#: generous bound on any single wait: a regression fails instead of hanging
+DEADLINE = 30.0
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def total(self, data: bytes) -> int:
+        return len(data)
+
+
+class EchoPlus(Actor):
+    """Same wire name space as Echo plus an endpoint Echo does not have."""
+
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def missing(self) -> int:
+        return 0
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def echo() -> AsyncIterator[ActorMesh[Echo]]:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="wire") as pm:
+        mesh = await pm.spawn("echo", Echo)
+        yield mesh  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def frame(msg: M.Message | bytes, out: list[tuple[Any, int]] | None = None) -> bytes:
+    body = msg if isinstance(msg, bytes) else M.encode_message(msg)
+    out = out or []
+    return frame_header(len(body), out) + body + b"".join(bytes(b) for b, _ in out)
+
+
+def raw_args(**kwargs: Any) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.msgpack.encode(kwargs))
+
+
+async def read_frame(r: asyncio.StreamReader) -> tuple[M.Message, list[bytes]]:
+    body_len, nbufs = struct.unpack("<II", await r.readexactly(8))
+    descs = struct.unpack(f"<{nbufs}Q", await r.readexactly(8 * nbufs)) if nbufs else ()
+    msg = M.decode_message(await r.readexactly(body_len))
+    bufs = [await r.readexactly(d & ((1 << 56) - 1)) for d in descs]
+    return msg, bufs
+
+
+async def dial(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.wait_for(asyncio.open_unix_connection(addr), DEADLINE)
+
+
+async def expect_eof(r: asyncio.StreamReader) -> None:
+    """The peer closes (or resets) the connection; nothing else arrives."""
+    try:
+        rest = await asyncio.wait_for(r.read(), DEADLINE)
+    except ConnectionResetError:
+        return
+    assert rest == b""
+
+
+async def assert_serving(mesh: ActorMesh[Echo], x: int) -> None:
+    values = await asyncio.wait_for(mesh.echo.call(x=x), DEADLINE)
+    assert values.values() == [x] * len(mesh)
+
+
+async def close(w: asyncio.StreamWriter) -> None:
+    w.close()
+    try:
+        await w.wait_closed()
+    except ConnectionError:
+        pass
+
+
+# ------------------------------------------------------------------- tests
+
+
+async def test_raw_client_speaks_the_protocol(echo: ActorMesh[Echo]) -> None:
+    """Sanity for the helpers: a hand-made Call gets a Reply, in order."""
+    r, w = await dial(echo._addrs[0])
+    try:
+        w.write(frame(M.Call(1, echo._target, "echo", raw_args(x=5)))
+                + frame(M.Call(2, echo._target, "echo", raw_args(x=6))))
+        for req, x in ((1, 5), (2, 6)):
+            msg, bufs = await asyncio.wait_for(read_frame(r), DEADLINE)
+            assert msg == M.Reply(req, msgspec.Raw(msgspec.msgpack.encode(x)))
+            assert bufs == []
+        # out-of-band buffers made by hand are accepted too
+        data = b"z" * 100_000
+        w.write(frame(M.Call(3, echo._target, "total", msgspec.Raw(
+            msgspec.msgpack.encode({"data": msgspec.msgpack.Ext(2, msgspec.msgpack.encode(
+                (0, 0)))}))), [(data, KIND_BYTES)]))
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert msg == M.Reply(3, msgspec.Raw(msgspec.msgpack.encode(len(data))))
+    finally:
+        await close(w)
+
+
+@pytest.mark.parametrize("header", [
+    pytest.param(struct.pack("<II", 0xFFFF_FFFF, 0), id="body-4GiB"),
+    pytest.param(struct.pack("<II", MAX_BODY + 1, 0), id="body-over-max"),
+    pytest.param(struct.pack("<II", 4, MAX_BUFS + 1), id="too-many-buffers"),
+    pytest.param(struct.pack("<II", 0xFFFF_FFFF, 0xFFFF_FFFF), id="all-ones"),
+    pytest.param(struct.pack("<IIQ", 4, 1, (KIND_BYTEARRAY << 56) | (1 << 55)) + b"abcd",
+                 id="buffer-2**55-bytes"),
+    pytest.param(struct.pack("<IIQ", 4, 1, (KIND_BYTES << 56) | (1 << 45)) + b"abcd",
+                 id="buffer-32TiB"),
+    pytest.param(struct.pack("<IIQ", 4, 1, (0xFF << 56) | 4) + b"abcd", id="unknown-buffer-kind"),
+])
+async def test_absurd_header_gets_protocol_error_and_drop(
+        echo: ActorMesh[Echo], header: bytes) -> None:
+    r, w = await dial(echo._addrs[0])
+    try:
+        w.write(header)
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail), msg
+        assert msg.req == 0
+        assert msg.error.kind == "protocol"
+        assert msg.error.type_name == "ProtocolError"
+        await expect_eof(r)  # that connection is dropped
+    finally:
+        await close(w)
+    await assert_serving(echo, 11)
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"\xff\xfe\xfd garbage \x00\x01", id="garbage"),
+    pytest.param(b"\xc1", id="never-used-msgpack-byte"),
+    pytest.param(msgspec.msgpack.encode([99, "x", 1]), id="unknown-tag"),
+    pytest.param(msgspec.msgpack.encode([2, "not-an-int", "t", "m", 1]), id="wrong-field-type"),
+    pytest.param(msgspec.msgpack.encode({"req": 1}), id="map-not-array"),
+    pytest.param(b"", id="empty-body"),
+])
+async def test_garbage_body_gets_protocol_fail(echo: ActorMesh[Echo], body: bytes) -> None:
+    r, w = await dial(echo._addrs[1])
+    try:
+        w.write(frame_header(len(body), []) + body)
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail), msg
+        assert msg.req == 0
+        assert msg.error.kind == "protocol"
+        assert "malformed" in msg.error.message
+    finally:
+        await close(w)
+    await assert_serving(echo, 12)
+
+
+@pytest.mark.parametrize("chunk", [
+    pytest.param(b"\x05", id="partial-header"),
+    pytest.param(struct.pack("<II", 100, 0) + b"abc", id="partial-body"),
+    pytest.param(struct.pack("<II", 4, 2) + struct.pack("<Q", 8), id="partial-descs"),
+    pytest.param(frame(M.Call(7, "t", "m", raw_args()), [(b"q" * 1000, KIND_BYTES)])[:-10],
+                 id="partial-buffer"),
+])
+async def test_truncated_frame_then_close(echo: ActorMesh[Echo], chunk: bytes) -> None:
+    r, w = await dial(echo._addrs[0])
+    w.write(chunk)
+    await w.drain()
+    await assert_serving(echo, 19)  # a stalled half frame blocks nobody else
+    w.write_eof()
+    await expect_eof(r)  # the worker closes its side too, sending nothing
+    await close(w)
+    await assert_serving(echo, 13)
+
+
+async def test_unknown_actor_raw(echo: ActorMesh[Echo]) -> None:
+    r, w = await dial(echo._addrs[0])
+    try:
+        w.write(frame(M.Call(41, "nobody/here", "echo", raw_args(x=1))))
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail) and msg.req == 41, msg
+        assert msg.error.kind == "unknown_actor"
+        assert "nobody/here" in msg.error.message
+        # the connection stays usable after a well-formed but unroutable call
+        w.write(frame(M.Call(42, echo._target, "echo", raw_args(x=3))))
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert msg == M.Reply(42, msgspec.Raw(msgspec.msgpack.encode(3)))
+    finally:
+        await close(w)
+
+
+async def test_unknown_endpoint_raw(echo: ActorMesh[Echo]) -> None:
+    r, w = await dial(echo._addrs[1])
+    try:
+        w.write(frame(M.Call(9, echo._target, "nope", raw_args())))
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail) and msg.req == 9, msg
+        assert msg.error.kind == "unknown_endpoint"
+        assert "nope" in msg.error.message and "echo" in msg.error.message
+        assert msg.error.rank == 1
+    finally:
+        await close(w)
+    await assert_serving(echo, 14)
+
+
+async def test_bad_arguments_raw_are_schema_errors(echo: ActorMesh[Echo]) -> None:
+    r, w = await dial(echo._addrs[0])
+    try:
+        not_a_map = msgspec.Raw(msgspec.msgpack.encode([1, 2]))
+        for req, args in ((1, not_a_map), (2, raw_args(x="seven")), (3, raw_args(y=1)),
+                          (4, raw_args())):
+            w.write(frame(M.Call(req, echo._target, "echo", args)))
+            msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+            assert isinstance(msg, M.Fail) and msg.req == req, msg
+            assert msg.error.kind == "schema", msg
+    finally:
+        await close(w)
+    await assert_serving(echo, 15)
+
+
+async def test_unknown_actor_via_controller(echo: ActorMesh[Echo]) -> None:
+    bogus: ActorMesh[Echo] = ActorMesh("nobody/bogus", "bogus", Echo, echo._region, echo._addrs)
+    with pytest.raises(meshio.UnknownActorError) as info:
+        await asyncio.wait_for(bogus.echo.call(x=1), DEADLINE)
+    assert "nobody/bogus" in str(info.value)
+    assert len(info.value.failures) == 2
+    assert all(isinstance(e, meshio.UnknownActorError) for _, e in info.value.failures)
+    with pytest.raises(meshio.UnknownActorError):
+        await asyncio.wait_for(bogus.slice(procs=1).echo.call_one(x=1), DEADLINE)
+    await assert_serving(echo, 16)
+
+
+async def test_unknown_endpoint_via_controller(echo: ActorMesh[Echo]) -> None:
+    wrong: ActorMesh[EchoPlus] = ActorMesh(echo._target, echo._name, EchoPlus, echo._region,
+                                           echo._addrs)
+    with pytest.raises(meshio.UnknownEndpointError) as info:
+        await asyncio.wait_for(wrong.slice(procs=0).missing.call_one(), DEADLINE)
+    assert "missing" in str(info.value)
+    # the endpoints both classes share still work through the wrong view
+    assert (await asyncio.wait_for(wrong.echo.call(x=2), DEADLINE)).values() == [2, 2]
+    await assert_serving(echo, 17)
+
+
+async def test_controller_socket_survives_garbage(echo: ActorMesh[Echo]) -> None:
+    """The controller's own listening socket is as robust as a worker's."""
+    addr = runtime().addr
+    r, w = await dial(addr)
+    try:
+        w.write(frame_header(3, []) + b"\xc1\xc1\xc1")
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail) and msg.error.kind == "protocol", msg
+        w.write(struct.pack("<II", 0xFFFF_FFFF, 0))
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert isinstance(msg, M.Fail) and msg.error.kind == "protocol", msg
+        await expect_eof(r)
+    finally:
+        await close(w)
+    await assert_serving(echo, 18)
