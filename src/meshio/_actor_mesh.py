@@ -40,11 +40,14 @@ class ActorMesh(MeshShape, Generic[A]):
     explicit spelling."""
 
     def __init__(self, target: str, name: str, cls: type[A], region: Region,
-                 addrs: Sequence[str], procs: ProcMesh | None = None) -> None:
+                 addrs: Sequence[str], procs: ProcMesh | None = None,
+                 base: Sequence[int] | None = None) -> None:
         self._target = target
         self._name = name
         self._cls = cls
         self._region = region
+        #: global ranks of the mesh as spawned: an actor's rank is its index here
+        self._base = tuple(region.ranks if base is None else base)
         self._addrs = tuple(addrs)
         self._procs = procs
         self._rt: Runtime | None = None
@@ -52,7 +55,8 @@ class ActorMesh(MeshShape, Generic[A]):
         self._rr = 0
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
-        return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs)
+        return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
+                         self._base)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
@@ -69,7 +73,8 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._target, self._name, self._cls, self._region.extent.labels,
-                           self._region.extent.sizes, self._region.ranks, self._addrs))
+                           self._region.extent.sizes, self._region.ranks, self._addrs,
+                           self._base))
 
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
@@ -115,7 +120,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if dead is not None:
             fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
                                            desc.fn.__qualname__, self._name,
-                                           self._region.point(index))))
+                                           _CallSite(self, index))))
             if not reply:
                 fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
             return fut
@@ -123,7 +128,7 @@ class ActorMesh(MeshShape, Generic[A]):
         req = 0
         if reply:
             req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
-                                        self._name, _LazyPoint(self._region, index)))
+                                        self._name, _CallSite(self, index)))
             inflight = self._inflight
             inflight[index] += 1
             fut.add_done_callback(lambda _f: inflight.__setitem__(index, inflight[index] - 1))
@@ -172,23 +177,26 @@ class ActorMesh(MeshShape, Generic[A]):
         return best
 
 
-class _LazyPoint:
-    """The point of a call, built only if an error message needs it."""
+class _CallSite:
+    """Who a call went to, worked out only if an error message needs it:
+    ``rank`` is the actor's rank in its mesh as spawned (as in
+    :class:`~meshio.ActorError`), the repr its point in the view called."""
 
-    __slots__ = ("index", "region")
+    __slots__ = ("index", "mesh")
 
-    def __init__(self, region: Region, index: int) -> None:
-        self.region = region
+    def __init__(self, mesh: ActorMesh[Any], index: int) -> None:
+        self.mesh = mesh
         self.index = index
 
     @property
     def rank(self) -> int:
-        return self.index
+        return self.mesh._base.index(self.mesh._region.ranks[self.index])
 
     def __repr__(self) -> str:
-        return repr(self.region.point(self.index))
+        return repr(self.mesh._region.point(self.index))
 
 
 def _rebuild(target: str, name: str, cls: type[Any], labels: Sequence[str],
-             sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str]) -> ActorMesh[Any]:
-    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs)
+             sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str],
+             base: Sequence[int]) -> ActorMesh[Any]:
+    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs, base=base)

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 __all__ = ("LocalLauncher", "LocalProc", "ProcHandle", "ProcLauncher", "WorkerSpec",
@@ -33,9 +33,11 @@ class WorkerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     #: a replacement for a failed worker (its actors are being rebuilt)
     restart: bool = False
+    #: prefix of the worker's forwarded output lines, e.g. ``"[trainers gpus=1]"``
+    label: str = ""
 
     def restarted(self) -> WorkerSpec:
-        return WorkerSpec(self.worker, self.listen, self.controller, self.env, True)
+        return replace(self, restart=True)
 
 
 class ProcHandle(Protocol):
@@ -75,8 +77,13 @@ def describe_exit(rc: int | None) -> str:
 class LocalProc:
     """A worker on this host, watched with a pidfd (no thread, no SIGCHLD)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
+                 label: str = "") -> None:
         self._popen = popen
+        for pipe, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
+            if pipe is not None:
+                loop.create_task(loop.connect_read_pipe(
+                    lambda name=name: _Forward(label, name), pipe))
         self.pid = popen.pid
         self.host = socket.gethostname()
         self._loop = loop
@@ -116,6 +123,35 @@ class LocalProc:
                 pass
 
 
+class _Forward(asyncio.Protocol):
+    """Copies a worker's stdout or stderr to the controller's, line by line,
+    each line prefixed with the worker's label."""
+
+    def __init__(self, label: str, stream: str) -> None:
+        self._prefix = f"{label} ".encode()
+        self._stream = stream
+        self._partial = b""
+
+    def data_received(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if lines:
+            self._write(b"".join(self._prefix + line + b"\n" for line in lines))
+
+    def eof_received(self) -> bool | None:
+        if self._partial:
+            self._write(self._prefix + self._partial + b"\n")
+            self._partial = b""
+        return None
+
+    def _write(self, data: bytes) -> None:
+        out = getattr(sys, self._stream)  # looked up each time: follows redirection
+        try:
+            out.write(data.decode(errors="replace"))
+            out.flush()
+        except (OSError, ValueError):  # the controller's stream is closed: drop it
+            pass
+
+
 class LocalLauncher:
     """Starts workers on this host as child processes of the controller."""
 
@@ -130,10 +166,12 @@ class LocalLauncher:
         env["PYTHONPATH"] = os.pathsep.join(
             [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["MESHIO_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+        env["PYTHONUNBUFFERED"] = "1"  # lines reach the controller as they are printed
         env.update(spec.env)
         popen = subprocess.Popen(
             [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
              "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
              *(["--restart"] if spec.restart else [])],
-            env=env, stdin=subprocess.DEVNULL, close_fds=True)
-        return LocalProc(popen, asyncio.get_running_loop())
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            close_fds=True)
+        return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker)

@@ -94,6 +94,7 @@ class _ProcState:
         self.stopped = False
         self.rt: Runtime = runtime()
         self._pongs: dict[str, float] = {}
+        self._beating: asyncio.Task[None] | None = None
         if supervisor is not None:
             supervisor.children.append(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
@@ -114,8 +115,9 @@ class _ProcState:
         env = {"MESHIO_WORKER": worker_id}
         if "gpus" in self.region.extent.labels:
             env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
+        coords = " ".join(f"{k}={v}" for k, v in point.items())
         return WorkerSpec(worker_id, os.path.join(self.rt.sockdir, f"{worker_id}.sock"),
-                          self.rt.addr, env)
+                          self.rt.addr, env, label=f"[{self.name} {coords}]".replace(" ]", "]"))
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -140,7 +142,16 @@ class _ProcState:
         for worker in self.workers:
             worker.ready.set_result(None)
         if self.supervisor is not None:
-            self.rt.loop.create_task(self._heartbeats(self.supervisor))
+            self._beating = self.rt.loop.create_task(self._heartbeats(self.supervisor))
+
+    def reopen(self) -> None:
+        """Undo :meth:`stop` before a parent supervisor restarts this mesh's
+        supervisor (its processes are then restarted one by one)."""
+        if self.stopped and self.supervisor is not None:
+            self.stopped = False
+            if self._beating is not None:
+                self._beating.cancel()
+            self._beating = self.rt.loop.create_task(self._heartbeats(self.supervisor))
 
     async def _hello(self, worker: _Worker, waiter: asyncio.Future[Connection]) -> None:
         exited = asyncio.ensure_future(worker.handle.wait())
@@ -167,6 +178,13 @@ class _ProcState:
     # ------------------------------------------------------------ failures
 
     def _lost(self, worker: _Worker, conn: Connection) -> None:
+        if conn is not worker.conn:  # an incarnation its supervisor is already replacing
+            conn.fail_all(lambda p: SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{conn.peer_pid} was stopped by its supervisor while {p.endpoint} was in "
+                f"flight", actor=p.mesh, rank=p.point.rank, host=worker.handle.host,
+                pid=conn.peer_pid, cause="stopped by its supervisor"))
+            return
         # Until _fail_calls has the exit status, new calls fail at once with
         # what is known (not with a bare "connection refused" from a redial).
         handle = worker.handle
@@ -180,10 +198,11 @@ class _ProcState:
 
         if not self.stopped:
             self.rt.dead[worker.addr] = error
-        self.rt.loop.create_task(self._fail_calls(worker, conn))
+            if worker.ready.done():  # retryable calls wait for the restart, not spin
+                worker.ready = self.rt.loop.create_future()
+        self.rt.loop.create_task(self._fail_calls(worker, conn, handle))
 
-    async def _fail_calls(self, worker: _Worker, conn: Connection) -> None:
-        handle = worker.handle
+    async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle) -> None:
         if not self.stopped:
             try:
                 await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
@@ -198,24 +217,30 @@ class _ProcState:
             handle.send_signal(signal.SIGKILL)
         else:
             cause = describe_exit(handle.returncode)
-        restarting = " (its supervisor restarts it)" if self._will_restart(worker) else ""
+        # replaced meanwhile, or being stopped by a strategy restart: on purpose
+        stale = conn is not worker.conn
+        restarting = stale or (worker.stopping and not self.stopped)
+        if not restarting and self.supervisor is not None and not self.stopped:
+            restarting = self.supervisor.child_failed(self, worker.rank, cause,
+                                                      abnormal=handle.returncode != 0,
+                                                      pid=handle.pid, host=handle.host)
+        note = " (its supervisor restarts it)" if restarting else ""
 
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
-                f"flight{restarting}", actor=p.mesh, rank=p.point.rank, host=handle.host,
+                f"flight{note}", actor=p.mesh, rank=p.point.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
+        if stale:
+            conn.fail_all(error)
+            return
         self.rt.dead[worker.addr] = error
         conn.fail_all(error)
         if worker.ready.done():
             worker.ready = self.rt.loop.create_future()
-        if self.supervisor is not None and not self.stopped and not worker.stopping:
-            self.supervisor.child_failed(self, worker.rank, cause,
-                                         abnormal=handle.returncode != 0,
-                                         pid=handle.pid, host=handle.host)
-        elif not restarting:
+        if not restarting:
             self._no_restart(worker, SupervisionError(
                 f"proc mesh {self.name!r} rank {worker.rank}: {cause}", actor=self.name,
                 rank=worker.rank, host=handle.host, pid=handle.pid, cause=cause))
@@ -244,7 +269,8 @@ class _ProcState:
             now = sup.clock.now()
             for w in self.workers:
                 conn = w.conn
-                if conn is None or conn.closed or w.stopping or not w.ready.done():
+                if (conn is None or conn.closed or w.stopping or w.cause is not None
+                        or not w.ready.done()):  # (cause: already being killed)
                     continue
                 last = self._pongs.get(w.addr, now)
                 if now - last > sup.heartbeat_timeout:
@@ -266,6 +292,8 @@ class _ProcState:
         """Take one process down on purpose, by the shutdown policy."""
         w = self._worker(grank)
         w.stopping = True
+        if w.ready.done():  # retryable calls wait for restart_rank
+            w.ready = self.rt.loop.create_future()
         await _shutdown([w], self.shutdown)
 
     async def restart_rank(self, grank: int) -> tuple[int, str]:
@@ -278,10 +306,21 @@ class _ProcState:
         await w.handle.wait()
         if w.conn is not None and not w.conn.closed:
             w.conn.abort()
+        w.conn = None  # what happens on the old connection is the old incarnation's
         w.incarnation += 1
+        if self.stopped:
+            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
+                                   rank=grank, cause="proc mesh stopped")
         handle, waiter = await self._launch(grank, w.spec.restarted())
         w.handle, w.cause, w.stopping = handle, None, False
-        await self._hello(w, waiter)
+        try:
+            await self._hello(w, waiter)
+        finally:
+            if self.stopped:  # stopped while this one started: it would be leaked
+                handle.send_signal(signal.SIGKILL)
+        if self.stopped:
+            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
+                                   rank=grank, cause="proc mesh stopped")
         rt = self.rt
         lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
         futs = []
@@ -302,8 +341,9 @@ class _ProcState:
         assert w.conn is not None
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)
-        if not w.ready.done():
-            w.ready.set_result(None)
+        if w.ready.done():  # failed by a stop that this restart undoes
+            w.ready = rt.loop.create_future()
+        w.ready.set_result(None)
         return handle.pid, handle.host
 
     async def wait_ready(self, grank: int) -> None:

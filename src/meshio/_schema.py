@@ -115,9 +115,13 @@ class Schema:
         return bound
 
     def pack_args(self, bound: dict[str, Any], packer: Packer) -> bytes:
-        if self.loose:
-            return packer.pack(bound, False)
-        return packer.pack_map(bound, self.typed.__getitem__)
+        try:
+            if self.loose:
+                return packer.pack(bound, False)
+            return packer.pack_map(bound, self.typed.__getitem__)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as e:
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: "
+                              f"{type(e).__name__}: {e}") from e
 
     def pack_result(self, value: Any, packer: Packer) -> bytes:
         if not self._ready:

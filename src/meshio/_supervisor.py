@@ -261,21 +261,25 @@ class Supervisor:
         units: list[tuple[_ProcState | Supervisor, int]] = []
         for child in self.children:
             if isinstance(child, _ProcState):
-                units.extend((child, w.rank) for w in child.workers)
+                if not child.stopped:  # stopped by its owner: nothing to restart
+                    units.extend((child, w.rank) for w in child.workers)
             else:
                 units.append((child, -1))
         return units
 
     def child_failed(self, child: _ProcState | Supervisor, rank: int, cause: str, *,
-                     abnormal: bool = True, pid: int = -1, host: str = "") -> None:
-        """A child failed (called by the proc mesh or a child supervisor)."""
+                     abnormal: bool = True, pid: int = -1, host: str = "") -> bool:
+        """A child failed (called by the proc mesh or a child supervisor);
+        True if it will be restarted."""
         name = child.name
         self.event("failure", name, rank, cause, pid, host)
         if self.failure is not None:
-            return
+            return False
+        if not isinstance(child, Supervisor) and child.stopped:
+            return False
         restart = child.restart_type if not isinstance(child, Supervisor) else "permanent"
         if restart == "temporary" or (restart == "transient" and not abnormal):
-            return
+            return False
         now = self.clock.now()
         self._restarts = [t for t in self._restarts if now - t < self.within]
         self._restarts.append(now)
@@ -283,7 +287,7 @@ class Supervisor:
             asyncio.get_running_loop().create_task(self._escalate(
                 f"{len(self._restarts)} restarts within {self.within}s exceeds max_restarts="
                 f"{self.max_restarts} (last: {name} rank {rank}: {cause})"))
-            return
+            return False
         units = self._order()
         me = units.index((child, rank)) if (child, rank) in units else 0
         match self.strategy:
@@ -294,6 +298,7 @@ class Supervisor:
             case _:
                 targets = units[me:]
         asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
+        return True
 
     async def _restart(self, targets: list[tuple[_ProcState | Supervisor, int]],
                        failed: tuple[_ProcState | Supervisor, int]) -> None:
@@ -333,6 +338,9 @@ class Supervisor:
         self.failure = None
         self._failed = None
         self._restarts = []
+        for child in self.children:
+            if not isinstance(child, Supervisor):
+                child.reopen()
         for unit, rank in self._order():
             await self._start_unit(unit, rank)
 

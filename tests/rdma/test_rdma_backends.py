@@ -135,7 +135,16 @@ async def test_drop_then_use_is_a_clear_error(pair: tuple[Owner, Peer], backend:
 async def test_dead_owner_fails_promptly(pair: tuple[Owner, Peer], backend: str) -> None:
     owner, peer = pair
     buf = await owner.register.call_one(backend)
-    os.kill(await owner.pid.call_one(), signal.SIGKILL)
+    pid = await owner.pid.call_one()
+    fd = os.pidfd_open(pid)
+    exited = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    os.kill(pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(exited, GUARD)  # gone for good, not just signalled
+    finally:
+        asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
     with pytest.raises(meshio.ActorError) as err:
         await asyncio.wait_for(peer.read.call_one(buf, 0, 10), GUARD)
     assert err.value.remote_type.endswith("RDMAError")
@@ -162,7 +171,7 @@ async def test_bad_objects_are_refused() -> None:
         RDMABuffer(bytearray())
     with pytest.raises(RDMAError, match="read-only"):
         RDMABuffer(b"bytes are immutable")
-    with pytest.raises(TypeError, match="expected a CPU torch.Tensor"):
+    with pytest.raises(TypeError, match=r"expected a CPU torch\.Tensor"):
         RDMABuffer(object())
     with pytest.raises(ValueError, match="backend must be one of"):
         RDMABuffer(bytearray(8), backend="carrier-pigeon")
@@ -216,7 +225,7 @@ async def test_timeout_option(pair: tuple[Owner, Peer], tmp_path: os.PathLike[st
     buf = (await owner.register.call_one("tcp")).options(timeout=0.5)
     blocked, release = await _block(owner, tmp_path)  # tcp needs the owner's loop
     t0 = time.monotonic()
-    with pytest.raises(meshio.CallTimeout, match="longer than 0.5s"):
+    with pytest.raises(meshio.CallTimeout, match=r"longer than 0\.5s"):
         await buf.read_into(bytearray(8), length=8)
     assert time.monotonic() - t0 < GUARD
     await release()
