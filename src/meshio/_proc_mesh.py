@@ -323,7 +323,7 @@ class _ProcState:
                                    rank=grank, cause="proc mesh stopped")
         rt = self.rt
         lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
-        futs = []
+        futs: list[asyncio.Future[Any]] = []
         for a in self.actors:
             if grank not in a.ranks or a.restart == "temporary":
                 continue

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -221,7 +221,7 @@ class Supervisor:
         self._emit(ev)
         return ev
 
-    async def events(self) -> AsyncIterator[SupervisionEvent]:
+    async def events(self) -> AsyncGenerator[SupervisionEvent, None]:
         """Every event of this supervisor, from its start, then live ones as
         they happen (failure, restart, stopped, escalation).  Never ends by
         itself: break out of the loop when done."""
