@@ -70,8 +70,8 @@ struct ibv_gid_entry {
     uint32_t gid_type;
     ...;
 };
-int ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
-                     struct ibv_gid_entry *entry, uint32_t flags);  /* static inline */
+ssize_t ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+                            size_t max_entries, uint32_t flags);    /* static inline */
 
 /* ---- protection domain, memory regions */
 struct ibv_pd { ...; };

@@ -9,6 +9,7 @@ remote hosts) implements the same two methods.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -83,7 +84,7 @@ class LocalProc:
         for pipe, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
             if pipe is not None:
                 loop.create_task(loop.connect_read_pipe(
-                    lambda name=name: _Forward(label, name), pipe))
+                    functools.partial(_Forward, label, name), pipe))
         self.pid = popen.pid
         self.host = socket.gethostname()
         self._loop = loop

@@ -187,6 +187,8 @@ class Supervisor:
         self.children: list[_ProcState | Supervisor] = []
         self.failure: SupervisionError | None = None
         self._restarts: list[float] = []
+        #: (id(child), rank) of units a pending restart will start again
+        self._scheduled: set[tuple[int, int]] = set()
         self._events: list[SupervisionEvent] = []
         self._listeners: list[asyncio.Queue[SupervisionEvent]] = []
         self._failed: asyncio.Future[SupervisionError] | None = None
@@ -280,6 +282,8 @@ class Supervisor:
         restart = child.restart_type if not isinstance(child, Supervisor) else "permanent"
         if restart == "temporary" or (restart == "transient" and not abnormal):
             return False
+        if (id(child), rank) in self._scheduled:
+            return True  # a restart already on its way covers it (one gang, one restart)
         now = self.clock.now()
         self._restarts = [t for t in self._restarts if now - t < self.within]
         self._restarts.append(now)
@@ -297,6 +301,7 @@ class Supervisor:
                 targets = units
             case _:
                 targets = units[me:]
+        self._scheduled.update((id(u), r) for u, r in targets)
         asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
         return True
 
@@ -311,8 +316,10 @@ class Supervisor:
                         continue
                     await self._stop_unit(unit, rank)
                 for unit, rank in targets:
+                    self._scheduled.discard((id(unit), rank))  # failures from now on count
                     await self._start_unit(unit, rank)
             except Exception as e:  # a restart that fails is one more failure
+                self._scheduled.difference_update((id(u), r) for u, r in targets)
                 if self.failure is None:
                     unit, rank = failed
                     self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}")
