@@ -15,7 +15,8 @@ _import_s = time.perf_counter() - _t0
 
 import os  # noqa: E402
 import sys  # noqa: E402
-from typing import Any  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any, ClassVar  # noqa: E402
 
 PEERS = os.environ.get(
     "MESHIO_BENCH_PEERS",
@@ -68,7 +69,8 @@ def _tensor_payload(nbytes: int) -> Any:
 class MeshioBackend(harness.Backend):
     name = "meshio"
     import_s = _import_s
-    extra_payloads = {"torch.Tensor": _tensor_payload}
+    extra_payloads: ClassVar[dict[str, Callable[[int], Any]]] = {
+        "torch.Tensor": _tensor_payload}
 
     def versions(self) -> dict[str, str]:
         return harness.pkg_versions(["meshio", "msgspec", "uvloop", "cloudpickle", "torch"])

@@ -499,7 +499,7 @@ async def _start_controller(tmp_path: Path, mode: str
             lines.append(line)
             if line.startswith("PIDS"):
                 pids = [int(x) for x in line.split()[1:]]
-            elif line.startswith("[procs procs=") and "] BLOCKING " in line:  # worker output: prefixed
+            elif line.startswith("[procs procs=") and "] BLOCKING " in line:  # worker output
                 blocking += 1
             elif line.startswith("SOCKDIR"):
                 tmp_path.joinpath("sockdir").write_text(line.split(None, 1)[1])
