@@ -9,23 +9,7 @@ import pytest
 
 import meshio
 import meshio._runtime
-
-
-def child_pids() -> set[int]:
-    """Live (non-zombie) child processes of this test process."""
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            found.add(int(entry))
-    return found
+from meshio.testing import child_pids
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-PACKAGES = ("meshio", "meshio.endpoints", "meshio.supervision", "meshio.rdma")
+PACKAGES = ("meshio", "meshio.endpoints", "meshio.supervision", "meshio.rdma", "meshio.testing")
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -25,6 +25,7 @@ import pytest
 
 import meshio
 from meshio import Actor, endpoint
+from meshio.testing import child_pids, wait_exited
 
 #: generous bound on any single wait on a loaded machine
 DEADLINE = 30.0
@@ -105,19 +106,7 @@ class PidWatch:
         return set(alive)
 
     async def wait_one(self, pid: int, deadline: float = DEADLINE) -> None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        fd = self.fds[pid]
-
-        def readable() -> None:
-            if not fut.done():
-                fut.set_result(None)
-
-        loop.add_reader(fd, readable)
-        try:
-            await asyncio.wait_for(fut, deadline)
-        finally:
-            loop.remove_reader(fd)
+        await wait_exited(self.fds[pid], deadline)
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -405,7 +394,7 @@ async def test_cancelled_while_starting_leaves_no_worker(
     worker started is stopped (the autouse leak check also verifies this)."""
     from meshio._launcher import LocalLauncher
 
-    before = _children()
+    before = child_pids()
     launched = asyncio.Event()
     entered = asyncio.Event()
     real_launch = LocalLauncher.launch
@@ -427,22 +416,7 @@ async def test_cancelled_while_starting_leaves_no_worker(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, DEADLINE)
     assert not entered.is_set()
-    assert _children() - before == set()
-
-
-def _children() -> set[int]:
-    me = str(os.getpid())
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and fields[0] != "Z":
-                found.add(int(entry))
-    return found
+    assert child_pids() - before == set()
 
 
 # ------------------------------------------- controllers that die or forget

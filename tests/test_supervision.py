@@ -27,6 +27,7 @@ import pytest
 import meshio
 from meshio import Actor, endpoint
 from meshio.supervision import ManualClock, SupervisionEvent
+from meshio.testing import wait_exited
 
 #: generous bound on any single wait on a loaded machine
 DEADLINE = 30.0
@@ -246,19 +247,10 @@ async def until(pred: Callable[[], bool], timeout: float = DEADLINE) -> None:
 
 async def wait_pidfds(fds: list[int], timeout: float = DEADLINE) -> None:
     """Wait (on the loop) until every pidfd says its process exited."""
-    loop = asyncio.get_running_loop()
     for fd in fds:
-        fut: asyncio.Future[None] = loop.create_future()
-
-        def readable(f: asyncio.Future[None] = fut) -> None:
-            if not f.done():
-                f.set_result(None)
-
-        loop.add_reader(fd, readable)
         try:
-            await asyncio.wait_for(fut, timeout)
+            await wait_exited(fd, timeout)
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
 
 

@@ -14,6 +14,7 @@ import pytest
 import meshio
 from meshio import Actor, RDMABuffer, endpoint
 from meshio.rdma import RDMAError, RDMAFallbackWarning, RDMASizeError, available_backends
+from meshio.testing import wait_exited
 
 GUARD = 60
 N = 1 << 20
@@ -137,13 +138,10 @@ async def test_dead_owner_fails_promptly(pair: tuple[Owner, Peer], backend: str)
     buf = await owner.register.call_one(backend)
     pid = await owner.pid.call_one()
     fd = os.pidfd_open(pid)
-    exited = asyncio.get_running_loop().create_future()
-    asyncio.get_running_loop().add_reader(fd, lambda: exited.done() or exited.set_result(None))
     os.kill(pid, signal.SIGKILL)
     try:
-        await asyncio.wait_for(exited, GUARD)  # gone for good, not just signalled
+        await wait_exited(fd, GUARD)  # gone for good, not just signalled
     finally:
-        asyncio.get_running_loop().remove_reader(fd)
         os.close(fd)
     with pytest.raises(meshio.ActorError) as err:
         await asyncio.wait_for(peer.read.call_one(buf, 0, 10), GUARD)
