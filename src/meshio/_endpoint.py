@@ -34,7 +34,6 @@ __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 A = TypeVar("A")
 
 

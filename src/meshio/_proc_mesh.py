@@ -245,10 +245,6 @@ class _ProcState:
                 f"proc mesh {self.name!r} rank {worker.rank}: {cause}", actor=self.name,
                 rank=worker.rank, host=handle.host, pid=handle.pid, cause=cause))
 
-    def _will_restart(self, worker: _Worker) -> bool:
-        return (self.supervisor is not None and not self.stopped and not worker.stopping
-                and self.supervisor.failure is None)
-
     def _no_restart(self, worker: _Worker, error: SupervisionError) -> None:
         if not worker.ready.done():
             worker.ready.set_exception(error)
