@@ -182,7 +182,7 @@ class _ProcState:
             conn.fail_all(lambda p: SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{conn.peer_pid} was stopped by its supervisor while {p.endpoint} was in "
-                f"flight", actor=p.mesh, rank=p.point.rank, host=worker.handle.host,
+                f"flight", actor=p.mesh, rank=p.rank, host=worker.handle.host,
                 pid=conn.peer_pid, cause="stopped by its supervisor"))
             return
         # Until _fail_calls has the exit status, new calls fail at once with
@@ -193,7 +193,7 @@ class _ProcState:
             cause = describe_exit(handle.returncode)
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.point.rank,
+                f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.rank,
                 host=handle.host, pid=handle.pid, cause=cause)
 
         if not self.stopped:
@@ -230,7 +230,7 @@ class _ProcState:
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
-                f"flight{note}", actor=p.mesh, rank=p.point.rank, host=handle.host,
+                f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
         if stale:
@@ -386,7 +386,7 @@ class _ProcState:
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
                 f"{p.mesh} {p.point!r}: proc mesh {self.name!r} is down: {why}; spawn a new one",
-                actor=p.mesh, rank=p.point.rank, host=w.handle.host, pid=w.handle.pid,
+                actor=p.mesh, rank=p.rank, host=w.handle.host, pid=w.handle.pid,
                 cause=cause)
         return error
 

@@ -108,6 +108,12 @@ class Pending:
         self.mesh = mesh
         self.point = point
 
+    @property
+    def rank(self) -> int:
+        """The callee's rank, when the call went to an actor (-1 otherwise)."""
+        rank: int = getattr(self.point, "rank", -1)
+        return rank
+
 
 class _Frame:
     __slots__ = ("body", "body_len", "bufs", "descs")
@@ -439,7 +445,7 @@ class Runtime:
             conn.fail_all(dead or (lambda p: SupervisionError(
                 f"cannot reach {p.mesh} {p.point} at {addr}: {why} "
                 "(the process is gone or was never started)",
-                actor=p.mesh, rank=getattr(p.point, "rank", -1), host=self.host,
+                actor=p.mesh, rank=p.rank, host=self.host,
                 cause="connection refused")))
 
     def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
@@ -452,7 +458,7 @@ class Runtime:
         cause = f"connection lost ({exc})" if exc else "connection closed"
         conn.fail_all(lambda p: SupervisionError(
             f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
-            f"{p.endpoint} was in flight", actor=p.mesh, rank=getattr(p.point, "rank", -1),
+            f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank,
             pid=conn.peer_pid, cause=cause))
 
     # --------------------------------------------------------- dispatch

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import meshio
+import meshio._runtime
 from meshio import Actor, RDMABuffer, endpoint
 from meshio.rdma import RDMAError, RDMAFallbackWarning, RDMASizeError, available_backends
 from meshio.testing import wait_exited
@@ -249,3 +250,44 @@ async def _block(owner: Owner, tmp: os.PathLike[str]) -> tuple[
         await asyncio.to_thread(write)
 
     return blocked, let_go
+
+
+async def test_owner_killed_during_tcp_transfer_fails_promptly(
+        pair: tuple[Owner, Peer], tmp_path: os.PathLike[str]) -> None:
+    """The tcp backend needs the owner's loop: block it, start a read, kill the
+    owner while the read is in flight; the read fails with RDMAError."""
+    owner, _ = pair
+    buf = await owner.register.call_one("tcp")
+    pid = await owner.pid.call_one()
+    blocked, _release = await _block(owner, tmp_path)
+    transfer = asyncio.ensure_future(buf.read_into(bytearray(N)))
+    conn = meshio._runtime.runtime().conns[buf.handle.owner]
+
+    async def in_flight() -> None:  # yield to the loop until the read's requests are out
+        while not any(p.endpoint == "RDMA read" for p in conn.pending.values()):
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(in_flight(), GUARD)
+    fd = os.pidfd_open(pid)
+    os.kill(pid, signal.SIGKILL)
+    try:
+        await wait_exited(fd, GUARD)
+    finally:
+        os.close(fd)
+    with pytest.raises(RDMAError, match="unreachable"):
+        await asyncio.wait_for(transfer, GUARD)
+    with pytest.raises(meshio.SupervisionError):
+        await blocked
+
+
+async def test_numpy_array_registers_and_receives() -> None:
+    np = pytest.importorskip("numpy")
+    src = np.arange(1000, dtype=np.int64)
+    buf = RDMABuffer(src)
+    assert buf.size == src.nbytes
+    dst = np.zeros(500, dtype=np.int64)
+    await buf.read_into(dst, offset=500 * 8)
+    assert (dst == np.arange(500, 1000)).all()
+    await buf.write_from(np.full(10, -1, dtype=np.int64), offset=0)
+    assert (src[:10] == -1).all() and src[10] == 10
+    await buf.drop()
