@@ -188,10 +188,21 @@ class Connection(asyncio.BufferedProtocol):
         self.rt._connection_lost(self, exc)
 
     def fail_all(self, make_error: Callable[[Pending], BaseException]) -> None:
+        """Fail every call waiting on this connection; none may be left
+        waiting, even if building its error goes wrong."""
         pending, self.pending = self.pending, {}
         for p in pending.values():
-            if not p.fut.done():
-                p.fut.set_exception(make_error(p))
+            if p.fut.done():
+                continue
+            try:
+                error = make_error(p)
+            except Exception as e:
+                log.exception("meshio: building the error for %s failed", p.endpoint)
+                error = SupervisionError(
+                    f"{p.mesh} {p.point!r}: connection to process {self.peer_pid} at "
+                    f"{self.peer} lost while {p.endpoint} was in flight ({e!r} describing it)",
+                    actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
+            p.fut.set_exception(error)
 
     def abort(self) -> None:
         if self.transport is not None:
