@@ -25,7 +25,14 @@ __all__ = ("ActorCell", "actor_error", "spawn_cell")
 
 def _type_name(e: BaseException) -> str:
     t = type(e)
-    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    if t.__module__ == "builtins":
+        return t.__qualname__
+    if t.__module__.startswith("meshio._"):  # our own errors by their public name
+        import meshio
+
+        if getattr(meshio, t.__name__, None) is t:
+            return f"meshio.{t.__name__}"
+    return f"{t.__module__}.{t.__qualname__}"
 
 
 def actor_error(e: BaseException, ctx: Context | None, kind: str = "actor") -> ErrorInfo:

@@ -291,3 +291,15 @@ async def test_numpy_array_registers_and_receives() -> None:
     await buf.write_from(np.full(10, -1, dtype=np.int64), offset=0)
     assert (src[:10] == -1).all() and src[10] == 10
     await buf.drop()
+
+
+async def test_stopping_the_owning_actor_releases_its_buffers(
+        pair: tuple[Owner, Peer], backend: str) -> None:
+    owner, peer = pair
+    buf = await owner.register.call_one(backend)
+    assert len(await peer.read.call_one(buf, 0, 16)) == 16
+    await owner.stop()  # the actor goes; its process stays up
+    with pytest.raises(meshio.ActorError) as err:
+        await asyncio.wait_for(peer.read.call_one(buf, 0, 16), GUARD)
+    assert err.value.remote_type.endswith("RDMAError")
+    assert "dropped" in err.value.remote_message
