@@ -205,6 +205,40 @@ def test_rename() -> None:
         m.rename(x="y")
 
 
+def test_split() -> None:
+    m = vm(x=2, gpus=8)
+    s = m.split("gpus", nodes=2, local=4)
+    assert s.sizes == {"x": 2, "nodes": 2, "local": 4}
+    assert s.values() == m.values()  # row-major: same order
+    assert s.item(x=1, nodes=1, local=0) == m.item(x=1, gpus=4)
+    assert m.split("gpus", nodes=-1, local=2).sizes == {"x": 2, "nodes": 4, "local": 2}
+    assert s.slice(nodes=1).sizes == {"x": 2, "local": 4}
+    assert s.flatten("all").values() == m.values()
+    with pytest.raises(KeyError, match="unknown dimension 'nope'"):
+        m.split("nope", a=1)
+    with pytest.raises(ValueError, match="product"):
+        m.split("gpus", nodes=3, local=3)
+    with pytest.raises(ValueError, match="product"):
+        m.split("gpus", nodes=-1, local=-1)
+    with pytest.raises(ValueError, match="already exist"):
+        m.split("gpus", x=2, local=4)
+    with pytest.raises(ValueError, match="give the new dims"):
+        m.split("gpus")
+
+
+async def test_split_on_a_real_actor_mesh() -> None:
+    pm = await meshio.this_host().spawn_procs(per_host={"gpus": 4})
+    try:
+        actors = await pm.spawn("ranks", Where)
+        grid = actors.split("gpus", nodes=2, local=2)
+        assert grid.sizes == {"nodes": 2, "local": 2}
+        got = await grid.slice(local=1).rank.call()
+        assert got.sizes == {"nodes": 2}
+        assert got.values() == [1, 3]
+    finally:
+        await pm.stop()
+
+
 def test_value_mesh_values_items_item() -> None:
     m = vm(["a", "b", "c", "d", "e", "f"], x=2, y=3)
     assert m.values() == ["a", "b", "c", "d", "e", "f"]

@@ -192,6 +192,29 @@ class Region:
             raise KeyError(self._where(f"rename: unknown dimension(s) {unknown}"))
         return Region(Extent([names.get(x, x) for x in labels], self.extent.sizes), self.ranks)
 
+    def split(self, dim: str, sizes: Mapping[str, int]) -> Region:
+        labels, old = self.extent.labels, self.extent.sizes
+        if dim not in labels:
+            raise KeyError(self._where(f"split: unknown dimension {dim!r}"))
+        n = old[labels.index(dim)]
+        if not sizes:
+            raise ValueError(self._where(f"split {dim!r}: give the new dims, e.g. nodes=2"))
+        clash = [k for k in sizes if k in labels and k != dim]
+        if clash:
+            raise ValueError(self._where(f"split {dim!r}: new dims {clash} already exist"))
+        known = math.prod(v for v in sizes.values() if v != -1)
+        wild = [k for k, v in sizes.items() if v == -1]
+        bad = [k for k, v in sizes.items()
+               if not isinstance(v, int) or isinstance(v, bool) or (v < 1 and v != -1)]
+        if bad or len(wild) > 1 or known == 0 or n % known or (not wild and known != n):
+            raise ValueError(self._where(
+                f"split {dim!r} (size {n}) into {dict(sizes)}: sizes must be ints >= 1 whose "
+                "product is the dim's size (one of them may be -1)"))
+        new = {k: (n // known if v == -1 else v) for k, v in sizes.items()}
+        i = labels.index(dim)
+        return Region(Extent([*labels[:i], *new, *labels[i + 1:]],
+                             [*old[:i], *new.values(), *old[i + 1:]]), self.ranks)
+
     def points(self) -> Iterator[Point]:
         extent = self.extent
         for rank, coords in enumerate(itertools.product(*(range(s) for s in extent.sizes))):
@@ -278,3 +301,9 @@ class MeshShape:
     def rename(self: _S, **names: str) -> _S:
         """Rename dims: ``mesh.rename(gpus="workers")``."""
         return self._with_region(self._region.rename(names))
+
+    def split(self: _S, dim: str, /, **sizes: int) -> _S:
+        """Split one dim into several, row-major: ``mesh.split("gpus", nodes=2,
+        local=4)`` on ``{"gpus": 8}`` gives ``{"nodes": 2, "local": 4}``; one
+        size may be ``-1`` (inferred)."""
+        return self._with_region(self._region.split(dim, sizes))

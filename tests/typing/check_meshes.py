@@ -97,6 +97,7 @@ async def mesh_operations(procs: ProcMesh, mesh: ActorMesh[Trainer]) -> None:
     assert_type(trainers.slice(gpus=slice(0, 2), hosts=1), Trainer)
     assert_type(trainers.flatten("x"), Trainer)
     assert_type(trainers.rename(gpus="g"), Trainer)
+    assert_type(trainers.split("gpus", nodes=2, local=-1), Trainer)
     assert_type(trainers.slice(gpus=0).rename(gpus="g").flatten("x"), Trainer)
     assert_type(await trainers.slice(gpus=0).train.call_one(step=1), float)
     assert_type(trainers.extent, Extent)
@@ -112,6 +113,7 @@ async def mesh_operations(procs: ProcMesh, mesh: ActorMesh[Trainer]) -> None:
     trainers.slice(gpus="0")  # type: ignore[arg-type]
     trainers.flatten()  # type: ignore[call-arg]
     trainers.rename(gpus=0)  # type: ignore[arg-type]
+    trainers.split("gpus", nodes="2")  # type: ignore[arg-type]
     trainers.size(0)  # type: ignore[arg-type]
 
     # Passing a mesh where its actor class is expected.
@@ -142,6 +144,7 @@ async def value_meshes(procs: ProcMesh) -> None:
     assert_type(losses.slice(gpus=0), ValueMesh[float])
     assert_type(losses.flatten("x"), ValueMesh[float])
     assert_type(losses.rename(gpus="g"), ValueMesh[float])
+    assert_type(losses.split("gpus", a=2, b=-1), ValueMesh[float])
     assert_type(losses.extent, Extent)
     assert_type(list(losses), list[Point])
     assert_type(losses == losses, bool)
