@@ -33,6 +33,7 @@ from ._rdma import RDMABuffer as RDMABuffer
 from ._run import run as run
 from ._supervisor import SupervisionEvent as SupervisionEvent
 from ._supervisor import Supervisor as Supervisor
+from ._torch_dist import setup_torch_distributed as setup_torch_distributed
 from ._value_mesh import ValueMesh as ValueMesh
 
 __all__ = (
@@ -68,5 +69,6 @@ __all__ = (
     "current_rank",
     "endpoint",
     "run",
+    "setup_torch_distributed",
     "this_host",
 )

@@ -1,0 +1,54 @@
+"""``setup_torch_distributed``: the environment ``torch.distributed`` reads,
+set in every process of a proc mesh."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from ._actor import Actor, current_rank
+from ._endpoint import endpoint
+from ._proc_mesh import ProcMesh
+
+__all__ = ("setup_torch_distributed",)
+
+
+class _TorchEnv(Actor):
+    """Sets the variables in its process (internal)."""
+
+    @endpoint
+    def rendezvous(self) -> tuple[str, int]:
+        """An address and a free port on this (rank 0's) host."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port: int = s.getsockname()[1]
+        return socket.gethostbyname(socket.gethostname()), port
+
+    @endpoint
+    def apply(self, world: int, addr: str, port: int, local_world: int) -> dict[str, str]:
+        rank = current_rank().rank
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % local_world),
+               "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": addr,
+               "MASTER_PORT": str(port)}
+        os.environ.update(env)
+        return env
+
+
+async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = None) -> None:
+    """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` in every process of ``procs``, so
+    actors there can call ``torch.distributed.init_process_group()`` (gloo on
+    CPU, NCCL on GPU; the ``gpus`` dim already set ``CUDA_VISIBLE_DEVICES``).
+
+    Ranks follow the mesh's row-major order; the rendezvous is on the host of
+    rank 0, on ``master_port`` or a port free there.
+    """
+    env = await procs.spawn(f"_meshio_torch_env_{uuid.uuid4().hex[:8]}", _TorchEnv)
+    try:
+        first = env.slice(**{dim: 0 for dim in procs.extent})
+        addr, port = await first.rendezvous.call_one()
+        per_host = procs._state.per_host
+        await env.apply.call(len(procs), addr, master_port or port, per_host)
+    finally:
+        await env.stop()
