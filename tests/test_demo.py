@@ -59,3 +59,11 @@ def test_rdma_example() -> None:
     out = _run(sys.executable, "examples/rdma_weights.py")
     assert "backend ['same_host', 'same_host']" in out
     assert "pulled [3.0, 3.0]" in out
+
+
+def test_meshio_bench_prints_its_measurements() -> None:
+    out = _run(sys.executable, "-m", "meshio._cli", "bench", "--calls", "300",
+               "--inflight", "200", "--procs", "2")
+    assert "round trip, one call at a time" in out and "us" in out
+    assert "throughput, 200 calls in flight" in out and "calls/s" in out
+    assert "call on 2 actors + gather" in out

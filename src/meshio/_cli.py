@@ -12,12 +12,21 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="spawn a mesh on this host and tour every adverb")
     demo.add_argument("--procs", type=int, default=2, help="worker processes (default 2)")
+    bench = sub.add_parser("bench", help="measure per-call latency and throughput on this host")
+    bench.add_argument("--calls", type=int, default=2000, help="sequential calls (default 2000)")
+    bench.add_argument("--inflight", type=int, default=1000, help="concurrent calls (default 1000)")
+    bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     args = ap.parse_args(argv)
+    from . import run
+
     if args.command == "demo":
-        from . import run
         from ._demo import demo as run_demo
 
         run(run_demo(args.procs))
+    elif args.command == "bench":
+        from ._bench import bench as run_bench
+
+        run(run_bench(args.calls, args.inflight, args.procs))
 
 
 if __name__ == "__main__":
