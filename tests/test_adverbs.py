@@ -285,6 +285,17 @@ async def test_call_timeout_on_call_one_and_choose(workers: Worker) -> None:
     assert await stuck.add.options(timeout=GUARD).call_one(x=1) == 101
 
 
+async def test_timeout_names_the_actor_rank_not_the_slice_index(workers: Worker) -> None:
+    stuck = workers.slice(procs=1)  # index 0 of the slice, rank 1 of the mesh
+    with pytest.raises(CallTimeout) as info:
+        await stuck.gated.options(timeout=0.3).call_one(wait_rank=1)
+    assert info.value.ranks == (1,)
+    with pytest.raises(CallTimeout) as info:
+        await stuck.gated.options(timeout=0.3).choose(wait_rank=1)
+    assert info.value.ranks == (1,)
+    await stuck.open_gate.call_one()
+
+
 async def test_stream_timeout_after_the_fast_rank(workers: Worker) -> None:
     got = []
     with pytest.raises(CallTimeout) as info:

@@ -120,7 +120,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if dead is not None:
             fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
                                            desc.fn.__qualname__, self._name,
-                                           _CallSite(self, index))))
+                                           self._site(index))))
             if not reply:
                 fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
             return fut
@@ -128,7 +128,7 @@ class ActorMesh(MeshShape, Generic[A]):
         req = 0
         if reply:
             req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
-                                        self._name, _CallSite(self, index)))
+                                        self._name, self._site(index)))
             inflight = self._inflight
             inflight[index] += 1
             fut.add_done_callback(lambda _f: inflight.__setitem__(index, inflight[index] - 1))
@@ -163,6 +163,9 @@ class ActorMesh(MeshShape, Generic[A]):
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
             fut = self._send(index, desc, body, out, True)
+
+    def _site(self, index: int) -> _CallSite:
+        return _CallSite(self, index)
 
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from ._exceptions import (
@@ -167,7 +167,7 @@ class Endpoint(Generic[P, R]):
         if futs:
             _, pending = await asyncio.wait(futs, timeout=self._timeout)
             if pending:
-                self._raise_timeout(futs, pending)
+                self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending)
         failures: list[tuple[Point, BaseException]] = []
         for point, f in zip(self._mesh, futs):
             exc = f.exception()
@@ -177,14 +177,16 @@ class Endpoint(Generic[P, R]):
             raise combine_failures(self._qualname, self._mesh, failures)
         return ValueMesh(self._mesh._region, [f.result() for f in futs])
 
-    def _raise_timeout(self, futs: list[asyncio.Future[Any]], pending: set[Any]) -> None:
+    def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]]) -> None:
+        """Cancel what is still pending; raise naming the late actors (their
+        indices in this view; ranks as in ActorError/SupervisionError)."""
         for f in pending:
             f.cancel()
-        points = [p for p, f in zip(self._mesh, futs) if f in pending]
-        ranks = [p.rank for p in points]
+        sites = [self._mesh._site(i) for i in late]
+        ranks = [s.rank for s in sites]
         raise CallTimeout(
             f"{self._qualname} on {self._mesh._name!r}: no answer within {self._timeout}s "
-            f"from rank(s) {ranks} ({', '.join(map(repr, points))})",
+            f"from rank(s) {ranks} ({', '.join(map(repr, sites))})",
             endpoint=self._qualname, ranks=ranks)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
@@ -214,7 +216,7 @@ class Endpoint(Generic[P, R]):
     async def _single_timeout(self, fut: asyncio.Future[Any], index: int) -> R:
         done, _ = await asyncio.wait([fut], timeout=self._timeout)
         if not done:
-            self._raise_timeout([fut], {fut})
+            self._raise_timeout([index], [fut])
         result: R = fut.result()
         return result
 
@@ -237,7 +239,8 @@ class Endpoint(Generic[P, R]):
                 done, remaining = await asyncio.wait(
                     remaining, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not done:
-                    self._raise_timeout(futs, remaining)
+                    self._raise_timeout([i for i, f in enumerate(futs) if f in remaining],
+                                        remaining)
                 for f in sorted(done, key=lambda f: where[f].rank):
                     yield where[f], f.result()
         finally:
