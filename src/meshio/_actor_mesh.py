@@ -95,7 +95,7 @@ class ActorMesh(MeshShape, Generic[A]):
             conn = rt.connect(self._addrs[grank])
             fut = rt.loop.create_future()
             req = conn.next_req(Pending(fut, lambda raw, bufs: None, "stop", self._name,
-                                        self._region.point(index)))  # errors read .rank
+                                        self._site(index)))
             conn.send_message(StopActor(req, self._target))
             futs.append(fut)
         await asyncio.gather(*futs, return_exceptions=True)
