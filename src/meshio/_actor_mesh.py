@@ -164,6 +164,15 @@ class ActorMesh(MeshShape, Generic[A]):
                     delay = min(2 * delay, 1.0)
             fut = self._send(index, desc, body, out, True)
 
+    def _forget_cancelled(self, indices: list[int]) -> None:
+        """After a timeout: the connections to these actors drop the calls
+        nobody waits for any more."""
+        rt = self._runtime()
+        for addr in {self._addrs[self._region.ranks[i]] for i in indices}:
+            conn = rt.conns.get(addr)
+            if conn is not None:
+                conn.forget_cancelled()
+
     def _site(self, index: int) -> _CallSite:
         return _CallSite(self, index)
 

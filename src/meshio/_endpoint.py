@@ -182,6 +182,7 @@ class Endpoint(Generic[P, R]):
         indices in this view; ranks as in ActorError/SupervisionError)."""
         for f in pending:
             f.cancel()
+        self._mesh._forget_cancelled(late)
         sites = [self._mesh._site(i) for i in late]
         ranks = [s.rank for s in sites]
         raise CallTimeout(

@@ -204,6 +204,12 @@ class Connection(asyncio.BufferedProtocol):
                     actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
             p.fut.set_exception(error)
 
+    def forget_cancelled(self) -> None:
+        """Drop calls whose caller gave up (timed out): a reply that never
+        comes must not keep them forever."""
+        for req in [r for r, p in self.pending.items() if p.fut.cancelled()]:
+            del self.pending[req]
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
