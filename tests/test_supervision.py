@@ -114,6 +114,18 @@ class Fragile(Actor):
         return os.getpid()
 
 
+class Doomed(Actor):
+    """Its process exits while being rebuilt once ``flag`` exists."""
+
+    def __init__(self, flag: str) -> None:
+        if os.path.exists(flag):
+            os._exit(1)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
 class Gated(Actor):
     """Its rebuild after a restart blocks until the test writes to ``gate``."""
 
@@ -369,6 +381,25 @@ async def test_constructor_failing_on_rebuild_counts_as_failure_and_escalates(
             with pytest.raises(meshio.SupervisionError):
                 await asyncio.wait_for(f.pid.call(), DEADLINE)
     assert ei.value is sup.failure
+    await events.aclose()
+
+
+async def test_process_dying_during_its_rebuild_counts_once(tmp_path: Path) -> None:
+    sup, _ = manual_sup(max_restarts=2, within=60.0)
+    events = Events(sup)
+    flag = tmp_path / "die"
+    with pytest.raises(meshio.SupervisionError):
+        async with meshio.this_host().spawn_procs(per_host={"procs": 2},
+                                                  supervisor=sup) as procs:
+            await procs.spawn("d", Doomed, str(flag))
+            flag.touch()  # every rebuild now kills its own process
+            os.kill(procs.pids[1], signal.SIGKILL)
+            await events.next("escalation")
+            failures = [e for e in events.seen if e.kind == "failure"]
+            # one failure per dead process: the kill, then two rebuilds that died
+            assert [e.cause for e in failures] == [
+                "killed by signal SIGKILL", "exited with code 1", "exited with code 1"]
+            assert len({e.pid for e in failures}) == 3
     await events.aclose()
 
 

@@ -318,6 +318,10 @@ class Supervisor:
                 for unit, rank in targets:
                     self._scheduled.discard((id(unit), rank))  # failures from now on count
                     await self._start_unit(unit, rank)
+            except SupervisionError:
+                # The new process died while its actors were rebuilt: its own
+                # loss was reported as a failure already (or the mesh stopped).
+                self._scheduled.difference_update((id(u), r) for u, r in targets)
             except Exception as e:  # a restart that fails is one more failure
                 self._scheduled.difference_update((id(u), r) for u, r in targets)
                 if self.failure is None:
