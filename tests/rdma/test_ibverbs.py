@@ -47,7 +47,6 @@ GUARD = 30.0
 PROMPT = 15.0
 N = 1 << 20
 #: the owner's loop sleeps this long in test_one_sided_while_the_owner_is_blocked
-NAP = 6.0
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -78,12 +77,14 @@ class Owner(Actor):
         await self.bufs[name].drop()
 
     @endpoint
-    def nap(self, ready: str, seconds: float) -> None:
-        """Block this process's event loop in a synchronous endpoint, after
-        saying so through the FIFO ``ready``."""
+    def nap(self, ready: str, release: str) -> None:
+        """Block this process's event loop in a synchronous endpoint: say so
+        through the FIFO ``ready``, then wait on the FIFO ``release``."""
         fd = os.open(ready, os.O_WRONLY)  # until the test opens it
         os.close(fd)
-        time.sleep(seconds)
+        fd = os.open(release, os.O_RDONLY)  # until the test writes
+        os.read(fd, 1)
+        os.close(fd)
 
     @endpoint
     async def pid(self) -> int:
@@ -247,17 +248,24 @@ async def test_one_sided_while_the_owner_is_blocked(pair: tuple[Owner, Peer],
     buf = await owner.register.call_one()
     assert len(await asyncio.wait_for(peer.read.call_one(buf, 0, 8), GUARD)) == 8
     before = await owner.content.call_one("main", 0, N)
-    ready = str(tmp_path / "ready")
+    ready, release = str(tmp_path / "ready"), str(tmp_path / "release")
     os.mkfifo(ready)
-    t0 = time.monotonic()
-    napping = asyncio.ensure_future(owner.nap.call_one(ready, NAP))
+    os.mkfifo(release)
+    napping = asyncio.ensure_future(owner.nap.call_one(ready, release))
     fd = await asyncio.wait_for(asyncio.to_thread(os.open, ready, os.O_RDONLY), GUARD)
-    os.close(fd)  # the owner's loop is inside time.sleep now
+    os.close(fd)  # the owner's loop is blocked until we write to `release`
     got = await asyncio.wait_for(peer.read.call_one(buf, 4096, 65536), GUARD)
     patch = os.urandom(3000)
     assert await asyncio.wait_for(peer.write.call_one(buf, patch, 100), GUARD) == 3000
-    assert not napping.done() and time.monotonic() - t0 < NAP, "the owner woke up first"
+    assert not napping.done(), "the owner's loop ran during the transfers"
     assert got == before[4096:4096 + 65536]
+
+    def let_go() -> None:
+        wfd = os.open(release, os.O_WRONLY)
+        os.write(wfd, b"x")
+        os.close(wfd)
+
+    await asyncio.to_thread(let_go)
     await asyncio.wait_for(napping, GUARD)
     assert await owner.content.call_one("main", 100, 3000) == patch
 
