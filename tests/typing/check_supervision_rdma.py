@@ -1,0 +1,63 @@
+"""Type inference of supervision, RDMA buffers and the torch helper.
+
+Checked by ``mypy --strict tests/typing/``, never run (pytest does not
+collect ``check_*.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Literal, assert_type
+
+import meshio
+from meshio import Actor, RDMABuffer, SupervisionError, SupervisionEvent, Supervisor, endpoint
+from meshio.rdma import Handle, available_backends, backend_for
+from meshio.supervision import ManualClock
+
+
+class Worker(Actor):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @endpoint
+    async def buffer(self) -> RDMABuffer:
+        return RDMABuffer(bytearray(self.n))
+
+
+async def supervision() -> None:
+    sup = Supervisor(strategy="one_for_all", max_restarts=3, within=60.0)
+    child = Supervisor("rest_for_one", parent=sup, clock=ManualClock())
+    assert_type(child.parent, Supervisor | None)
+    Supervisor(strategy="one_for_some")  # type: ignore[arg-type]
+    procs = meshio.this_host().spawn_procs(per_host={"gpus": 2}, supervisor=sup,
+                                           restart="transient", shutdown="brutal_kill")
+    meshio.this_host().spawn_procs(restart="sometimes")  # type: ignore[arg-type]
+    meshio.this_host().spawn_procs(shutdown="gently")  # type: ignore[arg-type]
+    workers = await procs.spawn("w", Worker, 4)
+    assert_type(workers, Worker)
+    assert_type(sup.events(), AsyncGenerator[SupervisionEvent, None])
+    async for event in sup.events():
+        assert_type(event.kind, Literal["failure", "restart", "escalation", "stopped"])
+        assert_type(event.rank, int)
+        assert_type(event.cause, str)
+        break
+    assert_type(await sup.wait_failed(), SupervisionError)
+    assert_type(sup.failure, SupervisionError | None)
+
+
+async def rdma() -> None:
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})
+    workers = await procs.spawn("w", Worker, 16)
+    buf = await workers.slice(procs=0).buffer.call_one()
+    assert_type(buf, RDMABuffer)
+    assert_type(await buf.read_into(bytearray(16), offset=0, length=16), int)
+    assert_type(await buf.write_from(b"x" * 16, offset=0), int)
+    assert_type(await buf.options(timeout=1.0).read_into(bytearray(16)), int)
+    assert_type(buf.backend, str)
+    assert_type(buf.size, int)
+    assert_type(buf.handle, Handle)
+    assert_type(backend_for(buf), str)
+    assert_type(available_backends(), tuple[str, ...])
+    await buf.read_into(bytearray(16), offset="0")  # type: ignore[arg-type]
+    assert_type(await buf.drop(), None)
+    assert_type(await meshio.setup_torch_distributed(procs, master_port=29500), None)
