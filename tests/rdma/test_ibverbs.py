@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fifo_gate import Gate, hold
 
 import meshio
 import meshio.rdma
@@ -46,7 +47,6 @@ GUARD = 30.0
 #: a dead owner must be reported within this
 PROMPT = 15.0
 N = 1 << 20
-#: the owner's loop sleeps this long in test_one_sided_while_the_owner_is_blocked
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -78,13 +78,8 @@ class Owner(Actor):
 
     @endpoint
     def nap(self, ready: str, release: str) -> None:
-        """Block this process's event loop in a synchronous endpoint: say so
-        through the FIFO ``ready``, then wait on the FIFO ``release``."""
-        fd = os.open(ready, os.O_WRONLY)  # until the test opens it
-        os.close(fd)
-        fd = os.open(release, os.O_RDONLY)  # until the test writes
-        os.read(fd, 1)
-        os.close(fd)
+        """Block this process's event loop (see fifo_gate)."""
+        hold(ready, release)
 
     @endpoint
     async def pid(self) -> int:
@@ -248,24 +243,15 @@ async def test_one_sided_while_the_owner_is_blocked(pair: tuple[Owner, Peer],
     buf = await owner.register.call_one()
     assert len(await asyncio.wait_for(peer.read.call_one(buf, 0, 8), GUARD)) == 8
     before = await owner.content.call_one("main", 0, N)
-    ready, release = str(tmp_path / "ready"), str(tmp_path / "release")
-    os.mkfifo(ready)
-    os.mkfifo(release)
-    napping = asyncio.ensure_future(owner.nap.call_one(ready, release))
-    fd = await asyncio.wait_for(asyncio.to_thread(os.open, ready, os.O_RDONLY), GUARD)
-    os.close(fd)  # the owner's loop is blocked until we write to `release`
+    gate = Gate(tmp_path)
+    napping = asyncio.ensure_future(owner.nap.call_one(gate.ready, gate.release))
+    await gate.wait_held(GUARD)  # the owner's loop is blocked until the gate opens
     got = await asyncio.wait_for(peer.read.call_one(buf, 4096, 65536), GUARD)
     patch = os.urandom(3000)
     assert await asyncio.wait_for(peer.write.call_one(buf, patch, 100), GUARD) == 3000
     assert not napping.done(), "the owner's loop ran during the transfers"
     assert got == before[4096:4096 + 65536]
-
-    def let_go() -> None:
-        wfd = os.open(release, os.O_WRONLY)
-        os.write(wfd, b"x")
-        os.close(wfd)
-
-    await asyncio.to_thread(let_go)
+    await gate.open()
     await asyncio.wait_for(napping, GUARD)
     assert await owner.content.call_one("main", 100, 3000) == patch
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from fifo_gate import Gate, hold
 
 import meshio
 import meshio._runtime
@@ -38,13 +39,8 @@ class Owner(Actor):
 
     @endpoint
     def block(self, ready: str, release: str) -> None:
-        """Block this process's event loop: say so through the FIFO ``ready``,
-        then wait on the FIFO ``release`` (no Python runs meanwhile)."""
-        fd = os.open(ready, os.O_WRONLY)  # blocks until the test opens it
-        os.close(fd)
-        fd = os.open(release, os.O_RDONLY)  # blocks until the test writes
-        os.read(fd, 1)
-        os.close(fd)
+        """Block this process's event loop (see fifo_gate)."""
+        hold(ready, release)
 
     @endpoint
     async def pid(self) -> int:
@@ -234,22 +230,10 @@ async def test_timeout_option(pair: tuple[Owner, Peer], tmp_path: os.PathLike[st
 async def _block(owner: Owner, tmp: os.PathLike[str]) -> tuple[
         asyncio.Future[None], Callable[[], Awaitable[None]]]:
     """Block the owner's event loop; returns its pending call and a release."""
-    ready, release = os.path.join(tmp, "ready"), os.path.join(tmp, "release")
-    os.mkfifo(ready)
-    os.mkfifo(release)
-    blocked = owner.block.call_one(ready, release)
-    fd = await asyncio.wait_for(asyncio.to_thread(os.open, ready, os.O_RDONLY), GUARD)
-    os.close(fd)  # the owner is inside its blocking endpoint now
-
-    async def let_go() -> None:
-        def write() -> None:
-            wfd = os.open(release, os.O_WRONLY)
-            os.write(wfd, b"x")
-            os.close(wfd)
-
-        await asyncio.to_thread(write)
-
-    return blocked, let_go
+    gate = Gate(tmp)
+    blocked = owner.block.call_one(gate.ready, gate.release)
+    await gate.wait_held(GUARD)  # the owner is inside its blocking endpoint now
+    return blocked, gate.open
 
 
 async def test_owner_killed_during_tcp_transfer_fails_promptly(
