@@ -17,7 +17,7 @@ from ._endpoint import Endpoint, EndpointDescriptor
 from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Region
 from ._messages import Call, encode_message
-from ._runtime import Pending, Runtime, runtime
+from ._runtime import Pending, Runtime, ignore_result, runtime
 from ._serial import OutBuffers
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class ActorMesh(MeshShape, Generic[A]):
         for index, grank in enumerate(self._region.ranks):
             conn = rt.connect(self._addrs[grank])
             fut = rt.loop.create_future()
-            req = conn.next_req(Pending(fut, lambda raw, bufs: None, "stop", self._name,
+            req = conn.next_req(Pending(fut, ignore_result, "stop", self._name,
                                         self._site(index)))
             conn.send_message(StopActor(req, self._target))
             futs.append(fut)

@@ -19,7 +19,7 @@ from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._messages import ErrorInfo, Ping, Restored, Shutdown, SpawnActor
-from ._runtime import Connection, Pending, Runtime, runtime
+from ._runtime import Connection, Pending, Runtime, ignore_result, runtime
 from ._serial import Packer, dumps
 from ._supervisor import RestartType, ShutdownPolicy, Supervisor
 
@@ -325,7 +325,7 @@ class _ProcState:
                 continue
             fut: asyncio.Future[Any] = rt.loop.create_future()
             assert w.conn is not None
-            req = w.conn.next_req(Pending(fut, _ignore, f"{a.name}.__init__", a.name,
+            req = w.conn.next_req(Pending(fut, ignore_result, f"{a.name}.__init__", a.name,
                                           Region(Extent(a.labels, a.sizes), a.ranks)
                                           .point(a.ranks.index(grank))))
             w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
@@ -409,10 +409,6 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         for w in workers:
             w.handle.send_signal(signal.SIGKILL)
         await asyncio.wait(pending)
-
-
-def _ignore(raw: Any, bufs: Any) -> None:
-    return None
 
 
 def _log_fault(worker: _Worker, info: ErrorInfo) -> None:
@@ -517,7 +513,7 @@ class ProcMesh(MeshShape):
         for index, (grank, point) in enumerate(zip(self._region.ranks, self._region.points())):
             fut: asyncio.Future[Any] = rt.loop.create_future()
             futs.append(fut)
-            pending = Pending(fut, lambda raw, bufs: None, f"{cls.__qualname__}.__init__",
+            pending = Pending(fut, ignore_result, f"{cls.__qualname__}.__init__",
                               name, point)
             dead = rt.dead.get(addrs[grank])
             if dead is not None:

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._cell import ActorCell
     from ._port import PortReceiver
 
-__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "runtime")
+__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "runtime")
 
 log = logging.getLogger("meshio")
 
@@ -113,6 +113,11 @@ class Pending:
         """The callee's rank, when the call went to an actor (-1 otherwise)."""
         rank: int = getattr(self.point, "rank", -1)
         return rank
+
+
+def ignore_result(raw: Any, bufs: Buffers) -> None:
+    """The decoder of a call whose reply carries nothing (spawn, stop)."""
+    return None
 
 
 class _Frame:
