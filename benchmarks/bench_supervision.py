@@ -18,29 +18,18 @@ import statistics
 import time
 
 import meshio
-from meshio import Actor, endpoint
+from meshio import endpoint
+from meshio._bench import Ping, round_trips
 
 
-class Bench(Actor):
-    @endpoint
-    async def ping(self, x: int) -> int:
-        return x
-
+class Bench(Ping):
     @endpoint(retryable=True)
     async def pid(self) -> int:
         return os.getpid()
 
 
 async def latency(mesh: Bench, calls: int) -> float:
-    one = mesh.slice(procs=0)
-    for i in range(200):
-        await one.ping.call_one(i)
-    samples = []
-    for i in range(calls):
-        t0 = time.perf_counter()
-        await one.ping.call_one(i)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
+    return statistics.median(await round_trips(mesh.slice(procs=0), calls)) * 1e6
 
 
 async def main(args: argparse.Namespace) -> None:

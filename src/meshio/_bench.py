@@ -16,18 +16,24 @@ class Ping(Actor):
         return x
 
 
+async def round_trips(one: Ping, calls: int, warmup: int = 200) -> list[float]:
+    """Seconds of ``calls`` sequential ``ping`` round trips to a one-actor
+    mesh, after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        await one.ping.call_one(i)
+    samples = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        await one.ping.call_one(i)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
 async def bench(calls: int = 2000, inflight: int = 1000, procs_n: int = 4) -> None:
     async with meshio.this_host().spawn_procs(per_host={"procs": procs_n}) as procs:
         mesh = await procs.spawn("ping", Ping)
         one = mesh.slice(procs=0)
-        for i in range(200):
-            await one.ping.call_one(i)
-        samples = []
-        for i in range(calls):
-            t0 = time.perf_counter()
-            await one.ping.call_one(i)
-            samples.append(time.perf_counter() - t0)
-        samples.sort()
+        samples = sorted(await round_trips(one, calls))
         print(f"round trip, one call at a time    median {statistics.median(samples) * 1e6:7.1f} us"
               f"   p99 {samples[int(len(samples) * 0.99) - 1] * 1e6:7.1f} us  ({calls} calls)")
         t0 = time.perf_counter()
