@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import version
 
 __all__ = ("main",)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="meshio", description="meshio command line")
+    ap.add_argument("--version", action="version", version=f"meshio {version('meshio')}")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="spawn a mesh on this host and tour every adverb")
     demo.add_argument("--procs", type=int, default=2, help="worker processes (default 2)")
