@@ -425,7 +425,6 @@ CONTROLLER = """
 import asyncio, os, select, sys
 import meshio
 from meshio import Actor, endpoint
-from meshio._runtime import runtime
 
 def say(*words):  # one write(2) per line: lines from several processes never interleave
     os.write(1, (" ".join(map(str, words)) + "\\n").encode())
@@ -438,7 +437,6 @@ class Blocker(Actor):
 
 async def main():
     procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})
-    say("SOCKDIR", runtime().sockdir)
     say("PIDS", *procs.pids)
     mode = sys.argv[1]
     if mode == "blocked":
@@ -475,8 +473,6 @@ async def _start_controller(tmp_path: Path, mode: str
                 pids = [int(x) for x in line.split()[1:]]
             elif line.startswith("[procs procs=") and "] BLOCKING " in line:  # worker output
                 blocking += 1
-            elif line.startswith("SOCKDIR"):
-                tmp_path.joinpath("sockdir").write_text(line.split(None, 1)[1])
             if "READY" in lines and (mode != "blocked" or blocking == 2):
                 break
     except TimeoutError:
@@ -489,16 +485,6 @@ async def _start_controller(tmp_path: Path, mode: str
         raise
     assert len(pids) == 2
     return proc, pids, lines
-
-
-def _cleanup_sockdir(tmp_path: Path) -> None:
-    import shutil
-
-    f = tmp_path / "sockdir"
-    if f.exists():
-        d = f.read_text().strip()
-        if os.path.basename(d).startswith("meshio-"):
-            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", ["idle", "blocked"])
@@ -518,7 +504,6 @@ async def test_sigkilled_controller_leaves_no_orphans(tmp_path: Path, mode: str,
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _cleanup_sockdir(tmp_path)
 
 
 async def test_controller_returning_without_stop_leaves_no_orphans(
@@ -538,4 +523,3 @@ async def test_controller_returning_without_stop_leaves_no_orphans(
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _cleanup_sockdir(tmp_path)

@@ -11,6 +11,7 @@ import random
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest import mock
 
 import msgspec
 import pytest
@@ -434,7 +435,7 @@ class Recorder(Connection):
     """A Connection with no socket: frames delivered are recorded."""
 
     def __init__(self) -> None:
-        super().__init__(None, None)  # type: ignore[arg-type]
+        super().__init__(mock.Mock(), None)  # a runtime whose timers never fire
         self.got: list[tuple[bytes, list[Any]]] = []
         self.written: list[bytes] = []
         self.aborted = False
@@ -577,7 +578,7 @@ def test_parser_delivers_real_messages() -> None:
     """The unpatched _deliver path: a Reply resolves its pending future."""
     loop = asyncio.new_event_loop()
     try:
-        c = Connection(None, None)  # type: ignore[arg-type]
+        c = Connection(mock.Mock(), None)
         from meshio._runtime import Pending
 
         fut = loop.create_future()

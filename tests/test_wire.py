@@ -22,6 +22,7 @@ from meshio import Actor, ActorMesh, endpoint
 from meshio import _messages as M
 from meshio._runtime import MAX_BODY, MAX_BUFS, frame_header, runtime
 from meshio._serial import KIND_BYTEARRAY, KIND_BYTES
+from meshio._testing import open_job_connection
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -80,7 +81,7 @@ async def read_frame(r: asyncio.StreamReader) -> tuple[M.Message, list[bytes]]:
 
 
 async def dial(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(asyncio.open_unix_connection(addr), DEADLINE)
+    return await asyncio.wait_for(open_job_connection(addr), DEADLINE)
 
 
 async def expect_eof(r: asyncio.StreamReader) -> None:

@@ -11,7 +11,9 @@ from ._endpoint import Endpoint as Endpoint
 from ._endpoint import EndpointDescriptor as EndpointDescriptor
 from ._endpoint import endpoint as endpoint
 from ._exceptions import ActorError as ActorError
+from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import CallTimeout as CallTimeout
+from ._exceptions import DeadlockError as DeadlockError
 from ._exceptions import MeshioError as MeshioError
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RDMAError as RDMAError
@@ -31,6 +33,7 @@ from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
 from ._rdma import RDMABuffer as RDMABuffer
 from ._run import run as run
+from ._serial import set_limits as set_limits
 from ._supervisor import SupervisionEvent as SupervisionEvent
 from ._supervisor import Supervisor as Supervisor
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
@@ -40,9 +43,11 @@ __all__ = (
     "Actor",
     "ActorError",
     "ActorMesh",
+    "AuthenticationError",
     "CallTimeout",
     "Channel",
     "Context",
+    "DeadlockError",
     "Endpoint",
     "EndpointDescriptor",
     "Extent",
@@ -69,6 +74,7 @@ __all__ = (
     "current_rank",
     "endpoint",
     "run",
+    "set_limits",
     "setup_torch_distributed",
     "this_host",
 )

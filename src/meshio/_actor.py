@@ -49,7 +49,27 @@ class Actor(metaclass=_ActorMeta):
     """Base class of actors.  Mark remotely callable methods with ``@endpoint``.
 
     ``__init__`` runs in the actor's process with the constructor arguments
-    given to ``procs.spawn(...)``, inside the actor's :func:`context`.
+    given to ``procs.spawn(...)``, inside the actor's :func:`context`, on
+    the worker's event loop.  ``async def`` endpoints run on that loop; plain
+    ``def`` endpoints run in the actor's own thread, one call at a time in
+    mailbox order (they may ``port.send`` and ``broadcast``; to ``await``
+    calls, write an ``async def`` endpoint).
+
+    Optional hooks, looked up by name:
+
+    - ``on_restart(self)`` (sync or async): runs after ``__init__`` when a
+      supervisor rebuilds the actor in a replacement process.
+    - ``__supervise__(self, error)``: a supervisor created inside this actor
+      gave up; return True to handle it (see ``docs/supervision.md``).
+    - ``__cleanup__(self, exc)`` (sync or async): runs once when the actor is
+      stopped: ``ActorMesh.stop``, its proc mesh stopped, its worker shutting
+      down (actors of a process in reverse spawn order), or the actor ending
+      on ``SystemExit``/``KeyboardInterrupt`` from an endpoint.  ``exc`` is
+      None on a normal stop, else the exception that ended the actor.  It
+      runs after the actor's last call has ended (a running ``async`` call
+      is cancelled first), an ``async`` hook on the worker's loop, a sync one
+      in the actor's thread, with 3 seconds to finish; if it raises or
+      overruns, that is logged to the worker's stderr and the stop goes on.
 
     For type checkers an actor class also stands for a mesh of such actors
     (``procs.spawn`` returns the mesh typed as the class), so the mesh
@@ -126,6 +146,9 @@ class Context:
 
 
 _context: contextvars.ContextVar[Context] = contextvars.ContextVar("meshio_context")
+#: the actors waiting on the call being served (``Call.chain``), this one last
+_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "meshio_call_chain", default=())
 
 
 def context() -> Context:

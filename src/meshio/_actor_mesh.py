@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import msgspec
 
-from ._endpoint import Endpoint, EndpointDescriptor
+from ._actor import _chain
+from ._endpoint import Endpoint, EndpointDescriptor, cancels
 from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Region
-from ._messages import Call, encode_message
-from ._runtime import Pending, Runtime, ignore_result, runtime
+from ._messages import Call, Cancel, encode_message
+from ._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
 from ._serial import OutBuffers
 
 if TYPE_CHECKING:
@@ -104,7 +105,16 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _runtime(self) -> Runtime:
         rt = self._rt
-        if rt is None or rt.loop is not asyncio.get_running_loop():
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if getattr(actor_thread, "rt", None) is None:
+                raise
+            raise RuntimeError(
+                f"calls to {self._name!r} cannot be made from a plain 'def' endpoint: it runs in "
+                "its actor's thread, where only broadcast() and port.send() work; make the "
+                "endpoint 'async def' to await calls") from None
+        if rt is None or rt.loop is not loop:
             rt = self._rt = runtime()
         return rt
 
@@ -117,6 +127,8 @@ class ActorMesh(MeshShape, Generic[A]):
         # A dead (or restarting) process may already have a new connection up
         # before its actors are rebuilt: the dead list is checked first.
         dead = rt.dead.get(addr) if rt.dead else None
+        if dead is None and self._procs is not None and self._procs._state.stopped:
+            dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
         if dead is not None:
             fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
                                            desc.fn.__qualname__, self._name,
@@ -131,10 +143,20 @@ class ActorMesh(MeshShape, Generic[A]):
                                         self._name, self._site(index)))
             inflight = self._inflight
             inflight[index] += 1
-            fut.add_done_callback(lambda _f: inflight.__setitem__(index, inflight[index] - 1))
+            target = self._target
+
+            def done(f: asyncio.Future[Any]) -> None:
+                inflight[index] -= 1
+                # The caller gave up (cancelled, timed out, stream abandoned):
+                # the callee drops the call or cancels it; its reply is ignored.
+                if f.cancelled() and conn.pending.pop(req, None) is not None:
+                    conn.send_message(Cancel(req, target))
+
+            fut.add_done_callback(done)
         else:
             fut.set_result(None)
-        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body))), out)
+        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
+                                      _chain.get())), out)
         return fut
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -144,7 +166,7 @@ class ActorMesh(MeshShape, Generic[A]):
         fut = self._send(index, desc, body, out, True)
         if not desc.retryable:
             return fut
-        return asyncio.ensure_future(self._retry(index, desc, body, out, fut))
+        return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut)), [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any]) -> Any:
@@ -163,15 +185,6 @@ class ActorMesh(MeshShape, Generic[A]):
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
             fut = self._send(index, desc, body, out, True)
-
-    def _forget_cancelled(self, indices: list[int]) -> None:
-        """After a timeout: the connections to these actors drop the calls
-        nobody waits for any more."""
-        rt = self._runtime()
-        for addr in {self._addrs[self._region.ranks[i]] for i in indices}:
-            conn = rt.conns.get(addr)
-            if conn is not None:
-                conn.forget_cancelled()
 
     def _site(self, index: int) -> _CallSite:
         return _CallSite(self, index)

@@ -1,26 +1,44 @@
 """Hosting actors inside a worker: one mailbox per actor, handled one
-message at a time (unless the endpoint is ``concurrent``)."""
+message at a time (unless the endpoint is ``concurrent``).
+
+``async def`` endpoints run on the worker's loop (a mailbox call inline in
+the actor's pump task, a concurrent call in its own task); plain ``def``
+endpoints run in the actor's thread (:class:`ActorThread`), so a blocking
+one leaves the loop free to answer heartbeats and other actors.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
+import logging
 import os
+import queue
+import threading
 import traceback
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from ._actor import Actor, Context, ProcInfo, _context
+from ._actor import Actor, Context, ProcInfo, _chain, _context
 from ._endpoint import EndpointDescriptor
 from ._exceptions import SchemaError
 from ._extent import Region
 from ._messages import Call, ErrorInfo, Fail, Reply, SpawnActor
-from ._runtime import Connection, Runtime
+from ._runtime import Connection, Runtime, actor_thread
 from ._serial import Buffers, Packer, loads
 
-__all__ = ("ActorCell", "actor_error", "spawn_cell")
+__all__ = ("CLEANUP_TIMEOUT", "ActorCell", "ActorThread", "actor_error", "spawn_cell")
+
+log = logging.getLogger("meshio")
+
+#: seconds an actor's ``__cleanup__`` (and the end of its last call) may take
+#: before its stop goes on without it
+CLEANUP_TIMEOUT = 3.0
 
 
 def _type_name(e: BaseException) -> str:
@@ -35,11 +53,98 @@ def _type_name(e: BaseException) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
+def _encodable(s: str) -> str:
+    """``s`` with what UTF-8 cannot carry (lone surrogates) escaped."""
+    return str.encode(s, "utf-8", "backslashreplace").decode("utf-8")
+
+
 def actor_error(e: BaseException, ctx: Context | None, kind: str = "actor") -> ErrorInfo:
-    return ErrorInfo(
-        kind, _type_name(e), str(e),
-        "".join(traceback.format_exception(e)) if kind == "actor" else "",
-        ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1)
+    """What the caller is told of ``e``: everything that can be told, even of
+    an exception whose ``__str__`` raises or whose traceback cannot be
+    formatted (the user's code runs here, so nothing may escape)."""
+    try:
+        type_name = _type_name(e)
+    except BaseException:
+        type_name = "<exception of an unnameable type>"
+    try:
+        message = str(e)
+        if not isinstance(message, str):  # pragma: no cover - str() checks this itself
+            raise TypeError("__str__ returned a non-string")
+    except BaseException as inner:
+        message = f"<unprintable {type_name}: str() raised {type(inner).__name__}>"
+    tb = ""
+    if kind == "actor":
+        try:
+            tb = "".join(traceback.format_exception(e))
+        except BaseException:
+            try:
+                tb = ("Traceback (most recent call last):\n"
+                      + "".join(traceback.format_tb(e.__traceback__))
+                      + f"{type_name}: {message} (the rest could not be formatted)\n")
+            except BaseException:
+                tb = f"{type_name}: {message} (its traceback could not be formatted)\n"
+    return ErrorInfo(kind, _encodable(type_name), _encodable(message), _encodable(tb),
+                     ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1)
+
+
+def _own_cancellation(e: BaseException) -> bool:
+    """``e`` is the running task being cancelled (by meshio or the loop's
+    end), not a ``CancelledError`` raised by user code."""
+    task = asyncio.current_task()
+    return isinstance(e, asyncio.CancelledError) and task is not None and task.cancelling() > 0
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if fut.done():  # nobody waits any more (the actor was stopped)
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+class ActorThread:
+    """The thread of one actor, where its plain ``def`` endpoints (and a
+    sync ``__cleanup__``) run: one call at a time, in submission order, in
+    the submitter's context (so :func:`~meshio.context` works).  Started on
+    first use; a daemon, so a stuck call cannot keep the process alive."""
+
+    def __init__(self, rt: Runtime, name: str) -> None:
+        self.rt = rt
+        self.name = name
+        self.jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], contextvars.Context,
+                                           Callable[[], Any]] | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` in the thread; its outcome, on the loop."""
+        fut = self.rt.loop.create_future()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+            self.thread.start()
+        self.jobs.put((fut, contextvars.copy_context(), functools.partial(fn, *args, **kwargs)))
+        return fut
+
+    def close(self) -> None:
+        """The thread ends after the calls already submitted."""
+        if self.thread is not None:
+            self.jobs.put(None)
+
+    def _work(self) -> None:
+        actor_thread.rt = self.rt
+        loop = self.rt.loop
+        while (job := self.jobs.get()) is not None:
+            fut, ctx, call = job
+            del job
+            try:
+                outcome: tuple[bool, Any] = (True, ctx.run(call))
+            except BaseException as e:  # reported by the awaiting call
+                outcome = (False, e)
+            try:
+                loop.call_soon_threadsafe(_settle, fut, *outcome)
+            except RuntimeError:  # the loop is closed: the worker is exiting
+                return
+            del fut, ctx, call, outcome
 
 
 class ActorCell:
@@ -52,8 +157,29 @@ class ActorCell:
         self.instance = instance
         self.endpoints = type(instance)._meshio_endpoints
         self.mailbox: deque[tuple[Connection, Call, Buffers]] = deque()
+        #: (connection, req) of the mailbox calls not yet started; a call
+        #: cancelled by its caller leaves it and is skipped when its turn comes
+        self.queued: set[tuple[Connection, int]] = set()
+        #: async calls under way, by (connection, req): their task (cancellable)
+        self.running: dict[tuple[Connection, int], asyncio.Task[Any]] = {}
+        #: calls whose caller cancelled them while they ran
+        self.cancelled: set[tuple[Connection, int]] = set()
+        #: tasks of concurrent calls (kept until done)
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: this actor in call chains: "<target>[<rank>]"
+        self.identity = f"{target}[{ctx.point.rank}]"
+        #: mailbox calls started so far; the endpoint of the one under way
+        self.seq = 0
+        self.serving: EndpointDescriptor[Any, Any, Any] | None = None
+        self.thread = ActorThread(rt, f"meshio-actor {ctx.actor_name}[{ctx.point.rank}]")
+        #: once stopped (no more calls are taken): the task finishing the stop
+        self.stopping: asyncio.Task[None] | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.task = rt.loop.create_task(self._pump())
+
+    @property
+    def where(self) -> str:
+        return f"{self.ctx.actor_name}[{self.ctx.point.rank}]"
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         desc = self.endpoints.get(msg.method)
@@ -64,8 +190,17 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
-            self.rt.loop.create_task(self._run_concurrent(conn, msg.req, desc, args, kwargs))
+            task = self.rt.loop.create_task(
+                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
             return
+        if msg.req and msg.chain and self.serving is not None \
+                and f"{self.identity}#{self.seq}" in msg.chain:
+            self._fail(conn, msg.req, self._deadlock(msg, desc))
+            return
+        if msg.req:
+            self.queued.add((conn, msg.req))
         self.mailbox.append((conn, msg, bufs))
         waiter = self.waiter
         if waiter is not None:
@@ -73,20 +208,102 @@ class ActorCell:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def stop(self) -> None:
-        self.task.cancel()
+    def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None) -> ErrorInfo:
+        names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
+        chain = " -> ".join([*names, self.where])
+        busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
+        called = desc.fn.__qualname__ if desc is not None else msg.method
+        return ErrorInfo(
+            "deadlock", "DeadlockError",
+            f"reentrant call would deadlock: {chain}: {self.where} is busy with {busy}, "
+            f"which waits (through this chain) for this call to {called}, and a normal "
+            f"endpoint runs only after the call under way; mark {called} "
+            "@endpoint(concurrent=True) to let it run while the actor is busy, or do not "
+            "call back into a caller that waits", actor=self.ctx.actor_name,
+            rank=self.ctx.point.rank)
+
+    def cancel(self, conn: Connection, req: int) -> None:
+        """The caller of ``req`` gave up: drop the call if queued, cancel it
+        if it is an async call under way (a running ``def`` call finishes)."""
+        key = (conn, req)
+        if key in self.queued:
+            self.queued.remove(key)
+            return
+        task = self.running.get(key)
+        if task is not None and key not in self.cancelled:
+            self.cancelled.add(key)
+            task.cancel()
+
+    def stop(self, exc: BaseException | None = None) -> asyncio.Task[None]:
+        """Stop the actor (idempotent): it takes no more calls, calls not
+        started fail, async calls under way are cancelled.  Returns the task
+        that finishes the stop (awaiting it is optional): it waits for the
+        calls under way to end (a running ``def`` call cannot be cancelled),
+        then runs ``__cleanup__(exc)``; each step bounded by CLEANUP_TIMEOUT."""
+        if self.stopping is not None:
+            return self.stopping
+        tasks = [t for t in (self.task, *self.tasks) if not t.done()]
+        for task in tasks:
+            task.cancel()
         if getattr(self.rt, "_rdma", None):
             from ._rdma import release_owned
 
             release_owned(self.rt, self.target)  # its RDMA registrations go with it
         while self.mailbox:
             conn, msg, _ = self.mailbox.popleft()
-            if msg.req:
-                conn.send_message(Fail(msg.req, ErrorInfo(
-                    "unknown_actor", "UnknownActorError",
-                    f"actor {self.ctx.actor_name!r} rank {self.ctx.point.rank} was stopped "
-                    "before handling this call", actor=self.ctx.actor_name,
-                    rank=self.ctx.point.rank)))
+            if (conn, msg.req) in self.queued:
+                conn.send_message(Fail(msg.req, self._stopped(
+                    "unknown_actor", "UnknownActorError", "before handling this call")))
+        self.queued.clear()
+        self.stopping = self.rt.loop.create_task(self._finish_stop(tasks, exc))
+        return self.stopping
+
+    async def _finish_stop(self, tasks: list[asyncio.Task[Any]],
+                           exc: BaseException | None) -> None:
+        me = asyncio.current_task()
+        ends: list[asyncio.Future[Any]] = [t for t in tasks if t is not me]
+        if self.thread.thread is not None:  # a def call under way ends first
+            ends.append(self.thread.run(lambda: None))
+        if ends:
+            await asyncio.wait(ends, timeout=CLEANUP_TIMEOUT)
+        try:
+            await self._cleanup(exc)
+        finally:
+            self.thread.close()
+
+    def _stopped(self, kind: str, type_name: str, when: str) -> ErrorInfo:
+        return ErrorInfo(
+            kind, type_name,
+            f"actor {self.ctx.actor_name!r} rank {self.ctx.point.rank} was stopped {when}",
+            actor=self.ctx.actor_name, rank=self.ctx.point.rank)
+
+    async def _cleanup(self, exc: BaseException | None) -> None:
+        hook = getattr(self.instance, "__cleanup__", None)
+        if hook is None:
+            return
+        what = f"{type(self.instance).__qualname__}.__cleanup__ of {self.where}"
+        task = self.rt.loop.create_task(self._call_cleanup(hook, exc))
+        try:  # (not wait_for: it would wait for a hook that ignores its cancellation)
+            await asyncio.wait([task], timeout=CLEANUP_TIMEOUT)
+        except BaseException:  # this stop is cancelled (the worker is exiting)
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            log.error("meshio: %s did not finish within %ss; stopped without it", what,
+                      CLEANUP_TIMEOUT)
+        elif task.cancelled():
+            log.error("meshio: %s was cancelled; the stop goes on", what)
+        elif task.exception() is not None:
+            log.error("meshio: %s raised; the stop goes on", what, exc_info=task.exception())
+
+    async def _call_cleanup(self, hook: Callable[[BaseException | None], Any],
+                            exc: BaseException | None) -> None:
+        _context.set(self.ctx)
+        if inspect.iscoroutinefunction(hook):
+            await hook(exc)
+        else:
+            await self.thread.run(hook, exc)
 
     def _fail(self, conn: Connection, req: int, info: ErrorInfo) -> None:
         if req:
@@ -94,16 +311,44 @@ class ActorCell:
         else:  # nobody waits for a broadcast: a supervision event
             self.rt.report_fault(info)
 
+    def _error(self, conn: Connection, req: int, e: BaseException) -> None:
+        """The endpoint raised ``e``: tell the caller (or report a fault).
+        ``SystemExit``/``KeyboardInterrupt`` also end the actor as a failure."""
+        info = actor_error(e, self.ctx)
+        if not isinstance(e, (SystemExit, KeyboardInterrupt)):
+            self._fail(conn, req, info)
+            return
+        if req:
+            conn.send_message(Fail(req, info))
+        if self.stopping is None:
+            if self.rt.actors.get(self.target) is self:
+                del self.rt.actors[self.target]
+            fault = ErrorInfo(info.kind, info.type_name,
+                              f"{info.message} (raised by an endpoint: the actor was stopped)",
+                              info.traceback, info.actor, info.rank)
+
+            def report(stopping: asyncio.Task[None]) -> None:
+                if not stopping.cancelled():  # (cancelled: the worker is exiting)
+                    self.rt.report_fault(fault)
+
+            self.stop(e).add_done_callback(report)
+
     async def _pump(self) -> None:
         _context.set(self.ctx)
         mailbox = self.mailbox
+        queued = self.queued
         loop = self.rt.loop
-        while True:
+        while self.stopping is None:
             if not mailbox:
                 self.waiter = loop.create_future()
                 await self.waiter
                 continue
             conn, msg, bufs = mailbox.popleft()
+            if msg.req:
+                key = (conn, msg.req)
+                if key not in queued:
+                    continue  # cancelled by its caller
+                queued.remove(key)
             desc = self.endpoints.get(msg.method)
             if desc is None:
                 self._fail(conn, msg.req, ErrorInfo(
@@ -117,38 +362,69 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 continue
-            if desc.concurrent:
-                loop.create_task(self._run(conn, msg.req, desc, args, kwargs))
-            else:
+            self.seq += 1
+            self.serving = desc
+            _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
+            try:
                 await self._run(conn, msg.req, desc, args, kwargs)
+            finally:
+                self.serving = None
 
     async def _run_concurrent(self, conn: Connection, req: int,
                               desc: EndpointDescriptor[Any, Any, Any],
-                              args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                              args: tuple[Any, ...], kwargs: dict[str, Any],
+                              chain: tuple[str, ...]) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
+        _chain.set((*chain, self.identity))
         await self._run(conn, req, desc, args, kwargs)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        key = (conn, req)
+        task = asyncio.current_task()
+        assert task is not None
+        if req and desc.is_async:
+            self.running[key] = task
         try:
-            result = desc.fn(self.instance, *args, **kwargs)
             if desc.is_async:
-                result = await result
-        except Exception as e:
-            self._fail(conn, req, actor_error(e, self.ctx))
+                result = await desc.fn(self.instance, *args, **kwargs)
+            else:
+                result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
+        except BaseException as e:
+            by_caller = self._done(key, task)
+            if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
+                if task.cancelling():  # the actor is stopping
+                    if req:
+                        conn.send_message(Fail(req, self._stopped(
+                            "supervision", "SupervisionError", "while handling this call")))
+                    raise
+                return  # its caller gave up: nobody to answer
+            self._error(conn, req, e)
             return
+        self._done(key, task)
         if not req:
             return
         packer = Packer()
         try:
             body = desc.schema.pack_result(result, packer)
-        except Exception as e:
+        except BaseException as e:  # the result's own code (e.g. __reduce__) may raise anything
+            why = actor_error(e, self.ctx, "schema")
             conn.send_message(Fail(req, ErrorInfo(
                 "schema", "SchemaError",
-                f"result of {desc.fn.__qualname__} could not be encoded: {e}",
+                f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
                 actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
             return
         conn.send_message(Reply(req, msgspec.Raw(body)), packer.out)
+
+    def _done(self, key: tuple[Connection, int], task: asyncio.Task[Any]) -> bool:
+        """The call ``key`` ended; True if its caller had cancelled it (the
+        cancellation request is then withdrawn from the task)."""
+        self.running.pop(key, None)
+        if key not in self.cancelled:
+            return False
+        self.cancelled.remove(key)
+        task.uncancel()
+        return True
 
 
 async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
@@ -160,7 +436,8 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         cls = loads(msg.cls, [], 0)
         mesh = loads(msg.mesh, [], 0)
         point = Region.full(msg.labels, msg.sizes).point(msg.rank)
-        ctx = Context(point, msg.name, ProcInfo(msg.rank, os.getpid(), rt.host, rt.addr), mesh)
+        proc_rank = msg.rank if msg.proc_rank < 0 else msg.proc_rank
+        ctx = Context(point, msg.name, ProcInfo(proc_rank, os.getpid(), rt.host, rt.addr), mesh)
         args, kwargs = cls._meshio_ctor.unpack_args(msg.args, bufs)
         token = _context.set(ctx)
         try:
@@ -178,7 +455,9 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     except SchemaError as e:
         conn.send_message(Fail(msg.req, actor_error(e, ctx, "schema")))
         return
-    except Exception as e:
+    except BaseException as e:  # SystemExit, KeyboardInterrupt too: the spawn fails
+        if _own_cancellation(e):
+            raise
         info = actor_error(e, ctx)
         if ctx is None:
             info = ErrorInfo(info.kind, info.type_name, info.message, info.traceback,

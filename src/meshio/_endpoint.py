@@ -20,8 +20,9 @@ from ._exceptions import (
     MeshioError,
     SupervisionError,
 )
+from ._runtime import on_loop
 from ._schema import Schema
-from ._serial import Packer
+from ._serial import OutBuffers, Packer
 
 if TYPE_CHECKING:
     from typing import Concatenate, Self
@@ -35,6 +36,7 @@ __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 P = ParamSpec("P")
 R = TypeVar("R")
 A = TypeVar("A")
+T = TypeVar("T")
 
 
 class EndpointDescriptor(Generic[A, P, R]):
@@ -43,6 +45,16 @@ class EndpointDescriptor(Generic[A, P, R]):
 
     def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False,
                  retryable: bool = False) -> None:
+        if isinstance(fn, EndpointDescriptor):
+            raise TypeError(
+                f"@endpoint applied twice to {fn.fn.__qualname__}: the outer decorator's "
+                "options would be lost; use a single @endpoint(concurrent=..., retryable=...)")
+        if concurrent and not inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"@endpoint(concurrent=True) on {getattr(fn, '__qualname__', fn)!r}: only "
+                "'async def' endpoints can run concurrently (a plain 'def' endpoint runs in "
+                "the actor's thread, one call at a time); make it 'async def' or drop "
+                "concurrent=True")
         self.fn = fn
         self.name: str = fn.__name__
         self.concurrent = concurrent
@@ -90,15 +102,21 @@ def endpoint(*, concurrent: bool = False, retryable: bool = False) -> _EndpointD
 def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = False) -> Any:
     """Mark a method of an :class:`~meshio.Actor` as remotely callable.
 
-    ``async def`` and plain ``def`` methods both work.  Arguments and the
-    result are validated against the annotations on the receiving side.
+    ``async def`` and plain ``def`` methods both work: an ``async def``
+    endpoint runs on the actor's event loop, a plain ``def`` one in the
+    actor's own thread (one call at a time, in mailbox order), so a blocking
+    ``def`` does not stall the loop.  Arguments and the result are validated
+    against the annotations on the receiving side.
 
     Args:
         concurrent: let calls to this endpoint run concurrently with other
             messages of the same actor (each in its own task) instead of one
             message at a time; such a call starts on arrival, even while the
             actor is busy with a normal call.  Only for ``async def``
-            endpoints that are safe to interleave.
+            endpoints that are safe to interleave (``TypeError`` on a plain
+            ``def``).  Needed for reentrant calls: an endpoint called back
+            by an actor its own call is waiting on (else
+            :class:`~meshio.DeadlockError`).
         retryable: the endpoint is idempotent: a call that fails because the
             actor's process died is sent again to the new incarnation once
             its supervisor has restarted it (for up to a minute), instead of
@@ -159,7 +177,7 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         futs = [mesh._request(i, self._desc, body, packer.out) for i in range(len(mesh))]
-        return asyncio.ensure_future(self._gather(futs))
+        return cancels(asyncio.ensure_future(self._gather(futs)), futs)
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
         from ._value_mesh import ValueMesh
@@ -182,7 +200,6 @@ class Endpoint(Generic[P, R]):
         indices in this view; ranks as in ActorError/SupervisionError)."""
         for f in pending:
             f.cancel()
-        self._mesh._forget_cancelled(late)
         sites = [self._mesh._site(i) for i in late]
         ranks = [s.rank for s in sites]
         raise CallTimeout(
@@ -212,7 +229,7 @@ class Endpoint(Generic[P, R]):
     def _single(self, fut: asyncio.Future[Any], index: int) -> asyncio.Future[R]:
         if self._timeout is None:
             return fut
-        return asyncio.ensure_future(self._single_timeout(fut, index))
+        return cancels(asyncio.ensure_future(self._single_timeout(fut, index)), [fut])
 
     async def _single_timeout(self, fut: asyncio.Future[Any], index: int) -> R:
         done, _ = await asyncio.wait([fut], timeout=self._timeout)
@@ -252,9 +269,20 @@ class Endpoint(Generic[P, R]):
         """Send to every actor without waiting; an exception in the endpoint
         is reported as a supervision event, not to the caller."""
         body, packer = self._encode(args, kwargs)
+        on_loop(self._broadcast, body, packer.out)
+
+    def _broadcast(self, body: bytes, out: OutBuffers) -> None:
         mesh = self._mesh
         for i in range(len(mesh)):
-            mesh._send(i, self._desc, body, packer.out, False)
+            mesh._send(i, self._desc, body, out, False)
+
+
+def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asyncio.Future[T]:
+    """``task``, whose end cancels ``calls`` still pending: cancelling what
+    the user awaits (even before it starts) cancels the calls themselves,
+    which their callees then drop or cancel (see ``ActorMesh._send``)."""
+    task.add_done_callback(lambda _: [f.cancel() for f in calls])
+    return task
 
 
 _SEVERITY = (SupervisionError, CallTimeout, MeshioError)

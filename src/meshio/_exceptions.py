@@ -10,7 +10,9 @@ mesh / rank / host, and what you can do about it::
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
     ├── UnknownActorError (LookupError)     no such actor in the target process
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
+    ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
     ├── ProtocolError                a malformed or truncated frame was received
+    │   └── AuthenticationError      a peer could not prove it belongs to this job
     └── RDMAError                    a one-sided transfer failed (dropped buffer, dead owner)
         └── RDMASizeError (ValueError)  offset/length/destination do not fit
 
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = (
     "ActorError",
+    "AuthenticationError",
     "CallTimeout",
+    "DeadlockError",
     "MeshioError",
     "ProtocolError",
     "RDMAError",
@@ -167,8 +171,27 @@ class UnknownEndpointError(MeshioError, AttributeError):
     """The actor class has no endpoint of that name."""
 
 
+class DeadlockError(MeshioError, RuntimeError):
+    """A call reached an actor that is busy with a call waiting on it.
+
+    Raised by the callee's runtime, at once, instead of queueing a call that
+    could never run: each call carries the chain of actors waiting on it, and
+    an actor that finds itself in the chain of a call to one of its normal
+    (not ``concurrent``) endpoints while serving the call that waits would
+    deadlock.  The message names the chain (``gen[0] -> learner[1] ->
+    gen[0]``); mark the reentered endpoint ``@endpoint(concurrent=True)``.
+    """
+
+
 class ProtocolError(MeshioError):
     """A malformed or truncated frame was received; the connection is dropped."""
+
+
+class AuthenticationError(ProtocolError):
+    """A peer could not prove it belongs to this job (another user, a wrong or
+    missing job secret, not a meshio process): the connection is dropped
+    before any frame is read.  Callers get it when the process at an actor's
+    address fails the handshake."""
 
 
 class RDMAError(MeshioError):

@@ -36,6 +36,9 @@ class WorkerSpec:
     restart: bool = False
     #: prefix of the worker's forwarded output lines, e.g. ``"[trainers gpus=1]"``
     label: str = ""
+    #: the job secret; a launcher hands it over out of band (stdin), never in
+    #: argv or the environment
+    secret: bytes = field(default=b"", repr=False)
 
     def restarted(self) -> WorkerSpec:
         return replace(self, restart=True)
@@ -173,6 +176,12 @@ class LocalLauncher:
             [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
              "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
              *(["--restart"] if spec.restart else [])],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             close_fds=True)
+        assert popen.stdin is not None
+        try:  # 32 bytes fit in any pipe buffer: never blocks
+            popen.stdin.write(spec.secret)
+            popen.stdin.close()
+        except BrokenPipeError:  # died at once: waiting for its hello reports why
+            pass
         return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker)

@@ -11,6 +11,7 @@ import msgspec
 
 __all__ = (
     "Call",
+    "Cancel",
     "ErrorInfo",
     "Fail",
     "Fault",
@@ -46,13 +47,17 @@ class Hello(_Msg, frozen=True, tag=1):
 class Call(_Msg, frozen=True, tag=2):
     """Invoke ``method`` on the actor of mesh ``target`` hosted by the receiver.
 
-    ``req`` 0 means no reply is wanted (broadcast).
+    ``req`` 0 means no reply is wanted (broadcast).  ``chain`` names the
+    actors waiting on this call, outermost first (``"<target>[<rank>]"``,
+    with ``"#<n>"`` when the waiting call holds that actor's mailbox: its
+    n-th mailbox call); the callee fails a call that would deadlock.
     """
 
     req: int
     target: str
     method: str
     args: msgspec.Raw
+    chain: tuple[str, ...] = ()
 
 
 class Reply(_Msg, frozen=True, tag=3):
@@ -63,7 +68,8 @@ class Reply(_Msg, frozen=True, tag=3):
 class ErrorInfo(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """What went wrong remotely; the caller turns it into an exception."""
 
-    kind: str  # "actor" | "schema" | "unknown_actor" | "unknown_endpoint" | "protocol"
+    #: "actor" | "schema" | "unknown_actor" | "unknown_endpoint" | "deadlock" | "protocol"
+    kind: str
     type_name: str
     message: str
     traceback: str = ""
@@ -91,6 +97,9 @@ class SpawnActor(_Msg, frozen=True, tag=5):
     args: msgspec.Raw
     #: rebuilt by a supervisor after a failure (runs the ``on_restart`` hook)
     restart: bool = False
+    #: the hosting process's rank in its proc mesh (``context().proc.rank``);
+    #: -1: same as ``rank``
+    proc_rank: int = -1
 
 
 class StopActor(_Msg, frozen=True, tag=6):
@@ -148,8 +157,17 @@ class RdmaOp(_Msg, frozen=True, tag=13):
     info: bytes = b""
 
 
+class Cancel(_Msg, frozen=True, tag=14):
+    """The caller of ``req`` (a Call to the actor of mesh ``target`` on this
+    connection) gave up: drop it if still queued, cancel it if running.  No
+    reply."""
+
+    req: int
+    target: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
-           | Ping | Pong | Restored | RdmaOp)
+           | Ping | Pong | Restored | RdmaOp | Cancel)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -16,10 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from ._exceptions import MeshioError
+from ._exceptions import MeshioError, SchemaError
 from ._messages import PortSend
-from ._runtime import runtime
-from ._serial import Buffers, Packer, TypedDecoder
+from ._runtime import on_loop, runtime
+from ._serial import Buffers, OutBuffers, Packer, TypedDecoder
 
 __all__ = ("Channel", "Port", "PortReceiver")
 
@@ -27,6 +27,15 @@ T = TypeVar("T")
 
 _ids = itertools.count(1)
 _CLOSE = object()
+
+
+class _Undecodable:
+    """Stands in the queue for a value that could not be received."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: MeshioError) -> None:
+        self.error = error
 
 
 class Port(Generic[T]):
@@ -48,12 +57,15 @@ class Port(Generic[T]):
         """Send ``value`` to the receiver (fire and forget, in order)."""
         packer = Packer()
         body = packer.pack(value, False)
-        runtime().connect(self._addr).send_message(
-            PortSend(self._id, msgspec.Raw(body)), packer.out)
+        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), packer.out)
 
     def close(self) -> None:
         """Tell the receiver no more values will come."""
-        runtime().connect(self._addr).send_message(PortSend(self._id, msgspec.Raw(b"\xc0"), True))
+        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(b"\xc0"), True), [])
+
+
+def _send(addr: str, msg: PortSend, out: OutBuffers) -> None:
+    runtime().connect(addr).send_message(msg, out)
 
 
 class PortReceiver(Generic[T]):
@@ -66,7 +78,23 @@ class PortReceiver(Generic[T]):
         self._decoder = TypedDecoder(Any)
 
     def _put(self, msg: PortSend, bufs: Buffers) -> None:
-        self._items.append(_CLOSE if msg.close else self._decoder.decode(msg.value, bufs))
+        if msg.close:
+            self._append(_CLOSE)
+            return
+        try:
+            value = self._decoder.decode(msg.value, bufs)
+        except BaseException as e:  # the value's own reconstruction code may raise anything
+            self._put_error(SchemaError(f"a value sent to port {self._id} cannot be decoded "
+                                        f"in this process: {type(e).__name__}: {e}"))
+            return
+        self._append(value)
+
+    def _put_error(self, error: MeshioError) -> None:
+        """A value that could not be received: :meth:`recv` raises ``error``."""
+        self._append(_Undecodable(error))
+
+    def _append(self, item: Any) -> None:
+        self._items.append(item)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -75,6 +103,9 @@ class PortReceiver(Generic[T]):
 
         Raises:
             MeshioError: the port was closed and every value has been read.
+            SchemaError: the next value could not be decoded here (its
+                reconstruction raised, or it was over the message size
+                limit); later values can still be received.
         """
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
@@ -83,6 +114,8 @@ class PortReceiver(Generic[T]):
         if item is _CLOSE:
             raise MeshioError(f"port {self._id} is closed")
         self._items.popleft()
+        if type(item) is _Undecodable:
+            raise item.error
         value: T = item
         return value
 

@@ -12,16 +12,16 @@ from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
 import msgspec
 
-from ._actor import Actor
+from ._actor import Actor, Context, ProcInfo
 from ._actor_mesh import ActorMesh
-from ._endpoint import combine_failures
+from ._endpoint import combine_failures, endpoint
 from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._messages import ErrorInfo, Ping, Restored, Shutdown, SpawnActor
 from ._runtime import Connection, Pending, Runtime, ignore_result, runtime
 from ._serial import Packer, dumps
-from ._supervisor import RestartType, ShutdownPolicy, Supervisor
+from ._supervisor import Clock, MonotonicClock, RestartType, ShutdownPolicy, Supervisor
 
 __all__ = ("HostMesh", "ProcMesh", "this_host")
 
@@ -34,14 +34,18 @@ START_TIMEOUT = 60.0
 STOP_GRACE = 5.0
 #: seconds to wait for an exit status after a worker's connection drops
 EXIT_STATUS_WAIT = 1.0
+#: heartbeats of a proc mesh without a supervisor (``spawn_procs(heartbeat_interval=...,
+#: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_TIMEOUT = 3.0
 
 
 class _Worker:
     """One process slot of a proc mesh; survives restarts (same rank, same
     address), ``handle``/``conn`` are the current incarnation's."""
 
-    __slots__ = ("addr", "cause", "conn", "handle", "incarnation", "rank", "ready", "spec",
-                 "stopping")
+    __slots__ = ("addr", "cause", "conn", "handle", "hung", "incarnation", "moved", "rank",
+                 "ready", "spec", "stopping", "unanswered")
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -57,6 +61,12 @@ class _Worker:
         self.stopping = False
         #: resolved when the current incarnation serves calls (retryable calls wait on it)
         self.ready: asyncio.Future[None] = loop.create_future()
+        #: clock time of the oldest heartbeat not answered yet (None: all answered)
+        self.unanswered: float | None = None
+        #: (bytes received from it, bytes waiting to be sent to it) at the last heartbeat
+        self.moved = (0, 0)
+        #: without a supervisor, while it does not answer heartbeats: its callers' error
+        self.hung: Callable[[Pending], SupervisionError] | None = None
 
 
 class _ActorRecord:
@@ -79,7 +89,9 @@ class _ProcState:
     def __init__(self, name: str, launchers: Sequence[ProcLauncher], region: Region,
                  per_host: int, supervisor: Supervisor | None = None,
                  restart: RestartType | None = None,
-                 shutdown: ShutdownPolicy = STOP_GRACE) -> None:
+                 shutdown: ShutdownPolicy = STOP_GRACE,
+                 heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT)
+                 ) -> None:
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.name = name
         self.launchers = launchers
@@ -92,9 +104,17 @@ class _ProcState:
         self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
         self.stopped = False
+        #: stopped by its owner for good: nothing of it is left in the runtime
+        self.released = False
         self.rt: Runtime = runtime()
-        self._pongs: dict[str, float] = {}
+        self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
+        self.heartbeat_interval, self.heartbeat_timeout = (
+            heartbeat if supervisor is None
+            else (supervisor.heartbeat_interval, supervisor.heartbeat_timeout))
         self._beating: asyncio.Task[None] | None = None
+        #: rank → why that process failed with nothing to restart it (wait_failed)
+        self.failures: dict[int, SupervisionError] = {}
+        self._failed: asyncio.Future[None] = self.rt.loop.create_future()
         if supervisor is not None:
             supervisor.children.append(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
@@ -116,8 +136,9 @@ class _ProcState:
         if "gpus" in self.region.extent.labels:
             env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
         coords = " ".join(f"{k}={v}" for k, v in point.items())
-        return WorkerSpec(worker_id, os.path.join(self.rt.sockdir, f"{worker_id}.sock"),
-                          self.rt.addr, env, label=f"[{self.name} {coords}]".replace(" ]", "]"))
+        return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
+                          label=f"[{self.name} {coords}]".replace(" ]", "]"),
+                          secret=self.rt.secret)
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -141,17 +162,16 @@ class _ProcState:
             raise
         for worker in self.workers:
             worker.ready.set_result(None)
-        if self.supervisor is not None:
-            self._beating = self.rt.loop.create_task(self._heartbeats(self.supervisor))
+        self._beating = self.rt.loop.create_task(self._heartbeats())
 
     def reopen(self) -> None:
         """Undo :meth:`stop` before a parent supervisor restarts this mesh's
         supervisor (its processes are then restarted one by one)."""
-        if self.stopped and self.supervisor is not None:
+        if self.stopped and not self.released and self.supervisor is not None:
             self.stopped = False
             if self._beating is not None:
                 self._beating.cancel()
-            self._beating = self.rt.loop.create_task(self._heartbeats(self.supervisor))
+            self._beating = self.rt.loop.create_task(self._heartbeats())
 
     async def _hello(self, worker: _Worker, waiter: asyncio.Future[Connection]) -> None:
         exited = asyncio.ensure_future(worker.handle.wait())
@@ -167,13 +187,10 @@ class _ProcState:
                 f"{worker.handle.host}) failed to start: {why}; its stderr above says why")
         exited.cancel()
         worker.conn = waiter.result()
-        self._pongs[worker.addr] = self._now()
+        worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
-        self.rt.on_pong[worker.addr] = lambda: self.pong(worker.addr)
-
-    def _now(self) -> float:
-        return self.supervisor.clock.now() if self.supervisor is not None else 0.0
+        self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
 
     # ------------------------------------------------------------ failures
 
@@ -196,6 +213,7 @@ class _ProcState:
                 f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.rank,
                 host=handle.host, pid=handle.pid, cause=cause)
 
+        worker.hung = None
         if not self.stopped:
             self.rt.dead[worker.addr] = error
             if worker.ready.done():  # retryable calls wait for the restart, not spin
@@ -241,9 +259,27 @@ class _ProcState:
         if worker.ready.done():
             worker.ready = self.rt.loop.create_future()
         if not restarting:
-            self._no_restart(worker, SupervisionError(
-                f"proc mesh {self.name!r} rank {worker.rank}: {cause}", actor=self.name,
-                rank=worker.rank, host=handle.host, pid=handle.pid, cause=cause))
+            failure = SupervisionError(
+                f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
+                f"{handle.host} {cause}", actor=self.name, rank=worker.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+            self._no_restart(worker, failure)
+            if not self.stopped:
+                self._report_failure(worker, failure)
+
+    def _report_failure(self, worker: _Worker, failure: SupervisionError) -> None:
+        """A process failed and nothing restarts it: one line on stderr (when
+        no supervisor reports it) and :meth:`ProcMesh.wait_failed` returns."""
+        if self.supervisor is None:
+            print(f"meshio: {failure}; no supervisor restarts it", file=sys.stderr, flush=True)
+        self.failures.setdefault(worker.rank, failure)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every :meth:`ProcMesh.wait_failed` to look again."""
+        if not self._failed.done():
+            self._failed.set_result(None)
+        self._failed = self.rt.loop.create_future()
 
     def _no_restart(self, worker: _Worker, error: SupervisionError) -> None:
         if not worker.ready.done():
@@ -258,26 +294,69 @@ class _ProcState:
                             f"{info.rank} (no caller to tell)\n{info.traceback}")
             worker.handle.send_signal(signal.SIGKILL)  # replaced with a fresh process
 
-    async def _heartbeats(self, sup: Supervisor) -> None:
-        """Ping every live process; one silent for heartbeat_timeout is hung."""
+    async def _heartbeats(self) -> None:
+        """Ping every live process each interval; one that leaves a ping
+        unanswered for heartbeat_timeout is hung (with or without a supervisor)."""
+        clock, interval = self.clock, self.heartbeat_interval
+        last = clock.now()
         while not self.stopped:
-            await sup.clock.sleep(sup.heartbeat_interval)
-            now = sup.clock.now()
+            await clock.sleep(interval)
+            now = clock.now()
+            # Our own loop was blocked: pongs may be unread; judge nobody this round.
+            stalled = now - last > interval + self.heartbeat_timeout
+            last = now
             for w in self.workers:
                 conn = w.conn
                 if (conn is None or conn.closed or w.stopping or w.cause is not None
                         or not w.ready.done()):  # (cause: already being killed)
                     continue
-                last = self._pongs.get(w.addr, now)
-                if now - last > sup.heartbeat_timeout:
-                    w.cause = (f"hung: no heartbeat answer for {now - last:.1f}s "
-                               f"(heartbeat_timeout={sup.heartbeat_timeout}s); killed")
-                    w.handle.send_signal(signal.SIGKILL)
-                else:
-                    conn.send_message(Ping(w.incarnation))
+                moved = _moved(w, conn)
+                if stalled or moved or w.unanswered is None:
+                    w.unanswered = now
+                elif now - w.unanswered > self.heartbeat_timeout:
+                    self._hung(w, conn, now, now - w.unanswered)
+                    if w.cause is not None:
+                        continue
+                conn.send_message(Ping(w.incarnation))
 
-    def pong(self, addr: str) -> None:
-        self._pongs[addr] = self._now()
+    def _hung(self, w: _Worker, conn: Connection, now: float, silent: float) -> None:
+        """``w`` has not answered heartbeats for ``silent`` seconds: a
+        supervisor kills and restarts it; without one its callers fail (the
+        process is left alone and serves calls again once it answers)."""
+        timeout = self.heartbeat_timeout
+        if self.supervisor is not None:
+            w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
+                       f"(heartbeat_timeout={timeout}s); killed")
+            w.handle.send_signal(signal.SIGKILL)
+            return
+        if w.hung is not None:
+            return
+        since, clock, handle = now - silent, self.clock, w.handle
+
+        def error(p: Pending) -> SupervisionError:
+            cause = f"not responding for {clock.now() - since:.1f} s"
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {w.rank}: process "
+                f"{handle.pid} on {handle.host} {cause} (no heartbeat answer; "
+                f"heartbeat_timeout={timeout} s) while {p.endpoint} was in flight; it is "
+                f"not killed (no supervisor): calls work again once it answers",
+                actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
+
+        w.hung = error
+        print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
+              f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
+              f"answers again", file=sys.stderr, flush=True)
+        self.rt.dead[w.addr] = error
+        conn.fail_all(error)
+
+    def _pong(self, w: _Worker) -> None:
+        w.unanswered = None
+        if w.hung is not None:  # it answers again: calls go through
+            if self.rt.dead.get(w.addr) is w.hung:
+                del self.rt.dead[w.addr]
+            w.hung = None
+            print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
+                  f"responds again", file=sys.stderr, flush=True)
 
     # ------------------------------------------------- restarts (supervisor)
 
@@ -330,13 +409,15 @@ class _ProcState:
                                           .point(a.ranks.index(grank))))
             w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
                                            a.ranks.index(grank), a.labels, a.sizes,
-                                           a.mesh_blob, msgspec.Raw(a.body), True), a.out)
+                                           a.mesh_blob, msgspec.Raw(a.body), True, grank),
+                                a.out)
             futs.append(fut)
         if futs:
             await asyncio.gather(*futs)
         assert w.conn is not None
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)
+        self.failures.pop(grank, None)  # restarted after all (by a parent supervisor)
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
         w.ready.set_result(None)
@@ -357,6 +438,9 @@ class _ProcState:
         if self.stopped:
             return
         self.stopped = True
+        if self._beating is not None:
+            self._beating.cancel()
+        self._wake()  # wait_failed: stopped, not failed
         try:
             try:
                 await self.ready
@@ -376,19 +460,67 @@ class _ProcState:
                     f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
                     cause="proc mesh stopped"))
 
-    def _stopped_error(self, w: _Worker) -> Callable[[Pending], SupervisionError]:
+    def service(self) -> ActorMesh[_ProcService]:
+        """The controller-side actor that references to this mesh held in
+        other processes spawn through (this mesh is registered with it)."""
+        service = _ProcService.of(self.rt)
+        if not self.released:
+            service.meshes[self.id] = self
+        return service.mesh
+
+    def release(self) -> None:
+        """Forget this mesh (its owner stopped it for good): nothing of it
+        stays in the runtime's tables or its supervisor; calls through old
+        references fail with :meth:`stopped_error` (``ActorMesh`` asks its
+        proc mesh), or as unreachable where a reference has no proc mesh."""
+        if self.released:
+            return
+        self.released = True
+        rt = self.rt
+        for grank in self.region.ranks:
+            rt.hello_waiters.pop(f"{self.id}-{grank}", None)
+        for w in self.workers:
+            for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
+                table.pop(w.addr, None)
+            for conn in (rt.conns.pop(w.addr, None), w.conn):
+                if conn is not None:
+                    conn.abort()
+            w.conn = None
         sup = self.supervisor
-        why = (f"its supervisor gave up ({sup.failure.cause})"
-               if sup is not None and sup.failure is not None else "it was stopped")
+        if sup is not None and self in sup.children:
+            sup.children.remove(self)
+        cell = rt.actors.get(_ProcService.TARGET)
+        if cell is not None:
+            cast(_ProcService, cell.instance).meshes.pop(self.id, None)
+        self.actors.clear()  # constructor arguments: nothing will rebuild them now
+
+    def stopped_error(self, p: Pending) -> SupervisionError:
+        """The error of a call to an actor of this mesh once it is stopped."""
+        return self._stopped_error(None)(p)
+
+    def _stopped_error(self, w: _Worker | None) -> Callable[[Pending], SupervisionError]:
+        sup = self.supervisor
+        why = (f" after its supervisor gave up ({sup.failure.cause})"
+               if sup is not None and sup.failure is not None else "")
         cause = "supervisor gave up" if sup is not None and sup.failure is not None \
             else "proc mesh stopped"
 
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
-                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} is down: {why}; spawn a new one",
-                actor=p.mesh, rank=p.rank, host=w.handle.host, pid=w.handle.pid,
-                cause=cause)
+                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} was stopped{why}; spawn a new "
+                f"one", actor=p.mesh, rank=p.rank, host="" if w is None else w.handle.host,
+                pid=-1 if w is None else w.handle.pid, cause=cause)
         return error
+
+
+def _moved(w: _Worker, conn: Connection) -> bool:
+    """Data moved between us and ``w`` since the last heartbeat (a large
+    message): it is alive, though its pong may be queued behind that data."""
+    transport = conn.transport
+    mark = (conn._rx, transport.get_write_buffer_size() if transport is not None else 0)
+    moved = mark[0] != w.moved[0] or mark[1] < w.moved[1]
+    w.moved = mark
+    return moved
 
 
 async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
@@ -435,6 +567,13 @@ class ProcMesh(MeshShape):
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self.sizes}>"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A value like an actor mesh: elsewhere, a reference whose spawns go
+        # through the controller owning the processes (which records them).
+        e = self._region.extent
+        return (_ProcMeshRef, (self._state.service(), self._state.id, self._state.name,
+                               e.labels, e.sizes, self._region.ranks))
+
     def __await__(self) -> Generator[Any, None, ProcMesh]:
         return self._wait_ready().__await__()
 
@@ -456,7 +595,9 @@ class ProcMesh(MeshShape):
         while root is not None and root.parent is not None:
             root = root.parent
         if exc_type is None and root is not None and root.failure is not None:
-            raise root.failure
+            failure = await root.wait_failed()  # once its hooks have run
+            if not root._handled:  # else on_escalate or __supervise__ handled it
+                raise failure
 
     @property
     def pids(self) -> list[int]:
@@ -494,7 +635,9 @@ class ProcMesh(MeshShape):
                              f"got {name!r}")
         await self
         if state.stopped:
-            raise MeshioError(f"spawn {name!r}: proc mesh {state.name!r} was stopped")
+            raise SupervisionError(f"spawn {name!r}: proc mesh {state.name!r} was stopped; "
+                                   f"spawn a new one", actor=state.name,
+                                   cause="proc mesh stopped")
         if name in state.actor_names:
             raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}")
         schema = cls._meshio_ctor
@@ -522,7 +665,8 @@ class ProcMesh(MeshShape):
             conn = rt.connect(addrs[grank])
             req = conn.next_req(pending)
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
-                                         mesh_blob, msgspec.Raw(body)), packer.out)
+                                         mesh_blob, msgspec.Raw(body), proc_rank=grank),
+                              packer.out)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
                                          labels, sizes, self._region.ranks,
                                          restart))
@@ -538,8 +682,152 @@ class ProcMesh(MeshShape):
 
     async def stop(self) -> None:
         """Stop every process of the whole mesh (gracefully, then SIGKILL after
-        a grace period).  Idempotent."""
+        a grace period), and forget it: calls to its actors then fail with
+        :class:`SupervisionError` ("proc mesh ... was stopped").  Idempotent.
+
+        Raises:
+            ValueError: this is a slice of the mesh (stop the whole mesh, as
+                returned by ``spawn_procs``).
+        """
+        _check_whole(self._region, self._state.region, self._state.name)
         await self._state.stop()
+        self._state.release()
+
+    async def wait_failed(self) -> SupervisionError:
+        """Wait until a process of this mesh (or slice) fails with nothing to
+        restart it — without a supervisor its first exit or lost connection
+        (also reported on stderr), with one when the supervisor gives up —
+        and return that failure (already failed: at once).
+
+        Raises:
+            SupervisionError: the mesh was stopped before any of its processes
+                failed.
+        """
+        state = self._state
+        await self
+        while True:
+            for rank in self._region.ranks:
+                failure = state.failures.get(rank)
+                if failure is not None:
+                    return failure
+            if state.stopped:
+                raise SupervisionError(
+                    f"proc mesh {state.name!r} was stopped before any of its processes "
+                    f"failed", actor=state.name, cause="proc mesh stopped")
+            await asyncio.shield(state._failed)
+
+
+def _check_whole(region: Region, whole: Region, name: str) -> None:
+    """Stopping is for a whole proc mesh, never a slice."""
+    if sorted(region.ranks) != sorted(whole.ranks):
+        raise ValueError(
+            f"stop(): this is a slice of proc mesh {name!r} ({len(region.ranks)} of its "
+            f"{len(whole.ranks)} processes); a proc mesh stops as a whole: call stop() on "
+            f"the mesh returned by spawn_procs (or stop the actors on the slice with "
+            f"actors.stop())")
+
+
+class _ProcService(Actor):
+    """One per controller, started when a proc mesh is first pickled: spawns
+    and stops on its proc meshes for actors holding references to them, so
+    the owner records every actor mesh its supervisors must rebuild."""
+
+    TARGET = "meshio/proc-meshes"
+
+    def __init__(self, mesh: ActorMesh[_ProcService]) -> None:
+        self.mesh = mesh
+        #: proc mesh id → its state, while not stopped by its owner
+        self.meshes: dict[str, _ProcState] = {}
+
+    @classmethod
+    def of(cls, rt: Runtime) -> _ProcService:
+        """The service of ``rt`` (the controller's runtime), started on first use."""
+        cell = rt.actors.get(cls.TARGET)
+        if cell is None:
+            from ._cell import ActorCell
+
+            region = Region.full((), ())
+            mesh: ActorMesh[_ProcService] = ActorMesh(cls.TARGET, "proc meshes", cls, region,
+                                                       [rt.addr])
+            ctx = Context(region.point(0), "proc meshes",
+                          ProcInfo(-1, os.getpid(), rt.host, rt.addr), mesh)
+            cell = rt.actors[cls.TARGET] = ActorCell(rt, cls.TARGET, ctx, cls(mesh))
+        return cast(_ProcService, cell.instance)
+
+    def _view(self, mesh_id: str, name: str, labels: list[str], sizes: list[int],
+              ranks: list[int]) -> ProcMesh:
+        state = self.meshes.get(mesh_id)
+        if state is None:
+            raise SupervisionError(f"proc mesh {name!r} was stopped by its owner; ask it for a "
+                                   f"new one", actor=name, cause="proc mesh stopped")
+        return ProcMesh(state, Region(Extent(labels, sizes), ranks))
+
+    @endpoint(concurrent=True)
+    async def spawn_on(self, where: tuple[str, str, list[str], list[int], list[int]],
+                       name: str, cls: Any, args: Any, kwargs: Any) -> Any:
+        mesh: Any = await self._view(*where).spawn(name, cls, *args, **kwargs)
+        return mesh
+
+    @endpoint(concurrent=True)
+    async def stop_mesh(self, where: tuple[str, str, list[str], list[int], list[int]]) -> None:
+        await self._view(*where).stop()
+
+
+class _ProcMeshRef(ProcMesh):
+    """A proc mesh received in another process: spawns (and stop) go to the
+    controller that owns the processes."""
+
+    def __init__(self, service: ActorMesh[_ProcService], mesh_id: str, name: str,
+                 labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int]) -> None:
+        self._service = service
+        self._id = mesh_id
+        self._name = name
+        self._region = Region(Extent(labels, sizes), ranks)
+
+    def _with_region(self, region: Region) -> _ProcMeshRef:
+        e = region.extent
+        return _ProcMeshRef(self._service, self._id, self._name, e.labels, e.sizes,
+                            region.ranks)
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._name!r} {self.sizes} (reference)>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        e = self._region.extent
+        return (_ProcMeshRef, (self._service, self._id, self._name, e.labels, e.sizes,
+                               self._region.ranks))
+
+    def _where(self) -> tuple[str, str, list[str], list[int], list[int]]:
+        e = self._region.extent
+        return self._id, self._name, list(e.labels), list(e.sizes), list(self._region.ranks)
+
+    async def _wait_ready(self) -> ProcMesh:
+        return self  # started before it could be passed on
+
+    @property
+    def pids(self) -> list[int]:
+        raise RuntimeError(f"proc mesh {self._name!r}: pids are known only to the "
+                           "controller that started the processes")
+
+    async def spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
+                    **kwargs: P.kwargs) -> A:
+        """Spawn through the controller owning the processes (see
+        :meth:`ProcMesh.spawn`)."""
+        if not _is_actor_class(cls):
+            raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
+        mesh: A = await self._service.spawn_on.call_one(self._where(), name, cls, args, kwargs)
+        return mesh
+
+    async def stop(self) -> None:
+        """Stop the whole mesh, through the controller owning it."""
+        await self._service.stop_mesh.call_one(self._where())
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_failed(self) -> SupervisionError:
+        raise RuntimeError(f"proc mesh {self._name!r}: wait_failed() is available in the "
+                           "controller that started the processes")
 
 
 def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:
@@ -561,7 +849,9 @@ class HostMesh(MeshShape):
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
                     name: str = "procs", supervisor: Supervisor | None = None,
                     restart: RestartType | None = None,
-                    shutdown: ShutdownPolicy = STOP_GRACE) -> ProcMesh:
+                    shutdown: ShutdownPolicy = STOP_GRACE,
+                    heartbeat_interval: float = HEARTBEAT_INTERVAL,
+                    heartbeat_timeout: float | None = None) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
@@ -574,6 +864,12 @@ class HostMesh(MeshShape):
                 permanent of their actor meshes' types).
             shutdown: ``"brutal_kill"`` or seconds of grace after a graceful
                 shutdown request before SIGKILL (stop and strategy restarts).
+            heartbeat_interval: without a supervisor, seconds between
+                heartbeats to each process (with one, the supervisor's apply).
+            heartbeat_timeout: without a supervisor, a process that leaves a
+                heartbeat unanswered this long (default 3 intervals) is not
+                responding: calls to it fail with :class:`SupervisionError`
+                until it answers again; it is not killed.
         """
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
@@ -582,6 +878,11 @@ class HostMesh(MeshShape):
                 isinstance(shutdown, (int, float)) and shutdown >= 0):
             raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
                              f"got {shutdown!r}")
+        if heartbeat_timeout is None:
+            heartbeat_timeout = 3 * heartbeat_interval
+        if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
+            raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
+                             f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -596,7 +897,8 @@ class HostMesh(MeshShape):
             n *= v
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
-        state = _ProcState(name, launchers, region, n, supervisor, restart, shutdown)
+        state = _ProcState(name, launchers, region, n, supervisor, restart, shutdown,
+                           (heartbeat_interval, heartbeat_timeout))
         return ProcMesh(state, region)
 
 

@@ -318,7 +318,8 @@ class RDMABuffer:
         """The same buffer with per-transfer options.
 
         Args:
-            timeout: seconds before a transfer raises :class:`~meshio.CallTimeout`.
+            timeout: seconds before a transfer (any backend) or :meth:`drop`
+                raises :class:`~meshio.CallTimeout`.
         """
         if timeout is not None and not timeout > 0:
             raise ValueError(f"options(timeout=...) must be positive, got {timeout!r}")
@@ -359,7 +360,11 @@ class RDMABuffer:
 
     async def drop(self) -> None:
         """Release the registration (in the owner, wherever this is called);
-        later transfers raise :class:`~meshio.RDMAError`.  Idempotent."""
+        later transfers raise :class:`~meshio.RDMAError`.  Idempotent.
+
+        Raises:
+            CallTimeout: the owner did not answer within ``options(timeout=...)``.
+        """
         h = self._handle
         rt = runtime()
         if h.owner == rt.addr:
@@ -385,7 +390,7 @@ class RDMABuffer:
 
                 coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
             case _:
-                coro = _tcp(self._handle, op, local, offset, length, self._timeout)
+                coro = _tcp(self._handle, op, local, offset, length)
         if self._timeout is None:
             await coro
             return
@@ -473,24 +478,34 @@ def _take_buffer(raw: Any, bufs: Buffers) -> Any:
 
 async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
                    out: list[tuple[Any, int]] | None = None) -> Any:
+    """One request served by the owner's runtime; :class:`CallTimeout` if
+    no answer comes within ``timeout`` seconds."""
     conn = rt.connect(h.owner)
     fut: asyncio.Future[Any] = rt.loop.create_future()
     req = conn.next_req(Pending(fut, _take_buffer, f"RDMA {msg.op}", f"buffer {h.buf}",
                                 f"owner pid {h.pid}"))
     conn.send_message(replace_req(msg, req), out or [])
     try:
-        return await fut
+        return await (fut if timeout is None else asyncio.wait_for(fut, timeout))
+    except TimeoutError:
+        raise CallTimeout(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) did not "
+                          f"answer within {timeout}s (stopped, or its loop is blocked); the "
+                          f"request may still take effect if it resumes",
+                          endpoint=f"RDMABuffer.{msg.op}") from None
     except SupervisionError as e:
         raise RDMAError(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) is "
                         f"unreachable: {e}") from None
+    finally:
+        conn.pending.pop(req, None)  # given up (timeout, cancel): a late reply is ignored
 
 
 def replace_req(msg: RdmaOp, req: int) -> RdmaOp:
     return msgspec.structs.replace(msg, req=req)
 
 
-async def _tcp(h: Handle, op: str, local: _Memory, offset: int, length: int,
-               timeout: float | None) -> None:
+async def _tcp(h: Handle, op: str, local: _Memory, offset: int, length: int) -> None:
+    """Chunks over the meshio connection (the transfer's timeout is applied
+    around the whole transfer by :meth:`RDMABuffer._run`)."""
     _warn_tcp(h)
     rt = runtime()
     view = memoryview((ctypes.c_char * local.size).from_address(local.addr)).cast("B")
@@ -500,11 +515,11 @@ async def _tcp(h: Handle, op: str, local: _Memory, offset: int, length: int,
         async with sem:
             if op == "read":
                 data = await _request(rt, h, RdmaOp(0, "read", h.buf, h.token, offset + start,
-                                                    n), timeout)
+                                                    n), None)
                 view[start:start + n] = data
             else:
                 await _request(rt, h, RdmaOp(0, "write", h.buf, h.token, offset + start, n),
-                               timeout, [(view[start:start + n], KIND_BYTEARRAY)])
+                               None, [(view[start:start + n], KIND_BYTEARRAY)])
 
     await asyncio.gather(*(chunk(s, min(TCP_CHUNK, length - s))
                            for s in range(0, length, TCP_CHUNK)))

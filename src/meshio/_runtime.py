@@ -5,32 +5,47 @@ Frame layout (little endian)::
 
     u32 body_len | u32 nbufs | nbufs x u64 (kind << 56 | length) | body | buffers
 
-The body is one control message (:mod:`._messages`).  Buffers are received
-straight into freshly allocated ``bytearray``/``bytes`` objects (no copy out
-of a staging buffer for large payloads).
+The body is one control message (:mod:`._messages`).  Buffers (and a large
+body) are received straight into freshly allocated ``bytearray``/``bytes``
+objects (no copy out of a staging buffer for large payloads).
+
+Nothing in a header is trusted before its data arrives: a message over the
+size limit is skipped unread and its request failed (the connection stays);
+the memory reserved for messages being received is bounded per process
+(:class:`_ReceiveBudget`: a connection whose next message does not fit
+pauses reading); a message that stops arriving drops its connection after
+``frame_timeout`` seconds without data; see :func:`meshio.set_limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import ctypes
 import logging
 import os
-import shutil
+import secrets
 import socket
 import struct
 import sys
-import tempfile
+import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgspec
 
-from ._exceptions import MeshioError, ProtocolError, SupervisionError
+from ._exceptions import (
+    AuthenticationError,
+    MeshioError,
+    ProtocolError,
+    SchemaError,
+    SupervisionError,
+)
+from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._messages import (
     Call,
+    Cancel,
     ErrorInfo,
     Fail,
     Fault,
@@ -48,7 +63,7 @@ from ._messages import (
     decode_message,
     encode_message,
 )
-from ._serial import KIND_BYTES, Buffers, OutBuffers
+from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 
 if TYPE_CHECKING:
     from ._cell import ActorCell
@@ -60,25 +75,104 @@ log = logging.getLogger("meshio")
 
 _HDR: Final = struct.Struct("<II")
 _LEN_MASK: Final = (1 << 56) - 1
-MAX_BODY: Final = 1 << 30
 MAX_BUFS: Final = 1 << 16
+#: the scratch receive buffer's normal size; frames up to this size are not
+#: counted against the receive budget
 _SCRATCH: Final = 1 << 18
+#: parts (body or buffer) from this size on are received straight into their
+#: own object; smaller ones wait in the scratch buffer
+_DIRECT: Final = 1 << 16
+#: bytes of an oversized message's body read to learn which request it is
+_PEEK: Final = 32
 
 _bytes_alloc = ctypes.pythonapi.PyBytes_FromStringAndSize
 _bytes_alloc.restype = ctypes.py_object
 _bytes_alloc.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_bytearray_alloc = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_bytearray_alloc.restype = ctypes.py_object
+_bytearray_alloc.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _BYTES_DATA_OFFSET: Final = bytes.__basicsize__ - 1
 
 
 def _allocate(kind: int, n: int) -> tuple[Any, memoryview]:
-    """A receive target of ``n`` bytes and a writable view of it."""
-    if kind == KIND_BYTES and n:
+    """A receive target of ``n`` bytes and a writable view of it.  Its
+    memory is not touched (not zeroed), so it is committed only as data
+    arrives."""
+    if kind == KIND_BYTES:
         # A bytes object filled in place: zero-copy receive of ``bytes``.
         b = _bytes_alloc(None, n)
         array = (ctypes.c_char * n).from_address(id(b) + _BYTES_DATA_OFFSET)
         return b, memoryview(array).cast("B")
-    target = bytearray(n)
-    return (target if kind != KIND_BYTES else b""), memoryview(target)
+    target = _bytearray_alloc(None, n)
+    return target, memoryview(target)
+
+
+class _ReceiveBudget:
+    """The bytes this process has reserved for messages being received, over
+    all its connections, bounded by ``limits.receive_budget``.  A message
+    reserves its whole size when its header is read (so none waits holding
+    part of the budget) and gives it back when it is delivered or its
+    connection is lost.  One that does not fit waits, its connection paused,
+    and is granted in arrival order; a message alone is always granted."""
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.waiting: deque[tuple[Connection, int]] = deque()
+
+    def take(self, conn: Connection, size: int) -> bool:
+        """Reserve ``size`` bytes now, or queue ``conn`` and return False."""
+        if not self.waiting and (self.used == 0 or self.used + size <= limits.receive_budget):
+            self.used += size
+            return True
+        self.waiting.append((conn, size))
+        return False
+
+    def give(self, size: int) -> None:
+        """Return ``size`` bytes; grant waiting connections what now fits."""
+        self.used -= size
+        while self.waiting:
+            conn, need = self.waiting[0]
+            if self.used and self.used + need > limits.receive_budget:
+                break
+            self.waiting.popleft()
+            self.used += need
+            conn._held = need
+            conn.rt.loop.call_soon(conn._resume)
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` is gone: drop it from the queue."""
+        self.waiting = deque(w for w in self.waiting if w[0] is not conn)
+
+
+_budget = _ReceiveBudget()
+
+
+def _peek(prefix: bytes) -> tuple[int, int] | None:
+    """``(tag, first field)`` of a message body from its first bytes: an
+    array whose first two items are unsigned ints (``[tag, req, ...]``)."""
+    if not prefix:
+        return None
+    first = prefix[0]
+    pos = 1 if 0x90 <= first <= 0x9F else {0xDC: 3, 0xDD: 5}.get(first)
+    if pos is None:
+        return None
+    items = []
+    for _ in range(2):
+        if pos >= len(prefix):
+            return None
+        b = prefix[pos]
+        if b <= 0x7F:
+            items.append(b)
+            pos += 1
+        elif 0xCC <= b <= 0xCF:
+            n = 1 << (b - 0xCC)
+            if pos + 1 + n > len(prefix):
+                return None
+            items.append(int.from_bytes(prefix[pos + 1:pos + 1 + n], "big"))
+            pos += 1 + n
+        else:
+            return None
+    return items[0], items[1]
 
 
 def frame_header(body_len: int, out: OutBuffers) -> bytes:
@@ -121,13 +215,14 @@ def ignore_result(raw: Any, bufs: Buffers) -> None:
 
 
 class _Frame:
-    __slots__ = ("body", "body_len", "bufs", "descs")
+    """A frame being received: its parts (``kind << 56 | length``, the body
+    first) and those received so far."""
 
-    def __init__(self, body_len: int, descs: tuple[int, ...]) -> None:
-        self.body_len = body_len
-        self.descs = descs
-        self.body: bytes | None = None
-        self.bufs: Buffers = []
+    __slots__ = ("got", "parts")
+
+    def __init__(self, parts: tuple[int, ...]) -> None:
+        self.parts = parts
+        self.got: Buffers = []
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -150,6 +245,11 @@ class Connection(asyncio.BufferedProtocol):
         self._frame: _Frame | None = None
         self._cur: memoryview | None = None
         self._cur_pos = 0
+        self._skip = 0  # bytes of a refused message still to come
+        self._held = 0  # receive budget held by the frame being received
+        self._waiting = False  # paused until the receive budget grants it
+        self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
+        self._stall: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ sending
 
@@ -190,6 +290,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
                         self.peer or "unidentified peer")
+        self._stop_receiving()
         self.rt._connection_lost(self, exc)
 
     def fail_all(self, make_error: Callable[[Pending], BaseException]) -> None:
@@ -209,12 +310,6 @@ class Connection(asyncio.BufferedProtocol):
                     actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
             p.fut.set_exception(error)
 
-    def forget_cancelled(self) -> None:
-        """Drop calls whose caller gave up (timed out): a reply that never
-        comes must not keep them forever."""
-        for req in [r for r, p in self.pending.items() if p.fut.cancelled()]:
-            del self.pending[req]
-
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
@@ -229,6 +324,7 @@ class Connection(asyncio.BufferedProtocol):
         return self._mv[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._rx += nbytes
         if self._cur is not None:
             self._cur_pos += nbytes
             if self._cur_pos < len(self._cur):
@@ -236,6 +332,9 @@ class Connection(asyncio.BufferedProtocol):
             self._cur = None
         else:
             self._end += nbytes
+        self._run_parse()
+
+    def _run_parse(self) -> None:
         try:
             self._parse()
         except ProtocolError as e:
@@ -243,6 +342,53 @@ class Connection(asyncio.BufferedProtocol):
                         self.peer or "unidentified peer")
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", str(e))))
             self.abort()
+            return
+        if self._stall is None and self._incomplete() and not self.closed:
+            self._rx_seen = self._rx
+            self._stall = self.rt.loop.call_later(limits.frame_timeout, self._check_stall)
+
+    def _incomplete(self) -> bool:
+        return self._frame is not None or self._start != self._end or self._skip > 0
+
+    def _check_stall(self) -> None:
+        """Drop a connection whose message stopped arriving (no data for a
+        whole ``frame_timeout``, while it was not paused by us)."""
+        timer, self._stall = self._stall, None
+        if self.closed or not self._incomplete():
+            return
+        # a timer that fires late found this loop blocked, not the peer idle
+        late = timer is not None and (
+            self.rt.loop.time() - timer.when() > limits.frame_timeout / 2)
+        if self._waiting or late or self._rx != self._rx_seen:
+            self._rx_seen = self._rx
+            self._stall = self.rt.loop.call_later(limits.frame_timeout, self._check_stall)
+            return
+        log.warning("meshio: a message from %s stopped arriving (no data for %g s, "
+                    "meshio.set_limits(frame_timeout=...)); dropping the connection",
+                    self.peer or "unidentified peer", limits.frame_timeout)
+        self.abort()
+
+    def _resume(self) -> None:
+        """The receive budget granted the message this connection waits for."""
+        self._waiting = False
+        if self.closed:
+            return
+        self._run_parse()
+        transport = self.transport
+        if not self._waiting and transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def _stop_receiving(self) -> None:
+        """The connection is gone: give back what its message held."""
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._waiting:
+            _budget.forget(self)
+            self._waiting = False
+        if self._held:
+            _budget.give(self._held)
+            self._held = 0
 
     def _reserve(self, need: int) -> None:
         """Make room for ``need`` bytes from ``_start`` in the scratch buffer."""
@@ -254,68 +400,165 @@ class Connection(asyncio.BufferedProtocol):
         else:
             bigger = bytearray(max(need, 2 * len(self._buf)))
             bigger[:avail] = self._buf[self._start:self._end]
-            self._mv.release()
             self._buf = bigger
             self._mv = memoryview(bigger)
         self._start, self._end = 0, avail
 
     def _parse(self) -> None:
-        buf, mv = self._buf, self._mv
         while True:
+            if self._skip:  # the rest of a refused message
+                k = min(self._end - self._start, self._skip)
+                self._start += k
+                self._skip -= k
+                if self._skip:
+                    break
             f = self._frame
             if f is None:
-                avail = self._end - self._start
-                if avail < 8:
+                before = self._start
+                avail = self._end - before
+                if avail >= 8:  # fast path: a small frame without buffers, all here
+                    body_len, nbufs = _HDR.unpack_from(self._buf, before)
+                    if (not nbufs and body_len <= avail - 8
+                            and body_len <= limits.max_message):
+                        self._start = before + 8 + body_len
+                        self._deliver(bytes(self._mv[before + 8:self._start]), [])
+                        continue
+                f = self._header()
+                if f is None:
+                    if self._start != before:  # refused: skip it
+                        continue
                     break
-                body_len, nbufs = _HDR.unpack_from(buf, self._start)
-                if body_len > MAX_BODY or nbufs > MAX_BUFS:
-                    raise ProtocolError(
-                        f"malformed frame header (body {body_len} bytes, {nbufs} buffers)")
-                need = 8 + 8 * nbufs
-                if avail < need:
-                    self._reserve(need)
-                    break
-                descs = struct.unpack_from(f"<{nbufs}Q", buf, self._start + 8) if nbufs else ()
-                if any(d >> 56 > KIND_BYTES for d in descs):
-                    raise ProtocolError("malformed frame header (unknown buffer kind)")
-                self._start += need
-                f = self._frame = _Frame(body_len, descs)
-            if f.body is None:
-                if self._end - self._start < f.body_len:
-                    self._reserve(f.body_len)
-                    break
-                f.body = bytes(mv[self._start:self._start + f.body_len])
-                self._start += f.body_len
-            while len(f.bufs) < len(f.descs):
-                d = f.descs[len(f.bufs)]
-                n = d & _LEN_MASK
-                try:
-                    target, tmv = _allocate(d >> 56, n)
-                except (MemoryError, OverflowError) as e:
-                    raise ProtocolError(f"malformed frame header (cannot allocate a {n}-byte "
-                                        f"buffer: {type(e).__name__})") from None
-                k = min(self._end - self._start, n)
-                tmv[:k] = mv[self._start:self._start + k]
-                self._start += k
-                f.bufs.append(target)
-                if k < n:
-                    self._cur, self._cur_pos = tmv, k
-                    return
+                self._frame = f
+            if not self._receive(f):
+                break
             self._frame = None
-            self._deliver(f.body, f.bufs)
-            if self._buf is not buf:  # a handler never resizes, but be safe
-                buf, mv = self._buf, self._mv
+            if self._held:
+                held, self._held = self._held, 0
+                _budget.give(held)
+            self._deliver(f.got[0], f.got[1:])
         if self._start == self._end:
             self._start = self._end = 0
+            if len(self._buf) > _SCRATCH:  # back to normal after a large header
+                self._buf = bytearray(_SCRATCH)
+                self._mv = memoryview(self._buf)
+
+    def _header(self) -> _Frame | None:
+        """The next frame, once its header is in and memory is reserved for
+        it; None while waiting (or after refusing one over the limit)."""
+        start = self._start
+        avail = self._end - start
+        if avail < 8:
+            return None
+        body_len, nbufs = _HDR.unpack_from(self._buf, start)
+        if body_len > MAX_BODY or nbufs > MAX_BUFS:
+            raise ProtocolError(
+                f"malformed frame header (body {body_len} bytes, {nbufs} buffers)")
+        need = 8 + 8 * nbufs
+        if avail < need:
+            self._reserve(need)
+            return None
+        descs = struct.unpack_from(f"<{nbufs}Q", self._buf, start + 8) if nbufs else ()
+        if any(d >> 56 > KIND_BYTES for d in descs):
+            raise ProtocolError("malformed frame header (unknown buffer kind)")
+        size = body_len + sum(d & _LEN_MASK for d in descs)
+        if size > limits.max_message:
+            peek = min(body_len, _PEEK)
+            if avail < need + peek:
+                self._reserve(need + peek)
+                return None
+            self._start = start + need + peek
+            self._skip = size - peek
+            self._refuse(bytes(self._mv[start + need:start + need + peek]), size)
+            return None
+        if size > _SCRATCH and not self._held:
+            if self._waiting or not _budget.take(self, size):
+                self._waiting = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return None
+            self._held = size
+        self._start = start + need
+        return _Frame(((KIND_BYTES << 56) | body_len, *descs))
+
+    def _receive(self, f: _Frame) -> bool:
+        """Take the frame's parts from the scratch buffer; a large part not
+        all there is received straight into its own object.  True once the
+        frame is complete."""
+        got, parts = f.got, f.parts
+        while len(got) < len(parts):
+            d = parts[len(got)]
+            kind, n = d >> 56, d & _LEN_MASK
+            start = self._start
+            avail = self._end - start
+            if n <= avail:
+                part = self._mv[start:start + n]
+                got.append(bytes(part) if kind == KIND_BYTES else bytearray(part))
+                self._start = start + n
+                continue
+            if n < _DIRECT:
+                self._reserve(n)
+                return False
+            try:
+                target, tmv = _allocate(kind, n)
+            except (MemoryError, OverflowError) as e:
+                raise ProtocolError(f"cannot allocate a {n}-byte buffer for a message "
+                                    f"({type(e).__name__})") from None
+            tmv[:avail] = self._mv[start:self._end]
+            self._start = self._end
+            got.append(target)
+            self._cur, self._cur_pos = tmv, avail
+            return False
+        return True
+
+    def _malformed(self, body: bytes, e: Exception) -> None:
+        """Answer a message that does not decode: fail the request or call it
+        is recognisably about, else report it (``Fail`` with ``req`` 0)."""
+        deep = isinstance(e, RecursionError)
+        why = f"malformed message: {'nested too deeply: ' if deep else ''}{e}"
+        log.warning("meshio: %s from %s", why, self.peer or "unidentified peer")
+        tag, req = _peek(body[:_PEEK]) or (0, 0)
+        if tag in _REQUESTS and req:
+            self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why) if deep
+                                   else ErrorInfo("protocol", "ProtocolError", why)))
+        elif tag in _ANSWERS and req in self.pending:
+            p = self.pending.pop(req)
+            if not p.fut.done():
+                p.fut.set_exception(ProtocolError(
+                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] is a {why}"))
+        else:
+            self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", why)))
+
+    def _refuse(self, prefix: bytes, size: int) -> None:
+        """Answer a message over the size limit, which is skipped unread: fail
+        the request it carries, or the call or port it answers."""
+        head = _peek(prefix)
+        if head is None:
+            raise ProtocolError(f"malformed frame (a {size}-byte message, over the limit, "
+                                "whose body is not a message)")
+        tag, req = head
+        why = (f"a message of {size} bytes is over the message size limit of "
+               f"{limits.max_message} bytes of process {os.getpid()}; raise it with "
+               "meshio.set_limits(max_message=...) or MESHIO_MAX_MESSAGE, or send less at a time")
+        log.warning("meshio: skipped a message from %s unread: %s",
+                    self.peer or "unidentified peer", why)
+        if tag in _REQUESTS:
+            if req:
+                self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why)))
+        elif tag in _ANSWERS:
+            p = self.pending.pop(req, None)
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(SchemaError(
+                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] was skipped: {why}"))
+        elif tag == _PORT_SEND:
+            receiver = self.rt.ports.get(req)
+            if receiver is not None:
+                receiver._put_error(SchemaError(f"a value for port {req} was skipped: {why}"))
 
     def _deliver(self, body: bytes, bufs: Buffers) -> None:
         try:
             msg = decode_message(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            log.warning("meshio: malformed message from %s: %s",
-                        self.peer or "unidentified peer", e)
-            self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError",
-                                                f"malformed message: {e}")))
+        except Exception as e:
+            self._malformed(body, e)
             return
         if type(msg) is Reply:
             p = self.pending.pop(msg.req, None)
@@ -325,6 +568,10 @@ class Connection(asyncio.BufferedProtocol):
                 except MeshioError as e:
                     e.args = (f"{e} (from {p.mesh} {p.point})",)
                     p.fut.set_exception(e)
+                except Exception as e:  # this call fails; the connection serves on
+                    p.fut.set_exception(SchemaError(
+                        f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
+                        f"decoded: {type(e).__name__}: {e}"))
             return
         if type(msg) is Fail:
             if msg.req == 0:
@@ -334,13 +581,21 @@ class Connection(asyncio.BufferedProtocol):
             if p is not None and not p.fut.done():
                 p.fut.set_exception(error_from_info(msg.error, p))
             return
-        self.rt.dispatch(self, msg, bufs)
+        try:
+            self.rt.dispatch(self, msg, bufs)
+        except Exception:  # one message's handler failed; the connection serves on
+            log.exception("meshio: handling %s from %s failed", type(msg).__name__,
+                          self.peer or "unidentified peer")
+
+
+_REQUESTS: Final = frozenset(c.__struct_config__.tag for c in (Call, SpawnActor, RdmaOp))
+_ANSWERS: Final = frozenset(c.__struct_config__.tag for c in (Reply, Fail))
+_PORT_SEND: Final = PortSend.__struct_config__.tag
 
 
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
     from ._exceptions import (
         ActorError,
-        SchemaError,
         UnknownActorError,
         UnknownEndpointError,
     )
@@ -360,6 +615,10 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             return UnknownActorError(info.message + where)
         case "unknown_endpoint":
             return UnknownEndpointError(info.message + where)
+        case "deadlock":
+            from ._exceptions import DeadlockError
+
+            return DeadlockError(info.message + where)
         case "rdma":
             from ._exceptions import RDMAError, RDMASizeError
 
@@ -378,8 +637,28 @@ _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
     weakref.WeakKeyDictionary())
 
 
+#: ``rt``: set in an actor's thread (where plain ``def`` endpoints run) to
+#: the runtime of the actor's loop
+actor_thread = threading.local()
+
+
+def on_loop(fn: Callable[..., None], *args: Any) -> None:
+    """Call ``fn(*args)`` on the runtime's loop: at once on a loop, or, from
+    an actor's thread, scheduled there in order (before the reply of the
+    ``def`` endpoint that called it)."""
+    rt: Runtime | None = getattr(actor_thread, "rt", None)
+    if rt is None:
+        fn(*args)
+    else:
+        rt.loop.call_soon_threadsafe(fn, *args)
+
+
 def runtime() -> Runtime:
-    """The runtime of the running loop, created on first use."""
+    """The runtime of the running loop, created on first use (in an actor's
+    thread: its loop's runtime, to read; send through :func:`on_loop`)."""
+    rt_of_thread: Runtime | None = getattr(actor_thread, "rt", None)
+    if rt_of_thread is not None:
+        return rt_of_thread
     loop = asyncio.get_running_loop()
     rt = _runtimes.get(loop)
     if rt is None:
@@ -387,21 +666,55 @@ def runtime() -> Runtime:
     return rt
 
 
+#: listen backlog of every runtime (the kernel caps it at net.core.somaxconn)
+LISTEN_BACKLOG: Final = 4096
+#: seconds a dialler gives a peer to accept and complete the handshake
+CONNECT_TIMEOUT = 60.0
+
+
+def sockaddr(addr: str) -> str:
+    """The socket address of a meshio address: ``@name`` is the Linux
+    abstract socket ``\\0name`` (no file), anything else a path."""
+    return "\0" + addr[1:] if addr.startswith("@") else addr
+
+
+def _feed(conn: Connection, transport: asyncio.Transport, data: bytes) -> None:
+    """Give ``conn`` bytes read before it was installed, as the transport would."""
+    view = memoryview(data)
+    while view and not transport.is_closing():
+        buf = conn.get_buffer(len(view))
+        n = min(len(buf), len(view))
+        if not n:
+            raise RuntimeError("get_buffer() returned an empty buffer")
+        buf[:n] = view[:n]
+        conn.buffer_updated(n)
+        view = view[n:]
+
+
 class Runtime:
-    """Everything one process needs to talk to its peers, for one loop."""
+    """Everything one process needs to talk to its peers, for one loop.
+
+    It listens on a Linux abstract Unix socket named by :attr:`addr`
+    (``@meshio-<random>/controller`` in the controller, ``@meshio-<random>/<worker
+    id>`` in its workers): no file exists, so nothing is left behind however
+    the process dies.  Every connection, in or out, passes the job handshake
+    (:mod:`._handshake`) over :attr:`secret` before a frame is read.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
-                 worker: str = "") -> None:
+                 worker: str = "", secret: bytes | None = None) -> None:
         self.loop = loop
         self.worker = worker
         self.host = socket.gethostname()
+        #: the job secret every connection proves (made by the controller)
+        self.secret = new_secret() if secret is None else secret
         if addr is None:
-            self.sockdir = tempfile.mkdtemp(prefix="meshio-")
-            atexit.register(shutil.rmtree, self.sockdir, True)
-            addr = os.path.join(self.sockdir, "controller.sock")
-        else:
-            self.sockdir = os.path.dirname(addr)
+            addr = f"@meshio-{secrets.token_hex(8)}/controller"
+        #: prefix of this job's socket names (``@meshio-<random>``)
+        self.namespace = addr.rpartition("/")[0]
         self.addr = addr
+        self._handshakes: set[HandshakeProtocol] = set()
+        self._closed = False
         self.conns: dict[str, Connection] = {}
         self.all_conns: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.actors: dict[str, ActorCell] = {}
@@ -424,21 +737,42 @@ class Runtime:
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if os.path.exists(addr):
-            os.unlink(addr)
-        sock.bind(addr)
-        sock.listen(128)
+        sock.bind(sockaddr(addr))
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         self._sock = sock
         self._serving = loop.create_task(self._serve(sock))
 
     async def _serve(self, sock: socket.socket) -> None:
-        self.server = await self.loop.create_unix_server(lambda: self._accept(), sock=sock)
+        self.server = await self.loop.create_unix_server(self._handshake_in, sock=sock,
+                                                         backlog=LISTEN_BACKLOG)
 
-    def _accept(self) -> Connection:
+    def _handshake_in(self) -> HandshakeProtocol:
+        """A new incoming connection: the handshake first, then a Connection."""
+        def done(transport: asyncio.Transport, leftover: bytes) -> None:
+            self._handshakes.discard(hs)
+            self._accept(transport, leftover, hs.creds)
+
+        def fail(error: Exception) -> None:
+            self._handshakes.discard(hs)
+            if not self._closed:
+                log.warning("meshio: refused a connection to %s from %s: %s", self.addr,
+                            hs.describe(), error)
+
+        hs = HandshakeProtocol(self.secret, dialler=False, timeout=HANDSHAKE_TIMEOUT,
+                               on_done=done, on_fail=fail)
+        self._handshakes.add(hs)
+        return hs
+
+    def _accept(self, transport: asyncio.Transport, leftover: bytes,
+                creds: tuple[int, int, int] | None) -> None:
         conn = Connection(self, None)
+        if creds is not None:
+            conn.peer_pid = creds[0]
         self.all_conns.add(conn)
-        return conn
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
+        _feed(conn, transport, leftover)
 
     # ------------------------------------------------------------ peers
 
@@ -455,20 +789,82 @@ class Runtime:
         return conn
 
     async def _dial(self, conn: Connection, addr: str) -> None:
+        """Connect to ``addr``, prove both sides, then hand over to ``conn``
+        (which sends what was queued meanwhile); on failure its calls fail
+        with what happened."""
+        loop = self.loop
+        deadline = loop.time() + CONNECT_TIMEOUT
+        proven: asyncio.Future[None] = loop.create_future()
+
+        def done(transport: asyncio.Transport, leftover: bytes) -> None:
+            self._handshakes.discard(hs)
+            proven.set_result(None)
+            transport.set_protocol(conn)
+            conn.connection_made(transport)
+            _feed(conn, transport, leftover)
+
+        def fail(error: Exception) -> None:
+            self._handshakes.discard(hs)
+            if not proven.done():
+                proven.set_exception(error)
+
         try:
-            await self.loop.create_unix_connection(lambda: conn, addr)
-        except OSError as e:
-            why = e.strerror or e
+            sock = await self._connect(addr, deadline)
+            hs = HandshakeProtocol(self.secret, dialler=True,
+                                   timeout=max(deadline - loop.time(), 0.0),
+                                   on_done=done, on_fail=fail)
+            self._handshakes.add(hs)
+            await loop.create_unix_connection(lambda: hs, sock=sock)
+            await proven
+        except (OSError, AuthenticationError) as e:
             if self.conns.get(addr) is conn:
                 del self.conns[addr]
             conn.closed = True
             conn._backlog = None
             dead = self.dead.get(addr)
-            conn.fail_all(dead or (lambda p: SupervisionError(
-                f"cannot reach {p.mesh} {p.point} at {addr}: {why} "
-                "(the process is gone or was never started)",
-                actor=p.mesh, rank=p.rank, host=self.host,
-                cause="connection refused")))
+            conn.fail_all(dead or self._dial_error(addr, e))
+
+    async def _connect(self, addr: str, deadline: float) -> socket.socket:
+        """A socket connected to ``addr``; a full listen backlog (``EAGAIN``:
+        the peer is busy) is retried with backoff until ``deadline``."""
+        delay = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:  # a Unix connect completes or fails at once, never "in progress"
+                sock.connect(sockaddr(addr))
+                return sock
+            except BlockingIOError:
+                sock.close()
+                if self.loop.time() + delay > deadline:
+                    raise TimeoutError(f"its listen backlog stayed full for "
+                                       f"{CONNECT_TIMEOUT:g}s") from None
+            except BaseException:
+                sock.close()
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.1)
+
+    def _dial_error(self, addr: str, e: Exception) -> Callable[[Pending], MeshioError]:
+        """What callers get when dialling ``addr`` failed with ``e``."""
+        def error(p: Pending) -> MeshioError:
+            if isinstance(e, AuthenticationError):
+                return AuthenticationError(
+                    f"{p.mesh} {p.point}: the process at {addr} failed authentication ({e}); "
+                    "it is not a process of this job")
+            if isinstance(e, TimeoutError):
+                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: {e} "
+                              "(process busy or stopped?)", "connect timed out")
+            elif isinstance(e, (ConnectionRefusedError, FileNotFoundError)):
+                why, cause = (f"cannot reach {p.mesh} {p.point} at {addr}: "
+                              f"{e.strerror or e} (the process is gone or was never started)",
+                              "connection refused")
+            else:
+                why, cause = (f"cannot connect to {p.mesh} {p.point} at {addr}: {e}",
+                              "connect failed")
+            return SupervisionError(why, actor=p.mesh, rank=p.rank, host=self.host,
+                                    cause=cause)
+        return error
 
     def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
@@ -513,9 +909,16 @@ class Runtime:
                 self.loop.create_task(spawn_cell(self, conn, msg, bufs))
             case StopActor():
                 cell = self.actors.pop(msg.target, None)
+                if cell is None:
+                    conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+                else:  # answered once its __cleanup__ has run
+                    req = msg.req
+                    cell.stop().add_done_callback(
+                        lambda _: conn.send_message(Reply(req, msgspec.Raw(b"\xc0"))))
+            case Cancel():
+                cell = self.actors.get(msg.target)
                 if cell is not None:
-                    cell.stop()
-                conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+                    cell.cancel(conn, msg.req)
             case Fault():
                 handler = self.on_fault_from.get(conn.peer or "")
                 if handler is not None:
@@ -562,15 +965,16 @@ class Runtime:
     def close(self) -> None:
         """Stop listening and drop every connection (the end of this loop's
         runtime; workers still attached exit when their connection drops)."""
+        self._closed = True
         self._serving.cancel()
         server = getattr(self, "server", None)
         if server is not None:
             server.close()
+        for hs in list(self._handshakes):
+            hs.fail(ConnectionAbortedError(f"meshio runtime at {self.addr} closed"))
         for conn in list(self.all_conns):
             conn.abort()
         self._sock.close()
-        if os.path.exists(self.addr):
-            os.unlink(self.addr)
         if _runtimes.get(self.loop) is self:
             del _runtimes[self.loop]
 

@@ -2,11 +2,18 @@
 
 Built lazily (first use) so ``from __future__ import annotations`` and
 forward references resolve once the defining module is complete.
+
+Every way a value can fail to travel becomes a :class:`SchemaError` naming the
+callable, the argument where known, and the cause: on the sender a value
+that cannot be encoded, is nested too deeply or is over the message size
+limit; on the receiver bad data, a pickle whose reconstruction raises or
+names a class the receiver cannot import, a bad extension or buffer.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +21,13 @@ from typing import Any
 import msgspec
 
 from ._exceptions import SchemaError
-from ._serial import Buffers, Packer, TypedDecoder, decoder_for
+from ._serial import Buffers, Packer, TypedDecoder, _Deferred, decoder_for
 
 __all__ = ("Schema",)
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+#: an argument map, each value left encoded (no extension hook runs)
+_raw_map = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 
 
 class Schema:
@@ -61,12 +70,17 @@ class Schema:
         self.required = frozenset(
             p.name for p in params if p.kind not in _VARIADIC and p.default is p.empty)
         self.typed: dict[str, bool] = {}
+        self._types: dict[str, Any] = (
+            {"args": list[Any], "kwargs": dict[str, Any]} if self.loose else {})
+        self._each: dict[str, TypedDecoder] = {}
         fields: list[tuple[str, Any, Any]] = []
         for p in params:
             if p.kind in _VARIADIC:
                 continue
             tp, typed = decoder_for(hints.get(p.name, Any))
             self.typed[p.name] = typed
+            if not self.loose:
+                self._types[p.name] = tp
             if p.default is p.empty:
                 fields.append((p.name, tp, msgspec.NODEFAULT))
             else:
@@ -119,9 +133,12 @@ class Schema:
             if self.loose:
                 return packer.pack(bound, False)
             return packer.pack_map(bound, self.typed.__getitem__)
-        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as e:
-            raise SchemaError(f"{self.qualname}: arguments cannot be sent: "
-                              f"{type(e).__name__}: {e}") from e
+        except SchemaError as e:  # over the message size limit
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
+                              f"argument: {max(bound, key=lambda k: _size(bound[k]))!r})"
+                              ) from None
+        except Exception as e:  # the values' own pickling code may raise anything
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {_why(e)}") from e
 
     def pack_result(self, value: Any, packer: Packer) -> bytes:
         if not self._ready:
@@ -131,23 +148,75 @@ class Schema:
     # ----------------------------------------------------------- receiver
 
     def unpack_args(self, data: Any, bufs: Buffers) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Decode and validate; raises :class:`SchemaError` naming the path."""
+        """Decode and validate; raises :class:`SchemaError` naming the path,
+        whatever goes wrong.  Nothing is unpickled before every argument that
+        needs no unpickling has validated."""
         if not self._ready:
             self._build()
         try:
-            value = self._args.decode(data, bufs)
+            value = self._args.decode(data, bufs, lazy=True)
         except msgspec.ValidationError as e:
             raise SchemaError(f"bad arguments for {self.qualname}: {e}") from None
-        except msgspec.DecodeError as e:
-            raise SchemaError(f"undecodable arguments for {self.qualname}: {e}") from None
+        except Exception:  # a pickle to run, or bad data: argument by argument
+            return self._unpack_each(data, bufs)
         if self.loose:
-            return tuple(value["args"]), value["kwargs"]
+            return self._variadic(value)
         kwargs = {}
         for name in self._fields:
             v = getattr(value, name)
             if v is not msgspec.UNSET:
                 kwargs[name] = v
         return (), kwargs
+
+    def _unpack_each(self, data: Any, bufs: Buffers) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The slow path: each argument alone, so errors name it; those that
+        need no unpickling first."""
+        q = self.qualname
+        try:
+            raws = _raw_map.decode(data)
+        except Exception as e:
+            raise SchemaError(f"undecodable arguments for {q}: {_why(e)}") from None
+        names = {"args", "kwargs"} if self.loose else self.names
+        if not raws.keys() <= names:
+            raise SchemaError(f"bad arguments for {q}: unknown argument(s) "
+                              f"{sorted(raws.keys() - names)}")
+        missing = (names if self.loose else self.required) - raws.keys()
+        if missing:
+            raise SchemaError(f"bad arguments for {q}: missing argument(s) {sorted(missing)}")
+        values: dict[str, Any] = {}
+        pickled = []
+        for name, raw in raws.items():
+            try:
+                values[name] = self._decoder(name).decode(raw, bufs, lazy=True)
+            except _Deferred:
+                pickled.append(name)
+            except msgspec.ValidationError as e:
+                raise SchemaError(f"bad arguments for {q}: {_at(e, name)}") from None
+            except Exception as e:
+                raise SchemaError(f"undecodable argument {name!r} for {q}: {_why(e)}") from None
+        for name in pickled:
+            try:
+                values[name] = self._decoder(name).decode(raws[name], bufs)
+            except msgspec.ValidationError as e:
+                raise SchemaError(f"bad arguments for {q}: {_at(e, name)}") from None
+            except BaseException as e:  # the value's own reconstruction code raised
+                raise SchemaError(f"argument {name!r} of {q} cannot be decoded in this "
+                                  f"process: {_why(e)}") from None
+        return self._variadic(values) if self.loose else ((), values)
+
+    def _decoder(self, name: str) -> TypedDecoder:
+        dec = self._each.get(name)
+        if dec is None:
+            dec = self._each[name] = TypedDecoder(self._types[name])
+        return dec
+
+    def _variadic(self, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if (type(value) is not dict or type(value.get("args")) is not list
+                or type(value.get("kwargs")) is not dict
+                or not all(type(k) is str for k in value["kwargs"])):
+            raise SchemaError(f"bad arguments for {self.qualname}: expected a map of "
+                              "'args' (an array) and 'kwargs' (a map with string keys)")
+        return tuple(value["args"]), value["kwargs"]
 
     def unpack_result(self, data: Any, bufs: Buffers) -> Any:
         if not self._ready:
@@ -157,6 +226,38 @@ class Schema:
         except msgspec.ValidationError as e:
             raise SchemaError(
                 f"result of {self.qualname} does not match its annotation: {e}") from None
+        except BaseException as e:  # bad data, or the value's reconstruction code raised
+            raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
+                              f"process: {_why(e)}") from None
+
+
+def _why(e: BaseException) -> str:
+    """The cause of a failure to encode or decode, for a message."""
+    if isinstance(e, RecursionError):
+        return f"nested too deeply ({e})"
+    t = type(e)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return f"{name}: {e}"
+
+
+def _at(e: msgspec.ValidationError, name: str) -> str:
+    """msgspec's message for one argument decoded alone, its path rooted at
+    the argument (``$.name[0]``)."""
+    msg = str(e)
+    if " - at `$" in msg:
+        return msg.replace(" - at `$", f" - at `$.{name}", 1)
+    return f"{msg} - at `$.{name}`"
+
+
+def _size(value: Any) -> int:
+    """A cheap estimate of a value's size, to name the largest argument."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    try:
+        return sys.getsizeof(value)
+    except Exception:
+        return 0
 
 
 def _is_awaitable(tp: Any) -> bool:

@@ -9,12 +9,24 @@ natively and validated on decode against the annotation.  Untyped values
 (no annotation or ``Any``) keep their Python type: plain JSON-like data goes
 natively, anything else is pickled with cloudpickle inside an extension
 type, tensor storage still out of band.
+
+Large values of every kind travel out of band: ``bytes`` and ``str`` from
+:data:`OOB_THRESHOLD` bytes on (an ASCII ``str`` without a copy), and
+pickles of that size.  A message whose in-band part and buffers together
+exceed the message size limit (:func:`set_limits`) is refused by the sender
+with a :class:`~meshio.SchemaError` before anything is sent.
+
+Decoding never runs the value's own code before the structure is checked:
+pickles are unpickled only after every natively typed value validated, and
+whatever goes wrong while decoding reaches the caller as an exception (the
+:class:`~meshio._schema.Schema` turns it into a ``SchemaError``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import io
+import os
 import pickle
 import sys
 import threading
@@ -25,7 +37,10 @@ import cloudpickle
 import msgspec
 import msgspec.structs
 
-__all__ = ("Buffers", "OutBuffers", "Packer", "decoder_for", "dumps", "loads")
+from ._exceptions import SchemaError
+
+__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "decoder_for", "dumps", "limits",
+           "loads", "set_limits")
 
 #: buffers received with a frame: ``bytes`` or ``bytearray``
 Buffers = list[Any]
@@ -40,16 +55,97 @@ EXT_PICKLE: Final = 1
 EXT_BUFFER: Final = 2
 EXT_TENSOR: Final = 3
 
-#: ``bytes`` at least this large travel out of band
+#: ``bytes``, ``str`` and pickles at least this large travel out of band
 OOB_THRESHOLD: Final = 32 * 1024
+#: the most a frame's in-band part (its msgpack body) may hold: large values
+#: travel out of band, so only huge native containers come near it
+MAX_BODY: Final = 1 << 30
+#: room left under the message size limit for the control message around
+#: the packed values (target, method, ...)
+_ENVELOPE: Final = 1 << 16
 
-_AS_BYTES, _AS_BYTEARRAY, _AS_MEMORYVIEW = 0, 1, 2
+_AS_BYTES, _AS_BYTEARRAY, _AS_MEMORYVIEW, _AS_STR = 0, 1, 2, 3
 _PLAIN: Final = frozenset({int, float, str, bool, type(None)})
 #: ints msgpack can carry natively; untyped ones beyond are pickled
 _INT_MIN: Final = -(1 << 63)
 _INT_MAX: Final = (1 << 64) - 1
 
 _tls = threading.local()
+
+
+# ------------------------------------------------------------------ limits
+
+
+class Limits:
+    """What one process accepts on the wire; see :func:`set_limits`."""
+
+    __slots__ = ("frame_timeout", "max_message", "receive_budget")
+
+    def __init__(self) -> None:
+        self.max_message = _env_number("MESHIO_MAX_MESSAGE", 4 << 30, int)
+        self.receive_budget = _env_number("MESHIO_RECEIVE_BUDGET", 8 << 30, int)
+        self.frame_timeout = _env_number("MESHIO_FRAME_TIMEOUT", 60.0, float)
+
+
+def _env_number(name: str, default: Any, kind: Callable[[str], Any]) -> Any:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise ValueError(f"meshio: environment variable {name}={text!r} must be a positive "
+                         f"{kind.__name__} (unset it for the default, {default})")
+    return value
+
+
+#: this process's limits (workers inherit them through the environment)
+limits = Limits()
+
+
+def set_limits(*, max_message: int | None = None, receive_budget: int | None = None,
+               frame_timeout: float | None = None) -> None:
+    """Set the wire limits of this process and of the workers it starts later.
+
+    Each limit is also exported as an environment variable (which a worker
+    reads when it starts), so call this before ``spawn_procs``; setting the
+    variables in the shell does the same for every process.
+
+    Args:
+        max_message: the largest message, in bytes, counting the in-band part
+            and every out-of-band buffer (``MESHIO_MAX_MESSAGE``, default
+            4 GiB).  A sender refuses a bigger one with ``SchemaError``; a
+            receiver skips it without reading it into memory and fails that
+            call (or port value) with ``SchemaError``.
+        receive_budget: bytes a process reserves at most, over all its
+            connections, for messages not yet fully received
+            (``MESHIO_RECEIVE_BUDGET``, default 8 GiB).  A connection whose
+            next message does not fit pauses reading until others finish; a
+            message alone may exceed it.
+        frame_timeout: seconds without data after which a message begun but
+            not finished drops its connection with a warning
+            (``MESHIO_FRAME_TIMEOUT``, default 60).
+
+    Raises:
+        ValueError: a limit is not positive.
+    """
+    new = {"MESHIO_MAX_MESSAGE": max_message, "MESHIO_RECEIVE_BUDGET": receive_budget,
+           "MESHIO_FRAME_TIMEOUT": frame_timeout}
+    for name, value in new.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"set_limits: {name.removeprefix('MESHIO_').lower()} must be "
+                             f"positive, got {value!r}")
+    for name, value in new.items():
+        if value is not None:
+            os.environ[name] = str(value)
+    if max_message is not None:
+        limits.max_message = max_message
+    if receive_budget is not None:
+        limits.receive_budget = receive_budget
+    if frame_timeout is not None:
+        limits.frame_timeout = frame_timeout
 
 
 def _out() -> OutBuffers:
@@ -85,11 +181,28 @@ def _tensor_memory(t: Any) -> tuple[Any, Any]:
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int]) -> Any:
     import torch
 
-    dt = getattr(torch, dtype.removeprefix("torch."))
+    dt = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {dtype!r}")
     if len(buf) == 0:
         return torch.empty(shape, dtype=dt)
     flat = torch.frombuffer(buf, dtype=dt)
     return flat.as_strided(shape, strides)
+
+
+_utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+_utf8.restype = ctypes.c_void_p
+_utf8.argtypes = (ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t))
+
+
+def _str_memory(s: str) -> Any:
+    """The UTF-8 bytes of ``s``: an ASCII string's own memory (no copy)."""
+    if not s.isascii():
+        return s.encode()
+    n = ctypes.c_ssize_t()
+    array: Any = (ctypes.c_char * len(s)).from_address(_utf8(s, ctypes.byref(n)))
+    array._meshio_owner = s  # keep the str alive while its bytes are in flight
+    return memoryview(array).cast("B")
 
 
 _STRUCT_CONFIG: Final = ("frozen", "eq", "order", "array_like", "gc", "omit_defaults",
@@ -173,6 +286,8 @@ def dumps(obj: Any, out: OutBuffers) -> bytes:
 
 def loads(data: bytes | memoryview, bufs: Buffers, start: int) -> Any:
     """Unpickle what :func:`dumps` made, its buffers being ``bufs[start:]``."""
+    if not 0 <= start <= len(bufs):
+        raise ValueError(f"pickle buffers start at {start}, but the frame has {len(bufs)}")
     return pickle.loads(data, buffers=bufs[start:])
 
 
@@ -182,7 +297,7 @@ def loads(data: bytes | memoryview, bufs: Buffers, start: int) -> Any:
 class _OOB:
     __slots__ = ("buf",)
 
-    def __init__(self, buf: bytes | bytearray | memoryview) -> None:
+    def __init__(self, buf: bytes | bytearray | memoryview | str) -> None:
         self.buf = buf
 
 
@@ -200,7 +315,9 @@ def _enc_hook(obj: Any) -> Any:
     out = _out()
     if type(obj) is _OOB:
         buf = obj.buf
-        if type(buf) is bytes:
+        if type(buf) is str:
+            as_, kind, buf = _AS_STR, KIND_BYTES, _str_memory(buf)
+        elif type(buf) is bytes:
             as_, kind = _AS_BYTES, KIND_BYTES
         else:
             as_ = _AS_BYTEARRAY if type(buf) is bytearray else _AS_MEMORYVIEW
@@ -220,27 +337,47 @@ def _enc_hook(obj: Any) -> Any:
     if type(obj) is _Pickled:
         obj = obj.obj
     start = len(out)
-    data = dumps(obj, out)
+    data: bytes | int = dumps(obj, out)
+    if len(data) >= OOB_THRESHOLD:  # type: ignore[arg-type]
+        out.append((data, KIND_BYTES))
+        data = len(out) - 1
     return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, data)))
 
 
-_small_dec = msgspec.msgpack.Decoder()
+class _Deferred(Exception):
+    """Raised instead of unpickling while a value is only being validated."""
+
+
+_buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
+_tensor_ref = msgspec.msgpack.Decoder(tuple[str, list[int], list[int], int])
+_pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
+
+
+def _buffer(bufs: Buffers, index: int) -> Any:
+    if not 0 <= index < len(bufs):
+        raise ValueError(f"buffer index {index} out of range (the frame has {len(bufs)})")
+    return bufs[index]
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
     bufs = _in()
     if code == EXT_BUFFER:
-        index, as_ = _small_dec.decode(data)
-        buf = bufs[index]
+        index, as_ = _buffer_ref.decode(data)
+        buf = _buffer(bufs, index)
+        if as_ == _AS_STR:
+            return str(buf, "utf-8")
         if as_ == _AS_MEMORYVIEW:
             return memoryview(buf)
         return buf
     if code == EXT_TENSOR:
-        dtype, shape, strides, index = _small_dec.decode(data)
-        return _rebuild_tensor(bufs[index], dtype, shape, strides)
+        dtype, shape, strides, index = _tensor_ref.decode(data)
+        return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides)
     if code == EXT_PICKLE:
-        start, payload = _small_dec.decode(data)
-        return loads(payload, bufs, start)
+        start, payload = _pickle_ref.decode(data)
+        if getattr(_tls, "lazy", False):
+            raise _Deferred
+        return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
+                     bufs, start)
     raise ValueError(f"unknown msgpack extension code {code}")
 
 
@@ -257,7 +394,7 @@ def _prep_typed(v: Any) -> Any:
     """Move big buffers out of band; msgspec does the rest."""
     t = type(v)
     if t in _PLAIN:
-        return v
+        return v if t is not str or len(v) < OOB_THRESHOLD else _OOB(v)
     if t is bytes:
         return _OOB(v) if len(v) >= OOB_THRESHOLD else v
     if t is bytearray or t is memoryview:
@@ -275,6 +412,8 @@ def _prep_untyped(v: Any) -> Any:
     """Keep the Python type: plain data natively, the rest pickled."""
     t = type(v)
     if t in _PLAIN:
+        if t is str:
+            return v if len(v) < OOB_THRESHOLD else _OOB(v)
         return v if t is not int or _INT_MIN <= v <= _INT_MAX else _Pickled(v)
     if t is bytes:
         return _OOB(v) if len(v) >= OOB_THRESHOLD else v
@@ -296,8 +435,19 @@ _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 
 
+def _inline(v: Any) -> bool:
+    """A plain value msgpack carries as is, in the message body."""
+    t = type(v)
+    return t in _PLAIN and (t is not int or _INT_MIN <= v <= _INT_MAX) and (
+        t is not str or len(v) < OOB_THRESHOLD)
+
+
 class Packer:
-    """Encodes values for one frame, collecting its out-of-band buffers."""
+    """Encodes values for one frame, collecting its out-of-band buffers.
+
+    ``pack`` and ``pack_map`` raise :class:`~meshio.SchemaError` when the
+    message would exceed the size limit (:func:`set_limits`).
+    """
 
     __slots__ = ("out",)
 
@@ -305,8 +455,7 @@ class Packer:
         self.out: OutBuffers = []
 
     def pack(self, value: Any, typed: bool) -> bytes:
-        t = type(value)
-        if t in _PLAIN and (t is not int or _INT_MIN <= value <= _INT_MAX):
+        if _inline(value):
             return _small.encode(value)
         prepped = _prep_typed(value) if typed else _prep_untyped(value)
         return self.encode(prepped)
@@ -315,8 +464,7 @@ class Packer:
         prepped = {}
         plain = True
         for k, v in values.items():
-            t = type(v)
-            if t in _PLAIN and (t is not int or _INT_MIN <= v <= _INT_MAX):
+            if _inline(v):
                 prepped[k] = v
             else:
                 plain = False
@@ -326,9 +474,25 @@ class Packer:
     def encode(self, prepped: Any) -> bytes:
         _tls.out = self.out
         try:
-            return _encoder.encode(prepped)
+            body = _encoder.encode(prepped)
         finally:
             _tls.out = None
+        self.check(len(body))
+        return body
+
+    def check(self, body_len: int) -> None:
+        """Refuse a message over the limits before anything is sent."""
+        size = body_len + sum(memoryview(b).nbytes for b, _ in self.out)
+        if size > limits.max_message - _ENVELOPE:
+            raise SchemaError(
+                f"the message would be {size} bytes, over the message size limit of "
+                f"{limits.max_message} bytes; raise it with meshio.set_limits(max_message=...)"
+                " (or MESHIO_MAX_MESSAGE), or send less at a time")
+        if body_len > MAX_BODY:
+            raise SchemaError(
+                f"the message's in-band part would be {body_len} bytes, over the "
+                f"{MAX_BODY}-byte wire limit for data that is not bytes, str, a tensor or a "
+                "pickle; pass large data as bytes or a tensor")
 
 
 def decoder_for(tp: Any) -> tuple[Any, bool]:
@@ -348,7 +512,12 @@ def decoder_for(tp: Any) -> tuple[Any, bool]:
 
 
 class TypedDecoder:
-    """Decodes msgpack into ``tp`` with validation; buffers via ``bufs``."""
+    """Decodes msgpack into ``tp`` with validation; buffers via ``bufs``.
+
+    Any exception may come out of :meth:`decode` (msgspec's errors for bad
+    data, whatever a pickled value's reconstruction raises, ``RecursionError``
+    for deep nesting): callers turn them into typed errors.
+    """
 
     __slots__ = ("_dec", "_tp")
 
@@ -356,8 +525,11 @@ class TypedDecoder:
         self._tp = tp
         self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
 
-    def decode(self, data: Any, bufs: Buffers) -> Any:
+    def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
+        """The value; with ``lazy``, raises ``_Deferred`` at the first pickle
+        instead of unpickling it (the value's own code does not run)."""
         _tls.bufs = bufs
+        _tls.lazy = lazy
         try:
             if not bufs:
                 return self._dec.decode(data)
@@ -366,5 +538,6 @@ class TypedDecoder:
             return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
         finally:
             _tls.bufs = None
+            _tls.lazy = False
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -145,10 +146,15 @@ class Supervisor:
         heartbeat_timeout: a process silent this long is declared hung,
             killed and restarted (default: 3 intervals).
         clock: time source for heartbeats and the intensity window.
-        on_escalate: called with the error when this supervisor gives up; it
-            runs on the controller's loop; returning True stops the
-            escalation there (the children stay stopped). If it raises, the
-            exception is logged and the escalation goes on.
+        on_escalate: called with the error when this supervisor gives up (after
+            an owning actor's ``__supervise__``, if any, did not handle it), on
+            the loop that created the supervisor; returning True (or an
+            awaitable of True) handles it: the escalation stops there (no
+            parent supervisor or owning actor's process hears of it, the
+            supervised proc mesh's ``async with`` exits without raising; the
+            children stay stopped, and :attr:`failure` and :meth:`wait_failed`
+            still report it). If it raises, the exception is logged and the
+            escalation goes on.
     """
 
     def __init__(
@@ -186,6 +192,9 @@ class Supervisor:
         self.on_escalate = on_escalate
         self.children: list[_ProcState | Supervisor] = []
         self.failure: SupervisionError | None = None
+        #: whether ``__supervise__`` or ``on_escalate`` handled the escalation
+        #: (None: no escalation, or its hooks are still running)
+        self._handled: bool | None = None
         self._restarts: list[float] = []
         #: (id(child), rank) of units a pending restart will start again
         self._scheduled: set[tuple[int, int]] = set()
@@ -240,12 +249,13 @@ class Supervisor:
     def _failed_future(self) -> asyncio.Future[SupervisionError]:
         if self._failed is None:
             self._failed = asyncio.get_running_loop().create_future()
-            if self.failure is not None:
+            if self.failure is not None and self._handled is not None:
                 self._failed.set_result(self.failure)
         return self._failed
 
     async def wait_failed(self) -> SupervisionError:
-        """Wait until this supervisor gives up; the escalation error."""
+        """Wait until this supervisor gives up (and its ``__supervise__`` /
+        ``on_escalate`` hooks have run); the escalation error."""
         return await asyncio.shield(self._failed_future())
 
     # --------------------------------------------------------- decisions
@@ -347,6 +357,7 @@ class Supervisor:
     async def _start_all(self) -> None:
         """Start every child again (this supervisor restarted by its parent)."""
         self.failure = None
+        self._handled = None
         self._failed = None
         self._restarts = []
         for child in self.children:
@@ -365,23 +376,32 @@ class Supervisor:
             self.failure = error
             await self.stop()
             self.event("escalation", self.name, -1, why)
-            fut = self._failed_future()
-            if not fut.done():
-                fut.set_result(error)
-        if await self._handled_by_owner(error):
-            return
-        if self.parent is not None:
-            self.parent.child_failed(self, -1, why)
-            return
-        if self.on_escalate is not None:
+        owner_said = ""
+        try:
+            handled = await self._handled_by_owner(error)
+        except Exception as e:  # a failing hook handles nothing: the escalation goes on
+            handled = False
+            owner_said = "".join(traceback.format_exception(e))
+        if not handled and self.on_escalate is not None:
             try:
-                handled = self.on_escalate(error)
-                if isinstance(handled, Awaitable):
-                    handled = await handled
+                result = self.on_escalate(error)
+                if isinstance(result, Awaitable):
+                    result = await result
+                handled = bool(result)
             except Exception as e:  # the hook's own failure must not hide the escalation
                 import logging
 
                 logging.getLogger("meshio").exception("on_escalate hook failed: %s", e)
+        self._handled = handled
+        fut = self._failed_future()
+        if not fut.done():
+            fut.set_result(error)
+        if handled:
+            return
+        if self.parent is not None:
+            self.parent.child_failed(self, -1, why)
+        elif self._owner is not None:
+            self._report_to_owners_controller(error, owner_said)
 
     async def _handled_by_owner(self, error: SupervisionError) -> bool:
         """Monarch's ``__supervise__``: the actor owning this supervisor may
@@ -397,9 +417,25 @@ class Supervisor:
             result = await result
         return bool(result)
 
+    def _report_to_owners_controller(self, error: SupervisionError, owner_said: str) -> None:
+        """Nobody in the owning actor's process handled the escalation: it
+        becomes a failure of that actor, sent to the controller of its proc
+        mesh like an exception escaping a broadcast (its supervisor replaces
+        the process; without one it is reported on the controller's stderr)."""
+        from ._messages import ErrorInfo
+        from ._runtime import runtime
+
+        ctx = self._owner
+        how = ("its __supervise__ raised" if owner_said
+               else "neither __supervise__ nor on_escalate handled it")
+        runtime().report_fault(ErrorInfo(
+            "supervision", "meshio.SupervisionError",
+            f"{error} (supervisor owned by actor {ctx.actor_name} rank {ctx.point.rank}; {how})",
+            owner_said, ctx.actor_name, ctx.point.rank))
+
     async def stop(self) -> None:
         """Stop every child, in reverse declaration order."""
-        for child in reversed(self.children):
+        for child in reversed(list(self.children)):  # an owner may release one meanwhile
             await child.stop()
 
 

@@ -1,12 +1,12 @@
-"""Helpers for tests of meshio programs: process leak checks and waiting on
-process exit without sleeping."""
+"""Helpers for tests of meshio programs: process leak checks, waiting on
+process exit without sleeping, and raw connections to a job's processes."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
-__all__ = ("child_pids", "wait_exited")
+__all__ = ("child_pids", "open_job_connection", "wait_exited")
 
 
 def child_pids() -> set[int]:
@@ -46,3 +46,26 @@ async def wait_exited(pidfd: int, timeout: float) -> None:
         await asyncio.wait_for(fut, timeout)
     finally:
         loop.remove_reader(pidfd)
+
+
+async def open_job_connection(addr: str, secret: bytes | None = None
+                              ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw stream to the meshio process at ``addr``, past the job handshake
+    (with ``secret``, by default the running loop's runtime's): what follows
+    is the framed protocol, for tests that speak it by hand.
+
+    Raises:
+        AuthenticationError: the process there is not of this job.
+    """
+    from ._handshake import CHALLENGE_SIZE, Handshake
+    from ._runtime import runtime, sockaddr
+
+    hs = Handshake(runtime().secret if secret is None else secret, dialler=True)
+    reader, writer = await asyncio.open_unix_connection(sockaddr(addr))
+    try:
+        writer.write(hs.start())
+        writer.write(hs.feed(await reader.readexactly(CHALLENGE_SIZE)))
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer

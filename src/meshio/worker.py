@@ -3,6 +3,15 @@
 Started by a launcher, never by hand.  The worker listens on its own Unix
 socket for peers, reports to the controller, hosts actors, and dies with
 its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost.
+The job secret arrives on stdin (never on the command line or in the
+environment, which other processes of the user can read); stdin is then at
+end of file.
+
+On the controller's ``Shutdown`` it stops its actors (their ``__cleanup__``
+hooks run, in reverse spawn order), closes its runtime and exits normally, so
+``atexit`` handlers and finalizers of user code run; the controller kills it
+if that takes longer than the proc mesh's shutdown grace.  A lost controller
+connection runs the hooks too, then leaves with ``os._exit(1)``.
 """
 
 from __future__ import annotations
@@ -24,18 +33,33 @@ def _die_with_parent(parent: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         # Yama (ptrace_scope=1) lets only ancestors read our memory; RDMA
         # buffers' same-host backend needs sibling workers to (process_vm_readv).
-        libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF))  # PR_SET_PTRACER_ANY
+        # Declaring the parent lets it and its descendants (our siblings) in,
+        # and no other process of this user.
+        libc.prctl(0x59616D61, ctypes.c_ulong(parent))  # PR_SET_PTRACER
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _read_secret() -> bytes:
+    """The job secret the launcher writes to our stdin before closing it."""
+    chunks = []
+    while chunk := os.read(0, 4096):
+        chunks.append(chunk)
+    secret = b"".join(chunks)
+    if len(secret) < 16:
+        sys.exit("meshio.worker: no job secret on stdin; workers are started by a "
+                 "launcher (meshio.this_host().spawn_procs), not by hand")
+    return secret
+
+
+async def _serve(args: argparse.Namespace, secret: bytes) -> int:
+    from ._exceptions import SupervisionError
     from ._runtime import Runtime, _runtimes
 
     loop = asyncio.get_running_loop()
-    rt = Runtime(loop, addr=args.listen, worker=args.worker)
+    rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret)
     _runtimes[loop] = rt
     rt.controller = args.controller
     rt.restoring = args.restart
@@ -49,8 +73,13 @@ async def _serve(args: argparse.Namespace) -> int:
     rt.on_lost[args.controller] = lambda conn: finish(1)
     rt.connect(args.controller)
     code = await done
-    for cell in list(rt.actors.values()):
-        cell.stop()
+    # Every actor's __cleanup__, in reverse spawn order (each one bounded).
+    exc = None if code == 0 else SupervisionError(
+        f"worker {args.worker} lost its controller's connection; its actors are stopped",
+        cause="controller connection lost")
+    for target, cell in reversed(list(rt.actors.items())):
+        del rt.actors[target]
+        await cell.stop(exc)
     rt.close()
     return code
 
@@ -64,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--restart", action="store_true")
     args = ap.parse_args(argv)
     _die_with_parent(args.parent)
+    secret = _read_secret()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when we stop
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
         if p not in sys.path:
@@ -71,10 +101,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        code = asyncio.run(_serve(args))
+        code = asyncio.run(_serve(args, secret))
     else:
-        code = uvloop.run(_serve(args))
-    sys.stdout.flush()
+        code = uvloop.run(_serve(args, secret))
+    if code == 0:  # a graceful shutdown: a normal exit, so atexit handlers and finalizers run
+        sys.exit(0)
+    sys.stdout.flush()  # the controller is gone: leave at once
     sys.stderr.flush()
     os._exit(code)
 

@@ -8,8 +8,8 @@ import os
 
 
 def hold(ready: str, release: str) -> None:
-    """Inside a plain ``def`` endpoint: say so through the FIFO ``ready``,
-    then block until the test writes to the FIFO ``release``."""
+    """Inside an ``async def`` endpoint (blocking its loop): say so through
+    the FIFO ``ready``, then block until the test writes to the FIFO ``release``."""
     fd = os.open(ready, os.O_WRONLY)  # until the test opens it
     os.close(fd)
     fd = os.open(release, os.O_RDONLY)  # until the test writes

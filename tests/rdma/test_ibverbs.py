@@ -77,8 +77,9 @@ class Owner(Actor):
         await self.bufs[name].drop()
 
     @endpoint
-    def nap(self, ready: str, release: str) -> None:
-        """Block this process's event loop (see fifo_gate)."""
+    async def nap(self, ready: str, release: str) -> None:
+        """Block this process's event loop (see fifo_gate): an ``async def``,
+        since a plain ``def`` endpoint would run in the actor's thread."""
         hold(ready, release)
 
     @endpoint

@@ -38,8 +38,9 @@ class Owner(Actor):
         return bytes(self.data[offset:offset + length])
 
     @endpoint
-    def block(self, ready: str, release: str) -> None:
-        """Block this process's event loop (see fifo_gate)."""
+    async def block(self, ready: str, release: str) -> None:
+        """Block this process's event loop (see fifo_gate): an ``async def``,
+        since a plain ``def`` endpoint would run in the actor's thread."""
         hold(ready, release)
 
     @endpoint

@@ -1,0 +1,173 @@
+"""Soak: a million calls, ten thousand cancellations and a hundred mesh
+cycles in one run, with the controller's and the workers' memory sampled.
+
+1. calls: ``--calls`` int->int calls to a two-process mesh, ``--inflight`` at
+   a time (asyncio.gather), half of them to a failing endpoint every
+   hundredth batch so error replies are soaked too.
+2. cancellations: ``--cancels`` calls to a slow endpoint, each cancelled by
+   its caller (a timeout or a task cancellation) while queued or running;
+   then one call must come back at once and the slow endpoint must have
+   started far fewer times than it was called.
+3. mesh cycles: ``--cycles`` times spawn a 4-process mesh, spawn an actor
+   with a 1 MiB constructor argument, call it, stop the mesh.
+
+RSS (``VmRSS``) of the controller and of the long-lived workers is sampled
+throughout; the report gives start / peak / end for each phase.  A leak
+shows as an end far above the start.
+
+Usage: python benchmarks/bench_soak.py [--calls 1000000] [--cancels 10000] [--cycles 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import time
+
+import meshio
+from meshio import Actor, endpoint
+
+
+def rss_mib(pid: int | None = None) -> float:
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Samples:
+    """RSS samples of one process during one phase."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.values = [rss_mib(pid)]
+
+    def take(self) -> None:
+        self.values.append(rss_mib(self.pid))
+
+    def summary(self) -> str:
+        v = self.values
+        return f"start {v[0]:7.1f}  peak {max(v):7.1f}  end {v[-1]:7.1f} MiB"
+
+
+class Soak(Actor):
+    def __init__(self, blob: bytes = b"") -> None:
+        self.blob = blob
+        self.slow_started = 0
+
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def fail(self, x: int) -> int:
+        raise ValueError(f"failing on purpose ({x})")
+
+    @endpoint
+    async def slow(self) -> None:
+        self.slow_started += 1
+        await asyncio.sleep(0.01)
+
+    @endpoint
+    async def started(self) -> int:
+        return self.slow_started
+
+
+def report(phase: str, seconds: float, samples: list[tuple[str, Samples]]) -> None:
+    print(f"{phase} ({seconds:.1f} s)")
+    for who, s in samples:
+        print(f"  {who:<22} {s.summary()}")
+
+
+async def calls_phase(mesh: Soak, pids: list[int], n: int, inflight: int) -> None:
+    samples = [("controller", Samples(None))] + [(f"worker pid {p}", Samples(p)) for p in pids]
+    t0 = time.perf_counter()
+    done = 0
+    batch_no = 0
+    while done < n:
+        k = min(inflight, n - done)
+        if batch_no % 100 == 99:  # error replies soak too
+            results = await asyncio.gather(*(mesh.fail.choose(i) for i in range(k)),
+                                           return_exceptions=True)
+            assert all(isinstance(r, meshio.ActorError) for r in results)
+        else:
+            results = await asyncio.gather(*(mesh.echo.choose(i) for i in range(k)))
+            assert results[-1] == k - 1
+        done += k
+        batch_no += 1
+        if batch_no % 50 == 0:
+            for _, s in samples:
+                s.take()
+    dt = time.perf_counter() - t0
+    for _, s in samples:
+        s.take()
+    report(f"1. {n:,} calls, {inflight} in flight: {n / dt:,.0f} calls/s", dt, samples)
+
+
+async def cancels_phase(mesh: Soak, pids: list[int], n: int) -> None:
+    samples = [("controller", Samples(None))] + [(f"worker pid {p}", Samples(p)) for p in pids]
+    one = mesh.slice(procs=0)
+    t0 = time.perf_counter()
+    batch = 100
+    for start in range(0, n, batch):
+        if (start // batch) % 2:  # half by timeout, half by cancelling the task
+            calls = [asyncio.ensure_future(one.slow.options(timeout=0.001).call_one())
+                     for _ in range(batch)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(isinstance(r, meshio.CallTimeout) for r in results), results[:3]
+        else:
+            tasks = [asyncio.ensure_future(one.slow.call_one()) for _ in range(batch)]
+            await asyncio.sleep(0)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if (start // batch) % 10 == 0:
+            for _, s in samples:
+                s.take()
+    t1 = time.perf_counter()
+    await one.echo.call_one(1)
+    after = time.perf_counter() - t1
+    started = await one.started.call_one()
+    dt = time.perf_counter() - t0
+    for _, s in samples:
+        s.take()
+    report(f"2. {n:,} cancelled calls; next call answered in {after * 1e3:.1f} ms; "
+           f"slow endpoint started {started:,} times", dt, samples)
+
+
+async def cycles_phase(n: int) -> None:
+    samples = [("controller", Samples(None))]
+    blob = os.urandom(1 << 20)
+    t0 = time.perf_counter()
+    for i in range(n):
+        async with meshio.this_host().spawn_procs(per_host={"procs": 4},
+                                                  name=f"cycle{i}") as procs:
+            mesh = await procs.spawn("soak", Soak, blob)
+            assert (await mesh.echo.call(i)).values() == [i] * 4
+        gc.collect()
+        samples[0][1].take()
+    dt = time.perf_counter() - t0
+    report(f"3. {n} spawn/stop cycles of a 4-process mesh (1 MiB constructor argument)",
+           dt, samples)
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(f"controller RSS at start: {rss_mib():.1f} MiB")
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        mesh = await procs.spawn("soak", Soak)
+        await calls_phase(mesh, procs.pids, args.calls, args.inflight)
+        await cancels_phase(mesh, procs.pids, args.cancels)
+    await cycles_phase(args.cycles)
+    print(f"controller RSS at end: {rss_mib():.1f} MiB")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=1_000_000)
+    ap.add_argument("--inflight", type=int, default=1000)
+    ap.add_argument("--cancels", type=int, default=10_000)
+    ap.add_argument("--cycles", type=int, default=100)
+    meshio.run(main(ap.parse_args()))

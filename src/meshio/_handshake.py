@@ -1,0 +1,218 @@
+"""Proving that a peer belongs to this job, before any frame is decoded.
+
+Every connection starts with a mutual challenge-response over the job's
+secret ``k`` (32 random bytes made by the controller), in three small
+fixed-size messages, before the framed protocol (:mod:`._runtime`)::
+
+    dialler  -> listener  HELLO      MAGIC | Nd                      (40 bytes)
+    listener -> dialler   CHALLENGE  MAGIC | Nl | HMAC(k, L | Nd | Nl) (72 bytes)
+    dialler  -> listener  PROOF      HMAC(k, D | Nd | Nl)              (32 bytes)
+
+``Nd``/``Nl`` are fresh random 32-byte nonces of each side, so a recorded
+handshake replays to nothing; ``L``/``D`` are direction labels, so a proof
+cannot be reflected back to the side that made it.  MACs are HMAC-SHA256,
+compared in constant time.  The listener proves itself first: a dialler
+never sends a frame to a process that does not hold the secret, and the
+dialler's frames may follow its PROOF at once (one round trip in all).
+
+Nothing else is accepted before the end: a wrong MAGIC, bytes beyond a
+message, a bad MAC, or silence for ``HANDSHAKE_TIMEOUT`` seconds drop the
+connection.  :class:`Handshake` is the byte-level state machine (no I/O, so
+a TCP/TLS transport reuses it as is); :class:`HandshakeProtocol` runs it on
+an asyncio transport and hands the transport over when both sides are
+proven.  On Unix sockets the peer's uid (``SO_PEERCRED``) must be ours too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+import socket
+import struct
+from collections.abc import Callable
+from typing import Final, cast
+
+from ._exceptions import AuthenticationError
+
+__all__ = ("HANDSHAKE_TIMEOUT", "Handshake", "HandshakeProtocol", "new_secret", "peer_creds")
+
+#: protocol name and version; a peer speaking anything else is refused at once
+MAGIC: Final = b"MESHIO\x00\x01"
+NONCE: Final = 32
+MAC: Final = 32
+HELLO_SIZE: Final = len(MAGIC) + NONCE
+CHALLENGE_SIZE: Final = len(MAGIC) + NONCE + MAC
+PROOF_SIZE: Final = MAC
+SECRET_SIZE: Final = 32
+#: seconds a listener gives a new connection to complete the handshake
+HANDSHAKE_TIMEOUT = 30.0
+
+_LISTENER: Final = b"meshio-auth-v1 listener\x00"
+_DIALLER: Final = b"meshio-auth-v1 dialler\x00"
+_CREDS: Final = struct.Struct("3i")
+
+
+def new_secret() -> bytes:
+    """A fresh job secret."""
+    return secrets.token_bytes(SECRET_SIZE)
+
+
+def _mac(secret: bytes, label: bytes, nd: bytes, nl: bytes) -> bytes:
+    return hmac.digest(secret, label + MAGIC + nd + nl, "sha256")
+
+
+class Handshake:
+    """One side of the handshake as a state machine over bytes.
+
+    Send :meth:`start`'s bytes, then give every received chunk to
+    :meth:`feed` and send what it returns; once :attr:`done`, the peer is
+    proven and :attr:`leftover` holds the first bytes of the framed protocol.
+
+    Raises:
+        AuthenticationError: from :meth:`feed`, when the peer is not one of
+            this job (the connection must be dropped).
+    """
+
+    def __init__(self, secret: bytes, *, dialler: bool) -> None:
+        if len(secret) < 16:
+            raise ValueError("a job secret has at least 16 bytes")
+        self._secret = secret
+        self._dialler = dialler
+        self._nonce = secrets.token_bytes(NONCE)
+        self._peer_nonce = b""
+        self._buf = b""
+        self._need = CHALLENGE_SIZE if dialler else HELLO_SIZE
+        self.done = False
+        self.leftover = b""
+
+    def start(self) -> bytes:
+        """The bytes to send when the connection opens."""
+        return MAGIC + self._nonce if self._dialler else b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Take received bytes; return the bytes to send in answer."""
+        if self.done:
+            raise AuthenticationError("handshake already complete")
+        buf = self._buf + data
+        head = buf[:len(MAGIC)]
+        if not self._peer_nonce and head != MAGIC[:len(head)]:
+            raise AuthenticationError(f"not a meshio handshake (starts with {head!r})")
+        if len(buf) < self._need:
+            self._buf = buf
+            return b""
+        msg, rest = buf[:self._need], buf[self._need:]
+        self._buf = b""
+        if self._dialler:  # CHALLENGE: the listener proves itself first
+            nl, mac = msg[len(MAGIC):len(MAGIC) + NONCE], msg[len(MAGIC) + NONCE:]
+            if not hmac.compare_digest(mac, _mac(self._secret, _LISTENER, self._nonce, nl)):
+                raise AuthenticationError("the listener does not hold this job's secret")
+            self.done, self.leftover = True, rest
+            return _mac(self._secret, _DIALLER, self._nonce, nl)
+        if rest and not self._peer_nonce:
+            raise AuthenticationError(
+                f"{len(rest)} bytes sent before the challenge (a proof cannot exist yet)")
+        if not self._peer_nonce:  # HELLO
+            self._peer_nonce = msg[len(MAGIC):]
+            self._need = PROOF_SIZE
+            return MAGIC + self._nonce + _mac(self._secret, _LISTENER, self._peer_nonce,
+                                              self._nonce)
+        if not hmac.compare_digest(msg, _mac(self._secret, _DIALLER, self._peer_nonce,
+                                             self._nonce)):
+            raise AuthenticationError("the dialler does not hold this job's secret")
+        self.done, self.leftover = True, rest
+        return b""
+
+
+def peer_creds(transport: asyncio.BaseTransport) -> tuple[int, int, int] | None:
+    """``(pid, uid, gid)`` of a Unix socket's peer; None for other sockets."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX:
+        return None
+    pid, uid, gid = _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  _CREDS.size))
+    return pid, uid, gid
+
+
+class HandshakeProtocol(asyncio.Protocol):
+    """Runs a :class:`Handshake` on a new connection, then hands over.
+
+    ``on_done(transport, leftover)`` is called once both sides are proven
+    (it installs the real protocol and feeds it ``leftover``);
+    ``on_fail(error)`` once if not, with the transport already aborted:
+    :class:`AuthenticationError` (another user, wrong secret, not meshio),
+    :class:`TimeoutError` (no answer within ``timeout`` seconds) or
+    :class:`ConnectionError` (closed by the peer mid-handshake).
+    """
+
+    def __init__(self, secret: bytes, *, dialler: bool, timeout: float,
+                 on_done: Callable[[asyncio.Transport, bytes], None],
+                 on_fail: Callable[[Exception], None]) -> None:
+        self._hs = Handshake(secret, dialler=dialler)
+        self._timeout = timeout
+        self._on_done = on_done
+        self._on_fail = on_fail
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self.finished = False
+        #: the peer's (pid, uid, gid) on a Unix socket
+        self.creds: tuple[int, int, int] | None = None
+
+    def describe(self) -> str:
+        """The peer, for log lines and errors."""
+        if self.creds is None:
+            return "unidentified peer"
+        pid, uid, _ = self.creds
+        return f"pid {pid} (uid {uid})"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream transport
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+        self.creds = peer_creds(transport)
+        if self.creds is not None and self.creds[1] != os.getuid():
+            self.fail(AuthenticationError(f"peer runs as uid {self.creds[1]}, not as this "
+                                          f"job's uid {os.getuid()}"))
+            return
+        self._transport.write(self._hs.start())
+
+    def data_received(self, data: bytes) -> None:
+        if self.finished:
+            return
+        try:
+            out = self._hs.feed(data)
+        except AuthenticationError as e:
+            self.fail(e)
+            return
+        assert self._transport is not None
+        if out:
+            self._transport.write(out)
+        if self._hs.done:
+            self._finish()
+            self._on_done(self._transport, self._hs.leftover)
+
+    def eof_received(self) -> bool | None:
+        return None  # close; connection_lost reports it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished:
+            self.fail(ConnectionResetError(
+                f"connection closed during the handshake{f' ({exc})' if exc else ''}: the "
+                "peer died, or refused this connection and logged why"))
+
+    def _expired(self) -> None:
+        self.fail(TimeoutError(f"no handshake within {self._timeout:g}s"))
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def fail(self, error: Exception) -> None:
+        """Drop the connection and report ``error`` (once)."""
+        if self.finished:
+            return
+        self._finish()
+        if self._transport is not None:
+            self._transport.abort()
+        self._on_fail(error)

@@ -1,0 +1,427 @@
+"""Proc mesh lifecycle with real processes and real signals (issue 7): hung
+workers without a supervisor, nothing left behind after stop, failures
+reported without a supervisor, proc meshes as values, slices, escalation
+hooks.
+
+Nothing here sleeps to wait for something: tests wait on call futures,
+heartbeat answers (the runtime's pong hook), supervisor events and
+``wait_failed``, each under a generous ``asyncio.wait_for`` guard.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import gc
+import os
+import signal
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import meshio
+import meshio._runtime
+from meshio import Actor, endpoint
+from meshio._messages import ErrorInfo
+from meshio.supervision import ManualClock, SupervisionEvent
+
+#: generous bound on any single wait on a loaded machine
+DEADLINE = 30.0
+
+
+class W(Actor):
+    def __init__(self, blob: Any = None) -> None:
+        self.blob = blob
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def where(self) -> tuple[int, int]:
+        """(the process's rank in its proc mesh, the actor's rank in its mesh)"""
+        ctx = meshio.context()
+        return ctx.proc.rank, ctx.point.rank
+
+    @endpoint
+    async def hold(self, fifo: str) -> None:
+        """Block this process's event loop until the test writes to ``fifo``."""
+        with open(fifo) as f:
+            f.read()
+
+
+class Spawner(Actor):
+    """Gets a proc mesh from the controller and spawns on it."""
+
+    @endpoint
+    async def spawn_on(self, procs: meshio.ProcMesh, name: str) -> list[tuple[int, int]]:
+        assert isinstance(procs, meshio.ProcMesh)
+        self.seen = procs.sizes
+        self.inner = await procs.spawn(name, W)
+        return (await self.inner.where.call()).values()
+
+    @endpoint
+    async def sizes_seen(self) -> dict[str, int]:
+        return self.seen
+
+    @endpoint
+    async def call_inner(self) -> list[tuple[int, int]]:
+        return (await self.inner.where.call()).values()
+
+    @endpoint
+    async def stop_procs(self, procs: meshio.ProcMesh) -> None:
+        await procs.stop()
+
+
+class Boss(Actor):
+    """Owns a supervisor (created in an endpoint) over its own proc mesh;
+    its ``__supervise__`` does not handle the escalation."""
+
+    def __init__(self, verdict: str) -> None:
+        self.verdict = verdict
+
+    def __supervise__(self, error: meshio.SupervisionError) -> bool:
+        if self.verdict == "raise":
+            raise RuntimeError("boom in __supervise__")
+        return False
+
+    @endpoint
+    async def start(self) -> int:
+        sup = meshio.Supervisor("one_for_one", max_restarts=0, name="inner",
+                                clock=ManualClock())
+        self.procs = await meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, supervisor=sup, name="inner")
+        self.w = await self.procs.spawn("w", W)
+        return await self.w.pid.call_one()
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _worker_addr(procs: meshio.ProcMesh, rank: int) -> str:
+    return procs._state.workers[rank].addr
+
+
+def next_pong(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[None]:
+    """Resolved by the next heartbeat answer of the process at ``rank``."""
+    rt = meshio._runtime.runtime()
+    addr = _worker_addr(procs, rank)
+    fut: asyncio.Future[None] = rt.loop.create_future()
+    orig = rt.on_pong[addr]
+
+    def hook() -> None:
+        orig()
+        if not fut.done():
+            fut.set_result(None)
+
+    rt.on_pong[addr] = hook
+    return fut
+
+
+def next_fault(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[ErrorInfo]:
+    """Resolved by the next Fault the process at ``rank`` sends the controller."""
+    rt = meshio._runtime.runtime()
+    addr = _worker_addr(procs, rank)
+    fut: asyncio.Future[ErrorInfo] = rt.loop.create_future()
+    orig = rt.on_fault_from[addr]
+
+    def hook(info: ErrorInfo) -> None:
+        orig(info)
+        if not fut.done():
+            fut.set_result(info)
+
+    rt.on_fault_from[addr] = hook
+    return fut
+
+
+async def next_event(sup: meshio.Supervisor,
+                     pred: Callable[[SupervisionEvent], bool]) -> SupervisionEvent:
+    async def scan() -> SupervisionEvent:
+        async for ev in sup.events():
+            if pred(ev):
+                return ev
+        raise AssertionError("unreachable")
+
+    return await asyncio.wait_for(scan(), DEADLINE)
+
+
+async def release_fifo(fifo: Path) -> None:
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("go")
+
+    await asyncio.wait_for(asyncio.to_thread(write), DEADLINE)
+
+
+# ----------------------------------------------------- item 5: hung workers
+
+
+async def test_call_to_sigstopped_worker_fails_with_default_heartbeats_then_works_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 7 item 5: without a supervisor or a timeout, a call to a stopped
+    (SIGSTOP) worker fails with SupervisionError "not responding for N s"
+    within the default heartbeat timeout (3 s); the process is not killed, and
+    after SIGCONT calls reach it again."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        state = procs._state
+        assert (state.heartbeat_interval, state.heartbeat_timeout) == (1.0, 3.0)
+        w = await procs.spawn("w", W)
+        pid = procs.pids[1]
+        one = w.slice(procs=1)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(meshio.SupervisionError) as ei:
+                await asyncio.wait_for(one.pid.call_one(), DEADLINE)
+            elapsed = time.monotonic() - t0
+            assert ei.value.rank == 1 and ei.value.pid == pid
+            assert ei.value.cause.startswith("not responding for ")
+            assert "not responding for" in str(ei.value) and "not killed" in str(ei.value)
+            # declared after one unanswered heartbeat older than the timeout
+            assert 3.0 <= elapsed < 3.0 + 2 * 1.0 + DEADLINE / 3
+            # calls made while it is hung fail at once; the other rank is fine
+            with pytest.raises(meshio.SupervisionError, match=r"not responding for \d+\.\d s"):
+                await asyncio.wait_for(one.pid.call_one(), DEADLINE)
+            assert await asyncio.wait_for(w.slice(procs=0).pid.call_one(), DEADLINE) \
+                == procs.pids[0]
+            assert state.workers[1].handle.returncode is None  # not killed
+            answered = next_pong(procs, 1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.wait_for(answered, DEADLINE)
+        assert await asyncio.wait_for(one.pid.call_one(), DEADLINE) == pid
+    err = capsys.readouterr().err
+    assert f"rank 1 (pid {pid} on" in err and "not responding for" in err
+    assert "responds again" in err
+
+
+async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> None:
+    """issue 7 item 5: an async endpoint that blocks its process's loop
+    makes the process not responding: its in-flight call fails with
+    SupervisionError after heartbeat_timeout; once unblocked it serves calls."""
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, heartbeat_interval=0.25, heartbeat_timeout=1.0) as procs:
+        w = await procs.spawn("w", W)
+        pid = procs.pids[0]
+        with pytest.raises(meshio.SupervisionError, match=r"not responding for \d+\.\d s") as ei:
+            await asyncio.wait_for(w.hold.call_one(str(fifo)), DEADLINE)
+        assert "W.hold" in str(ei.value)
+        answered = next_pong(procs, 0)
+        await release_fifo(fifo)
+        await asyncio.wait_for(answered, DEADLINE)
+        assert await asyncio.wait_for(w.pid.call_one(), DEADLINE) == pid
+
+
+# --------------------------------------------- item 8: nothing left behind
+
+
+def _tables(rt: meshio._runtime.Runtime) -> dict[str, int]:
+    gc.collect()
+    return {"dead": len(rt.dead), "on_lost": len(rt.on_lost),
+            "on_fault_from": len(rt.on_fault_from), "on_pong": len(rt.on_pong),
+            "hello_waiters": len(rt.hello_waiters), "conns": len(rt.conns),
+            "all_conns": len(rt.all_conns), "actors": len(rt.actors), "ports": len(rt.ports)}
+
+
+async def test_stopped_meshes_leave_nothing_in_the_runtime() -> None:
+    """issue 7 item 8: after stop, nothing of a proc mesh stays in the
+    controller's runtime or its supervisor (the tables are back to their
+    size after N spawn/stop cycles, constructor arguments are freed), while
+    calls through old actor mesh references fail with "was stopped"."""
+    rt = meshio._runtime.runtime()
+    host = meshio.this_host()
+    sup = meshio.Supervisor("one_for_one", clock=ManualClock())
+    # the proc-mesh service starts on first pickling; it is one per controller
+    async with host.spawn_procs(per_host={"procs": 1}) as warm:
+        w = await warm.spawn("s", Spawner)
+        await w.spawn_on.call_one(warm, "x")
+    before = _tables(rt)
+    refs = []
+    old = []
+    for i in range(4):
+        arg = array.array("b", bytes(4096))
+        refs.append(weakref.ref(arg))
+        async with host.spawn_procs(per_host={"procs": 2},
+                                    supervisor=sup if i % 2 else None) as procs:
+            actors = await procs.spawn("w", W, memoryview(arg))
+            spawner = await procs.slice(procs=0).spawn("s", Spawner)
+            await spawner.spawn_on.call_one(procs, "inner")
+            assert await actors.pid.call()
+        del arg
+        old.append(actors)
+    assert _tables(rt) == before
+    assert sup.children == []
+    assert [r() for r in refs] == [None] * 4  # constructor arguments freed
+    for actors in old:  # old references (and their proc mesh) still say what happened
+        with pytest.raises(meshio.SupervisionError, match="proc mesh 'procs' was stopped"):
+            await asyncio.wait_for(actors.pid.call(), DEADLINE)
+    assert _tables(rt) == before  # nothing redialled either
+
+
+# ------------------------------------------------ item 12: owned supervisor
+
+
+async def test_owned_supervisor_giving_up_reaches_the_owners_supervisor() -> None:
+    """issue 7 item 12: a supervisor created inside an actor gives up and
+    the actor's ``__supervise__`` returns False: the failure reaches the
+    supervisor of the actor's own proc mesh, which restarts its process."""
+    outer = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, name="outer",
+                              clock=ManualClock())
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=outer,
+                                              name="bosses") as procs:
+        boss = await procs.spawn("boss", Boss, "decline")
+        boss_pid = procs.pids[0]
+        inner_pid = await asyncio.wait_for(boss.start.call_one(), DEADLINE)
+        failure = asyncio.ensure_future(next_event(outer, lambda e: e.kind == "failure"))
+        restart = asyncio.ensure_future(next_event(outer, lambda e: e.kind == "restart"))
+        os.kill(inner_pid, signal.SIGKILL)
+        ev = await failure
+        assert ev.mesh == "bosses" and ev.rank == 0 and ev.pid == boss_pid
+        assert "supervisor 'inner' gave up" in ev.cause and "SIGKILL" in ev.cause
+        assert "owned by actor boss rank 0" in ev.cause
+        assert "neither __supervise__ nor on_escalate handled it" in ev.cause
+        assert (await restart).pid != boss_pid
+        assert outer.failure is None
+
+
+async def test_owned_supervisor_whose_hook_raises_is_reported_to_the_controller(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 7 item 12: the owning actor's ``__supervise__`` raises and its
+    proc mesh has no supervisor: the failure reaches the controller (its
+    stderr), with the hook's exception."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="bosses") as procs:
+        boss = await procs.spawn("boss", Boss, "raise")
+        inner_pid = await asyncio.wait_for(boss.start.call_one(), DEADLINE)
+        fault = next_fault(procs, 0)
+        os.kill(inner_pid, signal.SIGKILL)
+        info = await asyncio.wait_for(fault, DEADLINE)
+        assert info.actor == "boss" and info.rank == 0
+        assert "supervisor 'inner' gave up" in info.message
+        assert "RuntimeError: boom in __supervise__" in info.traceback
+    err = capsys.readouterr().err
+    assert "unhandled failure in boss rank 0" in err and "supervisor 'inner' gave up" in err
+
+
+# ------------------------------------------------ item 14: proc rank, slices
+
+
+async def test_actor_on_a_slice_sees_its_process_rank() -> None:
+    """issue 7 item 14: actors spawned on a slice see their process's rank in
+    the proc mesh as ``context().proc.rank`` (their own rank is the index in
+    the slice), also when a supervisor rebuilds them."""
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
+    async with meshio.this_host().spawn_procs(per_host={"procs": 3}, supervisor=sup) as procs:
+        w = await procs.slice(procs=slice(1, 3)).spawn("w", W)
+        assert (await w.where.call()).values() == [(1, 0), (2, 1)]
+        restart = asyncio.ensure_future(next_event(sup, lambda e: e.kind == "restart"))
+        os.kill(procs.pids[2], signal.SIGKILL)
+        await restart
+        assert (await asyncio.wait_for(w.where.call(), DEADLINE)).values() == [(1, 0), (2, 1)]
+
+
+# ------------------------------------------- item 16: proc meshes as values
+
+
+async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
+    """issue 7 item 16: a proc mesh (or a slice) passed to an actor is a
+    working reference: the actor spawns on it (through the controller that
+    owns the processes, so its supervisor rebuilds those actors) and calls
+    them; it may stop the mesh too."""
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
+    host = meshio.this_host()
+    async with host.spawn_procs(per_host={"procs": 1}, name="ctl") as ctl, \
+            host.spawn_procs(per_host={"procs": 3}, supervisor=sup, name="pool") as pool:
+        spawner = await ctl.spawn("s", Spawner)
+        got = await asyncio.wait_for(
+            spawner.spawn_on.call_one(pool.slice(procs=slice(1, 3)), "inner"), DEADLINE)
+        assert got == [(1, 0), (2, 1)]
+        assert await spawner.sizes_seen.call_one() == {"procs": 2}
+        assert "inner" in pool._state.actor_names  # recorded by the owner
+        restart = asyncio.ensure_future(next_event(sup, lambda e: e.kind == "restart"))
+        os.kill(pool.pids[2], signal.SIGKILL)
+        await restart
+        # rebuilt by the owner's supervisor: the actor's reference works again
+        assert await asyncio.wait_for(spawner.call_inner.call_one(), DEADLINE) == [
+            (1, 0), (2, 1)]
+        await asyncio.wait_for(spawner.stop_procs.call_one(pool), DEADLINE)
+        assert pool._state.stopped and pool._state.released
+        with pytest.raises(meshio.ActorError, match="proc mesh 'pool' was stopped by its owner"):
+            await asyncio.wait_for(spawner.spawn_on.call_one(pool, "late"), DEADLINE)
+
+
+# ------------------------------------- item 17: failure without supervisor
+
+
+async def test_worker_death_without_supervisor_is_reported(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 7 item 17: without a supervisor, a worker killed while no call
+    is in flight is reported on the controller's stderr (one line: mesh,
+    rank, pid, cause) and by ``procs.wait_failed()``."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="lone") as procs:
+        await procs.spawn("w", W)
+        pid = procs.pids[1]
+        other = asyncio.ensure_future(procs.slice(procs=0).wait_failed())
+        failed = asyncio.ensure_future(procs.wait_failed())
+        os.kill(pid, signal.SIGKILL)
+        error = await asyncio.wait_for(failed, DEADLINE)
+        assert isinstance(error, meshio.SupervisionError)
+        assert (error.rank, error.pid, error.cause) == (1, pid, "killed by signal SIGKILL")
+        assert await asyncio.wait_for(procs.slice(procs=1).wait_failed(), DEADLINE) is error
+        await asyncio.sleep(0)
+        assert not other.done()  # rank 0 did not fail
+    with pytest.raises(meshio.SupervisionError, match="stopped before any of its processes"):
+        await asyncio.wait_for(other, DEADLINE)
+    lines = [line for line in capsys.readouterr().err.splitlines() if f"process {pid} " in line]
+    assert lines == [f"meshio: proc mesh 'lone' rank 1: process {pid} on "
+                     f"{error.host} killed by signal SIGKILL; no supervisor restarts it"]
+
+
+# --------------------------------------------------- item 19: slice stop
+
+
+async def test_stopping_a_slice_is_refused() -> None:
+    """issue 7 item 19: ``procs.slice(...).stop()`` raises ValueError and
+    stops nothing; a view of the whole mesh stops it."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        w = await procs.spawn("w", W)
+        with pytest.raises(ValueError, match=r"this is a slice of proc mesh 'procs' \(1 of"):
+            await procs.slice(procs=1).stop()
+        assert not procs._state.stopped
+        assert len((await w.pid.call()).values()) == 2
+        await procs.rename(procs="p").stop()
+        assert procs._state.stopped
+
+
+# ------------------------------------------------ item 21: on_escalate
+
+
+@pytest.mark.parametrize("handled", [True, False])
+async def test_on_escalate_returning_true_handles_the_escalation(handled: bool) -> None:
+    """issue 7 item 21: ``on_escalate`` returning True handles a root
+    escalation: the ``async with`` block exits without raising (the failure
+    stays readable); returning False lets it raise."""
+    seen: list[meshio.SupervisionError] = []
+
+    async def hook(error: meshio.SupervisionError) -> bool:
+        seen.append(error)
+        return handled
+
+    sup = meshio.Supervisor("one_for_one", max_restarts=0, clock=ManualClock(),
+                            on_escalate=hook)
+    raised: BaseException | None = None
+    try:
+        async with meshio.this_host().spawn_procs(per_host={"procs": 1},
+                                                  supervisor=sup) as procs:
+            await procs.spawn("w", W)
+            os.kill(procs.pids[0], signal.SIGKILL)
+            failure = await asyncio.wait_for(sup.wait_failed(), DEADLINE)
+    except meshio.SupervisionError as e:
+        raised = e
+    assert seen == [failure] and sup.failure is failure
+    assert raised is (None if handled else failure)

@@ -1,0 +1,483 @@
+"""Property-based tests (hypothesis) of the frame parser and the value decoders.
+
+Any byte string, and any mutation of a stream of valid frames, fed to a
+:class:`~meshio._runtime.Connection` in arbitrary chunks (as the event loop's
+``get_buffer``/``buffer_updated`` would) yields delivered messages, typed
+errors to the callers, or a dropped connection: never an exception out of the
+protocol, never memory reserved beyond the configured limits, never a
+connection left waiting forever.  The value decoders give a value or a
+``SchemaError``, whatever the bytes.
+
+No processes here: the connection runs on a fake transport and a fake event
+loop whose clock the test advances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshio import SchemaError
+from meshio import _messages as M
+from meshio import _runtime as R
+from meshio._port import PortReceiver
+from meshio._runtime import Connection, Pending, frame_header
+from meshio._schema import Schema
+from meshio._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
+
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+MAX_MESSAGE = 1 << 20  # small limits, so that the fuzzer reaches them
+BUDGET = 3 << 19
+TIMEOUT = 5.0
+
+
+@contextlib.contextmanager
+def small_limits() -> Iterator[None]:
+    """Small limits and a receive budget of this example's own; every
+    receive allocation is checked against them."""
+    saved = (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget,
+             R._allocate)
+    allocate = R._allocate
+
+    def checked(kind: int, n: int) -> tuple[Any, memoryview]:
+        assert n <= MAX_MESSAGE, f"allocated {n} bytes, over the message size limit"
+        return allocate(kind, n)
+
+    limits.max_message, limits.receive_budget, limits.frame_timeout = (
+        MAX_MESSAGE, BUDGET, TIMEOUT)
+    R._budget = R._ReceiveBudget()
+    R._allocate = checked
+    try:
+        yield
+    finally:
+        (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget,
+         R._allocate) = saved
+
+
+# ------------------------------------------------------- fake loop/runtime
+
+
+class Handle:
+    def __init__(self, due: float, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self.due, self.fn, self.args = due, fn, args
+        self.cancelled = False
+
+    def when(self) -> float:
+        return self.due
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeLoop:
+    """The few loop methods a connection uses, with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.handles: list[Handle] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, fn: Callable[..., None], *args: Any) -> Handle:
+        h = Handle(self.now + delay, fn, args)
+        self.handles.append(h)
+        return h
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> Handle:
+        return self.call_later(0, fn, *args)
+
+    def run_due(self) -> None:
+        while True:
+            due = [h for h in self.handles if h.due <= self.now and not h.cancelled]
+            if not due:
+                return
+            h = min(due, key=lambda h: h.due)
+            self.handles.remove(h)
+            self.now, now = h.due, self.now  # each timer fires on time
+            h.fn(*h.args)
+            self.now = now
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.run_due()
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.loop = FakeLoop()
+        self.ports: dict[int, PortReceiver[Any]] = {}
+        self.got: list[tuple[M.Message, list[Any]]] = []
+
+    def dispatch(self, conn: Connection, msg: M.Message, bufs: list[Any]) -> None:
+        self.got.append((msg, bufs))
+
+    def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
+        pass
+
+
+class FakeTransport:
+    def __init__(self, conn: Connection, loop: FakeLoop) -> None:
+        self.conn, self.loop = conn, loop
+        self.written: list[bytes] = []
+        self.paused = self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(bytes(data))
+
+    def writelines(self, parts: list[Any]) -> None:
+        self.written.append(b"".join(bytes(p) for p in parts))
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def abort(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.loop.call_soon(self.conn.connection_lost, None)
+
+
+def connect(rt: FakeRuntime) -> tuple[Connection, FakeTransport]:
+    conn = Connection(rt, "peer")  # type: ignore[arg-type]
+    conn._backlog = None
+    transport = FakeTransport(conn, rt.loop)
+    conn.transport = transport  # type: ignore[assignment]
+    return conn, transport
+
+
+# ------------------------------------------------------------ invariants
+
+SCRATCH_BOUND = 2 * (8 + 8 * R.MAX_BUFS + R._PEEK)
+
+
+def check_bounds(conns: list[Connection]) -> None:
+    """What the process has reserved for incomplete frames stays bounded."""
+    assert R._budget.used <= max(BUDGET, MAX_MESSAGE)
+    for c in conns:
+        assert c._held <= MAX_MESSAGE
+        assert len(c._buf) <= SCRATCH_BOUND
+
+
+def feed(conn: Connection, transport: FakeTransport, data: bytes, cuts: list[int]) -> int:
+    """Feed ``data`` as the loop would, cut at ``cuts``; stops when paused or
+    closed.  Returns how much was consumed."""
+    mv = memoryview(data)
+    pos = 0
+    cut_iter = iter(sorted(set(cuts)))
+    while pos < len(data) and not transport.paused and not transport.closing:
+        target = conn.get_buffer(-1)
+        assert len(target) > 0
+        limit = next(cut_iter, len(data))
+        while limit <= pos:
+            limit = next(cut_iter, len(data))
+        limit = min(limit, len(data))
+        n = min(len(target), limit - pos)
+        target[:n] = mv[pos:pos + n]
+        conn.buffer_updated(n)
+        pos += n
+        check_bounds([conn])
+    return pos
+
+
+def finish(rt: FakeRuntime, conns: list[Connection]) -> None:
+    """With no more data, every connection is complete, or dropped after the
+    frame timeout; then every reservation is given back."""
+    rt.loop.run_due()
+    # each is dropped within twice the timeout of its last data (or of the
+    # budget granting it what it waited for, once another was dropped)
+    for _ in range(2 * len(conns) + 2):
+        rt.loop.advance(TIMEOUT)
+    for c in conns:
+        assert c.closed or not c._incomplete(), "an incomplete frame never timed out"
+        if not c.closed:
+            c.connection_lost(None)
+    rt.loop.run_due()
+    assert R._budget.used == 0 and not R._budget.waiting
+
+
+# -------------------------------------------------------------- valid data
+
+
+class Target:
+    def method(self, x: int, data: bytes, note: str, blob: Any = None) -> list[int]:
+        raise NotImplementedError
+
+    def variadic(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+SCHEMA = Schema(Target.method, "Target.method")
+VARIADIC = Schema(Target.variadic, "Target.variadic")
+
+
+def valid_frames() -> list[bytes]:
+    """A stream of real messages: calls with out-of-band values and pickles,
+    a reply, a port value."""
+    frames = []
+    for i, (data, note, blob) in enumerate([
+            (b"x" * 10, "short", None),
+            (b"y" * 70_000, "z" * 40_000, {1: 2}),  # bytes, str and pickle out of band
+            (b"", "é" * 20, {frozenset([1]): b"q" * 40_000}),
+    ]):
+        packer = Packer()
+        body = SCHEMA.pack_args(SCHEMA.bind((i, data, note, blob), {}), packer)
+        msg = M.encode_message(M.Call(i + 1, "t", "method", msgspec.Raw(body)))
+        frames.append(frame_header(len(msg), packer.out) + msg
+                      + b"".join(bytes(memoryview(b)) for b, _ in packer.out))
+    packer = Packer()
+    value = packer.pack([1, 2, 3], True)
+    reply = M.encode_message(M.Reply(1, msgspec.Raw(value)))
+    frames.append(frame_header(len(reply), packer.out) + reply)
+    port = M.encode_message(M.PortSend(7, msgspec.Raw(Packer().pack({"k": 1.5}, False))))
+    frames.append(frame_header(len(port), []) + port)
+    return frames
+
+
+VALID = valid_frames()
+STREAM = b"".join(VALID)
+
+
+def big_frame(size: int, req: int) -> bytes:
+    """A call whose one buffer is ``size`` bytes (its content: zeros)."""
+    msg = M.encode_message(M.Call(req, "t", "method", msgspec.Raw(b"\x80")))
+    return frame_header(len(msg), [(b"", KIND_BYTEARRAY)])[:8] + struct.pack(
+        "<Q", (KIND_BYTEARRAY << 56) | size) + msg + bytes(size)
+
+
+@st.composite
+def mutated(draw: st.DrawFn, stream: bytes) -> bytes:
+    data = bytearray(stream)
+    for _ in range(draw(st.integers(1, 6))):
+        op = draw(st.sampled_from(["flip", "set", "cut", "insert", "delete"]))
+        pos = draw(st.integers(0, max(len(data) - 1, 0)))
+        if op == "flip" and data:
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif op == "set" and data:
+            data[pos] = draw(st.sampled_from([0, 0x7F, 0x80, 0xC1, 0xFF]))
+        elif op == "cut":
+            del data[pos:]
+        elif op == "insert":
+            data[pos:pos] = draw(st.binary(max_size=16))
+        else:
+            del data[pos:pos + draw(st.integers(1, 64))]
+    return bytes(data)
+
+
+cuts = st.lists(st.integers(0, len(STREAM) + 64), max_size=12)
+
+
+def run_one(data: bytes, cut_at: list[int]) -> FakeRuntime:
+    with small_limits():
+        rt = FakeRuntime()
+        conn, transport = connect(rt)
+        fut = _Future()
+        conn.pending[1] = Pending(fut, SCHEMA.unpack_result, "Target.method", "m", 0)  # type: ignore[arg-type]
+        receiver: PortReceiver[Any] = PortReceiver(7)
+        rt.ports[7] = receiver
+        feed(conn, transport, data, cut_at)
+        finish(rt, [conn])
+        if fut.done():  # a reply, mutated or not, gives a value or a typed error
+            assert fut.error is None or isinstance(fut.error, SchemaError), fut.error
+        for msg, bufs in rt.got:  # every call's arguments decode or fail typed
+            if isinstance(msg, M.Call):
+                try:
+                    SCHEMA.unpack_args(msg.args, bufs)
+                except SchemaError:
+                    pass
+        for item in receiver._items:  # a port value, or an error for recv()
+            assert not isinstance(item, BaseException)
+        return rt
+
+
+class _Future:
+    """Stands in for the pending call's future."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, value: Any) -> None:
+        self.finished = True
+
+    def set_exception(self, error: BaseException) -> None:
+        self.finished, self.error = True, error
+
+    def cancelled(self) -> bool:
+        return False
+
+
+# ---------------------------------------------------------------- parser
+
+
+def test_valid_stream_is_delivered_whole() -> None:
+    """issue 7 item 4: (evidence) the unmutated stream, cut anywhere, delivers every
+    message (sanity for the properties below)."""
+    for cut in range(0, len(STREAM), 997):
+        rt = run_one(STREAM, [cut])
+        assert [type(m) for m, _ in rt.got] == [M.Call] * 3 + [M.PortSend]
+    rt = run_one(STREAM, list(range(0, len(STREAM), 7)))
+    assert len(rt.got) == 4
+
+
+@FUZZ
+@given(data=st.binary(max_size=2048), cut_at=cuts)
+def test_parser_arbitrary_bytes(data: bytes, cut_at: list[int]) -> None:
+    """issue 7 item 4: (evidence) arbitrary bytes in arbitrary chunks never raise out
+    of the protocol, never reserve beyond the limits, never hang."""
+    run_one(data, cut_at)
+
+
+@FUZZ
+@given(data=st.binary(min_size=8, max_size=64), cut_at=cuts)
+def test_parser_arbitrary_headers(data: bytes, cut_at: list[int]) -> None:
+    """issue 7 item 4: (evidence) headers that claim anything (a well-formed start
+    followed by random descriptors and body) behave the same."""
+    nbufs = len(data) // 16
+    run_one(struct.pack("<II", len(data) % 40, nbufs) + data, cut_at)
+
+
+@FUZZ
+@given(data=mutated(STREAM), cut_at=cuts)
+def test_parser_mutated_frames(data: bytes, cut_at: list[int]) -> None:
+    """issue 7 item 4: (evidence) mutations of a stream of valid frames."""
+    run_one(data, cut_at)
+
+
+@FUZZ
+@given(sizes=st.lists(st.integers(R._SCRATCH + 1, MAX_MESSAGE + 4096), min_size=2,
+                      max_size=4),
+       stop_at=st.lists(st.integers(0, MAX_MESSAGE), min_size=4, max_size=4))
+def test_budget_across_connections(sizes: list[int], stop_at: list[int]) -> None:
+    """issue 7 item 4: big frames on several connections at once never hold
+    more than the process budget (waiting ones pause reading), a frame over
+    the size limit is skipped without dropping its connection, a frame that
+    stops arriving times out, and every reservation comes back."""
+    with small_limits():
+        rt = FakeRuntime()
+        links = [connect(rt) for _ in sizes]
+        streams = [big_frame(n, 100 + k) + VALID[0] for k, n in enumerate(sizes)]
+        ends = [min(len(s), stop + 8) if k % 2 else len(s)
+                for k, (s, stop) in enumerate(zip(streams, stop_at))]
+        pos = [0] * len(links)
+        for _ in range(1000):
+            progressed = False
+            for k, (conn, tr) in enumerate(links):
+                if pos[k] < ends[k] and not tr.paused and not tr.closing:
+                    n = feed(conn, tr, streams[k][pos[k]:min(pos[k] + 300_000, ends[k])], [])
+                    pos[k] += n
+                    progressed = progressed or n > 0
+                check_bounds([c for c, _ in links])
+            rt.loop.run_due()
+            if not progressed:
+                rt.loop.advance(TIMEOUT)  # only stalled connections are left
+            if all(p >= e or tr.closing for p, e, (_, tr) in zip(pos, ends, links)):
+                break
+        else:
+            pytest.fail("connections waiting on each other forever")
+        finish(rt, [c for c, _ in links])
+        delivered = {m.req for m, _ in rt.got if isinstance(m, M.Call)}
+        for k, (_, tr) in enumerate(links):
+            if ends[k] < len(streams[k]):
+                continue  # stopped mid-way: timed out (checked by finish)
+            refused = any(b"over the message size limit" in b for b in tr.written)
+            assert refused == (len(streams[k]) - len(VALID[0]) - 8 - 8 > MAX_MESSAGE)
+            assert (100 + k in delivered) != refused  # delivered, or refused and skipped
+
+
+def test_scratch_buffer_shrinks_after_large_header() -> None:
+    """issue 7 item 4: a header with many buffer descriptors grows the
+    scratch buffer; it shrinks back once that frame is done."""
+    with small_limits():
+        rt = FakeRuntime()
+        conn, tr = connect(rt)
+        n = 40_000
+        msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
+        frame = frame_header(len(msg), [(b"a", KIND_BYTES)] * n) + msg + b"a" * n
+        feed(conn, tr, frame, list(range(0, len(frame), 4096)))
+        assert len(rt.got) == 1 and len(rt.got[0][1]) == n
+        assert len(conn._buf) == R._SCRATCH
+        finish(rt, [conn])
+
+
+# ---------------------------------------------------------- value decoders
+
+
+def _encodings() -> list[tuple[bytes, list[Any]]]:
+    out = []
+    for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
+                 (3, b"", "", {"nested": [[1.5, None]]})]:
+        packer = Packer()
+        body = SCHEMA.pack_args(SCHEMA.bind(args, {}), packer)
+        out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)
+                           for b, k in packer.out]))
+    return out
+
+
+ENCODINGS = _encodings()
+
+
+def decode_all(body: bytes, bufs: list[Any]) -> None:
+    for decode in (SCHEMA.unpack_args, SCHEMA.unpack_result, VARIADIC.unpack_args,
+                   VARIADIC.unpack_result):
+        try:
+            decode(body, bufs)
+        except SchemaError:
+            pass
+    receiver: PortReceiver[Any] = PortReceiver(1)
+    receiver._put(M.PortSend(1, msgspec.Raw(body)), bufs)
+    assert len(receiver._items) == 1
+
+
+@FUZZ
+@given(body=st.binary(max_size=512), bufs=st.lists(st.binary(max_size=64), max_size=3))
+def test_decoders_arbitrary_bytes(body: bytes, bufs: list[bytes]) -> None:
+    """issue 7 item 1: (evidence) any bytes decode to a value or a SchemaError (port
+    values to a value or an error for recv)."""
+    decode_all(body, list(bufs))
+
+
+@FUZZ
+@given(which=st.integers(0, len(ENCODINGS) - 1), data=st.data())
+def test_decoders_mutated_encodings(which: int, data: st.DataObject) -> None:
+    """issue 7 item 1: (evidence) mutated valid argument encodings (bad extension codes,
+    buffer indices, pickles) decode to a value or a SchemaError."""
+    body, bufs = ENCODINGS[which]
+    decode_all(data.draw(mutated(body)), [data.draw(st.sampled_from([b, b[:1], b""]))
+                                          for b in bufs])
+
+
+def test_decoders_deep_nesting() -> None:
+    """issue 7 item 20: deep nesting is a SchemaError when decoding, typed or
+    not, and when encoding."""
+    deep = b"\x91" * 100_000 + b"\x01"
+    for body in (msgspec.msgpack.encode({"x": 1, "data": b"", "note": ""})[:-1] + deep,
+                 b"\x84" + msgspec.msgpack.encode("blob") + deep):
+        with pytest.raises(SchemaError):
+            SCHEMA.unpack_args(body, [])
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        VARIADIC.unpack_result(deep, [])
+    with pytest.raises(SchemaError, match=r"Target\.variadic.*nested too deeply"):
+        VARIADIC.unpack_args(b"\x82\xa6kwargs\x80\xa4args" + deep, [])
+    nested: list[Any] = []
+    for _ in range(5000):
+        nested = [nested]
+    with pytest.raises(SchemaError, match=r"Target\.method.*nested too deeply"):
+        SCHEMA.pack_args(SCHEMA.bind((1, b"", "", nested), {}), Packer())
