@@ -22,7 +22,7 @@ from meshio import Actor, ActorMesh, endpoint
 from meshio import _messages as M
 from meshio._runtime import MAX_BODY, MAX_BUFS, frame_header, runtime
 from meshio._serial import KIND_BYTEARRAY, KIND_BYTES
-from meshio._testing import open_job_connection
+from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -72,38 +72,9 @@ def raw_args(**kwargs: Any) -> msgspec.Raw:
     return msgspec.Raw(msgspec.msgpack.encode(kwargs))
 
 
-async def read_frame(r: asyncio.StreamReader) -> tuple[M.Message, list[bytes]]:
-    body_len, nbufs = struct.unpack("<II", await r.readexactly(8))
-    descs = struct.unpack(f"<{nbufs}Q", await r.readexactly(8 * nbufs)) if nbufs else ()
-    msg = M.decode_message(await r.readexactly(body_len))
-    bufs = [await r.readexactly(d & ((1 << 56) - 1)) for d in descs]
-    return msg, bufs
-
-
-async def dial(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(open_job_connection(addr), DEADLINE)
-
-
-async def expect_eof(r: asyncio.StreamReader) -> None:
-    """The peer closes (or resets) the connection; nothing else arrives."""
-    try:
-        rest = await asyncio.wait_for(r.read(), DEADLINE)
-    except ConnectionResetError:
-        return
-    assert rest == b""
-
-
 async def assert_serving(mesh: ActorMesh[Echo], x: int) -> None:
     values = await asyncio.wait_for(mesh.echo.call(x=x), DEADLINE)
     assert values.values() == [x] * len(mesh)
-
-
-async def close(w: asyncio.StreamWriter) -> None:
-    w.close()
-    try:
-        await w.wait_closed()
-    except ConnectionError:
-        pass
 
 
 # ------------------------------------------------------------------- tests

@@ -27,7 +27,7 @@ from meshio import Actor, ActorMesh, Channel, Port, SchemaError, endpoint
 from meshio import _messages as M
 from meshio._runtime import frame_header, runtime
 from meshio._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
-from meshio._testing import open_job_connection
+from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -139,33 +139,12 @@ def frame(msg: M.Message, out: list[tuple[Any, int]] | None = None) -> bytes:
     return frame_header(len(body), out) + body + b"".join(bytes(b) for b, _ in out)
 
 
-async def read_frame(r: asyncio.StreamReader) -> M.Message:
-    body_len, nbufs = struct.unpack("<II", await r.readexactly(8))
-    descs = struct.unpack(f"<{nbufs}Q", await r.readexactly(8 * nbufs)) if nbufs else ()
-    msg = M.decode_message(await r.readexactly(body_len))
-    for d in descs:
-        await r.readexactly(d & ((1 << 56) - 1))
-    return msg
 
 
-async def dial(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(open_job_connection(addr), DEADLINE)
 
 
-async def expect_eof(r: asyncio.StreamReader) -> None:
-    try:
-        rest = await asyncio.wait_for(r.read(), DEADLINE)
-    except ConnectionResetError:
-        return
-    assert rest == b""
 
 
-async def close(w: asyncio.StreamWriter) -> None:
-    w.close()
-    try:
-        await w.wait_closed()
-    except ConnectionError:
-        pass
 
 
 # ------------------------------------------------- item 1: undecodable values
@@ -288,7 +267,7 @@ async def test_deep_nesting_is_a_schema_error_on_receive(store: ActorMesh[Store]
     try:
         args = b"\x81\xa5value" + b"\x91" * 100_000 + b"\x01"
         w.write(frame(M.Call(1, store._target, "echo", msgspec.Raw(args))))
-        msg = await asyncio.wait_for(read_frame(r), DEADLINE)
+        msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
         assert isinstance(msg, M.Fail) and msg.req == 1, msg
         assert msg.error.kind == "schema" and "nested too deeply" in msg.error.message
     finally:
@@ -392,7 +371,7 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
                 msgspec.msgpack.encode({"x": 1}))))
             stalled = struct.pack("<IIQ", 4, 1, (KIND_BYTES << 56) | (6 * MiB)) + b"\x90" * 8
             wa.write(small + stalled)
-            first = await asyncio.wait_for(read_frame(ra), DEADLINE)
+            first, _ = await asyncio.wait_for(read_frame(ra), DEADLINE)
             assert isinstance(first, M.Reply) and first.req == 1
             # B: a whole 6 MiB call; it cannot be taken in beside A's claim
             args = msgspec.msgpack.encode({"value": msgspec.msgpack.Ext(
@@ -402,7 +381,7 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
             reply_b = asyncio.ensure_future(read_frame(rb))
             await expect_eof(ra)  # A timed out ...
             assert not reply_b.done()  # ... and until then B waited
-            msg = await asyncio.wait_for(reply_b, DEADLINE)
+            msg, _ = await asyncio.wait_for(reply_b, DEADLINE)
             assert isinstance(msg, M.Reply) and msg.req == 2, msg
         finally:
             await close(wa)

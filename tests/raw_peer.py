@@ -1,0 +1,44 @@
+"""A raw peer for wire tests: dials a runtime with the job's handshake and
+speaks frames by hand (``meshio._runtime.frame_header`` + ``meshio._messages``)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from meshio import _messages as M
+from meshio._testing import open_job_connection
+
+#: generous bound on any single wait: a regression fails instead of hanging
+DEADLINE = 30.0
+
+
+async def read_frame(r: asyncio.StreamReader) -> tuple[M.Message, list[bytes]]:
+    """The next frame's message and its out-of-band buffers."""
+    body_len, nbufs = struct.unpack("<II", await r.readexactly(8))
+    descs = struct.unpack(f"<{nbufs}Q", await r.readexactly(8 * nbufs)) if nbufs else ()
+    msg = M.decode_message(await r.readexactly(body_len))
+    bufs = [await r.readexactly(d & ((1 << 56) - 1)) for d in descs]
+    return msg, bufs
+
+
+async def dial(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An authenticated raw connection to the runtime listening at ``addr``."""
+    return await asyncio.wait_for(open_job_connection(addr), DEADLINE)
+
+
+async def expect_eof(r: asyncio.StreamReader) -> None:
+    """The peer closes (or resets) the connection; nothing else arrives."""
+    try:
+        rest = await asyncio.wait_for(r.read(), DEADLINE)
+    except ConnectionResetError:
+        return
+    assert rest == b""
+
+
+async def close(w: asyncio.StreamWriter) -> None:
+    w.close()
+    try:
+        await w.wait_closed()
+    except ConnectionError:
+        pass
