@@ -7,7 +7,7 @@ import abc
 import builtins
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._endpoint import EndpointDescriptor
@@ -67,9 +67,12 @@ class Actor(metaclass=_ActorMeta):
       on ``SystemExit``/``KeyboardInterrupt`` from an endpoint.  ``exc`` is
       None on a normal stop, else the exception that ended the actor.  It
       runs after the actor's last call has ended (a running ``async`` call
-      is cancelled first), an ``async`` hook on the worker's loop, a sync one
-      in the actor's thread, with 3 seconds to finish; if it raises or
-      overruns, that is logged to the worker's stderr and the stop goes on.
+      is cancelled first) and after what the actor owns is stopped: the
+      actor meshes it spawned (newest first; their own hooks run), then the
+      proc meshes it started.  An ``async`` hook runs on the worker's loop,
+      a sync one in the actor's thread, with 3 seconds to finish; if it
+      raises or overruns, that is logged to the worker's stderr and the
+      stop goes on.
 
     For type checkers an actor class also stands for a mesh of such actors
     (``procs.spawn`` returns the mesh typed as the class), so the mesh
@@ -143,12 +146,24 @@ class Context:
     actor_name: str
     proc: ProcInfo
     mesh: ActorMesh[Any]
+    #: what the actor started, oldest first: the actor meshes it spawned and
+    #: the ``_ProcState`` of the proc meshes it started; stopped before its
+    #: own ``__cleanup__`` runs, newest first (``meshio._cell._stop_owned``)
+    _owned: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
 
 _context: contextvars.ContextVar[Context] = contextvars.ContextVar("meshio_context")
 #: the actors waiting on the call being served (``Call.chain``), this one last
 _chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "meshio_call_chain", default=())
+
+
+def _own(thing: Any) -> None:
+    """The running actor, if any, owns ``thing`` (an actor mesh or a proc
+    mesh's state): it is stopped when the actor is stopped."""
+    ctx = _context.get(None)
+    if ctx is not None:
+        ctx._owned.append(thing)
 
 
 def context() -> Context:

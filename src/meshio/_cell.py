@@ -19,12 +19,13 @@ import queue
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _chain, _context
+from ._actor_mesh import ActorMesh
 from ._endpoint import EndpointDescriptor
 from ._exceptions import SchemaError
 from ._extent import Region
@@ -32,13 +33,21 @@ from ._messages import Call, ErrorInfo, Fail, Reply, SpawnActor
 from ._runtime import Connection, Runtime, actor_thread
 from ._serial import Buffers, Packer, loads
 
-__all__ = ("CLEANUP_TIMEOUT", "ActorCell", "ActorThread", "actor_error", "spawn_cell")
+if TYPE_CHECKING:
+    from ._proc_mesh import _ProcState
+
+__all__ = ("CLEANUP_TIMEOUT", "OWNED_STOP_TIMEOUT", "ActorCell", "ActorThread", "actor_error",
+           "spawn_cell")
 
 log = logging.getLogger("meshio")
 
 #: seconds an actor's ``__cleanup__`` (and the end of its last call) may take
 #: before its stop goes on without it
 CLEANUP_TIMEOUT = 3.0
+#: seconds the stops of the actor meshes a stopping actor owns may take in
+#: all (each: the end of its calls, what it owns in turn, its ``__cleanup__``)
+#: before the owner's stop goes on without them
+OWNED_STOP_TIMEOUT = 2 * CLEANUP_TIMEOUT
 
 
 def _type_name(e: BaseException) -> str:
@@ -101,6 +110,54 @@ def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
         fut.set_result(value)
     else:
         fut.set_exception(value)
+
+
+async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -> None:
+    """Run ``work`` for at most ``timeout`` seconds (a step of a stop); if it
+    raises, is cancelled or overruns (it is then cancelled), that is logged
+    to stderr and the stop goes on."""
+    task = asyncio.get_running_loop().create_task(work)
+    try:  # (not wait_for: it would wait for work that ignores its cancellation)
+        await asyncio.wait([task], timeout=timeout)
+    except BaseException:  # this stop is cancelled (the worker is exiting)
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        log.error("meshio: %s did not finish within %ss; stopped without it", what, timeout)
+    elif task.cancelled():
+        log.error("meshio: %s was cancelled; the stop goes on", what)
+    elif task.exception() is not None:
+        log.error("meshio: %s raised; the stop goes on", what, exc_info=task.exception())
+
+
+async def _stop_owned(ctx: Context, where: str) -> None:
+    """Stop what the actor of ``ctx`` (``where``: name[rank]) started, newest
+    first: the actor meshes it spawned (their ``__cleanup__`` runs;
+    OWNED_STOP_TIMEOUT for all), then the proc meshes it started (each: its
+    shutdown grace and CLEANUP_TIMEOUT).  A stop that fails or overruns is
+    logged (an overrunning proc mesh is killed) and the stop goes on."""
+    owned = ctx._owned[::-1]
+    ctx._owned.clear()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OWNED_STOP_TIMEOUT
+    for mesh in owned:
+        if isinstance(mesh, ActorMesh) and (mesh._procs is None
+                                            or not mesh._procs._state.stopped):
+            await _bounded(mesh.stop(), max(0.0, deadline - loop.time()),
+                           f"the stop of actor mesh {mesh._name!r} owned by {where}")
+    for state in owned:
+        if not isinstance(state, ActorMesh):
+            await _stop_procs(state, where)
+
+
+async def _stop_procs(state: _ProcState, where: str) -> None:
+    grace = 0.0 if state.shutdown == "brutal_kill" else float(state.shutdown)
+    try:  # (cancelled on overrun: its stop then kills the processes)
+        await _bounded(state.stop(), grace + CLEANUP_TIMEOUT,
+                       f"the stop of proc mesh {state.name!r} owned by {where}")
+    finally:
+        state.release()
 
 
 class ActorThread:
@@ -239,7 +296,8 @@ class ActorCell:
         started fail, async calls under way are cancelled.  Returns the task
         that finishes the stop (awaiting it is optional): it waits for the
         calls under way to end (a running ``def`` call cannot be cancelled),
-        then runs ``__cleanup__(exc)``; each step bounded by CLEANUP_TIMEOUT."""
+        stops what the actor owns (:func:`_stop_owned`), then runs
+        ``__cleanup__(exc)``; each step bounded in time."""
         if self.stopping is not None:
             return self.stopping
         tasks = [t for t in (self.task, *self.tasks) if not t.done()]
@@ -267,6 +325,7 @@ class ActorCell:
         if ends:
             await asyncio.wait(ends, timeout=CLEANUP_TIMEOUT)
         try:
+            await _stop_owned(self.ctx, self.where)
             await self._cleanup(exc)
         finally:
             self.thread.close()
@@ -281,21 +340,8 @@ class ActorCell:
         hook = getattr(self.instance, "__cleanup__", None)
         if hook is None:
             return
-        what = f"{type(self.instance).__qualname__}.__cleanup__ of {self.where}"
-        task = self.rt.loop.create_task(self._call_cleanup(hook, exc))
-        try:  # (not wait_for: it would wait for a hook that ignores its cancellation)
-            await asyncio.wait([task], timeout=CLEANUP_TIMEOUT)
-        except BaseException:  # this stop is cancelled (the worker is exiting)
-            task.cancel()
-            raise
-        if not task.done():
-            task.cancel()
-            log.error("meshio: %s did not finish within %ss; stopped without it", what,
-                      CLEANUP_TIMEOUT)
-        elif task.cancelled():
-            log.error("meshio: %s was cancelled; the stop goes on", what)
-        elif task.exception() is not None:
-            log.error("meshio: %s raised; the stop goes on", what, exc_info=task.exception())
+        await _bounded(self._call_cleanup(hook, exc), CLEANUP_TIMEOUT,
+                       f"{type(self.instance).__qualname__}.__cleanup__ of {self.where}")
 
     async def _call_cleanup(self, hook: Callable[[BaseException | None], Any],
                             exc: BaseException | None) -> None:
@@ -458,6 +504,8 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     except BaseException as e:  # SystemExit, KeyboardInterrupt too: the spawn fails
         if _own_cancellation(e):
             raise
+        if ctx is not None:  # what the constructor started goes with it
+            await _stop_owned(ctx, f"{msg.name}[{msg.rank}]")
         info = actor_error(e, ctx)
         if ctx is None:
             info = ErrorInfo(info.kind, info.type_name, info.message, info.traceback,

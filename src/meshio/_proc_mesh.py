@@ -12,7 +12,7 @@ from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
 
 import msgspec
 
-from ._actor import Actor, Context, ProcInfo
+from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
 from ._endpoint import combine_failures, endpoint
 from ._exceptions import MeshioError, SupervisionError
@@ -117,6 +117,11 @@ class _ProcState:
         self._failed: asyncio.Future[None] = self.rt.loop.create_future()
         if supervisor is not None:
             supervisor.children.append(self)
+        #: the context of the actor that started this mesh (None: the
+        #: controller's code); the actor's stop stops it
+        self.owner = _context.get(None)
+        if self.owner is not None:
+            self.owner._owned.append(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
 
     @property
@@ -492,6 +497,10 @@ class _ProcState:
         cell = rt.actors.get(_ProcService.TARGET)
         if cell is not None:
             cast(_ProcService, cell.instance).meshes.pop(self.id, None)
+        if self.owner is not None:  # nothing left for its owner to stop: this, its actors
+            self.owner._owned[:] = [
+                t for t in self.owner._owned if t is not self and not (
+                    isinstance(t, ActorMesh) and t._procs is not None and t._procs._state is self)]
         self.actors.clear()  # constructor arguments: nothing will rebuild them now
 
     def stopped_error(self, p: Pending) -> SupervisionError:
@@ -619,10 +628,20 @@ class ProcMesh(MeshShape):
         these actors are rebuilt when their process is replaced; default
         ``"permanent"``.
 
+        Spawned inside an actor, the actor owns the new mesh: stopping the
+        actor stops these actors first (see ``__cleanup__`` on :class:`Actor`).
+
         Raises:
             ActorError: a constructor raised (every failing rank listed).
             SchemaError: the arguments do not match ``cls.__init__``.
         """
+        mesh = await self._spawn(name, cls, *args, **kwargs)
+        _own(mesh)
+        return mesh
+
+    async def _spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
+                     **kwargs: P.kwargs) -> A:
+        """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
         restart = kwargs.pop("restart", "permanent")
         if restart not in ("permanent", "transient", "temporary"):
             raise ValueError(f"spawn: restart must be 'permanent', 'transient' or 'temporary', "
@@ -765,7 +784,7 @@ class _ProcService(Actor):
     @endpoint(concurrent=True)
     async def spawn_on(self, where: tuple[str, str, list[str], list[int], list[int]],
                        name: str, cls: Any, args: Any, kwargs: Any) -> Any:
-        mesh: Any = await self._view(*where).spawn(name, cls, *args, **kwargs)
+        mesh: Any = await self._view(*where)._spawn(name, cls, *args, **kwargs)
         return mesh
 
     @endpoint(concurrent=True)
@@ -816,6 +835,7 @@ class _ProcMeshRef(ProcMesh):
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
         mesh: A = await self._service.spawn_on.call_one(self._where(), name, cls, args, kwargs)
+        _own(mesh)
         return mesh
 
     async def stop(self) -> None:
