@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -178,10 +179,12 @@ class _Events:
 
 @pytest.mark.parametrize("how", ["exit_call", "interrupt_call", "exit_broadcast",
                                  "unprintable_broadcast"])
-async def test_fatal_or_unprintable_errors_are_supervision_events(how: str) -> None:
+async def test_fatal_or_unprintable_errors_are_supervision_events(
+        how: str, capsys: pytest.CaptureFixture[str]) -> None:
     """issue 7 item 2: SystemExit/KeyboardInterrupt in a call, and SystemExit
     or an unprintable exception in a broadcast (no caller), are failures the
-    supervisor sees: the process is replaced."""
+    supervisor sees: the process is replaced, and the controller's stderr says
+    so (not "unhandled")."""
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
     events = _Events(sup)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
@@ -201,11 +204,14 @@ async def test_fatal_or_unprintable_errors_are_supervision_events(how: str) -> N
         assert failure.pid == old
         expected = "Unprintable" if how == "unprintable_broadcast" else (
             "KeyboardInterrupt" if how == "interrupt_call" else "SystemExit")
-        assert expected in failure.cause
+        assert expected in failure.cause and "no caller" not in failure.cause
         restart = await events.next("restart")
         assert procs.pids == [restart.pid] != [old]
         assert await asyncio.wait_for(r.pid.call_one(), GUARD) == restart.pid
     await events.aclose()
+    err = capsys.readouterr().err
+    assert "failure in r rank 0" in err and "its supervisor replaces the process" in err
+    assert "unhandled" not in err
 
 
 @pytest.mark.parametrize("fail_init", ["exit", "unprintable", "cancelled"])
@@ -425,6 +431,22 @@ def test_concurrent_plain_def_is_a_type_error() -> None:
             def f(self) -> None: ...
 
 
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_generator_endpoint_is_a_type_error(concurrent: bool) -> None:
+    """issue 7 item 13: a generator (sync or async) cannot be an endpoint: a
+    clear TypeError at class creation pointing to Port, not a failure per call."""
+    with pytest.raises(TypeError, match=r"an endpoint returns one value.*Port"):
+        class Agen(Actor):
+            @endpoint(concurrent=concurrent)
+            async def f(self) -> AsyncIterator[int]:
+                yield 1
+    with pytest.raises(TypeError, match=r"an endpoint returns one value.*Port"):
+        class Gen(Actor):
+            @endpoint
+            def g(self) -> Iterator[int]:
+                yield 1
+
+
 # ------------------------------------- item 15: __cleanup__ and graceful exit
 
 
@@ -507,6 +529,31 @@ async def test_failing_or_hanging_cleanup_does_not_hang_the_stop(
     raised = logs[0].read_text()
     assert "BadTidy.__cleanup__ of raising[0] raised" in raised and "cleanup failed" in raised
     assert "BadTidy.__cleanup__ of hanging[0] did not finish within" in logs[1].read_text()
+
+
+class ExitingTidy(Tidy):
+    """A __cleanup__ that raises what ends interpreters: sync (in the actor's
+    thread) for "exit", async (on the loop) for "interrupt"."""
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        raise SystemExit(3)
+
+
+class InterruptedTidy(Tidy):
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("cls", [ExitingTidy, InterruptedTidy])
+async def test_cleanup_raising_system_exit_does_not_end_the_worker(
+        procs: meshio.ProcMesh, tmp_path: Path, cls: type[Tidy]) -> None:
+    """issue 7 item 15: a __cleanup__ raising SystemExit or KeyboardInterrupt
+    is logged like any failing hook; the worker and its other actors go on."""
+    other = await procs.spawn("other", AsyncTidy, str(tmp_path / "log"), "other")
+    pids = (await asyncio.wait_for(other.ping.call(), GUARD)).values()
+    leaving = await procs.spawn("leaving", cls, str(tmp_path / "log"), "leaving")
+    await asyncio.wait_for(leaving.stop(), GUARD)
+    assert (await asyncio.wait_for(other.ping.call(), GUARD)).values() == pids
 
 
 # ------------------------------------ item 18: blocking def endpoints and hangs

@@ -310,6 +310,23 @@ async def test_over_the_limit_is_refused_by_the_sender(
     assert await asyncio.wait_for(store.length.call_one(data="small"), DEADLINE) == 5
 
 
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"max_message": True}, TypeError), ({"max_message": 1.5}, TypeError),
+    ({"receive_budget": "10"}, TypeError), ({"frame_timeout": None}, None),
+    ({"frame_timeout": 0}, ValueError), ({"max_message": -1}, ValueError)])
+async def test_set_limits_rejects_bad_values_before_changing_anything(
+        restore_limits: None, kwargs: dict[str, Any], error: type[Exception] | None) -> None:
+    """issue 7 item 3: a bad limit is a clear TypeError/ValueError naming it,
+    and nothing (this process or the environment workers inherit) changes."""
+    before = dict(os.environ), limits.max_message, limits.receive_budget
+    if error is None:
+        meshio.set_limits(**kwargs)
+    else:
+        with pytest.raises(error, match=f"set_limits: {next(iter(kwargs))} must be"):
+            meshio.set_limits(**kwargs)
+    assert (dict(os.environ), limits.max_message, limits.receive_budget) == before
+
+
 async def test_receiver_enforces_its_limit_without_dropping(restore_limits: None) -> None:
     """issue 7 item 3: a worker with a smaller limit than the caller skips an
     oversized call unread and fails it with a SchemaError naming the limit;

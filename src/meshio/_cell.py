@@ -112,11 +112,22 @@ def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
         fut.set_exception(value)
 
 
+async def _guarded(work: Coroutine[Any, Any, None], what: str) -> None:
+    """``work``, with whatever it raises logged (``SystemExit`` and
+    ``KeyboardInterrupt`` too: out of a task they would end the worker)."""
+    try:
+        await work
+    except BaseException as e:
+        if _own_cancellation(e):
+            raise
+        log.error("meshio: %s raised; the stop goes on", what, exc_info=e)
+
+
 async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -> None:
     """Run ``work`` for at most ``timeout`` seconds (a step of a stop); if it
     raises, is cancelled or overruns (it is then cancelled), that is logged
     to stderr and the stop goes on."""
-    task = asyncio.get_running_loop().create_task(work)
+    task = asyncio.get_running_loop().create_task(_guarded(work, what))
     try:  # (not wait_for: it would wait for work that ignores its cancellation)
         await asyncio.wait([task], timeout=timeout)
     except BaseException:  # this stop is cancelled (the worker is exiting)
@@ -127,8 +138,6 @@ async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -
         log.error("meshio: %s did not finish within %ss; stopped without it", what, timeout)
     elif task.cancelled():
         log.error("meshio: %s was cancelled; the stop goes on", what)
-    elif task.exception() is not None:
-        log.error("meshio: %s raised; the stop goes on", what, exc_info=task.exception())
 
 
 async def _stop_owned(ctx: Context, where: str) -> None:

@@ -49,6 +49,11 @@ class EndpointDescriptor(Generic[A, P, R]):
             raise TypeError(
                 f"@endpoint applied twice to {fn.fn.__qualname__}: the outer decorator's "
                 "options would be lost; use a single @endpoint(concurrent=..., retryable=...)")
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            raise TypeError(
+                f"@endpoint on generator {getattr(fn, '__qualname__', fn)!r}: an endpoint "
+                "returns one value; to stream values, take a meshio.Port argument and "
+                "port.send() each one (see Channel)")
         if concurrent and not inspect.iscoroutinefunction(fn):
             raise TypeError(
                 f"@endpoint(concurrent=True) on {getattr(fn, '__qualname__', fn)!r}: only "

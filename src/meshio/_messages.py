@@ -17,6 +17,8 @@ __all__ = (
     "Fault",
     "Hello",
     "Message",
+    "PeerDown",
+    "PeerUp",
     "Ping",
     "Pong",
     "PortSend",
@@ -166,8 +168,30 @@ class Cancel(_Msg, frozen=True, tag=14):
     target: str
 
 
+class PeerDown(_Msg, frozen=True, tag=15):
+    """From the process running the heartbeats of ``addr``'s proc mesh: the
+    process at ``addr`` (rank ``rank`` of proc mesh ``mesh``, pid ``pid`` on
+    ``host``) has left heartbeats unanswered for ``silent`` seconds (more than
+    ``timeout``); calls to it fail until :class:`PeerUp`."""
+
+    addr: str
+    mesh: str
+    rank: int
+    pid: int
+    host: str
+    silent: float
+    timeout: float
+
+
+class PeerUp(_Msg, frozen=True, tag=16):
+    """The process at ``addr`` is no longer "not responding" (it answers
+    again, or it is gone and its connection says so)."""
+
+    addr: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
-           | Ping | Pong | Restored | RdmaOp | Cancel)
+           | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -18,8 +18,8 @@ from ._endpoint import combine_failures, endpoint
 from ._exceptions import MeshioError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
-from ._messages import ErrorInfo, Ping, Restored, Shutdown, SpawnActor
-from ._runtime import Connection, Pending, Runtime, ignore_result, runtime
+from ._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
+from ._runtime import Connection, Pending, Runtime, ignore_result, not_responding, runtime
 from ._serial import Packer, dumps
 from ._supervisor import Clock, MonotonicClock, RestartType, ShutdownPolicy, Supervisor
 
@@ -44,8 +44,8 @@ class _Worker:
     """One process slot of a proc mesh; survives restarts (same rank, same
     address), ``handle``/``conn`` are the current incarnation's."""
 
-    __slots__ = ("addr", "cause", "conn", "handle", "hung", "incarnation", "moved", "rank",
-                 "ready", "spec", "stopping", "unanswered")
+    __slots__ = ("addr", "cause", "conn", "constructing", "handle", "hung", "incarnation",
+                 "moved", "rank", "ready", "spec", "stopping", "unanswered")
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -67,6 +67,18 @@ class _Worker:
         self.moved = (0, 0)
         #: without a supervisor, while it does not answer heartbeats: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
+        #: constructors in flight: they run on its loop, so heartbeats wait meanwhile
+        self.constructing = 0
+
+    def construct(self, fut: asyncio.Future[Any]) -> None:
+        """A constructor runs until ``fut`` is done: heartbeats do not judge
+        the process meanwhile (loading a model in ``__init__`` is not a hang)."""
+        self.constructing += 1
+
+        def done(_: asyncio.Future[Any]) -> None:
+            self.constructing -= 1
+
+        fut.add_done_callback(done)
 
 
 class _ActorRecord:
@@ -196,6 +208,8 @@ class _ProcState:
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
         self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
+        for down in self.rt.down.values():  # a new worker learns who is not responding
+            worker.conn.send_message(down())
 
     # ------------------------------------------------------------ failures
 
@@ -218,7 +232,7 @@ class _ProcState:
                 f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.rank,
                 host=handle.host, pid=handle.pid, cause=cause)
 
-        worker.hung = None
+        self._responds(worker)  # gone rather than hung: workers see the lost connection
         if not self.stopped:
             self.rt.dead[worker.addr] = error
             if worker.ready.done():  # retryable calls wait for the restart, not spin
@@ -292,11 +306,16 @@ class _ProcState:
             worker.ready.exception()  # nobody may be waiting: don't warn
 
     def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
-        """An actor raised with nobody to tell (e.g. in a broadcast)."""
-        _log_fault(worker, info)
-        if self.supervisor is not None and not worker.stopping:
-            worker.cause = (f"{info.type_name}: {info.message} escaped {info.actor} rank "
-                            f"{info.rank} (no caller to tell)\n{info.traceback}")
+        """An actor failed with nobody to tell (a broadcast, a hook) or was
+        ended by ``SystemExit``/``KeyboardInterrupt``."""
+        restarts = self.supervisor is not None and not worker.stopping
+        print(f"meshio: failure in {info.actor} rank {info.rank} (pid {worker.handle.pid}; "
+              f"{'its supervisor replaces the process' if restarts else 'nothing restarts it'}"
+              f"): {info.type_name}: {info.message}\n{info.traceback}",
+              file=sys.stderr, flush=True)
+        if restarts:
+            worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
+                            f"{info.rank}\n{info.traceback}")
             worker.handle.send_signal(signal.SIGKILL)  # replaced with a fresh process
 
     async def _heartbeats(self) -> None:
@@ -316,7 +335,7 @@ class _ProcState:
                         or not w.ready.done()):  # (cause: already being killed)
                     continue
                 moved = _moved(w, conn)
-                if stalled or moved or w.unanswered is None:
+                if stalled or moved or w.unanswered is None or w.constructing:
                     w.unanswered = now
                 elif now - w.unanswered > self.heartbeat_timeout:
                     self._hung(w, conn, now, now - w.unanswered)
@@ -336,41 +355,51 @@ class _ProcState:
             return
         if w.hung is not None:
             return
-        since, clock, handle = now - silent, self.clock, w.handle
-
-        def error(p: Pending) -> SupervisionError:
-            cause = f"not responding for {clock.now() - since:.1f} s"
-            return SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {w.rank}: process "
-                f"{handle.pid} on {handle.host} {cause} (no heartbeat answer; "
-                f"heartbeat_timeout={timeout} s) while {p.endpoint} was in flight; it is "
-                f"not killed (no supervisor): calls work again once it answers",
-                actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
-
-        w.hung = error
+        handle, clock, since = w.handle, self.clock, now - silent
+        down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
+        w.hung = error = not_responding(down, clock.now)
         print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
               f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
               f"answers again", file=sys.stderr, flush=True)
         self.rt.dead[w.addr] = error
+        self.rt.down[w.addr] = lambda: msgspec.structs.replace(down, silent=clock.now() - since)
         conn.fail_all(error)
+        self._tell(down)
 
     def _pong(self, w: _Worker) -> None:
         w.unanswered = None
         if w.hung is not None:  # it answers again: calls go through
-            if self.rt.dead.get(w.addr) is w.hung:
-                del self.rt.dead[w.addr]
-            w.hung = None
+            self._responds(w)
             print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
                   f"responds again", file=sys.stderr, flush=True)
 
+    def _responds(self, w: _Worker) -> None:
+        """``w`` is no longer "not responding" (it answers, is gone, or is
+        stopped): lift its callers' error here and in every worker."""
+        if w.hung is None:
+            return
+        if self.rt.dead.get(w.addr) is w.hung:
+            del self.rt.dead[w.addr]
+        w.hung = None
+        del self.rt.down[w.addr]
+        self._tell(PeerUp(w.addr))
+
+    def _tell(self, msg: PeerDown | PeerUp) -> None:
+        """Tell every process connected to this runtime (the workers of all
+        its proc meshes) but ``msg.addr`` itself, so that their actors'
+        calls to it fail, or go through again, as the controller's do."""
+        for conn in list(self.rt.all_conns):
+            if not conn.closed and conn.peer != msg.addr:
+                conn.send_message(msg)
+
     # ------------------------------------------------- restarts (supervisor)
 
-    def _worker(self, grank: int) -> _Worker:
+    def worker(self, grank: int) -> _Worker:
         return next(w for w in self.workers if w.rank == grank)
 
     async def stop_rank(self, grank: int) -> None:
         """Take one process down on purpose, by the shutdown policy."""
-        w = self._worker(grank)
+        w = self.worker(grank)
         w.stopping = True
         if w.ready.done():  # retryable calls wait for restart_rank
             w.ready = self.rt.loop.create_future()
@@ -379,7 +408,7 @@ class _ProcState:
     async def restart_rank(self, grank: int) -> tuple[int, str]:
         """Replace one process: same rank and address, actors rebuilt with
         their constructor arguments at the same coordinates."""
-        w = self._worker(grank)
+        w = self.worker(grank)
         w.stopping = True
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
@@ -416,6 +445,7 @@ class _ProcState:
                                            a.ranks.index(grank), a.labels, a.sizes,
                                            a.mesh_blob, msgspec.Raw(a.body), True, grank),
                                 a.out)
+            w.construct(fut)
             futs.append(fut)
         if futs:
             await asyncio.gather(*futs)
@@ -431,7 +461,7 @@ class _ProcState:
     async def wait_ready(self, grank: int) -> None:
         """Wait until the process at ``grank`` serves calls again (after a
         restart); raises SupervisionError if it will not."""
-        await asyncio.shield(self._worker(grank).ready)
+        await asyncio.shield(self.worker(grank).ready)
 
     # ----------------------------------------------------------------- stop
 
@@ -460,6 +490,7 @@ class _ProcState:
                 self.rt.on_lost.pop(w.addr, None)
                 self.rt.on_fault_from.pop(w.addr, None)
                 self.rt.on_pong.pop(w.addr, None)
+                self._responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
                 self._no_restart(w, SupervisionError(
                     f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
@@ -550,12 +581,6 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         for w in workers:
             w.handle.send_signal(signal.SIGKILL)
         await asyncio.wait(pending)
-
-
-def _log_fault(worker: _Worker, info: ErrorInfo) -> None:
-    print(f"meshio: unhandled failure in {info.actor} rank {info.rank} "
-          f"(pid {worker.handle.pid}): {info.type_name}: {info.message}\n{info.traceback}",
-          file=sys.stderr, flush=True)
 
 
 class ProcMesh(MeshShape):
@@ -686,6 +711,7 @@ class ProcMesh(MeshShape):
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
                                          mesh_blob, msgspec.Raw(body), proc_rank=grank),
                               packer.out)
+            state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
                                          labels, sizes, self._region.ranks,
                                          restart))
@@ -898,6 +924,12 @@ class HostMesh(MeshShape):
                 isinstance(shutdown, (int, float)) and shutdown >= 0):
             raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
                              f"got {shutdown!r}")
+        for arg, value in (("heartbeat_interval", heartbeat_interval),
+                           ("heartbeat_timeout", heartbeat_timeout)):
+            if (value is not None or arg == "heartbeat_interval") and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise TypeError(f"spawn_procs: {arg} must be a number of seconds, "
+                                f"got {type(value).__name__} {value!r}")
         if heartbeat_timeout is None:
             heartbeat_timeout = 3 * heartbeat_interval
         if not (heartbeat_interval > 0 and heartbeat_timeout > 0):

@@ -51,6 +51,8 @@ from ._messages import (
     Fault,
     Hello,
     Message,
+    PeerDown,
+    PeerUp,
     Ping,
     Pong,
     PortSend,
@@ -631,6 +633,23 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             return ProtocolError(info.message + where)
 
 
+def not_responding(down: PeerDown, now: Callable[[], float]
+                   ) -> Callable[[Pending], SupervisionError]:
+    """What callers of the process ``down`` describes get while it does not
+    answer heartbeats (``now``: a clock in seconds, for how long so far)."""
+    since = now() - down.silent
+
+    def error(p: Pending) -> SupervisionError:
+        cause = f"not responding for {now() - since:.1f} s"
+        return SupervisionError(
+            f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
+            f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
+            f"heartbeat_timeout={down.timeout} s) while {p.endpoint} was in flight; it is "
+            f"not killed (no supervisor): calls work again once it answers",
+            actor=p.mesh, rank=p.rank, host=down.host, pid=down.pid, cause=cause)
+    return error
+
+
 # ---------------------------------------------------------------- runtime
 
 _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
@@ -729,6 +748,9 @@ class Runtime:
         #: controller side, by worker address: fault and heartbeat handlers
         self.on_fault_from: dict[str, Callable[[ErrorInfo], None]] = {}
         self.on_pong: dict[str, Callable[[], None]] = {}
+        #: by worker address, the workers this runtime's heartbeats find not
+        #: responding: their PeerDown as of now (told to each worker that connects)
+        self.down: dict[str, Callable[[], PeerDown]] = {}
         #: worker side: a replacement process whose actors are being rebuilt
         self.restoring = False
         #: worker side: temporary actors not rebuilt after a restart
@@ -935,6 +957,14 @@ class Runtime:
                 from ._rdma import serve_op
 
                 serve_op(self, conn, msg, bufs)
+            case PeerDown():  # calls to it fail (its connection stays) until PeerUp
+                error = not_responding(msg, self.loop.time)
+                self.dead[msg.addr] = error
+                for peer in list(self.all_conns):
+                    if peer.peer == msg.addr:
+                        peer.fail_all(error)
+            case PeerUp():
+                self.dead.pop(msg.addr, None)
             case Restored():
                 self.restoring = False
                 self.lost.update(msg.lost)

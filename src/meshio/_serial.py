@@ -129,14 +129,22 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
             (``MESHIO_FRAME_TIMEOUT``, default 60).
 
     Raises:
+        TypeError: a byte limit is not an ``int`` or the timeout not a number.
         ValueError: a limit is not positive.
     """
     new = {"MESHIO_MAX_MESSAGE": max_message, "MESHIO_RECEIVE_BUDGET": receive_budget,
            "MESHIO_FRAME_TIMEOUT": frame_timeout}
     for name, value in new.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"set_limits: {name.removeprefix('MESHIO_').lower()} must be "
-                             f"positive, got {value!r}")
+        if value is None:
+            continue
+        arg = name.removeprefix("MESHIO_").lower()
+        kinds: tuple[type, ...] = (int, float) if arg == "frame_timeout" else (int,)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            what = "a number of seconds" if float in kinds else "an int (bytes)"
+            raise TypeError(f"set_limits: {arg} must be {what}, "
+                            f"got {type(value).__name__} {value!r}")
+        if not value > 0:
+            raise ValueError(f"set_limits: {arg} must be positive, got {value!r}")
     for name, value in new.items():
         if value is not None:
             os.environ[name] = str(value)

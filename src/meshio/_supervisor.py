@@ -21,6 +21,7 @@ when the supervised proc mesh's ``async with`` block exits).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -48,6 +49,8 @@ RestartType = Literal["permanent", "transient", "temporary"]
 #: ``"brutal_kill"``: SIGKILL at once; a number: seconds of grace after a
 #: graceful shutdown request, then SIGKILL
 ShutdownPolicy = Literal["brutal_kill"] | float
+
+log = logging.getLogger("meshio")
 
 _STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 _RESTARTS = ("permanent", "transient", "temporary")
@@ -379,7 +382,9 @@ class Supervisor:
         owner_said = ""
         try:
             handled = await self._handled_by_owner(error)
-        except Exception as e:  # a failing hook handles nothing: the escalation goes on
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a failing hook handles nothing: the escalation goes on
             handled = False
             owner_said = "".join(traceback.format_exception(e))
         if not handled and self.on_escalate is not None:
@@ -387,11 +392,12 @@ class Supervisor:
                 result = self.on_escalate(error)
                 if isinstance(result, Awaitable):
                     result = await result
-                handled = bool(result)
-            except Exception as e:  # the hook's own failure must not hide the escalation
-                import logging
-
-                logging.getLogger("meshio").exception("on_escalate hook failed: %s", e)
+                handled = result is True
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:  # the hook's own failure must not hide the escalation
+                log.error("meshio: on_escalate hook of supervisor %r failed; the escalation "
+                          "goes on", self.name, exc_info=e)
         self._handled = handled
         fut = self._failed_future()
         if not fut.done():
@@ -415,7 +421,7 @@ class Supervisor:
         result = hook(error)
         if isinstance(result, Awaitable):
             result = await result
-        return bool(result)
+        return result is True
 
     def _report_to_owners_controller(self, error: SupervisionError, owner_said: str) -> None:
         """Nobody in the owning actor's process handled the escalation: it
