@@ -76,6 +76,20 @@ class Spawner(Actor):
     async def stop_procs(self, procs: meshio.ProcMesh) -> None:
         await procs.stop()
 
+    @endpoint
+    async def local_errors(self, procs: meshio.ProcMesh) -> list[str]:
+        """What the owner's spawn/stop refuse, as caught in this actor."""
+        caught = []
+        try:
+            await procs.slice(procs=0).stop()
+        except ValueError as e:
+            caught.append(f"ValueError: {e}")
+        try:
+            await procs.spawn("s", W)  # the name of this actor mesh on the owner
+        except ValueError as e:
+            caught.append(f"ValueError: {e}")
+        return caught
+
 
 class Boss(Actor):
     """Owns a supervisor (created in an endpoint) over its own proc mesh;
@@ -344,6 +358,10 @@ async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
         assert got == [(1, 0), (2, 1)]
         assert await spawner.sizes_seen.call_one() == {"procs": 2}
         assert "inner" in pool._state.actor_names  # recorded by the owner
+        await pool.spawn("s", W)
+        caught = await asyncio.wait_for(spawner.local_errors.call_one(pool), DEADLINE)
+        assert len(caught) == 2 and "is a slice of proc mesh 'pool'" in caught[0]
+        assert "already has actors named 's'" in caught[1]
         restart = asyncio.ensure_future(next_event(sup, lambda e: e.kind == "restart"))
         os.kill(pool.pids[2], signal.SIGKILL)
         await restart

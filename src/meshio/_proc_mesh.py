@@ -15,7 +15,7 @@ import msgspec
 from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
 from ._endpoint import combine_failures, endpoint
-from ._exceptions import MeshioError, SupervisionError
+from ._exceptions import ActorError, MeshioError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
@@ -860,13 +860,20 @@ class _ProcMeshRef(ProcMesh):
         :meth:`ProcMesh.spawn`)."""
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
-        mesh: A = await self._service.spawn_on.call_one(self._where(), name, cls, args, kwargs)
+        try:
+            mesh: A = await self._service.spawn_on.call_one(self._where(), name, cls, args,
+                                                            kwargs)
+        except ActorError as e:
+            raise _as_local(e) from e
         _own(mesh)
         return mesh
 
     async def stop(self) -> None:
         """Stop the whole mesh, through the controller owning it."""
-        await self._service.stop_mesh.call_one(self._where())
+        try:
+            await self._service.stop_mesh.call_one(self._where())
+        except ActorError as e:
+            raise _as_local(e) from e
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         await self.stop()
@@ -874,6 +881,20 @@ class _ProcMeshRef(ProcMesh):
     async def wait_failed(self) -> SupervisionError:
         raise RuntimeError(f"proc mesh {self._name!r}: wait_failed() is available in the "
                            "controller that started the processes")
+
+
+#: errors of the owner's ``ProcMesh.spawn``/``stop`` raised as they are by a reference
+_LOCAL_ERRORS: dict[str, Callable[[str], Exception]] = {
+    "ValueError": ValueError, "TypeError": TypeError, "meshio.SchemaError": SchemaError,
+    "meshio.SupervisionError": lambda m: SupervisionError(m, cause="proc mesh stopped"),
+}
+
+
+def _as_local(e: ActorError) -> Exception:
+    """What the owning controller's ``spawn``/``stop`` raised, as the same type
+    here (so ``except ValueError`` works the same on a reference)."""
+    make = _LOCAL_ERRORS.get(e.remote_type)
+    return e if make is None else make(e.remote_message)
 
 
 def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:
