@@ -1,6 +1,14 @@
 """meshio: many processes, GPUs and hosts driven as one program from a
-single asyncio controller."""
+single asyncio controller.
 
+The public sub-packages (``meshio.endpoints``, ``meshio.rdma``,
+``meshio.supervision``, ``meshio.testing``) are usable after ``import meshio``.
+"""
+
+from . import endpoints as endpoints
+from . import rdma as rdma
+from . import supervision as supervision
+from . import testing as testing
 from ._actor import Actor as Actor
 from ._actor import Context as Context
 from ._actor import ProcInfo as ProcInfo

@@ -693,7 +693,7 @@ class ProcMesh(MeshShape):
         for w in state.workers:
             addrs[w.rank] = w.addr
         mesh: ActorMesh[A] = ActorMesh(target, name, cls, self._region, addrs, self)
-        cls_blob, mesh_blob = dumps(cls, []), dumps(mesh, [])
+        cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)
         futs = []

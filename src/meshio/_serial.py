@@ -284,11 +284,14 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
-def dumps(obj: Any, out: OutBuffers) -> bytes:
-    """cloudpickle ``obj``; tensor storages go to ``out`` instead of the pickle."""
+def dumps(obj: Any, out: OutBuffers | None) -> bytes:
+    """cloudpickle ``obj``; tensor storages go to ``out`` instead of the
+    pickle, or into the pickle when ``out`` is None (a blob kept and sent on
+    its own, e.g. an actor class shipped by value with the tensors it refers to)."""
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=lambda pb: out.append((pb.raw(), KIND_BYTEARRAY))
-             ).dump(obj)
+    callback = None if out is None else (
+        lambda pb: out.append((pb.raw(), KIND_BYTEARRAY)))
+    _Pickler(f, protocol=5, buffer_callback=callback).dump(obj)
     return f.getvalue()
 
 

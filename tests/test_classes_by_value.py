@@ -1,0 +1,71 @@
+"""Actor classes shipped by value (defined in ``__main__``, a notebook or a
+function) may refer to any picklable value: tensors, arrays, bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+#: a fresh interpreter, torch imported, two workers
+DEADLINE = 120
+
+SCRIPT = """
+import numpy as np
+import torch
+
+import meshio
+from meshio import Actor, endpoint
+
+WEIGHTS = torch.arange(6, dtype=torch.float32).reshape(2, 3)   # module-level tensor
+TABLE = np.arange(4, dtype=np.int64)
+BLOB = bytes(range(256)) * 512                                    # 128 KiB
+
+
+class Model(Actor):
+    @endpoint
+    async def total(self) -> float:
+        return float(WEIGHTS.sum()) + float(TABLE.sum()) + len(BLOB)
+
+
+def make_local(scale: float) -> type[Actor]:
+    bias = torch.full((3,), scale)            # captured by the closure
+
+    class Local(Actor):
+        @endpoint
+        async def shifted(self) -> list[float]:
+            return (WEIGHTS[0] + bias).tolist()
+
+    return Local
+
+
+async def main() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        model = await procs.spawn("model", Model)
+        print("TOTAL", (await model.total.call()).values(), flush=True)
+        local = await procs.spawn("local", make_local(0.5))
+        print("LOCAL", await local.slice(procs=1).shifted.call_one(), flush=True)
+
+
+meshio.run(main())
+"""
+
+
+def test_actor_class_by_value_refers_to_tensors_and_arrays(tmp_path: Path) -> None:
+    """issue 8 item 1: a class in __main__ that refers to a module-level
+    tensor, array and bytes, and a class made in a function that captures a
+    tensor, can be spawned (they used to fail with "not enough out-of-band
+    buffers")."""
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert f"TOTAL {[15.0 + 6 + 256 * 512] * 2}" in lines, proc.stdout
+    assert "LOCAL [0.5, 1.5, 2.5]" in lines, proc.stdout
