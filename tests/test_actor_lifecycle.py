@@ -210,7 +210,7 @@ async def test_fatal_or_unprintable_errors_are_supervision_events(
         assert await asyncio.wait_for(r.pid.call_one(), GUARD) == restart.pid
     await events.aclose()
     err = capsys.readouterr().err
-    assert "failure in r rank 0" in err and "its supervisor replaces the process" in err
+    assert "failure in r rank 0" in err and "the process is killed; supervisor" in err
     assert "unhandled" not in err
 
 

@@ -67,3 +67,26 @@ def test_meshio_bench_prints_its_measurements() -> None:
     assert "round trip, one call at a time" in out and "us" in out
     assert "throughput, 200 calls in flight" in out and "calls/s" in out
     assert "call on 2 actors + gather" in out
+
+
+def test_meshio_demo_table_has_no_torch_numpy_warning(tmp_path: Path) -> None:
+    """issue 8 item 7: with torch but without numpy (torch then warns "Failed
+    to initialize NumPy" in the controller and in every worker that receives
+    a tensor), the demo's output, stderr included, is its table and nothing
+    else."""
+    no_numpy = tmp_path / "no_numpy" / "numpy"
+    no_numpy.mkdir(parents=True)
+    (no_numpy / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(no_numpy.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, "-m", "meshio._cli", "demo"], cwd=ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    header, *table = proc.stdout.splitlines()
+    assert header.startswith("meshio demo: controller pid"), proc.stdout
+    assert "Warning" not in proc.stdout and "NumPy" not in proc.stdout, proc.stdout
+    assert all(line.startswith("  ") and ("ms" in line or "us/call" in line
+                                          or "(no reply)" in line) for line in table), proc.stdout
+    assert table[-1].startswith("  total (procs stopped)"), proc.stdout

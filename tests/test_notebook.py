@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -325,3 +326,264 @@ def test_script_with_msgspec_structs_in_main(tmp_path: Path) -> None:
     assert _lines(out, "SCHEMA") == ["True"]
     assert _lines(out, "SAME") == ["True"]
     assert _lines(out, "ECHO") == ["True"]
+
+
+# ------------------------------------------------------- a real Jupyter kernel
+
+KERNEL_CELLS = [
+    # 0: an actor class in the notebook, and a helper that waits until a
+    # worker's printed line has reached this kernel's stdout (whichever comes
+    # first, the reply or the line, the cell ends only after both)
+    '''
+import asyncio, sys
+import meshio
+from meshio import Actor, endpoint
+
+class Talker(Actor):
+    @endpoint
+    def say(self, text: str) -> str:
+        print(text)
+        return text
+
+    @endpoint
+    async def say_async(self, text: str) -> str:
+        print(text, file=sys.stderr)
+        return text
+
+    @endpoint
+    def fail(self) -> int:
+        raise ZeroDivisionError("notebook says no")  # the failing source line
+
+async def printed(call, line, stream="stdout"):
+    out = getattr(sys, stream)
+    arrived = asyncio.get_running_loop().create_future()
+
+    class Tee:
+        def write(self, s):
+            if line in s and not arrived.done():
+                arrived.set_result(None)
+            return out.write(s)
+
+        def __getattr__(self, name):
+            return getattr(out, name)
+
+    setattr(sys, stream, Tee())
+    try:
+        result = await call
+        await asyncio.wait_for(arrived, 30)
+    finally:
+        setattr(sys, stream, out)
+    return result
+''',
+    # 1
+    '''
+procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})
+talkers = await procs.spawn("talkers", Talker)
+one = talkers.slice(procs=1)
+print("CELL1", await printed(one.say.call_one("line from cell 1"), "line from cell 1"))
+''',
+    # 2: a later cell: its calls' output is this cell's
+    '''
+print("CELL2", await printed(one.say.call_one("line from cell 2"), "line from cell 2"))
+''',
+    # 3: stderr too
+    '''
+print("CELL3", await printed(one.say_async.call_one("line from cell 3"), "line from cell 3",
+                             "stderr"))
+''',
+    # 4: a remote traceback through notebook code
+    '''
+try:
+    await one.fail.call_one()
+except meshio.ActorError as e:
+    print(e.remote_traceback)
+''',
+    # 5: meshio.run where the kernel's loop already runs
+    '''
+async def main():
+    return 1
+
+meshio.run(main())
+''',
+    # 6
+    '''
+await procs.stop()
+print("STOPPED")
+''',
+]
+
+
+def _kernelspec(mp: pytest.MonkeyPatch, tmp: Path) -> None:
+    """A kernelspec "meshio-test" for this interpreter, found through
+    JUPYTER_PATH: whatever kernels the machine has installed (or none, in a
+    fresh virtualenv), the kernel runs in this virtualenv."""
+    spec = tmp / "jupyter" / "kernels" / "meshio-test"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "meshio test", "language": "python"}))
+    mp.setenv("JUPYTER_PATH", str(tmp / "jupyter"))
+    mp.setenv("JUPYTER_PLATFORM_DIRS", "1")  # no migration warning
+    mp.setenv("IPYTHONDIR", str(tmp / "ipython"))
+    mp.delenv("PYTHONSTARTUP", raising=False)
+
+
+@pytest.fixture(scope="module")
+def kernel_notebook(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Runs KERNEL_CELLS as a notebook in a real ipykernel (through nbclient,
+    as Jupyter does); each cell's outputs as text."""
+    pytest.importorskip("ipykernel")
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    tmp = tmp_path_factory.mktemp("kernel")
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in KERNEL_CELLS])
+    with pytest.MonkeyPatch.context() as mp:
+        _kernelspec(mp, tmp)
+        nbclient.NotebookClient(nb, kernel_name="meshio-test", timeout=DEADLINE,
+                                allow_errors=True, resources={"metadata": {"path": str(tmp)}}
+                                ).execute()
+
+    def text(cell: object) -> str:
+        return "".join(o.get("text", "") if o["output_type"] == "stream"
+                       else f"{o.get('ename')}: {o.get('evalue')}\n"
+                       for o in cell.outputs)  # type: ignore[attr-defined]
+
+    return [text(c) for c in nb.cells]
+
+
+def test_kernel_worker_output_lands_in_the_cell_that_made_the_call(
+        kernel_notebook: list[str]) -> None:
+    """issue 8 item 3: in a real kernel, what a worker prints during a call
+    made in a later cell is that cell's output (stdout and stderr), not lost
+    to the cell that started the workers."""
+    cells = kernel_notebook
+    assert "[procs procs=1] line from cell 1\n" in cells[1], cells
+    assert "[procs procs=1] line from cell 2\n" in cells[2], cells
+    assert "[procs procs=1] line from cell 3\n" in cells[3], cells
+    assert "CELL2 line from cell 2" in cells[2] and "CELL3 line from cell 3" in cells[3]
+    for i, cell in enumerate(cells):
+        others = {f"line from cell {n}" for n in (1, 2, 3) if n != i}
+        assert not any(o in cell for o in others), (i, cells)
+    assert "STOPPED" in cells[6], cells
+
+
+def test_kernel_remote_traceback_shows_notebook_source(kernel_notebook: list[str]) -> None:
+    """issue 8 item 3: a remote traceback through an endpoint defined in a
+    notebook cell names the cell's file and shows its source line."""
+    tb = kernel_notebook[4]
+    assert "<dynamic-code>" not in tb, tb
+    assert 'raise ZeroDivisionError("notebook says no")  # the failing source line' in tb, tb
+    assert "in fail" in tb and "ZeroDivisionError: notebook says no" in tb, tb
+
+
+def test_kernel_meshio_run_says_to_use_top_level_await(kernel_notebook: list[str]) -> None:
+    """issue 8 item 3: ``meshio.run()`` in a cell (the kernel's loop is
+    running) fails at once, saying to use top-level ``await``."""
+    out = kernel_notebook[5]
+    assert out.startswith("RuntimeError: meshio.run() cannot run inside a running event loop"), out
+    assert "`await main()`" in out, out
+    assert "never awaited" not in out, out
+
+
+LATE_SETUP = """
+import asyncio, signal
+import meshio
+from meshio import Actor, endpoint
+
+class Talker(Actor):
+    @endpoint
+    def say(self, text: str) -> None:
+        print(text)
+
+procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+talker = await procs.spawn("talker", Talker)
+# a call made while no cell runs: on SIGUSR1, sent by the test
+asyncio.get_running_loop().add_signal_handler(
+    signal.SIGUSR1, lambda: asyncio.ensure_future(talker.say.call("late line")))
+"""
+
+
+def test_kernel_late_worker_output_goes_to_the_last_cell(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 8 item 3: worker output that arrives while no cell runs, after
+    the kernel handled another request (a completion), is published as the
+    last cell's output (which Jupyter shows there), not the completion's
+    (which no frontend shows)."""
+    pytest.importorskip("ipykernel")
+    manager = pytest.importorskip("jupyter_client.manager")
+    _kernelspec(monkeypatch, tmp_path)
+    km = manager.KernelManager(kernel_name="meshio-test")
+    km.start_kernel(cwd=str(tmp_path))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=DEADLINE)
+
+        def execute(code: str) -> str:
+            msg_id: str = kc.execute(code)
+            reply = kc.get_shell_msg(timeout=DEADLINE)
+            assert reply["parent_header"]["msg_id"] == msg_id
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return msg_id
+
+        execute(textwrap.dedent(LATE_SETUP))
+        last = execute("x = 1")
+        kc.complete("talker.sa")
+        assert kc.get_shell_msg(timeout=DEADLINE)["msg_type"] == "complete_reply"
+        os.kill(km.provisioner.pid, signal.SIGUSR1)
+        while True:  # guarded by get_iopub_msg's timeout
+            msg = kc.get_iopub_msg(timeout=DEADLINE)
+            if msg["msg_type"] == "stream" and "late line" in msg["content"]["text"]:
+                break
+        assert msg["content"]["text"] == "[procs procs=0] late line\n"
+        assert msg["parent_header"]["msg_id"] == last, msg["parent_header"]
+        execute("await procs.stop()")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+SOURCE_SCRIPT = """
+import meshio
+from meshio import Actor, endpoint
+
+
+def check(x: int) -> int:
+    if x < 0:
+        raise ValueError(f"negative: {x}")  # the helper's source line
+    return x
+
+
+class Checker(Actor):
+    @endpoint
+    def run(self, x: int) -> int:
+        return check(x) + 1  # the endpoint's source line
+
+
+async def main() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", Checker)
+        try:
+            await c.run.call(-1)
+        except meshio.ActorError as e:
+            print(e.remote_traceback, flush=True)
+
+
+meshio.run(main())
+"""
+
+
+def test_script_remote_traceback_shows_source_lines(tmp_path: Path) -> None:
+    """issue 8 item 3: a remote traceback through functions and classes of a
+    plain script's ``__main__`` shows the script's file and source lines."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SOURCE_SCRIPT))
+    proc = _run([sys.executable, str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tb = proc.stdout
+    assert "<dynamic-code>" not in tb, tb
+    assert f'File "{script}", line 15, in run' in tb, tb
+    assert "return check(x) + 1  # the endpoint's source line" in tb, tb
+    assert f'File "{script}", line 8, in check' in tb, tb
+    assert 'raise ValueError(f"negative: {x}")  # the helper\'s source line' in tb, tb

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -59,7 +60,30 @@ async def _timed(label: str, fn: Callable[[], Awaitable[T]]) -> T:
     return result
 
 
+#: torch installed without numpy warns when imported, in the controller and
+#: in each worker (which imports torch to receive a tensor): nothing the demo's
+#: reader did or can act on, and it would land in the middle of the table
+_TORCH_NUMPY_WARNING = "Failed to initialize NumPy"
+
+
+def _import_torch() -> Any:
+    """torch, or None; imported before the table starts, its NumPy warning
+    silenced here and (through ``PYTHONWARNINGS``, which workers inherit) in
+    the workers."""
+    quiet = f"ignore:{_TORCH_NUMPY_WARNING}:UserWarning"
+    os.environ["PYTHONWARNINGS"] = ",".join(  # the last filter wins
+        w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TORCH_NUMPY_WARNING, category=UserWarning)
+        try:
+            import torch
+        except ImportError:
+            return None
+    return torch
+
+
 async def demo(procs_per_host: int = 2) -> None:
+    torch = _import_torch()
     print(f"meshio demo: controller pid {os.getpid()}, {procs_per_host} worker processes")
     t0 = time.perf_counter()
     async with meshio.this_host().spawn_procs(per_host={"gpus": procs_per_host}) as procs:
@@ -81,12 +105,10 @@ async def demo(procs_per_host: int = 2) -> None:
                             lambda: procs.spawn("generators", Generator, learners))
         await _timed("generator -> learners (actor to actor)",
                      lambda: gens.slice(gpus=0).rollout.call_one(grad=0.0))
-        try:
-            import torch
-
+        if torch is not None:
             payload: Any = torch.ones(1 << 20)
             what = "tensor (4 MiB, out of band)"
-        except ImportError:
+        else:
             payload = [1.0] * 1000
             what = "list of floats (install torch for tensors)"
         first = learners.slice(gpus=0)

@@ -295,13 +295,17 @@ _SEVERITY = (SupervisionError, CallTimeout, MeshioError)
 
 def combine_failures(what: str, mesh: Any, failures: list[tuple[Point, BaseException]]
                      ) -> BaseException:
-    """One error for a call that failed on several ranks, listing each."""
+    """One error for a call that failed on several ranks: one line per kind
+    of failure, with the ranks that had it (``ranks 0-7: ActorError:
+    ValueError: boom``), then the most severe first failure in full."""
     if len(failures) == 1:
         return failures[0][1]
     errors = [(p, e) for p, e in failures]
     first = next((e for kind in _SEVERITY for _, e in errors if isinstance(e, kind)), errors[0][1])
-    lines = "\n".join(f"  rank {p.rank} {dict(p)}: {type(e).__name__}: {_first_line(e)}"
-                      for p, e in errors)
+    groups: dict[str, list[Point]] = {}
+    for p, e in sorted(errors, key=lambda pe: pe[0].rank):
+        groups.setdefault(f"{type(e).__name__}: {_summary(e)}", []).append(p)
+    lines = "\n".join(f"  {_ranks(points)}: {summary}" for summary, points in groups.items())
     message = (f"{what} failed on {len(errors)} of {len(mesh)} ranks of "
                f"{mesh._name!r}:\n{lines}\n\nFirst failure in full:\n{first}")
     if isinstance(first, MeshioError):
@@ -311,8 +315,30 @@ def combine_failures(what: str, mesh: Any, failures: list[tuple[Point, BaseExcep
     return first
 
 
-def _first_line(e: BaseException) -> str:
+def _summary(e: BaseException) -> str:
+    """What failed, without what differs from rank to rank (a
+    SupervisionError's message names its rank and pid: its cause instead)."""
+    if isinstance(e, SupervisionError) and e.cause:
+        return e.cause.splitlines()[0]
     return (str(e).splitlines() or [""])[0]
+
+
+def _ranks(points: list[Point]) -> str:
+    """``rank 3 {'procs': 3}``, or ``ranks 0-3, 5`` (sorted points)."""
+    if len(points) == 1:
+        return f"rank {points[0].rank} {dict(points[0])}"
+    return f"ranks {rank_ranges([p.rank for p in points])}"
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """Sorted ranks as runs: ``[0, 1, 2, 3, 5, 7, 8]`` is ``0-3, 5, 7-8``."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _copy_error(e: MeshioError, message: str) -> MeshioError:

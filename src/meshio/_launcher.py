@@ -9,16 +9,20 @@ remote hosts) implements the same two methods.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextvars
 import functools
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ("LocalLauncher", "LocalProc", "ProcHandle", "ProcLauncher", "WorkerSpec",
            "describe_exit")
@@ -135,6 +139,8 @@ class _Forward(asyncio.Protocol):
         self._prefix = f"{label} ".encode()
         self._stream = stream
         self._partial = b""
+        _LineGate.install(stream)
+        _watch_cells()
 
     def data_received(self, data: bytes) -> None:
         *lines, self._partial = (self._partial + data).split(b"\n")
@@ -150,10 +156,143 @@ class _Forward(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         out = getattr(sys, self._stream)  # looked up each time: follows redirection
         try:
-            out.write(data.decode(errors="replace"))
-            out.flush()
+            # Worker output belongs to no task of the controller, so it is
+            # written from an empty context: a context-local redirection made
+            # by whichever task started this reader (Jupyter's per-cell output
+            # target) falls back to the stream's global one (in Jupyter: the
+            # request being handled, the running cell; see _to_last_cell).
+            contextvars.Context().run(_emit, out, data.decode(errors="replace"))
         except (OSError, ValueError):  # the controller's stream is closed: drop it
             pass
+
+
+def _emit(out: Any, text: str) -> None:
+    if out is None:  # no stream at all (pythonw, a closed descriptor)
+        return
+    if isinstance(out, _LineGate):
+        out.forward(text)
+        return
+    _to_last_cell(out)
+    out.write(text)
+    out.flush()
+
+
+#: in a Jupyter kernel: the header of the last cell run (its execute request)
+_last_cell: dict[str, Any] = {}
+
+
+def _watch_cells() -> None:
+    """In a Jupyter kernel, notes each cell as it starts (IPython's
+    ``pre_run_cell`` event), from now on and the one running now."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "_meshio_cells_watched", False):
+        return
+    shell._meshio_cells_watched = True
+    shell.events.register("pre_run_cell", _cell_started)
+    _cell_started(None)
+
+
+def _cell_started(info: Any) -> None:
+    header = getattr(sys.stdout, "parent_header", None)  # in the cell's context
+    if isinstance(header, dict) and header.get("msg_type") == "execute_request":
+        _last_cell.clear()
+        _last_cell.update(header)
+
+
+def _to_last_cell(out: Any) -> None:
+    """In a Jupyter kernel (ipykernel's ``OutStream``), worker output goes
+    to the last cell started: the running one, or after it ended the last
+    one run, rather than to the request the kernel handled last (a
+    completion, an inspection), for which a frontend shows no output.  Set
+    for this write only (it runs in a context of its own)."""
+    set_parent = getattr(out, "set_thread_parent", None)
+    if _last_cell and set_parent is not None:
+        set_parent(dict(_last_cell))
+
+
+class _LineGate:
+    """The controller's ``sys.stdout`` or ``sys.stderr`` while workers' output
+    is forwarded to it: whole lines of worker output wait while the
+    controller is in the middle of a line of its own (``print(..., end="")``)
+    and follow that line once it ends, so neither splits the other.
+
+    Installed over a plain text file (a terminal, a pipe, a file; not
+    Jupyter's per-cell streams, where each cell has its own output); every
+    other attribute is the wrapped stream's.  Held lines are written at the
+    latest at interpreter exit, or on a new line once :data:`HOLD_LIMIT`
+    characters wait.  Writes that bypass it (``sys.stdout.buffer``, a logging
+    handler holding the original stream) are not seen.
+    """
+
+    #: characters of worker output held back before they go out on a new line
+    HOLD_LIMIT = 1 << 20
+
+    def __init__(self, stream: io.TextIOWrapper) -> None:
+        self._stream = stream
+        self._lock = threading.RLock()  # a signal handler may print mid-write
+        self._mid_line = False
+        self._held: list[str] = []
+        self._held_len = 0
+
+    @classmethod
+    def install(cls, name: str) -> None:
+        stream = getattr(sys, name)
+        if isinstance(stream, io.TextIOWrapper):  # not already a gate
+            setattr(sys, name, cls(stream))
+
+    def write(self, text: str) -> int:
+        """The controller's own output."""
+        with self._lock:
+            n = self._stream.write(text)
+            if text:
+                self._mid_line = not text.endswith("\n")
+                if not self._mid_line and self._held:
+                    self._write_held("")
+            return n
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def forward(self, text: str) -> None:
+        """Whole lines of a worker's output."""
+        with self._lock:
+            if not self._mid_line:
+                self._stream.write(text)
+                self._stream.flush()
+                return
+            self._held.append(text)
+            self._held_len += len(text)
+            if self._held_len > self.HOLD_LIMIT:
+                self._write_held("\n")
+                self._mid_line = False
+
+    def release(self) -> None:
+        """Writes what is held, on a new line (at exit)."""
+        with self._lock:
+            if self._held:
+                self._write_held("\n")
+                self._mid_line = False
+
+    def _write_held(self, before: str) -> None:
+        held, self._held, self._held_len = "".join(self._held), [], 0
+        try:
+            self._stream.write(before + held)
+            self._stream.flush()
+        except (OSError, ValueError):  # the stream is closed: nowhere to go
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@atexit.register
+def _release_held() -> None:
+    for name in ("stdout", "stderr"):
+        gate = getattr(sys, name)
+        if isinstance(gate, _LineGate):
+            gate.release()
 
 
 class LocalLauncher:

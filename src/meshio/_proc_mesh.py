@@ -14,7 +14,7 @@ import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
-from ._endpoint import combine_failures, endpoint
+from ._endpoint import combine_failures, endpoint, rank_ranges
 from ._exceptions import ActorError, MeshioError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
@@ -126,6 +126,10 @@ class _ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
+        #: ranks lost whose calls are not failed yet, and the failures waiting
+        #: for them to be printed in one line (processes that died together)
+        self._failing: set[int] = set()
+        self._unreported: list[SupervisionError] = []
         self._failed: asyncio.Future[None] = self.rt.loop.create_future()
         if supervisor is not None:
             supervisor.children.append(self)
@@ -229,10 +233,11 @@ class _ProcState:
             cause = describe_exit(handle.returncode)
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} {cause}", actor=p.mesh, rank=p.rank,
-                host=handle.host, pid=handle.pid, cause=cause)
+                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent",
+                actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
         self._responds(worker)  # gone rather than hung: workers see the lost connection
+        self._failing.add(worker.rank)
         if not self.stopped:
             self.rt.dead[worker.addr] = error
             if worker.ready.done():  # retryable calls wait for the restart, not spin
@@ -240,6 +245,15 @@ class _ProcState:
         self.rt.loop.create_task(self._fail_calls(worker, conn, handle))
 
     async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle) -> None:
+        try:
+            await self._fail_calls_of(worker, conn, handle)
+        finally:
+            self._failing.discard(worker.rank)
+            if not self._failing and self._unreported:
+                self._print_failures()
+
+    async def _fail_calls_of(self, worker: _Worker, conn: Connection,
+                             handle: ProcHandle) -> None:
         if not self.stopped:
             try:
                 await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
@@ -261,19 +275,37 @@ class _ProcState:
             restarting = self.supervisor.child_failed(self, worker.rank, cause,
                                                       abnormal=handle.returncode != 0,
                                                       pid=handle.pid, host=handle.host)
-        note = " (its supervisor restarts it)" if restarting else ""
+        note = "; its supervisor is restarting it" if restarting else ""
 
-        def error(p: Pending) -> SupervisionError:
+        def error(p: Pending) -> SupervisionError:  # a call in flight when it died
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
                 f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
+        if restarting:
+            what_now = ("its supervisor is restarting it: call again once it is back "
+                        "(a retryable endpoint waits for it)")
+        elif self.supervisor is None:
+            what_now = "nothing restarts it (no supervisor)"
+        elif (kind := self.restart_type) == "temporary" or (kind == "transient"
+                                                             and handle.returncode == 0):
+            what_now = f"it is not restarted (restart={kind!r})"
+        else:
+            what_now = f"its supervisor {self.supervisor.name!r} gave up on it"
+
+        def error_after(p: Pending) -> SupervisionError:  # a call made after it died
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent: "
+                f"{what_now}", actor=p.mesh, rank=p.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+
         if stale:
             conn.fail_all(error)
             return
-        self.rt.dead[worker.addr] = error
+        self.rt.dead[worker.addr] = error_after
         conn.fail_all(error)
         if worker.ready.done():
             worker.ready = self.rt.loop.create_future()
@@ -287,12 +319,29 @@ class _ProcState:
                 self._report_failure(worker, failure)
 
     def _report_failure(self, worker: _Worker, failure: SupervisionError) -> None:
-        """A process failed and nothing restarts it: one line on stderr (when
-        no supervisor reports it) and :meth:`ProcMesh.wait_failed` returns."""
+        """A process failed and nothing restarts it: a line on stderr (when
+        no supervisor reports it; processes lost together share one line per
+        cause) and :meth:`ProcMesh.wait_failed` returns."""
         if self.supervisor is None:
-            print(f"meshio: {failure}; no supervisor restarts it", file=sys.stderr, flush=True)
+            self._unreported.append(failure)
         self.failures.setdefault(worker.rank, failure)
         self._wake()
+
+    def _print_failures(self) -> None:
+        failures, self._unreported = self._unreported, []
+        by_cause: dict[str, list[SupervisionError]] = {}
+        for f in failures:
+            by_cause.setdefault(f.cause, []).append(f)
+        for cause, group in by_cause.items():
+            if len(group) == 1:
+                line = f"{group[0]}; no supervisor restarts it"
+            else:
+                group.sort(key=lambda f: f.rank)
+                hosts = sorted({f.host for f in group})
+                line = (f"proc mesh {self.name!r} ranks {rank_ranges([f.rank for f in group])}"
+                        f": processes {', '.join(str(f.pid) for f in group)} on "
+                        f"{', '.join(hosts)} {cause}; no supervisor restarts them")
+            print(f"meshio: {line}", file=sys.stderr, flush=True)
 
     def _wake(self) -> None:
         """Wake every :meth:`ProcMesh.wait_failed` to look again."""
@@ -308,10 +357,19 @@ class _ProcState:
     def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
         """An actor failed with nobody to tell (a broadcast, a hook) or was
         ended by ``SystemExit``/``KeyboardInterrupt``."""
-        restarts = self.supervisor is not None and not worker.stopping
+        sup = self.supervisor
+        restarts = sup is not None and not worker.stopping
+        if sup is None:
+            what_now = "nothing restarts it (no supervisor)"
+        elif self.stopped:
+            what_now = "its proc mesh is being stopped"
+        elif worker.stopping:
+            what_now = f"supervisor {sup.name!r} is already replacing the process"
+        else:
+            what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
+                        f"max_restarts is exceeded")
         print(f"meshio: failure in {info.actor} rank {info.rank} (pid {worker.handle.pid}; "
-              f"{'its supervisor replaces the process' if restarts else 'nothing restarts it'}"
-              f"): {info.type_name}: {info.message}\n{info.traceback}",
+              f"{what_now}): {info.type_name}: {info.message}\n{info.traceback}",
               file=sys.stderr, flush=True)
         if restarts:
             worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
@@ -357,13 +415,13 @@ class _ProcState:
             return
         handle, clock, since = w.handle, self.clock, now - silent
         down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
-        w.hung = error = not_responding(down, clock.now)
+        w.hung = not_responding(down, clock.now, in_flight=False)
         print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
               f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
               f"answers again", file=sys.stderr, flush=True)
-        self.rt.dead[w.addr] = error
+        self.rt.dead[w.addr] = w.hung
         self.rt.down[w.addr] = lambda: msgspec.structs.replace(down, silent=clock.now() - since)
-        conn.fail_all(error)
+        conn.fail_all(not_responding(down, clock.now, in_flight=True))
         self._tell(down)
 
     def _pong(self, w: _Worker) -> None:

@@ -633,19 +633,23 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             return ProtocolError(info.message + where)
 
 
-def not_responding(down: PeerDown, now: Callable[[], float]
+def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
                    ) -> Callable[[Pending], SupervisionError]:
     """What callers of the process ``down`` describes get while it does not
-    answer heartbeats (``now``: a clock in seconds, for how long so far)."""
+    answer heartbeats (``now``: a clock in seconds, for how long so far):
+    calls in flight when that was found, or (``in_flight=False``) calls made
+    afterwards, which are not sent."""
     since = now() - down.silent
 
     def error(p: Pending) -> SupervisionError:
         cause = f"not responding for {now() - since:.1f} s"
+        what = (f"while {p.endpoint} was in flight" if in_flight
+                else f"so {p.endpoint} was not sent")
         return SupervisionError(
             f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
             f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
-            f"heartbeat_timeout={down.timeout} s) while {p.endpoint} was in flight; it is "
-            f"not killed (no supervisor): calls work again once it answers",
+            f"heartbeat_timeout={down.timeout} s) {what}; it is not killed (no "
+            f"supervisor): calls work again once it answers",
             actor=p.mesh, rank=p.rank, host=down.host, pid=down.pid, cause=cause)
     return error
 
@@ -682,7 +686,26 @@ def runtime() -> Runtime:
     rt = _runtimes.get(loop)
     if rt is None:
         rt = _runtimes[loop] = Runtime(loop)
+        _quiet_when_abandoned(loop)
     return rt
+
+
+def _quiet_when_abandoned(loop: asyncio.AbstractEventLoop) -> None:
+    """Once ``loop`` is closed, asyncio's "exception was never retrieved"
+    report of a call nobody awaited is dropped when the error is meshio's:
+    the program ended (or was interrupted) and its meshes were stopped, which
+    failed the call; other reports go to the loop's previous handler."""
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if (loop.is_closed() and isinstance(context.get("exception"), MeshioError)
+                and "never retrieved" in context.get("message", "")):
+            return
+        if previous is None:
+            loop.default_exception_handler(context)
+        else:
+            previous(loop, context)
+    loop.set_exception_handler(handler)
 
 
 #: listen backlog of every runtime (the kernel caps it at net.core.somaxconn)
@@ -958,11 +981,11 @@ class Runtime:
 
                 serve_op(self, conn, msg, bufs)
             case PeerDown():  # calls to it fail (its connection stays) until PeerUp
-                error = not_responding(msg, self.loop.time)
-                self.dead[msg.addr] = error
+                self.dead[msg.addr] = not_responding(msg, self.loop.time, in_flight=False)
+                in_flight = not_responding(msg, self.loop.time, in_flight=True)
                 for peer in list(self.all_conns):
                     if peer.peer == msg.addr:
-                        peer.fail_all(error)
+                        peer.fail_all(in_flight)
             case PeerUp():
                 self.dead.pop(msg.addr, None)
             case Restored():
@@ -1017,6 +1040,9 @@ def close_runtime() -> None:
 
 
 def _log_fault(conn: Connection, info: ErrorInfo) -> None:
-    print(f"meshio: unhandled failure in {info.actor} rank {info.rank} "
-          f"(pid {conn.peer_pid}): {info.type_name}: {info.message}\n{info.traceback}",
-          file=sys.stderr, flush=True)
+    """A fault from an actor that no proc mesh of this process supervises
+    (one in this process, or in a process no longer watched)."""
+    pid = os.getpid() if conn.peer_pid == -1 else conn.peer_pid  # -1: from this process
+    print(f"meshio: failure in {info.actor} rank {info.rank} (pid {pid}; no proc mesh of "
+          f"this process watches it: nothing restarts it): {info.type_name}: "
+          f"{info.message}\n{info.traceback}", file=sys.stderr, flush=True)

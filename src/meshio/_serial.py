@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import io
+import linecache
 import os
 import pickle
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -271,8 +273,43 @@ def _set_class_attrs(cls: Any, attrs: dict[str, Any]) -> None:
         setattr(cls, k, v)
 
 
+_cloudpickle_code = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+def _reduce_code(code: types.CodeType) -> Any:
+    """The code of a function shipped by value (defined in ``__main__``, a
+    notebook cell, a function) keeps its file name and carries its own
+    source lines, which the receiver adds to its :mod:`linecache`: a remote
+    traceback through it shows the real file, line and source (cloudpickle
+    names every such file ``<dynamic-code>``, which has no source)."""
+    assert _cloudpickle_code is not None
+    make, args = _cloudpickle_code(code)
+    args = tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a
+                 for a in args)
+    first = code.co_firstlineno
+    last = max((line for *_, line in code.co_lines() if line is not None), default=first)
+    return _code_with_source, (make, args, first,
+                               linecache.getlines(code.co_filename)[first - 1:last])
+
+
+def _code_with_source(make: Callable[..., types.CodeType], args: tuple[Any, ...], first: int,
+                      source: list[str]) -> types.CodeType:
+    code = make(*args)
+    if source:
+        name = code.co_filename
+        entry = linecache.cache.get(name)
+        lines = list(entry[2]) if entry is not None and len(entry) == 4 else []
+        lines += ["\n"] * (first - 1 + len(source) - len(lines))
+        lines[first - 1:first - 1 + len(source)] = source
+        # no mtime: kept by linecache.checkcache, like a notebook cell's lines
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    return code
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType) and _cloudpickle_code is not None:
+            return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             t, mem = _tensor_memory(obj)

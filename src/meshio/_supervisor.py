@@ -299,12 +299,14 @@ class Supervisor:
             return True  # a restart already on its way covers it (one gang, one restart)
         now = self.clock.now()
         self._restarts = [t for t in self._restarts if now - t < self.within]
-        self._restarts.append(now)
-        if len(self._restarts) > self.max_restarts:
+        done = len(self._restarts)  # restarts begun within the period (a failed one too)
+        if done >= self.max_restarts:
             asyncio.get_running_loop().create_task(self._escalate(
-                f"{len(self._restarts)} restarts within {self.within}s exceeds max_restarts="
-                f"{self.max_restarts} (last: {name} rank {rank}: {cause})"))
+                f"{_who(child, rank)} failed ({cause}) after {done} "
+                f"restart{'' if done == 1 else 's'} in the last {self.within}s; "
+                f"max_restarts={self.max_restarts} within {self.within}s allows no more"))
             return False
+        self._restarts.append(now)
         units = self._order()
         me = units.index((child, rank)) if (child, rank) in units else 0
         match self.strategy:
@@ -443,6 +445,12 @@ class Supervisor:
         """Stop every child, in reverse declaration order."""
         for child in reversed(list(self.children)):  # an owner may release one meanwhile
             await child.stop()
+
+
+def _who(child: _ProcState | Supervisor, rank: int) -> str:
+    if isinstance(child, Supervisor):
+        return f"child supervisor {child.name!r}"
+    return f"proc mesh {child.name!r} rank {rank}"
 
 
 def _owner_instance(ctx: Any) -> Any:
