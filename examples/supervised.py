@@ -36,7 +36,7 @@ class Worker(Actor):
 async def main() -> None:
     sup = meshio.Supervisor(strategy="one_for_one", max_restarts=3, within=60.0)
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}, supervisor=sup) as procs:
-        workers = await procs.spawn("workers", Worker, "w", restart="permanent")
+        workers = await procs.options(restart="permanent").spawn("workers", Worker, "w")
         victim = await workers.slice(gpus=1).pid.call_one()
         os.kill(victim, signal.SIGKILL)
         async for event in sup.events():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from supervision_helpers import Events
 
 import meshio
 from meshio import (
@@ -35,7 +36,7 @@ from meshio import (
     context,
     endpoint,
 )
-from meshio.supervision import ManualClock, SupervisionEvent
+from meshio.supervision import ManualClock
 
 #: generous bound on any single wait on a loaded machine
 GUARD = 20.0
@@ -160,23 +161,6 @@ async def test_system_exit_stops_the_actor_and_runs_its_cleanup(
     assert await asyncio.wait_for(cleanups.recv(), GUARD) == "SystemExit(3)"
 
 
-class _Events:
-    def __init__(self, sup: meshio.Supervisor) -> None:
-        self._it = sup.events()
-
-    async def next(self, kind: str) -> SupervisionEvent:
-        async def scan() -> SupervisionEvent:
-            while True:
-                ev = await self._it.__anext__()
-                if ev.kind == kind:
-                    return ev
-
-        return await asyncio.wait_for(scan(), GUARD)
-
-    async def aclose(self) -> None:
-        await self._it.aclose()
-
-
 @pytest.mark.parametrize("how", ["exit_call", "interrupt_call", "exit_broadcast",
                                  "unprintable_broadcast"])
 async def test_fatal_or_unprintable_errors_are_supervision_events(
@@ -186,7 +170,7 @@ async def test_fatal_or_unprintable_errors_are_supervision_events(
     supervisor sees: the process is replaced, and the controller's stderr says
     so (not "unhandled")."""
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
-    events = _Events(sup)
+    events = Events(sup, GUARD)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
         r = await procs.spawn("r", Raiser)
         old = procs.pids[0]
@@ -623,7 +607,7 @@ async def test_blocking_def_endpoint_is_not_hung_but_a_blocked_loop_is() -> None
     (time.sleep) is a hung process: killed and replaced."""
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0,
                             heartbeat_interval=0.2, heartbeat_timeout=1.0)
-    events = _Events(sup)
+    events = Events(sup, GUARD)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
         s = await procs.spawn("s", Sleeper)
         old = procs.pids[0]

@@ -397,7 +397,7 @@ async def test_two_dim_mesh() -> None:
         assert (await w.slice(hosts_x=1).pid.call()).values() == pm.pids[2:]
 
         assert await w.slice(hosts_x=1, gpus=0).point.call_one() == {"hosts_x": 1, "gpus": 0}
-        with pytest.raises(meshio.MeshioError, match="call_one"):
+        with pytest.raises(meshio.MeshShapeError, match="call_one"):
             await g1.pid.call_one()
 
         # slicing the ValueMesh agrees with slicing the actor mesh

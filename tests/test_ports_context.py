@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 import meshio
-from meshio import Actor, Channel, MeshioError, Point, Port, context, current_rank, endpoint
+from meshio import Actor, Channel, Point, Port, context, current_rank, endpoint
 
 GUARD = 30.0
 
@@ -111,10 +111,10 @@ async def test_channel_recv_one_by_one_and_after_close(streamers: Streamer) -> N
     port, recv = Channel[int].open()
     await streamers.slice(procs=1).stream_to.call_one(port, 3)
     assert [await recv.recv() for _ in range(3)] == [0, 1, 2]
-    with pytest.raises(MeshioError, match="closed"):
+    with pytest.raises(meshio.ClosedResourceError, match="closed"):
         await recv.recv()
     # stays closed
-    with pytest.raises(MeshioError, match="closed"):
+    with pytest.raises(meshio.ClosedResourceError, match="closed"):
         await recv.recv()
     assert await _collect(recv) == []
 
@@ -214,12 +214,12 @@ async def test_context_on_a_two_dim_mesh() -> None:
 
 
 async def test_context_in_the_controller_is_an_error() -> None:
-    with pytest.raises(MeshioError, match="only available inside an actor"):
+    with pytest.raises(meshio.NotInActorError, match="only available inside an actor"):
         context()
-    with pytest.raises(MeshioError):
+    with pytest.raises(meshio.NotInActorError):
         current_rank()
 
 
 def test_context_outside_any_loop_is_an_error() -> None:
-    with pytest.raises(MeshioError):
+    with pytest.raises(meshio.NotInActorError):
         context()

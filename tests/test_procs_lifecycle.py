@@ -17,17 +17,17 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from supervision_helpers import next_event
 
 import meshio
 import meshio._runtime
 from meshio import Actor, endpoint
 from meshio._messages import ErrorInfo
-from meshio.supervision import ManualClock, SupervisionEvent
+from meshio.supervision import ManualClock
 
 #: generous bound on any single wait on a loaded machine
 DEADLINE = 30.0
@@ -150,17 +150,6 @@ def next_fault(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[ErrorInfo]:
 
     rt.on_fault_from[addr] = hook
     return fut
-
-
-async def next_event(sup: meshio.Supervisor,
-                     pred: Callable[[SupervisionEvent], bool]) -> SupervisionEvent:
-    async def scan() -> SupervisionEvent:
-        async for ev in sup.events():
-            if pred(ev):
-                return ev
-        raise AssertionError("unreachable")
-
-    return await asyncio.wait_for(scan(), DEADLINE)
 
 
 async def release_fifo(fifo: Path) -> None:
@@ -294,15 +283,13 @@ async def test_owned_supervisor_giving_up_reaches_the_owners_supervisor() -> Non
         boss = await procs.spawn("boss", Boss, "decline")
         boss_pid = procs.pids[0]
         inner_pid = await asyncio.wait_for(boss.start.call_one(), DEADLINE)
-        failure = asyncio.ensure_future(next_event(outer, lambda e: e.kind == "failure"))
-        restart = asyncio.ensure_future(next_event(outer, lambda e: e.kind == "restart"))
         os.kill(inner_pid, signal.SIGKILL)
-        ev = await failure
+        ev = await next_event(outer, "failure")
         assert ev.mesh == "bosses" and ev.rank == 0 and ev.pid == boss_pid
         assert "supervisor 'inner' gave up" in ev.cause and "SIGKILL" in ev.cause
         assert "owned by actor boss rank 0" in ev.cause
         assert "neither __supervise__ nor on_escalate handled it" in ev.cause
-        assert (await restart).pid != boss_pid
+        assert (await next_event(outer, "restart")).pid != boss_pid
         assert outer.failure is None
 
 
@@ -336,9 +323,8 @@ async def test_actor_on_a_slice_sees_its_process_rank() -> None:
     async with meshio.this_host().spawn_procs(per_host={"procs": 3}, supervisor=sup) as procs:
         w = await procs.slice(procs=slice(1, 3)).spawn("w", W)
         assert (await w.where.call()).values() == [(1, 0), (2, 1)]
-        restart = asyncio.ensure_future(next_event(sup, lambda e: e.kind == "restart"))
         os.kill(procs.pids[2], signal.SIGKILL)
-        await restart
+        await next_event(sup, "restart")
         assert (await asyncio.wait_for(w.where.call(), DEADLINE)).values() == [(1, 0), (2, 1)]
 
 
@@ -364,9 +350,8 @@ async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
         caught = await asyncio.wait_for(spawner.local_errors.call_one(pool), DEADLINE)
         assert len(caught) == 2 and "is a slice of proc mesh 'pool'" in caught[0]
         assert "already has actors named 's'" in caught[1]
-        restart = asyncio.ensure_future(next_event(sup, lambda e: e.kind == "restart"))
         os.kill(pool.pids[2], signal.SIGKILL)
-        await restart
+        await next_event(sup, "restart")
         # rebuilt by the owner's supervisor: the actor's reference works again
         assert await asyncio.wait_for(spawner.call_inner.call_one(), DEADLINE) == [
             (1, 0), (2, 1)]

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from supervision_helpers import Events
 
 import meshio
 from meshio import Actor, endpoint
@@ -244,7 +245,7 @@ async def test_call_after_the_crash_says_down_and_restarting(tmp_path: Path) -> 
     gate_fd = os.open(gate, os.O_RDWR)  # never blocks; holds the FIFO open
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, name="sup",
                             clock=ManualClock())
-    events = sup.events()
+    events = Events(sup)
     try:
         async with meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=sup,
                                                   name="duo") as procs:
@@ -268,9 +269,7 @@ async def test_call_after_the_crash_says_down_and_restarting(tmp_path: Path) -> 
                 f"its supervisor is restarting it: call again once it is back (a retryable "
                 f"endpoint waits for it)")
             os.write(gate_fd, b"x")  # let the rebuild finish
-            async for ev in events:
-                if ev.kind == "restart":
-                    break
+            ev = await events.next("restart")
             assert await asyncio.wait_for(one.pid.call_one(), DEADLINE) == ev.pid
     finally:
         os.close(gate_fd)
@@ -284,7 +283,7 @@ async def test_escalation_counts_the_restarts_that_happened(max_restarts: int) -
     failure that was one too many, and the limit."""
     sup = meshio.Supervisor("one_for_one", max_restarts=max_restarts, within=5.0,
                             name="sup", clock=ManualClock())
-    events = sup.events()
+    events = Events(sup)
     restarts = 0
     with pytest.raises(meshio.SupervisionError) as ei:
         async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
@@ -292,9 +291,7 @@ async def test_escalation_counts_the_restarts_that_happened(max_restarts: int) -
             await procs.spawn("p", Picky)
             while True:
                 sigkill_all(procs.pids)
-                async for ev in events:
-                    if ev.kind in ("restart", "escalation"):
-                        break
+                ev = await events.until(lambda e: e.kind in ("restart", "escalation"))
                 if ev.kind == "escalation":
                     break
                 restarts += 1
@@ -314,15 +311,13 @@ async def test_fault_of_a_supervised_process_says_what_happens(
     for its supervisor to restart (unless max_restarts is exceeded)."""
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, name="sup",
                             clock=ManualClock())
-    events = sup.events()
+    events = Events(sup)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
                                               name="solo") as procs:
         picky = await procs.spawn("picky", Picky)
         pid = procs.pids[0]
         picky.boom.broadcast()
-        async for ev in events:
-            if ev.kind == "failure":
-                break
+        await events.next("failure")
     await events.aclose()
     err = capsys.readouterr().err
     assert (f"meshio: failure in picky rank 0 (pid {pid}; the process is killed; supervisor "

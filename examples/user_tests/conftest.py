@@ -1,25 +1,17 @@
-"""Fixtures of a user's test suite: a proc mesh per test, stopped after it,
-and a check that no worker process outlives its test."""
+"""Fixtures of a user's test suite. meshio's pytest plugin (installed with
+meshio) gives ``meshio_procs``, a proc mesh per test stopped after it, and a
+leak check (``meshio_leak_check = true`` in pytest.ini) that fails a test
+which leaves worker processes, sockets or fds behind."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 import meshio
-from meshio.testing import child_pids
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_workers() -> Iterator[None]:
-    before = child_pids()
-    yield
-    assert child_pids() <= before, "a test left worker processes behind"
 
 
 @pytest.fixture
-async def procs() -> AsyncIterator[meshio.ProcMesh]:
-    """Two worker processes on this host, stopped after the test."""
-    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
-        yield procs
+def procs(meshio_procs: meshio.ProcMesh) -> meshio.ProcMesh:
+    """Two worker processes on this host, stopped after the test (the
+    plugin's ``meshio_procs`` under the name these tests use)."""
+    return meshio_procs

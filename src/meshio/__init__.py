@@ -21,8 +21,12 @@ from ._endpoint import endpoint as endpoint
 from ._exceptions import ActorError as ActorError
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import CallTimeout as CallTimeout
+from ._exceptions import ClosedResourceError as ClosedResourceError
 from ._exceptions import DeadlockError as DeadlockError
 from ._exceptions import MeshioError as MeshioError
+from ._exceptions import MeshShapeError as MeshShapeError
+from ._exceptions import NotInActorError as NotInActorError
+from ._exceptions import ProcessStartError as ProcessStartError
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RDMAError as RDMAError
 from ._exceptions import RDMAFallbackWarning as RDMAFallbackWarning
@@ -45,6 +49,7 @@ from ._serial import set_limits as set_limits
 from ._supervisor import SupervisionEvent as SupervisionEvent
 from ._supervisor import Supervisor as Supervisor
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
+from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._value_mesh import ValueMesh as ValueMesh
 
 __all__ = (
@@ -54,18 +59,22 @@ __all__ = (
     "AuthenticationError",
     "CallTimeout",
     "Channel",
+    "ClosedResourceError",
     "Context",
     "DeadlockError",
     "Endpoint",
     "EndpointDescriptor",
     "Extent",
     "HostMesh",
+    "MeshShapeError",
     "MeshioError",
+    "NotInActorError",
     "Point",
     "Port",
     "PortReceiver",
     "ProcInfo",
     "ProcMesh",
+    "ProcessStartError",
     "ProtocolError",
     "RDMABuffer",
     "RDMAError",
@@ -86,3 +95,5 @@ __all__ = (
     "setup_torch_distributed",
     "this_host",
 )
+
+_fixup_module_metadata(__name__, globals())

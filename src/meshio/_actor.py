@@ -8,15 +8,15 @@ import builtins
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 from ._endpoint import EndpointDescriptor
-from ._exceptions import MeshioError
+from ._exceptions import NotInActorError
 from ._schema import Schema
 
 if TYPE_CHECKING:
     import asyncio
-    from typing import ParamSpec, Self, TypeVar
+    from typing import ParamSpec, Self
 
     from ._actor_mesh import ActorMesh
     from ._extent import Extent, Point
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     R = TypeVar("R")
 
 __all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank", "self_mesh")
+
+A = TypeVar("A", bound="Actor")
+#: what ``Context.mesh`` is typed as: the actor's class, or ``ActorMesh[Any]``
+M = TypeVar("M")
 
 #: names of mesh operations; an endpoint may not take one of them
 RESERVED = frozenset({
@@ -42,7 +46,7 @@ class _ActorMeta(abc.ABCMeta):
             return True
         from ._actor_mesh import ActorMesh
 
-        return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)
+        return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)  # pyright: ignore[reportUnknownMemberType]
 
 
 class Actor(metaclass=_ActorMeta):
@@ -106,19 +110,56 @@ class Actor(metaclass=_ActorMeta):
     if TYPE_CHECKING:
         # Typing-only: what a mesh of this actor can do (see the class docstring).
         @property
-        def extent(self) -> Extent: ...
+        def extent(self) -> Extent:
+            """Mesh operation (an actor mesh's, for type checkers): dimension
+            names and sizes of the mesh."""
+            ...
         @property
-        def sizes(self) -> dict[str, int]: ...
-        def size(self, dim: str | None = None) -> int: ...
-        def __len__(self) -> int: ...
-        def __iter__(self) -> Iterator[Point]: ...
-        def slice(self, **dims: int | builtins.slice) -> Self: ...
-        def flatten(self, name: str) -> Self: ...
-        def rename(self, **names: str) -> Self: ...
-        def split(self, dim: str, /, **sizes: int) -> Self: ...
+        def sizes(self) -> dict[str, int]:
+            """Mesh operation (an actor mesh's, for type checkers): ``{dim: size}``
+            for every dimension."""
+            ...
+        def size(self, dim: str | None = None) -> int:
+            """Mesh operation (an actor mesh's, for type checkers): size of
+            ``dim``, or the number of actors when ``dim`` is omitted."""
+            ...
+        def __len__(self) -> int:
+            """Mesh operation (an actor mesh's, for type checkers): the number
+            of actors."""
+            ...
+        def __iter__(self) -> Iterator[Point]:
+            """Mesh operation (an actor mesh's, for type checkers): the points
+            of the mesh, in row-major order."""
+            ...
+        def slice(self, **dims: int | builtins.slice) -> Self:
+            """Mesh operation (an actor mesh's, for type checkers): the actors
+            at some coordinates: an int drops the dim, a ``slice`` keeps it
+            (``trainers.slice(gpus=0)``)."""
+            ...
+        def flatten(self, name: str) -> Self:
+            """Mesh operation (an actor mesh's, for type checkers): one
+            dimension called ``name`` with every actor, in row-major order."""
+            ...
+        def rename(self, **names: str) -> Self:
+            """Mesh operation (an actor mesh's, for type checkers): rename
+            dims: ``trainers.rename(gpus="workers")``."""
+            ...
+        def split(self, dim: str, /, **sizes: int) -> Self:
+            """Mesh operation (an actor mesh's, for type checkers): split one
+            dim into several, row-major: ``trainers.split("gpus", nodes=2,
+            local=4)``; one size may be ``-1`` (inferred)."""
+            ...
         def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
-                 **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]: ...
-        async def stop(self) -> None: ...
+                 **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
+            """Mesh operation (an actor mesh's, for type checkers):
+            ``trainers.call(Trainer.train, step=0)`` is
+            ``trainers.train.call(step=0)``: every actor's result, as a
+            :class:`~meshio.ValueMesh`."""
+            ...
+        async def stop(self) -> None:
+            """Mesh operation (an actor mesh's, for type checkers): stop these
+            actors (their ``__cleanup__`` runs; their processes keep running)."""
+            ...
 
 
 @dataclass(frozen=True)
@@ -132,27 +173,28 @@ class ProcInfo:
 
 
 @dataclass(frozen=True)
-class Context:
+class Context(Generic[M]):
     """Where the running actor is.
 
     Attributes:
         point: the actor's coordinates in the mesh it was spawned as.
         actor_name: the name given to ``procs.spawn``.
         proc: the process hosting the actor.
-        mesh: a reference to the whole actor mesh (call your peers with it).
+        mesh: a reference to the whole actor mesh (call your peers with it);
+            typed as the actor's class with ``context(Trainer)``.
     """
 
     point: Point
     actor_name: str
     proc: ProcInfo
-    mesh: ActorMesh[Any]
+    mesh: M
     #: what the actor started, oldest first: the actor meshes it spawned and
     #: the ``_ProcState`` of the proc meshes it started; stopped before its
     #: own ``__cleanup__`` runs, newest first (``meshio._cell._stop_owned``)
-    _owned: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _owned: list[Any] = field(default_factory=list[Any], init=False, repr=False, compare=False)
 
 
-_context: contextvars.ContextVar[Context] = contextvars.ContextVar("meshio_context")
+_context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
 #: the actors waiting on the call being served (``Call.chain``), this one last
 _chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "meshio_call_chain", default=())
@@ -166,18 +208,31 @@ def _own(thing: Any) -> None:
         ctx._owned.append(thing)
 
 
-def context() -> Context:
+@overload
+def context() -> Context[ActorMesh[Any]]: ...
+@overload
+def context(actor_class: type[A], /) -> Context[A]: ...
+def context(actor_class: type[Actor] | None = None, /) -> Context[Any]:
     """The running actor's :class:`Context`.
 
+    ``context(Trainer)`` types its ``mesh`` as ``Trainer``, so calls to the
+    actor's peers type-check (``context(Trainer).mesh.step.call(1)``).
+
     Raises:
-        MeshioError: when called outside an actor (e.g. in the controller).
+        NotInActorError: when called outside an actor (e.g. in the controller).
+        TypeError: the running actor is not a ``actor_class``.
     """
     try:
-        return _context.get()
+        ctx = _context.get()
     except LookupError:
-        raise MeshioError(
+        raise NotInActorError(
             "meshio.context() is only available inside an actor (its __init__ or "
             "an endpoint); the controller has no mesh coordinates") from None
+    if actor_class is not None and not isinstance(ctx.mesh, actor_class):
+        raise TypeError(f"context({actor_class.__qualname__}): the running actor "
+                        f"{ctx.actor_name!r} is of class {ctx.mesh._cls.__qualname__}, "
+                        f"not {actor_class.__qualname__}; pass its own class (or a base)")
+    return ctx
 
 
 def current_rank() -> Point:
@@ -187,9 +242,9 @@ def current_rank() -> Point:
 
 def self_mesh(actor: object) -> ActorMesh[Any]:
     """A one-actor mesh referring to ``actor`` itself."""
-    ctx: Context | None = getattr(actor, "_meshio_context", None)
+    ctx: Context[ActorMesh[Any]] | None = getattr(actor, "_meshio_context", None)
     if ctx is None:
-        raise MeshioError(
+        raise NotInActorError(
             f"{type(actor).__qualname__} was not spawned on a proc mesh; endpoints can only "
             "be called on actors created with procs.spawn(...)")
     point = ctx.point

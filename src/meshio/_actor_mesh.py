@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
 
 from ._actor import _chain
 from ._endpoint import Endpoint, EndpointDescriptor, cancels
-from ._exceptions import MeshioError, SupervisionError
+from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._messages import Call, Cancel, encode_message
 from ._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
@@ -63,11 +63,13 @@ class ActorMesh(MeshShape, Generic[A]):
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
 
     def __getattr__(self, name: str) -> Endpoint[Any, Any]:
-        desc = self._cls._meshio_endpoints.get(name) if not name.startswith("__") else None  # type: ignore[attr-defined]
+        endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]",
+                         self._cls._meshio_endpoints)  # type: ignore[attr-defined]
+        desc = endpoints.get(name) if not name.startswith("__") else None
         if desc is None:
             raise AttributeError(
                 f"{self._cls.__qualname__} actor mesh {self._name!r} has no endpoint {name!r} "
-                f"(endpoints: {sorted(self._cls._meshio_endpoints)})")  # type: ignore[attr-defined]
+                f"(endpoints: {sorted(endpoints)})")
         ep: Endpoint[Any, Any] = Endpoint(self, desc)
         self.__dict__[name] = ep  # later reads skip __getattr__
         return ep
@@ -80,10 +82,13 @@ class ActorMesh(MeshShape, Generic[A]):
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """``mesh.call(Trainer.train, step=0)``: same as ``mesh.train.call(step=0)``."""
+        if not isinstance(ep, EndpointDescriptor):
+            raise TypeError(f"{self._name!r}.call: {ep!r} is not an endpoint; pass one "
+                            f"such as {self._cls.__qualname__}.<endpoint name>")
         # an endpoint of cls or of a base class
-        if not isinstance(ep, EndpointDescriptor) or not any(
-                vars(k).get(ep.name) is ep for k in self._cls.__mro__):
-            raise MeshioError(f"{ep!r} is not an endpoint of {self._cls.__qualname__}")
+        if not any(vars(k).get(ep.name) is ep for k in self._cls.__mro__):
+            raise UnknownEndpointError(
+                f"{self._name!r}.call: {ep!r} is not an endpoint of {self._cls.__qualname__}")
         return Endpoint(self, ep).call(*args, **kwargs)
 
     async def stop(self) -> None:
@@ -91,7 +96,7 @@ class ActorMesh(MeshShape, Generic[A]):
         from ._messages import StopActor
 
         rt = self._runtime()
-        futs = []
+        futs: list[asyncio.Future[Any]] = []
         for index, grank in enumerate(self._region.ranks):
             conn = rt.connect(self._addrs[grank])
             fut = rt.loop.create_future()

@@ -21,7 +21,7 @@ async def round_trips(one: Ping, calls: int, warmup: int = 200) -> list[float]:
     mesh, after ``warmup`` untimed ones."""
     for i in range(warmup):
         await one.ping.call_one(i)
-    samples = []
+    samples: list[float] = []
     for i in range(calls):
         t0 = time.perf_counter()
         await one.ping.call_one(i)
@@ -41,7 +41,7 @@ async def bench(calls: int = 2000, inflight: int = 1000, procs_n: int = 4) -> No
         dt = time.perf_counter() - t0
         assert results[-1] == inflight - 1
         print(f"throughput, {inflight} calls in flight   {inflight / dt:9.0f} calls/s")
-        gathers = []
+        gathers: list[float] = []
         for i in range(max(50, calls // 10)):
             t0 = time.perf_counter()
             await mesh.ping.call(i)

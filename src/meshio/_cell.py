@@ -26,10 +26,11 @@ import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _chain, _context
 from ._actor_mesh import ActorMesh
+from ._constants import MSGPACK_NIL
 from ._endpoint import EndpointDescriptor
 from ._exceptions import SchemaError
 from ._extent import Region
-from ._messages import Call, ErrorInfo, Fail, Reply, SpawnActor
+from ._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
 from ._runtime import Connection, Runtime, actor_thread
 from ._serial import Buffers, Packer, loads
 
@@ -51,14 +52,11 @@ OWNED_STOP_TIMEOUT = 2 * CLEANUP_TIMEOUT
 
 
 def _type_name(e: BaseException) -> str:
+    """``ValueError``, ``mypkg.MyError``; meshio's errors by their public
+    name (``meshio.SupervisionError``: see ``fixup_module_metadata``)."""
     t = type(e)
     if t.__module__ == "builtins":
         return t.__qualname__
-    if t.__module__.startswith("meshio._"):  # our own errors by their public name
-        import meshio
-
-        if getattr(meshio, t.__name__, None) is t:
-            return f"meshio.{t.__name__}"
     return f"{t.__module__}.{t.__qualname__}"
 
 
@@ -67,7 +65,7 @@ def _encodable(s: str) -> str:
     return str.encode(s, "utf-8", "backslashreplace").decode("utf-8")
 
 
-def actor_error(e: BaseException, ctx: Context | None, kind: str = "actor") -> ErrorInfo:
+def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "actor") -> ErrorInfo:
     """What the caller is told of ``e``: everything that can be told, even of
     an exception whose ``__str__`` raises or whose traceback cannot be
     formatted (the user's code runs here, so nothing may escape)."""
@@ -140,7 +138,7 @@ async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -
         log.error("meshio: %s was cancelled; the stop goes on", what)
 
 
-async def _stop_owned(ctx: Context, where: str) -> None:
+async def _stop_owned(ctx: Context[Any], where: str) -> None:
     """Stop what the actor of ``ctx`` (``where``: name[rank]) started, newest
     first: the actor meshes it spawned (their ``__cleanup__`` runs;
     OWNED_STOP_TIMEOUT for all), then the proc meshes it started (each: its
@@ -216,7 +214,7 @@ class ActorThread:
 class ActorCell:
     """One actor instance and its mailbox."""
 
-    def __init__(self, rt: Runtime, target: str, ctx: Context, instance: Actor) -> None:
+    def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor) -> None:
         self.rt = rt
         self.target = target
         self.ctx = ctx
@@ -339,7 +337,7 @@ class ActorCell:
         finally:
             self.thread.close()
 
-    def _stopped(self, kind: str, type_name: str, when: str) -> ErrorInfo:
+    def _stopped(self, kind: ErrorKind, type_name: str, when: str) -> ErrorInfo:
         return ErrorInfo(
             kind, type_name,
             f"actor {self.ctx.actor_name!r} rank {self.ctx.point.rank} was stopped {when}",
@@ -484,7 +482,7 @@ class ActorCell:
 
 async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
     """Build the actor of a SpawnActor message and answer the spawner."""
-    ctx: Context | None = None
+    ctx: Context[Any] | None = None
     try:
         if msg.target in rt.actors:
             raise ValueError(f"an actor mesh named {msg.name!r} already lives in this process")
@@ -522,6 +520,6 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         conn.send_message(Fail(msg.req, info))
         return
     rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance)
-    conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+    conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
 

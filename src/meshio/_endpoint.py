@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, ov
 from ._exceptions import (
     CallTimeout,
     MeshioError,
+    MeshShapeError,
     SupervisionError,
+    rebuild_error,
 )
 from ._runtime import on_loop
 from ._schema import Schema
@@ -64,8 +66,8 @@ class EndpointDescriptor(Generic[A, P, R]):
         self.name: str = fn.__name__
         self.concurrent = concurrent
         self.retryable = retryable
-        self.is_async = inspect.iscoroutinefunction(fn)
-        self.schema = Schema(fn, fn.__qualname__)
+        self.is_async: bool = inspect.iscoroutinefunction(fn)
+        self.schema: Schema = Schema(fn, fn.__qualname__)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -129,10 +131,15 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = F
             never re-executed silently.
     """
     if fn is None:
-        return lambda f: EndpointDescriptor(f, concurrent=concurrent, retryable=retryable)
+        def decorate(f: Callable[..., Any]) -> EndpointDescriptor[Any, ..., Any]:
+            return EndpointDescriptor(f, concurrent=concurrent, retryable=retryable)
+
+        return decorate
     if not callable(fn):
         raise TypeError(f"@endpoint expects a function, got {fn!r}")
-    return EndpointDescriptor(fn, concurrent=concurrent, retryable=retryable)
+    desc: EndpointDescriptor[Any, ..., Any] = EndpointDescriptor(
+        fn, concurrent=concurrent, retryable=retryable)
+    return desc
 
 
 class Endpoint(Generic[P, R]):
@@ -216,7 +223,7 @@ class Endpoint(Generic[P, R]):
         """Call the only actor of a one-actor mesh (e.g. a slice) and return its result."""
         mesh = self._mesh
         if len(mesh) != 1:
-            raise MeshioError(
+            raise MeshShapeError(
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
         body, packer = self._encode(args, kwargs)
@@ -226,7 +233,8 @@ class Endpoint(Generic[P, R]):
         """Call one actor, the least loaded as seen from this caller."""
         mesh = self._mesh
         if len(mesh) == 0:
-            raise MeshioError(f"choose on {mesh._name!r}: the mesh is empty")
+            raise MeshShapeError(f"choose on {mesh._name!r}: the mesh is empty; choose "
+                                 "needs at least one actor")
         body, packer = self._encode(args, kwargs)
         index = mesh._least_loaded()
         return self._single(mesh._request(index, self._desc, body, packer.out), index)
@@ -309,7 +317,7 @@ def combine_failures(what: str, mesh: Any, failures: list[tuple[Point, BaseExcep
     message = (f"{what} failed on {len(errors)} of {len(mesh)} ranks of "
                f"{mesh._name!r}:\n{lines}\n\nFirst failure in full:\n{first}")
     if isinstance(first, MeshioError):
-        combined = _copy_error(first, message)
+        combined = rebuild_error(type(first), (message,), first.__dict__)
         combined.failures = tuple((p, e) for p, e in errors if isinstance(e, MeshioError))
         return combined
     return first
@@ -339,12 +347,5 @@ def rank_ranges(ranks: list[int]) -> str:
         else:
             runs.append([r, r])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def _copy_error(e: MeshioError, message: str) -> MeshioError:
-    clone = type(e).__new__(type(e))
-    clone.__dict__.update(e.__dict__)
-    clone.args = (message,)
-    return clone
 
 

@@ -7,14 +7,22 @@ mesh / rank / host, and what you can do about it::
     ├── ActorError                   an endpoint (or constructor) raised remotely
     ├── SchemaError (ValueError)     arguments or a result do not match the signature
     ├── SupervisionError             a process or actor died; the call cannot complete
+    │   └── ProcessStartError        a worker process exited or never said hello at start
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
     ├── UnknownActorError (LookupError)     no such actor in the target process
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
     ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
+    ├── NotInActorError (RuntimeError)  actor-only API used outside a spawned actor
+    ├── MeshShapeError (ValueError)  the mesh has the wrong number of actors for the adverb
+    ├── ClosedResourceError          the port was closed and every value has been read
     ├── ProtocolError                a malformed or truncated frame was received
     │   └── AuthenticationError      a peer could not prove it belongs to this job
     └── RDMAError                    a one-sided transfer failed (dropped buffer, dead owner)
         └── RDMASizeError (ValueError)  offset/length/destination do not fit
+
+meshio never raises ``MeshioError`` itself, only the precise types above.
+Wrong arguments (a non-endpoint given to ``mesh.call``, a bad option value)
+raise the builtin ``TypeError``/``ValueError``, as in Python itself.
 
 Warnings: ``RDMAFallbackWarning`` (once per process) when transfers fall back
 to the TCP backend.
@@ -27,7 +35,7 @@ attribute lists every failing rank with its own error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ._extent import Point
@@ -36,8 +44,12 @@ __all__ = (
     "ActorError",
     "AuthenticationError",
     "CallTimeout",
+    "ClosedResourceError",
     "DeadlockError",
+    "MeshShapeError",
     "MeshioError",
+    "NotInActorError",
+    "ProcessStartError",
     "ProtocolError",
     "RDMAError",
     "RDMAFallbackWarning",
@@ -47,6 +59,8 @@ __all__ = (
     "UnknownActorError",
     "UnknownEndpointError",
 )
+
+E = TypeVar("E", bound="MeshioError")
 
 
 class MeshioError(Exception):
@@ -68,6 +82,20 @@ class MeshioError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by state (the message and every attribute), since the
+        keyword-only arguments of subclasses' ``__init__`` are not in ``args``."""
+        return (rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def rebuild_error(cls: type[E], args: tuple[Any, ...], state: dict[str, Any]) -> E:
+    """An error of type ``cls`` with ``args`` and attributes ``state``,
+    without calling its ``__init__`` (unpickling; a copy with a new message)."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ActorError(MeshioError):
@@ -142,6 +170,14 @@ class SupervisionError(MeshioError):
         self.cause = cause
 
 
+class ProcessStartError(SupervisionError):
+    """A worker process exited, or said no hello within the start timeout,
+    while its proc mesh was started (``spawn_procs``) or while a supervisor
+    restarted it.  The message names the proc mesh, rank, pid and host, and
+    what happened (``exited with code 3``, ``no hello within 60.0s``); the worker's
+    stderr, above it, says why."""
+
+
 class CallTimeout(MeshioError, TimeoutError):
     """No answer arrived within the call's timeout.
 
@@ -160,7 +196,7 @@ class CallTimeout(MeshioError, TimeoutError):
     ) -> None:
         super().__init__(message, failures=failures)
         self.endpoint = endpoint
-        self.ranks = tuple(ranks)
+        self.ranks: tuple[int, ...] = tuple(ranks)
 
 
 class UnknownActorError(MeshioError, LookupError):
@@ -181,6 +217,26 @@ class DeadlockError(MeshioError, RuntimeError):
     deadlock.  The message names the chain (``gen[0] -> learner[1] ->
     gen[0]``); mark the reentered endpoint ``@endpoint(concurrent=True)``.
     """
+
+
+class NotInActorError(MeshioError, RuntimeError):
+    """API that needs a running actor was used without one: ``context()`` or
+    ``current_rank()`` outside an actor (e.g. in the controller), or an
+    actor's own mesh asked of an instance built directly instead of with
+    ``procs.spawn(...)``."""
+
+
+class MeshShapeError(MeshioError, ValueError):
+    """The actor mesh has the wrong number of actors for the adverb:
+    ``call_one`` on a mesh that is not exactly one actor (slice it down
+    first), ``choose`` on an empty mesh.  Raised by the adverb, before any
+    call is sent."""
+
+
+class ClosedResourceError(MeshioError):
+    """The resource was closed: ``PortReceiver.recv()`` once the sender
+    closed the port and every value sent before has been read (``async for``
+    over the receiver simply ends)."""
 
 
 class ProtocolError(MeshioError):

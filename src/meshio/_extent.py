@@ -140,8 +140,8 @@ class Region:
     def __init__(self, extent: Extent, ranks: Sequence[int]) -> None:
         if len(ranks) != extent.nelem:
             raise ValueError(f"region: {len(ranks)} ranks for {extent}")
-        self.extent = extent
-        self.ranks = tuple(ranks)
+        self.extent: Extent = extent
+        self.ranks: tuple[int, ...] = tuple(ranks)
 
     @classmethod
     def full(cls, labels: Sequence[str], sizes: Sequence[int]) -> Region:
@@ -221,7 +221,8 @@ class Region:
             yield Point(extent, coords, rank)
 
     def point(self, index: int) -> Point:
-        coords, rest = [], index
+        coords: list[int] = []
+        rest = index
         for stride in _strides(self.extent.sizes):
             coords.append(rest // stride)
             rest %= stride

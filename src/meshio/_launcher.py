@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 __all__ = ("LocalLauncher", "LocalProc", "ProcHandle", "ProcLauncher", "WorkerSpec",
            "describe_exit")
@@ -35,7 +35,7 @@ class WorkerSpec:
     worker: str
     listen: str
     controller: str
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
     #: a replacement for a failed worker (its actors are being rebuilt)
     restart: bool = False
     #: prefix of the worker's forwarded output lines, e.g. ``"[trainers gpus=1]"``
@@ -195,9 +195,10 @@ def _watch_cells() -> None:
 
 def _cell_started(info: Any) -> None:
     header = getattr(sys.stdout, "parent_header", None)  # in the cell's context
-    if isinstance(header, dict) and header.get("msg_type") == "execute_request":
+    if isinstance(header, dict) and cast("dict[str, Any]", header).get(
+            "msg_type") == "execute_request":
         _last_cell.clear()
-        _last_cell.update(header)
+        _last_cell.update(cast("dict[str, Any]", header))
 
 
 def _to_last_cell(out: Any) -> None:
@@ -239,7 +240,7 @@ class _LineGate:
     def install(cls, name: str) -> None:
         stream = getattr(sys, name)
         if isinstance(stream, io.TextIOWrapper):  # not already a gate
-            setattr(sys, name, cls(stream))
+            setattr(sys, name, cls(cast(io.TextIOWrapper, stream)))
 
     def write(self, text: str) -> int:
         """The controller's own output."""

@@ -7,12 +7,15 @@ typed decoder, so the control decoder never looks inside them.
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias
+
 import msgspec
 
 __all__ = (
     "Call",
     "Cancel",
     "ErrorInfo",
+    "ErrorKind",
     "Fail",
     "Fault",
     "Hello",
@@ -23,11 +26,13 @@ __all__ = (
     "Pong",
     "PortSend",
     "RdmaOp",
+    "RdmaOpName",
     "Reply",
     "Restored",
     "Shutdown",
     "SpawnActor",
     "StopActor",
+    "Transfer",
     "decode_message",
     "encode_message",
 )
@@ -67,11 +72,20 @@ class Reply(_Msg, frozen=True, tag=3):
     value: msgspec.Raw
 
 
+#: what went wrong remotely; each kind is one exception type at the caller
+#: (``error_from_info``); a frame with any other kind does not decode
+ErrorKind: TypeAlias = Literal["actor", "schema", "unknown_actor", "unknown_endpoint",
+                               "deadlock", "rdma", "supervision", "protocol"]
+#: the two directions of a one-sided transfer
+Transfer: TypeAlias = Literal["read", "write"]
+#: what an :class:`RdmaOp` asks of the buffer's owner
+RdmaOpName: TypeAlias = Literal["read", "write", "drop", "connect"]
+
+
 class ErrorInfo(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """What went wrong remotely; the caller turns it into an exception."""
 
-    #: "actor" | "schema" | "unknown_actor" | "unknown_endpoint" | "deadlock" | "protocol"
-    kind: str
+    kind: ErrorKind
     type_name: str
     message: str
     traceback: str = ""
@@ -151,7 +165,7 @@ class RdmaOp(_Msg, frozen=True, tag=13):
     "connect" (ibverbs queue-pair set-up, ``info`` holds the peer's side)."""
 
     req: int
-    op: str
+    op: RdmaOpName
     buf: int
     token: int
     offset: int = 0

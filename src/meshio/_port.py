@@ -16,7 +16,8 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from ._exceptions import MeshioError, SchemaError
+from ._constants import MSGPACK_NIL
+from ._exceptions import ClosedResourceError, MeshioError, SchemaError
 from ._messages import PortSend
 from ._runtime import on_loop, runtime
 from ._serial import Buffers, OutBuffers, Packer, TypedDecoder
@@ -61,7 +62,7 @@ class Port(Generic[T]):
 
     def close(self) -> None:
         """Tell the receiver no more values will come."""
-        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(b"\xc0"), True), [])
+        on_loop(_send, self._addr, PortSend(self._id, MSGPACK_NIL, True), [])
 
 
 def _send(addr: str, msg: PortSend, out: OutBuffers) -> None:
@@ -102,7 +103,7 @@ class PortReceiver(Generic[T]):
         """The next value.
 
         Raises:
-            MeshioError: the port was closed and every value has been read.
+            ClosedResourceError: the port was closed and every value has been read.
             SchemaError: the next value could not be decoded here (its
                 reconstruction raised, or it was over the message size
                 limit); later values can still be received.
@@ -112,7 +113,8 @@ class PortReceiver(Generic[T]):
             await self._waiter
         item = self._items[0]
         if item is _CLOSE:
-            raise MeshioError(f"port {self._id} is closed")
+            raise ClosedResourceError(f"port {self._id} is closed and every value sent "
+                                      "before has been read; nothing more will arrive")
         self._items.popleft()
         if type(item) is _Undecodable:
             raise item.error
@@ -123,10 +125,8 @@ class PortReceiver(Generic[T]):
         while True:
             try:
                 yield await self.recv()
-            except MeshioError:
-                if self._items and self._items[0] is _CLOSE:
-                    return
-                raise
+            except ClosedResourceError:
+                return
 
     def close(self) -> None:
         """Stop receiving; later sends to the port are dropped."""

@@ -7,15 +7,15 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, ParamSpec, TypeGuard, TypeVar, cast
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from typing import Any, ParamSpec, TypeGuard, TypeVar, cast, get_args
 
 import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
 from ._endpoint import combine_failures, endpoint, rank_ranges
-from ._exceptions import ActorError, MeshioError, SchemaError, SupervisionError
+from ._exceptions import ActorError, ProcessStartError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
@@ -38,6 +38,8 @@ EXIT_STATUS_WAIT = 1.0
 #: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 3.0
+#: the values of ``RestartType``, for run-time checks
+_RESTART_TYPES: tuple[RestartType, ...] = get_args(RestartType)
 
 
 class _Worker:
@@ -49,26 +51,26 @@ class _Worker:
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
                  loop: asyncio.AbstractEventLoop) -> None:
-        self.rank = rank
-        self.addr = addr
-        self.handle = handle
-        self.spec = spec
+        self.rank: int = rank
+        self.addr: str = addr
+        self.handle: ProcHandle = handle
+        self.spec: WorkerSpec = spec
         self.conn: Connection | None = None
-        self.incarnation = 0
+        self.incarnation: int = 0
         #: why this incarnation is being taken down (overrides the exit status)
         self.cause: str | None = None
         #: taken down on purpose (stop or a strategy restart), not a failure
-        self.stopping = False
+        self.stopping: bool = False
         #: resolved when the current incarnation serves calls (retryable calls wait on it)
         self.ready: asyncio.Future[None] = loop.create_future()
         #: clock time of the oldest heartbeat not answered yet (None: all answered)
         self.unanswered: float | None = None
         #: (bytes received from it, bytes waiting to be sent to it) at the last heartbeat
-        self.moved = (0, 0)
+        self.moved: tuple[int, int] = (0, 0)
         #: without a supervisor, while it does not answer heartbeats: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
         #: constructors in flight: they run on its loop, so heartbeats wait meanwhile
-        self.constructing = 0
+        self.constructing: int = 0
 
     def construct(self, fut: asyncio.Future[Any]) -> None:
         """A constructor runs until ``fut`` is done: heartbeats do not judge
@@ -104,22 +106,24 @@ class _ProcState:
                  shutdown: ShutdownPolicy = STOP_GRACE,
                  heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT)
                  ) -> None:
-        self.id = f"{name}-{uuid.uuid4().hex[:8]}"
-        self.name = name
-        self.launchers = launchers
-        self.region = region
-        self.per_host = per_host
-        self.supervisor = supervisor
-        self.restart = restart
-        self.shutdown = shutdown
+        self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.name: str = name
+        self.launchers: Sequence[ProcLauncher] = launchers
+        self.region: Region = region
+        self.per_host: int = per_host
+        self.supervisor: Supervisor | None = supervisor
+        self.restart: RestartType | None = restart
+        self.shutdown: ShutdownPolicy = shutdown
         self.workers: list[_Worker] = []
         self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
-        self.stopped = False
+        self.stopped: bool = False
         #: stopped by its owner for good: nothing of it is left in the runtime
-        self.released = False
+        self.released: bool = False
         self.rt: Runtime = runtime()
         self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
+        self.heartbeat_interval: float
+        self.heartbeat_timeout: float
         self.heartbeat_interval, self.heartbeat_timeout = (
             heartbeat if supervisor is None
             else (supervisor.heartbeat_interval, supervisor.heartbeat_timeout))
@@ -135,7 +139,7 @@ class _ProcState:
             supervisor.children.append(self)
         #: the context of the actor that started this mesh (None: the
         #: controller's code); the actor's stop stops it
-        self.owner = _context.get(None)
+        self.owner: Context[Any] | None = _context.get(None)
         if self.owner is not None:
             self.owner._owned.append(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
@@ -169,7 +173,7 @@ class _ProcState:
         return await launcher.launch(spec), waiter
 
     async def _start(self) -> None:
-        waits = []
+        waits: list[Coroutine[Any, Any, None]] = []
         for grank, point in zip(self.region.ranks, self.region.points()):
             spec = self._spec(grank, point)
             handle, waiter = await self._launch(grank, spec)
@@ -203,9 +207,11 @@ class _ProcState:
             exited.cancel()
             why = (describe_exit(exited.result()) if exited in done
                    else f"no hello within {START_TIMEOUT}s")
-            raise MeshioError(
+            raise ProcessStartError(
                 f"proc mesh {self.name!r}: worker rank {worker.rank} (pid {worker.handle.pid} on "
-                f"{worker.handle.host}) failed to start: {why}; its stderr above says why")
+                f"{worker.handle.host}) failed to start: {why}; its stderr above says why",
+                actor=self.name, rank=worker.rank, host=worker.handle.host,
+                pid=worker.handle.pid, cause=why)
         exited.cancel()
         worker.conn = waiter.result()
         worker.unanswered = None
@@ -649,12 +655,38 @@ class ProcMesh(MeshShape):
     ``async with ... as procs`` (stopped on exit, error or cancellation).
     """
 
-    def __init__(self, state: _ProcState, region: Region) -> None:
+    def __init__(self, state: _ProcState, region: Region,
+                 restart: RestartType = "permanent") -> None:
         self._state = state
         self._region = region
+        self._restart: RestartType = restart
 
     def _with_region(self, region: Region) -> ProcMesh:
-        return ProcMesh(self._state, region)
+        return ProcMesh(self._state, region, self._restart)
+
+    def _with_restart(self, restart: RestartType) -> ProcMesh:
+        return ProcMesh(self._state, self._region, restart)
+
+    def options(self, *, restart: RestartType = "permanent") -> ProcMesh:
+        """The same proc mesh (or slice) with options for the actors spawned on it.
+
+        ``procs.options(restart="transient").spawn("w", Worker, ...)``: the
+        options are meshio's, kept apart from the constructor arguments of
+        ``Worker`` (which ``spawn`` passes on untouched and type-checks).
+
+        Args:
+            restart: whether a supervisor rebuilds these actors when it
+                replaces their process: ``"permanent"`` (always, the
+                default), ``"transient"`` (unless the process exited
+                normally) or ``"temporary"`` (never).
+
+        Raises:
+            ValueError: ``restart`` is not one of the three restart types.
+        """
+        if restart not in _RESTART_TYPES:
+            raise ValueError(f"options(restart=...) must be 'permanent', 'transient' or "
+                             f"'temporary', got {restart!r}")
+        return self._with_restart(restart)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self.sizes}>"
@@ -664,7 +696,7 @@ class ProcMesh(MeshShape):
         # through the controller owning the processes (which records them).
         e = self._region.extent
         return (_ProcMeshRef, (self._state.service(), self._state.id, self._state.name,
-                               e.labels, e.sizes, self._region.ranks))
+                               e.labels, e.sizes, self._region.ranks, self._restart))
 
     def __await__(self) -> Generator[Any, None, ProcMesh]:
         return self._wait_ready().__await__()
@@ -706,10 +738,9 @@ class ProcMesh(MeshShape):
         :class:`ActorMesh`, typed as ``cls`` so endpoints type-check (the one
         deliberate ``cast`` of the library).
 
-        With a supervisor, ``restart="permanent" | "transient" | "temporary"``
-        (a keyword reserved by meshio, not passed to ``cls``) says whether
-        these actors are rebuilt when their process is replaced; default
-        ``"permanent"``.
+        Every argument after ``cls`` goes to ``cls.__init__``; meshio's own
+        options come before: ``procs.options(restart="transient").spawn(...)``
+        (see :meth:`options`; default ``"permanent"``).
 
         Spawned inside an actor, the actor owns the new mesh: stopping the
         actor stops these actors first (see ``__cleanup__`` on :class:`Actor`).
@@ -725,10 +756,6 @@ class ProcMesh(MeshShape):
     async def _spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
                      **kwargs: P.kwargs) -> A:
         """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
-        restart = kwargs.pop("restart", "permanent")
-        if restart not in ("permanent", "transient", "temporary"):
-            raise ValueError(f"spawn: restart must be 'permanent', 'transient' or 'temporary', "
-                             f"got {restart!r}")
         state = self._state
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
@@ -754,7 +781,7 @@ class ProcMesh(MeshShape):
         cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)
-        futs = []
+        futs: list[asyncio.Future[Any]] = []
         for index, (grank, point) in enumerate(zip(self._region.ranks, self._region.points())):
             fut: asyncio.Future[Any] = rt.loop.create_future()
             futs.append(fut)
@@ -772,7 +799,7 @@ class ProcMesh(MeshShape):
             state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
                                          labels, sizes, self._region.ranks,
-                                         restart))
+                                         self._restart))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
@@ -867,8 +894,10 @@ class _ProcService(Actor):
 
     @endpoint(concurrent=True)
     async def spawn_on(self, where: tuple[str, str, list[str], list[int], list[int]],
-                       name: str, cls: Any, args: Any, kwargs: Any) -> Any:
-        mesh: Any = await self._view(*where)._spawn(name, cls, *args, **kwargs)
+                       restart: RestartType, name: str, cls: Any, args: Any,
+                       kwargs: Any) -> Any:
+        view = self._view(*where)._with_restart(restart)
+        mesh: Any = await view._spawn(name, cls, *args, **kwargs)
         return mesh
 
     @endpoint(concurrent=True)
@@ -881,16 +910,23 @@ class _ProcMeshRef(ProcMesh):
     controller that owns the processes."""
 
     def __init__(self, service: ActorMesh[_ProcService], mesh_id: str, name: str,
-                 labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int]) -> None:
+                 labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int],
+                 restart: RestartType = "permanent") -> None:
         self._service = service
         self._id = mesh_id
         self._name = name
         self._region = Region(Extent(labels, sizes), ranks)
+        self._restart = restart
 
     def _with_region(self, region: Region) -> _ProcMeshRef:
         e = region.extent
         return _ProcMeshRef(self._service, self._id, self._name, e.labels, e.sizes,
-                            region.ranks)
+                            region.ranks, self._restart)
+
+    def _with_restart(self, restart: RestartType) -> _ProcMeshRef:
+        e = self._region.extent
+        return _ProcMeshRef(self._service, self._id, self._name, e.labels, e.sizes,
+                            self._region.ranks, restart)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {self.sizes} (reference)>"
@@ -898,7 +934,7 @@ class _ProcMeshRef(ProcMesh):
     def __reduce__(self) -> tuple[Any, ...]:
         e = self._region.extent
         return (_ProcMeshRef, (self._service, self._id, self._name, e.labels, e.sizes,
-                               self._region.ranks))
+                               self._region.ranks, self._restart))
 
     def _where(self) -> tuple[str, str, list[str], list[int], list[int]]:
         e = self._region.extent
@@ -919,8 +955,8 @@ class _ProcMeshRef(ProcMesh):
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
         try:
-            mesh: A = await self._service.spawn_on.call_one(self._where(), name, cls, args,
-                                                            kwargs)
+            mesh: A = await self._service.spawn_on.call_one(self._where(), self._restart,
+                                                            name, cls, args, kwargs)
         except ActorError as e:
             raise _as_local(e) from e
         _own(mesh)

@@ -29,10 +29,11 @@ import sys
 import warnings
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import msgspec
 
+from ._constants import MSGPACK_NIL
 from ._exceptions import (
     CallTimeout,
     RDMAError,
@@ -40,17 +41,25 @@ from ._exceptions import (
     RDMASizeError,
     SupervisionError,
 )
-from ._messages import ErrorInfo, Fail, RdmaOp, Reply
+from ._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
 from ._runtime import Connection, Pending, Runtime, runtime
 from ._serial import KIND_BYTEARRAY, Buffers
 
 if TYPE_CHECKING:
+    import torch
+    from typing_extensions import Buffer
+
     from ._rdma_ibverbs import IbRegistration
 
-__all__ = ("BACKENDS", "RDMABuffer", "available_backends", "backend_for", "serve_op")
+__all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for", "serve_op")
 
+#: an RDMA backend's name
+Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
+#: memory an ``RDMABuffer`` registers or copies to or from: an object with the
+#: buffer protocol (``bytearray``, ``memoryview``, numpy array...) or a CPU tensor
+BufferLike: TypeAlias = "Buffer | torch.Tensor"
 #: every backend meshio knows, fastest first where they compete
-BACKENDS: Final = ("same_host", "ibverbs", "tcp")
+BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
 #: bytes per TCP chunk, and chunks in flight
 TCP_CHUNK: Final = 8 << 20
 TCP_WINDOW: Final = 4
@@ -197,13 +206,13 @@ class Handle:
     addr: int
     size: int
     ib: bytes | None = None  # ibverbs remote key / address / port info
-    backend: str | None = None  # forced backend
+    backend: Backend | None = None  # forced backend
 
 
 @functools.cache
-def available_backends() -> tuple[str, ...]:
+def available_backends() -> tuple[Backend, ...]:
     """Backends this process can use, in order of preference."""
-    found = ["same_host"] if sys.platform == "linux" else []
+    found: list[Backend] = ["same_host"] if sys.platform == "linux" else []
     try:
         from ._rdma_ibverbs import devices
     except ImportError:
@@ -215,7 +224,18 @@ def available_backends() -> tuple[str, ...]:
     return tuple(found)
 
 
-def backend_for(handle: Handle | RDMABuffer) -> str:
+def _backend_from_env() -> Backend | None:
+    """``MESHIO_RDMA_BACKEND``, checked against :data:`Backend` (unset or empty: None)."""
+    name = os.environ.get("MESHIO_RDMA_BACKEND") or None
+    try:
+        backend: Backend | None = msgspec.convert(name, Backend | None)
+    except msgspec.ValidationError:
+        raise RDMAError(f"MESHIO_RDMA_BACKEND={name!r} is not an RDMA backend; use one of "
+                        f"{list(BACKENDS)} or unset it") from None
+    return backend
+
+
+def backend_for(handle: Handle | RDMABuffer) -> Backend:
     """The backend a transfer on ``handle`` uses from this process.
 
     Automatic choice: ``same_host`` when the owner runs on this machine,
@@ -224,11 +244,9 @@ def backend_for(handle: Handle | RDMABuffer) -> str:
     environment variable.
     """
     h = handle.handle if isinstance(handle, RDMABuffer) else handle
-    forced = h.backend or os.environ.get("MESHIO_RDMA_BACKEND") or None
+    forced = h.backend or _backend_from_env()
     have = available_backends()
     if forced is not None:
-        if forced not in BACKENDS:
-            raise RDMAError(f"unknown RDMA backend {forced!r}; known: {list(BACKENDS)}")
         if forced not in have:
             raise RDMAError(f"RDMA backend {forced!r} is not available in this process "
                             f"(available: {list(have)})")
@@ -264,8 +282,8 @@ class RDMABuffer:
 
     __slots__ = ("_handle", "_timeout")
 
-    def __init__(self, obj: Any, *, backend: str | None = None) -> None:
-        if backend is not None and backend not in BACKENDS:
+    def __init__(self, obj: BufferLike, *, backend: Backend | None = None) -> None:
+        if backend is not None and backend not in BACKENDS:  # a caller without a type checker
             raise ValueError(f"RDMABuffer: backend must be one of {list(BACKENDS)}, "
                              f"got {backend!r}")
         memory = _memory(obj, "RDMABuffer", writable=True)
@@ -310,7 +328,7 @@ class RDMABuffer:
         return self._handle.size
 
     @property
-    def backend(self) -> str:
+    def backend(self) -> Backend:
         """The backend a transfer from this process uses (see :func:`backend_for`)."""
         return backend_for(self._handle)
 
@@ -338,7 +356,8 @@ class RDMABuffer:
                                 f"buffer's {size} bytes")
         return length
 
-    async def read_into(self, dst: Any, *, offset: int = 0, length: int | None = None) -> int:
+    async def read_into(self, dst: BufferLike, *, offset: int = 0,
+                        length: int | None = None) -> int:
         """Copy ``length`` bytes (default: to the end) from ``offset`` of this
         buffer into ``dst`` (a writable buffer or CPU tensor of at least that
         size).  Returns the number of bytes copied."""
@@ -350,7 +369,7 @@ class RDMABuffer:
         await self._run("read", local, offset, length)
         return length
 
-    async def write_from(self, src: Any, *, offset: int = 0) -> int:
+    async def write_from(self, src: BufferLike, *, offset: int = 0) -> int:
         """Copy all of ``src`` into this buffer at ``offset``.  Returns the
         number of bytes copied."""
         local = _memory(src, "write_from source", writable=False)
@@ -377,7 +396,7 @@ class RDMABuffer:
         except (SupervisionError, RDMAError):
             pass  # the owner is gone: so is the registration
 
-    async def _run(self, op: str, local: _Memory, offset: int, length: int) -> None:
+    async def _run(self, op: Transfer, local: _Memory, offset: int, length: int) -> None:
         backend = backend_for(self._handle)
         if length == 0:
             return
@@ -389,7 +408,7 @@ class RDMABuffer:
                 from ._rdma_ibverbs import transfer
 
                 coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
-            case _:
+            case "tcp":
                 coro = _tcp(self._handle, op, local, offset, length)
         if self._timeout is None:
             await coro
@@ -417,7 +436,7 @@ for _name in ("process_vm_readv", "process_vm_writev"):
                         ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
 
 
-def _cma(op: str, h: Handle, local: int, remote: int, n: int) -> None:
+def _cma(op: Transfer, h: Handle, local: int, remote: int, n: int) -> None:
     """Cross-memory attach, looping over partial transfers."""
     fn = _libc.process_vm_readv if op == "read" else _libc.process_vm_writev
     done = 0
@@ -444,7 +463,7 @@ def _check_token(h: Handle) -> None:
         raise RDMAError(f"RDMA: buffer {h.buf} of pid {h.pid} was dropped")
 
 
-async def _same_host(h: Handle, op: str, local: _Memory, offset: int, length: int) -> None:
+async def _same_host(h: Handle, op: Transfer, local: _Memory, offset: int, length: int) -> None:
     _check_token(h)
     remote = h.addr + offset
     if length < THREADED:
@@ -503,7 +522,7 @@ def replace_req(msg: RdmaOp, req: int) -> RdmaOp:
     return msgspec.structs.replace(msg, req=req)
 
 
-async def _tcp(h: Handle, op: str, local: _Memory, offset: int, length: int) -> None:
+async def _tcp(h: Handle, op: Transfer, local: _Memory, offset: int, length: int) -> None:
     """Chunks over the meshio connection (the transfer's timeout is applied
     around the whole transfer by :meth:`RDMABuffer._run`)."""
     _warn_tcp(h)
@@ -535,7 +554,7 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
                 "rdma", "RDMAError", f"RDMA {msg.op}: buffer {msg.buf} of pid {os.getpid()} "
                 "was dropped")))
         else:
-            conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+            conn.send_message(Reply(msg.req, MSGPACK_NIL))
         return
     size = reg.memory.size
     if msg.op in ("read", "write") and (msg.offset < 0 or msg.offset + msg.length > size):
@@ -545,20 +564,17 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
         return
     match msg.op:
         case "read":
-            conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")),
+            conn.send_message(Reply(msg.req, MSGPACK_NIL),
                               [(reg.view()[msg.offset:msg.offset + msg.length], KIND_BYTEARRAY)])
         case "write":
             reg.view()[msg.offset:msg.offset + msg.length] = bufs[0]
-            conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+            conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "drop":
             registry.pop(msg.buf).release()
-            conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+            conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "connect":
             from ._rdma_ibverbs import accept
 
-            conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")),
+            conn.send_message(Reply(msg.req, MSGPACK_NIL),
                               [(accept(rt, conn, msg.info), KIND_BYTEARRAY)])
-        case _:
-            conn.send_message(Fail(msg.req, ErrorInfo(
-                "protocol", "ProtocolError", f"unknown RDMA operation {msg.op!r}")))
 

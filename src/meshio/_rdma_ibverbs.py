@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NewType, NoReturn, Protocol, TypeVar, cast
 
 from ._exceptions import RDMAError
-from ._messages import RdmaOp
+from ._messages import RdmaOp, Transfer
 
 if TYPE_CHECKING:
     from ._rdma import Handle
@@ -294,7 +294,7 @@ def devices() -> list[str]:
     has no RDMA support or no device is up)."""
 
     def usable(names: list[str], ptrs: list[CData]) -> list[str]:
-        up = []
+        up: list[str] = []
         for name, dev in zip(names, ptrs):
             ctx = lib.ibv_open_device(dev)
             if ctx == ffi.NULL:
@@ -324,7 +324,7 @@ def _open() -> _Port:
 
 def _open_first(names: list[str], ptrs: list[CData]) -> _Port:
     want = os.environ.get("MESHIO_IB_DEVICE")
-    tried = []
+    tried: list[str] = []
     for name, dev in zip(names, ptrs):
         if want and name != want:
             continue
@@ -538,7 +538,7 @@ class _Qp:
                      "RTS")
         self.remote = remote
 
-    async def post(self, op: str, laddr: int, lkey: int, raddr: int, rkey: int,
+    async def post(self, op: Transfer, laddr: int, lkey: int, raddr: int, rkey: int,
                    length: int) -> None:
         """RDMA READ (remote → local) or WRITE (local → remote) of ``length``
         bytes, split at the port's largest message; returns when all
@@ -739,7 +739,7 @@ class _Endpoint:
         return qp.local.pack()
 
     def local_key(self, rt: Runtime, addr: int, length: int,
-                  op: str) -> tuple[int, MemoryRegion | None]:
+                  op: Transfer) -> tuple[int, MemoryRegion | None]:
         """An lkey covering ``addr``: a registered RDMABuffer of this process
         that contains it, else a registration for this transfer (returned,
         to be deregistered)."""
@@ -797,7 +797,7 @@ def accept(rt: Runtime, conn: Connection, info: bytes) -> bytes:
         return b"\0" + f"the owner (pid {os.getpid()}) could not connect: {e}".encode()
 
 
-async def transfer(rt: Runtime, h: Handle, op: str, local_addr: int, offset: int,
+async def transfer(rt: Runtime, h: Handle, op: Transfer, local_addr: int, offset: int,
                    length: int) -> None:
     """RDMA ``op`` ("read": owner → local, "write": local → owner) of
     ``length`` bytes at ``offset`` of ``h``'s buffer, one-sidedly."""

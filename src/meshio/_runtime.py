@@ -33,8 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-import msgspec
-
+from ._constants import MSGPACK_NIL
 from ._exceptions import (
     AuthenticationError,
     MeshioError,
@@ -158,7 +157,7 @@ def _peek(prefix: bytes) -> tuple[int, int] | None:
     pos = 1 if 0x90 <= first <= 0x9F else {0xDC: 3, 0xDD: 5}.get(first)
     if pos is None:
         return None
-    items = []
+    items: list[int] = []
     for _ in range(2):
         if pos >= len(prefix):
             return None
@@ -198,11 +197,11 @@ class Pending:
         mesh: str,
         point: Any,
     ) -> None:
-        self.fut = fut
-        self.decode = decode
-        self.endpoint = endpoint
-        self.mesh = mesh
-        self.point = point
+        self.fut: asyncio.Future[Any] = fut
+        self.decode: Callable[[Any, Buffers], Any] = decode
+        self.endpoint: str = endpoint
+        self.mesh: str = mesh
+        self.point: Any = point
 
     @property
     def rank(self) -> int:
@@ -236,17 +235,17 @@ class Connection(asyncio.BufferedProtocol):
         self.peer_pid = -1
         self.worker = ""
         self.transport: asyncio.Transport | None = None
-        self.closed = False
+        self.closed: bool = False
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
         self._buf = bytearray(_SCRATCH)
         self._mv = memoryview(self._buf)
-        self._start = 0
-        self._end = 0
+        self._start: int = 0
+        self._end: int = 0
         self._frame: _Frame | None = None
         self._cur: memoryview | None = None
-        self._cur_pos = 0
+        self._cur_pos: int = 0
         self._skip = 0  # bytes of a refused message still to come
         self._held = 0  # receive budget held by the frame being received
         self._waiting = False  # paused until the receive budget grants it
@@ -629,7 +628,7 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
         case "supervision":
             return SupervisionError(info.message + where, actor=info.actor, rank=info.rank,
                                     cause=info.message)
-        case _:
+        case "protocol":
             return ProtocolError(info.message + where)
 
 
@@ -747,13 +746,13 @@ class Runtime:
                  worker: str = "", secret: bytes | None = None) -> None:
         self.loop = loop
         self.worker = worker
-        self.host = socket.gethostname()
+        self.host: str = socket.gethostname()
         #: the job secret every connection proves (made by the controller)
-        self.secret = new_secret() if secret is None else secret
+        self.secret: bytes = new_secret() if secret is None else secret
         if addr is None:
             addr = f"@meshio-{secrets.token_hex(8)}/controller"
         #: prefix of this job's socket names (``@meshio-<random>``)
-        self.namespace = addr.rpartition("/")[0]
+        self.namespace: str = addr.rpartition("/")[0]
         self.addr = addr
         self._handshakes: set[HandshakeProtocol] = set()
         self._closed = False
@@ -775,7 +774,7 @@ class Runtime:
         #: responding: their PeerDown as of now (told to each worker that connects)
         self.down: dict[str, Callable[[], PeerDown]] = {}
         #: worker side: a replacement process whose actors are being rebuilt
-        self.restoring = False
+        self.restoring: bool = False
         #: worker side: temporary actors not rebuilt after a restart
         self.lost: set[str] = set()
         self.on_shutdown: Callable[[], None] | None = None
@@ -789,8 +788,8 @@ class Runtime:
         self._serving = loop.create_task(self._serve(sock))
 
     async def _serve(self, sock: socket.socket) -> None:
-        self.server = await self.loop.create_unix_server(self._handshake_in, sock=sock,
-                                                         backlog=LISTEN_BACKLOG)
+        self.server: asyncio.Server = await self.loop.create_unix_server(
+            self._handshake_in, sock=sock, backlog=LISTEN_BACKLOG)
 
     def _handshake_in(self) -> HandshakeProtocol:
         """A new incoming connection: the handshake first, then a Connection."""
@@ -955,11 +954,11 @@ class Runtime:
             case StopActor():
                 cell = self.actors.pop(msg.target, None)
                 if cell is None:
-                    conn.send_message(Reply(msg.req, msgspec.Raw(b"\xc0")))
+                    conn.send_message(Reply(msg.req, MSGPACK_NIL))
                 else:  # answered once its __cleanup__ has run
                     req = msg.req
                     cell.stop().add_done_callback(
-                        lambda _: conn.send_message(Reply(req, msgspec.Raw(b"\xc0"))))
+                        lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
             case Cancel():
                 cell = self.actors.get(msg.target)
                 if cell is not None:

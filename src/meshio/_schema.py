@@ -16,7 +16,7 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -62,12 +62,12 @@ class Schema:
             raise SchemaError(
                 f"{self.qualname}: cannot resolve annotations ({e}); define the "
                 "referenced types at module level") from e
-        self.loose = any(p.kind in _VARIADIC for p in params)
-        self.positional = tuple(
+        self.loose: bool = any(p.kind in _VARIADIC for p in params)
+        self.positional: tuple[str, ...] = tuple(
             p.name for p in params
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-        self.names = frozenset(p.name for p in params if p.kind not in _VARIADIC)
-        self.required = frozenset(
+        self.names: frozenset[str] = frozenset(p.name for p in params if p.kind not in _VARIADIC)
+        self.required: frozenset[str] = frozenset(
             p.name for p in params if p.kind not in _VARIADIC and p.default is p.empty)
         self.typed: dict[str, bool] = {}
         self._types: dict[str, Any] = (
@@ -94,6 +94,8 @@ class Schema:
             rtp = None
         if _is_awaitable(rtp):
             rtp = typing.get_args(rtp)[-1] if typing.get_args(rtp) else Any
+        self.result_type: Any
+        self.result_typed: bool
         self.result_type, self.result_typed = decoder_for(rtp)
         self._result = TypedDecoder(self.result_type)
         self._ready = True
@@ -161,7 +163,7 @@ class Schema:
             return self._unpack_each(data, bufs)
         if self.loose:
             return self._variadic(value)
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for name in self._fields:
             v = getattr(value, name)
             if v is not msgspec.UNSET:
@@ -184,7 +186,7 @@ class Schema:
         if missing:
             raise SchemaError(f"bad arguments for {q}: missing argument(s) {sorted(missing)}")
         values: dict[str, Any] = {}
-        pickled = []
+        pickled: list[str] = []
         for name, raw in raws.items():
             try:
                 values[name] = self._decoder(name).decode(raw, bufs, lazy=True)
@@ -211,12 +213,13 @@ class Schema:
         return dec
 
     def _variadic(self, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        if (type(value) is not dict or type(value.get("args")) is not list
-                or type(value.get("kwargs")) is not dict
-                or not all(type(k) is str for k in value["kwargs"])):
+        fields = cast("dict[str, Any]", value) if type(value) is dict else {}
+        args, kwargs = fields.get("args"), fields.get("kwargs")
+        if (type(args) is not list or type(kwargs) is not dict
+                or not all(type(k) is str for k in fields["kwargs"])):
             raise SchemaError(f"bad arguments for {self.qualname}: expected a map of "
                               "'args' (an array) and 'kwargs' (a map with string keys)")
-        return tuple(value["args"]), value["kwargs"]
+        return tuple(fields["args"]), fields["kwargs"]
 
     def unpack_result(self, data: Any, bufs: Buffers) -> Any:
         if not self._ready:

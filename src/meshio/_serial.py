@@ -22,6 +22,11 @@ whatever goes wrong while decoding reaches the caller as an exception (the
 :class:`~meshio._schema.Schema` turns it into a ``SchemaError``).
 """
 
+# cloudpickle ships no type information, and this module walks arbitrary
+# user values (``Any``): pyright's strict "unknown type" checks do not apply.
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false
+# pyright: reportUnknownArgumentType=false, reportUnknownLambdaType=false
+
 from __future__ import annotations
 
 import ctypes

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from ._exceptions import SupervisionError
 
@@ -183,16 +183,17 @@ class Supervisor:
         if not heartbeat_interval > 0:
             raise ValueError(
                 f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
-        self.strategy = strategy
-        self.max_restarts = max_restarts
-        self.within = within
-        self.name = name
-        self.parent = parent
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_timeout = (
+        self.strategy: Strategy = strategy
+        self.max_restarts: int = max_restarts
+        self.within: float = within
+        self.name: str = name
+        self.parent: Supervisor | None = parent
+        self.heartbeat_interval: float = heartbeat_interval
+        self.heartbeat_timeout: float = (
             3 * heartbeat_interval if heartbeat_timeout is None else heartbeat_timeout)
         self.clock: Clock = clock or MonotonicClock()
-        self.on_escalate = on_escalate
+        self.on_escalate: Callable[
+            [SupervisionError], bool | Awaitable[bool | None] | None] | None = on_escalate
         self.children: list[_ProcState | Supervisor] = []
         self.failure: SupervisionError | None = None
         #: whether ``__supervise__`` or ``on_escalate`` handled the escalation
@@ -420,9 +421,9 @@ class Supervisor:
         hook = getattr(instance, "__supervise__", None) if instance is not None else None
         if hook is None:
             return False
-        result = hook(error)
+        result: object = hook(error)
         if isinstance(result, Awaitable):
-            result = await result
+            result = await cast("Awaitable[object]", result)
         return result is True
 
     def _report_to_owners_controller(self, error: SupervisionError, owner_said: str) -> None:

@@ -13,7 +13,7 @@ def child_pids() -> set[int]:
     """Live (non-zombie) child processes of this process, e.g. workers a test
     forgot to stop (Linux ``/proc``)."""
     me = str(os.getpid())
-    found = set()
+    found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar, cast
 
 from ._extent import MeshShape, Point, Region
 
@@ -24,7 +24,7 @@ class ValueMesh(MeshShape, Generic[R]):
         if len(values) != len(region.ranks):
             raise ValueError(f"ValueMesh: {len(values)} values for {len(region.ranks)} points")
         self._region = region
-        self._values = list(values)
+        self._values: list[R] = list(values)
 
     def _with_region(self, region: Region) -> ValueMesh[R]:
         by_rank = dict(zip(self._region.ranks, self._values))
@@ -50,6 +50,7 @@ class ValueMesh(MeshShape, Generic[R]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ValueMesh):
             return NotImplemented
-        return self.extent == other.extent and self._values == other._values
+        that = cast("ValueMesh[object]", other)
+        return self.extent == that.extent and self._values == that._values
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # unhashable, like a list

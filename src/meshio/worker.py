@@ -24,18 +24,20 @@ import os
 import signal
 import sys
 
+from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
+
 __all__ = ("main",)
 
 
 def _die_with_parent(parent: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         # Yama (ptrace_scope=1) lets only ancestors read our memory; RDMA
         # buffers' same-host backend needs sibling workers to (process_vm_readv).
         # Declaring the parent lets it and its descendants (our siblings) in,
         # and no other process of this user.
-        libc.prctl(0x59616D61, ctypes.c_ulong(parent))  # PR_SET_PTRACER
+        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(parent))
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:  # the parent died before prctl took effect
@@ -44,7 +46,7 @@ def _die_with_parent(parent: int) -> None:
 
 def _read_secret() -> bytes:
     """The job secret the launcher writes to our stdin before closing it."""
-    chunks = []
+    chunks: list[bytes] = []
     while chunk := os.read(0, 4096):
         chunks.append(chunk)
     secret = b"".join(chunks)

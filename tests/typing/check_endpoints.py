@@ -1,10 +1,13 @@
 """Type inference of ``@endpoint``, its adverbs and ``procs.spawn``.
 
-Checked by ``mypy --strict tests/typing/``, never run (pytest does not
-collect ``check_*.py``).  Each ``assert_type`` line is a claim about what
+Checked by ``mypy --strict tests/typing/`` and ``pyright`` (strict), never
+run (pytest does not collect ``check_*.py``).  Each ``assert_type`` line is a claim about what
 mypy infers; each ``# type: ignore[code]`` line is an error mypy must report
 (``warn_unused_ignores`` turns a missing error into a failure).
 """
+
+# pyright: reportUnnecessaryTypeIgnoreComment=error
+# (each expected-error line below must be an error for pyright too)
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
 """Type inference of meshes, values, context, channels and ``meshio.run``.
 
-Checked by ``mypy --strict tests/typing/``, never run (pytest does not
-collect ``check_*.py``); see ``check_endpoints.py``.
+Checked by ``mypy --strict tests/typing/`` and ``pyright`` (strict), never
+run (pytest does not collect ``check_*.py``); see ``check_endpoints.py``.
 """
+
+# pyright: reportUnnecessaryTypeIgnoreComment=error
+# (each expected-error line below must be an error for pyright too)
 
 from __future__ import annotations
 
@@ -43,12 +46,19 @@ class Trainer(Actor):
     async def peers(self) -> int:
         # Inside an actor: where am I, and the whole mesh to call peers with.
         ctx = context()
-        assert_type(ctx, Context)
+        assert_type(ctx, Context[ActorMesh[Any]])
         assert_type(ctx.point, Point)
         assert_type(ctx.actor_name, str)
         assert_type(ctx.proc, ProcInfo)
         assert_type(ctx.proc.pid, int)
         assert_type(ctx.mesh, ActorMesh[Any])
+        # Typed by the actor's own class: its peers' endpoints type-check.
+        mine = context(Trainer)
+        assert_type(mine, Context[Trainer])
+        assert_type(mine.mesh, Trainer)
+        assert_type(await mine.mesh.train.call_one(step=1), float)
+        assert_type(mine.mesh.slice(gpus=0), Trainer)
+        context(int)  # type: ignore[type-var]
         assert_type(current_rank(), Point)
         assert_type(current_rank().rank, int)
         assert_type(current_rank()["gpus"], int)

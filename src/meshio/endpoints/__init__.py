@@ -3,5 +3,8 @@
 from .._endpoint import Endpoint as Endpoint
 from .._endpoint import EndpointDescriptor as EndpointDescriptor
 from .._endpoint import endpoint as endpoint
+from .._util import fixup_module_metadata as _fixup_module_metadata
 
 __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
+
+_fixup_module_metadata(__name__, globals())

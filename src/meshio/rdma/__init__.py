@@ -5,13 +5,16 @@ from .._exceptions import RDMAError as RDMAError
 from .._exceptions import RDMAFallbackWarning as RDMAFallbackWarning
 from .._exceptions import RDMASizeError as RDMASizeError
 from .._rdma import BACKENDS as BACKENDS
+from .._rdma import Backend as Backend
 from .._rdma import Handle as Handle
 from .._rdma import RDMABuffer as RDMABuffer
 from .._rdma import available_backends as available_backends
 from .._rdma import backend_for as backend_for
+from .._util import fixup_module_metadata as _fixup_module_metadata
 
 __all__ = (
     "BACKENDS",
+    "Backend",
     "Handle",
     "RDMABuffer",
     "RDMAError",
@@ -20,3 +23,5 @@ __all__ = (
     "available_backends",
     "backend_for",
 )
+
+_fixup_module_metadata(__name__, globals())

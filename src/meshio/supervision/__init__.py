@@ -1,6 +1,7 @@
 """Supervision trees (OTP vocabulary): supervisors, strategies, restart
 types, shutdown policies, events and clocks."""
 
+from .._exceptions import ProcessStartError as ProcessStartError
 from .._exceptions import SupervisionError as SupervisionError
 from .._supervisor import Clock as Clock
 from .._supervisor import ManualClock as ManualClock
@@ -10,11 +11,13 @@ from .._supervisor import ShutdownPolicy as ShutdownPolicy
 from .._supervisor import Strategy as Strategy
 from .._supervisor import SupervisionEvent as SupervisionEvent
 from .._supervisor import Supervisor as Supervisor
+from .._util import fixup_module_metadata as _fixup_module_metadata
 
 __all__ = (
     "Clock",
     "ManualClock",
     "MonotonicClock",
+    "ProcessStartError",
     "RestartType",
     "ShutdownPolicy",
     "Strategy",
@@ -22,3 +25,5 @@ __all__ = (
     "SupervisionEvent",
     "Supervisor",
 )
+
+_fixup_module_metadata(__name__, globals())

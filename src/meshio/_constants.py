@@ -1,0 +1,22 @@
+"""Magic values of the wire and of the kernel, named once.
+
+Errno names come from the standard :mod:`errno` module (``errno.ENOMEM``,
+``errno.errorcode``), never as numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER")
+
+#: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
+#: (a write, a drop, a stop) or whose data travels in the frame's buffers
+MSGPACK_NIL: Final = msgspec.Raw(b"\xc0")
+
+#: ``prctl(2)`` options (``<linux/prctl.h>``): the signal this process gets
+#: when its parent dies, and the process allowed to ptrace it (Yama)
+PR_SET_PDEATHSIG: Final = 1
+PR_SET_PTRACER: Final = 0x59616D61

@@ -1,0 +1,162 @@
+"""meshio's pytest plugin, loaded through the ``pytest11`` entry point in
+every pytest run where meshio is installed (``-p no:meshio`` turns it off).
+
+It adds nothing to a test that does not ask for it:
+
+- ``meshio_procs``: a proc mesh for the test, stopped after it (two
+  processes on this host; other ``spawn_procs`` arguments through the
+  ``meshio_procs`` marker or an indirect parameter).
+- ``meshio_transport``: what ``meshio_procs`` runs on. Only ``"processes"``
+  exists today; override the fixture (parametrised, like anyio's
+  ``anyio_backend``) to run tests on several transports once there are more.
+- ``meshio_runtime_cleanup``: closes the test loop's meshio runtime (its
+  listening socket and connections) after the test; ``meshio_procs`` uses it.
+- ``meshio_leak_check``: fails a test that leaves child processes or open
+  file descriptors (sockets, pipes, files) behind. On for every test with the
+  ini option ``meshio_leak_check = true``, or per test/module with the
+  ``meshio_leak_check`` marker.
+
+Async fixtures need pytest-asyncio, with per-test event loops (see
+docs/guide.md, "Testing your meshio program").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Literal
+
+import pytest
+
+from .._proc_mesh import ProcMesh, this_host
+from .._runtime import close_runtime
+from .._testing import child_pids
+from ._leaks import open_fds
+
+try:
+    from pytest_asyncio import fixture as _async_fixture
+except ImportError:  # async fixtures then run only where another plugin runs them
+    _async_fixture = pytest.fixture  # type: ignore[assignment]
+
+__all__ = ()
+
+Transport = Literal["processes"]
+TRANSPORTS: tuple[Transport, ...] = ("processes",)
+DEFAULT_PER_HOST = {"procs": 2}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("meshio_leak_check", type="bool", default=False,
+                  help="meshio: fail every test that leaves child processes or open "
+                       "file descriptors behind (default: only tests marked "
+                       "meshio_leak_check)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "meshio_leak_check: fail the test if it leaves child processes or "
+                   "open file descriptors (sockets, pipes, files) behind")
+    config.addinivalue_line(
+        "markers", "meshio_procs(**spawn_procs_kwargs): arguments of the meshio_procs "
+                   "fixture's this_host().spawn_procs(...), e.g. per_host={'procs': 4}")
+
+
+@pytest.fixture(autouse=True)
+def _meshio_autouse_leak_check(request: pytest.FixtureRequest) -> None:
+    if (request.config.getini("meshio_leak_check")
+            or request.node.get_closest_marker("meshio_leak_check") is not None):
+        request.getfixturevalue("meshio_leak_check")
+
+
+@pytest.fixture
+def meshio_leak_check(request: pytest.FixtureRequest) -> None:
+    """Fail the test if, once its function-scoped fixtures are torn down and
+    its loop's meshio runtime is closed, it left child processes (killed
+    then) or file descriptors open that were not open before it. What
+    fixtures of wider scope set up before it is not counted. A test on a
+    loop of wider scope (``loop_scope="module"``) shares that loop's runtime
+    and sockets with its neighbours: only its child processes are checked."""
+    request.getfixturevalue("_meshio_leaks")  # first up, so checked last
+    if _own_loop(request.node):
+        request.getfixturevalue("meshio_runtime_cleanup")
+
+
+def _own_loop(node: pytest.Item) -> bool:
+    """Whether the test runs on a loop of its own (pytest-asyncio's
+    function loop scope)."""
+    marker = node.get_closest_marker("asyncio")
+    if marker is not None and "loop_scope" in marker.kwargs:
+        return bool(marker.kwargs["loop_scope"] == "function")
+    try:
+        scope = node.config.getini("asyncio_default_test_loop_scope")
+    except ValueError:  # no pytest-asyncio
+        return True
+    return scope in (None, "", "function")
+
+
+@pytest.fixture
+def _meshio_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    check_fds = _own_loop(request.node)
+    pids, fds = child_pids(), open_fds() if check_fds else {}
+    yield
+    leaked_pids = sorted(child_pids() - pids)
+    for pid in leaked_pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    now = open_fds() if check_fds else {}
+    leaked_fds = [f"fd {fd}: {what}" for fd, what in sorted(now.items())
+                  if fds.get(fd) != what]
+    problems: list[str] = []
+    if leaked_pids:
+        problems.append(f"child processes {leaked_pids} (now killed)")
+    if leaked_fds:
+        problems.append("open file descriptors:\n    " + "\n    ".join(leaked_fds))
+    if problems:
+        pytest.fail("meshio_leak_check: the test left behind " + "; ".join(problems)
+                    + "\nStop proc meshes (async with / await procs.stop()) and close "
+                      "sockets and files before the test ends.", pytrace=False)
+
+
+@_async_fixture
+async def meshio_runtime_cleanup() -> AsyncIterator[None]:
+    """Close the test loop's meshio runtime (listening socket, connections)
+    after the test, with its loop."""
+    yield
+    close_runtime()
+
+
+@pytest.fixture
+def meshio_transport() -> Transport:
+    """The transport ``meshio_procs`` runs on: ``"processes"`` (worker
+    processes on this host), the only one today. Override this fixture with
+    ``params=`` to run the same tests on each transport there is."""
+    return "processes"
+
+
+@_async_fixture
+async def meshio_procs(request: pytest.FixtureRequest, meshio_transport: str,
+                       meshio_runtime_cleanup: None) -> AsyncIterator[ProcMesh]:
+    """A proc mesh for the test, stopped after it: ``this_host().spawn_procs``
+    with ``per_host={"procs": 2}`` unless the ``meshio_procs`` marker
+    (``@pytest.mark.meshio_procs(per_host={"procs": 4})``) or an indirect
+    parameter (a dict of ``spawn_procs`` keyword arguments) says otherwise."""
+    if not _own_loop(request.node):
+        raise RuntimeError("meshio_procs runs on the test's own event loop, but this test "
+                           "runs on a loop of wider scope (loop_scope); spawn a mesh of that "
+                           "scope in a fixture of your own, or give the test its own loop")
+    if meshio_transport not in TRANSPORTS:
+        raise ValueError(f"meshio_transport is {meshio_transport!r}; this meshio has the "
+                         f"transports {list(TRANSPORTS)}")
+    kwargs: dict[str, Any] = {"per_host": DEFAULT_PER_HOST}
+    marker = request.node.get_closest_marker("meshio_procs")
+    if marker is not None:
+        if marker.args:
+            raise TypeError("the meshio_procs marker takes keyword arguments of "
+                            "spawn_procs, e.g. meshio_procs(per_host={'procs': 4})")
+        kwargs.update(marker.kwargs)
+    kwargs.update(getattr(request, "param", {}))
+    async with this_host().spawn_procs(**kwargs) as procs:
+        yield procs

@@ -1,0 +1,238 @@
+"""Escalation: failures beyond ``max_restarts`` within ``within`` (also
+rebuilds that fail) make a supervisor give up and stop its children; a
+parent supervisor restarts a child supervisor that gave up; an actor owning
+a supervisor handles its escalation in ``__supervise__``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from supervision_helpers import DEADLINE, Events, W, check_event, manual_sup, supervised
+
+import meshio
+from meshio import Actor, endpoint
+from meshio.supervision import ManualClock
+
+
+class Fragile(Actor):
+    """Fails to construct while ``flag`` exists (e.g. only when rebuilt)."""
+
+    def __init__(self, flag: str) -> None:
+        if os.path.exists(flag):
+            raise RuntimeError(f"refusing to start: {flag} exists")
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Doomed(Actor):
+    """Its process exits while being rebuilt once ``flag`` exists."""
+
+    def __init__(self, flag: str) -> None:
+        if os.path.exists(flag):
+            os._exit(1)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Boss(Actor):
+    """Owns a supervisor (created in an endpoint) over its own proc mesh;
+    ``__supervise__`` handles the escalation on rank 0 only."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.hook_calls = 0
+        self.seen: asyncio.Future[str] | None = None
+        self.procs: meshio.ProcMesh | None = None
+
+    def __supervise__(self, error: meshio.SupervisionError) -> bool:
+        assert isinstance(error, meshio.SupervisionError)
+        self.errors.append(str(error))
+        if self.seen is not None and not self.seen.done():
+            self.seen.set_result(str(error))
+        return self.rank == 0
+
+    @endpoint
+    async def start(self) -> int:
+        self.rank = meshio.current_rank().rank
+        self.seen = asyncio.get_running_loop().create_future()
+
+        def hook(error: meshio.SupervisionError) -> None:
+            self.hook_calls += 1
+
+        sup = meshio.Supervisor("one_for_one", max_restarts=0, within=60.0, name="inner",
+                                clock=ManualClock(), on_escalate=hook)
+        self.sup = sup
+        self.procs = await meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, supervisor=sup, name="inner")
+        self.w = await self.procs.spawn("w", W, 5)
+        return await self.w.pid.call_one()
+
+    @endpoint
+    async def supervised(self) -> tuple[str, int, str]:
+        assert self.seen is not None
+        error = await asyncio.wait_for(asyncio.shield(self.seen), DEADLINE)
+        failed = await asyncio.wait_for(self.sup.wait_failed(), DEADLINE)
+        return (error, self.hook_calls, str(failed))
+
+    @endpoint
+    async def stop_inner(self) -> None:
+        if self.procs is not None:
+            await self.procs.stop()
+
+
+async def test_constructor_failing_on_rebuild_counts_as_failure_and_escalates(
+        tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    with pytest.raises(meshio.SupervisionError) as ei:
+        async with supervised(max_restarts=2) as s:
+            f = await s.procs.spawn("f", Fragile, str(flag))
+            flag.touch()  # from now on every rebuild of Fragile fails
+            os.kill(s.old[1], signal.SIGKILL)
+            escalation = await s.events.next("escalation")
+            failures = [e for e in s.events.seen if e.kind == "failure"]
+            assert [e.rank for e in failures] == [1, 1, 1]
+            assert "SIGKILL" in failures[0].cause
+            for e in failures[1:]:
+                assert e.cause.startswith("restart failed")
+                assert f"refusing to start: {flag} exists" in e.cause
+            assert not [e for e in s.events.seen if e.kind == "restart"]
+            assert escalation.rank == -1 and escalation.cause.endswith(
+                "after 2 restarts in the last 60.0s; max_restarts=2 within 60.0s allows no more")
+            assert await asyncio.wait_for(s.sup.wait_failed(), DEADLINE) is s.sup.failure
+            # the children were stopped: no live process, calls fail
+            assert all(w.handle.returncode is not None for w in s.procs._state.workers)
+            with pytest.raises(meshio.SupervisionError):
+                await asyncio.wait_for(f.pid.call(), DEADLINE)
+    assert ei.value is s.sup.failure
+
+
+async def test_process_dying_during_its_rebuild_counts_once(tmp_path: Path) -> None:
+    flag = tmp_path / "die"
+    with pytest.raises(meshio.SupervisionError):
+        async with supervised(max_restarts=2, within=60.0) as s:
+            await s.procs.spawn("d", Doomed, str(flag))
+            flag.touch()  # every rebuild now kills its own process
+            os.kill(s.old[1], signal.SIGKILL)
+            await s.events.next("escalation")
+            failures = [e for e in s.events.seen if e.kind == "failure"]
+            # one failure per dead process: the kill, then two rebuilds that died
+            assert [e.cause for e in failures] == [
+                "killed by signal SIGKILL", "exited with code 1", "exited with code 1"]
+            assert len({e.pid for e in failures}) == 3
+
+
+async def test_restarts_spread_beyond_within_do_not_escalate_but_a_storm_does() -> None:
+    escalated: list[meshio.SupervisionError] = []
+    # a heartbeat interval longer than any advance: only the window moves
+    sup, clock = manual_sup(max_restarts=2, within=10.0, heartbeat_interval=1000.0,
+                            on_escalate=escalated.append)
+    host = meshio.this_host()
+    stops: list[str] = []
+    async with Events(sup) as events:
+        with pytest.raises(meshio.SupervisionError) as ei:
+            async with host.spawn_procs(per_host={"procs": 2}, supervisor=sup, name="a") as a, \
+                    host.spawn_procs(per_host={"procs": 1}, supervisor=sup, name="b") as b:
+                for state in (a._state, b._state):
+                    def recording(orig: Any = state.stop, name: str = state.name) -> Any:
+                        stops.append(name)
+                        return orig()
+                    state.stop = recording  # type: ignore[method-assign]
+                w = await a.spawn("w", W, 1)
+                await b.spawn("w", W, 2)
+
+                # five restarts, each more than `within` after the previous: no escalation
+                for _ in range(5):
+                    pid = a.pids[0]
+                    os.kill(pid, signal.SIGKILL)
+                    ev = await events.next("restart", rank=0)
+                    assert ev.pid != pid
+                    clock.advance(11.0)
+                assert sup.failure is None and not escalated
+                assert len([e for e in events.seen if e.kind == "restart"]) == 5
+
+                # three failures within the window: the third would need a third restart
+                del events.seen[:]
+                for n in range(3):
+                    pids = a.pids
+                    os.kill(pids[n % 2], signal.SIGKILL)
+                    ev = await events.until(lambda e: e.kind in ("restart", "escalation"))
+                    assert ev.kind == ("escalation" if n == 2 else "restart")
+                    clock.advance(1.0)
+                check_event(ev, "escalation", "supervisor", -1)
+                assert ev.cause == (
+                    "proc mesh 'a' rank 0 failed (killed by signal SIGKILL) after 2 restarts "
+                    "in the last 10.0s; max_restarts=2 within 10.0s allows no more")
+                failed = await asyncio.wait_for(sup.wait_failed(), DEADLINE)
+                assert failed is sup.failure and escalated == [failed]
+                assert isinstance(failed, meshio.SupervisionError)
+                # children stopped in reverse declaration order, every process gone
+                assert stops == ["b", "a"]
+                assert all(w.handle.returncode is not None
+                           for s in (a._state, b._state) for w in s.workers)
+                with pytest.raises(meshio.SupervisionError):
+                    await asyncio.wait_for(w.pid.call(), DEADLINE)
+        assert ei.value is sup.failure  # the `async with` block raised it on exit
+
+
+async def test_nested_supervisor_escalates_to_parent_which_restarts_it() -> None:
+    clock = ManualClock()
+    root = meshio.Supervisor("one_for_one", max_restarts=1, within=60.0, name="root",
+                             clock=clock)
+    child = meshio.Supervisor("one_for_one", max_restarts=0, within=60.0, name="child",
+                              parent=root, clock=clock)
+    async with Events(root) as root_events, Events(child) as child_events:
+        with pytest.raises(meshio.SupervisionError) as ei:
+            async with meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=child,
+                                                      name="inner") as procs:
+                w = await procs.spawn("w", W, 3)
+                old = procs.pids
+                os.kill(old[0], signal.SIGKILL)
+                esc = await child_events.next("escalation")
+                assert esc.cause.endswith("after 0 restarts in the last 60.0s; max_restarts=0 "
+                                          "within 60.0s allows no more")
+                failure = await root_events.next("failure")
+                check_event(failure, "failure", "child", -1)
+                restart = await root_events.next("restart")
+                check_event(restart, "restart", "child", -1)
+                new = procs.pids
+                assert not set(new) & set(old)
+                assert child.failure is None and root.failure is None
+                assert [i[:5] for i in (await w.info.call()).values()] == [
+                    (3, "", 0, 0, 1), (3, "", 1, 1, 1)]
+
+                # the restarted child still detects failures; a second escalation
+                # exceeds the root's intensity: the root gives up
+                os.kill(new[1], signal.SIGKILL)
+                await child_events.next("escalation")
+                root_esc = await root_events.next("escalation")
+                assert root_esc.cause.startswith("child supervisor 'child' failed (")
+                assert root_esc.cause.endswith("after 1 restart in the last 60.0s; "
+                                               "max_restarts=1 within 60.0s allows no more")
+                assert await asyncio.wait_for(root.wait_failed(), DEADLINE) is root.failure
+                assert all(w.handle.returncode is not None for w in procs._state.workers)
+        assert ei.value is root.failure
+
+
+async def test_supervise_hook_of_owning_actor_handles_escalation() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="bosses") as procs:
+        boss = await procs.spawn("boss", Boss)
+        inner = (await asyncio.wait_for(boss.start.call(), DEADLINE)).values()
+        assert len(set(inner)) == 2 and not set(inner) & set(procs.pids)
+        for pid in inner:
+            os.kill(pid, signal.SIGKILL)
+        results = (await asyncio.wait_for(boss.supervised.call(), DEADLINE)).values()
+        for rank, (error, hook_calls, failed) in enumerate(results):
+            assert "supervisor 'inner' gave up" in error and "SIGKILL" in error
+            assert error == failed
+            # __supervise__ returning True (rank 0) stops the escalation there
+            assert hook_calls == (0 if rank == 0 else 1)
+        await boss.stop_inner.call()

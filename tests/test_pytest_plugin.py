@@ -1,0 +1,195 @@
+"""meshio's pytest plugin (meshio.testing._plugin, a pytest11 entry point),
+run the way a user's suite runs it: small suites in a pytest subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+SETTINGS = """
+[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+asyncio_default_test_loop_scope = function
+timeout = 60
+"""
+
+
+def run(pytester: pytest.Pytester, source: str, *, leak_check: bool = True
+        ) -> pytest.RunResult:
+    pytester.makeini(SETTINGS + ("meshio_leak_check = true\n" if leak_check else ""))
+    pytester.makepyfile(test_user=source)
+    # A subprocess: what a test leaks stays out of this test's process.
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-ra")
+
+
+def test_meshio_procs_fixture_spawns_and_stops(pytester: pytest.Pytester) -> None:
+    """issue 9: the plugin's meshio_procs fixture gives a proc mesh of two
+    processes, or what its marker or an indirect parameter asks for, and
+    stops it after the test: with the leak check on, all pass."""
+    result = run(pytester, """
+import pytest
+import meshio
+
+class Echo(meshio.Actor):
+    @meshio.endpoint
+    async def rank(self) -> int:
+        return meshio.current_rank().rank
+
+async def test_default(meshio_procs):
+    echo = await meshio_procs.spawn("echo", Echo)
+    assert sorted((await echo.rank.call()).values()) == [0, 1]
+
+@pytest.mark.meshio_procs(per_host={"procs": 3})
+async def test_marker(meshio_procs):
+    assert meshio_procs.extent.sizes == (3,)
+
+@pytest.mark.parametrize("meshio_procs", [{"per_host": {"gpus": 1}}], indirect=True)
+async def test_indirect(meshio_procs):
+    assert meshio_procs.extent.labels == ("gpus",)
+
+async def test_by_hand():
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        echo = await procs.spawn("echo", Echo)
+        assert await echo.rank.call_one() == 0
+
+def test_transport(meshio_transport):
+    assert meshio_transport == "processes"
+""")
+    result.assert_outcomes(passed=5)
+
+
+def test_leaked_worker_process_fails_the_test(pytester: pytest.Pytester) -> None:
+    """issue 9: a test that leaves a child process running fails its leak
+    check, which names the pid and kills it; the next test is unaffected.
+    A proc mesh never stopped fails it too (its workers, or once they have
+    seen the runtime close and exited, the pidfds it still holds)."""
+    result = run(pytester, """
+import subprocess, sys
+import meshio
+kept, children = [], []
+
+async def test_leaks_a_proc_mesh():
+    kept.append(await meshio.this_host().spawn_procs(per_host={"procs": 1}))
+
+def test_leaks_a_child():
+    children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    with open("pid", "w") as f:
+        f.write(str(children[0].pid))
+
+def test_after():
+    children[0].wait(timeout=30)  # killed by the leak check, not by this test
+    assert children[0].returncode == -9
+""")
+    result.assert_outcomes(passed=3, errors=2)
+    pid = (pytester.path / "pid").read_text()
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_a_proc_mesh*",
+        "*meshio_leak_check: the test left behind*",
+        "*ERROR at teardown of test_leaks_a_child*",
+        f"*meshio_leak_check: the test left behind child processes [[]{pid}[]] (now killed)*",
+    ])
+
+
+def test_leaked_socket_and_fd_fail_the_test(pytester: pytest.Pytester) -> None:
+    """issue 9: a test that leaves a socket or an open file behind fails its
+    leak check, which says what each leaked descriptor is."""
+    result = run(pytester, """
+import os, socket
+kept = []
+
+def test_leaks_a_socket():
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(os.path.abspath("leaked.sock"))
+    kept.append(server)
+
+async def test_leaks_a_file():
+    kept.append(open("leaked.txt", "w"))
+
+def test_leaks_a_pipe():
+    kept.append(os.pipe())
+
+def test_closes_what_it_opens():
+    with socket.socket() as s, open("closed.txt", "w"):
+        s.bind(("127.0.0.1", 0))
+""")
+    result.assert_outcomes(passed=4, errors=3)
+    sock = pytester.path / "leaked.sock"
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_a_socket*",
+        "*meshio_leak_check: the test left behind open file descriptors:*",
+        f"*fd *: socket AF_UNIX SOCK_STREAM {sock} (socket:[[]*[]])*",
+        "*ERROR at teardown of test_leaks_a_file*",
+        f"*fd *: {pytester.path / 'leaked.txt'}*",
+        "*ERROR at teardown of test_leaks_a_pipe*",
+        "*fd *: pipe:*",
+    ])
+
+
+def test_leak_check_is_opt_in_by_ini_or_marker(pytester: pytest.Pytester) -> None:
+    """issue 9: without the ini option the plugin checks only tests marked
+    meshio_leak_check, so installing meshio changes no other suite."""
+    result = run(pytester, """
+import os
+import pytest
+kept = []
+
+def test_unchecked():
+    kept.append(os.pipe())
+
+@pytest.mark.meshio_leak_check
+def test_checked():
+    kept.append(os.pipe())
+""", leak_check=False)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_checked*"])
+
+
+def test_unknown_transport_is_refused(pytester: pytest.Pytester) -> None:
+    """issue 9: meshio_transport is the seam for more transports; a value
+    meshio does not have is an error that lists the ones it has."""
+    result = run(pytester, """
+import pytest
+
+@pytest.fixture
+def meshio_transport():
+    return "carrier-pigeon"
+
+async def test_procs(meshio_procs):
+    pass
+""")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*ValueError: meshio_transport is 'carrier-pigeon'; this meshio has the "
+         "transports [[]'processes'[]]*"])
+
+
+def test_test_on_a_shared_loop_is_checked_for_processes_only(pytester: pytest.Pytester) -> None:
+    """issue 9: a test on a module-scoped loop shares that loop's runtime and
+    sockets with its neighbours, so the leak check counts only its child
+    processes there; meshio_procs, which lives on the test's own loop,
+    refuses such a test with a message saying why."""
+    result = run(pytester, """
+import os, subprocess, sys
+import pytest
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+kept = []
+
+async def test_keeps_a_pipe_for_the_module():
+    kept.append(os.pipe())
+
+async def test_leaks_a_child():
+    kept.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+
+async def test_procs(meshio_procs):
+    pass
+""")
+    result.assert_outcomes(passed=2, errors=2)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaks_a_child*",
+        "*meshio_leak_check: the test left behind child processes*",
+        "*ERROR at setup of test_procs*",
+        "*RuntimeError: meshio_procs runs on the test's own event loop, but this test runs "
+        "on a loop of wider scope*",
+    ])
