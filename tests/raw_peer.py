@@ -1,13 +1,14 @@
 """A raw peer for wire tests: dials a runtime with the job's handshake and
-speaks frames by hand (``meshio._runtime.frame_header`` + ``meshio._messages``)."""
+speaks frames by hand (``meshio._transport._runtime.frame_header`` +
+``meshio._transport._messages``)."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
 
-from meshio import _messages as M
-from meshio._testing import open_job_connection
+from meshio._transport import _messages as M
+from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
 DEADLINE = 30.0

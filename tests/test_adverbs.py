@@ -9,7 +9,7 @@ import os
 import pytest
 
 import meshio
-import meshio._runtime
+import meshio._transport._runtime
 from meshio import Actor, CallTimeout, MeshioError, Point, ValueMesh, current_rank, endpoint
 
 #: guard against hangs in tests that wait on remote events (a failure, not a wait)
@@ -294,7 +294,7 @@ async def test_timeout_names_the_actor_rank_not_the_slice_index(workers: Worker)
     with pytest.raises(CallTimeout) as info:
         await stuck.gated.options(timeout=0.3).choose(wait_rank=1)
     assert info.value.ranks == (1,)
-    conn = meshio._runtime.runtime().conns[stuck._addrs[1]]
+    conn = meshio._transport._runtime.runtime().conns[stuck._addrs[1]]
     assert not any(p.endpoint.endswith("gated") for p in conn.pending.values())  # not kept
     await stuck.open_gate.call_one()
 

@@ -29,14 +29,14 @@ import pytest
 import pytest_asyncio
 
 import meshio
-import meshio._runtime
+import meshio._transport._runtime
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
-from meshio import _messages as M
-from meshio._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
 from meshio._launcher import _Forward
-from meshio._runtime import Pending, Runtime, frame_header, runtime, sockaddr
-from meshio._serial import dumps
-from meshio._testing import open_job_connection, wait_exited
+from meshio._transport import _messages as M
+from meshio._transport._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
+from meshio._transport._runtime import Pending, Runtime, frame_header, runtime, sockaddr
+from meshio._transport._serial import dumps
+from meshio.testing._helpers import open_job_connection, wait_exited
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -288,7 +288,7 @@ async def test_silent_peer_times_out(monkeypatch: pytest.MonkeyPatch,
                                      controller_log: LogWatch) -> None:
     """issue 7 item 11: a peer that connects and sends nothing is dropped
     after the handshake timeout and logged; the listener keeps serving."""
-    monkeypatch.setattr(meshio._runtime, "HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(meshio._transport._runtime, "HANDSHAKE_TIMEOUT", 0.2)
     rt = runtime()
     r, w = await raw(rt.addr)
     await expect_dropped(r, w)
@@ -430,7 +430,7 @@ async def test_dial_retries_a_full_backlog(monkeypatch: pytest.MonkeyPatch) -> N
     retries until the listener accepts, instead of failing the call as "the
     process is gone"."""
     rt = runtime()
-    monkeypatch.setattr(meshio._runtime, "LISTEN_BACKLOG", 1)
+    monkeypatch.setattr(meshio._transport._runtime, "LISTEN_BACKLOG", 1)
     busy = Runtime(rt.loop, f"{rt.namespace}/busy", secret=rt.secret)
     fillers = []
     try:
@@ -457,7 +457,7 @@ async def test_slow_or_full_connects_say_so(monkeypatch: pytest.MonkeyPatch,
     answers the handshake, is "timed out connecting ... (process busy or
     stopped?)", not "the process is gone"."""
     rt = runtime()
-    monkeypatch.setattr(meshio._runtime, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(meshio._transport._runtime, "CONNECT_TIMEOUT", 0.3)
     full = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     full_addr = f"@meshio-full-{secrets.token_hex(4)}/w"
     full.bind(sockaddr(full_addr))
@@ -500,7 +500,7 @@ async def test_slow_or_full_connects_say_so(monkeypatch: pytest.MonkeyPatch,
 CONTROLLER = """
 import asyncio, os
 import meshio
-from meshio._runtime import runtime
+from meshio._transport._runtime import runtime
 
 async def main():
     procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})

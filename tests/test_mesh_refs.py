@@ -11,7 +11,7 @@ import pytest
 
 import meshio
 from meshio import Actor, ActorMesh, SchemaError, context, endpoint
-from meshio._runtime import Connection, runtime
+from meshio._transport._runtime import Connection, runtime
 
 
 class Learner(Actor):

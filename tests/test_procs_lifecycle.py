@@ -24,9 +24,9 @@ import pytest
 from supervision_helpers import next_event
 
 import meshio
-import meshio._runtime
+import meshio._transport._runtime
 from meshio import Actor, endpoint
-from meshio._messages import ErrorInfo
+from meshio._transport._messages import ErrorInfo
 from meshio.supervision import ManualClock
 
 #: generous bound on any single wait on a loaded machine
@@ -122,7 +122,7 @@ def _worker_addr(procs: meshio.ProcMesh, rank: int) -> str:
 
 def next_pong(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[None]:
     """Resolved by the next heartbeat answer of the process at ``rank``."""
-    rt = meshio._runtime.runtime()
+    rt = meshio._transport._runtime.runtime()
     addr = _worker_addr(procs, rank)
     fut: asyncio.Future[None] = rt.loop.create_future()
     orig = rt.on_pong[addr]
@@ -138,7 +138,7 @@ def next_pong(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[None]:
 
 def next_fault(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[ErrorInfo]:
     """Resolved by the next Fault the process at ``rank`` sends the controller."""
-    rt = meshio._runtime.runtime()
+    rt = meshio._transport._runtime.runtime()
     addr = _worker_addr(procs, rank)
     fut: asyncio.Future[ErrorInfo] = rt.loop.create_future()
     orig = rt.on_fault_from[addr]
@@ -226,7 +226,7 @@ async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> No
 # --------------------------------------------- item 8: nothing left behind
 
 
-def _tables(rt: meshio._runtime.Runtime) -> dict[str, int]:
+def _tables(rt: meshio._transport._runtime.Runtime) -> dict[str, int]:
     gc.collect()
     return {"dead": len(rt.dead), "on_lost": len(rt.on_lost),
             "on_fault_from": len(rt.on_fault_from), "on_pong": len(rt.on_pong),
@@ -239,7 +239,7 @@ async def test_stopped_meshes_leave_nothing_in_the_runtime() -> None:
     controller's runtime or its supervisor (the tables are back to their
     size after N spawn/stop cycles, constructor arguments are freed), while
     calls through old actor mesh references fail with "was stopped"."""
-    rt = meshio._runtime.runtime()
+    rt = meshio._transport._runtime.runtime()
     host = meshio.this_host()
     sup = meshio.Supervisor("one_for_one", clock=ManualClock())
     # the proc-mesh service starts on first pickling; it is one per controller

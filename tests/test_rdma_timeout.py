@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import meshio
-import meshio._runtime
+import meshio._transport._runtime
 from meshio import Actor, RDMABuffer, endpoint
 
 #: guard on a wait that should end long before it (a regression fails, not hangs)
@@ -42,7 +42,7 @@ async def test_tcp_transfers_and_drop_time_out_on_a_stopped_owner() -> None:
         owner = await procs.spawn("owner", Owner)
         buf = (await owner.register.call_one()).options(timeout=TIMEOUT)
         assert buf.backend == "tcp"
-        conn = meshio._runtime.runtime().conns[buf.handle.owner]
+        conn = meshio._transport._runtime.runtime().conns[buf.handle.owner]
         pid = procs.pids[0]
         dst = bytearray(N)
         ops: tuple[tuple[tuple[str, Callable[[], Awaitable[object]]], ...], ...] = (

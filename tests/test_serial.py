@@ -1,7 +1,7 @@
 """Serialisation: tensors, big buffers, untyped Python values and typed,
 validated values through real worker processes; out-of-band packing
-(``meshio._serial.Packer``) and the frame parser (``meshio._runtime.Connection``)
-as units."""
+(``meshio._transport._serial.Packer``) and the frame parser
+(``meshio._transport._runtime.Connection``) as units."""
 
 from __future__ import annotations
 
@@ -20,9 +20,15 @@ import torch
 
 import meshio
 from meshio import Actor, ActorMesh, endpoint
-from meshio import _messages as M
-from meshio._runtime import MAX_BUFS, Connection, frame_header
-from meshio._serial import KIND_BYTEARRAY, KIND_BYTES, OOB_THRESHOLD, Packer, TypedDecoder
+from meshio._transport import _messages as M
+from meshio._transport._runtime import MAX_BUFS, Connection, frame_header
+from meshio._transport._serial import (
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    OOB_THRESHOLD,
+    Packer,
+    TypedDecoder,
+)
 
 #: async tests share the module's event loop (and its worker process)
 LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -579,7 +585,7 @@ def test_parser_delivers_real_messages() -> None:
     loop = asyncio.new_event_loop()
     try:
         c = Connection(mock.Mock(), None)
-        from meshio._runtime import Pending
+        from meshio._transport._runtime import Pending
 
         fut = loop.create_future()
         req = c.next_req(Pending(fut, lambda raw, bufs: (msgspec.msgpack.decode(raw), bufs),

@@ -20,11 +20,11 @@ from supervision_helpers import Events
 
 import meshio
 from meshio import Actor, endpoint
-from meshio import _messages as M
-from meshio._endpoint import rank_ranges
-from meshio._runtime import frame_header, runtime
-from meshio._testing import wait_exited
+from meshio._transport import _messages as M
+from meshio._transport._runtime import frame_header, runtime
+from meshio.endpoints._endpoint import rank_ranges
 from meshio.supervision import ManualClock
+from meshio.testing._helpers import wait_exited
 from raw_peer import close, dial, read_frame
 
 #: generous bound on any single wait: a regression fails instead of hanging

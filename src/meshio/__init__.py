@@ -15,9 +15,6 @@ from ._actor import ProcInfo as ProcInfo
 from ._actor import context as context
 from ._actor import current_rank as current_rank
 from ._actor_mesh import ActorMesh as ActorMesh
-from ._endpoint import Endpoint as Endpoint
-from ._endpoint import EndpointDescriptor as EndpointDescriptor
-from ._endpoint import endpoint as endpoint
 from ._exceptions import ActorError as ActorError
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import CallTimeout as CallTimeout
@@ -43,14 +40,17 @@ from ._port import PortReceiver as PortReceiver
 from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
-from ._rdma import RDMABuffer as RDMABuffer
 from ._run import run as run
-from ._serial import set_limits as set_limits
-from ._supervisor import SupervisionEvent as SupervisionEvent
-from ._supervisor import Supervisor as Supervisor
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
+from ._transport._serial import set_limits as set_limits
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._value_mesh import ValueMesh as ValueMesh
+from .endpoints._endpoint import Endpoint as Endpoint
+from .endpoints._endpoint import EndpointDescriptor as EndpointDescriptor
+from .endpoints._endpoint import endpoint as endpoint
+from .rdma._buffer import RDMABuffer as RDMABuffer
+from .supervision._supervisor import SupervisionEvent as SupervisionEvent
+from .supervision._supervisor import Supervisor as Supervisor
 
 __all__ = (
     "Actor",

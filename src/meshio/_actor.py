@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
-from ._endpoint import EndpointDescriptor
 from ._exceptions import NotInActorError
-from ._schema import Schema
+from .endpoints._endpoint import EndpointDescriptor
+from .endpoints._schema import Schema
 
 if TYPE_CHECKING:
     import asyncio

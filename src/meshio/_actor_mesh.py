@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 import msgspec
 
 from ._actor import _chain
-from ._endpoint import Endpoint, EndpointDescriptor, cancels
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
-from ._messages import Call, Cancel, encode_message
-from ._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
-from ._serial import OutBuffers
+from ._transport._messages import Call, Cancel, encode_message
+from ._transport._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
+from ._transport._serial import OutBuffers
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
@@ -93,7 +93,7 @@ class ActorMesh(MeshShape, Generic[A]):
 
     async def stop(self) -> None:
         """Stop these actors (their processes keep running)."""
-        from ._messages import StopActor
+        from ._transport._messages import StopActor
 
         rt = self._runtime()
         futs: list[asyncio.Future[Any]] = []

@@ -27,12 +27,12 @@ import msgspec
 from ._actor import Actor, Context, ProcInfo, _chain, _context
 from ._actor_mesh import ActorMesh
 from ._constants import MSGPACK_NIL
-from ._endpoint import EndpointDescriptor
 from ._exceptions import SchemaError
 from ._extent import Region
-from ._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
-from ._runtime import Connection, Runtime, actor_thread
-from ._serial import Buffers, Packer, loads
+from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
+from ._transport._runtime import Connection, Runtime, actor_thread
+from ._transport._serial import Buffers, Packer, loads
+from .endpoints._endpoint import EndpointDescriptor
 
 if TYPE_CHECKING:
     from ._proc_mesh import _ProcState
@@ -311,7 +311,7 @@ class ActorCell:
         for task in tasks:
             task.cancel()
         if getattr(self.rt, "_rdma", None):
-            from ._rdma import release_owned
+            from .rdma._buffer import release_owned
 
             release_owned(self.rt, self.target)  # its RDMA registrations go with it
         while self.mailbox:

@@ -18,9 +18,9 @@ import msgspec
 
 from ._constants import MSGPACK_NIL
 from ._exceptions import ClosedResourceError, MeshioError, SchemaError
-from ._messages import PortSend
-from ._runtime import on_loop, runtime
-from ._serial import Buffers, OutBuffers, Packer, TypedDecoder
+from ._transport._messages import PortSend
+from ._transport._runtime import on_loop, runtime
+from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder
 
 __all__ = ("Channel", "Port", "PortReceiver")
 

@@ -14,14 +14,21 @@ import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
-from ._endpoint import combine_failures, endpoint, rank_ranges
 from ._exceptions import ActorError, ProcessStartError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
-from ._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
-from ._runtime import Connection, Pending, Runtime, ignore_result, not_responding, runtime
-from ._serial import Packer, dumps
-from ._supervisor import Clock, MonotonicClock, RestartType, ShutdownPolicy, Supervisor
+from ._transport._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
+from ._transport._runtime import (
+    Connection,
+    Pending,
+    Runtime,
+    ignore_result,
+    not_responding,
+    runtime,
+)
+from ._transport._serial import Packer, dumps
+from .endpoints._endpoint import combine_failures, endpoint, rank_ranges
+from .supervision._supervisor import Clock, MonotonicClock, RestartType, ShutdownPolicy, Supervisor
 
 __all__ = ("HostMesh", "ProcMesh", "this_host")
 

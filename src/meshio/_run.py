@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from ._runtime import close_runtime
+from ._transport._runtime import close_runtime
 
 __all__ = ("run",)
 

@@ -8,8 +8,8 @@ import socket
 import uuid
 
 from ._actor import Actor, current_rank
-from ._endpoint import endpoint
 from ._proc_mesh import ProcMesh
+from .endpoints._endpoint import endpoint
 
 __all__ = ("setup_torch_distributed",)
 

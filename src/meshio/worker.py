@@ -58,7 +58,7 @@ def _read_secret() -> bytes:
 
 async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     from ._exceptions import SupervisionError
-    from ._runtime import Runtime, _runtimes
+    from ._transport._runtime import Runtime, _runtimes
 
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret)

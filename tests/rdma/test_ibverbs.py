@@ -32,7 +32,7 @@ from meshio.rdma import RDMAError, RDMASizeError, available_backends
 
 def _why_absent() -> str:
     try:
-        import meshio._rdma_ibverbs  # noqa: F401
+        import meshio.rdma._ibverbs  # noqa: F401
     except ImportError as e:
         return (f"ibverbs backend absent: {e} (meshio is built without it when "
                 "libibverbs-dev is missing at install)")
@@ -138,7 +138,7 @@ async def test_controller_transfers_in_chunks_concurrently(
     """A small "largest message" splits each transfer into many work
     requests, more than a send queue holds; transfers run concurrently on
     one queue pair."""
-    import meshio._rdma_ibverbs as ib
+    import meshio.rdma._ibverbs as ib
 
     monkeypatch.setattr(ib, "_port", dataclasses.replace(ib._open(), max_msg=8192))
     owner, _ = pair
@@ -262,7 +262,7 @@ async def test_loopback_registered_destination_and_cancellation(
     """In one process: a queue pair to ourselves, a destination that is
     itself registered (its memory region is reused), and a transfer
     cancelled in flight (its queue pair is destroyed, the next one works)."""
-    import meshio._rdma_ibverbs as ib
+    import meshio.rdma._ibverbs as ib
 
     src = bytearray(os.urandom(N))
     dst = bytearray(N)
@@ -381,8 +381,8 @@ async def test_pyverbs_peer_reads_and_writes_a_meshio_buffer() -> None:
     if not _have_pyverbs():
         pytest.skip(f"Debian's python3-pyverbs is not installed for {SYSTEM_PYTHON} "
                     "(apt-get install python3-pyverbs)")
-    import meshio._rdma_ibverbs as ib
-    from meshio._runtime import runtime
+    import meshio.rdma._ibverbs as ib
+    from meshio._transport._runtime import runtime
 
     data = bytearray(os.urandom(N))
     buf = RDMABuffer(data, backend="ibverbs")  # registered in this (controller) process

@@ -13,7 +13,7 @@ import pytest
 from fifo_gate import Gate, hold
 
 import meshio
-import meshio._runtime
+import meshio._transport._runtime
 from meshio import Actor, RDMABuffer, endpoint
 from meshio.rdma import RDMAError, RDMAFallbackWarning, RDMASizeError, available_backends
 from meshio.testing import wait_exited
@@ -194,7 +194,7 @@ async def test_backend_names_and_local_buffer() -> None:
 async def test_tcp_fallback_warns_once(pair: tuple[Owner, Peer]) -> None:
     owner, _ = pair
     buf = await owner.register.call_one("tcp")
-    import meshio._rdma as impl
+    import meshio.rdma._buffer as impl
 
     impl._warned = False
     with pytest.warns(RDMAFallbackWarning):
@@ -246,7 +246,7 @@ async def test_owner_killed_during_tcp_transfer_fails_promptly(
     pid = await owner.pid.call_one()
     blocked, _release = await _block(owner, tmp_path)
     transfer = asyncio.ensure_future(buf.read_into(bytearray(N)))
-    conn = meshio._runtime.runtime().conns[buf.handle.owner]
+    conn = meshio._transport._runtime.runtime().conns[buf.handle.owner]
 
     async def in_flight() -> None:  # yield to the loop until the read's requests are out
         while not any(p.endpoint == "RDMA read" for p in conn.pending.values()):

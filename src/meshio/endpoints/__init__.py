@@ -1,9 +1,9 @@
 """Endpoints and their adverbs (``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``)."""
 
-from .._endpoint import Endpoint as Endpoint
-from .._endpoint import EndpointDescriptor as EndpointDescriptor
-from .._endpoint import endpoint as endpoint
 from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._endpoint import Endpoint as Endpoint
+from ._endpoint import EndpointDescriptor as EndpointDescriptor
+from ._endpoint import endpoint as endpoint
 
 __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 

@@ -5,9 +5,9 @@ its ``pytest11`` entry point) gives the fixtures ``meshio_procs``,
 ``meshio_transport``, ``meshio_runtime_cleanup`` and ``meshio_leak_check``.
 """
 
-from .._testing import child_pids as child_pids
-from .._testing import wait_exited as wait_exited
 from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._helpers import child_pids as child_pids
+from ._helpers import wait_exited as wait_exited
 from ._leaks import open_fds as open_fds
 
 __all__ = ("child_pids", "open_fds", "wait_exited")

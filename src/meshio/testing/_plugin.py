@@ -30,8 +30,8 @@ from typing import Any, Literal
 import pytest
 
 from .._proc_mesh import ProcMesh, this_host
-from .._runtime import close_runtime
-from .._testing import child_pids
+from .._transport._runtime import close_runtime
+from ._helpers import child_pids
 from ._leaks import open_fds
 
 try:

@@ -28,10 +28,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from ._exceptions import SupervisionError
+from .._exceptions import SupervisionError
 
 if TYPE_CHECKING:
-    from ._proc_mesh import _ProcState
+    from .._proc_mesh import _ProcState
 
 __all__ = (
     "Clock",
@@ -210,7 +210,7 @@ class Supervisor:
         if parent is not None:
             parent.children.append(self)
         try:
-            from ._actor import _context
+            from .._actor import _context
 
             ctx = _context.get()
         except LookupError:
@@ -272,7 +272,7 @@ class Supervisor:
     def _order(self) -> list[tuple[_ProcState | Supervisor, int]]:
         """Children as restart units in declaration order: one per process of
         a proc mesh, one per child supervisor (rank -1)."""
-        from ._proc_mesh import _ProcState
+        from .._proc_mesh import _ProcState
 
         units: list[tuple[_ProcState | Supervisor, int]] = []
         for child in self.children:
@@ -431,8 +431,8 @@ class Supervisor:
         becomes a failure of that actor, sent to the controller of its proc
         mesh like an exception escaping a broadcast (its supervisor replaces
         the process; without one it is reported on the controller's stderr)."""
-        from ._messages import ErrorInfo
-        from ._runtime import runtime
+        from .._transport._messages import ErrorInfo
+        from .._transport._runtime import runtime
 
         ctx = self._owner
         how = ("its __supervise__ raised" if owner_said
@@ -455,7 +455,7 @@ def _who(child: _ProcState | Supervisor, rank: int) -> str:
 
 
 def _owner_instance(ctx: Any) -> Any:
-    from ._runtime import runtime
+    from .._transport._runtime import runtime
 
     for cell in runtime().actors.values():
         if cell.ctx is ctx:

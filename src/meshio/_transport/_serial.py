@@ -19,7 +19,7 @@ with a :class:`~meshio.SchemaError` before anything is sent.
 Decoding never runs the value's own code before the structure is checked:
 pickles are unpickled only after every natively typed value validated, and
 whatever goes wrong while decoding reaches the caller as an exception (the
-:class:`~meshio._schema.Schema` turns it into a ``SchemaError``).
+:class:`~meshio.endpoints._schema.Schema` turns it into a ``SchemaError``).
 """
 
 # cloudpickle ships no type information, and this module walks arbitrary
@@ -44,7 +44,7 @@ import cloudpickle
 import msgspec
 import msgspec.structs
 
-from ._exceptions import SchemaError
+from .._exceptions import SchemaError
 
 __all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "decoder_for", "dumps", "limits",
            "loads", "set_limits")

@@ -34,7 +34,7 @@ import struct
 from collections.abc import Callable
 from typing import Final, cast
 
-from ._exceptions import AuthenticationError
+from .._exceptions import AuthenticationError
 
 __all__ = ("HANDSHAKE_TIMEOUT", "Handshake", "HandshakeProtocol", "new_secret", "peer_creds")
 

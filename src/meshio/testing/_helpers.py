@@ -57,8 +57,8 @@ async def open_job_connection(addr: str, secret: bytes | None = None
     Raises:
         AuthenticationError: the process there is not of this job.
     """
-    from ._handshake import CHALLENGE_SIZE, Handshake
-    from ._runtime import runtime, sockaddr
+    from .._transport._handshake import CHALLENGE_SIZE, Handshake
+    from .._transport._runtime import runtime, sockaddr
 
     hs = Handshake(runtime().secret if secret is None else secret, dialler=True)
     reader, writer = await asyncio.open_unix_connection(sockaddr(addr))

@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from ._constants import MSGPACK_NIL
-from ._exceptions import (
+from .._constants import MSGPACK_NIL
+from .._exceptions import (
     AuthenticationError,
     MeshioError,
     ProtocolError,
@@ -67,8 +67,8 @@ from ._messages import (
 from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 
 if TYPE_CHECKING:
-    from ._cell import ActorCell
-    from ._port import PortReceiver
+    from .._cell import ActorCell
+    from .._port import PortReceiver
 
 __all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "runtime")
 
@@ -595,7 +595,7 @@ _PORT_SEND: Final = PortSend.__struct_config__.tag
 
 
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
-    from ._exceptions import (
+    from .._exceptions import (
         ActorError,
         UnknownActorError,
         UnknownEndpointError,
@@ -617,11 +617,11 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
         case "unknown_endpoint":
             return UnknownEndpointError(info.message + where)
         case "deadlock":
-            from ._exceptions import DeadlockError
+            from .._exceptions import DeadlockError
 
             return DeadlockError(info.message + where)
         case "rdma":
-            from ._exceptions import RDMAError, RDMASizeError
+            from .._exceptions import RDMAError, RDMASizeError
 
             cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
             return cls(info.message + where)
@@ -948,7 +948,7 @@ class Runtime:
                 if receiver is not None:
                     receiver._put(msg, bufs)
             case SpawnActor():
-                from ._cell import spawn_cell
+                from .._cell import spawn_cell
 
                 self.loop.create_task(spawn_cell(self, conn, msg, bufs))
             case StopActor():
@@ -976,7 +976,7 @@ class Runtime:
                 if on_pong is not None:
                     on_pong()
             case RdmaOp():
-                from ._rdma import serve_op
+                from ..rdma._buffer import serve_op
 
                 serve_op(self, conn, msg, bufs)
             case PeerDown():  # calls to it fail (its connection stays) until PeerUp

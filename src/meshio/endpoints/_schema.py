@@ -20,8 +20,8 @@ from typing import Any, cast
 
 import msgspec
 
-from ._exceptions import SchemaError
-from ._serial import Buffers, Packer, TypedDecoder, _Deferred, decoder_for
+from .._exceptions import SchemaError
+from .._transport._serial import Buffers, Packer, TypedDecoder, _Deferred, decoder_for
 
 __all__ = ("Schema",)
 

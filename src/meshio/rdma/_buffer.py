@@ -33,23 +33,23 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import msgspec
 
-from ._constants import MSGPACK_NIL
-from ._exceptions import (
+from .._constants import MSGPACK_NIL
+from .._exceptions import (
     CallTimeout,
     RDMAError,
     RDMAFallbackWarning,
     RDMASizeError,
     SupervisionError,
 )
-from ._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
-from ._runtime import Connection, Pending, Runtime, runtime
-from ._serial import KIND_BYTEARRAY, Buffers
+from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
+from .._transport._runtime import Connection, Pending, Runtime, runtime
+from .._transport._serial import KIND_BYTEARRAY, Buffers
 
 if TYPE_CHECKING:
     import torch
     from typing_extensions import Buffer
 
-    from ._rdma_ibverbs import IbRegistration
+    from ._ibverbs import IbRegistration
 
 __all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for", "serve_op")
 
@@ -214,7 +214,7 @@ def available_backends() -> tuple[Backend, ...]:
     """Backends this process can use, in order of preference."""
     found: list[Backend] = ["same_host"] if sys.platform == "linux" else []
     try:
-        from ._rdma_ibverbs import devices
+        from ._ibverbs import devices
     except ImportError:
         pass
     else:
@@ -288,13 +288,13 @@ class RDMABuffer:
                              f"got {backend!r}")
         memory = _memory(obj, "RDMABuffer", writable=True)
         rt = runtime()
-        from ._actor import _context
+        from .._actor import _context
 
         ctx = _context.get(None)
         reg = Registration(next(_ids), memory, ctx.mesh._target if ctx else "")
         ib: bytes | None = None
         if "ibverbs" in available_backends():
-            from ._rdma_ibverbs import register
+            from ._ibverbs import register
 
             reg.ib = register(memory.addr, memory.size)
             ib = reg.ib.describe()
@@ -405,7 +405,7 @@ class RDMABuffer:
             case "same_host":
                 coro = _same_host(self._handle, op, local, offset, length)
             case "ibverbs":
-                from ._rdma_ibverbs import transfer
+                from ._ibverbs import transfer
 
                 coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
             case "tcp":
@@ -573,7 +573,7 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
             registry.pop(msg.buf).release()
             conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "connect":
-            from ._rdma_ibverbs import accept
+            from ._ibverbs import accept
 
             conn.send_message(Reply(msg.req, MSGPACK_NIL),
                               [(accept(rt, conn, msg.info), KIND_BYTEARRAY)])

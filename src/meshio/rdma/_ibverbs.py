@@ -43,12 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NewType, NoReturn, Protocol, TypeVar, cast
 
-from ._exceptions import RDMAError
-from ._messages import RdmaOp, Transfer
+from .._exceptions import RDMAError
+from .._transport._messages import RdmaOp, Transfer
 
 if TYPE_CHECKING:
-    from ._rdma import Handle
-    from ._runtime import Connection, Runtime
+    from .._transport._runtime import Connection, Runtime
+    from ._buffer import Handle
 
 __all__ = ("IbRegistration", "accept", "devices", "register", "transfer")
 
@@ -705,7 +705,7 @@ class _Endpoint:
             qp = self.out.get(h.owner)
             if qp is not None:
                 return qp
-            from ._rdma import _request
+            from ._buffer import _request
 
             qp = _Qp(self, h.owner)
             try:
@@ -743,7 +743,7 @@ class _Endpoint:
         """An lkey covering ``addr``: a registered RDMABuffer of this process
         that contains it, else a registration for this transfer (returned,
         to be deregistered)."""
-        from ._rdma import _registry
+        from ._buffer import _registry
 
         for reg in _registry(rt).values():
             ib = reg.ib

@@ -15,23 +15,23 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ._exceptions import (
+from .._exceptions import (
     CallTimeout,
     MeshioError,
     MeshShapeError,
     SupervisionError,
     rebuild_error,
 )
-from ._runtime import on_loop
+from .._transport._runtime import on_loop
+from .._transport._serial import OutBuffers, Packer
 from ._schema import Schema
-from ._serial import OutBuffers, Packer
 
 if TYPE_CHECKING:
     from typing import Concatenate, Self
 
-    from ._actor_mesh import ActorMesh
-    from ._extent import Point
-    from ._value_mesh import ValueMesh
+    from .._actor_mesh import ActorMesh
+    from .._extent import Point
+    from .._value_mesh import ValueMesh
 
 __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 
@@ -81,7 +81,7 @@ class EndpointDescriptor(Generic[A, P, R]):
         if obj is None:
             return self
         # Read on an actor instance: the endpoint of that actor alone.
-        from ._actor import self_mesh
+        from .._actor import self_mesh
 
         return Endpoint(self_mesh(obj), self)
 
@@ -192,7 +192,7 @@ class Endpoint(Generic[P, R]):
         return cancels(asyncio.ensure_future(self._gather(futs)), futs)
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
-        from ._value_mesh import ValueMesh
+        from .._value_mesh import ValueMesh
 
         if futs:
             _, pending = await asyncio.wait(futs, timeout=self._timeout)
