@@ -16,7 +16,7 @@ import msgspec
 from ._actor import _chain
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
-from ._transport._messages import Call, Cancel, encode_message
+from ._transport._messages import Call, Cancel, StopActor, encode_message
 from ._transport._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
 from ._transport._serial import OutBuffers
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
@@ -93,8 +93,6 @@ class ActorMesh(MeshShape, Generic[A]):
 
     async def stop(self) -> None:
         """Stop these actors (their processes keep running)."""
-        from ._transport._messages import StopActor
-
         rt = self._runtime()
         futs: list[asyncio.Future[Any]] = []
         for index, grank in enumerate(self._region.ranks):

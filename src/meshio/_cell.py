@@ -30,7 +30,7 @@ from ._constants import MSGPACK_NIL
 from ._exceptions import SchemaError
 from ._extent import Region
 from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
-from ._transport._runtime import Connection, Runtime, actor_thread
+from ._transport._runtime import Connection, Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
 
@@ -521,5 +521,18 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         return
     rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
+
+
+def cell_of(rt: Runtime, target: str) -> ActorCell | None:
+    """The actor cell ``target`` of ``rt``, if it lives there."""
+    cell = rt.actors.get(target)
+    return cell if isinstance(cell, ActorCell) else None
+
+
+def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
+    rt.loop.create_task(spawn_cell(rt, conn, msg, bufs))
+
+
+register_handler(SpawnActor, _on_spawn)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from importlib.metadata import version
 
+from ._bench import bench as run_bench
+from ._demo import demo as run_demo
+from ._run import run
+
 __all__ = ("main",)
 
 
@@ -19,15 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--inflight", type=int, default=1000, help="concurrent calls (default 1000)")
     bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     args = ap.parse_args(argv)
-    from . import run
-
     if args.command == "demo":
-        from ._demo import demo as run_demo
-
         run(run_demo(args.procs))
     elif args.command == "bench":
-        from ._bench import bench as run_bench
-
         run(run_bench(args.calls, args.inflight, args.procs))
 
 

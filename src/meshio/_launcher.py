@@ -303,9 +303,7 @@ class LocalLauncher:
         self.host = socket.gethostname()
 
     async def launch(self, spec: WorkerSpec) -> LocalProc:
-        import meshio
-
-        src = os.path.dirname(os.path.dirname(os.path.abspath(meshio.__file__)))
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

@@ -14,6 +14,7 @@ import msgspec
 
 from ._actor import Actor, Context, ProcInfo, _context, _own
 from ._actor_mesh import ActorMesh
+from ._cell import ActorCell, cell_of
 from ._exceptions import ActorError, ProcessStartError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
@@ -596,7 +597,7 @@ class _ProcState:
         sup = self.supervisor
         if sup is not None and self in sup.children:
             sup.children.remove(self)
-        cell = rt.actors.get(_ProcService.TARGET)
+        cell = cell_of(rt, _ProcService.TARGET)
         if cell is not None:
             cast(_ProcService, cell.instance).meshes.pop(self.id, None)
         if self.owner is not None:  # nothing left for its owner to stop: this, its actors
@@ -879,10 +880,8 @@ class _ProcService(Actor):
     @classmethod
     def of(cls, rt: Runtime) -> _ProcService:
         """The service of ``rt`` (the controller's runtime), started on first use."""
-        cell = rt.actors.get(cls.TARGET)
+        cell = cell_of(rt, cls.TARGET)
         if cell is None:
-            from ._cell import ActorCell
-
             region = Region.full((), ())
             mesh: ActorMesh[_ProcService] = ActorMesh(cls.TARGET, "proc meshes", cls, region,
                                                        [rt.addr])

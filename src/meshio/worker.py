@@ -25,6 +25,8 @@ import signal
 import sys
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
+from ._exceptions import SupervisionError
+from ._transport._runtime import Runtime, _runtimes
 
 __all__ = ("main",)
 
@@ -57,9 +59,6 @@ def _read_secret() -> bytes:
 
 
 async def _serve(args: argparse.Namespace, secret: bytes) -> int:
-    from ._exceptions import SupervisionError
-    from ._transport._runtime import Runtime, _runtimes
-
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret)
     _runtimes[loop] = rt

@@ -31,15 +31,21 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from .._constants import MSGPACK_NIL
 from .._exceptions import (
+    ActorError,
     AuthenticationError,
+    DeadlockError,
     MeshioError,
     ProtocolError,
+    RDMAError,
+    RDMASizeError,
     SchemaError,
     SupervisionError,
+    UnknownActorError,
+    UnknownEndpointError,
 )
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._messages import (
@@ -61,14 +67,11 @@ from ._messages import (
     Shutdown,
     SpawnActor,
     StopActor,
+    _Msg,
     decode_message,
     encode_message,
 )
 from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
-
-if TYPE_CHECKING:
-    from .._cell import ActorCell
-    from .._port import PortReceiver
 
 __all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "runtime")
 
@@ -595,12 +598,6 @@ _PORT_SEND: Final = PortSend.__struct_config__.tag
 
 
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
-    from .._exceptions import (
-        ActorError,
-        UnknownActorError,
-        UnknownEndpointError,
-    )
-
     where = f" [{p.mesh} {p.point}]" if p is not None else ""
     match info.kind:
         case "actor":
@@ -617,12 +614,8 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
         case "unknown_endpoint":
             return UnknownEndpointError(info.message + where)
         case "deadlock":
-            from .._exceptions import DeadlockError
-
             return DeadlockError(info.message + where)
         case "rdma":
-            from .._exceptions import RDMAError, RDMASizeError
-
             cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
             return cls(info.message + where)
         case "supervision":
@@ -732,6 +725,48 @@ def _feed(conn: Connection, transport: asyncio.Transport, data: bytes) -> None:
         view = view[n:]
 
 
+_M = TypeVar("_M", bound=_Msg)
+#: what a layer above the transport registers to handle one kind of message
+Handler = Callable[["Runtime", Connection, Any, Buffers], None]
+
+
+class Mailbox(Protocol):
+    """What the transport needs of an actor living in this process
+    (:class:`meshio._cell.ActorCell` implements it)."""
+
+    def post(self, conn: Connection, msg: Call, bufs: Buffers, /) -> None:
+        """Queue ``msg`` (a call from ``conn``) for the actor."""
+        ...
+
+    def cancel(self, conn: Connection, req: int, /) -> None:
+        """The caller of ``req`` on ``conn`` gave up."""
+        ...
+
+    def stop(self, exc: BaseException | None = None, /) -> asyncio.Task[None]:
+        """Stop the actor; the task ends once it has cleaned up."""
+        ...
+
+
+class PortSink(Protocol):
+    """What the transport needs of an open port (:class:`meshio.PortReceiver`)."""
+
+    def _put(self, msg: PortSend, bufs: Buffers, /) -> None: ...
+
+    def _put_error(self, error: MeshioError, /) -> None: ...
+
+
+def register_handler(kind: type[_M], handler: Callable[[Runtime, Connection, _M, Buffers], None]
+                     ) -> None:
+    """Have every runtime hand messages of type ``kind`` to ``handler`` (run on
+    the runtime's loop; an exception it raises is logged and the connection
+    serves on).  The layers above the transport register theirs on import
+    (actor cells: ``SpawnActor``; RDMA: ``RdmaOp``), so the transport imports
+    nothing of them."""
+    if kind in Runtime.handlers:
+        raise ValueError(f"a handler for {kind.__name__} messages is already registered")
+    Runtime.handlers[kind] = handler
+
+
 class Runtime:
     """Everything one process needs to talk to its peers, for one loop.
 
@@ -741,6 +776,10 @@ class Runtime:
     the process dies.  Every connection, in or out, passes the job handshake
     (:mod:`._handshake`) over :attr:`secret` before a frame is read.
     """
+
+    #: message type → its handler, for the messages of layers above the
+    #: transport (see :func:`register_handler`)
+    handlers: ClassVar[dict[type[_Msg], Handler]] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
                  worker: str = "", secret: bytes | None = None) -> None:
@@ -758,8 +797,10 @@ class Runtime:
         self._closed = False
         self.conns: dict[str, Connection] = {}
         self.all_conns: weakref.WeakSet[Connection] = weakref.WeakSet()
-        self.actors: dict[str, ActorCell] = {}
-        self.ports: dict[int, PortReceiver[Any]] = {}
+        #: the actors of this process by target (actor cells add themselves)
+        self.actors: dict[str, Mailbox] = {}
+        #: the open ports of this process by id (port receivers add themselves)
+        self.ports: dict[int, PortSink] = {}
         #: addresses known dead → the error their callers get
         self.dead: dict[str, Callable[[Pending], SupervisionError]] = {}
         #: controller side: worker id → future of its Hello connection
@@ -947,10 +988,6 @@ class Runtime:
                 receiver = self.ports.get(msg.port)
                 if receiver is not None:
                     receiver._put(msg, bufs)
-            case SpawnActor():
-                from .._cell import spawn_cell
-
-                self.loop.create_task(spawn_cell(self, conn, msg, bufs))
             case StopActor():
                 cell = self.actors.pop(msg.target, None)
                 if cell is None:
@@ -975,10 +1012,6 @@ class Runtime:
                 on_pong = self.on_pong.get(conn.peer or "")
                 if on_pong is not None:
                     on_pong()
-            case RdmaOp():
-                from ..rdma._buffer import serve_op
-
-                serve_op(self, conn, msg, bufs)
             case PeerDown():  # calls to it fail (its connection stays) until PeerUp
                 self.dead[msg.addr] = not_responding(msg, self.loop.time, in_flight=False)
                 in_flight = not_responding(msg, self.loop.time, in_flight=True)
@@ -994,7 +1027,11 @@ class Runtime:
                 if self.on_shutdown is not None:
                     self.on_shutdown()
             case _:
-                log.warning("meshio: unexpected %s from %s", type(msg).__name__, conn.peer)
+                registered = self.handlers.get(type(msg))
+                if registered is None:
+                    log.warning("meshio: unexpected %s from %s", type(msg).__name__, conn.peer)
+                else:
+                    registered(self, conn, msg, bufs)
 
     def _missing(self, target: str) -> ErrorInfo:
         if self.restoring or target in self.lost:

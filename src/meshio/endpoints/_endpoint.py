@@ -24,6 +24,7 @@ from .._exceptions import (
 )
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
+from .._value_mesh import ValueMesh
 from ._schema import Schema
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
     from .._actor_mesh import ActorMesh
     from .._extent import Point
-    from .._value_mesh import ValueMesh
 
 __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 
@@ -192,8 +192,6 @@ class Endpoint(Generic[P, R]):
         return cancels(asyncio.ensure_future(self._gather(futs)), futs)
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
-        from .._value_mesh import ValueMesh
-
         if futs:
             _, pending = await asyncio.wait(futs, timeout=self._timeout)
             if pending:

@@ -42,7 +42,7 @@ from .._exceptions import (
     SupervisionError,
 )
 from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
-from .._transport._runtime import Connection, Pending, Runtime, runtime
+from .._transport._runtime import Connection, Pending, Runtime, register_handler, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
 
 if TYPE_CHECKING:
@@ -578,3 +578,5 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
             conn.send_message(Reply(msg.req, MSGPACK_NIL),
                               [(accept(rt, conn, msg.info), KIND_BYTEARRAY)])
 
+
+register_handler(RdmaOp, serve_op)

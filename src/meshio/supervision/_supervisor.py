@@ -26,9 +26,11 @@ import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 from .._exceptions import SupervisionError
+from .._transport._messages import ErrorInfo
+from .._transport._runtime import runtime
 
 if TYPE_CHECKING:
     from .._proc_mesh import _ProcState
@@ -272,15 +274,12 @@ class Supervisor:
     def _order(self) -> list[tuple[_ProcState | Supervisor, int]]:
         """Children as restart units in declaration order: one per process of
         a proc mesh, one per child supervisor (rank -1)."""
-        from .._proc_mesh import _ProcState
-
         units: list[tuple[_ProcState | Supervisor, int]] = []
         for child in self.children:
-            if isinstance(child, _ProcState):
-                if not child.stopped:  # stopped by its owner: nothing to restart
-                    units.extend((child, w.rank) for w in child.workers)
-            else:
+            if isinstance(child, Supervisor):
                 units.append((child, -1))
+            elif not child.stopped:  # stopped by its owner: nothing to restart
+                units.extend((child, w.rank) for w in child.workers)
         return units
 
     def child_failed(self, child: _ProcState | Supervisor, rank: int, cause: str, *,
@@ -431,9 +430,6 @@ class Supervisor:
         becomes a failure of that actor, sent to the controller of its proc
         mesh like an exception escaping a broadcast (its supervisor replaces
         the process; without one it is reported on the controller's stderr)."""
-        from .._transport._messages import ErrorInfo
-        from .._transport._runtime import runtime
-
         ctx = self._owner
         how = ("its __supervise__ raised" if owner_said
                else "neither __supervise__ nor on_escalate handled it")
@@ -454,10 +450,16 @@ def _who(child: _ProcState | Supervisor, rank: int) -> str:
     return f"proc mesh {child.name!r} rank {rank}"
 
 
-def _owner_instance(ctx: Any) -> Any:
-    from .._transport._runtime import runtime
+@runtime_checkable
+class _Hosting(Protocol):
+    """An actor cell as supervision sees it: the actor's context and instance."""
 
+    ctx: Any
+    instance: Any
+
+
+def _owner_instance(ctx: Any) -> Any:
     for cell in runtime().actors.values():
-        if cell.ctx is ctx:
+        if isinstance(cell, _Hosting) and cell.ctx is ctx:
             return cell.instance
     return None

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 
+from .._transport._handshake import CHALLENGE_SIZE, Handshake
+from .._transport._runtime import runtime, sockaddr
+
 __all__ = ("child_pids", "open_job_connection", "wait_exited")
 
 
@@ -57,9 +60,6 @@ async def open_job_connection(addr: str, secret: bytes | None = None
     Raises:
         AuthenticationError: the process there is not of this job.
     """
-    from .._transport._handshake import CHALLENGE_SIZE, Handshake
-    from .._transport._runtime import runtime, sockaddr
-
     hs = Handshake(runtime().secret if secret is None else secret, dialler=True)
     reader, writer = await asyncio.open_unix_connection(sockaddr(addr))
     try:
