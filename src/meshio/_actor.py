@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
+from ._actor_mesh import ActorMesh
 from ._exceptions import NotInActorError
 from .endpoints._endpoint import EndpointDescriptor
 from .endpoints._schema import Schema
@@ -18,14 +19,13 @@ if TYPE_CHECKING:
     import asyncio
     from typing import ParamSpec, Self
 
-    from ._actor_mesh import ActorMesh
     from ._extent import Extent, Point
     from ._value_mesh import ValueMesh
 
     P = ParamSpec("P")
     R = TypeVar("R")
 
-__all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank", "self_mesh")
+__all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank")
 
 A = TypeVar("A", bound="Actor")
 #: what ``Context.mesh`` is typed as: the actor's class, or ``ActorMesh[Any]``
@@ -44,8 +44,6 @@ class _ActorMeta(abc.ABCMeta):
     def __instancecheck__(cls, obj: object) -> bool:
         if super().__instancecheck__(obj):
             return True
-        from ._actor_mesh import ActorMesh
-
         return isinstance(obj, ActorMesh) and issubclass(obj._cls, cls)  # pyright: ignore[reportUnknownMemberType]
 
 
@@ -195,9 +193,6 @@ class Context(Generic[M]):
 
 
 _context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
-#: the actors waiting on the call being served (``Call.chain``), this one last
-_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "meshio_call_chain", default=())
 
 
 def _own(thing: Any) -> None:
@@ -238,16 +233,5 @@ def context(actor_class: type[Actor] | None = None, /) -> Context[Any]:
 def current_rank() -> Point:
     """The running actor's point: ``context().point``."""
     return context().point
-
-
-def self_mesh(actor: object) -> ActorMesh[Any]:
-    """A one-actor mesh referring to ``actor`` itself."""
-    ctx: Context[ActorMesh[Any]] | None = getattr(actor, "_meshio_context", None)
-    if ctx is None:
-        raise NotInActorError(
-            f"{type(actor).__qualname__} was not spawned on a proc mesh; endpoints can only "
-            "be called on actors created with procs.spawn(...)")
-    point = ctx.point
-    return ctx.mesh.slice(**{k: point[k] for k in point})
 
 

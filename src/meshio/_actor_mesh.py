@@ -8,12 +8,12 @@ directly (not through the controller).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
 
-from ._actor import _chain
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._transport._messages import Call, Cancel, StopActor, encode_message
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from ._value_mesh import ValueMesh
 
 __all__ = ("ActorMesh",)
+
+#: the actors waiting on the call being served (``Call.chain``), this one last
+_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "meshio_call_chain", default=())
 
 #: seconds a retryable call keeps trying across restarts
 RETRY_WINDOW = 60.0

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._actor import Actor, Context, ProcInfo, _chain, _context
-from ._actor_mesh import ActorMesh
+from ._actor import Actor, Context, ProcInfo, _context
+from ._actor_mesh import ActorMesh, _chain
 from ._constants import MSGPACK_NIL
 from ._exceptions import SchemaError
 from ._extent import Region
@@ -33,6 +33,7 @@ from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, Spawn
 from ._transport._runtime import Connection, Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
+from .rdma._registry import release_owned
 
 if TYPE_CHECKING:
     from ._proc_mesh import _ProcState
@@ -311,8 +312,6 @@ class ActorCell:
         for task in tasks:
             task.cancel()
         if getattr(self.rt, "_rdma", None):
-            from .rdma._buffer import release_owned
-
             release_owned(self.rt, self.target)  # its RDMA registrations go with it
         while self.mailbox:
             conn, msg, _ = self.mailbox.popleft()

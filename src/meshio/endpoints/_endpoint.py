@@ -19,6 +19,7 @@ from .._exceptions import (
     CallTimeout,
     MeshioError,
     MeshShapeError,
+    NotInActorError,
     SupervisionError,
     rebuild_error,
 )
@@ -39,6 +40,19 @@ P = ParamSpec("P")
 R = TypeVar("R")
 A = TypeVar("A")
 T = TypeVar("T")
+
+
+def _self_mesh(actor: object) -> ActorMesh[Any]:
+    """A one-actor mesh referring to ``actor`` itself (its context, a
+    :class:`meshio.Context`, is set when it is spawned)."""
+    ctx: Any = getattr(actor, "_meshio_context", None)
+    if ctx is None:
+        raise NotInActorError(
+            f"{type(actor).__qualname__} was not spawned on a proc mesh; endpoints can only "
+            "be called on actors created with procs.spawn(...)")
+    point = ctx.point
+    mesh: ActorMesh[Any] = ctx.mesh.slice(**{k: point[k] for k in point})
+    return mesh
 
 
 class EndpointDescriptor(Generic[A, P, R]):
@@ -81,9 +95,7 @@ class EndpointDescriptor(Generic[A, P, R]):
         if obj is None:
             return self
         # Read on an actor instance: the endpoint of that actor alone.
-        from .._actor import self_mesh
-
-        return Endpoint(self_mesh(obj), self)
+        return Endpoint(_self_mesh(obj), self)
 
     def __repr__(self) -> str:
         return f"<endpoint {self.fn.__qualname__}>"

@@ -10,7 +10,7 @@ two processes:
   the owner's code does not run.  A token word in the owner's memory,
   read the same way, tells whether the buffer was dropped.
 - ``ibverbs``: RDMA READ/WRITE on a reliable-connected queue pair
-  (:mod:`._rdma_ibverbs`, our own cffi binding, present only when built
+  (:mod:`._ibverbs` over our typed cffi binding, present only when built
   against libibverbs and a device exists); the owner's code does not run.
 - ``tcp``: chunks over the meshio connection, served by the owner's
   runtime (not its actors); a :class:`RDMAFallbackWarning` is emitted once.
@@ -21,15 +21,12 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
-import itertools
 import os
-import secrets
 import socket
 import sys
 import warnings
 from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import msgspec
 
@@ -42,24 +39,28 @@ from .._exceptions import (
     SupervisionError,
 )
 from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
-from .._transport._runtime import Connection, Pending, Runtime, register_handler, runtime
+from .._transport._runtime import Connection, Runtime, register_handler, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
+from ._registry import (
+    BACKENDS,
+    Backend,
+    Handle,
+    Registration,
+    _ids,
+    _Memory,
+    _registry,
+    _request,
+)
 
 if TYPE_CHECKING:
     import torch
     from typing_extensions import Buffer
 
-    from ._ibverbs import IbRegistration
-
 __all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for", "serve_op")
 
-#: an RDMA backend's name
-Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
 #: memory an ``RDMABuffer`` registers or copies to or from: an object with the
 #: buffer protocol (``bytearray``, ``memoryview``, numpy array...) or a CPU tensor
 BufferLike: TypeAlias = "Buffer | torch.Tensor"
-#: every backend meshio knows, fastest first where they compete
-BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
 #: bytes per TCP chunk, and chunks in flight
 TCP_CHUNK: Final = 8 << 20
 TCP_WINDOW: Final = 4
@@ -94,16 +95,6 @@ _get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_in
 _release_buffer = ctypes.pythonapi.PyBuffer_Release
 _release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
 _PyBUF_WRITABLE = 0x0001
-
-
-@dataclass(frozen=True)
-class _Memory:
-    """A contiguous byte range in this process, and what keeps it alive."""
-
-    keep: Any
-    addr: int
-    size: int
-    writable: bool
 
 
 def _memory(obj: Any, what: str, *, writable: bool) -> _Memory:
@@ -142,78 +133,12 @@ def _memory(obj: Any, what: str, *, writable: bool) -> _Memory:
     return _Memory(view, addr, view.nbytes, not view.readonly)
 
 
-# ------------------------------------------------------ owner's registry
-
-class Registration:
-    """A registered buffer in its owner process."""
-
-    __slots__ = ("ib", "id", "memory", "owner", "token", "token_cell")
-
-    def __init__(self, reg_id: int, memory: _Memory, owner: str) -> None:
-        self.id = reg_id
-        self.memory = memory
-        self.owner = owner
-        self.token = secrets.randbits(63) | 1
-        self.token_cell = ctypes.c_uint64(self.token)
-        self.ib: IbRegistration | None = None
-
-    @property
-    def token_addr(self) -> int:
-        return ctypes.addressof(self.token_cell)
-
-    def view(self) -> memoryview:
-        m = self.memory
-        return memoryview((ctypes.c_char * m.size).from_address(m.addr)).cast("B")
-
-    def release(self) -> None:
-        self.token_cell.value = 0  # readers on this host see "dropped"
-        _graveyard.append(self.token_cell)  # stays mapped: a late reader reads 0, not garbage
-        if self.ib is not None:
-            self.ib.close()
-            self.ib = None
-
-
-_graveyard: list[ctypes.c_uint64] = []
-_ids = itertools.count(1)
-
-
-def _registry(rt: Runtime) -> dict[int, Registration]:
-    reg: dict[int, Registration] | None = getattr(rt, "_rdma", None)
-    if reg is None:
-        reg = rt._rdma = {}  # type: ignore[attr-defined]
-    return reg
-
-
-def release_owned(rt: Runtime, owner: str) -> None:
-    """Release every buffer registered by the actor ``owner`` (it stopped)."""
-    registry = _registry(rt)
-    for reg in [r for r in registry.values() if r.owner == owner]:
-        registry.pop(reg.id).release()
-
-
-# ---------------------------------------------------------------- handle
-
-@dataclass(frozen=True)
-class Handle:
-    """What travels: enough for another process to reach the buffer."""
-
-    owner: str  # meshio address of the owner process
-    pid: int
-    host: str  # HOST_ID of the owner
-    buf: int
-    token: int
-    token_addr: int
-    addr: int
-    size: int
-    ib: bytes | None = None  # ibverbs remote key / address / port info
-    backend: Backend | None = None  # forced backend
-
-
 @functools.cache
 def available_backends() -> tuple[Backend, ...]:
     """Backends this process can use, in order of preference."""
     found: list[Backend] = ["same_host"] if sys.platform == "linux" else []
     try:
+        # deferred: imports the cffi module (absent without libibverbs)
         from ._ibverbs import devices
     except ImportError:
         pass
@@ -294,6 +219,7 @@ class RDMABuffer:
         reg = Registration(next(_ids), memory, ctx.mesh._target if ctx else "")
         ib: bytes | None = None
         if "ibverbs" in available_backends():
+            # deferred: imports the cffi module (absent without libibverbs)
             from ._ibverbs import register
 
             reg.ib = register(memory.addr, memory.size)
@@ -405,6 +331,7 @@ class RDMABuffer:
             case "same_host":
                 coro = _same_host(self._handle, op, local, offset, length)
             case "ibverbs":
+                # deferred: imports the cffi module (absent without libibverbs)
                 from ._ibverbs import transfer
 
                 coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
@@ -491,37 +418,6 @@ def _warn_tcp(h: Handle) -> None:
                       RDMAFallbackWarning, stacklevel=4)
 
 
-def _take_buffer(raw: Any, bufs: Buffers) -> Any:
-    return bufs[0] if bufs else b""
-
-
-async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
-                   out: list[tuple[Any, int]] | None = None) -> Any:
-    """One request served by the owner's runtime; :class:`CallTimeout` if
-    no answer comes within ``timeout`` seconds."""
-    conn = rt.connect(h.owner)
-    fut: asyncio.Future[Any] = rt.loop.create_future()
-    req = conn.next_req(Pending(fut, _take_buffer, f"RDMA {msg.op}", f"buffer {h.buf}",
-                                f"owner pid {h.pid}"))
-    conn.send_message(replace_req(msg, req), out or [])
-    try:
-        return await (fut if timeout is None else asyncio.wait_for(fut, timeout))
-    except TimeoutError:
-        raise CallTimeout(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) did not "
-                          f"answer within {timeout}s (stopped, or its loop is blocked); the "
-                          f"request may still take effect if it resumes",
-                          endpoint=f"RDMABuffer.{msg.op}") from None
-    except SupervisionError as e:
-        raise RDMAError(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) is "
-                        f"unreachable: {e}") from None
-    finally:
-        conn.pending.pop(req, None)  # given up (timeout, cancel): a late reply is ignored
-
-
-def replace_req(msg: RdmaOp, req: int) -> RdmaOp:
-    return msgspec.structs.replace(msg, req=req)
-
-
 async def _tcp(h: Handle, op: Transfer, local: _Memory, offset: int, length: int) -> None:
     """Chunks over the meshio connection (the transfer's timeout is applied
     around the whole transfer by :meth:`RDMABuffer._run`)."""
@@ -573,6 +469,7 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
             registry.pop(msg.buf).release()
             conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "connect":
+            # deferred: imports the cffi module (absent without libibverbs)
             from ._ibverbs import accept
 
             conn.send_message(Reply(msg.req, MSGPACK_NIL),

@@ -1,0 +1,136 @@
+"""What both sides of an RDMA buffer share, below the backends: the owner's
+registry of registered memory (one per runtime), the :class:`Handle` that
+travels, and a request served by the owner's runtime (``tcp`` transfers,
+``drop``, the ``ibverbs`` connection set-up)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+import msgspec
+
+from .._exceptions import CallTimeout, RDMAError, SupervisionError
+from .._transport._messages import RdmaOp
+from .._transport._runtime import Pending, Runtime
+from .._transport._serial import Buffers
+
+if TYPE_CHECKING:
+    from ._ibverbs import IbRegistration
+
+#: an RDMA backend's name
+Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
+#: every backend meshio knows, fastest first where they compete
+BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """A contiguous byte range in this process, and what keeps it alive."""
+
+    keep: Any
+    addr: int
+    size: int
+    writable: bool
+
+
+# ------------------------------------------------------ owner's registry
+
+class Registration:
+    """A registered buffer in its owner process."""
+
+    __slots__ = ("ib", "id", "memory", "owner", "token", "token_cell")
+
+    def __init__(self, reg_id: int, memory: _Memory, owner: str) -> None:
+        self.id = reg_id
+        self.memory = memory
+        self.owner = owner
+        self.token = secrets.randbits(63) | 1
+        self.token_cell = ctypes.c_uint64(self.token)
+        self.ib: IbRegistration | None = None
+
+    @property
+    def token_addr(self) -> int:
+        return ctypes.addressof(self.token_cell)
+
+    def view(self) -> memoryview:
+        m = self.memory
+        return memoryview((ctypes.c_char * m.size).from_address(m.addr)).cast("B")
+
+    def release(self) -> None:
+        self.token_cell.value = 0  # readers on this host see "dropped"
+        _graveyard.append(self.token_cell)  # stays mapped: a late reader reads 0, not garbage
+        if self.ib is not None:
+            self.ib.close()
+            self.ib = None
+
+
+_graveyard: list[ctypes.c_uint64] = []
+_ids = itertools.count(1)
+
+
+def _registry(rt: Runtime) -> dict[int, Registration]:
+    reg: dict[int, Registration] | None = getattr(rt, "_rdma", None)
+    if reg is None:
+        reg = rt._rdma = {}  # type: ignore[attr-defined]
+    return reg
+
+
+def release_owned(rt: Runtime, owner: str) -> None:
+    """Release every buffer registered by the actor ``owner`` (it stopped)."""
+    registry = _registry(rt)
+    for reg in [r for r in registry.values() if r.owner == owner]:
+        registry.pop(reg.id).release()
+
+
+# ---------------------------------------------------------------- handle
+
+@dataclass(frozen=True)
+class Handle:
+    """What travels: enough for another process to reach the buffer."""
+
+    owner: str  # meshio address of the owner process
+    pid: int
+    host: str  # HOST_ID of the owner
+    buf: int
+    token: int
+    token_addr: int
+    addr: int
+    size: int
+    ib: bytes | None = None  # ibverbs remote key / address / port info
+    backend: Backend | None = None  # forced backend
+
+
+def _take_buffer(raw: Any, bufs: Buffers) -> Any:
+    return bufs[0] if bufs else b""
+
+
+async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
+                   out: list[tuple[Any, int]] | None = None) -> Any:
+    """One request served by the owner's runtime; :class:`CallTimeout` if
+    no answer comes within ``timeout`` seconds."""
+    conn = rt.connect(h.owner)
+    fut: asyncio.Future[Any] = rt.loop.create_future()
+    req = conn.next_req(Pending(fut, _take_buffer, f"RDMA {msg.op}", f"buffer {h.buf}",
+                                f"owner pid {h.pid}"))
+    conn.send_message(replace_req(msg, req), out or [])
+    try:
+        return await (fut if timeout is None else asyncio.wait_for(fut, timeout))
+    except TimeoutError:
+        raise CallTimeout(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) did not "
+                          f"answer within {timeout}s (stopped, or its loop is blocked); the "
+                          f"request may still take effect if it resumes",
+                          endpoint=f"RDMABuffer.{msg.op}") from None
+    except SupervisionError as e:
+        raise RDMAError(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) is "
+                        f"unreachable: {e}") from None
+    finally:
+        conn.pending.pop(req, None)  # given up (timeout, cancel): a late reply is ignored
+
+
+def replace_req(msg: RdmaOp, req: int) -> RdmaOp:
+    return msgspec.structs.replace(msg, req=req)
