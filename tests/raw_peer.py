@@ -1,5 +1,5 @@
 """A raw peer for wire tests: dials a runtime with the job's handshake and
-speaks frames by hand (``meshio._transport._runtime.frame_header`` +
+speaks frames by hand (``meshio._transport._frames.frame_header`` +
 ``meshio._transport._messages``)."""
 
 from __future__ import annotations

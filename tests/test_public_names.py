@@ -20,8 +20,9 @@ import pytest
 
 import meshio
 from meshio import Actor, endpoint
+from meshio._transport._frames import frame_header
 from meshio._transport._messages import ErrorInfo, Fail, RdmaOp, decode_message, encode_message
-from meshio._transport._runtime import Connection, Pending, frame_header, runtime
+from meshio._transport._runtime import Connection, Pending, runtime
 
 PACKAGES = ("meshio", "meshio.endpoints", "meshio.supervision", "meshio.rdma", "meshio.testing")
 GUARD = 30.0

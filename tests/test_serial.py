@@ -21,7 +21,8 @@ import torch
 import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
-from meshio._transport._runtime import MAX_BUFS, Connection, frame_header
+from meshio._transport._frames import MAX_BUFS, frame_header
+from meshio._transport._runtime import Connection
 from meshio._transport._serial import (
     KIND_BYTEARRAY,
     KIND_BYTES,

@@ -21,7 +21,8 @@ from supervision_helpers import Events
 import meshio
 from meshio import Actor, endpoint
 from meshio._transport import _messages as M
-from meshio._transport._runtime import frame_header, runtime
+from meshio._transport._frames import frame_header
+from meshio._transport._runtime import runtime
 from meshio.endpoints._endpoint import rank_ranges
 from meshio.supervision import ManualClock
 from meshio.testing._helpers import wait_exited

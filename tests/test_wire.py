@@ -2,7 +2,7 @@
 truncated frames on a worker's socket, calls to unknown actors and endpoints.
 
 A raw client dials a worker's listening Unix socket and speaks the frame
-format by hand (``meshio._transport._runtime.frame_header`` + ``meshio._transport._messages``).
+format by hand (``meshio._transport._frames.frame_header`` + ``meshio._transport._messages``).
 After each abuse the worker must still serve the controller's calls.
 """
 
@@ -20,7 +20,8 @@ import pytest_asyncio
 import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
-from meshio._transport._runtime import MAX_BODY, MAX_BUFS, frame_header, runtime
+from meshio._transport._frames import MAX_BUFS, frame_header
+from meshio._transport._runtime import MAX_BODY, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES
 from raw_peer import close, dial, expect_eof, read_frame
 

@@ -28,7 +28,8 @@ from meshio import SchemaError
 from meshio._port import PortReceiver
 from meshio._transport import _messages as M
 from meshio._transport import _runtime as R
-from meshio._transport._runtime import Connection, Pending, frame_header
+from meshio._transport._frames import frame_header
+from meshio._transport._runtime import Connection, Pending
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
 from meshio.endpoints._schema import Schema
 

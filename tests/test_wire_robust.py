@@ -25,7 +25,8 @@ import pytest_asyncio
 import meshio
 from meshio import Actor, ActorMesh, Channel, Port, SchemaError, endpoint
 from meshio._transport import _messages as M
-from meshio._transport._runtime import frame_header, runtime
+from meshio._transport._frames import frame_header
+from meshio._transport._runtime import runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
 from raw_peer import close, dial, expect_eof, read_frame
 

@@ -10,11 +10,11 @@ from . import rdma as rdma
 from . import supervision as supervision
 from . import testing as testing
 from ._actor import Actor as Actor
-from ._actor import Context as Context
-from ._actor import ProcInfo as ProcInfo
 from ._actor import context as context
 from ._actor import current_rank as current_rank
 from ._actor_mesh import ActorMesh as ActorMesh
+from ._context import Context as Context
+from ._context import ProcInfo as ProcInfo
 from ._exceptions import ActorError as ActorError
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import CallTimeout as CallTimeout
@@ -49,7 +49,7 @@ from .endpoints._endpoint import Endpoint as Endpoint
 from .endpoints._endpoint import EndpointDescriptor as EndpointDescriptor
 from .endpoints._endpoint import endpoint as endpoint
 from .rdma._buffer import RDMABuffer as RDMABuffer
-from .supervision._supervisor import SupervisionEvent as SupervisionEvent
+from .supervision._events import SupervisionEvent as SupervisionEvent
 from .supervision._supervisor import Supervisor as Supervisor
 
 __all__ = (

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import abc
 import builtins
-import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from ._actor_mesh import ActorMesh
+from ._context import Context, _context
 from ._exceptions import NotInActorError
 from .endpoints._endpoint import EndpointDescriptor
 from .endpoints._schema import Schema
@@ -25,11 +24,9 @@ if TYPE_CHECKING:
     P = ParamSpec("P")
     R = TypeVar("R")
 
-__all__ = ("Actor", "Context", "ProcInfo", "context", "current_rank")
+__all__ = ("Actor", "context", "current_rank")
 
 A = TypeVar("A", bound="Actor")
-#: what ``Context.mesh`` is typed as: the actor's class, or ``ActorMesh[Any]``
-M = TypeVar("M")
 
 #: names of mesh operations; an endpoint may not take one of them
 RESERVED = frozenset({
@@ -158,49 +155,6 @@ class Actor(metaclass=_ActorMeta):
             """Mesh operation (an actor mesh's, for type checkers): stop these
             actors (their ``__cleanup__`` runs; their processes keep running)."""
             ...
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """The process an actor lives in."""
-
-    rank: int
-    pid: int
-    host: str
-    addr: str
-
-
-@dataclass(frozen=True)
-class Context(Generic[M]):
-    """Where the running actor is.
-
-    Attributes:
-        point: the actor's coordinates in the mesh it was spawned as.
-        actor_name: the name given to ``procs.spawn``.
-        proc: the process hosting the actor.
-        mesh: a reference to the whole actor mesh (call your peers with it);
-            typed as the actor's class with ``context(Trainer)``.
-    """
-
-    point: Point
-    actor_name: str
-    proc: ProcInfo
-    mesh: M
-    #: what the actor started, oldest first: the actor meshes it spawned and
-    #: the ``_ProcState`` of the proc meshes it started; stopped before its
-    #: own ``__cleanup__`` runs, newest first (``meshio._cell._stop_owned``)
-    _owned: list[Any] = field(default_factory=list[Any], init=False, repr=False, compare=False)
-
-
-_context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
-
-
-def _own(thing: Any) -> None:
-    """The running actor, if any, owns ``thing`` (an actor mesh or a proc
-    mesh's state): it is stopped when the actor is stopped."""
-    ctx = _context.get(None)
-    if ctx is not None:
-        ctx._owned.append(thing)
 
 
 @overload

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._actor import Actor, Context, ProcInfo, _context
+from ._actor import Actor
 from ._actor_mesh import ActorMesh, _chain
 from ._constants import MSGPACK_NIL
+from ._context import Context, ProcInfo, _context
 from ._exceptions import SchemaError
 from ._extent import Region
 from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
@@ -36,7 +37,7 @@ from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import release_owned
 
 if TYPE_CHECKING:
-    from ._proc_mesh import _ProcState
+    from ._proc_state import ProcState
 
 __all__ = ("CLEANUP_TIMEOUT", "OWNED_STOP_TIMEOUT", "ActorCell", "ActorThread", "actor_error",
            "spawn_cell")
@@ -159,7 +160,7 @@ async def _stop_owned(ctx: Context[Any], where: str) -> None:
             await _stop_procs(state, where)
 
 
-async def _stop_procs(state: _ProcState, where: str) -> None:
+async def _stop_procs(state: ProcState, where: str) -> None:
     grace = 0.0 if state.shutdown == "brutal_kill" else float(state.shutdown)
     try:  # (cancelled on overrun: its stop then kills the processes)
         await _bounded(state.stop(), grace + CLEANUP_TIMEOUT,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 import msgspec
 
 from .._constants import MSGPACK_NIL
+from .._context import _context
 from .._exceptions import (
     CallTimeout,
     RDMAError,
@@ -213,8 +214,6 @@ class RDMABuffer:
                              f"got {backend!r}")
         memory = _memory(obj, "RDMABuffer", writable=True)
         rt = runtime()
-        from .._actor import _context
-
         ctx = _context.get(None)
         reg = Registration(next(_ids), memory, ctx.mesh._target if ctx else "")
         ib: bytes | None = None

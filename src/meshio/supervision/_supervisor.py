@@ -25,24 +25,22 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
+from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
 from .._transport._runtime import runtime
+from ._clocks import Clock, MonotonicClock
+from ._events import SupervisionEvent
 
 if TYPE_CHECKING:
-    from .._proc_mesh import _ProcState
+    from .._proc_state import ProcState
 
 __all__ = (
-    "Clock",
-    "ManualClock",
-    "MonotonicClock",
     "RestartType",
     "ShutdownPolicy",
     "Strategy",
-    "SupervisionEvent",
     "Supervisor",
 )
 
@@ -57,83 +55,6 @@ log = logging.getLogger("meshio")
 _STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 _RESTARTS = ("permanent", "transient", "temporary")
 _EVENT_HISTORY = 10_000
-
-
-class Clock(Protocol):
-    """Time for heartbeats and intensity windows (injectable for tests)."""
-
-    def now(self) -> float: ...
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class MonotonicClock:
-    """The real clock: the event loop's monotonic time."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-class ManualClock:
-    """A clock that moves only when told to: ``clock.advance(seconds)``.
-
-    Sleepers wake, in deadline order, when the clock passes their deadline.
-    """
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-
-    def now(self) -> float:
-        return self._now
-
-    async def sleep(self, seconds: float) -> None:
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._sleepers.append((self._now + seconds, fut))
-        await fut
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward, waking every sleeper whose deadline passed."""
-        self._now += seconds
-        due = sorted((s for s in self._sleepers if s[0] <= self._now), key=lambda s: s[0])
-        self._sleepers = [s for s in self._sleepers if s[0] > self._now]
-        for _, fut in due:
-            if not fut.done():
-                fut.set_result(None)
-
-    @property
-    def sleepers(self) -> int:
-        """How many tasks are waiting on this clock (for tests to sync on)."""
-        return sum(1 for _, f in self._sleepers if not f.done())
-
-
-@dataclass(frozen=True)
-class SupervisionEvent:
-    """One thing a supervisor saw or did.
-
-    Attributes:
-        kind: ``"failure"``, ``"restart"`` (a replacement is up and its actors
-            rebuilt), ``"escalation"`` (intensity exceeded: gave up) or
-            ``"stopped"`` (a child was stopped by the strategy).
-        timestamp: wall-clock time (``time.time()``).
-        supervisor: the supervisor's name.
-        mesh: the proc mesh (or child supervisor) concerned.
-        rank: the process's rank in that mesh (-1: the whole child).
-        cause: what happened, in words.
-        pid: the process id (-1 when not about one process).
-        host: the host of the process.
-    """
-
-    kind: Literal["failure", "restart", "escalation", "stopped"]
-    timestamp: float
-    supervisor: str
-    mesh: str
-    rank: int
-    cause: str
-    pid: int = -1
-    host: str = ""
 
 
 class Supervisor:
@@ -196,7 +117,7 @@ class Supervisor:
         self.clock: Clock = clock or MonotonicClock()
         self.on_escalate: Callable[
             [SupervisionError], bool | Awaitable[bool | None] | None] | None = on_escalate
-        self.children: list[_ProcState | Supervisor] = []
+        self.children: list[ProcState | Supervisor] = []
         self.failure: SupervisionError | None = None
         #: whether ``__supervise__`` or ``on_escalate`` handled the escalation
         #: (None: no escalation, or its hooks are still running)
@@ -212,8 +133,6 @@ class Supervisor:
         if parent is not None:
             parent.children.append(self)
         try:
-            from .._actor import _context
-
             ctx = _context.get()
         except LookupError:
             pass
@@ -271,10 +190,10 @@ class Supervisor:
             self._lock = asyncio.Lock()
         return self._lock
 
-    def _order(self) -> list[tuple[_ProcState | Supervisor, int]]:
+    def _order(self) -> list[tuple[ProcState | Supervisor, int]]:
         """Children as restart units in declaration order: one per process of
         a proc mesh, one per child supervisor (rank -1)."""
-        units: list[tuple[_ProcState | Supervisor, int]] = []
+        units: list[tuple[ProcState | Supervisor, int]] = []
         for child in self.children:
             if isinstance(child, Supervisor):
                 units.append((child, -1))
@@ -282,7 +201,7 @@ class Supervisor:
                 units.extend((child, w.rank) for w in child.workers)
         return units
 
-    def child_failed(self, child: _ProcState | Supervisor, rank: int, cause: str, *,
+    def child_failed(self, child: ProcState | Supervisor, rank: int, cause: str, *,
                      abnormal: bool = True, pid: int = -1, host: str = "") -> bool:
         """A child failed (called by the proc mesh or a child supervisor);
         True if it will be restarted."""
@@ -320,8 +239,8 @@ class Supervisor:
         asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
         return True
 
-    async def _restart(self, targets: list[tuple[_ProcState | Supervisor, int]],
-                       failed: tuple[_ProcState | Supervisor, int]) -> None:
+    async def _restart(self, targets: list[tuple[ProcState | Supervisor, int]],
+                       failed: tuple[ProcState | Supervisor, int]) -> None:
         async with self._serial():
             if self.failure is not None:
                 return
@@ -343,7 +262,7 @@ class Supervisor:
                     unit, rank = failed
                     self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}")
 
-    async def _stop_unit(self, unit: _ProcState | Supervisor, rank: int) -> None:
+    async def _stop_unit(self, unit: ProcState | Supervisor, rank: int) -> None:
         if isinstance(unit, Supervisor):
             await unit.stop()
             self.event("stopped", unit.name, -1, f"{self.strategy} restart")
@@ -351,7 +270,7 @@ class Supervisor:
             await unit.stop_rank(rank)
             self.event("stopped", unit.name, rank, f"{self.strategy} restart")
 
-    async def _start_unit(self, unit: _ProcState | Supervisor, rank: int) -> None:
+    async def _start_unit(self, unit: ProcState | Supervisor, rank: int) -> None:
         if isinstance(unit, Supervisor):
             await unit._start_all()
             self.event("restart", unit.name, -1, f"{self.strategy} restart")
@@ -444,7 +363,7 @@ class Supervisor:
             await child.stop()
 
 
-def _who(child: _ProcState | Supervisor, rank: int) -> str:
+def _who(child: ProcState | Supervisor, rank: int) -> str:
     if isinstance(child, Supervisor):
         return f"child supervisor {child.name!r}"
     return f"proc mesh {child.name!r} rank {rank}"

@@ -1,0 +1,642 @@
+"""The process-slot state machine behind a proc mesh (shared by the mesh
+and all its slices): starting workers, heartbeats, failures, restarts and
+their rebuilt actors, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import msgspec
+
+from ._actor_mesh import ActorMesh
+from ._context import Context, _context
+from ._exceptions import ProcessStartError, SupervisionError
+from ._extent import Extent, Point, Region
+from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._transport._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
+from ._transport._runtime import (
+    Connection,
+    Pending,
+    Runtime,
+    ignore_result,
+    not_responding,
+    runtime,
+)
+from .endpoints._endpoint import rank_ranges
+from .supervision._clocks import Clock, MonotonicClock
+from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
+
+#: seconds a worker gets to say hello before spawn_procs fails
+START_TIMEOUT = 60.0
+#: default seconds a worker gets to exit after a shutdown request before it is killed
+STOP_GRACE = 5.0
+#: seconds to wait for an exit status after a worker's connection drops
+EXIT_STATUS_WAIT = 1.0
+#: heartbeats of a proc mesh without a supervisor (``spawn_procs(heartbeat_interval=...,
+#: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
+HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_TIMEOUT = 3.0
+
+
+class _Worker:
+    """One process slot of a proc mesh; survives restarts (same rank, same
+    address), ``handle``/``conn`` are the current incarnation's."""
+
+    __slots__ = ("addr", "cause", "conn", "constructing", "handle", "hung", "incarnation",
+                 "moved", "rank", "ready", "spec", "stopping", "unanswered")
+
+    def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.rank: int = rank
+        self.addr: str = addr
+        self.handle: ProcHandle = handle
+        self.spec: WorkerSpec = spec
+        self.conn: Connection | None = None
+        self.incarnation: int = 0
+        #: why this incarnation is being taken down (overrides the exit status)
+        self.cause: str | None = None
+        #: taken down on purpose (stop or a strategy restart), not a failure
+        self.stopping: bool = False
+        #: resolved when the current incarnation serves calls (retryable calls wait on it)
+        self.ready: asyncio.Future[None] = loop.create_future()
+        #: clock time of the oldest heartbeat not answered yet (None: all answered)
+        self.unanswered: float | None = None
+        #: (bytes received from it, bytes waiting to be sent to it) at the last heartbeat
+        self.moved: tuple[int, int] = (0, 0)
+        #: without a supervisor, while it does not answer heartbeats: its callers' error
+        self.hung: Callable[[Pending], SupervisionError] | None = None
+        #: constructors in flight: they run on its loop, so heartbeats wait meanwhile
+        self.constructing: int = 0
+
+    def construct(self, fut: asyncio.Future[Any]) -> None:
+        """A constructor runs until ``fut`` is done: heartbeats do not judge
+        the process meanwhile (loading a model in ``__init__`` is not a hang)."""
+        self.constructing += 1
+
+        def done(_: asyncio.Future[Any]) -> None:
+            self.constructing -= 1
+
+        fut.add_done_callback(done)
+
+
+class _ActorRecord:
+    """What it takes to rebuild an actor mesh's actors after a restart."""
+
+    __slots__ = ("body", "cls_blob", "labels", "mesh_blob", "name", "out", "ranks", "restart",
+                 "sizes", "target")
+
+    def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
+                 out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
+                 restart: RestartType) -> None:
+        self.name, self.target = name, target
+        self.cls_blob, self.mesh_blob, self.body, self.out = cls_blob, mesh_blob, body, out
+        self.labels, self.sizes, self.ranks, self.restart = labels, sizes, tuple(ranks), restart
+
+
+class ProcState:
+    """Shared by a proc mesh and all its slices."""
+
+    def __init__(self, name: str, launchers: Sequence[ProcLauncher], region: Region,
+                 per_host: int, supervisor: Supervisor | None = None,
+                 restart: RestartType | None = None,
+                 shutdown: ShutdownPolicy = STOP_GRACE,
+                 heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT)
+                 ) -> None:
+        self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.name: str = name
+        self.launchers: Sequence[ProcLauncher] = launchers
+        self.region: Region = region
+        self.per_host: int = per_host
+        self.supervisor: Supervisor | None = supervisor
+        self.restart: RestartType | None = restart
+        self.shutdown: ShutdownPolicy = shutdown
+        self.workers: list[_Worker] = []
+        self.actors: list[_ActorRecord] = []
+        self.actor_names: set[str] = set()
+        self.stopped: bool = False
+        #: stopped by its owner for good: nothing of it is left in the runtime
+        self.released: bool = False
+        #: called once it is released (the proc-mesh service forgets it)
+        self.on_release: list[Callable[[], None]] = []
+        self.rt: Runtime = runtime()
+        self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
+        self.heartbeat_interval: float
+        self.heartbeat_timeout: float
+        self.heartbeat_interval, self.heartbeat_timeout = (
+            heartbeat if supervisor is None
+            else (supervisor.heartbeat_interval, supervisor.heartbeat_timeout))
+        self._beating: asyncio.Task[None] | None = None
+        #: rank → why that process failed with nothing to restart it (wait_failed)
+        self.failures: dict[int, SupervisionError] = {}
+        #: ranks lost whose calls are not failed yet, and the failures waiting
+        #: for them to be printed in one line (processes that died together)
+        self._failing: set[int] = set()
+        self._unreported: list[SupervisionError] = []
+        self._failed: asyncio.Future[None] = self.rt.loop.create_future()
+        if supervisor is not None:
+            supervisor.children.append(self)
+        #: the context of the actor that started this mesh (None: the
+        #: controller's code); the actor's stop stops it
+        self.owner: Context[Any] | None = _context.get(None)
+        if self.owner is not None:
+            self.owner._owned.append(self)
+        self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
+
+    @property
+    def restart_type(self) -> RestartType:
+        """The proc mesh's own, or the most permanent of its actor meshes'."""
+        if self.restart is not None:
+            return self.restart
+        kinds = {a.restart for a in self.actors}
+        for kind in ("permanent", "transient", "temporary"):
+            if kind in kinds:
+                return kind
+        return "permanent"
+
+    def _spec(self, grank: int, point: Point) -> WorkerSpec:
+        worker_id = f"{self.id}-{grank}"
+        env = {"MESHIO_WORKER": worker_id}
+        if "gpus" in self.region.extent.labels:
+            env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
+        coords = " ".join(f"{k}={v}" for k, v in point.items())
+        return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
+                          label=f"[{self.name} {coords}]".replace(" ]", "]"),
+                          secret=self.rt.secret)
+
+    async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
+                                                                   asyncio.Future[Connection]]:
+        waiter: asyncio.Future[Connection] = self.rt.loop.create_future()
+        self.rt.hello_waiters[spec.worker] = waiter
+        launcher = self.launchers[grank // self.per_host]
+        return await launcher.launch(spec), waiter
+
+    async def _start(self) -> None:
+        waits: list[Coroutine[Any, Any, None]] = []
+        for grank, point in zip(self.region.ranks, self.region.points()):
+            spec = self._spec(grank, point)
+            handle, waiter = await self._launch(grank, spec)
+            worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
+            self.workers.append(worker)
+            waits.append(self._hello(worker, waiter))
+        try:
+            await asyncio.gather(*waits)
+        except BaseException:
+            self.kill()
+            raise
+        for worker in self.workers:
+            worker.ready.set_result(None)
+        self._beating = self.rt.loop.create_task(self._heartbeats())
+
+    def reopen(self) -> None:
+        """Undo :meth:`stop` before a parent supervisor restarts this mesh's
+        supervisor (its processes are then restarted one by one)."""
+        if self.stopped and not self.released and self.supervisor is not None:
+            self.stopped = False
+            if self._beating is not None:
+                self._beating.cancel()
+            self._beating = self.rt.loop.create_task(self._heartbeats())
+
+    async def _hello(self, worker: _Worker, waiter: asyncio.Future[Connection]) -> None:
+        exited = asyncio.ensure_future(worker.handle.wait())
+        racers: list[asyncio.Future[Any]] = [waiter, exited]
+        done, _ = await asyncio.wait(racers, timeout=START_TIMEOUT,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if waiter not in done:
+            exited.cancel()
+            why = (describe_exit(exited.result()) if exited in done
+                   else f"no hello within {START_TIMEOUT}s")
+            raise ProcessStartError(
+                f"proc mesh {self.name!r}: worker rank {worker.rank} (pid {worker.handle.pid} on "
+                f"{worker.handle.host}) failed to start: {why}; its stderr above says why",
+                actor=self.name, rank=worker.rank, host=worker.handle.host,
+                pid=worker.handle.pid, cause=why)
+        exited.cancel()
+        worker.conn = waiter.result()
+        worker.unanswered = None
+        self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
+        self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
+        self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
+        for down in self.rt.down.values():  # a new worker learns who is not responding
+            worker.conn.send_message(down())
+
+    # ------------------------------------------------------------ failures
+
+    def _lost(self, worker: _Worker, conn: Connection) -> None:
+        if conn is not worker.conn:  # an incarnation its supervisor is already replacing
+            conn.fail_all(lambda p: SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{conn.peer_pid} was stopped by its supervisor while {p.endpoint} was in "
+                f"flight", actor=p.mesh, rank=p.rank, host=worker.handle.host,
+                pid=conn.peer_pid, cause="stopped by its supervisor"))
+            return
+        # Until _fail_calls has the exit status, new calls fail at once with
+        # what is known (not with a bare "connection refused" from a redial).
+        handle = worker.handle
+
+        def error(p: Pending) -> SupervisionError:
+            cause = describe_exit(handle.returncode)
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent",
+                actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
+
+        self._responds(worker)  # gone rather than hung: workers see the lost connection
+        self._failing.add(worker.rank)
+        if not self.stopped:
+            self.rt.dead[worker.addr] = error
+            if worker.ready.done():  # retryable calls wait for the restart, not spin
+                worker.ready = self.rt.loop.create_future()
+        self.rt.loop.create_task(self._fail_calls(worker, conn, handle))
+
+    async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle) -> None:
+        try:
+            await self._fail_calls_of(worker, conn, handle)
+        finally:
+            self._failing.discard(worker.rank)
+            if not self._failing and self._unreported:
+                self._print_failures()
+
+    async def _fail_calls_of(self, worker: _Worker, conn: Connection,
+                             handle: ProcHandle) -> None:
+        if not self.stopped:
+            try:
+                await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
+            except TimeoutError:
+                pass
+        if self.stopped:
+            cause = "proc mesh stopped"
+        elif worker.cause is not None:
+            cause = worker.cause
+        elif handle.returncode is None:
+            cause = "connection lost (process still running; killed)"
+            handle.send_signal(signal.SIGKILL)
+        else:
+            cause = describe_exit(handle.returncode)
+        # replaced meanwhile, or being stopped by a strategy restart: on purpose
+        stale = conn is not worker.conn
+        restarting = stale or (worker.stopping and not self.stopped)
+        if not restarting and self.supervisor is not None and not self.stopped:
+            restarting = self.supervisor.child_failed(self, worker.rank, cause,
+                                                      abnormal=handle.returncode != 0,
+                                                      pid=handle.pid, host=handle.host)
+        note = "; its supervisor is restarting it" if restarting else ""
+
+        def error(p: Pending) -> SupervisionError:  # a call in flight when it died
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
+                f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+
+        if restarting:
+            what_now = ("its supervisor is restarting it: call again once it is back "
+                        "(a retryable endpoint waits for it)")
+        elif self.supervisor is None:
+            what_now = "nothing restarts it (no supervisor)"
+        elif (kind := self.restart_type) == "temporary" or (kind == "transient"
+                                                             and handle.returncode == 0):
+            what_now = f"it is not restarted (restart={kind!r})"
+        else:
+            what_now = f"its supervisor {self.supervisor.name!r} gave up on it"
+
+        def error_after(p: Pending) -> SupervisionError:  # a call made after it died
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent: "
+                f"{what_now}", actor=p.mesh, rank=p.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+
+        if stale:
+            conn.fail_all(error)
+            return
+        self.rt.dead[worker.addr] = error_after
+        conn.fail_all(error)
+        if worker.ready.done():
+            worker.ready = self.rt.loop.create_future()
+        if not restarting:
+            failure = SupervisionError(
+                f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
+                f"{handle.host} {cause}", actor=self.name, rank=worker.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+            self._no_restart(worker, failure)
+            if not self.stopped:
+                self._report_failure(worker, failure)
+
+    def _report_failure(self, worker: _Worker, failure: SupervisionError) -> None:
+        """A process failed and nothing restarts it: a line on stderr (when
+        no supervisor reports it; processes lost together share one line per
+        cause) and :meth:`ProcMesh.wait_failed` returns."""
+        if self.supervisor is None:
+            self._unreported.append(failure)
+        self.failures.setdefault(worker.rank, failure)
+        self._wake()
+
+    def _print_failures(self) -> None:
+        failures, self._unreported = self._unreported, []
+        by_cause: dict[str, list[SupervisionError]] = {}
+        for f in failures:
+            by_cause.setdefault(f.cause, []).append(f)
+        for cause, group in by_cause.items():
+            if len(group) == 1:
+                line = f"{group[0]}; no supervisor restarts it"
+            else:
+                group.sort(key=lambda f: f.rank)
+                hosts = sorted({f.host for f in group})
+                line = (f"proc mesh {self.name!r} ranks {rank_ranges([f.rank for f in group])}"
+                        f": processes {', '.join(str(f.pid) for f in group)} on "
+                        f"{', '.join(hosts)} {cause}; no supervisor restarts them")
+            print(f"meshio: {line}", file=sys.stderr, flush=True)
+
+    def _wake(self) -> None:
+        """Wake every :meth:`ProcMesh.wait_failed` to look again."""
+        if not self._failed.done():
+            self._failed.set_result(None)
+        self._failed = self.rt.loop.create_future()
+
+    def _no_restart(self, worker: _Worker, error: SupervisionError) -> None:
+        if not worker.ready.done():
+            worker.ready.set_exception(error)
+            worker.ready.exception()  # nobody may be waiting: don't warn
+
+    def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
+        """An actor failed with nobody to tell (a broadcast, a hook) or was
+        ended by ``SystemExit``/``KeyboardInterrupt``."""
+        sup = self.supervisor
+        restarts = sup is not None and not worker.stopping
+        if sup is None:
+            what_now = "nothing restarts it (no supervisor)"
+        elif self.stopped:
+            what_now = "its proc mesh is being stopped"
+        elif worker.stopping:
+            what_now = f"supervisor {sup.name!r} is already replacing the process"
+        else:
+            what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
+                        f"max_restarts is exceeded")
+        print(f"meshio: failure in {info.actor} rank {info.rank} (pid {worker.handle.pid}; "
+              f"{what_now}): {info.type_name}: {info.message}\n{info.traceback}",
+              file=sys.stderr, flush=True)
+        if restarts:
+            worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
+                            f"{info.rank}\n{info.traceback}")
+            worker.handle.send_signal(signal.SIGKILL)  # replaced with a fresh process
+
+    async def _heartbeats(self) -> None:
+        """Ping every live process each interval; one that leaves a ping
+        unanswered for heartbeat_timeout is hung (with or without a supervisor)."""
+        clock, interval = self.clock, self.heartbeat_interval
+        last = clock.now()
+        while not self.stopped:
+            await clock.sleep(interval)
+            now = clock.now()
+            # Our own loop was blocked: pongs may be unread; judge nobody this round.
+            stalled = now - last > interval + self.heartbeat_timeout
+            last = now
+            for w in self.workers:
+                conn = w.conn
+                if (conn is None or conn.closed or w.stopping or w.cause is not None
+                        or not w.ready.done()):  # (cause: already being killed)
+                    continue
+                moved = _moved(w, conn)
+                if stalled or moved or w.unanswered is None or w.constructing:
+                    w.unanswered = now
+                elif now - w.unanswered > self.heartbeat_timeout:
+                    self._hung(w, conn, now, now - w.unanswered)
+                    if w.cause is not None:
+                        continue
+                conn.send_message(Ping(w.incarnation))
+
+    def _hung(self, w: _Worker, conn: Connection, now: float, silent: float) -> None:
+        """``w`` has not answered heartbeats for ``silent`` seconds: a
+        supervisor kills and restarts it; without one its callers fail (the
+        process is left alone and serves calls again once it answers)."""
+        timeout = self.heartbeat_timeout
+        if self.supervisor is not None:
+            w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
+                       f"(heartbeat_timeout={timeout}s); killed")
+            w.handle.send_signal(signal.SIGKILL)
+            return
+        if w.hung is not None:
+            return
+        handle, clock, since = w.handle, self.clock, now - silent
+        down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
+        w.hung = not_responding(down, clock.now, in_flight=False)
+        print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
+              f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
+              f"answers again", file=sys.stderr, flush=True)
+        self.rt.dead[w.addr] = w.hung
+        self.rt.down[w.addr] = lambda: msgspec.structs.replace(down, silent=clock.now() - since)
+        conn.fail_all(not_responding(down, clock.now, in_flight=True))
+        self._tell(down)
+
+    def _pong(self, w: _Worker) -> None:
+        w.unanswered = None
+        if w.hung is not None:  # it answers again: calls go through
+            self._responds(w)
+            print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
+                  f"responds again", file=sys.stderr, flush=True)
+
+    def _responds(self, w: _Worker) -> None:
+        """``w`` is no longer "not responding" (it answers, is gone, or is
+        stopped): lift its callers' error here and in every worker."""
+        if w.hung is None:
+            return
+        if self.rt.dead.get(w.addr) is w.hung:
+            del self.rt.dead[w.addr]
+        w.hung = None
+        del self.rt.down[w.addr]
+        self._tell(PeerUp(w.addr))
+
+    def _tell(self, msg: PeerDown | PeerUp) -> None:
+        """Tell every process connected to this runtime (the workers of all
+        its proc meshes) but ``msg.addr`` itself, so that their actors'
+        calls to it fail, or go through again, as the controller's do."""
+        for conn in list(self.rt.all_conns):
+            if not conn.closed and conn.peer != msg.addr:
+                conn.send_message(msg)
+
+    # ------------------------------------------------- restarts (supervisor)
+
+    def worker(self, grank: int) -> _Worker:
+        return next(w for w in self.workers if w.rank == grank)
+
+    async def stop_rank(self, grank: int) -> None:
+        """Take one process down on purpose, by the shutdown policy."""
+        w = self.worker(grank)
+        w.stopping = True
+        if w.ready.done():  # retryable calls wait for restart_rank
+            w.ready = self.rt.loop.create_future()
+        await _shutdown([w], self.shutdown)
+
+    async def restart_rank(self, grank: int) -> tuple[int, str]:
+        """Replace one process: same rank and address, actors rebuilt with
+        their constructor arguments at the same coordinates."""
+        w = self.worker(grank)
+        w.stopping = True
+        if w.handle.returncode is None:
+            w.handle.send_signal(signal.SIGKILL)
+        await w.handle.wait()
+        if w.conn is not None and not w.conn.closed:
+            w.conn.abort()
+        w.conn = None  # what happens on the old connection is the old incarnation's
+        w.incarnation += 1
+        if self.stopped:
+            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
+                                   rank=grank, cause="proc mesh stopped")
+        handle, waiter = await self._launch(grank, w.spec.restarted())
+        w.handle, w.cause, w.stopping = handle, None, False
+        try:
+            await self._hello(w, waiter)
+        finally:
+            if self.stopped:  # stopped while this one started: it would be leaked
+                handle.send_signal(signal.SIGKILL)
+        if self.stopped:
+            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
+                                   rank=grank, cause="proc mesh stopped")
+        rt = self.rt
+        lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
+        futs: list[asyncio.Future[Any]] = []
+        for a in self.actors:
+            if grank not in a.ranks or a.restart == "temporary":
+                continue
+            fut: asyncio.Future[Any] = rt.loop.create_future()
+            assert w.conn is not None
+            req = w.conn.next_req(Pending(fut, ignore_result, f"{a.name}.__init__", a.name,
+                                          Region(Extent(a.labels, a.sizes), a.ranks)
+                                          .point(a.ranks.index(grank))))
+            w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
+                                           a.ranks.index(grank), a.labels, a.sizes,
+                                           a.mesh_blob, msgspec.Raw(a.body), True, grank),
+                                a.out)
+            w.construct(fut)
+            futs.append(fut)
+        if futs:
+            await asyncio.gather(*futs)
+        assert w.conn is not None
+        w.conn.send_message(Restored(lost))
+        rt.dead.pop(w.addr, None)
+        self.failures.pop(grank, None)  # restarted after all (by a parent supervisor)
+        if w.ready.done():  # failed by a stop that this restart undoes
+            w.ready = rt.loop.create_future()
+        w.ready.set_result(None)
+        return handle.pid, handle.host
+
+    async def wait_ready(self, grank: int) -> None:
+        """Wait until the process at ``grank`` serves calls again (after a
+        restart); raises SupervisionError if it will not."""
+        await asyncio.shield(self.worker(grank).ready)
+
+    # ----------------------------------------------------------------- stop
+
+    def kill(self) -> None:
+        for w in self.workers:
+            w.handle.send_signal(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._beating is not None:
+            self._beating.cancel()
+        self._wake()  # wait_failed: stopped, not failed
+        try:
+            try:
+                await self.ready
+            except Exception:
+                pass
+            await _shutdown(self.workers, self.shutdown)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            for w in self.workers:
+                self.rt.on_lost.pop(w.addr, None)
+                self.rt.on_fault_from.pop(w.addr, None)
+                self.rt.on_pong.pop(w.addr, None)
+                self._responds(w)
+                self.rt.dead[w.addr] = self._stopped_error(w)
+                self._no_restart(w, SupervisionError(
+                    f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
+                    cause="proc mesh stopped"))
+
+    def release(self) -> None:
+        """Forget this mesh (its owner stopped it for good): nothing of it
+        stays in the runtime's tables or its supervisor; calls through old
+        references fail with :meth:`stopped_error` (``ActorMesh`` asks its
+        proc mesh), or as unreachable where a reference has no proc mesh."""
+        if self.released:
+            return
+        self.released = True
+        rt = self.rt
+        for grank in self.region.ranks:
+            rt.hello_waiters.pop(f"{self.id}-{grank}", None)
+        for w in self.workers:
+            for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
+                table.pop(w.addr, None)
+            for conn in (rt.conns.pop(w.addr, None), w.conn):
+                if conn is not None:
+                    conn.abort()
+            w.conn = None
+        sup = self.supervisor
+        if sup is not None and self in sup.children:
+            sup.children.remove(self)
+        for forget in self.on_release:
+            forget()
+        self.on_release.clear()
+        if self.owner is not None:  # nothing left for its owner to stop: this, its actors
+            self.owner._owned[:] = [
+                t for t in self.owner._owned if t is not self and not (
+                    isinstance(t, ActorMesh) and t._procs is not None and t._procs._state is self)]
+        self.actors.clear()  # constructor arguments: nothing will rebuild them now
+
+    def stopped_error(self, p: Pending) -> SupervisionError:
+        """The error of a call to an actor of this mesh once it is stopped."""
+        return self._stopped_error(None)(p)
+
+    def _stopped_error(self, w: _Worker | None) -> Callable[[Pending], SupervisionError]:
+        sup = self.supervisor
+        why = (f" after its supervisor gave up ({sup.failure.cause})"
+               if sup is not None and sup.failure is not None else "")
+        cause = "supervisor gave up" if sup is not None and sup.failure is not None \
+            else "proc mesh stopped"
+
+        def error(p: Pending) -> SupervisionError:
+            return SupervisionError(
+                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} was stopped{why}; spawn a new "
+                f"one", actor=p.mesh, rank=p.rank, host="" if w is None else w.handle.host,
+                pid=-1 if w is None else w.handle.pid, cause=cause)
+        return error
+
+
+def _moved(w: _Worker, conn: Connection) -> bool:
+    """Data moved between us and ``w`` since the last heartbeat (a large
+    message): it is alive, though its pong may be queued behind that data."""
+    transport = conn.transport
+    mark = (conn._rx, transport.get_write_buffer_size() if transport is not None else 0)
+    moved = mark[0] != w.moved[0] or mark[1] < w.moved[1]
+    w.moved = mark
+    return moved
+
+
+async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
+    """Stop processes: ``brutal_kill`` at once, else a graceful request and
+    ``policy`` seconds of grace before SIGKILL."""
+    if policy == "brutal_kill":
+        for w in workers:
+            w.handle.send_signal(signal.SIGKILL)
+    else:
+        for w in workers:
+            if w.conn is not None and not w.conn.closed:
+                w.conn.send_message(Shutdown())
+    waits = [asyncio.ensure_future(w.handle.wait()) for w in workers]
+    if not waits:
+        return
+    _, pending = await asyncio.wait(waits, timeout=None if policy == "brutal_kill" else policy)
+    if pending:
+        for w in workers:
+            w.handle.send_signal(signal.SIGKILL)
+        await asyncio.wait(pending)

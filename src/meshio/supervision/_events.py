@@ -1,0 +1,36 @@
+"""What a supervisor reports: one :class:`SupervisionEvent` per failure,
+restart, escalation or stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ("SupervisionEvent",)
+
+
+@dataclass(frozen=True)
+class SupervisionEvent:
+    """One thing a supervisor saw or did.
+
+    Attributes:
+        kind: ``"failure"``, ``"restart"`` (a replacement is up and its actors
+            rebuilt), ``"escalation"`` (intensity exceeded: gave up) or
+            ``"stopped"`` (a child was stopped by the strategy).
+        timestamp: wall-clock time (``time.time()``).
+        supervisor: the supervisor's name.
+        mesh: the proc mesh (or child supervisor) concerned.
+        rank: the process's rank in that mesh (-1: the whole child).
+        cause: what happened, in words.
+        pid: the process id (-1 when not about one process).
+        host: the host of the process.
+    """
+
+    kind: Literal["failure", "restart", "escalation", "stopped"]
+    timestamp: float
+    supervisor: str
+    mesh: str
+    rank: int
+    cause: str
+    pid: int = -1
+    host: str = ""
