@@ -33,9 +33,10 @@ import meshio._transport._runtime
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
 from meshio._launcher import _Forward
 from meshio._transport import _messages as M
+from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
-from meshio._transport._runtime import Pending, Runtime, runtime, sockaddr
+from meshio._transport._runtime import Runtime, runtime, sockaddr
 from meshio._transport._serial import dumps
 from meshio.testing._helpers import open_job_connection, wait_exited
 

@@ -11,7 +11,8 @@ import pytest
 
 import meshio
 from meshio import Actor, ActorMesh, SchemaError, context, endpoint
-from meshio._transport._runtime import Connection, runtime
+from meshio._transport._connection import Connection
+from meshio._transport._runtime import runtime
 
 
 class Learner(Actor):

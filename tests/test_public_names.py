@@ -20,9 +20,10 @@ import pytest
 
 import meshio
 from meshio import Actor, endpoint
+from meshio._transport._connection import Connection, Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._messages import ErrorInfo, Fail, RdmaOp, decode_message, encode_message
-from meshio._transport._runtime import Connection, Pending, runtime
+from meshio._transport._runtime import runtime
 
 PACKAGES = ("meshio", "meshio.endpoints", "meshio.supervision", "meshio.rdma", "meshio.testing")
 GUARD = 30.0

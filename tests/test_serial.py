@@ -1,7 +1,7 @@
 """Serialisation: tensors, big buffers, untyped Python values and typed,
 validated values through real worker processes; out-of-band packing
 (``meshio._transport._serial.Packer``) and the frame parser
-(``meshio._transport._runtime.Connection``) as units."""
+(``meshio._transport._connection.Connection``) as units."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import torch
 import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
+from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
-from meshio._transport._runtime import Connection
 from meshio._transport._serial import (
     KIND_BYTEARRAY,
     KIND_BYTES,
@@ -586,7 +586,7 @@ def test_parser_delivers_real_messages() -> None:
     loop = asyncio.new_event_loop()
     try:
         c = Connection(mock.Mock(), None)
-        from meshio._transport._runtime import Pending
+        from meshio._transport._connection import Pending
 
         fut = loop.create_future()
         req = c.next_req(Pending(fut, lambda raw, bufs: (msgspec.msgpack.decode(raw), bufs),

@@ -21,8 +21,8 @@ import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._frames import MAX_BUFS, frame_header
-from meshio._transport._runtime import MAX_BODY, runtime
-from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES
+from meshio._transport._runtime import runtime
+from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

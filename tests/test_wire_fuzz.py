@@ -1,7 +1,7 @@
 """Property-based tests (hypothesis) of the frame parser and the value decoders.
 
 Any byte string, and any mutation of a stream of valid frames, fed to a
-:class:`~meshio._transport._runtime.Connection` in arbitrary chunks (as the event loop's
+:class:`~meshio._transport._connection.Connection` in arbitrary chunks (as the event loop's
 ``get_buffer``/``buffer_updated`` would) yields delivered messages, typed
 errors to the callers, or a dropped connection: never an exception out of the
 protocol, never memory reserved beyond the configured limits, never a
@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from meshio import SchemaError
 from meshio._port import PortReceiver
+from meshio._transport import _connection as R
 from meshio._transport import _messages as M
-from meshio._transport import _runtime as R
+from meshio._transport._connection import Connection, Pending
 from meshio._transport._frames import frame_header
-from meshio._transport._runtime import Connection, Pending
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
 from meshio.endpoints._schema import Schema
 

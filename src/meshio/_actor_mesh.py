@@ -16,8 +16,9 @@ import msgspec
 
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
+from ._transport._connection import Pending, ignore_result
 from ._transport._messages import Call, Cancel, StopActor, encode_message
-from ._transport._runtime import Pending, Runtime, actor_thread, ignore_result, runtime
+from ._transport._runtime import Runtime, actor_thread, runtime
 from ._transport._serial import OutBuffers
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
 

@@ -30,8 +30,9 @@ from ._constants import MSGPACK_NIL
 from ._context import Context, ProcInfo, _context
 from ._exceptions import SchemaError
 from ._extent import Region
+from ._transport._connection import Connection
 from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
-from ._transport._runtime import Connection, Runtime, actor_thread, register_handler
+from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import release_owned

@@ -17,12 +17,9 @@ from ._exceptions import ActorError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Region
 from ._launcher import LocalLauncher, ProcLauncher
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, _ActorRecord
+from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
-from ._transport._runtime import (
-    Pending,
-    Runtime,
-    ignore_result,
-)
+from ._transport._runtime import Runtime
 from ._transport._serial import Packer, dumps
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor

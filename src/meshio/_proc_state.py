@@ -18,15 +18,9 @@ from ._context import Context, _context
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
-from ._transport._runtime import (
-    Connection,
-    Pending,
-    Runtime,
-    ignore_result,
-    not_responding,
-    runtime,
-)
+from ._transport._runtime import Runtime, runtime
 from .endpoints._endpoint import rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor

@@ -30,6 +30,7 @@ whatever goes wrong while decoding reaches the caller as an exception (the
 from __future__ import annotations
 
 import ctypes
+import inspect
 import io
 import linecache
 import os
@@ -194,7 +195,7 @@ def _tensor_memory(t: Any) -> tuple[Any, Any]:
 
 
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int]) -> Any:
-    import torch
+    import torch  # deferred: optional and heavy; only a value holding a tensor needs it
 
     dt = getattr(torch, dtype.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
@@ -236,8 +237,6 @@ def _reduce_struct_class(cls: Any) -> Any:
     fields, which ``StructMeta`` reads once, at class creation; so the class is
     re-created from its annotations, defaults and config, and its methods
     (which may refer to the class) are set afterwards."""
-    import inspect
-
     own = dict(vars(cls).get("__annotations__", {}))
     ns: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
                           "__doc__": cls.__doc__, "__annotations__": own}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 import msgspec
@@ -264,7 +264,5 @@ def _size(value: Any) -> int:
 
 
 def _is_awaitable(tp: Any) -> bool:
-    import collections.abc
-
     origin = typing.get_origin(tp)
-    return origin in (collections.abc.Awaitable, collections.abc.Coroutine)
+    return origin in (Awaitable, Coroutine)

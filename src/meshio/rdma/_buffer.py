@@ -39,8 +39,9 @@ from .._exceptions import (
     RDMASizeError,
     SupervisionError,
 )
+from .._transport._connection import Connection
 from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply, Transfer
-from .._transport._runtime import Connection, Runtime, register_handler, runtime
+from .._transport._runtime import Runtime, register_handler, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
 from ._registry import (
     BACKENDS,

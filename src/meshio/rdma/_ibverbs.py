@@ -57,7 +57,8 @@ from ._ibverbs_cffi import (
 from ._registry import Handle, _registry, _request
 
 if TYPE_CHECKING:
-    from .._transport._runtime import Connection, Runtime
+    from .._transport._connection import Connection
+    from .._transport._runtime import Runtime
 
 __all__ = ("IbRegistration", "accept", "devices", "register", "transfer")
 

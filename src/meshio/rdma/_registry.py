@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import msgspec
 
 from .._exceptions import CallTimeout, RDMAError, SupervisionError
+from .._transport._connection import Pending
 from .._transport._messages import RdmaOp
-from .._transport._runtime import Pending, Runtime
+from .._transport._runtime import Runtime
 from .._transport._serial import Buffers
 
 if TYPE_CHECKING:

@@ -1,0 +1,566 @@
+"""One connection to a peer process: reading frames (:mod:`._frames`) into
+messages under the size limits and the per-process receive budget, sending
+them, and the calls waiting for their answers (:class:`Pending`).
+
+Nothing in a header is trusted before its data arrives: a message over the
+size limit is skipped unread and its request failed (the connection stays);
+the memory reserved for messages being received is bounded per process
+(:class:`_ReceiveBudget`: a connection whose next message does not fit
+pauses reading); a message that stops arriving drops its connection after
+``frame_timeout`` seconds without data; see :func:`meshio.set_limits`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from .._exceptions import (
+    ActorError,
+    DeadlockError,
+    MeshioError,
+    ProtocolError,
+    RDMAError,
+    RDMASizeError,
+    SchemaError,
+    SupervisionError,
+    UnknownActorError,
+    UnknownEndpointError,
+)
+from ._frames import (
+    _DIRECT,
+    _HDR,
+    _LEN_MASK,
+    _PEEK,
+    _SCRATCH,
+    MAX_BUFS,
+    _allocate,
+    _peek,
+    frame_header,
+)
+from ._messages import (
+    Call,
+    ErrorInfo,
+    Fail,
+    Hello,
+    Message,
+    PeerDown,
+    PortSend,
+    RdmaOp,
+    Reply,
+    SpawnActor,
+    decode_message,
+    encode_message,
+)
+from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ("Connection", "Pending", "error_from_info", "ignore_result", "not_responding")
+
+log = logging.getLogger("meshio")
+
+class _ReceiveBudget:
+    """The bytes this process has reserved for messages being received, over
+    all its connections, bounded by ``limits.receive_budget``.  A message
+    reserves its whole size when its header is read (so none waits holding
+    part of the budget) and gives it back when it is delivered or its
+    connection is lost.  One that does not fit waits, its connection paused,
+    and is granted in arrival order; a message alone is always granted."""
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.waiting: deque[tuple[Connection, int]] = deque()
+
+    def take(self, conn: Connection, size: int) -> bool:
+        """Reserve ``size`` bytes now, or queue ``conn`` and return False."""
+        if not self.waiting and (self.used == 0 or self.used + size <= limits.receive_budget):
+            self.used += size
+            return True
+        self.waiting.append((conn, size))
+        return False
+
+    def give(self, size: int) -> None:
+        """Return ``size`` bytes; grant waiting connections what now fits."""
+        self.used -= size
+        while self.waiting:
+            conn, need = self.waiting[0]
+            if self.used and self.used + need > limits.receive_budget:
+                break
+            self.waiting.popleft()
+            self.used += need
+            conn._held = need
+            conn.rt.loop.call_soon(conn._resume)
+
+    def forget(self, conn: Connection) -> None:
+        """``conn`` is gone: drop it from the queue."""
+        self.waiting = deque(w for w in self.waiting if w[0] is not conn)
+
+
+_budget = _ReceiveBudget()
+
+
+class Pending:
+    """A call waiting for its reply: the future, how to decode the result,
+    and who was called (for error messages)."""
+
+    __slots__ = ("decode", "endpoint", "fut", "mesh", "point")
+
+    def __init__(
+        self,
+        fut: asyncio.Future[Any],
+        decode: Callable[[Any, Buffers], Any],
+        endpoint: str,
+        mesh: str,
+        point: Any,
+    ) -> None:
+        self.fut: asyncio.Future[Any] = fut
+        self.decode: Callable[[Any, Buffers], Any] = decode
+        self.endpoint: str = endpoint
+        self.mesh: str = mesh
+        self.point: Any = point
+
+    @property
+    def rank(self) -> int:
+        """The callee's rank, when the call went to an actor (-1 otherwise)."""
+        rank: int = getattr(self.point, "rank", -1)
+        return rank
+
+
+def ignore_result(raw: Any, bufs: Buffers) -> None:
+    """The decoder of a call whose reply carries nothing (spawn, stop)."""
+    return None
+
+
+class _Frame:
+    """A frame being received: its parts (``kind << 56 | length``, the body
+    first) and those received so far."""
+
+    __slots__ = ("got", "parts")
+
+    def __init__(self, parts: tuple[int, ...]) -> None:
+        self.parts = parts
+        self.got: Buffers = []
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One connection to a peer process; both sides may send requests."""
+
+    def __init__(self, rt: Runtime, peer: str | None) -> None:
+        self.rt = rt
+        self.peer = peer
+        self.peer_pid = -1
+        self.worker = ""
+        self.transport: asyncio.Transport | None = None
+        self.closed: bool = False
+        self.pending: dict[int, Pending] = {}
+        self._req = 0
+        self._backlog: list[bytes | Any] | None = [] if peer is not None else None
+        self._buf = bytearray(_SCRATCH)
+        self._mv = memoryview(self._buf)
+        self._start: int = 0
+        self._end: int = 0
+        self._frame: _Frame | None = None
+        self._cur: memoryview | None = None
+        self._cur_pos: int = 0
+        self._skip = 0  # bytes of a refused message still to come
+        self._held = 0  # receive budget held by the frame being received
+        self._waiting = False  # paused until the receive budget grants it
+        self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
+        self._stall: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ sending
+
+    def next_req(self, pending: Pending) -> int:
+        self._req += 1
+        self.pending[self._req] = pending
+        return self._req
+
+    def send(self, body: bytes, out: OutBuffers) -> None:
+        header = frame_header(len(body), out)
+        if self.transport is not None:
+            if out:
+                self.transport.writelines([header, body, *(b for b, _ in out)])
+            else:
+                self.transport.write(header + body)
+        elif self._backlog is not None:
+            self._backlog.append(header)
+            self._backlog.append(body)
+            self._backlog.extend(b for b, _ in out)
+        # else: closed; pending calls were failed by connection_lost
+
+    def send_message(self, msg: Message, out: OutBuffers | None = None) -> None:
+        self.send(encode_message(msg), out or [])
+
+    # ---------------------------------------------------------- lifecycle
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
+        if self.peer is not None:  # we dialled: introduce ourselves first
+            self.send_message(Hello(self.rt.addr, os.getpid(), self.rt.worker))
+            backlog, self._backlog = self._backlog or [], None
+            if backlog:
+                stream.writelines(backlog)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        if self._frame is not None or self._cur is not None or self._start != self._end:
+            log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
+                        self.peer or "unidentified peer")
+        self._stop_receiving()
+        self.rt._connection_lost(self, exc)
+
+    def fail_all(self, make_error: Callable[[Pending], BaseException]) -> None:
+        """Fail every call waiting on this connection; none may be left
+        waiting, even if building its error goes wrong."""
+        pending, self.pending = self.pending, {}
+        for p in pending.values():
+            if p.fut.done():
+                continue
+            try:
+                error = make_error(p)
+            except Exception as e:
+                log.exception("meshio: building the error for %s failed", p.endpoint)
+                error = SupervisionError(
+                    f"{p.mesh} {p.point!r}: connection to process {self.peer_pid} at "
+                    f"{self.peer} lost while {p.endpoint} was in flight ({e!r} describing it)",
+                    actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
+            p.fut.set_exception(error)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---------------------------------------------------------- receiving
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._cur is not None:
+            return self._cur[self._cur_pos:]
+        if self._end == len(self._buf):
+            self._reserve(len(self._buf) - self._start + 1)
+        return self._mv[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._rx += nbytes
+        if self._cur is not None:
+            self._cur_pos += nbytes
+            if self._cur_pos < len(self._cur):
+                return
+            self._cur = None
+        else:
+            self._end += nbytes
+        self._run_parse()
+
+    def _run_parse(self) -> None:
+        try:
+            self._parse()
+        except ProtocolError as e:
+            log.warning("meshio: %s; dropping connection from %s", e,
+                        self.peer or "unidentified peer")
+            self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", str(e))))
+            self.abort()
+            return
+        if self._stall is None and self._incomplete() and not self.closed:
+            self._rx_seen = self._rx
+            self._stall = self.rt.loop.call_later(limits.frame_timeout, self._check_stall)
+
+    def _incomplete(self) -> bool:
+        return self._frame is not None or self._start != self._end or self._skip > 0
+
+    def _check_stall(self) -> None:
+        """Drop a connection whose message stopped arriving (no data for a
+        whole ``frame_timeout``, while it was not paused by us)."""
+        timer, self._stall = self._stall, None
+        if self.closed or not self._incomplete():
+            return
+        # a timer that fires late found this loop blocked, not the peer idle
+        late = timer is not None and (
+            self.rt.loop.time() - timer.when() > limits.frame_timeout / 2)
+        if self._waiting or late or self._rx != self._rx_seen:
+            self._rx_seen = self._rx
+            self._stall = self.rt.loop.call_later(limits.frame_timeout, self._check_stall)
+            return
+        log.warning("meshio: a message from %s stopped arriving (no data for %g s, "
+                    "meshio.set_limits(frame_timeout=...)); dropping the connection",
+                    self.peer or "unidentified peer", limits.frame_timeout)
+        self.abort()
+
+    def _resume(self) -> None:
+        """The receive budget granted the message this connection waits for."""
+        self._waiting = False
+        if self.closed:
+            return
+        self._run_parse()
+        transport = self.transport
+        if not self._waiting and transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def _stop_receiving(self) -> None:
+        """The connection is gone: give back what its message held."""
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._waiting:
+            _budget.forget(self)
+            self._waiting = False
+        if self._held:
+            _budget.give(self._held)
+            self._held = 0
+
+    def _reserve(self, need: int) -> None:
+        """Make room for ``need`` bytes from ``_start`` in the scratch buffer."""
+        avail = self._end - self._start
+        if need <= len(self._buf) - self._start:
+            return
+        if need <= len(self._buf) and self._start:
+            self._buf[:avail] = self._buf[self._start:self._end]
+        else:
+            bigger = bytearray(max(need, 2 * len(self._buf)))
+            bigger[:avail] = self._buf[self._start:self._end]
+            self._buf = bigger
+            self._mv = memoryview(bigger)
+        self._start, self._end = 0, avail
+
+    def _parse(self) -> None:
+        while True:
+            if self._skip:  # the rest of a refused message
+                k = min(self._end - self._start, self._skip)
+                self._start += k
+                self._skip -= k
+                if self._skip:
+                    break
+            f = self._frame
+            if f is None:
+                before = self._start
+                avail = self._end - before
+                if avail >= 8:  # fast path: a small frame without buffers, all here
+                    body_len, nbufs = _HDR.unpack_from(self._buf, before)
+                    if (not nbufs and body_len <= avail - 8
+                            and body_len <= limits.max_message):
+                        self._start = before + 8 + body_len
+                        self._deliver(bytes(self._mv[before + 8:self._start]), [])
+                        continue
+                f = self._header()
+                if f is None:
+                    if self._start != before:  # refused: skip it
+                        continue
+                    break
+                self._frame = f
+            if not self._receive(f):
+                break
+            self._frame = None
+            if self._held:
+                held, self._held = self._held, 0
+                _budget.give(held)
+            self._deliver(f.got[0], f.got[1:])
+        if self._start == self._end:
+            self._start = self._end = 0
+            if len(self._buf) > _SCRATCH:  # back to normal after a large header
+                self._buf = bytearray(_SCRATCH)
+                self._mv = memoryview(self._buf)
+
+    def _header(self) -> _Frame | None:
+        """The next frame, once its header is in and memory is reserved for
+        it; None while waiting (or after refusing one over the limit)."""
+        start = self._start
+        avail = self._end - start
+        if avail < 8:
+            return None
+        body_len, nbufs = _HDR.unpack_from(self._buf, start)
+        if body_len > MAX_BODY or nbufs > MAX_BUFS:
+            raise ProtocolError(
+                f"malformed frame header (body {body_len} bytes, {nbufs} buffers)")
+        need = 8 + 8 * nbufs
+        if avail < need:
+            self._reserve(need)
+            return None
+        descs = struct.unpack_from(f"<{nbufs}Q", self._buf, start + 8) if nbufs else ()
+        if any(d >> 56 > KIND_BYTES for d in descs):
+            raise ProtocolError("malformed frame header (unknown buffer kind)")
+        size = body_len + sum(d & _LEN_MASK for d in descs)
+        if size > limits.max_message:
+            peek = min(body_len, _PEEK)
+            if avail < need + peek:
+                self._reserve(need + peek)
+                return None
+            self._start = start + need + peek
+            self._skip = size - peek
+            self._refuse(bytes(self._mv[start + need:start + need + peek]), size)
+            return None
+        if size > _SCRATCH and not self._held:
+            if self._waiting or not _budget.take(self, size):
+                self._waiting = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                return None
+            self._held = size
+        self._start = start + need
+        return _Frame(((KIND_BYTES << 56) | body_len, *descs))
+
+    def _receive(self, f: _Frame) -> bool:
+        """Take the frame's parts from the scratch buffer; a large part not
+        all there is received straight into its own object.  True once the
+        frame is complete."""
+        got, parts = f.got, f.parts
+        while len(got) < len(parts):
+            d = parts[len(got)]
+            kind, n = d >> 56, d & _LEN_MASK
+            start = self._start
+            avail = self._end - start
+            if n <= avail:
+                part = self._mv[start:start + n]
+                got.append(bytes(part) if kind == KIND_BYTES else bytearray(part))
+                self._start = start + n
+                continue
+            if n < _DIRECT:
+                self._reserve(n)
+                return False
+            try:
+                target, tmv = _allocate(kind, n)
+            except (MemoryError, OverflowError) as e:
+                raise ProtocolError(f"cannot allocate a {n}-byte buffer for a message "
+                                    f"({type(e).__name__})") from None
+            tmv[:avail] = self._mv[start:self._end]
+            self._start = self._end
+            got.append(target)
+            self._cur, self._cur_pos = tmv, avail
+            return False
+        return True
+
+    def _malformed(self, body: bytes, e: Exception) -> None:
+        """Answer a message that does not decode: fail the request or call it
+        is recognisably about, else report it (``Fail`` with ``req`` 0)."""
+        deep = isinstance(e, RecursionError)
+        why = f"malformed message: {'nested too deeply: ' if deep else ''}{e}"
+        log.warning("meshio: %s from %s", why, self.peer or "unidentified peer")
+        tag, req = _peek(body[:_PEEK]) or (0, 0)
+        if tag in _REQUESTS and req:
+            self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why) if deep
+                                   else ErrorInfo("protocol", "ProtocolError", why)))
+        elif tag in _ANSWERS and req in self.pending:
+            p = self.pending.pop(req)
+            if not p.fut.done():
+                p.fut.set_exception(ProtocolError(
+                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] is a {why}"))
+        else:
+            self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", why)))
+
+    def _refuse(self, prefix: bytes, size: int) -> None:
+        """Answer a message over the size limit, which is skipped unread: fail
+        the request it carries, or the call or port it answers."""
+        head = _peek(prefix)
+        if head is None:
+            raise ProtocolError(f"malformed frame (a {size}-byte message, over the limit, "
+                                "whose body is not a message)")
+        tag, req = head
+        why = (f"a message of {size} bytes is over the message size limit of "
+               f"{limits.max_message} bytes of process {os.getpid()}; raise it with "
+               "meshio.set_limits(max_message=...) or MESHIO_MAX_MESSAGE, or send less at a time")
+        log.warning("meshio: skipped a message from %s unread: %s",
+                    self.peer or "unidentified peer", why)
+        if tag in _REQUESTS:
+            if req:
+                self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why)))
+        elif tag in _ANSWERS:
+            p = self.pending.pop(req, None)
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(SchemaError(
+                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] was skipped: {why}"))
+        elif tag == _PORT_SEND:
+            receiver = self.rt.ports.get(req)
+            if receiver is not None:
+                receiver._put_error(SchemaError(f"a value for port {req} was skipped: {why}"))
+
+    def _deliver(self, body: bytes, bufs: Buffers) -> None:
+        try:
+            msg = decode_message(body)
+        except Exception as e:
+            self._malformed(body, e)
+            return
+        if type(msg) is Reply:
+            p = self.pending.pop(msg.req, None)
+            if p is not None and not p.fut.done():
+                try:
+                    p.fut.set_result(p.decode(msg.value, bufs))
+                except MeshioError as e:
+                    e.args = (f"{e} (from {p.mesh} {p.point})",)
+                    p.fut.set_exception(e)
+                except Exception as e:  # this call fails; the connection serves on
+                    p.fut.set_exception(SchemaError(
+                        f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
+                        f"decoded: {type(e).__name__}: {e}"))
+            return
+        if type(msg) is Fail:
+            if msg.req == 0:
+                log.warning("meshio: peer %s reported: %s", self.peer, msg.error.message)
+                return
+            p = self.pending.pop(msg.req, None)
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(error_from_info(msg.error, p))
+            return
+        try:
+            self.rt.dispatch(self, msg, bufs)
+        except Exception:  # one message's handler failed; the connection serves on
+            log.exception("meshio: handling %s from %s failed", type(msg).__name__,
+                          self.peer or "unidentified peer")
+
+
+_REQUESTS: Final = frozenset(c.__struct_config__.tag for c in (Call, SpawnActor, RdmaOp))
+_ANSWERS: Final = frozenset(c.__struct_config__.tag for c in (Reply, Fail))
+_PORT_SEND: Final = PortSend.__struct_config__.tag
+
+
+def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
+    where = f" [{p.mesh} {p.point}]" if p is not None else ""
+    match info.kind:
+        case "actor":
+            return ActorError(
+                f"{info.type_name}: {info.message}\n  in {info.actor} rank {info.rank}, "
+                f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{info.traceback}",
+                remote_type=info.type_name, remote_message=info.message,
+                remote_traceback=info.traceback, actor=info.actor, rank=info.rank,
+                endpoint=p.endpoint if p else "")
+        case "schema":
+            return SchemaError(info.message + where)
+        case "unknown_actor":
+            return UnknownActorError(info.message + where)
+        case "unknown_endpoint":
+            return UnknownEndpointError(info.message + where)
+        case "deadlock":
+            return DeadlockError(info.message + where)
+        case "rdma":
+            cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
+            return cls(info.message + where)
+        case "supervision":
+            return SupervisionError(info.message + where, actor=info.actor, rank=info.rank,
+                                    cause=info.message)
+        case "protocol":
+            return ProtocolError(info.message + where)
+
+
+def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
+                   ) -> Callable[[Pending], SupervisionError]:
+    """What callers of the process ``down`` describes get while it does not
+    answer heartbeats (``now``: a clock in seconds, for how long so far):
+    calls in flight when that was found, or (``in_flight=False``) calls made
+    afterwards, which are not sent."""
+    since = now() - down.silent
+
+    def error(p: Pending) -> SupervisionError:
+        cause = f"not responding for {now() - since:.1f} s"
+        what = (f"while {p.endpoint} was in flight" if in_flight
+                else f"so {p.endpoint} was not sent")
+        return SupervisionError(
+            f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
+            f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
+            f"heartbeat_timeout={down.timeout} s) {what}; it is not killed (no "
+            f"supervisor): calls work again once it answers",
+            actor=p.mesh, rank=p.rank, host=down.host, pid=down.pid, cause=cause)
+    return error
