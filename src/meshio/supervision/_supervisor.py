@@ -24,8 +24,8 @@ import asyncio
 import logging
 import time
 import traceback
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from .._context import _context
 from .._exceptions import SupervisionError
@@ -33,9 +33,6 @@ from .._transport._messages import ErrorInfo
 from .._transport._runtime import runtime
 from ._clocks import Clock, MonotonicClock
 from ._events import SupervisionEvent
-
-if TYPE_CHECKING:
-    from .._proc_state import ProcState
 
 __all__ = (
     "RestartType",
@@ -55,6 +52,49 @@ log = logging.getLogger("meshio")
 _STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 _RESTARTS = ("permanent", "transient", "temporary")
 _EVENT_HISTORY = 10_000
+
+
+class _Ranked(Protocol):
+    @property
+    def rank(self) -> int: ...
+
+
+class Supervised(Protocol):
+    """What a supervisor needs of a proc mesh it supervises (the process
+    slots of ``spawn_procs(..., supervisor=sup)``, ``meshio._proc_state``)."""
+
+    @property
+    def name(self) -> str:
+        """The proc mesh's name, for events and errors."""
+        ...
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by its owner: nothing of it is restarted."""
+        ...
+
+    @property
+    def workers(self) -> Sequence[_Ranked]:
+        """Its processes, one restart unit each."""
+        ...
+
+    @property
+    def restart_type(self) -> RestartType:
+        """``permanent``, ``transient`` or ``temporary``."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop every process."""
+
+    async def stop_rank(self, grank: int, /) -> None:
+        """Stop the process of rank ``grank``."""
+
+    async def restart_rank(self, grank: int, /) -> tuple[int, str]:
+        """Start rank ``grank`` again with its actors; its new pid and host."""
+        ...
+
+    def reopen(self) -> None:
+        """Accept restarts again (its supervisor was restarted by its parent)."""
 
 
 class Supervisor:
@@ -117,7 +157,7 @@ class Supervisor:
         self.clock: Clock = clock or MonotonicClock()
         self.on_escalate: Callable[
             [SupervisionError], bool | Awaitable[bool | None] | None] | None = on_escalate
-        self.children: list[ProcState | Supervisor] = []
+        self.children: list[Supervised | Supervisor] = []
         self.failure: SupervisionError | None = None
         #: whether ``__supervise__`` or ``on_escalate`` handled the escalation
         #: (None: no escalation, or its hooks are still running)
@@ -190,10 +230,10 @@ class Supervisor:
             self._lock = asyncio.Lock()
         return self._lock
 
-    def _order(self) -> list[tuple[ProcState | Supervisor, int]]:
+    def _order(self) -> list[tuple[Supervised | Supervisor, int]]:
         """Children as restart units in declaration order: one per process of
         a proc mesh, one per child supervisor (rank -1)."""
-        units: list[tuple[ProcState | Supervisor, int]] = []
+        units: list[tuple[Supervised | Supervisor, int]] = []
         for child in self.children:
             if isinstance(child, Supervisor):
                 units.append((child, -1))
@@ -201,7 +241,7 @@ class Supervisor:
                 units.extend((child, w.rank) for w in child.workers)
         return units
 
-    def child_failed(self, child: ProcState | Supervisor, rank: int, cause: str, *,
+    def child_failed(self, child: Supervised | Supervisor, rank: int, cause: str, *,
                      abnormal: bool = True, pid: int = -1, host: str = "") -> bool:
         """A child failed (called by the proc mesh or a child supervisor);
         True if it will be restarted."""
@@ -239,8 +279,8 @@ class Supervisor:
         asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
         return True
 
-    async def _restart(self, targets: list[tuple[ProcState | Supervisor, int]],
-                       failed: tuple[ProcState | Supervisor, int]) -> None:
+    async def _restart(self, targets: list[tuple[Supervised | Supervisor, int]],
+                       failed: tuple[Supervised | Supervisor, int]) -> None:
         async with self._serial():
             if self.failure is not None:
                 return
@@ -262,7 +302,7 @@ class Supervisor:
                     unit, rank = failed
                     self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}")
 
-    async def _stop_unit(self, unit: ProcState | Supervisor, rank: int) -> None:
+    async def _stop_unit(self, unit: Supervised | Supervisor, rank: int) -> None:
         if isinstance(unit, Supervisor):
             await unit.stop()
             self.event("stopped", unit.name, -1, f"{self.strategy} restart")
@@ -270,7 +310,7 @@ class Supervisor:
             await unit.stop_rank(rank)
             self.event("stopped", unit.name, rank, f"{self.strategy} restart")
 
-    async def _start_unit(self, unit: ProcState | Supervisor, rank: int) -> None:
+    async def _start_unit(self, unit: Supervised | Supervisor, rank: int) -> None:
         if isinstance(unit, Supervisor):
             await unit._start_all()
             self.event("restart", unit.name, -1, f"{self.strategy} restart")
@@ -363,7 +403,7 @@ class Supervisor:
             await child.stop()
 
 
-def _who(child: ProcState | Supervisor, rank: int) -> str:
+def _who(child: Supervised | Supervisor, rank: int) -> str:
     if isinstance(child, Supervisor):
         return f"child supervisor {child.name!r}"
     return f"proc mesh {child.name!r} rank {rank}"
