@@ -13,6 +13,6 @@ from setuptools import setup
 VERBS_H = "/usr/include/infiniband/verbs.h"
 
 if os.path.exists(VERBS_H) and os.environ.get("MESHIO_IBVERBS", "1") != "0":
-    setup(cffi_modules=["src/meshio/_ibverbs_build.py:ffi"])
+    setup(cffi_modules=["src/meshio/rdma/_ibverbs_build.py:ffi"])
 else:
     setup()

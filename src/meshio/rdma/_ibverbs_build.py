@@ -12,7 +12,7 @@ lists exactly what the backend uses.
 (Debian: ``libibverbs-dev``); without it meshio installs without the module
 and the backend reports itself absent.  By hand::
 
-    python src/meshio/_ibverbs_build.py   # writes meshio/_ibverbs_ffi*.so
+    cd src && python meshio/rdma/_ibverbs_build.py   # writes meshio/_ibverbs_ffi*.so
 """
 
 from __future__ import annotations
