@@ -63,15 +63,17 @@ def test_transport(meshio_transport):
 def test_leaked_worker_process_fails_the_test(pytester: pytest.Pytester) -> None:
     """issue 9: a test that leaves a child process running fails its leak
     check, which names the pid and kills it; the next test is unaffected.
-    A proc mesh never stopped fails it too (its workers, or once they have
-    seen the runtime close and exited, the pidfds it still holds)."""
+    A proc mesh never stopped fails it too (its worker, stopped here so that
+    it cannot exit on its own when the runtime closes, is found and killed)."""
     result = run(pytester, """
-import subprocess, sys
+import os, signal, subprocess, sys
 import meshio
 kept, children = [], []
 
 async def test_leaks_a_proc_mesh():
-    kept.append(await meshio.this_host().spawn_procs(per_host={"procs": 1}))
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+    kept.append(procs)
+    os.kill(procs.pids[0], signal.SIGSTOP)  # so it cannot exit before the check looks
 
 def test_leaks_a_child():
     children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
