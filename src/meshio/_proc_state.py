@@ -20,7 +20,7 @@ from ._extent import Extent, Point, Region
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
-from ._transport._runtime import Runtime, runtime
+from ._transport._runtime import Runtime, print_fault, runtime
 from .endpoints._endpoint import rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -371,9 +371,7 @@ class ProcState:
         else:
             what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
                         f"max_restarts is exceeded")
-        print(f"meshio: failure in {info.actor} rank {info.rank} (pid {worker.handle.pid}; "
-              f"{what_now}): {info.type_name}: {info.message}\n{info.traceback}",
-              file=sys.stderr, flush=True)
+        print_fault(info, worker.handle.pid, what_now)
         if restarts:
             worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
                             f"{info.rank}\n{info.traceback}")

@@ -45,7 +45,8 @@ from ._messages import (
 )
 from ._serial import Buffers
 
-__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "runtime")
+__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "print_fault",
+           "runtime")
 
 log = logging.getLogger("meshio")
 
@@ -479,10 +480,15 @@ def close_runtime() -> None:
         rt.close()
 
 
+def print_fault(info: ErrorInfo, pid: int, what_now: str) -> None:
+    """One report on stderr of an actor that failed with nobody to tell:
+    where, what happens now, and its error."""
+    print(f"meshio: failure in {info.actor} rank {info.rank} (pid {pid}; {what_now}): "
+          f"{info.type_name}: {info.message}\n{info.traceback}", file=sys.stderr, flush=True)
+
+
 def _log_fault(conn: Connection, info: ErrorInfo) -> None:
     """A fault from an actor that no proc mesh of this process supervises
     (one in this process, or in a process no longer watched)."""
     pid = os.getpid() if conn.peer_pid == -1 else conn.peer_pid  # -1: from this process
-    print(f"meshio: failure in {info.actor} rank {info.rank} (pid {pid}; no proc mesh of "
-          f"this process watches it: nothing restarts it): {info.type_name}: "
-          f"{info.message}\n{info.traceback}", file=sys.stderr, flush=True)
+    print_fault(info, pid, "no proc mesh of this process watches it: nothing restarts it")
