@@ -14,7 +14,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from .._constants import MSGPACK_NIL
 from .._exceptions import (
@@ -45,8 +45,8 @@ from ._messages import (
 )
 from ._serial import Buffers
 
-__all__ = ("Connection", "Pending", "Runtime", "close_runtime", "ignore_result", "print_fault",
-           "runtime")
+__all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "close_runtime", "ignore_result",
+           "print_fault", "runtime")
 
 log = logging.getLogger("meshio")
 
@@ -152,6 +152,17 @@ class Mailbox(Protocol):
         ...
 
 
+class RuntimeState(Protocol):
+    """A layer's state kept per runtime (see :meth:`Runtime.state`)."""
+
+    def close(self) -> None:
+        """The runtime is closing: release what this state holds."""
+        ...
+
+
+_S = TypeVar("_S", bound=RuntimeState)
+
+
 class PortSink(Protocol):
     """What the transport needs of an open port (:class:`meshio.PortReceiver`)."""
 
@@ -224,6 +235,8 @@ class Runtime:
         #: worker side: temporary actors not rebuilt after a restart
         self.lost: set[str] = set()
         self.on_shutdown: Callable[[], None] | None = None
+        #: the layers' per-runtime state, by the factory that made it (:meth:`state`)
+        self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -456,9 +469,23 @@ class Runtime:
         else:
             self.connect(self.controller).send_message(Fault(info))
 
+    def state(self, make: Callable[[Runtime], _S]) -> _S:
+        """This runtime's instance of a layer's state: ``make(self)`` on first
+        use, the same object after; closed with the runtime, the last made
+        first (the one way a layer above keeps state per runtime)."""
+        st = self._states.get(make)
+        if st is None:
+            st = self._states[make] = make(self)
+        return cast(_S, st)
+
+    def has_state(self, make: Callable[[Runtime], RuntimeState]) -> bool:
+        """Whether :meth:`state` has made ``make``'s state in this runtime."""
+        return make in self._states
+
     def close(self) -> None:
-        """Stop listening and drop every connection (the end of this loop's
-        runtime; workers still attached exit when their connection drops)."""
+        """Stop listening, drop every connection and close the layers' state
+        (the end of this loop's runtime; workers still attached exit when
+        their connection drops)."""
         self._closed = True
         self._serving.cancel()
         server = getattr(self, "server", None)
@@ -469,6 +496,12 @@ class Runtime:
         for conn in list(self.all_conns):
             conn.abort()
         self._sock.close()
+        for st in reversed(list(self._states.values())):
+            try:
+                st.close()
+            except Exception:  # one layer's failure does not keep the others open
+                log.exception("meshio: closing the runtime at %s", self.addr)
+        self._states.clear()
         if _runtimes.get(self.loop) is self:
             del _runtimes[self.loop]
 
