@@ -12,6 +12,9 @@ import meshio
 import meshio._transport._runtime
 from meshio import Actor, CallTimeout, MeshioError, Point, ValueMesh, current_rank, endpoint
 
+#: these tests hold on both transports: worker processes and in-process
+pytestmark = pytest.mark.meshio_transports()
+
 #: guard against hangs in tests that wait on remote events (a failure, not a wait)
 GUARD = 30.0
 

@@ -19,6 +19,8 @@ from meshio import (
     endpoint,
 )
 
+#: these tests hold on both transports: worker processes and in-process
+pytestmark = pytest.mark.meshio_transports()
 
 class Item(msgspec.Struct):
     name: str
@@ -137,8 +139,8 @@ async def test_one_failing_rank_raises_its_own_error(faulty: Faulty) -> None:
     assert "rank 1 has no key" in err.remote_message
 
 
-async def test_every_failing_rank_is_listed() -> None:
-    async with meshio.this_host().spawn_procs(per_host={"procs": 3}) as pm:
+async def test_every_failing_rank_is_listed(meshio_host: meshio.HostMesh) -> None:
+    async with meshio_host.spawn_procs(per_host={"procs": 3}) as pm:
         f = await pm.spawn("faulty", Faulty)
         with pytest.raises(ActorError) as info:
             await f.fail_on.call(ranks=[0, 2])

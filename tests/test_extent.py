@@ -13,6 +13,8 @@ import meshio
 from meshio import Actor, Extent, Point, ValueMesh, current_rank, endpoint
 from meshio._extent import Region
 
+#: these tests hold on both transports: worker processes and in-process
+pytestmark = pytest.mark.meshio_transports()
 
 def vm(values: list[object] | None = None, **dims: int) -> ValueMesh[object]:
     """A ValueMesh over a fresh row-major region with ``dims``."""
@@ -226,8 +228,8 @@ def test_split() -> None:
         m.split("gpus")
 
 
-async def test_split_on_a_real_actor_mesh() -> None:
-    pm = await meshio.this_host().spawn_procs(per_host={"gpus": 4})
+async def test_split_on_a_real_actor_mesh(meshio_host: meshio.HostMesh) -> None:
+    pm = await meshio_host.spawn_procs(per_host={"gpus": 4})
     try:
         actors = await pm.spawn("ranks", Where)
         grid = actors.split("gpus", nodes=2, local=2)
@@ -318,12 +320,14 @@ class Where(Actor):
         return os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
 
-async def test_proc_mesh_shape_and_slices(procs: meshio.ProcMesh) -> None:
+async def test_proc_mesh_shape_and_slices(procs: meshio.ProcMesh, meshio_transport: str
+                                          ) -> None:
     assert procs.sizes == {"procs": 2}
     assert len(procs) == 2 and procs.size("procs") == 2
     assert [dict(p) for p in procs] == [{"procs": 0}, {"procs": 1}]
     pids = procs.pids
-    assert len(set(pids)) == 2 and os.getpid() not in pids
+    if meshio_transport == "processes":  # in-process workers share the test's pid
+        assert len(set(pids)) == 2 and os.getpid() not in pids
     assert procs.slice(procs=1).pids == [pids[1]]
     assert procs.slice(procs=-1).pids == [pids[1]]
     assert procs.slice(procs=slice(None, None, -1)).pids == pids[::-1]
@@ -368,8 +372,8 @@ async def test_spawn_on_a_proc_slice_uses_the_slice_shape(procs: meshio.ProcMesh
     assert await w.point.call_one() == {"procs": 0}
 
 
-async def test_two_dim_mesh() -> None:
-    async with meshio.this_host().spawn_procs(per_host={"hosts_x": 2, "gpus": 2}) as pm:
+async def test_two_dim_mesh(meshio_host: meshio.HostMesh, meshio_transport: str) -> None:
+    async with meshio_host.spawn_procs(per_host={"hosts_x": 2, "gpus": 2}) as pm:
         assert pm.sizes == {"hosts_x": 2, "gpus": 2} and len(pm) == 4
         w = await pm.spawn("where", Where, tag="t")
         assert w.sizes == {"hosts_x": 2, "gpus": 2}
@@ -383,9 +387,11 @@ async def test_two_dim_mesh() -> None:
         assert (await w.rank.call()).values() == [0, 1, 2, 3]
 
         pids = await w.pid.call()
-        assert pids.values() == pm.pids and len(set(pm.pids)) == 4
-        # the gpus dim assigns devices
-        assert (await w.cuda.call()).values() == ["0", "1", "0", "1"]
+        assert pids.values() == pm.pids
+        if meshio_transport == "processes":  # one process each, its own environment
+            assert len(set(pm.pids)) == 4
+            # the gpus dim assigns devices
+            assert (await w.cuda.call()).values() == ["0", "1", "0", "1"]
 
         g1 = w.slice(gpus=1)
         assert len(g1) == 2 and g1.sizes == {"hosts_x": 2}

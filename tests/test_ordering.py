@@ -11,6 +11,9 @@ import pytest
 import meshio
 from meshio import Actor, current_rank, endpoint
 
+#: these tests hold on both transports: worker processes and in-process
+pytestmark = pytest.mark.meshio_transports()
+
 GUARD = 30.0
 
 

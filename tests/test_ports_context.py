@@ -12,6 +12,9 @@ import pytest
 import meshio
 from meshio import Actor, Channel, Point, Port, context, current_rank, endpoint
 
+#: these tests hold on both transports: worker processes and in-process
+pytestmark = pytest.mark.meshio_transports()
+
 GUARD = 30.0
 
 
@@ -204,8 +207,8 @@ async def test_context_mesh_calls_peers(streamers: Streamer) -> None:
     assert (await streamers.ask_self.options(timeout=GUARD).call()).values() == [0, 1]
 
 
-async def test_context_on_a_two_dim_mesh() -> None:
-    async with meshio.this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}) as pm:
+async def test_context_on_a_two_dim_mesh(meshio_host: meshio.HostMesh) -> None:
+    async with meshio_host.spawn_procs(per_host={"hosts": 2, "gpus": 2}) as pm:
         s = await pm.slice(gpus=1).spawn("streamers", Streamer)
         info = await s.whoami.call()
         assert [d["point"] for d in info.values()] == [{"hosts": 0}, {"hosts": 1}]

@@ -164,7 +164,57 @@ async def test_procs(meshio_procs):
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         ["*ValueError: meshio_transport is 'carrier-pigeon'; this meshio has the "
-         "transports [[]'processes'[]]*"])
+         "transports [[]'processes', 'in-process'[]]*"])
+
+
+def test_meshio_transports_marker_runs_tests_on_each_transport(pytester: pytest.Pytester
+                                                               ) -> None:
+    """issue 9: the meshio_transports marker runs each test that uses the
+    plugin's mesh fixtures once per transport (the others once); on
+    "in-process" the workers are this process, with no child process, and
+    the leak check (on) passes; a transport meshio lacks is refused."""
+    result = run(pytester, """
+import os
+import pytest
+import meshio
+from meshio.testing import child_pids
+
+pytestmark = pytest.mark.meshio_transports()
+
+class Echo(meshio.Actor):
+    @meshio.endpoint
+    async def where(self) -> tuple[int, str]:
+        return os.getpid(), meshio.context().proc.addr
+
+async def test_procs(meshio_procs, meshio_transport):
+    echo = await meshio_procs.spawn("echo", Echo)
+    found = (await echo.where.call()).values()
+    assert len({addr for _, addr in found}) == 2
+    in_process = {pid for pid, _ in found} == {os.getpid()}
+    assert in_process == (meshio_transport == "in-process")
+    assert in_process == (not child_pids())
+
+async def test_host(meshio_host, meshio_transport):
+    async with meshio_host.spawn_procs(per_host={"procs": 3}) as procs:
+        assert len(procs) == 3
+
+def test_plain():
+    pass
+
+@pytest.mark.meshio_transports("in-process")
+def test_one(meshio_transport):
+    assert meshio_transport == "in-process"
+""")
+    result.assert_outcomes(passed=6)
+    bad = run(pytester, """
+import pytest
+
+@pytest.mark.meshio_transports("smoke-signals")
+def test_x(meshio_transport):
+    pass
+""")
+    bad.assert_outcomes(errors=1)
+    bad.stdout.fnmatch_lines(["*meshio_transports: unknown transports [[]'smoke-signals'[]]*"])
 
 
 def test_test_on_a_shared_loop_is_checked_for_processes_only(pytester: pytest.Pytester) -> None:

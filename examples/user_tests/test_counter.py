@@ -1,4 +1,6 @@
-"""A user's tests of their actor, with the fixtures of conftest.py."""
+"""A user's tests of their actor, with the fixtures of conftest.py; each runs
+twice, on worker processes and on the in-process transport (the actors on the
+test's own loop: no processes, same schemas, errors and adverbs)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import pytest
 from counter import Counter
 
 import meshio
+
+pytestmark = pytest.mark.meshio_transports()
 
 
 async def test_every_rank_counts(procs: meshio.ProcMesh) -> None:
@@ -31,3 +35,10 @@ async def test_bad_argument_is_a_schema_error(procs: meshio.ProcMesh) -> None:
     counters = await procs.spawn("counters", Counter)
     with pytest.raises(meshio.SchemaError, match=r"\$\.n"):
         await counters.add.call("five")  # type: ignore[arg-type]
+
+
+async def test_two_dims(meshio_host: meshio.HostMesh) -> None:
+    async with meshio_host.spawn_procs(per_host={"hosts": 2, "gpus": 2}) as procs:
+        counters = await procs.spawn("counters", Counter)
+        ranks = await counters.slice(gpus=1).rank.call()
+        assert ranks.sizes == {"hosts": 2} and ranks.values() == [1, 3]

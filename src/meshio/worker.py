@@ -25,8 +25,8 @@ import signal
 import sys
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
-from ._exceptions import SupervisionError
 from ._transport._runtime import Runtime, _runtimes
+from ._worker import serve
 
 __all__ = ("main",)
 
@@ -62,27 +62,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret)
     _runtimes[loop] = rt
-    rt.controller = args.controller
     rt.restoring = args.restart
-    done: asyncio.Future[int] = loop.create_future()
-
-    def finish(code: int) -> None:
-        if not done.done():
-            done.set_result(code)
-
-    rt.on_shutdown = lambda: finish(0)
-    rt.on_lost[args.controller] = lambda conn: finish(1)
-    rt.connect(args.controller)
-    code = await done
-    # Every actor's __cleanup__, in reverse spawn order (each one bounded).
-    exc = None if code == 0 else SupervisionError(
-        f"worker {args.worker} lost its controller's connection; its actors are stopped",
-        cause="controller connection lost")
-    for target, cell in reversed(list(rt.actors.items())):
-        del rt.actors[target]
-        await cell.stop(exc)
-    rt.close()
-    return code
+    return await serve(rt, args.controller)
 
 
 def main(argv: list[str] | None = None) -> None:

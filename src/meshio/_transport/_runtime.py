@@ -6,6 +6,7 @@ handshake, and the dispatch table the layers above register handlers in
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import secrets
@@ -24,6 +25,7 @@ from .._exceptions import (
 )
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
+from ._memory import memory_pipe
 from ._messages import (
     Call,
     Cancel,
@@ -57,6 +59,15 @@ _runtimes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runtime] = (
     weakref.WeakKeyDictionary())
 
 
+#: every open runtime of this process by address: a runtime reaches the
+#: in-process ones among them in memory (:mod:`._memory`)
+_local: weakref.WeakValueDictionary[str, Runtime] = weakref.WeakValueDictionary()
+
+#: the runtime of the code running now where it is not its loop's
+#: (:attr:`Runtime.context`: in-process workers' actors)
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
+    "meshio_runtime", default=None)
+
 #: ``rt``: set in an actor's thread (where plain ``def`` endpoints run) to
 #: the runtime of the actor's loop
 actor_thread = threading.local()
@@ -75,10 +86,14 @@ def on_loop(fn: Callable[..., None], *args: Any) -> None:
 
 def runtime() -> Runtime:
     """The runtime of the running loop, created on first use (in an actor's
-    thread: its loop's runtime, to read; send through :func:`on_loop`)."""
+    thread: its loop's runtime, to read; send through :func:`on_loop`; in an
+    in-process worker's actor: that worker's)."""
     rt_of_thread: Runtime | None = getattr(actor_thread, "rt", None)
     if rt_of_thread is not None:
         return rt_of_thread
+    current = _current.get()
+    if current is not None:
+        return current
     loop = asyncio.get_running_loop()
     rt = _runtimes.get(loop)
     if rt is None:
@@ -191,6 +206,11 @@ class Runtime:
     id>`` in its workers): no file exists, so nothing is left behind however
     the process dies.  Every connection, in or out, passes the job handshake
     (:mod:`._handshake`) over :attr:`secret` before a frame is read.
+
+    An ``in_process`` runtime (a worker of the in-process transport,
+    :mod:`meshio.testing`) listens on no socket: the runtimes of this process
+    on the same loop reach it, and it them, through in-memory connections
+    (:mod:`._memory`), with no handshake, since nothing leaves the process.
     """
 
     #: message type → its handler, for the messages of layers above the
@@ -198,8 +218,14 @@ class Runtime:
     handlers: ClassVar[dict[type[_Msg], Handler]] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
-                 worker: str = "", secret: bytes | None = None) -> None:
+                 worker: str = "", secret: bytes | None = None, *,
+                 in_process: bool = False) -> None:
         self.loop = loop
+        self.in_process = in_process
+        #: where what this runtime receives in memory runs: a context of its
+        #: own in which :func:`runtime` is this runtime
+        self.context: contextvars.Context = contextvars.Context()
+        self.context.run(_current.set, self)
         self.worker = worker
         self.host: str = socket.gethostname()
         #: the job secret every connection proves (made by the controller)
@@ -239,12 +265,16 @@ class Runtime:
         self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(sockaddr(addr))
-        sock.listen(LISTEN_BACKLOG)
-        sock.setblocking(False)
-        self._sock = sock
-        self._serving = loop.create_task(self._serve(sock))
+        self._sock: socket.socket | None = None
+        self._serving: asyncio.Task[None] | None = None
+        if not in_process:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(sockaddr(addr))
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+            self._sock = sock
+            self._serving = loop.create_task(self._serve(sock))
+        _local[addr] = self
 
     async def _serve(self, sock: socket.socket) -> None:
         self.server: asyncio.Server = await self.loop.create_unix_server(
@@ -288,7 +318,14 @@ class Runtime:
         conn = Connection(self, addr)
         self.conns[addr] = conn
         self.all_conns.add(conn)
-        self.loop.create_task(self._dial(conn, addr))
+        peer = _local.get(addr)
+        if peer is not None and (peer.in_process or self.in_process) and peer.loop is self.loop:
+            accepted = Connection(peer, None)
+            peer.all_conns.add(accepted)
+            memory_pipe(self.loop, conn, self.context, self.addr,
+                        accepted, peer.context, addr)
+        else:
+            self.loop.create_task(self._dial(conn, addr))
         return conn
 
     async def _dial(self, conn: Connection, addr: str) -> None:
@@ -487,7 +524,10 @@ class Runtime:
         (the end of this loop's runtime; workers still attached exit when
         their connection drops)."""
         self._closed = True
-        self._serving.cancel()
+        if _local.get(self.addr) is self:
+            del _local[self.addr]
+        if self._serving is not None:
+            self._serving.cancel()
         server = getattr(self, "server", None)
         if server is not None:
             server.close()
@@ -495,7 +535,8 @@ class Runtime:
             hs.fail(ConnectionAbortedError(f"meshio runtime at {self.addr} closed"))
         for conn in list(self.all_conns):
             conn.abort()
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
         for st in reversed(list(self._states.values())):
             try:
                 st.close()

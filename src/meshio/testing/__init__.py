@@ -1,15 +1,23 @@
-"""Helpers for testing meshio programs (leak checks, waiting on exits).
+"""Testing meshio programs: the in-process transport, leak checks, waiting
+on exits.
 
-meshio's pytest plugin (``meshio.testing._plugin``, loaded by pytest through
-its ``pytest11`` entry point) gives the fixtures ``meshio_procs``,
+``in_process_host()`` is a host whose ``spawn_procs`` runs workers on the
+running event loop, with no processes (same frames, schemas, errors,
+ordering, ports and adverbs as between processes); ``TRANSPORTS`` names the
+transports, ``"processes"`` and ``"in-process"``.  meshio's pytest plugin
+(``meshio.testing._plugin``, loaded by pytest through its ``pytest11`` entry
+point) gives the fixtures ``meshio_procs``, ``meshio_host``,
 ``meshio_transport``, ``meshio_runtime_cleanup`` and ``meshio_leak_check``.
 """
 
 from .._util import fixup_module_metadata as _fixup_module_metadata
 from ._helpers import child_pids as child_pids
 from ._helpers import wait_exited as wait_exited
+from ._inprocess import TRANSPORTS as TRANSPORTS
+from ._inprocess import Transport as Transport
+from ._inprocess import in_process_host as in_process_host
 from ._leaks import open_fds as open_fds
 
-__all__ = ("child_pids", "open_fds", "wait_exited")
+__all__ = ("TRANSPORTS", "Transport", "child_pids", "in_process_host", "open_fds", "wait_exited")
 
 _fixup_module_metadata(__name__, globals())

@@ -6,9 +6,17 @@ It adds nothing to a test that does not ask for it:
 - ``meshio_procs``: a proc mesh for the test, stopped after it (two
   processes on this host; other ``spawn_procs`` arguments through the
   ``meshio_procs`` marker or an indirect parameter).
-- ``meshio_transport``: what ``meshio_procs`` runs on. Only ``"processes"``
-  exists today; override the fixture (parametrised, like anyio's
-  ``anyio_backend``) to run tests on several transports once there are more.
+- ``meshio_host``: the host mesh ``meshio_procs`` spawns on, for tests that
+  call ``spawn_procs`` themselves: ``this_host()``, or
+  ``in_process_host()`` on the in-process transport.
+- ``meshio_transport``: what ``meshio_procs`` and ``meshio_host`` run on:
+  ``"processes"`` (the default: worker processes on this host) or
+  ``"in-process"`` (workers on the test's own loop, no processes; see
+  :mod:`meshio.testing`). Parametrise it, like anyio's ``anyio_backend``, to
+  run the same tests on both with the ``meshio_transports`` marker (on a
+  test, a class or a module's ``pytestmark``; it parametrises the tests
+  there that use these fixtures and leaves the others alone), or override
+  the fixture.
 - ``meshio_runtime_cleanup``: closes the test loop's meshio runtime (its
   listening socket and connections) after the test; ``meshio_procs`` uses it.
 - ``meshio_leak_check``: fails a test that leaves child processes or open
@@ -25,13 +33,14 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
-from .._proc_mesh import ProcMesh, this_host
+from .._proc_mesh import HostMesh, ProcMesh, this_host
 from .._transport._runtime import close_runtime
 from ._helpers import child_pids
+from ._inprocess import TRANSPORTS, Transport, in_process_host
 from ._leaks import open_fds
 
 try:
@@ -41,8 +50,6 @@ except ImportError:  # async fixtures then run only where another plugin runs th
 
 __all__ = ()
 
-Transport = Literal["processes"]
-TRANSPORTS: tuple[Transport, ...] = ("processes",)
 DEFAULT_PER_HOST = {"procs": 2}
 
 
@@ -60,6 +67,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "meshio_procs(**spawn_procs_kwargs): arguments of the meshio_procs "
                    "fixture's this_host().spawn_procs(...), e.g. per_host={'procs': 4}")
+    config.addinivalue_line(
+        "markers", "meshio_transports(*transports): run each test here that uses "
+                   "meshio_procs, meshio_host or meshio_transport once per transport "
+                   "(default: all of meshio.testing.TRANSPORTS)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("meshio_transports")
+    if marker is None or "meshio_transport" not in metafunc.fixturenames:
+        return
+    transports = marker.args or TRANSPORTS
+    unknown = [t for t in transports if t not in TRANSPORTS]
+    if unknown:
+        raise ValueError(f"meshio_transports: unknown transports {unknown}; this meshio has "
+                         f"{list(TRANSPORTS)}")
+    metafunc.parametrize("meshio_transport", transports)
 
 
 @pytest.fixture(autouse=True)
@@ -130,14 +153,25 @@ async def meshio_runtime_cleanup() -> AsyncIterator[None]:
 
 @pytest.fixture
 def meshio_transport() -> Transport:
-    """The transport ``meshio_procs`` runs on: ``"processes"`` (worker
-    processes on this host), the only one today. Override this fixture with
-    ``params=`` to run the same tests on each transport there is."""
+    """The transport ``meshio_procs`` and ``meshio_host`` run on:
+    ``"processes"`` unless parametrised (``TRANSPORTS`` lists them all)."""
     return "processes"
 
 
+@pytest.fixture
+def meshio_host(meshio_transport: str) -> HostMesh:
+    """The host mesh of ``meshio_transport``: ``this_host()`` for
+    ``"processes"``, ``in_process_host()`` for ``"in-process"``."""
+    if meshio_transport == "processes":
+        return this_host()
+    if meshio_transport == "in-process":
+        return in_process_host()
+    raise ValueError(f"meshio_transport is {meshio_transport!r}; this meshio has the "
+                     f"transports {list(TRANSPORTS)}")
+
+
 @_async_fixture
-async def meshio_procs(request: pytest.FixtureRequest, meshio_transport: str,
+async def meshio_procs(request: pytest.FixtureRequest, meshio_host: HostMesh,
                        meshio_runtime_cleanup: None) -> AsyncIterator[ProcMesh]:
     """A proc mesh for the test, stopped after it: ``this_host().spawn_procs``
     with ``per_host={"procs": 2}`` unless the ``meshio_procs`` marker
@@ -147,9 +181,6 @@ async def meshio_procs(request: pytest.FixtureRequest, meshio_transport: str,
         raise RuntimeError("meshio_procs runs on the test's own event loop, but this test "
                            "runs on a loop of wider scope (loop_scope); spawn a mesh of that "
                            "scope in a fixture of your own, or give the test its own loop")
-    if meshio_transport not in TRANSPORTS:
-        raise ValueError(f"meshio_transport is {meshio_transport!r}; this meshio has the "
-                         f"transports {list(TRANSPORTS)}")
     kwargs: dict[str, Any] = {"per_host": DEFAULT_PER_HOST}
     marker = request.node.get_closest_marker("meshio_procs")
     if marker is not None:
@@ -158,5 +189,5 @@ async def meshio_procs(request: pytest.FixtureRequest, meshio_transport: str,
                             "spawn_procs, e.g. meshio_procs(per_host={'procs': 4})")
         kwargs.update(marker.kwargs)
     kwargs.update(getattr(request, "param", {}))
-    async with this_host().spawn_procs(**kwargs) as procs:
+    async with meshio_host.spawn_procs(**kwargs) as procs:
         yield procs
