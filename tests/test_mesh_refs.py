@@ -75,7 +75,8 @@ class Gen(Actor):
 
     @endpoint
     def conns(self) -> list[str]:
-        """The peers this worker has connections to (dialled or accepted)."""
+        """The peers this worker has connections to (dialled or accepted):
+        the worker runtime's own table, as routing is what the test checks."""
         return sorted(runtime().conns)
 
 
@@ -141,7 +142,8 @@ async def test_mesh_returned_as_a_result(procs: meshio.ProcMesh) -> None:
 
 @pytest.fixture
 def controller_traffic(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
-    """Count frames the controller sends and receives."""
+    """Count frames the controller sends and receives (on the transport's
+    ``Connection``, an internal: no public API counts frames)."""
     counts = {"sent": 0, "received": 0}
     send, deliver = Connection.send, Connection._deliver
 

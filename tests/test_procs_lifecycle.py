@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import asyncio
 import gc
+import inspect
 import os
 import signal
 import time
@@ -28,6 +29,7 @@ import meshio._transport._runtime
 from meshio import Actor, endpoint
 from meshio._transport._messages import ErrorInfo
 from meshio.supervision import ManualClock
+from meshio.testing import child_pids
 
 #: generous bound on any single wait on a loaded machine
 DEADLINE = 30.0
@@ -46,6 +48,11 @@ class W(Actor):
         """(the process's rank in its proc mesh, the actor's rank in its mesh)"""
         ctx = meshio.context()
         return ctx.proc.rank, ctx.point.rank
+
+    @endpoint
+    async def addr(self) -> str:
+        """The address of this actor's process."""
+        return meshio.context().proc.addr
 
     @endpoint
     async def hold(self, fifo: str) -> None:
@@ -112,18 +119,21 @@ class Boss(Actor):
         self.w = await self.procs.spawn("w", W)
         return await self.w.pid.call_one()
 
+    @endpoint
+    async def addr(self) -> str:
+        """The address of this actor's process."""
+        return meshio.context().proc.addr
+
 
 # ----------------------------------------------------------------- helpers
+# No public event says "this process answered a heartbeat" or "sent a fault
+# report": these two hook the controller runtime's own tables (internals).
 
 
-def _worker_addr(procs: meshio.ProcMesh, rank: int) -> str:
-    return procs._state.workers[rank].addr
-
-
-def next_pong(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[None]:
-    """Resolved by the next heartbeat answer of the process at ``rank``."""
+def next_pong(addr: str) -> asyncio.Future[None]:
+    """Resolved by the next heartbeat answer of the process at ``addr``
+    (an actor's ``context().proc.addr``)."""
     rt = meshio._transport._runtime.runtime()
-    addr = _worker_addr(procs, rank)
     fut: asyncio.Future[None] = rt.loop.create_future()
     orig = rt.on_pong[addr]
 
@@ -136,10 +146,10 @@ def next_pong(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[None]:
     return fut
 
 
-def next_fault(procs: meshio.ProcMesh, rank: int) -> asyncio.Future[ErrorInfo]:
-    """Resolved by the next Fault the process at ``rank`` sends the controller."""
+def next_fault(addr: str) -> asyncio.Future[ErrorInfo]:
+    """Resolved by the next Fault the process at ``addr`` (an actor's
+    ``context().proc.addr``) sends the controller."""
     rt = meshio._transport._runtime.runtime()
-    addr = _worker_addr(procs, rank)
     fut: asyncio.Future[ErrorInfo] = rt.loop.create_future()
     orig = rt.on_fault_from[addr]
 
@@ -169,12 +179,14 @@ async def test_call_to_sigstopped_worker_fails_with_default_heartbeats_then_work
     (SIGSTOP) worker fails with SupervisionError "not responding for N s"
     within the default heartbeat timeout (3 s); the process is not killed, and
     after SIGCONT calls reach it again."""
+    # the default heartbeat interval; the timeout (3 intervals) is in the error
+    assert inspect.signature(meshio.HostMesh.spawn_procs).parameters[
+        "heartbeat_interval"].default == 1.0
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
-        state = procs._state
-        assert (state.heartbeat_interval, state.heartbeat_timeout) == (1.0, 3.0)
         w = await procs.spawn("w", W)
         pid = procs.pids[1]
         one = w.slice(procs=1)
+        addr = await one.addr.call_one()
         os.kill(pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
@@ -184,6 +196,7 @@ async def test_call_to_sigstopped_worker_fails_with_default_heartbeats_then_work
             assert ei.value.rank == 1 and ei.value.pid == pid
             assert ei.value.cause.startswith("not responding for ")
             assert "not responding for" in str(ei.value) and "not killed" in str(ei.value)
+            assert "heartbeat_timeout=3.0 s" in str(ei.value)
             assert "while W.pid was in flight" in str(ei.value)
             # declared after one unanswered heartbeat older than the timeout
             assert 3.0 <= elapsed < 3.0 + 2 * 1.0 + DEADLINE / 3
@@ -193,8 +206,8 @@ async def test_call_to_sigstopped_worker_fails_with_default_heartbeats_then_work
                 await asyncio.wait_for(one.pid.call_one(), DEADLINE)
             assert await asyncio.wait_for(w.slice(procs=0).pid.call_one(), DEADLINE) \
                 == procs.pids[0]
-            assert state.workers[1].handle.returncode is None  # not killed
-            answered = next_pong(procs, 1)
+            assert pid in child_pids()  # not killed
+            answered = next_pong(addr)
         finally:
             os.kill(pid, signal.SIGCONT)
         await asyncio.wait_for(answered, DEADLINE)
@@ -214,10 +227,11 @@ async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> No
             per_host={"procs": 1}, heartbeat_interval=0.25, heartbeat_timeout=1.0) as procs:
         w = await procs.spawn("w", W)
         pid = procs.pids[0]
+        addr = await w.addr.call_one()
         with pytest.raises(meshio.SupervisionError, match=r"not responding for \d+\.\d s") as ei:
             await asyncio.wait_for(w.hold.call_one(str(fifo)), DEADLINE)
         assert "W.hold" in str(ei.value)
-        answered = next_pong(procs, 0)
+        answered = next_pong(addr)
         await release_fifo(fifo)
         await asyncio.wait_for(answered, DEADLINE)
         assert await asyncio.wait_for(w.pid.call_one(), DEADLINE) == pid
@@ -227,6 +241,7 @@ async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> No
 
 
 def _tables(rt: meshio._transport._runtime.Runtime) -> dict[str, int]:
+    """Sizes of the runtime's tables (internals: they are what the test is about)."""
     gc.collect()
     return {"dead": len(rt.dead), "on_lost": len(rt.on_lost),
             "on_fault_from": len(rt.on_fault_from), "on_pong": len(rt.on_pong),
@@ -301,7 +316,7 @@ async def test_owned_supervisor_whose_hook_raises_is_reported_to_the_controller(
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="bosses") as procs:
         boss = await procs.spawn("boss", Boss, "raise")
         inner_pid = await asyncio.wait_for(boss.start.call_one(), DEADLINE)
-        fault = next_fault(procs, 0)
+        fault = next_fault(await boss.addr.call_one())
         os.kill(inner_pid, signal.SIGKILL)
         info = await asyncio.wait_for(fault, DEADLINE)
         assert info.actor == "boss" and info.rank == 0
@@ -345,7 +360,8 @@ async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
             spawner.spawn_on.call_one(pool.slice(procs=slice(1, 3)), "inner"), DEADLINE)
         assert got == [(1, 0), (2, 1)]
         assert await spawner.sizes_seen.call_one() == {"procs": 2}
-        assert "inner" in pool._state.actor_names  # recorded by the owner
+        with pytest.raises(ValueError, match="already has actors named 'inner'"):
+            await pool.spawn("inner", W)  # recorded by the owner
         await pool.spawn("s", W)
         caught = await asyncio.wait_for(spawner.local_errors.call_one(pool), DEADLINE)
         assert len(caught) == 2 and "is a slice of proc mesh 'pool'" in caught[0]
@@ -356,7 +372,8 @@ async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
         assert await asyncio.wait_for(spawner.call_inner.call_one(), DEADLINE) == [
             (1, 0), (2, 1)]
         await asyncio.wait_for(spawner.stop_procs.call_one(pool), DEADLINE)
-        assert pool._state.stopped and pool._state.released
+        assert pool.stopped
+        # and released: the owner forgot it, so a reference cannot spawn on it
         with pytest.raises(meshio.ActorError, match="proc mesh 'pool' was stopped by its owner"):
             await asyncio.wait_for(spawner.spawn_on.call_one(pool, "late"), DEADLINE)
 
@@ -398,10 +415,10 @@ async def test_stopping_a_slice_is_refused() -> None:
         w = await procs.spawn("w", W)
         with pytest.raises(ValueError, match=r"this is a slice of proc mesh 'procs' \(1 of"):
             await procs.slice(procs=1).stop()
-        assert not procs._state.stopped
+        assert not procs.stopped
         assert len((await w.pid.call()).values()) == 2
         await procs.rename(procs="p").stop()
-        assert procs._state.stopped
+        assert procs.stopped
 
 
 # ------------------------------------------------ item 21: on_escalate
@@ -482,6 +499,7 @@ async def test_actor_to_actor_calls_to_sigstopped_worker_fail_then_work_again() 
         a1 = await procs.slice(procs=0).spawn("a1", Caller, b)
         a2 = await procs.slice(procs=0).spawn("a2", Caller, c)
         bpid, cpid = procs.pids[1], procs.pids[2]
+        baddr, caddr = await b.addr.call_one(), await c.addr.call_one()
         warm = await asyncio.wait_for(a1.call_target.call_one(), DEADLINE)  # a1 dials b
         assert warm[:3] == ("ok", "", bpid)
         os.kill(bpid, signal.SIGSTOP)
@@ -495,7 +513,7 @@ async def test_actor_to_actor_calls_to_sigstopped_worker_fail_then_work_again() 
                 a1.call_target.call_one(), a2.call_target.call_one()), DEADLINE)
             _not_responding(r1, 1, bpid, 0.5)
             _not_responding(r2, 2, cpid, 0.5)
-            answered = [next_pong(procs, 1), next_pong(procs, 2)]
+            answered = [next_pong(baddr), next_pong(caddr)]
         finally:
             os.kill(bpid, signal.SIGCONT)
             os.kill(cpid, signal.SIGCONT)
@@ -517,6 +535,7 @@ async def test_workers_of_other_proc_meshes_learn_of_a_hung_worker() -> None:
         b = await procs.spawn("b", W)
         a = await other.spawn("a", Caller, b)
         pid = procs.pids[0]
+        addr = await b.addr.call_one()
         assert (await asyncio.wait_for(a.call_target.call_one(), DEADLINE))[:3] \
             == ("ok", "", pid)
         os.kill(pid, signal.SIGSTOP)
@@ -527,7 +546,7 @@ async def test_workers_of_other_proc_meshes_learn_of_a_hung_worker() -> None:
                 a_late = await late.spawn("a", Caller, b)
                 _not_responding(await asyncio.wait_for(a_late.call_target.call_one(),
                                                        DEADLINE), 0, pid, 0.5)
-                answered = next_pong(procs, 0)
+                answered = next_pong(addr)
                 os.kill(pid, signal.SIGCONT)
                 await asyncio.wait_for(answered, DEADLINE)
                 assert (await asyncio.wait_for(a_late.call_target.call_one(), DEADLINE))[:3] \

@@ -110,6 +110,8 @@ class ActorMesh(MeshShape, Generic[A]):
         await asyncio.gather(*futs, return_exceptions=True)
 
     # -------------------------------------------------------- internals
+    # _send, _request, _site, _least_loaded (with _name, _region, the shape):
+    # the CallTarget protocol its endpoints (meshio.endpoints) call.
 
     def _runtime(self) -> Runtime:
         rt = self._rt

@@ -113,6 +113,14 @@ class ProcMesh(MeshShape):
         workers = {w.rank: w for w in self._state.workers}
         return [workers[r].handle.pid for r in self._region.ranks]
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the whole mesh is stopped: by :meth:`stop` (also through a
+        reference held by an actor), by leaving ``async with``, or by its
+        supervisor giving up (until a parent supervisor restarts that one).
+        Calls to its actors then fail with :class:`SupervisionError`."""
+        return self._state.stopped
+
     async def spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
                     **kwargs: P.kwargs) -> A:
         """Spawn one actor of class ``cls`` in every process of this mesh.
@@ -344,6 +352,11 @@ class _ProcMeshRef(ProcMesh):
     def pids(self) -> list[int]:
         raise RuntimeError(f"proc mesh {self._name!r}: pids are known only to the "
                            "controller that started the processes")
+
+    @property
+    def stopped(self) -> bool:
+        raise RuntimeError(f"proc mesh {self._name!r}: whether it is stopped is known only "
+                           "to the controller that started the processes")
 
     async def spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
                     **kwargs: P.kwargs) -> A:

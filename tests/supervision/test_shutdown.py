@@ -1,5 +1,9 @@
 """Shutdown policies: how a supervisor's restarts and a proc mesh's stop
-end healthy and stopped (SIGSTOP) workers."""
+end healthy and stopped (SIGSTOP) workers.
+
+The exit statuses come from the proc mesh's own process handles (internals):
+the runtime reaps its workers, and no public API reports how one exited.
+"""
 
 from __future__ import annotations
 

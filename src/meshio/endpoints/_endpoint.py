@@ -10,9 +10,10 @@ spec, so IDEs and mypy check every call.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .._exceptions import (
@@ -31,8 +32,8 @@ from ._schema import Schema
 if TYPE_CHECKING:
     from typing import Concatenate, Self
 
-    from .._actor_mesh import ActorMesh
-    from .._extent import Point
+    from .._context import Context
+    from .._extent import Point, Region
 
 __all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
 
@@ -42,17 +43,83 @@ A = TypeVar("A")
 T = TypeVar("T")
 
 
-def _self_mesh(actor: object) -> ActorMesh[Any]:
+class Site(Protocol):
+    """Who a call went to, for error messages: its repr is the point in the
+    view called."""
+
+    @property
+    def rank(self) -> int:
+        """The actor's rank in its mesh as spawned (as in :class:`~meshio.ActorError`)."""
+        ...
+
+
+class CallTarget(Protocol):
+    """What an :class:`Endpoint` needs of the actors it calls: a mesh (or a
+    view of one) whose actors it addresses by index in the view.
+    ``ActorMesh`` satisfies it structurally; endpoints never import it.
+
+    Beyond the mesh's public shape, members start with an underscore: a
+    mesh's public attribute names belong to its actors' endpoints.
+    """
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Dimension names and sizes of the view."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of actors in the view."""
+        ...
+
+    def __iter__(self) -> Iterator[Point]:
+        """The view's points, in index order."""
+        ...
+
+    def slice(self, **dims: int | builtins.slice) -> Self:
+        """A view of part of this one."""
+        ...
+
+    @property
+    def _name(self) -> str:
+        """The actor mesh's name, for error messages."""
+        ...
+
+    @property
+    def _region(self) -> Region:
+        """The view's region (the shape of a :class:`~meshio.ValueMesh` of its results)."""
+        ...
+
+    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                 out: OutBuffers) -> asyncio.Future[Any]:
+        """Call the actor at ``index`` (an encoded call: ``body`` and its
+        out-of-band buffers ``out``); the future of its decoded result."""
+        ...
+
+    def _send(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+              out: OutBuffers, reply: bool) -> asyncio.Future[Any]:
+        """Send one call to the actor at ``index``, expecting a reply or
+        (``reply=False``) not: fire and forget."""
+        ...
+
+    def _site(self, index: int) -> Site:
+        """Who the actor at ``index`` is, for error messages."""
+        ...
+
+    def _least_loaded(self) -> int:
+        """The index of the actor with the fewest calls in flight from this caller."""
+        ...
+
+
+def _self_mesh(actor: object) -> CallTarget:
     """A one-actor mesh referring to ``actor`` itself (its context, a
     :class:`meshio.Context`, is set when it is spawned)."""
-    ctx: Any = getattr(actor, "_meshio_context", None)
+    ctx: Context[CallTarget] | None = getattr(actor, "_meshio_context", None)
     if ctx is None:
         raise NotInActorError(
             f"{type(actor).__qualname__} was not spawned on a proc mesh; endpoints can only "
             "be called on actors created with procs.spawn(...)")
     point = ctx.point
-    mesh: ActorMesh[Any] = ctx.mesh.slice(**{k: point[k] for k in point})
-    return mesh
+    return ctx.mesh.slice(**{k: point[k] for k in point})
 
 
 class EndpointDescriptor(Generic[A, P, R]):
@@ -165,7 +232,7 @@ class Endpoint(Generic[P, R]):
 
     __slots__ = ("_desc", "_mesh", "_timeout")
 
-    def __init__(self, mesh: ActorMesh[Any], desc: EndpointDescriptor[Any, P, R],
+    def __init__(self, mesh: CallTarget, desc: EndpointDescriptor[Any, P, R],
                  timeout: float | None = None) -> None:
         self._mesh = mesh
         self._desc = desc
@@ -311,7 +378,7 @@ def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asynci
 _SEVERITY = (SupervisionError, CallTimeout, MeshioError)
 
 
-def combine_failures(what: str, mesh: Any, failures: list[tuple[Point, BaseException]]
+def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, BaseException]]
                      ) -> BaseException:
     """One error for a call that failed on several ranks: one line per kind
     of failure, with the ranks that had it (``ranks 0-7: ActorError:
