@@ -19,7 +19,7 @@ def procs(meshio_procs: meshio.ProcMesh) -> meshio.ProcMesh:
 
 @pytest.fixture(autouse=True)
 def runtime_closed_without_leak_check(request: pytest.FixtureRequest) -> None:
-    """Where the leak check is turned off (``-o meshio_leak_check=false``, as
-    CI's soft-RoCE VM run does), each test still closes its loop's runtime."""
+    """Where the leak check is turned off (``-o meshio_leak_check=false``),
+    as a quick local run may do, each test still closes its loop's runtime."""
     if not request.config.getini("meshio_leak_check"):
         request.getfixturevalue("meshio_runtime_cleanup")

@@ -35,7 +35,7 @@ from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, Spawn
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
-from .rdma._registry import release_owned
+from .rdma._registry import Registry
 
 if TYPE_CHECKING:
     from ._proc_state import ProcState
@@ -313,8 +313,8 @@ class ActorCell:
         tasks = [t for t in (self.task, *self.tasks) if not t.done()]
         for task in tasks:
             task.cancel()
-        if getattr(self.rt, "_rdma", None):
-            release_owned(self.rt, self.target)  # its RDMA registrations go with it
+        if self.rt.has_state(Registry):  # RDMA was used here
+            self.rt.state(Registry).release_owned(self.target)  # its registrations go with it
         while self.mailbox:
             conn, msg, _ = self.mailbox.popleft()
             if (conn, msg.req) in self.queued:

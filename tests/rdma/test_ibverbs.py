@@ -10,7 +10,6 @@ a buffer that meshio registered.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -28,11 +27,12 @@ import meshio
 import meshio.rdma
 from meshio import Actor, RDMABuffer, endpoint
 from meshio.rdma import RDMAError, RDMASizeError, available_backends
+from meshio.testing import open_fds
 
 
 def _why_absent() -> str:
     try:
-        import meshio.rdma._ibverbs  # noqa: F401
+        import meshio.rdma._ibverbs_device  # noqa: F401
     except ImportError as e:
         return (f"ibverbs backend absent: {e} (meshio is built without it when "
                 "libibverbs-dev is missing at install)")
@@ -138,9 +138,9 @@ async def test_controller_transfers_in_chunks_concurrently(
     """A small "largest message" splits each transfer into many work
     requests, more than a send queue holds; transfers run concurrently on
     one queue pair."""
-    import meshio.rdma._ibverbs as ib
+    import meshio.rdma._ibverbs_qp as ibq
 
-    monkeypatch.setattr(ib, "_port", dataclasses.replace(ib._open(), max_msg=8192))
+    monkeypatch.setattr(ibq, "MAX_CHUNK", 8192)
     owner, _ = pair
     buf = await owner.register.call_one()
     assert buf.backend == "ibverbs"
@@ -262,20 +262,20 @@ async def test_loopback_registered_destination_and_cancellation(
     """In one process: a queue pair to ourselves, a destination that is
     itself registered (its memory region is reused), and a transfer
     cancelled in flight (its queue pair is destroyed, the next one works)."""
-    import meshio.rdma._ibverbs as ib
+    import meshio.rdma._ibverbs_qp as ibq
 
     src = bytearray(os.urandom(N))
     dst = bytearray(N)
     a = RDMABuffer(src, backend="ibverbs")
     b = RDMABuffer(dst, backend="ibverbs")
     registered: list[int] = []
-    reg_mr = ib._reg_mr
 
-    def counting(addr: int, size: int, access: int) -> ib.MemoryRegion:
-        registered.append(size)
-        return reg_mr(addr, size, access)
+    class Counting(ibq.IbRegistration):
+        def __init__(self, addr: int, size: int, access: int) -> None:
+            registered.append(size)
+            super().__init__(addr, size, access)
 
-    monkeypatch.setattr(ib, "_reg_mr", counting)
+    monkeypatch.setattr(ibq, "IbRegistration", Counting)
     try:
         await asyncio.wait_for(a.read_into(dst, offset=0, length=N), GUARD)
         assert dst == src
@@ -292,6 +292,28 @@ async def test_loopback_registered_destination_and_cancellation(
     finally:
         await a.drop()
         await b.drop()
+
+
+async def test_closing_the_runtime_fails_transfers_and_closes_the_device() -> None:
+    """Closing the runtime (as the end of ``meshio.run`` does) fails a transfer
+    in flight, destroys the runtime's queue pairs, completion channel and
+    registrations, and closes the device it was the last user of: no fd of
+    the device stays open in the process."""
+    from meshio._transport._runtime import close_runtime
+
+    def device_fds() -> list[str]:
+        return [what for what in open_fds().values() if "infiniband" in what]
+
+    a = RDMABuffer(bytearray(os.urandom(N)), backend="ibverbs")
+    await asyncio.wait_for(a.read_into(bytearray(8), length=8), GUARD)  # a queue pair to us
+    assert device_fds()  # the device and the runtime's completion channel
+    reading = asyncio.ensure_future(a.read_into(bytearray(N)))
+    await asyncio.sleep(0)  # one step: it posts its work request, then waits
+    assert not reading.done()
+    close_runtime()
+    with pytest.raises(RDMAError, match=r"runtime of this event loop .* closed"):
+        await asyncio.wait_for(reading, GUARD)
+    assert device_fds() == []
 
 
 # ------------------------------------------------- against Debian's pyverbs
@@ -381,14 +403,15 @@ async def test_pyverbs_peer_reads_and_writes_a_meshio_buffer() -> None:
     if not _have_pyverbs():
         pytest.skip(f"Debian's python3-pyverbs is not installed for {SYSTEM_PYTHON} "
                     "(apt-get install python3-pyverbs)")
-    import meshio.rdma._ibverbs as ib
+    import meshio.rdma._ibverbs_device as ibd
+    import meshio.rdma._ibverbs_qp as ibq
     from meshio._transport._runtime import runtime
 
     data = bytearray(os.urandom(N))
     buf = RDMABuffer(data, backend="ibverbs")  # registered in this (controller) process
-    port = ib._open()
+    port = runtime().state(ibq.IbEndpoint).device
     assert buf.handle.ib is not None
-    _, addr, size, rkey, _, _ = ib._DESC.unpack(buf.handle.ib)
+    _, addr, size, rkey, _, _ = ibd._DESC.unpack(buf.handle.ib)
     assert (addr, size) == (buf.handle.addr, N)
     proc = await asyncio.create_subprocess_exec(
         SYSTEM_PYTHON, "-c", PYVERBS_PEER, stdin=asyncio.subprocess.PIPE,
@@ -412,12 +435,12 @@ async def test_pyverbs_peer_reads_and_writes_a_meshio_buffer() -> None:
     try:
         say(device=port.name, port=port.port, gid_index=port.gid_index, size=65536)
         theirs = await hear()
-        info = ib._QpInfo(int(str(theirs["qpn"])), int(str(theirs["psn"])),
+        info = ibq._QpInfo(int(str(theirs["qpn"])), int(str(theirs["psn"])),
                           bytes.fromhex(str(theirs["gid"])), int(str(theirs["lid"])),
                           int(str(theirs["mtu"])), 1)
         conn = types.SimpleNamespace(peer="pyverbs-peer", peer_pid=proc.pid)
-        reply = ib.accept(runtime(), conn, info.pack())  # type: ignore[arg-type]
-        ours = ib._QpInfo.unpack(reply, "accept")
+        reply = ibq.accept(runtime(), conn, info.pack())  # type: ignore[arg-type]
+        ours = ibq._QpInfo.unpack(reply, "accept")
         offset, write_offset, length = 70001, 500000, 65536
         say(qpn=ours.qpn, psn=ours.psn, gid=ours.gid.hex(), lid=ours.lid, mtu=ours.mtu,
             addr=addr, rkey=rkey, offset=offset, write_offset=write_offset, length=length)

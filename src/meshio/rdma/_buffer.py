@@ -10,7 +10,7 @@ two processes:
   the owner's code does not run.  A token word in the owner's memory,
   read the same way, tells whether the buffer was dropped.
 - ``ibverbs``: RDMA READ/WRITE on a reliable-connected queue pair
-  (:mod:`._ibverbs` over our typed cffi binding, present only when built
+  (:mod:`._ibverbs_qp` over our typed cffi binding, present only when built
   against libibverbs and a device exists); the owner's code does not run.
 - ``tcp``: chunks over the meshio connection, served by the owner's
   runtime (not its actors); a :class:`RDMAFallbackWarning` is emitted once.
@@ -48,9 +48,9 @@ from ._registry import (
     Backend,
     Handle,
     Registration,
+    Registry,
     _ids,
     _Memory,
-    _registry,
     _request,
 )
 
@@ -141,7 +141,7 @@ def available_backends() -> tuple[Backend, ...]:
     found: list[Backend] = ["same_host"] if sys.platform == "linux" else []
     try:
         # deferred: imports the cffi module (absent without libibverbs)
-        from ._ibverbs import devices
+        from ._ibverbs_device import devices
     except ImportError:
         pass
     else:
@@ -220,11 +220,11 @@ class RDMABuffer:
         ib: bytes | None = None
         if "ibverbs" in available_backends():
             # deferred: imports the cffi module (absent without libibverbs)
-            from ._ibverbs import register
+            from ._ibverbs_device import register
 
             reg.ib = register(memory.addr, memory.size)
             ib = reg.ib.describe()
-        _registry(rt)[reg.id] = reg
+        rt.state(Registry).by_id[reg.id] = reg
         self._handle = Handle(rt.addr, os.getpid(), HOST_ID, reg.id, reg.token, reg.token_addr,
                               memory.addr, memory.size, ib, backend)
         self._timeout: float | None = None
@@ -313,9 +313,7 @@ class RDMABuffer:
         h = self._handle
         rt = runtime()
         if h.owner == rt.addr:
-            reg = _registry(rt).pop(h.buf, None)
-            if reg is not None:
-                reg.release()
+            rt.state(Registry).release(h.buf)
             return
         try:
             await _request(rt, h, RdmaOp(0, "drop", h.buf, h.token), self._timeout)
@@ -332,7 +330,7 @@ class RDMABuffer:
                 coro = _same_host(self._handle, op, local, offset, length)
             case "ibverbs":
                 # deferred: imports the cffi module (absent without libibverbs)
-                from ._ibverbs import transfer
+                from ._ibverbs_qp import transfer
 
                 coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
             case "tcp":
@@ -442,8 +440,8 @@ async def _tcp(h: Handle, op: Transfer, local: _Memory, offset: int, length: int
 
 def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
     """The owner's side of a TCP transfer or set-up (runs in its runtime, not an actor)."""
-    registry = _registry(rt)
-    reg = registry.get(msg.buf)
+    registry = rt.state(Registry)
+    reg = registry.by_id.get(msg.buf)
     if reg is None or reg.token != msg.token:
         if msg.op != "drop":
             conn.send_message(Fail(msg.req, ErrorInfo(
@@ -466,11 +464,11 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
             reg.view()[msg.offset:msg.offset + msg.length] = bufs[0]
             conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "drop":
-            registry.pop(msg.buf).release()
+            registry.release(msg.buf)
             conn.send_message(Reply(msg.req, MSGPACK_NIL))
         case "connect":
             # deferred: imports the cffi module (absent without libibverbs)
-            from ._ibverbs import accept
+            from ._ibverbs_qp import accept
 
             conn.send_message(Reply(msg.req, MSGPACK_NIL),
                               [(accept(rt, conn, msg.info), KIND_BYTEARRAY)])

@@ -1,5 +1,6 @@
 """cffi build script for :mod:`meshio._ibverbs_ffi`, the libibverbs binding
-used by the ``ibverbs`` RDMA backend (:mod:`meshio.rdma._ibverbs`).
+used by the ``ibverbs`` RDMA backend (:mod:`meshio.rdma._ibverbs_device`,
+:mod:`meshio.rdma._ibverbs_qp`).
 
 API mode: the module is compiled against ``<infiniband/verbs.h>``, because
 ``ibv_post_send``, ``ibv_poll_cq`` and ``ibv_req_notify_cq`` are static

@@ -1,7 +1,7 @@
 """What both sides of an RDMA buffer share, below the backends: the owner's
-registry of registered memory (one per runtime), the :class:`Handle` that
-travels, and a request served by the owner's runtime (``tcp`` transfers,
-``drop``, the ``ibverbs`` connection set-up)."""
+:class:`Registry` of registered memory (a state of its runtime), the
+:class:`Handle` that travels, and a request served by the owner's runtime
+(``tcp`` transfers, ``drop``, the ``ibverbs`` connection set-up)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .._transport._runtime import Runtime
 from .._transport._serial import Buffers
 
 if TYPE_CHECKING:
-    from ._ibverbs import IbRegistration
+    from ._ibverbs_device import IbRegistration
 
 #: an RDMA backend's name
 Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
@@ -74,18 +74,31 @@ _graveyard: list[ctypes.c_uint64] = []
 _ids = itertools.count(1)
 
 
-def _registry(rt: Runtime) -> dict[int, Registration]:
-    reg: dict[int, Registration] | None = getattr(rt, "_rdma", None)
-    if reg is None:
-        reg = rt._rdma = {}  # type: ignore[attr-defined]
-    return reg
+class Registry:
+    """The buffers registered in one runtime, by id (``rt.state(Registry)``);
+    closing the runtime releases them all."""
 
+    __slots__ = ("by_id",)
 
-def release_owned(rt: Runtime, owner: str) -> None:
-    """Release every buffer registered by the actor ``owner`` (it stopped)."""
-    registry = _registry(rt)
-    for reg in [r for r in registry.values() if r.owner == owner]:
-        registry.pop(reg.id).release()
+    def __init__(self, rt: Runtime) -> None:
+        self.by_id: dict[int, Registration] = {}
+
+    def release(self, reg_id: int) -> None:
+        """Release buffer ``reg_id`` (nothing if it is not registered)."""
+        reg = self.by_id.pop(reg_id, None)
+        if reg is not None:
+            reg.release()
+
+    def release_owned(self, owner: str) -> None:
+        """Release every buffer registered by the actor ``owner`` (it stopped)."""
+        for reg in [r for r in self.by_id.values() if r.owner == owner]:
+            self.release(reg.id)
+
+    def close(self) -> None:
+        """The runtime is closing: release every buffer."""
+        regs, self.by_id = self.by_id, {}
+        for reg in regs.values():
+            reg.release()
 
 
 # ---------------------------------------------------------------- handle
