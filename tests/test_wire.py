@@ -21,7 +21,7 @@ import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._frames import MAX_BUFS, frame_header
-from meshio._transport._runtime import runtime
+from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
 from raw_peer import close, dial, expect_eof, read_frame
 
@@ -252,3 +252,30 @@ async def test_controller_socket_survives_garbage(echo: ActorMesh[Echo]) -> None
     finally:
         await close(w)
     await assert_serving(echo, 18)
+
+
+async def test_runtime_state_is_made_once_and_closed_with_the_runtime() -> None:
+    """issue 9: Runtime.state is the one per-runtime state mechanism: made on
+    first use, the same object after, closed with the runtime (last made
+    first), and refused once the runtime has closed."""
+    closed: list[object] = []
+
+    class First:
+        def __init__(self, rt: Runtime) -> None:
+            self.rt = rt
+
+        def close(self) -> None:
+            closed.append(self)
+
+    class Second(First):
+        pass
+
+    rt = Runtime(asyncio.get_running_loop(), in_process=True)
+    first = rt.state(First)
+    assert rt.state(First) is first and first.rt is rt and rt.has_state(First)
+    assert not rt.has_state(Second)
+    second = rt.state(Second)
+    rt.close()
+    assert closed == [second, first]
+    with pytest.raises(meshio.ClosedResourceError, match="is closed"):
+        rt.state(First)

@@ -14,7 +14,7 @@ mesh / rank / host, and what you can do about it::
     ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
     ├── NotInActorError (RuntimeError)  actor-only API used outside a spawned actor
     ├── MeshShapeError (ValueError)  the mesh has the wrong number of actors for the adverb
-    ├── ClosedResourceError          the port was closed and every value has been read
+    ├── ClosedResourceError          a port (every value read) or a runtime was closed
     ├── ProtocolError                a malformed or truncated frame was received
     │   └── AuthenticationError      a peer could not prove it belongs to this job
     └── RDMAError                    a one-sided transfer failed (dropped buffer, dead owner)
@@ -236,7 +236,8 @@ class MeshShapeError(MeshioError, ValueError):
 class ClosedResourceError(MeshioError):
     """The resource was closed: ``PortReceiver.recv()`` once the sender
     closed the port and every value sent before has been read (``async for``
-    over the receiver simply ends)."""
+    over the receiver simply ends); a layer's state asked of a runtime that
+    has closed (its loop's ``meshio.run`` returned)."""
 
 
 class ProtocolError(MeshioError):

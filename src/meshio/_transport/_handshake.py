@@ -32,7 +32,7 @@ import secrets
 import socket
 import struct
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from .._exceptions import AuthenticationError
 
@@ -158,16 +158,21 @@ class HandshakeProtocol(asyncio.Protocol):
         self.finished = False
         #: the peer's (pid, uid, gid) on a Unix socket
         self.creds: tuple[int, int, int] | None = None
+        #: the peer's address on a TCP socket
+        self.peername: Any = None
 
     def describe(self) -> str:
         """The peer, for log lines and errors."""
-        if self.creds is None:
-            return "unidentified peer"
-        pid, uid, _ = self.creds
-        return f"pid {pid} (uid {uid})"
+        if self.creds is not None:
+            pid, uid, _ = self.creds
+            return f"pid {pid} (uid {uid})"
+        if isinstance(self.peername, tuple) and len(self.peername) >= 2:
+            return f"{self.peername[0]} port {self.peername[1]}"
+        return "unidentified peer"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream transport
+        self.peername = transport.get_extra_info("peername") or self.peername
         self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
         self.creds = peer_creds(transport)
         if self.creds is not None and self.creds[1] != os.getuid():

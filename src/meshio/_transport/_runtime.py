@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import sys
 import threading
 import weakref
@@ -20,12 +21,14 @@ from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 from .._constants import MSGPACK_NIL
 from .._exceptions import (
     AuthenticationError,
+    ClosedResourceError,
     MeshioError,
     SupervisionError,
 )
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._memory import memory_pipe
+from ._tls import TLSConfig
 from ._messages import (
     Call,
     Cancel,
@@ -127,9 +130,36 @@ CONNECT_TIMEOUT = 60.0
 
 
 def sockaddr(addr: str) -> str:
-    """The socket address of a meshio address: ``@name`` is the Linux
+    """The socket address of a meshio Unix address: ``@name`` is the Linux
     abstract socket ``\\0name`` (no file), anything else a path."""
     return "\0" + addr[1:] if addr.startswith("@") else addr
+
+
+def tcp_endpoint(addr: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://HOST:PORT`` address (``[v6]`` for IPv6
+    hosts); None for a Unix address.
+
+    Raises:
+        ValueError: a ``tcp://`` address without a valid port.
+    """
+    if not addr.startswith("tcp://"):
+        return None
+    host, sep, port = addr[len("tcp://"):].rpartition(":")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        raise ValueError(f"bad meshio TCP address {addr!r}: expected tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def tcp_address(host: str, port: int) -> str:
+    """The meshio address of a TCP endpoint."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def _listen_tcp(host: str, port: int) -> socket.socket:
+    sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG,
+                                family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setblocking(False)
+    return sock
 
 
 def _feed(conn: Connection, transport: asyncio.Transport, data: bytes) -> None:
@@ -219,7 +249,7 @@ class Runtime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
                  worker: str = "", secret: bytes | None = None, *,
-                 in_process: bool = False) -> None:
+                 in_process: bool = False, tls: TLSConfig | None = None) -> None:
         self.loop = loop
         self.in_process = in_process
         #: where what this runtime receives in memory runs: a context of its
@@ -232,6 +262,19 @@ class Runtime:
         self.secret: bytes = new_secret() if secret is None else secret
         if addr is None:
             addr = f"@meshio-{secrets.token_hex(8)}/controller"
+        #: TLS of this runtime's TCP connections, in and out (None: plain TCP)
+        self.tls: TLSConfig | None = tls
+        self._tls_server: ssl.SSLContext | None = None if tls is None else tls.server_context()
+        self._tls_client: ssl.SSLContext | None = None if tls is None else tls.client_context()
+        self._socks: list[socket.socket] = []
+        self._serving: list[asyncio.Task[None]] = []
+        self._servers: list[asyncio.Server] = []
+        #: where processes on other hosts reach this runtime (``tcp://``), once
+        #: it listens on TCP (:meth:`listen_tcp`, or a TCP address of its own)
+        self.tcp_addr: str | None = None
+        endpoint = None if in_process else tcp_endpoint(addr)
+        if endpoint is not None:  # a TCP address of its own: port 0 picks one
+            addr = self._listen(_listen_tcp(*endpoint))
         #: prefix of this job's socket names (``@meshio-<random>``)
         self.namespace: str = addr.rpartition("/")[0]
         self.addr = addr
@@ -265,20 +308,56 @@ class Runtime:
         self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
-        self._sock: socket.socket | None = None
-        self._serving: asyncio.Task[None] | None = None
-        if not in_process:
+        if not in_process and endpoint is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(sockaddr(addr))
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
-            self._sock = sock
-            self._serving = loop.create_task(self._serve(sock))
+            self._listen(sock)
         _local[addr] = self
 
-    async def _serve(self, sock: socket.socket) -> None:
-        self.server: asyncio.Server = await self.loop.create_unix_server(
-            self._handshake_in, sock=sock, backlog=LISTEN_BACKLOG)
+    @property
+    def reachable_addr(self) -> str:
+        """The address to hand to other processes (in a port, a handle): the
+        TCP one once this runtime has one, else :attr:`addr`."""
+        return self.tcp_addr or self.addr
+
+    def listen_tcp(self, host: str, port: int = 0) -> str:
+        """Listen on TCP too (a controller whose workers run on other hosts);
+        its ``tcp://`` address (the same on later calls)."""
+        if self.tcp_addr is None:
+            if self._closed:
+                raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
+            self._listen(_listen_tcp(host, port))
+        assert self.tcp_addr is not None
+        return self.tcp_addr
+
+    def _listen(self, sock: socket.socket) -> str:
+        """Serve connections on the listening ``sock``; its address."""
+        self._socks.append(sock)
+        if sock.family == socket.AF_UNIX:
+            name = sock.getsockname()
+            addr = "@" + name[1:].decode() if isinstance(name, bytes) else name
+            self._serving.append(self.loop.create_task(self._serve_unix(sock)))
+            return addr
+        host, port = sock.getsockname()[:2]
+        self.tcp_addr = tcp_address(host, port)
+        self._serving.append(self.loop.create_task(self._serve_tcp(sock)))
+        return self.tcp_addr
+
+    async def _serve_unix(self, sock: socket.socket) -> None:
+        self._servers.append(await self.loop.create_unix_server(
+            self._handshake_in, sock=sock, backlog=LISTEN_BACKLOG))
+
+    async def _serve_tcp(self, sock: socket.socket) -> None:
+        factory = self._handshake_in if self._tls_server is None else self._tls_in
+        self._servers.append(await self.loop.create_server(factory, sock=sock,
+                                                           backlog=LISTEN_BACKLOG))
+
+    def _tls_in(self) -> asyncio.Protocol:
+        """A new TCP connection to a TLS runtime: TLS first (failures logged
+        with the peer's address), then the job handshake."""
+        return _TlsAccept(self)
 
     def _handshake_in(self) -> HandshakeProtocol:
         """A new incoming connection: the handshake first, then a Connection."""
@@ -349,12 +428,21 @@ class Runtime:
                 proven.set_exception(error)
 
         try:
-            sock = await self._connect(addr, deadline)
+            endpoint = tcp_endpoint(addr)
+            sock = await (self._connect(addr, deadline) if endpoint is None
+                          else self._connect_tcp(endpoint, deadline))
             hs = HandshakeProtocol(self.secret, dialler=True,
                                    timeout=max(deadline - loop.time(), 0.0),
                                    on_done=done, on_fail=fail)
             self._handshakes.add(hs)
-            await loop.create_unix_connection(lambda: hs, sock=sock)
+            if endpoint is None:
+                await loop.create_unix_connection(lambda: hs, sock=sock)
+            else:
+                await loop.create_connection(
+                    lambda: hs, sock=sock, ssl=self._tls_client,
+                    server_hostname=endpoint[0] if self._tls_client is not None else None,
+                    ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
+                                           if self._tls_client is not None else None))
             await proven
         except (OSError, AuthenticationError) as e:
             if self.conns.get(addr) is conn:
@@ -384,6 +472,21 @@ class Runtime:
                 raise
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.1)
+
+    async def _connect_tcp(self, endpoint: tuple[str, int], deadline: float) -> socket.socket:
+        """A TCP socket connected to ``endpoint`` (no delay: small frames go at once)."""
+        host, port = endpoint
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await asyncio.wait_for(self.loop.sock_connect(sock, (host, port)),
+                                   max(deadline - self.loop.time(), 0.001))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def _dial_error(self, addr: str, e: Exception) -> Callable[[Pending], MeshioError]:
         """What callers get when dialling ``addr`` failed with ``e``."""
@@ -509,9 +612,18 @@ class Runtime:
     def state(self, make: Callable[[Runtime], _S]) -> _S:
         """This runtime's instance of a layer's state: ``make(self)`` on first
         use, the same object after; closed with the runtime, the last made
-        first (the one way a layer above keeps state per runtime)."""
+        first (the one way a layer above keeps state per runtime).
+
+        Raises:
+            ClosedResourceError: the runtime has closed (nothing would close
+                a state made now).
+        """
         st = self._states.get(make)
         if st is None:
+            if self._closed:
+                raise ClosedResourceError(
+                    f"meshio runtime at {self.addr} is closed (its loop's meshio.run "
+                    f"returned); {getattr(make, '__qualname__', make)} cannot start on it")
             st = self._states[make] = make(self)
         return cast(_S, st)
 
@@ -526,17 +638,16 @@ class Runtime:
         self._closed = True
         if _local.get(self.addr) is self:
             del _local[self.addr]
-        if self._serving is not None:
-            self._serving.cancel()
-        server = getattr(self, "server", None)
-        if server is not None:
+        for task in self._serving:
+            task.cancel()
+        for server in self._servers:
             server.close()
         for hs in list(self._handshakes):
             hs.fail(ConnectionAbortedError(f"meshio runtime at {self.addr} closed"))
         for conn in list(self.all_conns):
             conn.abort()
-        if self._sock is not None:
-            self._sock.close()
+        for sock in self._socks:
+            sock.close()
         for st in reversed(list(self._states.values())):
             try:
                 st.close()
@@ -545,6 +656,46 @@ class Runtime:
         self._states.clear()
         if _runtimes.get(self.loop) is self:
             del _runtimes[self.loop]
+
+
+class _TlsAccept(asyncio.Protocol):
+    """The first protocol of a TCP connection to a TLS runtime: runs the
+    server side of TLS, then hands the TLS stream to the job handshake.  A
+    peer that fails TLS (plain text, no or a foreign certificate, silence)
+    is logged with its address and dropped; nothing of it is read."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._rt.loop.create_task(self._start_tls(cast(asyncio.Transport, transport)))
+
+    async def _start_tls(self, transport: asyncio.Transport) -> None:
+        rt = self._rt
+        peer = transport.get_extra_info("peername")
+        hs = rt._handshake_in()
+        assert rt._tls_server is not None
+        try:
+            tls = await rt.loop.start_tls(transport, hs, rt._tls_server, server_side=True,
+                                          ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (OSError, asyncio.TimeoutError) as e:
+            transport.abort()
+            hs.peername = peer
+            hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
+            return
+        if tls is None:  # the connection closed meanwhile
+            transport.abort()
+            return
+        hs.connection_made(tls)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # start_tls pauses reading first: nothing arrives here
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
 
 
 def close_runtime() -> None:
