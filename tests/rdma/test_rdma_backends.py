@@ -201,9 +201,9 @@ async def test_backend_names_and_local_buffer() -> None:
 async def test_tcp_fallback_warns_once(pair: tuple[Owner, Peer]) -> None:
     owner, _ = pair
     buf = await owner.register.call_one("tcp")
-    import meshio.rdma._buffer as impl
+    import meshio.rdma._tcp as tcp
 
-    impl._warned = False
+    tcp._warned = False
     with pytest.warns(RDMAFallbackWarning):
         await buf.read_into(bytearray(8), length=8)
     with _no_warning():

@@ -1,7 +1,8 @@
 """What both sides of an RDMA buffer share, below the backends: the owner's
 :class:`Registry` of registered memory (a state of its runtime), the
 :class:`Handle` that travels, and a request served by the owner's runtime
-(``tcp`` transfers, ``drop``, the ``ibverbs`` connection set-up)."""
+(``tcp`` transfers, ``drop``, the ``ibverbs`` connection set-up; the owner's
+side is :func:`._tcp.serve_op`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .._transport._connection import Pending
 from .._transport._messages import RdmaOp
 from .._transport._runtime import Runtime
 from .._transport._serial import Buffers
+from ._memory import Memory
 
 if TYPE_CHECKING:
     from ._ibverbs_device import IbRegistration
@@ -29,16 +31,6 @@ Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
 BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
 
 
-@dataclass(frozen=True)
-class _Memory:
-    """A contiguous byte range in this process, and what keeps it alive."""
-
-    keep: Any
-    addr: int
-    size: int
-    writable: bool
-
-
 # ------------------------------------------------------ owner's registry
 
 class Registration:
@@ -46,7 +38,7 @@ class Registration:
 
     __slots__ = ("ib", "id", "memory", "owner", "token", "token_cell")
 
-    def __init__(self, reg_id: int, memory: _Memory, owner: str) -> None:
+    def __init__(self, reg_id: int, memory: Memory, owner: str) -> None:
         self.id = reg_id
         self.memory = memory
         self.owner = owner

@@ -1,0 +1,81 @@
+"""The memory an RDMA transfer touches in this process: a buffer-like object
+or a CPU tensor turned into a contiguous byte range (address, size) and the
+object that keeps it alive, with clear errors for what cannot be used."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from .._exceptions import RDMAError, RDMASizeError
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import Buffer
+
+#: memory an ``RDMABuffer`` registers or copies to or from: an object with the
+#: buffer protocol (``bytearray``, ``memoryview``, numpy array...) or a CPU tensor
+BufferLike: TypeAlias = "Buffer | torch.Tensor"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A contiguous byte range in this process, and what keeps it alive."""
+
+    keep: Any
+    addr: int
+    size: int
+    writable: bool
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+_PyBUF_WRITABLE = 0x0001
+
+
+def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
+    """The bytes behind a tensor or buffer object, with clear errors."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise RDMAError(
+                f"{what}: a {obj.device.type} tensor; GPU memory needs GPUDirect RDMA "
+                "(nvidia-peermem or dma-buf) with the ibverbs backend, which this host does "
+                "not offer. Copy it to a CPU tensor first.")
+        if not obj.is_contiguous():
+            raise RDMASizeError(f"{what}: the tensor is not contiguous; call .contiguous() first")
+        size = obj.numel() * obj.element_size()
+        if size == 0:
+            raise RDMASizeError(f"{what}: the tensor is empty")
+        return Memory(obj, obj.data_ptr(), size, True)
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{what}: expected a CPU torch.Tensor, bytearray, memoryview or "
+                        f"another buffer object, got {type(obj).__name__}") from None
+    if not view.c_contiguous:
+        raise RDMASizeError(f"{what}: the buffer is not contiguous")
+    if view.nbytes == 0:
+        raise RDMASizeError(f"{what}: the buffer is empty")
+    if writable and view.readonly:
+        raise RDMAError(f"{what}: the buffer is read-only ({type(obj).__name__}); use a "
+                        "bytearray, a writable memoryview or a tensor")
+    pb = _PyBuffer()
+    _get_buffer(view, ctypes.byref(pb), _PyBUF_WRITABLE if writable else 0)
+    try:
+        addr = int(pb.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(pb))
+    return Memory(view, addr, view.nbytes, not view.readonly)
