@@ -8,7 +8,8 @@ import inspect
 
 import pytest
 
-PACKAGES = ("meshio", "meshio.endpoints", "meshio.supervision", "meshio.rdma", "meshio.testing")
+PACKAGES = ("meshio", "meshio.endpoints", "meshio.jobs", "meshio.supervision", "meshio.rdma",
+            "meshio.testing")
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -31,7 +31,7 @@ import pytest_asyncio
 import meshio
 import meshio._transport._runtime
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
-from meshio._launcher import _Forward
+from meshio._launcher import Forward
 from meshio._transport import _messages as M
 from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
@@ -102,13 +102,13 @@ class StderrWatch:
 @pytest.fixture
 def stderr(monkeypatch: pytest.MonkeyPatch) -> StderrWatch:
     watch = StderrWatch()
-    forward = _Forward._write
+    forward = Forward._write
 
-    def write(self: _Forward, data: bytes) -> None:
+    def write(self: Forward, data: bytes) -> None:
         watch.write(data.decode(errors="replace"))
         forward(self, data)
 
-    monkeypatch.setattr(_Forward, "_write", write)
+    monkeypatch.setattr(Forward, "_write", write)
     return watch
 
 

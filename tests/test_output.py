@@ -22,7 +22,7 @@ from meshio import _launcher
 # reached it: the forwarder's data_received is watched for them.
 received: dict[str, int] = {}
 waiters: list[tuple[str, int, asyncio.Future[None]]] = []
-forward = _launcher._Forward.data_received
+forward = _launcher.Forward.data_received
 
 
 def watched(self, data: bytes) -> None:
@@ -39,7 +39,7 @@ def watched(self, data: bytes) -> None:
             fut.set_result(None)
 
 
-_launcher._Forward.data_received = watched
+_launcher.Forward.data_received = watched
 
 
 async def lines_arrived(marker: str, n: int) -> None:

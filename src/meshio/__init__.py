@@ -6,6 +6,7 @@ The public sub-packages (``meshio.endpoints``, ``meshio.rdma``,
 """
 
 from . import endpoints as endpoints
+from . import jobs as jobs
 from . import rdma as rdma
 from . import supervision as supervision
 from . import testing as testing
@@ -43,11 +44,13 @@ from ._proc_mesh import this_host as this_host
 from ._run import run as run
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
 from ._transport._serial import set_limits as set_limits
+from ._transport._tls import TLSConfig as TLSConfig
 from ._util import fixup_module_metadata as _fixup_module_metadata
 from ._value_mesh import ValueMesh as ValueMesh
 from .endpoints._endpoint import Endpoint as Endpoint
 from .endpoints._endpoint import EndpointDescriptor as EndpointDescriptor
 from .endpoints._endpoint import endpoint as endpoint
+from .jobs._remote import attach as attach
 from .rdma._buffer import RDMABuffer as RDMABuffer
 from .supervision._events import SupervisionEvent as SupervisionEvent
 from .supervision._supervisor import Supervisor as Supervisor
@@ -84,9 +87,11 @@ __all__ = (
     "SupervisionError",
     "SupervisionEvent",
     "Supervisor",
+    "TLSConfig",
     "UnknownActorError",
     "UnknownEndpointError",
     "ValueMesh",
+    "attach",
     "context",
     "current_rank",
     "endpoint",

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from importlib.metadata import version
 
 from ._bench import bench as run_bench
 from ._demo import demo as run_demo
 from ._run import run
+from .jobs._agent import main as agent_main
 
 __all__ = ("main",)
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["agent"]:  # its own parser: meshio agent --help
+        agent_main(args_in[1:])
+        return
     ap = argparse.ArgumentParser(prog="meshio", description="meshio command line")
     ap.add_argument("--version", action="version", version=f"meshio {version('meshio')}")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -22,7 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--calls", type=int, default=2000, help="sequential calls (default 2000)")
     bench.add_argument("--inflight", type=int, default=1000, help="concurrent calls (default 1000)")
     bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
-    args = ap.parse_args(argv)
+    sub.add_parser("agent", help="serve this host's workers to a controller on another host "
+                                 "(meshio agent --help)")
+    args = ap.parse_args(args_in)
     if args.command == "demo":
         run(run_demo(args.procs))
     elif args.command == "bench":

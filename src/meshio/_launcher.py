@@ -4,6 +4,12 @@ A :class:`ProcLauncher` starts ``python -m meshio.worker`` processes on one
 host and hands back :class:`ProcHandle`\\ s to watch and signal them.  The
 controller's own host uses :class:`LocalLauncher`; a per-host agent (for
 remote hosts) implements the same two methods.
+
+What a worker must not get on its command line or in its environment (the
+job secret) and what may be too big for either (the pickled ``bootstrap``)
+it reads from its stdin, a Unix socket the launcher writes
+:func:`start_payload` to; the worker answers on the same socket only if its
+bootstrap fails (:attr:`ProcHandle.start_failure`).
 """
 
 from __future__ import annotations
@@ -17,15 +23,29 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
-__all__ = ("LocalLauncher", "LocalProc", "ProcHandle", "ProcLauncher", "WorkerSpec",
-           "describe_exit")
+from ._transport._messages import Stream
+from ._transport._tls import TLSConfig
+
+__all__ = ("BOOTSTRAP_FAILED", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX", "Forward",
+           "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
+           "check_env", "describe_exit", "start_payload")
+
+#: exit status of a worker whose ``bootstrap`` raised (sysexits' EX_CONFIG)
+BOOTSTRAP_FAILED = 78
+#: head of what a worker reads on stdin: lengths of the secret and of the
+#: pickled bootstrap that follow it
+PAYLOAD_HEADER = struct.Struct("!IQ")
+#: environment variables meshio sets for its workers; ``spawn_procs(env=...)``
+#: may not set these
+RESERVED_ENV_PREFIX = "MESHIO_"
 
 
 @dataclass(frozen=True)
@@ -35,6 +55,8 @@ class WorkerSpec:
     worker: str
     listen: str
     controller: str
+    #: variables set in the worker's environment: ``spawn_procs(env=...)``,
+    #: then meshio's own per worker (``MESHIO_WORKER``, ``CUDA_VISIBLE_DEVICES``)
     env: Mapping[str, str] = field(default_factory=dict[str, str])
     #: a replacement for a failed worker (its actors are being rebuilt)
     restart: bool = False
@@ -43,9 +65,50 @@ class WorkerSpec:
     #: the job secret; a launcher hands it over out of band (stdin), never in
     #: argv or the environment
     secret: bytes = field(default=b"", repr=False)
+    #: ``spawn_procs(bootstrap=...)`` pickled (by value where it must be), run
+    #: by every new process before anything else; handed over with the secret
+    bootstrap: bytes = field(default=b"", repr=False)
+    #: TLS of the worker's TCP connections (workers on other hosts; paths only)
+    tls: TLSConfig | None = None
 
     def restarted(self) -> WorkerSpec:
         return replace(self, restart=True)
+
+
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``spawn_procs(env=...)`` checked before any process starts; a copy.
+
+    Raises:
+        TypeError: ``env`` is not a mapping, or a key or value is not a ``str``.
+        ValueError: a key is empty, has ``=``, or starts with ``MESHIO_``
+            (meshio's own); a key or value has a NUL character.
+    """
+    if not isinstance(env, Mapping):
+        raise TypeError(f"spawn_procs: env must be a mapping of str to str, got "
+                        f"{type(env).__name__}")
+    checked: dict[str, str] = {}
+    for k, v in cast(Mapping[object, object], env).items():
+        if not isinstance(k, str):
+            raise TypeError(f"spawn_procs: env keys must be str, got {type(k).__name__} {k!r}")
+        if not isinstance(v, str):
+            raise TypeError(f"spawn_procs: env[{k!r}] must be a str, got "
+                            f"{type(v).__name__} {v!r}; convert it with str()")
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise ValueError(f"spawn_procs: env[{k!r}]: a variable name must be non-empty "
+                             f"without '=' or NUL, and its value without NUL")
+        if k.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(f"spawn_procs: env[{k!r}]: variables {RESERVED_ENV_PREFIX}* are "
+                             f"meshio's own, set per worker; use another name")
+        checked[k] = v
+    return checked
+
+
+def start_payload(spec: WorkerSpec) -> bytes:
+    """What a launcher writes to a new worker's stdin (then closes it for
+    writing): :data:`PAYLOAD_HEADER`, the job secret, the pickled bootstrap.
+    ``meshio.worker`` reads it before anything else."""
+    return PAYLOAD_HEADER.pack(len(spec.secret), len(spec.bootstrap)) + spec.secret \
+        + spec.bootstrap
 
 
 class ProcHandle(Protocol):
@@ -53,6 +116,10 @@ class ProcHandle(Protocol):
 
     pid: int
     host: str
+    #: what the process reported before it exited without starting (its
+    #: ``bootstrap`` raised: ``"bootstrap mod.setup() raised ValueError: ..."``);
+    #: None otherwise.  Known once :meth:`wait` has returned.
+    start_failure: str | None
 
     @property
     def returncode(self) -> int | None: ...
@@ -83,18 +150,33 @@ def describe_exit(rc: int | None) -> str:
 
 
 class LocalProc:
-    """A worker on this host, watched with a pidfd (no thread, no SIGCHLD)."""
+    """A worker on this host, watched with a pidfd (no thread, no SIGCHLD).
+
+    ``stdin`` is the controller's end of the worker's stdin socket:
+    ``payload`` (:func:`start_payload`) is written to it from the loop, as
+    fast as the worker reads (a pickled bootstrap may be far bigger than a
+    socket buffer), then closed for writing; a worker that dies first just
+    stops the writing.  At its exit, what the worker wrote back (a failed
+    bootstrap) becomes :attr:`start_failure`.
+    """
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
-                 label: str = "") -> None:
+                 label: str, stdin: socket.socket, payload: bytes,
+                 output: Output | None = None, worker: str = "") -> None:
         self._popen = popen
-        for pipe, name in ((popen.stdout, "stdout"), (popen.stderr, "stderr")):
+        streams: tuple[tuple[Any, Stream], ...] = ((popen.stdout, "stdout"),
+                                                   (popen.stderr, "stderr"))
+        for pipe, name in streams:
             if pipe is not None:
-                loop.create_task(loop.connect_read_pipe(
-                    functools.partial(_Forward, label, name), pipe))
+                factory: Any = (functools.partial(Forward, label, name) if output is None
+                                else functools.partial(_Relay, worker, name, output))
+                loop.create_task(loop.connect_read_pipe(factory, pipe))
         self.pid = popen.pid
         self.host = socket.gethostname()
+        self.start_failure: str | None = None
         self._loop = loop
+        self._stdin = stdin
+        self._handing_over = loop.create_task(self._hand_over(payload))
         self._exit: asyncio.Future[int] = loop.create_future()
         try:
             self._fd = os.pidfd_open(popen.pid)
@@ -112,9 +194,22 @@ class LocalProc:
             os.close(self._fd)
             self._set(rc)
 
+    async def _hand_over(self, payload: bytes) -> None:
+        try:
+            await self._loop.sock_sendall(self._stdin, payload)
+            self._stdin.shutdown(socket.SHUT_WR)
+        except OSError:  # it died before reading it all: its exit status says why
+            pass
+
     def _set(self, rc: int) -> None:
-        if not self._exit.done():
-            self._exit.set_result(rc)
+        if self._exit.done():
+            return
+        # Whatever it wrote back before it exited is in the socket already.
+        self.start_failure = _read_report(self._stdin)
+        self._handing_over.cancel()  # (a worker that never read its stdin)
+        # closed once the loop no longer watches it for writing
+        self._handing_over.add_done_callback(lambda _: self._stdin.close())
+        self._exit.set_result(rc)
 
     @property
     def returncode(self) -> int | None:
@@ -131,11 +226,43 @@ class LocalProc:
                 pass
 
 
-class _Forward(asyncio.Protocol):
+def _read_report(stdin: socket.socket) -> str | None:
+    """What a worker wrote on its stdin socket before exiting (non-blocking)."""
+    chunks: list[bytes] = []
+    while True:
+        try:
+            chunk = stdin.recv(1 << 16)
+        except OSError:  # BlockingIOError: nothing more
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace").strip() or None
+
+
+#: where a host agent sends its workers' output: ``output(worker, stream, data)``
+Output = Callable[[str, Stream, bytes], None]
+
+
+class _Relay(asyncio.Protocol):
+    """Hands a worker's stdout or stderr, as it comes, to ``output`` (a
+    host agent sends it on to the controller, which prints it with
+    :class:`Forward`)."""
+
+    def __init__(self, worker: str, stream: Stream, output: Output) -> None:
+        self._worker = worker
+        self._stream: Stream = stream
+        self._output = output
+
+    def data_received(self, data: bytes) -> None:
+        self._output(self._worker, self._stream, data)
+
+
+class Forward(asyncio.Protocol):
     """Copies a worker's stdout or stderr to the controller's, line by line,
     each line prefixed with the worker's label."""
 
-    def __init__(self, label: str, stream: str) -> None:
+    def __init__(self, label: str, stream: Stream) -> None:
         self._prefix = f"{label} ".encode()
         self._stream = stream
         self._partial = b""
@@ -297,29 +424,44 @@ def _release_held() -> None:
 
 
 class LocalLauncher:
-    """Starts workers on this host as child processes of the controller."""
+    """Starts workers on this host as child processes of the controller (or
+    of a host agent, which passes ``output`` to relay their output)."""
 
-    def __init__(self) -> None:
+    def __init__(self, output: Output | None = None) -> None:
         self.host = socket.gethostname()
+        self._output = output
 
     async def launch(self, spec: WorkerSpec) -> LocalProc:
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
+        env = {**os.environ, **spec.env}
+        env["PYTHONPATH"] = os.pathsep.join(  # meshio's first: `-m meshio.worker` finds it
             [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        env["MESHIO_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+        # the controller's import path (sent by a remote controller), then ours
+        paths = [*json.loads(spec.env.get("MESHIO_SYS_PATH", "[]")), *sys.path]
+        env["MESHIO_SYS_PATH"] = json.dumps([p for p in dict.fromkeys(paths) if p])
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the controller as they are printed
-        env.update(spec.env)
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
-             "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
-             *(["--restart"] if spec.restart else [])],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            close_fds=True)
-        assert popen.stdin is not None
-        try:  # 32 bytes fit in any pipe buffer: never blocks
-            popen.stdin.write(spec.secret)
-            popen.stdin.close()
-        except BrokenPipeError:  # died at once: waiting for its hello reports why
-            pass
-        return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker)
+        ours, theirs = socket.socketpair()
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
+                 "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
+                 *(["--restart"] if spec.restart else []), *_tls_args(spec.tls)],
+                env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                close_fds=True)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker, ours,
+                         start_payload(spec), self._output, spec.worker)
+
+
+def _tls_args(tls: TLSConfig | None) -> list[str]:
+    """A worker's command-line TLS options (file paths, no secrets)."""
+    if tls is None:
+        return []
+    return ["--tls-cert", os.fspath(tls.cert), "--tls-key", os.fspath(tls.key),
+            "--tls-ca", os.fspath(tls.ca), *([] if tls.mutual else ["--tls-no-mutual"]),
+            *([] if tls.check_hostname else ["--tls-no-check-hostname"])]

@@ -15,7 +15,7 @@ from ._cell import ActorCell, cell_of
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Region
-from ._launcher import LocalLauncher, ProcLauncher
+from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, _ActorRecord
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
@@ -422,12 +422,30 @@ class HostMesh(MeshShape):
                     restart: RestartType | None = None,
                     shutdown: ShutdownPolicy = STOP_GRACE,
                     heartbeat_interval: float = HEARTBEAT_INTERVAL,
-                    heartbeat_timeout: float | None = None) -> ProcMesh:
+                    heartbeat_timeout: float | None = None,
+                    env: Mapping[str, str] | None = None,
+                    bootstrap: Callable[[], object] | None = None) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
 
+        Every new process (a supervisor's replacement too) starts with
+        ``env`` in its environment and runs ``bootstrap()`` before anything
+        else: before it connects to anyone and before any actor class (or
+        anything it imports) is loaded.
+
         Args:
+            env: environment variables of every process, on top of the
+                controller's.  meshio's own win: the ``gpus`` dim's
+                ``CUDA_VISIBLE_DEVICES``, and ``MESHIO_*`` may not be set.
+            bootstrap: a function of no arguments every process calls first,
+                in its main thread (NCCL/vLLM-style set-up that must precede
+                imports).  Pickled like an actor class: by value when defined
+                in ``__main__``, a notebook or a function.  A coroutine
+                function is run to completion on an asyncio loop of its own,
+                closed before the worker's loop starts.  If it raises, its
+                traceback goes to the process's stderr and the start fails
+                with :class:`ProcessStartError` naming it and the exception.
             supervisor: the :class:`~meshio.Supervisor` owning these processes
                 (declared as its next child); without one, failures are
                 reported and nothing restarts.
@@ -441,6 +459,13 @@ class HostMesh(MeshShape):
                 heartbeat unanswered this long (default 3 intervals) is not
                 responding: calls to it fail with :class:`SupervisionError`
                 until it answers again; it is not killed.
+
+        Raises:
+            TypeError: an argument has the wrong type, e.g. an ``env`` value
+                that is not a ``str``, or ``bootstrap`` is not callable or
+                cannot be pickled.
+            ValueError: an argument has a wrong value, e.g. an ``env`` key
+                that is empty, has ``=`` or starts with ``MESHIO_``.
         """
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
@@ -460,6 +485,19 @@ class HostMesh(MeshShape):
         if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
             raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
+        env = check_env({} if env is None else env)
+        blob = b""
+        if bootstrap is not None:
+            if not callable(bootstrap):
+                raise TypeError(f"spawn_procs: bootstrap must be a function of no arguments, "
+                                f"got {type(bootstrap).__name__} {bootstrap!r}")
+            try:
+                blob = dumps(bootstrap, None)
+            except Exception as e:
+                raise TypeError(f"spawn_procs: bootstrap {bootstrap!r} cannot be pickled to "
+                                f"send it to the new processes ({type(e).__name__}: {e}); "
+                                f"make it a module-level function, or capture only "
+                                f"picklable values") from e
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -475,7 +513,7 @@ class HostMesh(MeshShape):
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
         state = ProcState(name, launchers, region, n, supervisor, restart, shutdown,
-                           (heartbeat_interval, heartbeat_timeout))
+                           (heartbeat_interval, heartbeat_timeout), env, blob)
         return ProcMesh(state, region)
 
 

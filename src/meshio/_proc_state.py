@@ -8,7 +8,8 @@ import asyncio
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -99,9 +100,12 @@ class ProcState:
                  per_host: int, supervisor: Supervisor | None = None,
                  restart: RestartType | None = None,
                  shutdown: ShutdownPolicy = STOP_GRACE,
-                 heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT)
-                 ) -> None:
+                 heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT),
+                 env: Mapping[str, str] | None = None, bootstrap: bytes = b"") -> None:
         self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
+        #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
+        self.env: Mapping[str, str] = env or {}
+        self.bootstrap: bytes = bootstrap
         self.name: str = name
         self.launchers: Sequence[ProcLauncher] = launchers
         self.region: Region = region
@@ -154,13 +158,13 @@ class ProcState:
 
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
         worker_id = f"{self.id}-{grank}"
-        env = {"MESHIO_WORKER": worker_id}
+        env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
         if "gpus" in self.region.extent.labels:
             env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
         coords = " ".join(f"{k}={v}" for k, v in point.items())
         return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
                           label=f"[{self.name} {coords}]".replace(" ]", "]"),
-                          secret=self.rt.secret)
+                          secret=self.rt.secret, bootstrap=self.bootstrap)
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -202,15 +206,26 @@ class ProcState:
                                      return_when=asyncio.FIRST_COMPLETED)
         if waiter not in done:
             exited.cancel()
-            why = (describe_exit(exited.result()) if exited in done
-                   else f"no hello within {START_TIMEOUT}s")
+            failure = worker.handle.start_failure if exited in done else None  # its bootstrap
+            if failure is not None:
+                why = failure
+            elif exited in done:
+                why = describe_exit(exited.result())
+            else:
+                why = f"no hello within {START_TIMEOUT}s"
+            see = ("its traceback is in the process's stderr above" if failure is not None
+                   else "its stderr above says why")
             raise ProcessStartError(
                 f"proc mesh {self.name!r}: worker rank {worker.rank} (pid {worker.handle.pid} on "
-                f"{worker.handle.host}) failed to start: {why}; its stderr above says why",
+                f"{worker.handle.host}) failed to start: {why}; {see}",
                 actor=self.name, rank=worker.rank, host=worker.handle.host,
                 pid=worker.handle.pid, cause=why)
         exited.cancel()
         worker.conn = waiter.result()
+        if worker.conn.peer is not None and worker.conn.peer != worker.addr:
+            # a worker on another host chose its TCP address; its replacements keep it
+            worker.addr = worker.conn.peer
+            worker.spec = replace(worker.spec, listen=worker.addr)
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)

@@ -3,9 +3,15 @@
 Started by a launcher, never by hand.  The worker listens on its own Unix
 socket for peers, reports to the controller, hosts actors, and dies with
 its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost.
-The job secret arrives on stdin (never on the command line or in the
-environment, which other processes of the user can read); stdin is then at
-end of file.
+The job secret and the pickled ``spawn_procs(bootstrap=...)`` arrive on stdin
+(never on the command line or in the environment, which other processes of
+the user can read); stdin is then ``/dev/null``.
+
+The bootstrap runs first, before the worker connects to anyone or loads any
+actor class, in the main thread (a coroutine function: on an asyncio loop of
+its own, closed before the worker's uvloop loop starts).  If it raises, its
+traceback goes to stderr, one line to the launcher (the ``ProcessStartError``
+of ``spawn_procs``), and the worker exits with ``BOOTSTRAP_FAILED``.
 
 On the controller's ``Shutdown`` it stops its actors (their ``__cleanup__``
 hooks run, in reverse spawn order), closes its runtime and exits normally, so
@@ -19,13 +25,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import inspect
 import json
 import os
 import signal
 import sys
+import traceback
+from collections.abc import Awaitable
+from typing import Any
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
+from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER
 from ._transport._runtime import Runtime, _runtimes
+from ._transport._serial import loads
+from ._transport._tls import TLSConfig
 from ._worker import serve
 
 __all__ = ("main",)
@@ -46,21 +59,74 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _read_secret() -> bytes:
-    """The job secret the launcher writes to our stdin before closing it."""
+def _read_payload() -> tuple[bytes, bytes, int]:
+    """The job secret and the pickled bootstrap, as the launcher writes them
+    to our stdin (``_launcher.start_payload``) before closing it for writing;
+    and a private descriptor of that socket, to report a failed bootstrap
+    on.  Stdin is ``/dev/null`` from then on."""
     chunks: list[bytes] = []
-    while chunk := os.read(0, 4096):
+    while chunk := os.read(0, 1 << 16):
         chunks.append(chunk)
-    secret = b"".join(chunks)
-    if len(secret) < 16:
+    data = b"".join(chunks)
+    head = PAYLOAD_HEADER.size
+    n_secret, n_blob = PAYLOAD_HEADER.unpack_from(data) if len(data) >= head else (0, 0)
+    if n_secret < 16 or len(data) != head + n_secret + n_blob:
         sys.exit("meshio.worker: no job secret on stdin; workers are started by a "
                  "launcher (meshio.this_host().spawn_procs), not by hand")
-    return secret
+    report = os.dup(0)  # not inheritable: user code's children do not get it
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return data[head:head + n_secret], data[head + n_secret:], report
+
+
+def _bootstrap(blob: bytes, report: int) -> None:
+    """Run ``spawn_procs(bootstrap=...)`` (``blob``, pickled), awaiting what it
+    returns if that is awaitable.  If it raises: its traceback on stderr, one
+    line on ``report`` for the controller, and exit ``BOOTSTRAP_FAILED``."""
+    what = "bootstrap function could not be unpickled:"
+    try:
+        if blob:
+            fn = loads(blob, [], 0)
+            what = f"bootstrap {_name_of(fn)}() raised"
+            result = fn()
+            if inspect.isawaitable(result):
+                asyncio.run(_wait(result))
+    except BaseException as e:  # SystemExit too: the worker would not start
+        tb = e.__traceback__
+        traceback.print_exception(type(e), e, tb.tb_next if tb is not None else None)
+        line = f"{what} {_type_name(e)}: {e}".strip()
+        try:
+            os.write(report, line[:2000].encode(errors="replace"))  # fits the socket buffer
+        except OSError:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(BOOTSTRAP_FAILED)  # not sys.exit: threads it started must not keep us
+    os.close(report)
+
+
+async def _wait(result: Awaitable[Any]) -> None:
+    await result
+
+
+def _name_of(fn: Any) -> str:
+    qualname = getattr(fn, "__qualname__", None)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if qualname and module else repr(fn)
+
+
+def _type_name(e: BaseException) -> str:
+    cls = type(e)
+    return cls.__qualname__ if cls.__module__ == "builtins" else \
+        f"{cls.__module__}.{cls.__qualname__}"
 
 
 async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     loop = asyncio.get_running_loop()
-    rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret)
+    tls = (TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual=not args.tls_no_mutual,
+                     check_hostname=not args.tls_no_check_hostname) if args.tls_cert else None)
+    rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls)
     _runtimes[loop] = rt
     rt.restoring = args.restart
     return await serve(rt, args.controller)
@@ -73,19 +139,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--worker", required=True)
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--restart", action="store_true")
+    ap.add_argument("--tls-cert")  # TLS of a worker on another host (its agent's files)
+    ap.add_argument("--tls-key")
+    ap.add_argument("--tls-ca")
+    ap.add_argument("--tls-no-mutual", action="store_true")
+    ap.add_argument("--tls-no-check-hostname", action="store_true")
     args = ap.parse_args(argv)
     _die_with_parent(args.parent)
-    secret = _read_secret()
+    secret, blob, report = _read_payload()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when we stop
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
         if p not in sys.path:
             sys.path.append(p)
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
+    _bootstrap(blob, report)
+    if args.tls_cert:
+        # with TLS, asyncio's own loop: uvloop's start_tls sometimes loses the
+        # first bytes of an incoming TLS connection (seen with meshio's agents)
         code = asyncio.run(_serve(args, secret))
     else:
-        code = uvloop.run(_serve(args, secret))
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            code = asyncio.run(_serve(args, secret))
+        else:
+            code = uvloop.run(_serve(args, secret))
     if code == 0:  # a graceful shutdown: a normal exit, so atexit handlers and finalizers run
         sys.exit(0)
     sys.stdout.flush()  # the controller is gone: leave at once

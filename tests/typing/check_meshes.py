@@ -96,6 +96,27 @@ async def procs_and_hosts() -> None:
     await procs.stop()
 
 
+def set_up() -> None: ...
+
+
+async def set_up_async() -> None: ...
+
+
+def set_up_rank(rank: int) -> None: ...
+
+
+def env_and_bootstrap() -> None:
+    host = this_host()
+    # any function of no arguments, plain or coroutine; its result is ignored
+    assert_type(host.spawn_procs(env={"NCCL_DEBUG": "INFO"}, bootstrap=set_up), ProcMesh)
+    assert_type(host.spawn_procs(bootstrap=set_up_async), ProcMesh)
+    assert_type(host.spawn_procs(bootstrap=lambda: 42), ProcMesh)
+    host.spawn_procs(env={"NCCL_DEBUG": 1})  # type: ignore[dict-item]
+    host.spawn_procs(env=["NCCL_DEBUG=INFO"])  # type: ignore[arg-type]
+    host.spawn_procs(bootstrap=set_up_rank)  # type: ignore[arg-type]
+    host.spawn_procs(bootstrap="set_up")  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------ mesh operations
 
 

@@ -160,14 +160,19 @@ class HandshakeProtocol(asyncio.Protocol):
         self.creds: tuple[int, int, int] | None = None
         #: the peer's address on a TCP socket
         self.peername: Any = None
+        #: bytes that arrived before ``connection_made`` (a TLS stream
+        #: delivers the first ones as its handshake completes)
+        self._early: list[bytes] = []
 
     def describe(self) -> str:
         """The peer, for log lines and errors."""
         if self.creds is not None:
             pid, uid, _ = self.creds
             return f"pid {pid} (uid {uid})"
-        if isinstance(self.peername, tuple) and len(self.peername) >= 2:
-            return f"{self.peername[0]} port {self.peername[1]}"
+        peer: object = self.peername
+        if isinstance(peer, tuple) and len(cast(tuple[object, ...], peer)) >= 2:
+            host, port = cast(tuple[object, ...], peer)[:2]
+            return f"{host} port {port}"
         return "unidentified peer"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -180,8 +185,14 @@ class HandshakeProtocol(asyncio.Protocol):
                                           f"job's uid {os.getuid()}"))
             return
         self._transport.write(self._hs.start())
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
+        if self._transport is None:
+            self._early.append(data)
+            return
         if self.finished:
             return
         try:

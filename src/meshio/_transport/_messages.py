@@ -19,6 +19,7 @@ __all__ = (
     "Fail",
     "Fault",
     "Hello",
+    "LaunchWorker",
     "Message",
     "PeerDown",
     "PeerUp",
@@ -30,9 +31,13 @@ __all__ = (
     "Reply",
     "Restored",
     "Shutdown",
+    "SignalWorker",
     "SpawnActor",
     "StopActor",
+    "Stream",
     "Transfer",
+    "WorkerExited",
+    "WorkerOutput",
     "decode_message",
     "encode_message",
 )
@@ -204,8 +209,54 @@ class PeerUp(_Msg, frozen=True, tag=16):
     addr: str
 
 
+class LaunchWorker(_Msg, frozen=True, tag=17):
+    """Controller → host agent: start a worker process (answered with its
+    pid).  ``listen`` empty: the agent picks the worker's TCP address on its
+    host; a replacement names its predecessor's.  ``bootstrap`` is the
+    pickled setup function (empty: none)."""
+
+    req: int
+    worker: str
+    listen: str
+    controller: str
+    env: dict[str, str]
+    restart: bool = False
+    label: str = ""
+    bootstrap: bytes = b""
+
+
+class SignalWorker(_Msg, frozen=True, tag=18):
+    """Controller → host agent: send ``sig`` to the worker ``worker``."""
+
+    worker: str
+    sig: int
+
+
+#: which stream of a worker a :class:`WorkerOutput` carries
+Stream: TypeAlias = Literal["stdout", "stderr"]
+
+
+class WorkerOutput(_Msg, frozen=True, tag=19):
+    """Host agent → controller: bytes its worker ``worker`` wrote."""
+
+    worker: str
+    stream: Stream
+    data: bytes
+
+
+class WorkerExited(_Msg, frozen=True, tag=20):
+    """Host agent → controller: the worker ``worker`` ended with ``code``
+    (negative: killed by that signal); ``start_failure``: what it reported
+    when it could not start (its bootstrap raised)."""
+
+    worker: str
+    code: int
+    start_failure: str = ""
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
-           | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp)
+           | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
+           | SignalWorker | WorkerOutput | WorkerExited)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import os
 import secrets
@@ -28,7 +29,6 @@ from .._exceptions import (
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._memory import memory_pipe
-from ._tls import TLSConfig
 from ._messages import (
     Call,
     Cancel,
@@ -49,6 +49,7 @@ from ._messages import (
     _Msg,
 )
 from ._serial import Buffers
+from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "close_runtime", "ignore_result",
            "print_fault", "runtime")
@@ -237,6 +238,10 @@ class Runtime:
     the process dies.  Every connection, in or out, passes the job handshake
     (:mod:`._handshake`) over :attr:`secret` before a frame is read.
 
+    A ``tcp://HOST:PORT`` address listens on TCP instead (port 0: any),
+    named by ``advertise`` (how other hosts reach it) when ``HOST`` is
+    ``0.0.0.0``; ``tls`` then applies to every connection.
+
     An ``in_process`` runtime (a worker of the in-process transport,
     :mod:`meshio.testing`) listens on no socket: the runtimes of this process
     on the same loop reach it, and it them, through in-memory connections
@@ -249,7 +254,8 @@ class Runtime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
                  worker: str = "", secret: bytes | None = None, *,
-                 in_process: bool = False, tls: TLSConfig | None = None) -> None:
+                 in_process: bool = False, tls: TLSConfig | None = None,
+                 advertise: str | None = None) -> None:
         self.loop = loop
         self.in_process = in_process
         #: where what this runtime receives in memory runs: a context of its
@@ -263,9 +269,13 @@ class Runtime:
         if addr is None:
             addr = f"@meshio-{secrets.token_hex(8)}/controller"
         #: TLS of this runtime's TCP connections, in and out (None: plain TCP)
-        self.tls: TLSConfig | None = tls
-        self._tls_server: ssl.SSLContext | None = None if tls is None else tls.server_context()
-        self._tls_client: ssl.SSLContext | None = None if tls is None else tls.client_context()
+        self.tls: TLSConfig | None = None
+        self._tls_server: ssl.SSLContext | None = None
+        self._tls_client: ssl.SSLContext | None = None
+        #: the secret TCP connections prove: the job's on its hosts, which a
+        #: controller that also runs local workers may hold beside its own
+        self.tcp_secret: bytes = self.secret
+        self._set_tls(tls)
         self._socks: list[socket.socket] = []
         self._serving: list[asyncio.Task[None]] = []
         self._servers: list[asyncio.Server] = []
@@ -274,9 +284,10 @@ class Runtime:
         self.tcp_addr: str | None = None
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
-            addr = self._listen(_listen_tcp(*endpoint))
+            addr = self._listen(_listen_tcp(*endpoint), advertise or endpoint[0])
         #: prefix of this job's socket names (``@meshio-<random>``)
-        self.namespace: str = addr.rpartition("/")[0]
+        self.namespace: str = (addr.rpartition("/")[0] if endpoint is None
+                               else f"@meshio-{secrets.token_hex(8)}")
         self.addr = addr
         self._handshakes: set[HandshakeProtocol] = set()
         self._closed = False
@@ -313,8 +324,13 @@ class Runtime:
             sock.bind(sockaddr(addr))
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
-            self._listen(sock)
+            self._listen(sock, "")
         _local[addr] = self
+
+    def _set_tls(self, tls: TLSConfig | None) -> None:
+        self.tls = tls
+        self._tls_server = None if tls is None else tls.server_context()
+        self._tls_client = None if tls is None else tls.client_context()
 
     @property
     def reachable_addr(self) -> str:
@@ -322,44 +338,54 @@ class Runtime:
         TCP one once this runtime has one, else :attr:`addr`."""
         return self.tcp_addr or self.addr
 
-    def listen_tcp(self, host: str, port: int = 0) -> str:
-        """Listen on TCP too (a controller whose workers run on other hosts);
-        its ``tcp://`` address (the same on later calls)."""
-        if self.tcp_addr is None:
-            if self._closed:
-                raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
-            self._listen(_listen_tcp(host, port))
-        assert self.tcp_addr is not None
-        return self.tcp_addr
+    def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
+                   secret: bytes, tls: TLSConfig | None = None) -> str:
+        """Listen on TCP too, proving ``secret`` (and ``tls``) there: a
+        controller whose workers run on other hosts.  Its ``tcp://`` address
+        names the host ``advertise`` (how those hosts reach this one).  A
+        second call with the same settings returns the same address.
 
-    def _listen(self, sock: socket.socket) -> str:
-        """Serve connections on the listening ``sock``; its address."""
+        Raises:
+            ValueError: this runtime already listens on TCP for another job
+                secret or other TLS settings.
+        """
+        if self.tcp_addr is not None:
+            if secret != self.tcp_secret or tls != self.tls:
+                raise ValueError(
+                    f"this controller already serves hosts at {self.tcp_addr} with another "
+                    "job secret or TLS setting; one controller drives the hosts of one job")
+            return self.tcp_addr
+        if self._closed:
+            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
+        self.tcp_secret = secret
+        self._set_tls(tls)
+        return self._listen(_listen_tcp(bind, port), advertise)
+
+    def _listen(self, sock: socket.socket, advertise: str) -> str:
+        """Serve connections on the listening ``sock``; for TCP, its address
+        as ``advertise`` names the host."""
         self._socks.append(sock)
         if sock.family == socket.AF_UNIX:
-            name = sock.getsockname()
-            addr = "@" + name[1:].decode() if isinstance(name, bytes) else name
-            self._serving.append(self.loop.create_task(self._serve_unix(sock)))
-            return addr
-        host, port = sock.getsockname()[:2]
-        self.tcp_addr = tcp_address(host, port)
-        self._serving.append(self.loop.create_task(self._serve_tcp(sock)))
+            self._serving.append(self.loop.create_task(self._serve(
+                sock, functools.partial(self._handshake_in, self.secret))))
+            return self.addr
+        self.tcp_addr = tcp_address(advertise, sock.getsockname()[1])
+        factory: Callable[[], asyncio.BaseProtocol] = (
+            functools.partial(self._handshake_in, self.tcp_secret)
+            if self._tls_server is None else functools.partial(_TlsAccept, self))
+        self._serving.append(self.loop.create_task(self._serve(sock, factory)))
         return self.tcp_addr
 
-    async def _serve_unix(self, sock: socket.socket) -> None:
-        self._servers.append(await self.loop.create_unix_server(
-            self._handshake_in, sock=sock, backlog=LISTEN_BACKLOG))
+    async def _serve(self, sock: socket.socket,
+                     factory: Callable[[], asyncio.BaseProtocol]) -> None:
+        if sock.family == socket.AF_UNIX:
+            server = await self.loop.create_unix_server(factory, sock=sock,
+                                                        backlog=LISTEN_BACKLOG)
+        else:
+            server = await self.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
+        self._servers.append(server)
 
-    async def _serve_tcp(self, sock: socket.socket) -> None:
-        factory = self._handshake_in if self._tls_server is None else self._tls_in
-        self._servers.append(await self.loop.create_server(factory, sock=sock,
-                                                           backlog=LISTEN_BACKLOG))
-
-    def _tls_in(self) -> asyncio.Protocol:
-        """A new TCP connection to a TLS runtime: TLS first (failures logged
-        with the peer's address), then the job handshake."""
-        return _TlsAccept(self)
-
-    def _handshake_in(self) -> HandshakeProtocol:
+    def _handshake_in(self, secret: bytes) -> HandshakeProtocol:
         """A new incoming connection: the handshake first, then a Connection."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
@@ -371,7 +397,7 @@ class Runtime:
                 log.warning("meshio: refused a connection to %s from %s: %s", self.addr,
                             hs.describe(), error)
 
-        hs = HandshakeProtocol(self.secret, dialler=False, timeout=HANDSHAKE_TIMEOUT,
+        hs = HandshakeProtocol(secret, dialler=False, timeout=HANDSHAKE_TIMEOUT,
                                on_done=done, on_fail=fail)
         self._handshakes.add(hs)
         return hs
@@ -431,8 +457,8 @@ class Runtime:
             endpoint = tcp_endpoint(addr)
             sock = await (self._connect(addr, deadline) if endpoint is None
                           else self._connect_tcp(endpoint, deadline))
-            hs = HandshakeProtocol(self.secret, dialler=True,
-                                   timeout=max(deadline - loop.time(), 0.0),
+            hs = HandshakeProtocol(self.secret if endpoint is None else self.tcp_secret,
+                                   dialler=True, timeout=max(deadline - loop.time(), 0.0),
                                    on_done=done, on_fail=fail)
             self._handshakes.add(hs)
             if endpoint is None:
@@ -668,20 +694,22 @@ class _TlsAccept(asyncio.Protocol):
         self._rt = rt
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = cast(asyncio.Transport, transport)
+        stream.pause_reading()  # every byte is TLS's: none may arrive before start_tls
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._rt.loop.create_task(self._start_tls(cast(asyncio.Transport, transport)))
+        self._rt.loop.create_task(self._start_tls(stream))
 
     async def _start_tls(self, transport: asyncio.Transport) -> None:
         rt = self._rt
         peer = transport.get_extra_info("peername")
-        hs = rt._handshake_in()
+        hs = rt._handshake_in(rt.tcp_secret)
         assert rt._tls_server is not None
         try:
             tls = await rt.loop.start_tls(transport, hs, rt._tls_server, server_side=True,
                                           ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             transport.abort()
             hs.peername = peer
             hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
@@ -692,7 +720,7 @@ class _TlsAccept(asyncio.Protocol):
         hs.connection_made(tls)
 
     def data_received(self, data: bytes) -> None:
-        pass  # start_tls pauses reading first: nothing arrives here
+        pass  # reading is paused until start_tls takes the transport: nothing arrives
 
     def connection_lost(self, exc: Exception | None) -> None:
         pass

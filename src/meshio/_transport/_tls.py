@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import ssl
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = ("TLSConfig",)
 
@@ -42,13 +43,13 @@ class TLSConfig:
 
     def __post_init__(self) -> None:
         for name in ("cert", "key", "ca"):
-            path = getattr(self, name)
+            path: object = getattr(self, name)
             if not isinstance(path, (str, os.PathLike)):
                 raise TypeError(f"TLSConfig: {name} must be a path, got "
                                 f"{type(path).__name__}")
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"TLSConfig: {name} file {os.fspath(path)!r} "
-                                        "does not exist")
+            if not os.path.isfile(cast(StrPath, path)):
+                raise FileNotFoundError(f"TLSConfig: {name} file "
+                                        f"{os.fspath(cast(StrPath, path))!r} does not exist")
 
     def server_context(self) -> ssl.SSLContext:
         """The context of a listening side."""

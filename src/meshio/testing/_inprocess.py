@@ -44,6 +44,7 @@ class InProcessWorker:
     def __init__(self, rt: Runtime, controller: str) -> None:
         self.pid: int = os.getpid()
         self.host: str = rt.host
+        self.start_failure: str | None = None
         self._rt = rt
         # served in the runtime's own context: its actors see it as runtime()
         self._task: asyncio.Task[int] = rt.context.run(rt.loop.create_task,
@@ -79,6 +80,9 @@ class InProcessLauncher:
         self.host: str = os.uname().nodename
 
     async def launch(self, spec: WorkerSpec) -> InProcessWorker:
+        if spec.bootstrap:
+            raise ValueError("spawn_procs(bootstrap=...) runs in a new process; the in-process "
+                             "transport starts none (test it on the 'processes' transport)")
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
                      secret=spec.secret, in_process=True)
         rt.restoring = spec.restart

@@ -1,0 +1,5 @@
+"""``python -m meshio``: the ``meshio`` command."""
+
+from ._cli import main
+
+main()

@@ -1,0 +1,21 @@
+"""Jobs: hosts from a scheduler as named host meshes, and the host agent.
+
+``LocalJob`` (this host), ``ProcessJob`` (agents as local processes),
+``SlurmJob`` and ``KubernetesJob`` share one protocol (:class:`Job`):
+``apply()``, ``state()`` (a :class:`JobState`: ``state.trainers`` is a
+:class:`~meshio.HostMesh`), ``kill()``.  ``meshio.attach`` reaches agents
+started any other way.
+"""
+
+from .._transport._tls import TLSConfig as TLSConfig
+from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._job import Job as Job
+from ._job import JobCacheError as JobCacheError
+from ._job import JobState as JobState
+from ._job import LocalJob as LocalJob
+from ._job import ProcessJob as ProcessJob
+from ._remote import attach as attach
+
+__all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "TLSConfig", "attach")
+
+_fixup_module_metadata(__name__, globals())

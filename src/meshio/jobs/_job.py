@@ -1,0 +1,319 @@
+"""Jobs: hosts from a scheduler, as named host meshes (Monarch's model).
+
+Every job kind has the same three operations (:class:`Job`): ``apply()``
+gets the hosts (allocates, starts ``meshio agent`` on each), ``state()``
+returns them as named :class:`~meshio.HostMesh`\\ es (applying first if
+needed), ``kill()`` gives them back.  A job that outlives its controller
+(``ProcessJob``, ``SlurmJob``) is written to a cache file in ``.meshio/``
+so that running the controller script again re-attaches to the same live
+hosts instead of starting new ones; an entry that is stale (its agents are
+gone) or foreign (another user's, another job's shape) is reported and
+never used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from .._proc_mesh import HostMesh, this_host
+from .._transport._tls import TLSConfig
+from ._remote import attach
+
+__all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
+           "read_cache", "write_cache")
+
+log = logging.getLogger("meshio")
+
+#: seconds a started agent gets to print its address
+AGENT_START_TIMEOUT = 30.0
+
+
+class JobCacheError(RuntimeError):
+    """A job cache file that must not be used: another user's, readable or
+    writable by others, or not a meshio job cache."""
+
+
+class JobState:
+    """The hosts of a job, one :class:`~meshio.HostMesh` per mesh name:
+    ``state.trainers`` (or ``state.meshes["trainers"]``)."""
+
+    def __init__(self, meshes: Mapping[str, HostMesh]) -> None:
+        self.meshes: Mapping[str, HostMesh] = dict(meshes)
+
+    def __getattr__(self, name: str) -> HostMesh:
+        try:
+            return self.__dict__["meshes"][name]  # type: ignore[no-any-return]
+        except KeyError:
+            raise AttributeError(f"this job has no host mesh {name!r}; it has "
+                                 f"{sorted(self.__dict__.get('meshes', {}))}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.meshes)
+
+    def __repr__(self) -> str:
+        return f"JobState({', '.join(f'{k}={len(v)} hosts' for k, v in self.meshes.items())})"
+
+
+class Job(Protocol):
+    """What every job kind does."""
+
+    async def apply(self) -> None:
+        """Get the hosts: re-attach to a live cached job, or start one."""
+        ...
+
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed)."""
+        ...
+
+    async def kill(self) -> None:
+        """Give the hosts back and forget the cached job."""
+        ...
+
+
+def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
+    """``meshes={"trainers": 2}`` checked: names are identifiers, counts ≥ 1.
+
+    Raises:
+        TypeError: not a mapping of str to int.
+        ValueError: an empty mapping, a name that is not an identifier, a
+            count below 1.
+    """
+    if not isinstance(meshes, Mapping) or not meshes:
+        raise ValueError("meshes must be a non-empty mapping of mesh name to host count, "
+                         "e.g. {'trainers': 2}")
+    checked: dict[str, int] = {}
+    for name, n in meshes.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"mesh name {name!r} must be an identifier (state.{name} names it)")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"meshes[{name!r}] must be an int host count, got "
+                            f"{type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"meshes[{name!r}] must be at least 1, got {n}")
+        checked[name] = n
+    return checked
+
+
+# ------------------------------------------------------------------ cache
+
+def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, Any] | None:
+    """The cached job at ``path`` if it is this user's, private, of this kind
+    and shape; None if there is none or it is of another shape (reported).
+
+    Raises:
+        JobCacheError: the file is another user's or others may read or
+            write it, or it is not a meshio job cache.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if st.st_uid != os.getuid():
+        raise JobCacheError(f"job cache {path} belongs to uid {st.st_uid}, not to you "
+                            f"(uid {os.getuid()}); it is not used. Remove it or choose "
+                            "another job name.")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise JobCacheError(f"job cache {path} is readable or writable by others (mode "
+                            f"{stat.S_IMODE(st.st_mode):o}); it is not used. Remove it.")
+    try:
+        loaded: object = json.loads(path.read_text())
+    except ValueError:
+        loaded = None
+    if not isinstance(loaded, dict) or cast(dict[str, Any], loaded).get("meshio_job") != 1:
+        raise JobCacheError(f"job cache {path} is not a meshio job cache; it is not used. "
+                            "Remove it.")
+    entry = cast(dict[str, Any], loaded)
+    if entry.get("kind") != kind or entry.get("meshes") != dict(meshes):
+        log.warning("meshio: job cache %s is a %s job with meshes %s, not a %s job with "
+                    "%s; starting a new job", path, entry.get("kind"), entry.get("meshes"),
+                    kind, dict(meshes))
+        return None
+    return entry
+
+
+def write_cache(path: Path, entry: dict[str, Any]) -> None:
+    """Write ``entry`` to ``path``, readable by this user only."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"meshio_job": 1, **entry}, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (tells a live agent from a
+    recycled pid); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if len(fields) < 20 or fields[0] in ("Z", "X"):  # exited (a zombie nobody reaped)
+        return None
+    return fields[19]
+
+
+# ------------------------------------------------------------------ jobs
+
+class LocalJob:
+    """This host only, for every mesh name (each with one host): the job
+    kind a script uses before it has a cluster, with the same code."""
+
+    def __init__(self, meshes: Mapping[str, int]) -> None:
+        self.meshes: dict[str, int] = check_meshes(meshes)
+        many = [k for k, n in self.meshes.items() if n != 1]
+        if many:
+            raise ValueError(f"LocalJob has one host; meshes {many} ask for more (use "
+                             "ProcessJob to simulate several hosts on this one)")
+
+    async def apply(self) -> None:
+        pass
+
+    async def state(self) -> JobState:
+        return JobState({name: this_host() for name in self.meshes})
+
+    async def kill(self) -> None:
+        pass
+
+
+class ProcessJob:
+    """Host agents as local processes, one per host of each mesh: the test
+    double of a cluster job, and a real option on one big machine.
+
+    Agents listen on ``host`` (loopback by default) and outlive the
+    controller script, so a second run re-attaches to them (cached in
+    ``cache_dir``); each exits once no controller has used it for
+    ``idle_timeout`` seconds, and ``kill()`` ends them at once.
+    """
+
+    kind = "ProcessJob"
+
+    def __init__(self, meshes: Mapping[str, int], *, name: str = "job",
+                 host: str = "127.0.0.1", tls: TLSConfig | None = None,
+                 cache_dir: str | os.PathLike[str] = ".meshio",
+                 idle_timeout: float = 600.0) -> None:
+        self.meshes: dict[str, int] = check_meshes(meshes)
+        if not name.replace("-", "_").isidentifier():
+            raise ValueError(f"job name {name!r} must be letters, digits, - and _")
+        self.name: str = name
+        self.host: str = host
+        self.tls: TLSConfig | None = tls
+        self.idle_timeout: float = idle_timeout
+        self.cache: Path = Path(cache_dir) / f"{name}.json"
+        self._entry: dict[str, Any] | None = None
+
+    async def apply(self) -> None:
+        if self._entry is not None:
+            return
+        entry = read_cache(self.cache, self.kind, self.meshes)
+        if entry is not None:
+            gone = [a for agents in entry["hosts"].values() for a in agents
+                    if _start_time(a["pid"]) != a["start"]]
+            if not gone:
+                self._entry = entry
+                return
+            log.warning("meshio: job cache %s is stale (agents %s are gone); starting new "
+                        "agents", self.cache, [a["addr"] for a in gone])
+            _kill_agents(entry)
+        self._entry = await self._start()
+        write_cache(self.cache, self._entry)
+
+    async def _start(self) -> dict[str, Any]:
+        secret = secrets.token_bytes(32)
+        secret_file = self.cache.with_suffix(".secret")
+        write_secret(secret_file, secret)
+        hosts: dict[str, list[dict[str, Any]]] = {}
+        started: list[dict[str, Any]] = []
+        try:
+            for mesh, n in self.meshes.items():
+                hosts[mesh] = []
+                for _ in range(n):
+                    agent = await self._start_agent(secret_file)
+                    started.append(agent)
+                    hosts[mesh].append(agent)
+        except BaseException:
+            _kill_agents({"hosts": {"all": started}})
+            raise
+        return {"kind": self.kind, "meshes": self.meshes, "hosts": hosts,
+                "secret_file": str(secret_file)}
+
+    async def _start_agent(self, secret_file: Path) -> dict[str, Any]:
+        tls = self.tls
+        argv = [sys.executable, "-m", "meshio", "agent", "--listen", f"{self.host}:0",
+                "--secret-file", str(secret_file), "--idle-timeout", str(self.idle_timeout)]
+        if tls is not None:
+            argv += ["--tls-cert", os.fspath(tls.cert), "--tls-key", os.fspath(tls.key),
+                     "--tls-ca", os.fspath(tls.ca), *([] if tls.mutual else ["--tls-no-mutual"])]
+        log_path = self.cache.with_suffix(".log")
+        with open(log_path, "ab") as log_file:
+            # ``sh`` starts the agent in the background and exits: the agent is
+            # nobody's child here and outlives this script (the next run
+            # re-attaches); it prints its pid, then the agent its address.
+            shell = subprocess.Popen(["/bin/sh", "-c", 'setsid "$@" & echo $!', "sh", *argv],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=log_file)
+        assert shell.stdout is not None
+        out = shell.stdout
+        try:
+            pid = int(await asyncio.to_thread(out.readline))
+            shell.wait()
+            try:
+                line = await asyncio.wait_for(asyncio.to_thread(out.readline),
+                                              AGENT_START_TIMEOUT)
+            except TimeoutError:
+                os.kill(pid, 9)  # its stdout closes: the reading thread ends
+                line = b""
+        finally:
+            out.close()
+        prefix = b"meshio agent listening on "
+        if not line.startswith(prefix):
+            raise RuntimeError(f"ProcessJob {self.name!r}: an agent did not start; see "
+                               f"{log_path}")
+        addr = line[len(prefix):].decode().strip()
+        return {"addr": addr, "pid": pid, "start": _start_time(pid)}
+
+    async def state(self) -> JobState:
+        await self.apply()
+        entry = self._entry
+        assert entry is not None
+        secret = Path(entry["secret_file"])
+        return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=self.tls)
+                         for mesh, agents in entry["hosts"].items()})
+
+    async def kill(self) -> None:
+        entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
+        if entry is not None:
+            _kill_agents(entry)
+            Path(entry["secret_file"]).unlink(missing_ok=True)
+        self.cache.unlink(missing_ok=True)
+        self._entry = None
+
+
+def write_secret(path: Path, secret: bytes) -> None:
+    """A job secret file, readable by this user only."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret.hex().encode())
+
+
+def _kill_agents(entry: dict[str, Any]) -> None:
+    """SIGTERM the cached job's agents that are still the processes it started."""
+    for agents in entry["hosts"].values():
+        for a in agents:
+            if _start_time(a["pid"]) == a["start"]:
+                try:
+                    os.kill(a["pid"], 15)
+                except ProcessLookupError:
+                    pass

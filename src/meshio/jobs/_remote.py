@@ -1,0 +1,207 @@
+"""Hosts reached through their host agent (``meshio agent``): the
+controller's side.
+
+:class:`RemoteLauncher` is the :class:`~meshio._launcher.ProcLauncher` of
+one remote host: it asks the host's agent to start each worker and watches
+it through the agent (:class:`RemoteProc`); the worker itself connects to
+the controller directly, over TCP, proving the job secret (and TLS when
+configured), and so do workers of different hosts to each other.
+:func:`attach` makes a :class:`~meshio.HostMesh` of such hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+import msgspec
+
+from .._exceptions import SupervisionError
+from .._extent import Region
+from .._launcher import Forward, WorkerSpec
+from .._proc_mesh import HostMesh
+from .._transport._connection import Connection, Pending
+from .._transport._messages import LaunchWorker, SignalWorker, WorkerExited, WorkerOutput
+from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime, tcp_endpoint
+from .._transport._serial import Buffers
+from .._transport._tls import TLSConfig
+
+__all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret", "route_to")
+
+
+def read_secret(secret: bytes | str | os.PathLike[str]) -> bytes:
+    """The job secret: ``bytes`` as they are, or read from the file a path
+    names (``meshio agent --secret-file``; trailing whitespace dropped).
+
+    Raises:
+        TypeError: neither bytes nor a path.
+        ValueError: shorter than 16 bytes.
+    """
+    if isinstance(secret, bytes):
+        data = secret
+    elif isinstance(secret, (str, os.PathLike)):
+        with open(secret, "rb") as f:
+            data = f.read().strip()
+    else:
+        raise TypeError(f"secret must be bytes or the path of a secret file, got "
+                        f"{type(secret).__name__}")
+    if len(data) < 16:
+        raise ValueError(f"the job secret must be at least 16 bytes, got {len(data)}")
+    return data
+
+
+def route_to(host: str) -> str:
+    """This host's address on the route to ``host`` (what to advertise to it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # UDP: picks the route, sends nothing
+        return str(probe.getsockname()[0])
+
+
+class RemoteProc:
+    """A worker on a remote host, watched through that host's agent."""
+
+    def __init__(self, launcher: RemoteLauncher, conn: Connection, worker: str, pid: int,
+                 label: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = pid
+        self.host = launcher.host
+        self.start_failure: str | None = None
+        self._conn = conn
+        self._worker = worker
+        self._exit: asyncio.Future[int] = loop.create_future()
+        self._out = {stream: Forward(label, stream) for stream in ("stdout", "stderr")}
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, sig: int) -> None:
+        if not self._exit.done() and not self._conn.closed:
+            self._conn.send_message(SignalWorker(self._worker, sig))
+
+    def _output(self, stream: str, data: bytes) -> None:
+        self._out[stream].data_received(data)
+
+    def _exited(self, code: int, start_failure: str = "") -> None:
+        if not self._exit.done():
+            for out in self._out.values():
+                out.eof_received()
+            self.start_failure = start_failure or None
+            self._exit.set_result(code)
+
+
+class _Remote(RuntimeState):
+    """The controller runtime's remote workers, by worker id."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.procs: dict[str, RemoteProc] = {}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc._exited(-signal.SIGKILL)  # their agents end them with their controller
+        self.procs.clear()
+
+
+def _on_output(rt: Runtime, conn: Connection, msg: WorkerOutput, bufs: Buffers) -> None:
+    proc = rt.state(_Remote).procs.get(msg.worker) if rt.has_state(_Remote) else None
+    if proc is not None:
+        proc._output(msg.stream, msg.data)
+
+
+def _on_exit(rt: Runtime, conn: Connection, msg: WorkerExited, bufs: Buffers) -> None:
+    proc = rt.state(_Remote).procs.pop(msg.worker, None) if rt.has_state(_Remote) else None
+    if proc is not None:
+        proc._exited(msg.code, msg.start_failure)
+
+
+register_handler(WorkerOutput, _on_output)
+register_handler(WorkerExited, _on_exit)
+
+
+def _pid(raw: msgspec.Raw, bufs: Buffers) -> int:
+    return msgspec.msgpack.decode(raw, type=int)
+
+
+class RemoteLauncher:
+    """Starts workers on one remote host through its agent at ``agent``
+    (``tcp://HOST:PORT``)."""
+
+    def __init__(self, agent: str, secret: bytes, tls: TLSConfig | None = None) -> None:
+        endpoint = tcp_endpoint(agent)
+        if endpoint is None:
+            raise ValueError(f"a host agent's address is tcp://HOST:PORT, got {agent!r}")
+        self.agent = agent
+        self.host: str = endpoint[0]
+        self._secret = secret
+        self._tls = tls
+
+    async def launch(self, spec: WorkerSpec) -> RemoteProc:
+        rt = runtime()
+        controller = rt.listen_tcp(advertise=route_to(self.host), secret=self._secret,
+                                   tls=self._tls)
+        conn = rt.connect(self.agent)
+        if self.agent not in rt.on_lost:
+            rt.on_lost[self.agent] = self._agent_lost
+        fut: asyncio.Future[int] = rt.loop.create_future()
+        req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
+                                    spec.label or spec.worker))
+        # a replacement keeps its predecessor's TCP address; a new worker gets one
+        listen = spec.listen if spec.restart and spec.listen.startswith("tcp://") else ""
+        # the controller's import path goes first (a shared filesystem has it)
+        env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
+        conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
+                                       spec.restart, spec.label, spec.bootstrap))
+        pid = await fut
+        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
+        rt.state(_Remote).procs[spec.worker] = proc
+        return proc
+
+    def _agent_lost(self, conn: Connection) -> None:
+        """The agent's connection dropped: its workers died with it (they are
+        its children, killed with it) or can no longer be watched."""
+        rt = conn.rt
+        conn.fail_all(lambda p: SupervisionError(
+            f"host agent {self.agent} ({self.host}): connection lost while {p.endpoint} for "
+            f"{p.point} was in flight", host=self.host, cause="host agent lost"))
+        if rt.has_state(_Remote):
+            procs = rt.state(_Remote).procs
+            for worker, proc in list(procs.items()):
+                if proc._conn is conn:
+                    del procs[worker]
+                    proc._exited(-signal.SIGKILL)
+
+
+def attach(addresses: Sequence[str], *, secret: bytes | str | os.PathLike[str],
+           tls: TLSConfig | None = None) -> HostMesh:
+    """Hosts whose agents were started some other way
+    (``meshio agent --listen HOST:PORT --secret-file F``), as a host mesh
+    with one dim, ``hosts``, in the order given.
+
+    Nothing is contacted until ``spawn_procs``: a host that cannot be
+    reached (or fails authentication) fails that with
+    :class:`~meshio.SupervisionError` or :class:`~meshio.AuthenticationError`.
+
+    Args:
+        addresses: the agents, ``"tcp://HOST:PORT"`` or ``"HOST:PORT"``.
+        secret: the job secret the agents hold, or the path of its file.
+        tls: certificates, when the agents were started with ``--tls-*``.
+
+    Raises:
+        ValueError: no address, or a malformed one.
+        TypeError, ValueError: a bad secret (see :func:`read_secret`).
+    """
+    if isinstance(addresses, str) or not addresses:
+        raise ValueError("attach: addresses must be a non-empty sequence of "
+                         "'tcp://HOST:PORT' strings")
+    key = read_secret(secret)
+    agents = [a if a.startswith("tcp://") else f"tcp://{a}" for a in addresses]
+    launchers = [RemoteLauncher(a, key, tls) for a in agents]
+    return HostMesh(launchers, Region.full(("hosts",), (len(launchers),)))

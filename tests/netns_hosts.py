@@ -1,0 +1,107 @@
+"""Simulated hosts for tests: Linux network namespaces joined by a bridge.
+
+Each host is a namespace with its own private address on a /24 (no
+default route: nothing leaves the machine), attached by a veth pair to a
+bridge whose address in the root namespace is the controller's side.  A
+host agent runs inside each namespace (``ip netns exec``); taking a host's
+veth down partitions it, bringing it up heals it.  Needs root (CI runs as
+root); tests skip without it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+AGENT_START = 30.0
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def can_make_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+requires_netns = pytest.mark.skipif(not can_make_namespaces(),
+                                    reason="network namespaces need root and iproute2")
+
+
+@dataclass
+class Host:
+    """One namespace host: its namespace, address, veth (root side) and agent."""
+
+    netns: str
+    addr: str
+    veth: str
+    agent: subprocess.Popen[bytes] | None = None
+    agent_addr: str = ""
+
+    def partition(self) -> None:
+        """Cut the host off the bridge (its processes keep running)."""
+        _ip("link", "set", self.veth, "down")
+
+    def heal(self) -> None:
+        _ip("link", "set", self.veth, "up")
+
+
+@contextmanager
+def netns_hosts(n: int, secret_file: Path, *, agent_args: tuple[str, ...] = ()
+                ) -> Iterator[list[Host]]:
+    """``n`` namespace hosts, each running ``meshio agent`` on port 29500 of
+    its own address; everything is removed afterwards."""
+    tag = secrets.token_hex(3)
+    subnet = 100 + int(tag, 16) % 100  # 10.<subnet>.0.0/24: unlikely to clash
+    bridge = f"mbr{tag}"
+    hosts: list[Host] = []
+    _ip("link", "add", bridge, "type", "bridge")
+    try:
+        _ip("addr", "add", f"10.{subnet}.0.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i in range(n):
+            host = Host(f"mh{tag}{i}", f"10.{subnet}.0.{10 + i}", f"mv{tag}{i}")
+            hosts.append(host)
+            _ip("netns", "add", host.netns)
+            _ip("link", "add", host.veth, "type", "veth", "peer", "name", f"mp{tag}{i}")
+            _ip("link", "set", f"mp{tag}{i}", "netns", host.netns)
+            _ip("link", "set", host.veth, "master", bridge)
+            _ip("link", "set", host.veth, "up")
+            inside = ("netns", "exec", host.netns, "ip")
+            _ip(*inside, "addr", "add", f"{host.addr}/24", "dev", f"mp{tag}{i}")
+            _ip(*inside, "link", "set", f"mp{tag}{i}", "up")
+            _ip(*inside, "link", "set", "lo", "up")
+        for host in hosts:
+            host.agent = subprocess.Popen(
+                ["ip", "netns", "exec", host.netns, sys.executable, "-m", "meshio", "agent",
+                 "--listen", f"{host.addr}:29500", "--secret-file", str(secret_file),
+                 *agent_args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        for host in hosts:
+            assert host.agent is not None and host.agent.stdout is not None
+            line = host.agent.stdout.readline().decode()
+            assert line.startswith("meshio agent listening on "), line
+            host.agent_addr = line.split()[-1]
+        yield hosts
+    finally:
+        for host in hosts:
+            if host.agent is not None:
+                host.agent.terminate()
+                try:
+                    host.agent.wait(AGENT_START)
+                except subprocess.TimeoutExpired:
+                    host.agent.kill()
+                    host.agent.wait()
+                if host.agent.stdout is not None:
+                    host.agent.stdout.close()
+            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+            subprocess.run(["ip", "link", "del", host.veth], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)

@@ -1,0 +1,250 @@
+"""issue 10: many hosts, simulated on this machine: host agents as separate
+processes on loopback (ProcessJob), reached over authenticated TCP (and
+TLS); jobs cached in .meshio/ and re-attached."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from meshio import Actor, AuthenticationError, SupervisionError, context, endpoint
+from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
+from meshio.jobs import JobCacheError, ProcessJob, TLSConfig
+from meshio.testing import wait_exited
+
+DEADLINE = 60.0
+
+
+class Where(Actor):
+    @endpoint
+    async def where(self) -> tuple[int, str, str]:
+        ctx = context()
+        return os.getpid(), ctx.proc.addr, os.environ.get("MESHIO_WORKER", "")
+
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def ask(self, other: Where, x: int) -> list[int]:
+        """Call ``other`` (on another host) from this actor."""
+        return (await other.echo.call(x)).values()
+
+    @endpoint
+    async def hang(self) -> None:
+        await asyncio.Event().wait()
+
+
+@pytest.fixture
+async def job(tmp_path: Path) -> AsyncIterator[ProcessJob]:
+    """Two host meshes of agents on loopback, killed after the test."""
+    j = ProcessJob(meshes={"trainers": 2, "generators": 1}, cache_dir=tmp_path / ".meshio")
+    try:
+        yield j
+    finally:
+        await j.kill()
+
+
+def agent_pids(j: ProcessJob) -> list[int]:
+    entry = j._entry
+    assert entry is not None
+    return [a["pid"] for agents in entry["hosts"].values() for a in agents]
+
+
+async def wait_gone(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await wait_exited(fd, DEADLINE)
+        finally:
+            os.close(fd)
+
+
+async def test_process_job_spawns_on_each_host_and_calls_across_hosts(job: ProcessJob) -> None:
+    """state() gives one host mesh per name; spawn_procs adds dims on every
+    host; calls reach every process; an actor calls a mesh on another host
+    directly; kill() ends the agents and their workers."""
+    state = await job.state()
+    assert sorted(state) == ["generators", "trainers"]
+    assert state.trainers.sizes == {"hosts": 2} and state.generators.sizes == {"hosts": 1}
+    async with state.trainers.spawn_procs(per_host={"gpus": 2}) as trainers_procs, \
+            state.generators.spawn_procs(per_host={"gpus": 1}) as gen_procs:
+        assert trainers_procs.sizes == {"hosts": 2, "gpus": 2}
+        trainers = await trainers_procs.spawn("trainers", Where)
+        generators = await gen_procs.spawn("generators", Where)
+        found = (await asyncio.wait_for(trainers.where.call(), DEADLINE)).values()
+        addrs = [addr for _, addr, _ in found]
+        assert all(a.startswith("tcp://127.0.0.1:") for a in addrs) and len(set(addrs)) == 4
+        assert len({pid for pid, _, _ in found}) == 4
+        assert (await asyncio.wait_for(trainers.ask.call(generators, 7), DEADLINE)).values() \
+            == [[7]] * 4
+    pids = agent_pids(job)
+    await job.kill()
+    await wait_gone(pids)
+
+
+async def test_second_run_reattaches_from_the_cache(job: ProcessJob, tmp_path: Path) -> None:
+    """A new ProcessJob of the same name and shape (the script run again)
+    uses the cached live agents instead of starting new ones."""
+    await job.apply()
+    again = ProcessJob(meshes={"trainers": 2, "generators": 1}, cache_dir=tmp_path / ".meshio")
+    await again.apply()
+    assert agent_pids(again) == agent_pids(job)
+    state = await again.state()
+    async with state.generators.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        assert await asyncio.wait_for(w.echo.call_one(3), DEADLINE) == 3
+
+
+async def test_stale_cache_is_reported_and_replaced(job: ProcessJob, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """An agent of the cached job died: the cache is reported stale and
+    new agents start (the old survivors are stopped)."""
+    await job.apply()
+    old = agent_pids(job)
+    os.kill(old[0], signal.SIGKILL)
+    await wait_gone(old[:1])
+    again = ProcessJob(meshes={"trainers": 2, "generators": 1}, cache_dir=tmp_path / ".meshio")
+    with caplog.at_level(logging.WARNING, logger="meshio"):
+        await again.apply()
+    assert "is stale" in caplog.text
+    assert not set(agent_pids(again)) & set(old)
+    await wait_gone(old[1:])
+    await again.kill()
+
+
+async def test_foreign_or_unsafe_cache_is_refused(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A cache others may read is refused with JobCacheError; a cache of
+    another job shape is reported and not used."""
+    cache = tmp_path / ".meshio"
+    first = ProcessJob(meshes={"a": 1}, cache_dir=cache)
+    await first.apply()
+    try:
+        (cache / "job.json").chmod(0o644)
+        with pytest.raises(JobCacheError, match="readable or writable by others"):
+            await ProcessJob(meshes={"a": 1}, cache_dir=cache).apply()
+        (cache / "job.json").chmod(0o600)
+        other = ProcessJob(meshes={"b": 1}, cache_dir=cache)
+        with caplog.at_level(logging.WARNING, logger="meshio"):
+            await other.apply()
+        assert "starting a new job" in caplog.text
+        assert agent_pids(other) != agent_pids(first)
+        await other.kill()
+    finally:
+        await first.kill()
+
+
+async def test_killed_agent_fails_calls_promptly(job: ProcessJob) -> None:
+    """SIGKILL of a host's agent takes its workers down: a call in flight
+    there fails with SupervisionError instead of hanging."""
+    state = await job.state()
+    async with state.generators.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        stuck = w.hang.call_one()
+        os.kill(agent_pids(job)[-1], signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(stuck, DEADLINE)
+
+
+def _certs(tmp_path: Path) -> tuple[TLSConfig, TLSConfig]:
+    """A job CA's certificate for 127.0.0.1, and one of a foreign CA."""
+    paths = []
+    for name in ("job", "foreign"):
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert.private_key_and_cert_chain_pem.write_to_path(tmp_path / f"{name}.pem")
+        ca.cert_pem.write_to_path(tmp_path / f"{name}-ca.pem")
+        paths.append(TLSConfig(tmp_path / f"{name}.pem", tmp_path / f"{name}.pem",
+                               tmp_path / f"{name}-ca.pem"))
+    return paths[0], paths[1]
+
+
+async def test_tls_job_calls_and_refuses_plain_text_and_foreign_certs(tmp_path: Path) -> None:
+    """Agents and workers started with TLS serve calls over TLS; a plain-text
+    peer, or one with a certificate of another CA, is refused before the
+    job handshake and the agent keeps serving."""
+    tls, foreign = _certs(tmp_path)
+    j = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio", tls=tls)
+    try:
+        state = await j.state()
+        async with state.hosts.spawn_procs(per_host={"procs": 2}) as procs:
+            w = await procs.spawn("w", Where)
+            assert (await asyncio.wait_for(w.echo.call(5), DEADLINE)).values() == [5, 5]
+        agent = j._entry["hosts"]["hosts"][0]["addr"] if j._entry else ""
+        host, port = agent.removeprefix("tcp://").rsplit(":", 1)
+        # plain text: the agent drops it during TLS, before the job handshake
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"\x00" * 64)
+        await asyncio.wait_for(reader.read(), DEADLINE)  # returns: the agent closed it
+        writer.close()
+        # a certificate of another CA
+        with pytest.raises(OSError):
+            _, w2 = await asyncio.wait_for(asyncio.open_connection(
+                host, int(port), ssl=foreign.client_context()), DEADLINE)
+            w2.close()
+        # still serving
+        async with state.hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            assert await asyncio.wait_for(w.echo.call_one(6), DEADLINE) == 6
+        log = (tmp_path / ".meshio" / "job.log").read_text()
+        assert log.count("refused a connection") >= 2 and "TLS failed" in log
+        assert "from 127.0.0.1 port" in log
+    finally:
+        await j.kill()
+
+
+def test_agent_cli_help_and_bad_tls_arguments() -> None:
+    """``meshio agent --help`` documents its options; half a TLS set is refused."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "meshio", "agent", "--help"],
+                         capture_output=True, text=True, timeout=DEADLINE)
+    assert out.returncode == 0 and "--secret-file" in out.stdout and "--tls-ca" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "meshio", "agent", "--listen", "127.0.0.1:0",
+                          "--secret-file", "/dev/null", "--tls-cert", "x"],
+                         capture_output=True, text=True, timeout=DEADLINE)
+    assert bad.returncode == 2 and "go together" in bad.stderr
+
+
+async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
+        job: ProcessJob, tmp_path: Path) -> None:
+    """A peer with another secret fails the job handshake; garbage and a
+    far-too-large first message are dropped before anything is decoded;
+    each refusal is logged with the peer's address and the agent still
+    serves."""
+    state = await job.state()
+    addr = job._entry["hosts"]["generators"][0]["addr"] if job._entry else ""
+    host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+    # another job's secret: the agent proves itself first and then refuses
+    hs = Handshake(b"x" * 32, dialler=True)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(hs.start())
+    with pytest.raises(AuthenticationError):
+        hs.feed(await asyncio.wait_for(reader.readexactly(CHALLENGE_SIZE), DEADLINE))
+    writer.close()
+    # garbage, and 1 MiB where a challenge belongs
+    for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\xff" * (1 << 20)):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(junk)
+        try:  # returns at end of stream: the agent dropped it
+            await asyncio.wait_for(reader.read(), DEADLINE)
+        except ConnectionResetError:
+            pass  # dropped with our bytes unread
+        writer.close()
+    async with state.generators.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        assert await asyncio.wait_for(w.echo.call_one(2), DEADLINE) == 2
+    log = (tmp_path / ".meshio" / "job.log").read_text()
+    assert log.count("refused a connection") >= 2 and "from 127.0.0.1 port" in log
