@@ -14,8 +14,12 @@ from ._job import JobCacheError as JobCacheError
 from ._job import JobState as JobState
 from ._job import LocalJob as LocalJob
 from ._job import ProcessJob as ProcessJob
+from ._kubernetes import ClusterError as ClusterError
+from ._kubernetes import ClusterNotConfiguredError as ClusterNotConfiguredError
+from ._kubernetes import KubernetesJob as KubernetesJob
 from ._remote import attach as attach
 
-__all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "TLSConfig", "attach")
+__all__ = ("ClusterError", "ClusterNotConfiguredError", "Job", "JobCacheError", "JobState",
+           "KubernetesJob", "LocalJob", "ProcessJob", "TLSConfig", "attach")
 
 _fixup_module_metadata(__name__, globals())

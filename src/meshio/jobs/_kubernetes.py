@@ -1,0 +1,563 @@
+"""Kubernetes jobs: host agents as pods, reached at stable DNS names.
+
+:class:`KubernetesJob` generates, for each mesh, a headless Service and an
+Indexed Job (or a StatefulSet) whose pods run ``meshio agent``; the job
+secret (and the TLS certificate, when given) travel in Kubernetes Secrets
+mounted into the pods.  :meth:`KubernetesJob.manifests` returns these
+objects, for ``kubectl apply`` or any other tool; :meth:`KubernetesJob.apply`
+creates them with the official ``kubernetes`` client when a cluster is
+configured (a kubeconfig, or the pod's service account in the cluster) and
+waits for every agent to be ready.  Pod ``i`` of mesh ``trainers`` of job
+``job`` is ``job-trainers-i.job-trainers.<namespace>.svc``: the address
+:meth:`KubernetesJob.state` attaches to (or the pods' IPs, for a
+controller outside the cluster).  Like a :class:`~meshio.jobs.ProcessJob`,
+the job is cached in ``.meshio/`` and a second run of the controller
+re-attaches to the same live pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import importlib
+import logging
+import os
+import re
+import secrets
+import stat
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from .._transport._tls import TLSConfig
+from ._job import JobCacheError, JobState, check_meshes, read_cache, write_cache, write_secret
+from ._remote import attach, read_secret
+
+__all__ = ("ClusterError", "ClusterNotConfiguredError", "KubernetesJob")
+
+log = logging.getLogger("meshio")
+
+#: where the job secret and the TLS files are mounted in an agent's pod
+SECRET_DIR = "/etc/meshio/secret"
+TLS_DIR = "/etc/meshio/tls"
+#: labels meshio puts on everything it generates
+JOB_LABEL = "meshio.dev/job"
+MESH_LABEL = "meshio.dev/mesh"
+#: seconds one request to the API server may take
+REQUEST_TIMEOUT = 30
+#: a pod's container waiting for one of these will not start by itself
+_BROKEN = frozenset({"ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                     "CreateContainerError", "CrashLoopBackOff"})
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: object kind -> (API class, method suffix) of the official client
+_APIS = {"Secret": ("CoreV1Api", "namespaced_secret"),
+         "Service": ("CoreV1Api", "namespaced_service"),
+         "Job": ("BatchV1Api", "namespaced_job"),
+         "StatefulSet": ("AppsV1Api", "namespaced_stateful_set")}
+
+
+class ClusterNotConfiguredError(RuntimeError):
+    """Raised by :class:`KubernetesJob`'s ``apply()``, ``state()`` and
+    ``kill()`` when there is no cluster to talk to: no kubeconfig
+    (``$KUBECONFIG``, ``~/.kube/config``), not running in a pod with a
+    service account, or the ``kubernetes`` package is not installed."""
+
+
+class ClusterError(RuntimeError):
+    """Raised by :class:`KubernetesJob` when the cluster refuses or fails the
+    job: an API request fails (an object of that name exists already, the
+    account may not create it, the API server cannot be reached) or an
+    agent's pod cannot start (its image cannot be pulled, it crash-loops)."""
+
+
+def _kubernetes() -> Any:
+    """The official client.  Imported here, on first use: it is an optional
+    and heavy dependency that only ``apply()``/``kill()`` need (and untyped,
+    so used as ``Any``)."""
+    try:
+        return importlib.import_module("kubernetes")
+    except ImportError as e:
+        raise ClusterNotConfiguredError(
+            "KubernetesJob needs the official Kubernetes client to create its objects: "
+            "pip install kubernetes (or apply job.manifests() with kubectl)") from e
+
+
+class KubernetesJob:
+    """Host agents as pods of a Kubernetes cluster: for each mesh, a headless
+    Service and an Indexed Job (``workload="job"``, the default) or a
+    StatefulSet (``workload="statefulset"``) of ``meshes[name]`` pods, each
+    running ``meshio agent`` in ``image`` (which must have meshio installed).
+
+    Args:
+        meshes: host count per mesh name, e.g. ``{"trainers": 2}``.
+        image: the agents' container image.
+        namespace: the namespace of every object.
+        name: the job's name (a DNS label), prefix of every object's name.
+        workload: ``"job"``: an Indexed Job, which ends once its agents
+            exit (``idle_timeout``); ``"statefulset"``: pods that are
+            restarted until the job is killed.
+        port: the agents' TCP port.
+        env: environment of the agents (and so of their workers).
+        resources: the agent container's ``resources`` (requests and
+            limits, e.g. ``{"limits": {"nvidia.com/gpu": 8}}``).
+        pod_spec: more fields of the pods' spec (``nodeSelector``,
+            ``tolerations``, ``serviceAccountName``, ...).
+        tls: TLS for every connection of the job: the controller's
+            certificate and, unless ``tls_secret`` names one, the agents'
+            too (put in a generated Secret).
+        tls_secret: an existing ``kubernetes.io/tls`` Secret (keys
+            ``tls.crt``, ``tls.key``, ``ca.crt``; cert-manager's layout)
+            holding the agents' certificate; needs ``tls``.
+        addresses: how the controller reaches the agents: ``"dns"``, their
+            stable names (a controller in the cluster); ``"pod-ip"``, their
+            pods' IPs, read from the API server (a controller outside the
+            cluster, with a route to the pod network).
+        idle_timeout: seconds an agent waits without a controller before it
+            exits (None: never).
+        context: the kubeconfig context (default: its current one).
+        cache_dir: where the job cache and the job secret are kept.
+        start_timeout: seconds ``apply()`` waits for every agent's pod to be
+            ready.
+
+    Raises:
+        ValueError: a name that does not make valid Kubernetes names, a
+            bad option.
+    """
+
+    kind = "KubernetesJob"
+
+    def __init__(self, meshes: Mapping[str, int], *, image: str, namespace: str = "default",
+                 name: str = "job", workload: Literal["job", "statefulset"] = "job",
+                 port: int = 29500, env: Mapping[str, str] | None = None,
+                 resources: Mapping[str, Any] | None = None,
+                 pod_spec: Mapping[str, Any] | None = None, tls: TLSConfig | None = None,
+                 tls_secret: str | None = None,
+                 addresses: Literal["dns", "pod-ip"] = "dns",
+                 idle_timeout: float | None = 600.0, context: str | None = None,
+                 cache_dir: str | os.PathLike[str] = ".meshio",
+                 start_timeout: float = 600.0) -> None:
+        self.meshes: dict[str, int] = check_meshes(meshes)
+        for what, value in (("name", name), ("namespace", namespace)):
+            if not _DNS_LABEL.fullmatch(value) or len(value) > 63:
+                raise ValueError(f"KubernetesJob {what} {value!r} must be a DNS label: lower-case "
+                                 "letters, digits and -, at most 63 characters")
+        if workload not in ("job", "statefulset"):
+            raise ValueError(f"workload must be 'job' or 'statefulset', got {workload!r}")
+        if addresses not in ("dns", "pod-ip"):
+            raise ValueError(f"addresses must be 'dns' or 'pod-ip', got {addresses!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be a TCP port (1-65535), got {port!r}")
+        if tls_secret is not None and tls is None:
+            raise ValueError("tls_secret names the agents' certificate; the controller needs "
+                             "its own: pass tls=TLSConfig(...) too")
+        self.name: str = name
+        self.namespace: str = namespace
+        self.image: str = image
+        self.workload: Literal["job", "statefulset"] = workload
+        self.port: int = port
+        self.env: dict[str, str] = dict(env or {})
+        self.resources: dict[str, Any] = dict(resources or {})
+        self.pod_spec: dict[str, Any] = dict(pod_spec or {})
+        self.tls: TLSConfig | None = tls
+        self.tls_secret: str | None = tls_secret
+        self.addresses: Literal["dns", "pod-ip"] = addresses
+        self.idle_timeout: float | None = idle_timeout
+        self.context: str | None = context
+        self.start_timeout: float = start_timeout
+        self.cache: Path = Path(cache_dir) / f"{name}.json"
+        self.secret_file: Path = self.cache.with_suffix(".secret")
+        self._objects: dict[str, str] = {}  # mesh -> object name (of its Service and workload)
+        for mesh, n in self.meshes.items():
+            obj = f"{name}-{mesh.lower().replace('_', '-')}"
+            host = f"{obj}-{n - 1}"
+            if not _DNS_LABEL.fullmatch(obj) or len(host) > 63:
+                raise ValueError(f"mesh {mesh!r} of job {name!r} makes the pod name {host!r}, "
+                                 "not a DNS label (lower-case letters, digits and -, at most "
+                                 "63 characters): choose shorter or other names")
+            if obj in self._objects.values():
+                raise ValueError(f"meshes {sorted(self.meshes)} make the same object name "
+                                 f"{obj!r} (names are lower-cased, _ becomes -)")
+            self._objects[mesh] = obj
+        self._ips: dict[str, str] | None = None  # pod hostname -> IP, once applied
+
+    # -------------------------------------------------------------- manifests
+
+    def hostnames(self) -> dict[str, list[str]]:
+        """The agents' stable DNS names, per mesh, in index order:
+        ``<pod>.<service>.<namespace>.svc``."""
+        return {mesh: [f"{obj}-{i}.{obj}.{self.namespace}.svc" for i in range(self.meshes[mesh])]
+                for mesh, obj in self._objects.items()}
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """The job's Kubernetes objects, as dicts (``kubectl apply`` takes
+        them as JSON or YAML): the Secret with the job secret, a TLS Secret
+        when ``tls`` is given without ``tls_secret``, and for each mesh a
+        headless Service and its Indexed Job or StatefulSet.
+
+        The job secret is read from ``<cache_dir>/<name>.secret``, which is
+        made (mode 0600) if it does not exist, so the controller holds the
+        same secret as the pods.
+
+        Raises:
+            JobCacheError: the secret file is another user's, or others may
+                read or write it.
+        """
+        secret = self._job_secret()
+        docs: list[dict[str, Any]] = [{
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": self._metadata(f"{self.name}-secret"),
+            "type": "Opaque",
+            "data": {"secret": base64.b64encode(secret).decode()},
+        }]
+        tls = self.tls
+        if tls is not None and self.tls_secret is None:
+            files = {"tls.crt": tls.cert, "tls.key": tls.key, "ca.crt": tls.ca}
+            docs.append({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": self._metadata(f"{self.name}-tls"),
+                "type": "kubernetes.io/tls",
+                "data": {key: base64.b64encode(Path(path).read_bytes()).decode()
+                         for key, path in files.items()},
+            })
+        for mesh in self.meshes:
+            docs += [self._service(mesh), self._workload(mesh)]
+        return docs
+
+    def _metadata(self, name: str, mesh: str | None = None) -> dict[str, Any]:
+        labels = {"app.kubernetes.io/name": "meshio-agent",
+                  "app.kubernetes.io/managed-by": "meshio", JOB_LABEL: self.name}
+        if mesh is not None:
+            labels[MESH_LABEL] = self._objects[mesh].removeprefix(f"{self.name}-")
+        return {"name": name, "namespace": self.namespace, "labels": labels}
+
+    def _service(self, mesh: str) -> dict[str, Any]:
+        obj = self._objects[mesh]
+        meta = self._metadata(obj, mesh)
+        return {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "clusterIP": "None",  # headless: a DNS name per pod, no proxy
+                # an agent's name resolves as soon as its pod has an IP
+                "publishNotReadyAddresses": True,
+                "selector": {JOB_LABEL: self.name, MESH_LABEL: meta["labels"][MESH_LABEL]},
+                "ports": [{"name": "agent", "port": self.port, "targetPort": self.port,
+                           "protocol": "TCP"}],
+            },
+        }
+
+    def agent_command(self) -> list[str]:
+        """The command each pod runs (``$(POD_IP)`` is expanded by Kubernetes
+        from the pod's environment)."""
+        argv = ["meshio", "agent", "--listen", f"0.0.0.0:{self.port}",
+                "--advertise", "$(POD_IP)", "--secret-file", f"{SECRET_DIR}/secret"]
+        if self.idle_timeout is not None:
+            argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
+        if self.tls is not None:
+            argv += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key",
+                     "--tls-ca", f"{TLS_DIR}/ca.crt",
+                     *([] if self.tls.mutual else ["--tls-no-mutual"])]
+        return argv
+
+    def _workload(self, mesh: str) -> dict[str, Any]:
+        obj = self._objects[mesh]
+        meta = self._metadata(obj, mesh)
+        container: dict[str, Any] = {
+            "name": "agent",
+            "image": self.image,
+            "command": self.agent_command(),
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    *({"name": k, "value": v} for k, v in self.env.items())],
+            "ports": [{"name": "agent", "containerPort": self.port, "protocol": "TCP"}],
+            # ready once the agent listens (it logs the probe's connection,
+            # which proves no secret, once); a startup probe stops then
+            "startupProbe": {"tcpSocket": {"port": self.port}, "periodSeconds": 1,
+                             "failureThreshold": 300},
+            "volumeMounts": [{"name": "meshio-secret", "mountPath": SECRET_DIR,
+                              "readOnly": True}],
+        }
+        volumes: list[dict[str, Any]] = [{"name": "meshio-secret", "secret": {
+            "secretName": f"{self.name}-secret", "defaultMode": 0o440}}]
+        if self.tls is not None:
+            container["volumeMounts"].append({"name": "meshio-tls", "mountPath": TLS_DIR,
+                                              "readOnly": True})
+            volumes.append({"name": "meshio-tls", "secret": {
+                "secretName": self.tls_secret or f"{self.name}-tls", "defaultMode": 0o440}})
+        if self.resources:
+            container["resources"] = self.resources
+        pod = {
+            "metadata": {"labels": meta["labels"]},
+            "spec": {
+                # restartPolicy: a failed agent restarts in its pod, at the same name
+                "restartPolicy": "OnFailure" if self.workload == "job" else "Always",
+                "containers": [container],
+                "volumes": volumes,
+                **self.pod_spec,
+            },
+        }
+        if self.workload == "job":
+            pod["spec"]["subdomain"] = obj  # <job>-<index>.<subdomain>: the DNS name
+            return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {
+                "completionMode": "Indexed",
+                "completions": self.meshes[mesh],
+                "parallelism": self.meshes[mesh],
+                "backoffLimit": 6 * self.meshes[mesh],
+                "template": pod,
+            }}
+        return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": {
+            "serviceName": obj,
+            "replicas": self.meshes[mesh],
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {k: meta["labels"][k] for k in (JOB_LABEL, MESH_LABEL)}},
+            "template": pod,
+        }}
+
+    def _job_secret(self) -> bytes:
+        """The job secret in ``self.secret_file``, made if missing."""
+        try:
+            st = self.secret_file.stat()
+        except FileNotFoundError:
+            write_secret(self.secret_file, secrets.token_bytes(32))
+            st = self.secret_file.stat()
+        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise JobCacheError(f"job secret {self.secret_file} is another user's or readable "
+                                f"or writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                                "it is not used. Remove it.")
+        return read_secret(self.secret_file)
+
+    # -------------------------------------------------------------- job protocol
+
+    def attach(self) -> JobState:
+        """The job's host meshes at the agents' stable DNS names, contacting
+        nothing: for a controller in the cluster whose objects were applied
+        some other way (``kubectl apply``)."""
+        return self._state(self.hostnames())
+
+    def _state(self, hosts: Mapping[str, list[str]]) -> JobState:
+        secret = self._job_secret()
+        return JobState({mesh: attach([f"tcp://{h}:{self.port}" for h in names], secret=secret,
+                                      tls=self.tls)
+                         for mesh, names in hosts.items()})
+
+    async def apply(self) -> None:
+        """Create the job's objects (or re-attach to the cached live ones)
+        and wait until every agent's pod is ready.
+
+        Raises:
+            ClusterNotConfiguredError: no cluster is configured.
+            ClusterError: the cluster refused an object or a pod cannot start.
+            TimeoutError: pods not ready within ``start_timeout``.
+            JobCacheError: an unsafe cache or secret file.
+        """
+        if self._ips is None:
+            self._ips = await asyncio.to_thread(self._apply)
+
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed)."""
+        await self.apply()
+        ips = self._ips
+        assert ips is not None
+        hosts = self.hostnames()
+        if self.addresses == "pod-ip":
+            hosts = {mesh: [ips[h.split(".", 1)[0]] for h in names]
+                     for mesh, names in hosts.items()}
+        return self._state(hosts)
+
+    async def kill(self) -> None:
+        """Delete the job's objects (their pods with them) and forget the
+        cached job and its secret.
+
+        Raises:
+            ClusterNotConfiguredError: no cluster is configured.
+            ClusterError: the cluster refused a deletion.
+        """
+        await asyncio.to_thread(self._delete, _client(self.context))
+        self.cache.unlink(missing_ok=True)
+        self.secret_file.unlink(missing_ok=True)
+        self._ips = None
+
+    # ------------------------------------------------------ the client (a thread)
+
+    def _apply(self) -> dict[str, str]:
+        k8s, api = _client(self.context)
+        with _reaching(self.name):
+            return self._apply_with(k8s, api)
+
+    def _apply_with(self, k8s: Any, api: Any) -> dict[str, str]:
+        entry = read_cache(self.cache, self.kind, self.meshes)
+        if entry is not None and (entry.get("namespace"), entry.get("workload")) != (
+                self.namespace, self.workload):
+            log.warning("meshio: job cache %s is for namespace %s (%s); starting a new job",
+                        self.cache, entry.get("namespace"), entry.get("workload"))
+            entry = None
+        docs = self.manifests()
+        if entry is not None:
+            gone = self._gone(k8s, api, docs, entry["uids"])
+            if not gone:
+                return self._wait_ready(k8s, api, entry["uids"])
+            log.warning("meshio: job cache %s is stale (%s); starting a new job", self.cache,
+                        "; ".join(gone))
+            self._delete((k8s, api))
+        uids: dict[str, str] = {}
+        try:
+            for doc in docs:
+                kind, name = doc["kind"], doc["metadata"]["name"]
+                made = _call(k8s, f"create {kind} {name}",
+                             self._method(k8s, api, kind, "create"), self.namespace, doc)
+                uids[f"{kind}/{name}"] = made.metadata.uid
+        except BaseException:
+            for made_as in uids:  # only what this call made, never a namesake found there
+                kind, name = made_as.split("/")
+                self._delete_one(k8s, api, kind, name)
+            raise
+        write_cache(self.cache, {"kind": self.kind, "meshes": self.meshes,
+                                 "namespace": self.namespace, "workload": self.workload,
+                                 "uids": uids, "secret_file": str(self.secret_file)})
+        return self._wait_ready(k8s, api, uids)
+
+    @staticmethod
+    def _method(k8s: Any, api: Any, kind: str, verb: str) -> Any:
+        cls, suffix = _APIS[kind]
+        return getattr(getattr(k8s.client, cls)(api), f"{verb}_{suffix}")
+
+    def _gone(self, k8s: Any, api: Any, docs: list[dict[str, Any]],
+              uids: Mapping[str, str]) -> list[str]:
+        """Why the cached job's objects are not the live job, if they are not."""
+        gone: list[str] = []
+        for doc in docs:
+            kind, name = doc["kind"], doc["metadata"]["name"]
+            try:
+                live = self._method(k8s, api, kind, "read")(name, self.namespace,
+                                                            _request_timeout=REQUEST_TIMEOUT)
+            except k8s.client.ApiException as e:
+                if e.status != 404:
+                    raise _api_error(f"read {kind} {name}", e) from e
+                gone.append(f"{kind} {name} is gone")
+                continue
+            if live.metadata.uid != uids.get(f"{kind}/{name}"):
+                gone.append(f"{kind} {name} is another object of that name")
+            elif kind == "Job" and any(c.type in ("Complete", "Failed") and c.status == "True"
+                                       for c in _items(getattr(live.status, "conditions", None))):
+                gone.append(f"Job {name} has ended")
+        return gone
+
+    def _wait_ready(self, k8s: Any, api: Any, uids: Mapping[str, str]) -> dict[str, str]:
+        """Watch the job's pods until one of each hostname is ready; their IPs.
+        Only pods of this job's workloads count (``uids``), not those of an
+        earlier job of this name that are still going away."""
+        want = {h.split(".", 1)[0] for names in self.hostnames().values() for h in names}
+        owners = {uid for key, uid in uids.items() if not key.startswith(("Secret/", "Service/"))}
+        ready: dict[str, tuple[str, str]] = {}  # pod uid -> (hostname, IP)
+        watch = k8s.watch.Watch()
+        core = k8s.client.CoreV1Api(api)
+        try:
+            for event in watch.stream(core.list_namespaced_pod, self.namespace,
+                                      label_selector=f"{JOB_LABEL}={self.name}",
+                                      timeout_seconds=max(1, int(self.start_timeout))):
+                pod = event["object"]
+                host = pod.spec.hostname or pod.metadata.name
+                if host not in want or not any(
+                        o.uid in owners for o in _items(pod.metadata.owner_references)):
+                    continue
+                status = pod.status
+                if status is None:
+                    continue
+                waiting = [(c.name, c.state.waiting.reason, c.state.waiting.message)
+                           for c in _items(status.container_statuses)
+                           if c.state is not None and c.state.waiting is not None]
+                broken = [w for w in waiting if w[1] in _BROKEN]
+                if broken:
+                    raise ClusterError(
+                        f"KubernetesJob {self.name!r}: pod {pod.metadata.name} cannot start: "
+                        f"{broken[0][1]}: {broken[0][2] or ''} (kubectl describe pod "
+                        f"{pod.metadata.name} -n {self.namespace})")
+                if (event["type"] != "DELETED" and pod.metadata.deletion_timestamp is None
+                        and status.pod_ip and any(c.type == "Ready" and c.status == "True"
+                                                  for c in _items(status.conditions))):
+                    ready[pod.metadata.uid] = (host, status.pod_ip)
+                else:
+                    ready.pop(pod.metadata.uid, None)
+                if want <= {h for h, _ in ready.values()}:
+                    return dict(ready.values())
+        except k8s.client.ApiException as e:
+            raise _api_error("watch pods", e) from e
+        finally:
+            watch.stop()
+        missing = sorted(want - {h for h, _ in ready.values()})
+        raise TimeoutError(f"KubernetesJob {self.name!r}: pods {missing} not ready after "
+                           f"{self.start_timeout:g} s (kubectl get pods -n {self.namespace} "
+                           f"-l {JOB_LABEL}={self.name})")
+
+    def _delete(self, client: tuple[Any, Any]) -> None:
+        k8s, api = client
+        workload = "Job" if self.workload == "job" else "StatefulSet"
+        with _reaching(self.name):
+            for obj in self._objects.values():
+                self._delete_one(k8s, api, workload, obj)
+                self._delete_one(k8s, api, "Service", obj)
+            self._delete_one(k8s, api, "Secret", f"{self.name}-secret")
+            if self.tls_secret != f"{self.name}-tls":  # never the user's own
+                self._delete_one(k8s, api, "Secret", f"{self.name}-tls")
+
+    def _delete_one(self, k8s: Any, api: Any, kind: str, name: str) -> None:
+        try:
+            # Background: the Job's or StatefulSet's pods go too.  The answer
+            # (the object or a Status, by kind and version) is not decoded.
+            self._method(k8s, api, kind, "delete")(name, self.namespace,
+                                                   propagation_policy="Background",
+                                                   _preload_content=False,
+                                                   _request_timeout=REQUEST_TIMEOUT).read()
+        except k8s.client.ApiException as e:
+            if e.status != 404:
+                raise _api_error(f"delete {kind} {name}", e) from e
+
+
+def _client(context: str | None) -> tuple[Any, Any]:
+    """The ``kubernetes`` module and an API client for the configured
+    cluster: in-cluster (a pod's service account) or the kubeconfig."""
+    k8s = _kubernetes()
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
+            cfg = k8s.client.Configuration()
+            k8s.config.load_incluster_config(client_configuration=cfg)
+            return k8s, k8s.client.ApiClient(cfg)
+        # $KUBECONFIG read now (the client reads it once, when first imported)
+        kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
+        return k8s, k8s.config.new_client_from_config(config_file=kubeconfig, context=context,
+                                                      persist_config=False)
+    except (k8s.config.ConfigException, OSError) as e:
+        raise ClusterNotConfiguredError(
+            f"no Kubernetes cluster is configured ({e}): KubernetesJob needs a kubeconfig "
+            "($KUBECONFIG or ~/.kube/config) or to run in a pod with a service account; "
+            "without one, apply job.manifests() with kubectl and use job.attach()") from e
+
+
+@contextlib.contextmanager
+def _reaching(job: str) -> Generator[None]:
+    """Requests to the API server, whose failure to answer is a ClusterError."""
+    urllib3 = importlib.import_module("urllib3")  # the client's own HTTP library
+    try:
+        yield
+    except urllib3.exceptions.HTTPError as e:
+        raise ClusterError(f"KubernetesJob {job!r}: the Kubernetes API server did not answer: "
+                           f"{e}") from e
+
+
+def _items(field: Any) -> list[Any]:
+    """A list field of an API object (None when empty)."""
+    return list(field or ())
+
+
+def _call(k8s: Any, what: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args, _request_timeout=REQUEST_TIMEOUT)
+    except k8s.client.ApiException as e:
+        raise _api_error(what, e) from e
+
+
+def _api_error(what: str, e: Any) -> ClusterError:
+    hint = (": it exists already (another job of this name, or applied with kubectl); "
+            "kill() that job or choose another name" if e.status == 409 else "")
+    return ClusterError(f"the Kubernetes API refused to {what}: {e.status} {e.reason}{hint} "
+                        f"{(e.body or '')[:500]}")
