@@ -16,10 +16,11 @@ import msgspec
 
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
-from ._transport._connection import Pending, ignore_result
-from ._transport._messages import Call, Cancel, StopActor, encode_message
+from ._transport._connection import Connection, Pending, ignore_result
+from ._transport._fanout import split
+from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
-from ._transport._serial import OutBuffers
+from ._transport._serial import OutBuffers, limits
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def __init__(self, target: str, name: str, cls: type[A], region: Region,
                  addrs: Sequence[str], procs: ProcMesh | None = None,
-                 base: Sequence[int] | None = None) -> None:
+                 base: Sequence[int] | None = None, per_host: int = 0) -> None:
         self._target = target
         self._name = name
         self._cls = cls
@@ -56,13 +57,25 @@ class ActorMesh(MeshShape, Generic[A]):
         self._base = tuple(region.ranks if base is None else base)
         self._addrs = tuple(addrs)
         self._procs = procs
+        #: processes per host (global rank // per_host: the host); 0: one host
+        self._per_host = per_host
+        #: calls are numbered (``Call.seq``) when the mesh spans hosts: a
+        #: direct call and one through the fan-out tree take different paths
+        self._numbered = bool(per_host) and len(addrs) > per_host
+        #: this view's actors by host (host, indices), if it spans several
+        self._hosts: list[tuple[int, list[int]]] | None = None
+        if per_host and len({r // per_host for r in region.ranks}) > 1:
+            hosts: dict[int, list[int]] = {}
+            for index, grank in enumerate(region.ranks):
+                hosts.setdefault(grank // per_host, []).append(index)
+            self._hosts = sorted(hosts.items())
         self._rt: Runtime | None = None
         self._inflight = [0] * len(region.ranks)
         self._rr = 0
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
         return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
-                         self._base)
+                         self._base, self._per_host)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
@@ -82,7 +95,7 @@ class ActorMesh(MeshShape, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._target, self._name, self._cls, self._region.extent.labels,
                            self._region.extent.sizes, self._region.ranks, self._addrs,
-                           self._base))
+                           self._base, self._per_host))
 
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
@@ -99,6 +112,7 @@ class ActorMesh(MeshShape, Generic[A]):
     async def stop(self) -> None:
         """Stop these actors (their processes keep running)."""
         rt = self._runtime()
+        rt.fanout.forget(self._target)
         futs: list[asyncio.Future[Any]] = []
         for index, grank in enumerate(self._region.ranks):
             conn = rt.connect(self._addrs[grank])
@@ -134,40 +148,112 @@ class ActorMesh(MeshShape, Generic[A]):
         rt = self._runtime()
         addr = self._addrs[self._region.ranks[index]]
         fut: asyncio.Future[Any] = rt.loop.create_future()
-        # A dead (or restarting) process may already have a new connection up
-        # before its actors are rebuilt: the dead list is checked first.
-        dead = rt.dead.get(addr) if rt.dead else None
-        if dead is None and self._procs is not None and self._procs._state.stopped:
-            dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
-        if dead is not None:
-            fut.set_exception(dead(Pending(fut, desc.schema.unpack_result,
-                                           desc.fn.__qualname__, self._name,
-                                           self._site(index))))
-            if not reply:
-                fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
+        if self._dead(rt, index, desc, fut, reply):
             return fut
         conn = rt.conns.get(addr) or rt.connect(addr)
-        req = 0
-        if reply:
-            req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
-                                        self._name, self._site(index)))
-            inflight = self._inflight
-            inflight[index] += 1
-            target = self._target
-
-            def done(f: asyncio.Future[Any]) -> None:
-                inflight[index] -= 1
-                # The caller gave up (cancelled, timed out, stream abandoned):
-                # the callee drops the call or cancels it; its reply is ignored.
-                if f.cancelled() and conn.pending.pop(req, None) is not None:
-                    conn.send_message(Cancel(req, target))
-
-            fut.add_done_callback(done)
-        else:
+        req = self._pending(conn, index, desc, fut) if reply else 0
+        if not reply:
             fut.set_result(None)
+        seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get())), out)
+                                      _chain.get(), seq=seq)), out)
         return fut
+
+    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+              fut: asyncio.Future[Any], reply: bool) -> bool:
+        """Fail the call to ``index`` at once if its process is known dead (or
+        restarting: a new connection may be up before its actors are rebuilt,
+        so the dead list is checked first) or its proc mesh stopped."""
+        dead = rt.dead.get(self._addrs[self._region.ranks[index]]) if rt.dead else None
+        if dead is None and self._procs is not None and self._procs._state.stopped:
+            dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
+        if dead is None:
+            return False
+        fut.set_exception(dead(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
+                                       self._name, self._site(index))))
+        if not reply:
+            fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
+        return True
+
+    def _pending(self, conn: Connection, index: int, desc: EndpointDescriptor[Any, Any, Any],
+                 fut: asyncio.Future[Any]) -> int:
+        """A request on ``conn`` whose answer settles ``fut``."""
+        req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
+                                    self._name, self._site(index)))
+        inflight = self._inflight
+        inflight[index] += 1
+        target = self._target
+
+        def done(f: asyncio.Future[Any]) -> None:
+            inflight[index] -= 1
+            # The caller gave up (cancelled, timed out, stream abandoned):
+            # the callee drops the call or cancels it; its reply is ignored.
+            if f.cancelled() and conn.pending.pop(req, None) is not None:
+                conn.send_message(Cancel(req, target))
+
+        fut.add_done_callback(done)
+        return req
+
+    def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                     out: OutBuffers, gather: bool) -> list[asyncio.Future[Any]]:
+        """Call every actor of this view (through the fan-out tree when it
+        spans several hosts); the future of each result, in index order.
+        ``gather``: the caller wants them all at once (relays batch the
+        answers) rather than each as it comes (a stream)."""
+        if self._hosts is None or not limits.fanout_width:
+            return [self._request(i, desc, body, out) for i in range(len(self._region.ranks))]
+        futs = self._fanout(desc, body, out, True, gather)
+        if desc.retryable:
+            return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f)), [f])
+                    for i, f in enumerate(futs)]
+        return futs
+
+    def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                  out: OutBuffers) -> None:
+        """Send to every actor of this view, no answers wanted."""
+        if self._hosts is None or not limits.fanout_width:
+            for i in range(len(self._region.ranks)):
+                self._send(i, desc, body, out, False)
+        else:
+            self._fanout(desc, body, out, False, False)
+
+    def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
+                reply: bool, gather: bool) -> list[asyncio.Future[Any]]:
+        """One message per range of hosts (see :mod:`meshio._transport._fanout`)."""
+        assert self._hosts is not None
+        rt = self._runtime()
+        loop = rt.loop
+        addrs, ranks, per_host = self._addrs, self._region.ranks, self._per_host
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in ranks]
+        groups = [(host, [i for i in indices if not self._dead(rt, i, desc, futs[i], reply)])
+                  for host, indices in self._hosts]
+        dead = rt.dead
+        relays = [next((a for a in addrs[h * per_host:(h + 1) * per_host] if a not in dead), "")
+                  for h in range(len(addrs) // per_host)]
+        number = rt.fanout.number
+        target = self._target
+        width = limits.fanout_width
+        chain = _chain.get()
+        for a, b in split(0, len(relays), width):
+            part = [(h, indices) for h, indices in groups if a <= h < b and indices]
+            if not part:
+                continue
+            conn = rt.connect(next(r for r in relays[a:b] if r))
+            first = 0
+            if reply:
+                for _, indices in part:
+                    for i in indices:
+                        req = self._pending(conn, i, desc, futs[i])
+                        first = first or req
+            calls = [(h, [(addrs[ranks[i]], number(target, addrs[ranks[i]])) for i in indices])
+                     for h, indices in part]
+            conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
+                                            first, a, relays[a:b], calls, width, gather)), out)
+        if not reply:
+            for f in futs:
+                if not f.done():
+                    f.set_result(None)
+        return futs
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers) -> asyncio.Future[Any]:
@@ -233,5 +319,6 @@ class _CallSite:
 
 def _rebuild(target: str, name: str, cls: type[Any], labels: Sequence[str],
              sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str],
-             base: Sequence[int]) -> ActorMesh[Any]:
-    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs, base=base)
+             base: Sequence[int], per_host: int) -> ActorMesh[Any]:
+    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs, base=base,
+                     per_host=per_host)

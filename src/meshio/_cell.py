@@ -301,6 +301,12 @@ class ActorCell:
             self.cancelled.add(key)
             task.cancel()
 
+    def lost(self, conn: Connection) -> None:
+        """``conn`` is gone: nobody can take the answers of its calls, as if
+        their caller had cancelled each."""
+        for key in [k for k in (*self.queued, *self.running) if k[0] is conn]:
+            self.cancel(*key)
+
     def stop(self, exc: BaseException | None = None) -> asyncio.Task[None]:
         """Stop the actor (idempotent): it takes no more calls, calls not
         started fail, async calls under way are cancelled.  Returns the task

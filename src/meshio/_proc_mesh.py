@@ -169,7 +169,8 @@ class ProcMesh(MeshShape):
         addrs = [""] * state.region.extent.nelem
         for w in state.workers:
             addrs[w.rank] = w.addr
-        mesh: ActorMesh[A] = ActorMesh(target, name, cls, self._region, addrs, self)
+        mesh: ActorMesh[A] = ActorMesh(target, name, cls, self._region, addrs, self,
+                                       per_host=state.per_host)
         cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)

@@ -129,6 +129,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls)
     _runtimes[loop] = rt
     rt.restoring = args.restart
+    rt.replacement = args.restart
     return await serve(rt, args.controller)
 
 

@@ -44,6 +44,7 @@ from ._frames import (
     frame_header,
 )
 from ._messages import (
+    Answers,
     Call,
     ErrorInfo,
     Fail,
@@ -131,6 +132,10 @@ class Pending:
         """The callee's rank, when the call went to an actor (-1 otherwise)."""
         rank: int = getattr(self.point, "rank", -1)
         return rank
+
+    def fail(self, info: ErrorInfo) -> None:
+        """The callee answered with an error."""
+        self.fut.set_exception(error_from_info(info, self))
 
 
 def ignore_result(raw: Any, bufs: Buffers) -> None:
@@ -485,31 +490,43 @@ class Connection(asyncio.BufferedProtocol):
             self._malformed(body, e)
             return
         if type(msg) is Reply:
-            p = self.pending.pop(msg.req, None)
-            if p is not None and not p.fut.done():
-                try:
-                    p.fut.set_result(p.decode(msg.value, bufs))
-                except MeshioError as e:
-                    e.args = (f"{e} (from {p.mesh} {p.point})",)
-                    p.fut.set_exception(e)
-                except Exception as e:  # this call fails; the connection serves on
-                    p.fut.set_exception(SchemaError(
-                        f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
-                        f"decoded: {type(e).__name__}: {e}"))
+            self._reply(msg.req, msg.value, bufs)
             return
         if type(msg) is Fail:
             if msg.req == 0:
                 log.warning("meshio: peer %s reported: %s", self.peer, msg.error.message)
                 return
-            p = self.pending.pop(msg.req, None)
-            if p is not None and not p.fut.done():
-                p.fut.set_exception(error_from_info(msg.error, p))
+            self._fail(msg.req, msg.error)
+            return
+        if type(msg) is Answers:
+            for req, value in msg.replies:
+                self._reply(req, value, [])
+            for req, error in msg.fails:
+                self._fail(req, error)
             return
         try:
             self.rt.dispatch(self, msg, bufs)
         except Exception:  # one message's handler failed; the connection serves on
             log.exception("meshio: handling %s from %s failed", type(msg).__name__,
                           self.peer or "unidentified peer")
+
+    def _reply(self, req: int, value: Any, bufs: Buffers) -> None:
+        p = self.pending.pop(req, None)
+        if p is not None and not p.fut.done():
+            try:
+                p.fut.set_result(p.decode(value, bufs))
+            except MeshioError as e:
+                e.args = (f"{e} (from {p.mesh} {p.point})",)
+                p.fut.set_exception(e)
+            except Exception as e:  # this call fails; the connection serves on
+                p.fut.set_exception(SchemaError(
+                    f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
+                    f"decoded: {type(e).__name__}: {e}"))
+
+    def _fail(self, req: int, error: ErrorInfo) -> None:
+        p = self.pending.pop(req, None)
+        if p is not None and not p.fut.done():
+            p.fail(error)
 
 
 _REQUESTS: Final = frozenset(c.__struct_config__.tag for c in (Call, SpawnActor, RdmaOp))

@@ -12,11 +12,13 @@ from typing import Literal, TypeAlias
 import msgspec
 
 __all__ = (
+    "Answers",
     "Call",
     "Cancel",
     "ErrorInfo",
     "ErrorKind",
     "Fail",
+    "Fanout",
     "Fault",
     "Hello",
     "LaunchWorker",
@@ -63,6 +65,11 @@ class Call(_Msg, frozen=True, tag=2):
     actors waiting on this call, outermost first (``"<target>[<rank>]"``,
     with ``"#<n>"`` when the waiting call holds that actor's mailbox: its
     n-th mailbox call); the callee fails a call that would deadlock.
+
+    ``seq`` numbers the calls from the caller at ``origin`` (empty: the
+    connection's peer) to this actor when they may take different paths
+    (direct, or through the fan-out tree: :mod:`._fanout`); the receiver
+    runs them in that order.  0: not numbered (a one-host mesh).
     """
 
     req: int
@@ -70,6 +77,8 @@ class Call(_Msg, frozen=True, tag=2):
     method: str
     args: msgspec.Raw
     chain: tuple[str, ...] = ()
+    seq: int = 0
+    origin: str = ""
 
 
 class Reply(_Msg, frozen=True, tag=3):
@@ -254,9 +263,44 @@ class WorkerExited(_Msg, frozen=True, tag=20):
     start_failure: str = ""
 
 
+class Fanout(_Msg, frozen=True, tag=21):
+    """Call ``method`` on many actors of mesh ``target`` through the fan-out
+    tree (:mod:`._fanout`).  The receiver relays for the hosts ``lo ..
+    lo+len(relays)-1`` (``relays``: the address relaying for each, empty if
+    none is left; the receiver is the first non-empty one).  ``groups``
+    lists, by host in order, the processes to call there: address and the
+    call's number (``Call.seq``).  The n-th of them (counting across groups)
+    answers as request ``first_req + n`` on the connection this came in
+    (``first_req`` 0: no answers, a broadcast).  ``origin`` is the caller
+    (empty: the connection's peer); ``width`` bounds the messages each relay
+    sends on.  The answers go back up in :class:`Answers`: all of a relay's
+    at once when ``gather`` (a ``call``), else as they come (a ``stream``)."""
+
+    target: str
+    method: str
+    args: msgspec.Raw
+    chain: tuple[str, ...]
+    origin: str
+    first_req: int
+    lo: int
+    relays: list[str]
+    groups: list[tuple[int, list[tuple[str, int]]]]
+    width: int
+    gather: bool
+
+
+class Answers(_Msg, frozen=True, tag=22):
+    """Answers to several requests made on this connection, sent together by
+    a relay of the fan-out tree: ``replies`` as :class:`Reply` (without
+    out-of-band buffers), ``fails`` as :class:`Fail`."""
+
+    replies: list[tuple[int, msgspec.Raw]]
+    fails: list[tuple[int, ErrorInfo]]
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited)
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -27,6 +27,7 @@ from .._exceptions import (
     SupervisionError,
 )
 from ._connection import Connection, Pending, ignore_result, not_responding
+from ._fanout import FanoutState, Order, relay
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._memory import memory_pipe
 from ._messages import (
@@ -34,6 +35,7 @@ from ._messages import (
     Cancel,
     ErrorInfo,
     Fail,
+    Fanout,
     Fault,
     Hello,
     Message,
@@ -193,6 +195,10 @@ class Mailbox(Protocol):
         """The caller of ``req`` on ``conn`` gave up."""
         ...
 
+    def lost(self, conn: Connection, /) -> None:
+        """``conn`` is gone: its calls have nobody to answer."""
+        ...
+
     def stop(self, exc: BaseException | None = None, /) -> asyncio.Task[None]:
         """Stop the actor; the task ends once it has cleaned up."""
         ...
@@ -310,8 +316,15 @@ class Runtime:
         #: by worker address, the workers this runtime's heartbeats find not
         #: responding: their PeerDown as of now (told to each worker that connects)
         self.down: dict[str, Callable[[], PeerDown]] = {}
+        #: the fan-out tree: this runtime as a caller and as a relay; the
+        #: direct calls it holds back for the tree calls they follow
+        self.fanout = FanoutState()
+        self.order = Order(self)
         #: worker side: a replacement process whose actors are being rebuilt
         self.restoring: bool = False
+        #: worker side: this process replaces one that failed (its callers'
+        #: numbered calls, ``Call.seq``, do not start at 1 here)
+        self.replacement: bool = False
         #: worker side: temporary actors not rebuilt after a restart
         self.lost: set[str] = set()
         self.on_shutdown: Callable[[], None] | None = None
@@ -538,6 +551,10 @@ class Runtime:
     def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
             del self.conns[conn.peer]
+        # what it asked of this process (a relay's calls too) has nobody to answer
+        for cell in list(self.actors.values()):
+            cell.lost(conn)
+        self.fanout.lost(conn)
         hook = self.on_lost.get(conn.peer or "")
         if hook is not None:
             hook(conn)
@@ -553,12 +570,12 @@ class Runtime:
     def dispatch(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
         match msg:
             case Call():
-                cell = self.actors.get(msg.target)
-                if cell is None:
-                    if msg.req:
-                        conn.send_message(Fail(msg.req, self._missing(msg.target)))
-                    return
-                cell.post(conn, msg, bufs)
+                if msg.seq:
+                    self.order.admit(conn, msg, bufs, self._post)
+                else:
+                    self._post(conn, msg, bufs)
+            case Fanout():
+                relay(self, conn, msg, bufs, self._admit)
             case Hello():
                 conn.peer_pid = msg.pid
                 conn.worker = msg.worker
@@ -573,6 +590,7 @@ class Runtime:
                 if receiver is not None:
                     receiver._put(msg, bufs)
             case StopActor():
+                self.order.forget(msg.target)
                 cell = self.actors.pop(msg.target, None)
                 if cell is None:
                     conn.send_message(Reply(msg.req, MSGPACK_NIL))
@@ -582,7 +600,7 @@ class Runtime:
                         lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
             case Cancel():
                 cell = self.actors.get(msg.target)
-                if cell is not None:
+                if not self.fanout.cancel(conn, msg.req) and cell is not None:
                     cell.cancel(conn, msg.req)
             case Fault():
                 handler = self.on_fault_from.get(conn.peer or "")
@@ -616,6 +634,19 @@ class Runtime:
                     log.warning("meshio: unexpected %s from %s", type(msg).__name__, conn.peer)
                 else:
                     registered(self, conn, msg, bufs)
+
+    def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        """Hand a numbered call to the actor it is for, in order."""
+        self.order.admit(conn, msg, bufs, self._post)
+
+    def _post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        """Hand a call to the actor it is for."""
+        cell = self.actors.get(msg.target)
+        if cell is None:
+            if msg.req:
+                conn.send_message(Fail(msg.req, self._missing(msg.target)))
+            return
+        cell.post(conn, msg, bufs)
 
     def _missing(self, target: str) -> ErrorInfo:
         if self.restoring or target in self.lost:

@@ -87,15 +87,17 @@ _tls = threading.local()
 class Limits:
     """What one process accepts on the wire; see :func:`set_limits`."""
 
-    __slots__ = ("frame_timeout", "max_message", "receive_budget")
+    __slots__ = ("fanout_width", "frame_timeout", "max_message", "receive_budget")
 
     def __init__(self) -> None:
         self.max_message = _env_number("MESHIO_MAX_MESSAGE", 4 << 30, int)
         self.receive_budget = _env_number("MESHIO_RECEIVE_BUDGET", 8 << 30, int)
         self.frame_timeout = _env_number("MESHIO_FRAME_TIMEOUT", 60.0, float)
+        self.fanout_width = _env_number("MESHIO_FANOUT_WIDTH", 16, int, zero=True)
 
 
-def _env_number(name: str, default: Any, kind: Callable[[str], Any]) -> Any:
+def _env_number(name: str, default: Any, kind: Callable[[str], Any], zero: bool = False) -> Any:
+    """The positive number (or 0 where ``zero``) in environment variable ``name``."""
     text = os.environ.get(name)
     if not text:
         return default
@@ -103,9 +105,10 @@ def _env_number(name: str, default: Any, kind: Callable[[str], Any]) -> Any:
         value = kind(text)
     except ValueError:
         value = -1
-    if value <= 0:
-        raise ValueError(f"meshio: environment variable {name}={text!r} must be a positive "
-                         f"{kind.__name__} (unset it for the default, {default})")
+    if value < 0 or (value == 0 and not zero):
+        what = f"{kind.__name__} >= 0" if zero else f"positive {kind.__name__}"
+        raise ValueError(f"meshio: environment variable {name}={text!r} must be a {what} "
+                         f"(unset it for the default, {default})")
     return value
 
 
@@ -114,7 +117,7 @@ limits = Limits()
 
 
 def set_limits(*, max_message: int | None = None, receive_budget: int | None = None,
-               frame_timeout: float | None = None) -> None:
+               frame_timeout: float | None = None, fanout_width: int | None = None) -> None:
     """Set the wire limits of this process and of the workers it starts later.
 
     Each limit is also exported as an environment variable (which a worker
@@ -135,24 +138,31 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         frame_timeout: seconds without data after which a message begun but
             not finished drops its connection with a warning
             (``MESHIO_FRAME_TIMEOUT``, default 60).
+        fanout_width: the most messages a caller (and each relay) sends for
+            one ``call``/``stream``/``broadcast`` to a mesh spanning several
+            hosts (``MESHIO_FANOUT_WIDTH``, default 16): one message per host
+            up to this many hosts, a tree of hosts beyond.  0: no tree, one
+            message per actor.
 
     Raises:
-        TypeError: a byte limit is not an ``int`` or the timeout not a number.
-        ValueError: a limit is not positive.
+        TypeError: a limit is not an ``int`` (the timeout: not a number).
+        ValueError: a limit is not positive (``fanout_width``: negative).
     """
     new = {"MESHIO_MAX_MESSAGE": max_message, "MESHIO_RECEIVE_BUDGET": receive_budget,
-           "MESHIO_FRAME_TIMEOUT": frame_timeout}
+           "MESHIO_FRAME_TIMEOUT": frame_timeout, "MESHIO_FANOUT_WIDTH": fanout_width}
     for name, value in new.items():
         if value is None:
             continue
         arg = name.removeprefix("MESHIO_").lower()
         kinds: tuple[type, ...] = (int, float) if arg == "frame_timeout" else (int,)
         if isinstance(value, bool) or not isinstance(value, kinds):
-            what = "a number of seconds" if float in kinds else "an int (bytes)"
+            what = ("a number of seconds" if float in kinds else
+                    "an int (a number of messages)" if arg == "fanout_width" else "an int (bytes)")
             raise TypeError(f"set_limits: {arg} must be {what}, "
                             f"got {type(value).__name__} {value!r}")
-        if not value > 0:
-            raise ValueError(f"set_limits: {arg} must be positive, got {value!r}")
+        if not (value >= 0 if arg == "fanout_width" else value > 0):
+            raise ValueError(f"set_limits: {arg} must be "
+                             f"{'>= 0' if arg == 'fanout_width' else 'positive'}, got {value!r}")
     for name, value in new.items():
         if value is not None:
             os.environ[name] = str(value)
@@ -162,6 +172,8 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         limits.receive_budget = receive_budget
     if frame_timeout is not None:
         limits.frame_timeout = frame_timeout
+    if fanout_width is not None:
+        limits.fanout_width = fanout_width
 
 
 def _out() -> OutBuffers:

@@ -95,10 +95,16 @@ class CallTarget(Protocol):
         out-of-band buffers ``out``); the future of its decoded result."""
         ...
 
-    def _send(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-              out: OutBuffers, reply: bool) -> asyncio.Future[Any]:
-        """Send one call to the actor at ``index``, expecting a reply or
-        (``reply=False``) not: fire and forget."""
+    def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                     out: OutBuffers, gather: bool) -> list[asyncio.Future[Any]]:
+        """Call every actor of the view (one message per range of hosts when it
+        spans several); the futures of their results, in index order;
+        ``gather`` when they are wanted all at once rather than as they come."""
+        ...
+
+    def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                  out: OutBuffers) -> None:
+        """Send the call to every actor of the view: fire and forget."""
         ...
 
     def _site(self, index: int) -> Site:
@@ -267,7 +273,7 @@ class Endpoint(Generic[P, R]):
         """Call every actor of the mesh; a ValueMesh of the results."""
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
-        futs = [mesh._request(i, self._desc, body, packer.out) for i in range(len(mesh))]
+        futs = mesh._request_all(self._desc, body, packer.out, True)
         return cancels(asyncio.ensure_future(self._gather(futs)), futs)
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
@@ -336,7 +342,7 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         points = list(mesh)
-        futs = [mesh._request(i, self._desc, body, packer.out) for i in range(len(mesh))]
+        futs = mesh._request_all(self._desc, body, packer.out, False)
         where = {f: p for f, p in zip(futs, points)}
         remaining = set(futs)
         loop = asyncio.get_running_loop()
@@ -362,9 +368,7 @@ class Endpoint(Generic[P, R]):
         on_loop(self._broadcast, body, packer.out)
 
     def _broadcast(self, body: bytes, out: OutBuffers) -> None:
-        mesh = self._mesh
-        for i in range(len(mesh)):
-            mesh._send(i, self._desc, body, out, False)
+        self._mesh._send_all(self._desc, body, out)
 
 
 def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asyncio.Future[T]:

@@ -86,6 +86,7 @@ class InProcessLauncher:
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
                      secret=spec.secret, in_process=True)
         rt.restoring = spec.restart
+        rt.replacement = spec.restart
         return InProcessWorker(rt, spec.controller)
 
 

@@ -1,0 +1,351 @@
+"""The fan-out tree: one message per host for a call to a mesh spanning
+many hosts, relayed down a tree of hosts and answered back up it.
+
+The tree is fixed by the proc mesh, not by the view called: the hosts of a
+proc mesh, ``0 .. H-1``, are split into at most ``width`` ranges of
+neighbouring hosts; the first process of a range's first host (its relay)
+calls the actors on its own host and splits the rest of its range the same
+way.  So every message from one caller to one host takes the same path, and
+messages through the tree keep their order.
+
+A direct message (``call_one``, a one-host view) takes another path than
+one through the tree, and either may overtake the other.  So the calls of
+one caller to one actor of a mesh spanning hosts are numbered
+(``Call.seq``) and the receiving process runs them in that order
+(:class:`Order`): a call arriving early waits for those before it, for at
+most :data:`HOLD_TIMEOUT` seconds (one may be lost with a relay that died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import SchemaError, SupervisionError
+from ._connection import Connection, Pending
+from ._messages import (
+    Answers,
+    Call,
+    Cancel,
+    ErrorInfo,
+    ErrorKind,
+    Fanout,
+    Reply,
+    encode_message,
+)
+from ._serial import KIND_BYTEARRAY, KIND_BYTES, Buffers, OutBuffers
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ("GATHER_DELAY", "HOLD_TIMEOUT", "FanoutState", "Order", "relay", "split")
+
+log = logging.getLogger("meshio")
+
+#: seconds a relay holds the answers of a ``call`` for the last ones
+GATHER_DELAY = 0.05
+
+#: seconds a direct message waits for the tree message it must follow (that
+#: one was lost with a relay, or the actor restarted since)
+HOLD_TIMEOUT = 5.0
+
+
+def split(lo: int, hi: int, width: int) -> list[tuple[int, int]]:
+    """Hosts ``lo .. hi-1`` as at most ``width`` ranges of neighbours, the
+    first ones one longer when they do not divide evenly."""
+    n = hi - lo
+    if n <= 0:
+        return []
+    parts = min(width, n)
+    size, extra = divmod(n, parts)
+    ranges: list[tuple[int, int]] = []
+    start = lo
+    for k in range(parts):
+        end = start + size + (k < extra)
+        ranges.append((start, end))
+        start = end
+    return ranges
+
+
+def out_buffers(bufs: Buffers) -> OutBuffers:
+    """Received out-of-band buffers as buffers to send on (same kinds)."""
+    return [(b, KIND_BYTES if isinstance(b, bytes) else KIND_BYTEARRAY) for b in bufs]
+
+
+class FanoutState:
+    """A runtime's side of the tree: as a caller, the number of its last
+    call to each actor of a mesh spanning hosts; as a relay, the calls it
+    relays (so that a caller's ``Cancel`` follows them down)."""
+
+    __slots__ = ("numbers", "relayed")
+
+    def __init__(self) -> None:
+        #: (target, address) → the number of the last call sent there
+        self.numbers: dict[tuple[str, str], int] = {}
+        #: (upstream connection, its request) → (downstream connection,
+        #: request, target)
+        self.relayed: dict[tuple[Connection, int], tuple[Connection, int, str]] = {}
+
+    def number(self, target: str, addr: str) -> int:
+        """The number of the next call to the actor of ``target`` at ``addr``."""
+        key = (target, addr)
+        n = self.numbers.get(key, 0) + 1
+        self.numbers[key] = n
+        return n
+
+    def forget(self, target: str) -> None:
+        """The actor mesh ``target`` is stopped: drop its numbers."""
+        for key in [k for k in self.numbers if k[0] == target]:
+            del self.numbers[key]
+
+    def cancel(self, up: Connection, req: int) -> bool:
+        """The caller of relayed request ``req`` gave up: pass it down."""
+        down = self.relayed.pop((up, req), None)
+        if down is None:
+            return False
+        conn, down_req, target = down
+        p = conn.pending.pop(down_req, None)
+        if p is not None:
+            p.fut.cancel()
+        conn.send_message(Cancel(down_req, target))
+        return True
+
+    def lost(self, up: Connection) -> None:
+        """The connection ``up`` is gone: cancel what it had relayed here."""
+        for key in [k for k in self.relayed if k[0] is up]:
+            self.cancel(*key)
+
+
+def _as_is(raw: Any, bufs: Buffers) -> tuple[Any, Buffers]:
+    return raw, bufs
+
+
+_KINDS: dict[type[BaseException], ErrorKind] = {SupervisionError: "supervision",
+                                                 SchemaError: "schema"}
+
+
+class _Answers:
+    """The answers a relay sends up for one tree message, in
+    :class:`Answers` messages: all at once when ``gather`` (a ``call``; but
+    no later than :data:`GATHER_DELAY` after the first is in, so that one
+    slow actor does not hold back the others), else as they come, at most
+    one message per loop iteration.  A reply with out-of-band buffers (a
+    tensor) goes up alone."""
+
+    __slots__ = ("fails", "gather", "left", "replies", "timer", "up")
+
+    def __init__(self, up: Connection, gather: bool) -> None:
+        self.up = up
+        self.gather = gather
+        self.left = 0  # answers still to come (one more per call relayed)
+        self.replies: list[tuple[int, Any]] = []
+        self.fails: list[tuple[int, ErrorInfo]] = []
+        self.timer: asyncio.TimerHandle | asyncio.Handle | None = None
+
+    def add(self, req: int, value: Any, bufs: Buffers) -> None:
+        self.left -= 1
+        if isinstance(value, ErrorInfo):
+            self.fails.append((req, value))
+        elif bufs:
+            self.up.send(encode_message(Reply(req, value)), out_buffers(bufs))
+        else:
+            self.replies.append((req, value))
+        if not self.left:
+            self.flush()
+        elif self.timer is None:
+            loop = self.up.rt.loop
+            self.timer = (loop.call_later(GATHER_DELAY, self.flush) if self.gather
+                          else loop.call_soon(self.flush))
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.replies or self.fails:
+            self.up.send_message(Answers(self.replies, self.fails))
+            self.replies, self.fails = [], []
+
+
+class Relayed(Pending):
+    """A call this process relays: its answer goes back up as it came."""
+
+    __slots__ = ("answers", "rt", "up", "up_req")
+
+    def __init__(self, rt: Runtime, up: Connection, up_req: int, target: str, addr: str,
+                 answers: _Answers) -> None:
+        super().__init__(rt.loop.create_future(), _as_is, "a call relayed by the fan-out tree",
+                         target, addr)
+        self.rt = rt
+        self.up = up
+        self.up_req = up_req
+        self.answers = answers
+        answers.left += 1
+        self.fut.add_done_callback(self._answer)
+
+    def fail(self, info: ErrorInfo) -> None:
+        if not self.fut.done():
+            self.fut.set_result(info)
+
+    def _answer(self, fut: asyncio.Future[Any]) -> None:
+        self.rt.fanout.relayed.pop((self.up, self.up_req), None)
+        if fut.cancelled():  # its caller gave up
+            self.answers.left -= 1
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.answers.add(self.up_req, ErrorInfo(
+                _KINDS.get(type(exc), "protocol"), type(exc).__name__, str(exc),
+                actor=getattr(exc, "actor", "") or "", rank=getattr(exc, "rank", -1)), [])
+        elif isinstance(result := fut.result(), ErrorInfo):
+            self.answers.add(self.up_req, result, [])
+        else:
+            raw, bufs = result
+            self.answers.add(self.up_req, raw, bufs)
+
+
+def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
+          post: Callable[[Connection, Call, Buffers], None]) -> None:
+    """Serve a tree message: call the actors of this host (``post`` delivers
+    to the one in this process) and hand each range of the other hosts down
+    to its relay."""
+    origin = msg.origin or up.peer or ""
+    answers = _Answers(up, msg.gather)
+    lo, relays = msg.lo, msg.relays
+    own = lo + next(i for i, r in enumerate(relays) if r)  # the parent sent it here
+    out = out_buffers(bufs)
+    offsets: dict[int, int] = {}  # host → position of its first call in the message
+    pos = 0
+    for host, addrs in msg.groups:
+        offsets[host] = pos
+        pos += len(addrs)
+
+    def up_req(k: int) -> int:
+        return msg.first_req + k if msg.first_req else 0
+
+    def call(req: int, seq: int) -> Call:
+        return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin)
+
+    for host, calls in msg.groups:
+        if host != own:
+            continue
+        for k, (addr, seq) in enumerate(calls, offsets[host]):
+            if addr == relays[own - lo]:
+                post(up, call(up_req(k), seq), bufs)
+                continue
+            conn = _live(rt, up, addr, [up_req(k)], msg.target, answers)
+            if conn is not None:
+                req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers)
+                conn.send(encode_message(call(req, seq)), out)
+    for a, b in split(lo, own, msg.width) + split(own + 1, lo + len(relays), msg.width):
+        part = [(host, addrs) for host, addrs in msg.groups if a <= host < b]
+        if not part:
+            continue
+        reqs = [up_req(k) for k in range(offsets[part[0][0]],
+                                         offsets[part[0][0]] + sum(len(g) for _, g in part))]
+        child = next((r for r in relays[a - lo:b - lo] if r), "")
+        conn = _live(rt, up, child, reqs, msg.target, answers)
+        if conn is None:
+            continue
+        first = 0
+        for r in reqs if msg.first_req else ():
+            req = _relayed(rt, up, conn, r, msg.target, child, answers)
+            first = first or req
+        conn.send(encode_message(Fanout(
+            msg.target, msg.method, msg.args, msg.chain, origin, first, a,
+            relays[a - lo:b - lo], part, msg.width, msg.gather)), out)
+
+
+def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,
+             addr: str, answers: _Answers) -> int:
+    """A request on ``conn`` whose answer goes up as ``up_req`` (0: none wanted)."""
+    if not up_req:
+        return 0
+    req = conn.next_req(Relayed(rt, up, up_req, target, addr, answers))
+    rt.fanout.relayed[(up, up_req)] = (conn, req, target)
+    return req
+
+
+def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], target: str,
+          answers: _Answers) -> Connection | None:
+    """The connection to ``addr``; None if it is known dead (or no process
+    of a range is left: ``addr`` empty), its calls then answered with why."""
+    dead = rt.dead.get(addr) if addr else None
+    if addr and dead is None:
+        return rt.conns.get(addr) or rt.connect(addr)
+    for r in up_reqs:
+        if r:
+            p = Relayed(rt, up, r, target, addr, answers)
+            p.fut.set_exception(dead(p) if dead is not None else SupervisionError(
+                f"{target}: no process left on the hosts of this part of the fan-out tree",
+                actor=target, cause="no process left"))
+    return None
+
+
+class Order:
+    """Numbered calls (``Call.seq``) run in their order, by (target, caller)."""
+
+    __slots__ = ("held", "next", "rt")
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: the number of the next call to run, by (target, caller)
+        self.next: dict[tuple[str, str], int] = {}
+        #: calls that came early, by (target, caller), by number
+        self.held: dict[tuple[str, str], dict[int, tuple[Connection, Call, Buffers]]] = {}
+
+    def admit(self, conn: Connection, msg: Call, bufs: Buffers,
+              post: Callable[[Connection, Call, Buffers], None]) -> None:
+        """Run ``msg`` now with ``post`` if its turn has come (then the held
+        calls that follow it), or hold it until then."""
+        key = (msg.target, msg.origin or conn.peer or "")
+        expected = self.next.get(key)
+        if expected is None and (msg.seq == 1 or self.rt.replacement):
+            # the first call from this caller; in a replacement process, the
+            # first since the restart: the count starts here
+            expected = msg.seq
+        elif expected is None:
+            expected = 1
+        if msg.seq <= expected:  # its turn (or behind it, after a lost call: no waiting)
+            if msg.seq == expected:
+                self.next[key] = msg.seq + 1
+            post(conn, msg, bufs)
+            held = self.held.get(key)
+            if held is not None:
+                self._release(key, held, post)
+            return
+        self.next[key] = expected
+        held = self.held.get(key)
+        if held is None:
+            held = self.held[key] = {}
+            self.rt.loop.call_later(HOLD_TIMEOUT, self._give_up, key, held, post)
+        held[msg.seq] = (conn, msg, bufs)
+
+    def _release(self, key: tuple[str, str], held: dict[int, tuple[Connection, Call, Buffers]],
+                 post: Callable[[Connection, Call, Buffers], None]) -> None:
+        n = self.next[key]
+        while n in held:
+            post(*held.pop(n))
+            n += 1
+        self.next[key] = n
+        if not held:
+            del self.held[key]
+
+    def _give_up(self, key: tuple[str, str], held: dict[int, tuple[Connection, Call, Buffers]],
+                 post: Callable[[Connection, Call, Buffers], None]) -> None:
+        if self.held.get(key) is not held:
+            return
+        log.warning("meshio: calls %s from %s to %s did not arrive within %g s (lost with a "
+                    "relay of the fan-out tree that failed?); the calls after them run without "
+                    "them", f"{self.next[key]}..{min(held) - 1}", key[1], key[0], HOLD_TIMEOUT)
+        del self.held[key]
+        for n in sorted(held):
+            post(*held[n])
+        self.next[key] = max(held) + 1
+
+    def forget(self, target: str) -> None:
+        """The actor ``target`` of this process is stopped: drop its counts."""
+        for key in [k for k in self.next if k[0] == target]:
+            del self.next[key]
+            self.held.pop(key, None)

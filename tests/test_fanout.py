@@ -1,0 +1,261 @@
+"""issue 10, fan-out trees: a call to a mesh spanning many hosts sends one
+message per range of hosts (a tree of hosts beyond ``fanout_width``); the
+answers come back up it.  Hosts are agents on loopback (ProcessJob): real
+processes and TCP connections."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import meshio
+from meshio import Actor, ActorError, SupervisionError, context, endpoint
+from meshio._transport._connection import Connection
+from meshio._transport._messages import Answers, Call, Fanout, Reply, decode_message
+from meshio._transport._serial import limits
+from meshio.jobs import ProcessJob
+
+HOSTS = 5
+PER_HOST = 2
+
+
+class Node(Actor):
+    def __init__(self) -> None:
+        self.log: list[int] = []
+        self.started = asyncio.Event()
+
+    @endpoint
+    async def point(self, x: int) -> tuple[int, int, int]:
+        ctx = context()
+        return ctx.point.rank, os.getpid(), x
+
+    @endpoint
+    async def record(self, n: int) -> None:
+        self.log.append(n)
+
+    @endpoint
+    async def recorded(self) -> list[int]:
+        return self.log
+
+    @endpoint
+    async def fail_on(self, rank: int) -> int:
+        if context().point.rank == rank:
+            raise ValueError(f"rank {rank} fails")
+        return context().point.rank
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def hang(self) -> None:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.log.append(-1)  # cancelled: the tree passed the caller's Cancel down
+
+    @endpoint(concurrent=True)
+    async def wait_started(self) -> None:
+        await self.started.wait()
+
+
+@pytest.fixture(scope="module")
+def width() -> Iterator[int]:
+    """A width of 2 over 5 hosts: the controller sends 2 messages, relays
+    send on to sub-ranges (a tree of depth 3)."""
+    env = os.environ.get("MESHIO_FANOUT_WIDTH")
+    before = limits.fanout_width
+    meshio.set_limits(fanout_width=2)
+    try:
+        yield 2
+    finally:
+        limits.fanout_width = before
+        if env is None:
+            del os.environ["MESHIO_FANOUT_WIDTH"]
+        else:
+            os.environ["MESHIO_FANOUT_WIDTH"] = env
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path, width: int) -> AsyncIterator[tuple[ProcessJob, Any, Node]]:
+    job = ProcessJob(meshes={"hosts": HOSTS}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        async with state.hosts.spawn_procs(per_host={"procs": PER_HOST}) as procs:
+            mesh = await procs.spawn("nodes", Node)
+            yield job, procs, mesh
+    finally:
+        await job.kill()
+
+
+class Sent:
+    """The messages this process sends, by kind (a spy on the real connections)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.kinds: list[str] = []
+        send = Connection.send
+
+        def spy(conn: Connection, body: bytes, out: list[Any]) -> None:
+            self.kinds.append(type(decode_message(body)).__name__)
+            send(conn, body, out)
+
+        monkeypatch.setattr(Connection, "send", spy)
+
+    def count(self, kind: type[Any]) -> int:
+        return self.kinds.count(kind.__name__)
+
+
+class Received:
+    """The answers this process receives (a spy on the real connections):
+    ``Reply`` messages, and the size of each ``Answers`` batch."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.replies = 0
+        self.batches: list[int] = []
+        deliver = Connection._deliver
+
+        def spy(conn: Connection, body: bytes, bufs: list[Any]) -> None:
+            msg = decode_message(body)
+            if isinstance(msg, Reply):
+                self.replies += 1
+            elif isinstance(msg, Answers):
+                self.batches.append(len(msg.replies) + len(msg.fails))
+            deliver(conn, body, bufs)
+
+        monkeypatch.setattr(Connection, "_deliver", spy)
+
+
+async def test_call_sends_one_message_per_range_and_gathers_every_point(
+        nodes: tuple[ProcessJob, Any, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """call() to 10 actors on 5 hosts: the controller sends 2 Fanout messages
+    (width 2) and no Call; every actor answers, in point order, each from its
+    own process."""
+    _, procs, mesh = nodes
+    await mesh.point.call(0)  # connections up
+    sent, received = Sent(monkeypatch), Received(monkeypatch)
+    result = await mesh.point.call(7)
+    assert sent.count(Fanout) == 2 and sent.count(Call) == 0
+    # the answers come back batched: each top relay's own actor answers
+    # alone, the other 8 in Answers batches (fewer messages than answers
+    # unless every one came more than GATHER_DELAY after the one before)
+    assert received.replies == 2
+    assert sum(received.batches) == HOSTS * PER_HOST - 2
+    assert [r for r, _, _ in result.values()] == list(range(HOSTS * PER_HOST))
+    assert [pid for _, pid, _ in result.values()] == procs.pids
+    assert {x for _, _, x in result.values()} == {7}
+
+
+async def test_stream_yields_every_point_and_broadcast_reaches_every_actor(
+        nodes: tuple[ProcessJob, Any, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """stream() still yields each point once; broadcast() goes through the
+    tree too (2 messages) and reaches every actor."""
+    _, _, mesh = nodes
+    got = sorted([point.rank async for point, _ in mesh.point.stream(1)])
+    assert got == list(range(HOSTS * PER_HOST))
+    sent = Sent(monkeypatch)
+    mesh.record.broadcast(5)
+    logs = await mesh.recorded.call()  # a tree call after it: in order behind it
+    assert sent.count(Fanout) == 4 and sent.count(Call) == 0  # 2 each
+    assert all(log == [5] for log in logs.values())
+
+
+async def test_a_view_of_some_hosts_and_one_host_views(nodes: tuple[ProcessJob, Any, Node],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice spanning hosts 1 and 3 uses the tree; a slice on one host
+    sends a Call per actor directly."""
+    _, _, mesh = nodes
+    sent = Sent(monkeypatch)
+    some = mesh.slice(hosts=slice(1, 4, 2))
+    result = await some.point.call(0)
+    assert [r for r, _, _ in result.values()] == [2, 3, 6, 7]
+    assert sent.count(Call) == 0
+    one = mesh.slice(hosts=4)
+    assert [r for r, _, _ in (await one.point.call(0)).values()] == [8, 9]
+    assert sent.count(Call) == 2
+
+
+async def test_direct_calls_keep_their_order_behind_tree_calls(
+        nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """Broadcasts through the tree and call_one straight to an actor,
+    interleaved: every actor sees them in the order they were sent."""
+    _, _, mesh = nodes
+    last = mesh.slice(hosts=HOSTS - 1, procs=PER_HOST - 1)  # deepest in the tree
+    expected: list[int] = []
+    for n in range(100):
+        mesh.record.broadcast(2 * n)
+        expected.append(2 * n)
+        if n % 3 == 0:
+            await last.record.call_one(2 * n + 1)
+            expected.append(2 * n + 1)
+        else:
+            last.record.broadcast(2 * n + 1)
+            expected.append(2 * n + 1)
+    got = await last.recorded.call_one()
+    assert got == expected, str(got)
+    logs = await mesh.recorded.call()
+    assert logs.values()[0] == [2 * n for n in range(100)]
+
+
+async def test_errors_come_back_up_the_tree_with_their_rank(
+        nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """An endpoint raising on one rank deep in the tree fails the call with
+    an ActorError naming that rank; the other ranks answer."""
+    _, _, mesh = nodes
+    with pytest.raises(ActorError, match="rank 9 fails") as info:
+        await mesh.fail_on.call(9)
+    assert info.value.rank == 9
+    ok = [r async for r in _ranks(mesh.fail_on.stream(-1))]
+    assert ok == list(range(HOSTS * PER_HOST))
+
+
+async def _ranks(stream: AsyncIterator[tuple[Any, int]]) -> AsyncIterator[int]:
+    got = sorted([r async for _, r in stream])
+    for r in got:
+        yield r
+
+
+async def test_cancel_follows_the_tree_down(nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """Cancelling a call through the tree cancels the running endpoints on
+    every host (their finally blocks run)."""
+    _, _, mesh = nodes
+    call = mesh.hang.call()
+    await mesh.wait_started.call()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:  # the Cancel travels down the tree after the caller gave up
+        logs = await mesh.recorded.call()
+        if all(log == [-1] for log in logs.values()):
+            break
+        assert asyncio.get_running_loop().time() < deadline, logs
+        await asyncio.sleep(0.05)
+
+
+async def test_a_killed_relay_fails_its_part_of_the_call_and_the_rest_answer(
+        nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """SIGKILL the relay of hosts 3-4 (the first process of host 3) while a
+    call hangs on every actor: the calls it carried fail at once with
+    SupervisionError (none hangs); the next call goes round the dead
+    process (host 4 is reached through host 3's other process) and only
+    the dead rank fails."""
+    _, procs, mesh = nodes
+    stream = mesh.hang.stream()
+    first = asyncio.ensure_future(anext(stream))
+    await mesh.wait_started.call()
+    os.kill(procs.pids[3 * PER_HOST], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        await asyncio.wait_for(first, 60)
+    await stream.aclose()  # cancels the calls still hanging on hosts 0-2
+    with pytest.raises(SupervisionError) as info:
+        await mesh.point.call(0)
+    assert info.value.rank == 3 * PER_HOST
+    result = await mesh.slice(hosts=slice(3, 5), procs=1).point.call(0)
+    assert [r for r, _, _ in result.values()] == [7, 9]
