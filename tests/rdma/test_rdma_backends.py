@@ -8,14 +8,15 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-from fifo_gate import Gate, hold
+from fifo_gate import Gate
+from rdma_actors import N, Owner, Peer
 
 import meshio
 import meshio._transport._runtime
-from meshio import Actor, RDMABuffer, endpoint
+from meshio import RDMABuffer
 from meshio.rdma import (
     Backend,
     RDMAError,
@@ -26,78 +27,9 @@ from meshio.rdma import (
 from meshio.testing import wait_exited
 
 GUARD = 60
-N = 1 << 20
 
-# torch is imported at collection, not inside a test: under the emulated
-# soft-RoCE VM its import alone outlasts a test's 60 s timeout.
-try:
-    import torch
-except ImportError:  # torch is optional: its two tests skip
-    torch = None  # type: ignore[assignment]
-
-
-def need_torch() -> None:
-    if torch is None:
-        pytest.skip("torch is not installed")
 
 pytestmark = pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")
-
-
-class Owner(Actor):
-    def __init__(self) -> None:
-        self.data = bytearray(os.urandom(N))
-
-    @endpoint
-    async def register(self, backend: str) -> RDMABuffer:
-        self.buf = RDMABuffer(self.data, backend=backend)
-        return self.buf
-
-    @endpoint
-    async def content(self, offset: int, length: int) -> bytes:
-        return bytes(self.data[offset:offset + length])
-
-    @endpoint
-    async def block(self, ready: str, release: str) -> None:
-        """Block this process's event loop (see fifo_gate): an ``async def``,
-        since a plain ``def`` endpoint would run in the actor's thread."""
-        hold(ready, release)
-
-    @endpoint
-    async def pid(self) -> int:
-        return os.getpid()
-
-
-class Peer(Actor):
-    @endpoint
-    async def read(self, buf: RDMABuffer, offset: int, length: int) -> bytes:
-        dst = bytearray(length)
-        assert await buf.read_into(dst, offset=offset, length=length) == length
-        return bytes(dst)
-
-    @endpoint
-    async def write(self, buf: RDMABuffer, data: bytes, offset: int) -> int:
-        return await buf.write_from(data, offset=offset)
-
-    @endpoint
-    async def backend(self, buf: RDMABuffer) -> str:
-        return buf.backend
-
-    @endpoint
-    async def drop(self, buf: RDMABuffer) -> None:
-        await buf.drop()
-
-
-@pytest.fixture(params=available_backends())
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
-@pytest.fixture
-async def pair(procs: meshio.ProcMesh) -> AsyncIterator[tuple[Owner, Peer]]:
-    owner = await procs.slice(procs=0).spawn("owner", Owner)
-    peer = await procs.slice(procs=1).spawn("peer", Peer)
-    yield owner, peer
 
 
 async def test_read_and_write_with_offsets(pair: tuple[Owner, Peer], backend: str) -> None:
@@ -112,15 +44,6 @@ async def test_read_and_write_with_offsets(pair: tuple[Owner, Peer], backend: st
     assert await peer.write.call_one(buf, patch, 333) == len(patch)
     assert await owner.content.call_one(333, len(patch)) == patch
     assert await owner.content.call_one(0, 333) != patch[:333]  # nothing else moved
-
-
-async def test_controller_reads_into_a_tensor(pair: tuple[Owner, Peer], backend: str) -> None:
-    need_torch()
-    owner, _ = pair
-    buf = await owner.register.call_one(backend)
-    dst = torch.zeros(N // 4, dtype=torch.int32)
-    await buf.read_into(dst)
-    assert bytes(dst.numpy().tobytes()) == await owner.content.call_one(0, N)
 
 
 async def test_size_errors(pair: tuple[Owner, Peer], backend: str) -> None:
@@ -190,9 +113,6 @@ async def test_bad_objects_are_refused() -> None:
         RDMABuffer(object())
     with pytest.raises(ValueError, match="backend must be one of"):
         RDMABuffer(bytearray(8), backend="carrier-pigeon")
-    need_torch()
-    with pytest.raises(RDMASizeError, match="not contiguous"):
-        RDMABuffer(torch.zeros(4, 4).t())
 
 
 async def test_backend_names_and_local_buffer() -> None:

@@ -289,7 +289,7 @@ class Order:
     __slots__ = ("held", "next", "rt")
 
     def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+        self.rt: Runtime = rt
         #: the number of the next call to run, by (target, caller)
         self.next: dict[tuple[str, str], int] = {}
         #: calls that came early, by (target, caller), by number

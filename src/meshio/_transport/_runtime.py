@@ -318,8 +318,8 @@ class Runtime:
         self.down: dict[str, Callable[[], PeerDown]] = {}
         #: the fan-out tree: this runtime as a caller and as a relay; the
         #: direct calls it holds back for the tree calls they follow
-        self.fanout = FanoutState()
-        self.order = Order(self)
+        self.fanout: FanoutState = FanoutState()
+        self.order: Order = Order(self)
         #: worker side: a replacement process whose actors are being rebuilt
         self.restoring: bool = False
         #: worker side: this process replaces one that failed (its callers'

@@ -1,0 +1,25 @@
+"""Fixtures of the RDMA suite: each backend this process has, and an owner
+and a peer actor in two worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from rdma_actors import Owner, Peer
+
+import meshio
+from meshio.rdma import available_backends
+
+
+@pytest.fixture(params=available_backends())
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+async def pair(procs: meshio.ProcMesh) -> AsyncIterator[tuple[Owner, Peer]]:
+    owner = await procs.slice(procs=0).spawn("owner", Owner)
+    peer = await procs.slice(procs=1).spawn("peer", Peer)
+    yield owner, peer
