@@ -32,6 +32,9 @@ START_TIMEOUT = 60.0
 STOP_GRACE = 5.0
 #: seconds to wait for an exit status after a worker's connection drops
 EXIT_STATUS_WAIT = 1.0
+#: seconds to wait for a killed worker's exit before giving up on it (a worker
+#: on a host cut off by a partition: its exit is not heard of until the heal)
+KILL_WAIT = 10.0
 #: heartbeats of a proc mesh without a supervisor (``spawn_procs(heartbeat_interval=...,
 #: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
 HEARTBEAT_INTERVAL = 1.0
@@ -426,6 +429,10 @@ class ProcState:
             w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
                        f"(heartbeat_timeout={timeout}s); killed")
             w.handle.send_signal(signal.SIGKILL)
+            # Lost now, not once the kill closes the connection: a process on
+            # a host cut off by a partition never closes it (nor does its
+            # agent hear the kill), and its calls would hang until the heal.
+            conn.abort()
             return
         if w.hung is not None:
             return
@@ -486,7 +493,13 @@ class ProcState:
         w.stopping = True
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
-        await w.handle.wait()
+        try:
+            await asyncio.wait_for(w.handle.wait(), KILL_WAIT)
+        except TimeoutError:  # not SupervisionError: its supervisor counts this failure
+            raise TimeoutError(
+                f"proc mesh {self.name!r} rank {grank}: process {w.handle.pid} on "
+                f"{w.handle.host} did not exit within {KILL_WAIT} s of SIGKILL (is its host cut "
+                f"off?); it is not replaced while it may still hold its address") from None
         if w.conn is not None and not w.conn.closed:
             w.conn.abort()
         w.conn = None  # what happens on the old connection is the old incarnation's
@@ -642,8 +655,11 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
     waits = [asyncio.ensure_future(w.handle.wait()) for w in workers]
     if not waits:
         return
-    _, pending = await asyncio.wait(waits, timeout=None if policy == "brutal_kill" else policy)
-    if pending:
+    _, pending = await asyncio.wait(waits, timeout=KILL_WAIT if policy == "brutal_kill"
+                                    else policy)
+    if pending and policy != "brutal_kill":
         for w in workers:
             w.handle.send_signal(signal.SIGKILL)
-        await asyncio.wait(pending)
+        _, pending = await asyncio.wait(pending, timeout=KILL_WAIT)
+    for wait in pending:  # on a host cut off: its agent kills it once it hears
+        wait.cancel()

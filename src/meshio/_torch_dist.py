@@ -7,8 +7,9 @@ import os
 import socket
 import uuid
 
-from ._actor import Actor, current_rank
+from ._actor import Actor, context, current_rank
 from ._proc_mesh import ProcMesh
+from ._transport._runtime import tcp_endpoint
 from .endpoints._endpoint import endpoint
 
 __all__ = ("setup_torch_distributed",)
@@ -19,11 +20,13 @@ class _TorchEnv(Actor):
 
     @endpoint
     def rendezvous(self) -> tuple[str, int]:
-        """An address and a free port on this (rank 0's) host."""
+        """An address and a free port on this (rank 0's) host: the address
+        its other hosts reach it at (its TCP address, when it has one)."""
+        tcp = tcp_endpoint(context().proc.addr)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             port: int = s.getsockname()[1]
-        return socket.gethostbyname(socket.gethostname()), port
+        return tcp[0] if tcp is not None else socket.gethostbyname(socket.gethostname()), port
 
     @endpoint
     def apply(self, world: int, addr: str, port: int, local_world: int) -> dict[str, str]:
