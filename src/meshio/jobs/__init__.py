@@ -18,8 +18,11 @@ from ._kubernetes import ClusterError as ClusterError
 from ._kubernetes import ClusterNotConfiguredError as ClusterNotConfiguredError
 from ._kubernetes import KubernetesJob as KubernetesJob
 from ._remote import attach as attach
+from ._slurm import SlurmError as SlurmError
+from ._slurm import SlurmJob as SlurmJob
 
 __all__ = ("ClusterError", "ClusterNotConfiguredError", "Job", "JobCacheError", "JobState",
-           "KubernetesJob", "LocalJob", "ProcessJob", "TLSConfig", "attach")
+           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmError", "SlurmJob", "TLSConfig",
+           "attach")
 
 _fixup_module_metadata(__name__, globals())

@@ -1,0 +1,337 @@
+"""``SlurmJob``: hosts from Slurm, one ``meshio agent`` per allocated node.
+
+``apply()`` submits one batch job (``sbatch``) of as many nodes as the
+meshes have hosts; its script runs a single step (``srun``, one task per
+node) that starts ``meshio agent`` on every node.  Each agent prints its
+node name and ``tcp://`` address; srun labels the lines with the task
+number and Slurm writes them to ``.meshio/<name>.<jobid>.log`` on the
+shared filesystem, where the controller reads them.  Tasks go to meshes
+in order: with ``{"trainers": 2, "generators": 1}`` tasks 0-1 are the
+trainers, task 2 the generator.
+
+**Lifetime.** The job outlives the controller script, so running the
+script again re-attaches (the job id, its nodes, the agents' addresses and
+the secret file are cached in ``.meshio/<name>.json``); it ends by itself
+once nobody uses it: every agent exits when no controller has been
+connected to it for ``idle_timeout`` seconds, the step ends when its agents
+have, and the batch script (nothing but that step) ends with it, which
+gives the allocation back.  A controller that exits normally or is
+SIGKILLed leaks nothing for longer than ``idle_timeout``; ``kill()``
+cancels at once (``scancel``).
+
+**Node loss.** The job and its step are submitted with ``--no-kill``: when
+Slurm loses a node, the agent there is killed with its workers (their
+procs fail with :class:`~meshio.SupervisionError`, and the supervision
+policy applies), and the agents on the other nodes keep serving.  A cached
+job that lost a node is stale: the next run allocates anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from subprocess import DEVNULL, PIPE
+from typing import Any
+
+from .._transport._tls import TLSConfig
+from ._job import JobState, check_meshes, read_cache, write_cache, write_secret
+from ._remote import attach
+
+__all__ = ("SlurmError", "SlurmJob")
+
+log = logging.getLogger("meshio")
+
+#: seconds between looks at the job's log while its agents start (Slurm
+#: tells a client nothing by itself; its own ``srun`` polls too)
+_POLL = 0.05
+#: looks at the log between two ``squeue``\ s (is the job still alive?)
+_SQUEUE_EVERY = 10
+
+#: seconds the agents get to end the job after SIGTERM before it is cancelled
+_KILL_WAIT = 5.0
+#: the states of a Slurm job that still holds (or waits for) its nodes
+_ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING")
+
+_LINE = re.compile(r"^\s*(\d+): meshio (node|agent listening on) (\S+)\s*$", re.M)
+
+
+class SlurmError(RuntimeError):
+    """Raised by :class:`SlurmJob` when Slurm cannot give it its hosts:
+    Slurm's commands are missing or refuse the request (``sbatch``'s error
+    is in the message), or the job ended before its agents started (the
+    message names the job's log)."""
+
+
+async def _run(*argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run a Slurm command; its exit status, stdout and stderr."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=PIPE if stdin is not None else DEVNULL, stdout=PIPE, stderr=PIPE)
+    except FileNotFoundError:
+        raise SlurmError(f"SlurmJob: {argv[0]!r} is not on PATH; is Slurm installed on this "
+                         "host (a login node of the cluster)?") from None
+    out, err = await proc.communicate(stdin)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def _squeue(job_id: str) -> tuple[str, str, str] | None:
+    """``(state, comment, nodelist)`` of job ``job_id``; None if Slurm no
+    longer knows it."""
+    rc, out, err = await _run("squeue", "--noheader", "--states=all", f"--jobs={job_id}",
+                              "--format=%T|%k|%N")
+    if rc != 0:
+        if "Invalid job id" in err:
+            return None
+        raise SlurmError(f"SlurmJob: squeue failed for job {job_id}: {err.strip()}")
+    line = out.strip()
+    if not line:
+        return None
+    state, comment, nodes = line.split("|", 2)
+    return state, comment, nodes
+
+
+class SlurmJob:
+    """Hosts from Slurm: one batch job of ``sum(meshes.values())`` nodes,
+    with ``meshio agent`` on each, as named host meshes.
+
+    ``state()`` allocates once and is cached in ``cache_dir`` (a directory
+    the nodes share with this host): running the script again re-attaches
+    to the same live job in a few milliseconds (one ``squeue``).  A cached
+    job that Slurm ended, that lost a node, or whose id now names another
+    job is reported stale and replaced.  The job ends by itself
+    ``idle_timeout`` seconds after the last controller left it (also when
+    the controller was killed); ``kill()`` cancels it at once.
+
+    Args:
+        meshes: host count per mesh name, e.g. ``{"trainers": 2, "generators": 1}``.
+        partition: ``sbatch --partition`` (the cluster's default if None).
+        time_limit: ``sbatch --time``, e.g. ``"01:00:00"`` (the partition's if None).
+        name: the job's name: the cache file ``<name>.json`` and the Slurm
+            job name ``meshio-<name>``.
+        exclusive: whole nodes (``--exclusive``); the agent's step gets every
+            allocated CPU and GPU of its node (``srun --whole``).
+        sbatch_args: more ``sbatch`` options, e.g. ``["--gpus-per-node=8",
+            "--account=ml"]``.
+        tls: certificates, valid for the nodes' addresses, on the shared
+            filesystem.
+        cache_dir: where the job is cached; on the filesystem the nodes share
+            (the job secret and the job's log live there too).
+        idle_timeout: seconds an agent waits for a controller before it exits
+            (which ends the job).
+        start_timeout: seconds to wait for the agents after submitting
+            (queueing included); the job is cancelled after that.
+
+    Raises:
+        ValueError, TypeError: bad ``meshes`` or ``name``.
+    """
+
+    kind = "SlurmJob"
+
+    def __init__(self, meshes: Mapping[str, int], *, partition: str | None = None,
+                 time_limit: str | None = None, name: str = "job", exclusive: bool = True,
+                 sbatch_args: Sequence[str] = (), tls: TLSConfig | None = None,
+                 cache_dir: str | os.PathLike[str] = ".meshio", idle_timeout: float = 300.0,
+                 start_timeout: float = 600.0) -> None:
+        self.meshes: dict[str, int] = check_meshes(meshes)
+        if not name.replace("-", "_").isidentifier():
+            raise ValueError(f"job name {name!r} must be letters, digits, - and _")
+        self.name: str = name
+        self.partition: str | None = partition
+        self.time_limit: str | None = time_limit
+        self.exclusive: bool = exclusive
+        self.sbatch_args: list[str] = list(sbatch_args)
+        self.tls: TLSConfig | None = tls
+        self.idle_timeout: float = idle_timeout
+        self.start_timeout: float = start_timeout
+        self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
+        self._entry: dict[str, Any] | None = None
+
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job id, once applied."""
+        return None if self._entry is None else str(self._entry["job_id"])
+
+    async def apply(self) -> None:
+        """Re-attach to the cached job if Slurm still runs it on all its
+        nodes, or submit a new one and wait for its agents.
+
+        Raises:
+            JobCacheError: the cache file is unsafe or not a meshio cache.
+            SlurmError: Slurm refused the job, or it ended before its
+                agents started.
+            TimeoutError: the agents did not all start within
+                ``start_timeout`` (the job is cancelled).
+        """
+        if self._entry is not None:
+            return
+        entry = read_cache(self.cache, self.kind, self.meshes)
+        if entry is not None:
+            stale = await self._stale(entry)
+            if stale is None:
+                self._entry = entry
+                return
+            log.warning("meshio: job cache %s is stale (%s); allocating a new Slurm job",
+                        self.cache, stale)
+            await _cancel(entry)
+        self._entry = await self._allocate()
+        write_cache(self.cache, self._entry)
+
+    async def _stale(self, entry: dict[str, Any]) -> str | None:
+        """Why the cached job cannot be used, or None if it can."""
+        job_id = entry["job_id"]
+        found = await _squeue(job_id)
+        if found is None:
+            return f"Slurm no longer knows job {job_id}"
+        state, comment, nodes = found
+        if comment != entry["token"]:
+            return f"Slurm job {job_id} is now another job"
+        if state != "RUNNING":
+            return f"Slurm job {job_id} is {state}"
+        if nodes != entry["nodes"]:
+            return f"Slurm job {job_id} lost nodes: it has {nodes}, it had {entry['nodes']}"
+        return None
+
+    async def _allocate(self) -> dict[str, Any]:
+        total = sum(self.meshes.values())
+        token = f"meshio:{secrets.token_hex(8)}"
+        secret_file = self.cache.with_suffix(".secret")
+        write_secret(secret_file, secrets.token_bytes(32))
+        log_pattern = self.cache.with_name(f"{self.name}.%j.log")
+        argv = ["sbatch", "--parsable", f"--job-name=meshio-{self.name}", f"--comment={token}",
+                f"--nodes={total}", "--ntasks-per-node=1", "--no-kill",
+                f"--output={log_pattern}", f"--chdir={os.getcwd()}"]
+        if self.partition is not None:
+            argv.append(f"--partition={self.partition}")
+        if self.time_limit is not None:
+            argv.append(f"--time={self.time_limit}")
+        if self.exclusive:
+            argv.append("--exclusive")
+        argv += self.sbatch_args
+        rc, out, err = await _run(*argv, stdin=self._script(secret_file).encode())
+        if rc != 0:
+            raise SlurmError(f"SlurmJob {self.name!r}: sbatch refused the job: {err.strip()}")
+        job_id = out.strip().split(";")[0]
+        log_path = Path(str(log_pattern).replace("%j", job_id))
+        log.info("meshio: Slurm job %s submitted for %s; waiting for its agents", job_id,
+                 self.name)
+        entry = {"kind": self.kind, "meshes": self.meshes, "job_id": job_id, "token": token,
+                 "secret_file": str(secret_file), "log": str(log_path)}
+        try:
+            agents, nodes = await asyncio.wait_for(self._agents(entry, total),
+                                                   self.start_timeout)
+        except TimeoutError:
+            await _cancel(entry)
+            raise TimeoutError(
+                f"SlurmJob {self.name!r}: the agents of Slurm job {job_id} did not all start "
+                f"within {self.start_timeout:g} s (queued, or see {log_path}); it is "
+                "cancelled") from None
+        except BaseException:
+            await asyncio.shield(_cancel(entry))
+            raise
+        hosts: dict[str, list[dict[str, str]]] = {}
+        first = 0
+        for mesh, n in self.meshes.items():
+            hosts[mesh] = agents[first:first + n]
+            first += n
+        return {**entry, "nodes": nodes, "hosts": hosts}
+
+    def _script(self, secret_file: Path) -> str:
+        """The batch script: one step, an agent per node, nothing after it."""
+        agent = [sys.executable, "-m", "meshio", "agent", "--listen", "0.0.0.0:0",
+                 "--secret-file", str(secret_file), "--idle-timeout", str(self.idle_timeout)]
+        tls = self.tls
+        if tls is not None:
+            agent += ["--tls-cert", os.fspath(tls.cert), "--tls-key", os.fspath(tls.key),
+                      "--tls-ca", os.fspath(tls.ca), *([] if tls.mutual else ["--tls-no-mutual"])]
+        step = ["srun", "--no-kill", "--kill-on-bad-exit=0", "--label", "--ntasks-per-node=1",
+                *(["--whole"] if self.exclusive else []),
+                "sh", "-c", 'echo "meshio node $SLURMD_NODENAME"; exec "$@"', "sh", *agent]
+        return ("#!/bin/sh\n"
+                f"# meshio SlurmJob {self.name}: one host agent per node; the job ends when\n"
+                "# they do (each exits after --idle-timeout seconds without a controller)\n"
+                f"exec {shlex.join(step)}\n")
+
+    async def _agents(self, entry: dict[str, Any],
+                      total: int) -> tuple[list[dict[str, str]], str]:
+        """Wait until every task has printed its node and address; the
+        agents in task order, and the job's node list."""
+        log_path = Path(entry["log"])
+        looks = 0
+        while True:
+            try:
+                text = log_path.read_text(errors="replace")
+            except FileNotFoundError:  # the job has not started
+                text = ""
+            seen: dict[int, dict[str, str]] = {}
+            for task, what, value in _LINE.findall(text):
+                seen.setdefault(int(task), {})["node" if what == "node" else "addr"] = value
+            if len(seen) == total and all(len(a) == 2 for a in seen.values()):
+                found = await _squeue(entry["job_id"])
+                return [seen[t] for t in range(total)], found[2] if found else ""
+            if looks % _SQUEUE_EVERY == 0:
+                found = await _squeue(entry["job_id"])
+                if found is None or found[0] not in _ACTIVE:
+                    tail = "\n".join(text.splitlines()[-15:])
+                    raise SlurmError(
+                        f"SlurmJob {self.name!r}: Slurm job {entry['job_id']} ended "
+                        f"({found[0] if found else 'gone'}) before its agents started; "
+                        f"{log_path} ends with:\n{tail}")
+            looks += 1
+            await asyncio.sleep(_POLL)
+
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed)."""
+        await self.apply()
+        entry = self._entry
+        assert entry is not None
+        secret = Path(entry["secret_file"])
+        return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=self.tls)
+                         for mesh, agents in entry["hosts"].items()})
+
+    async def kill(self) -> None:
+        """End the Slurm job (its nodes are free when this returns) and
+        forget the cached job."""
+        entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
+        if entry is not None:
+            await _cancel(entry)
+            Path(entry["secret_file"]).unlink(missing_ok=True)
+            Path(entry["log"]).unlink(missing_ok=True)
+        self.cache.unlink(missing_ok=True)
+        self._entry = None
+
+
+async def _cancel(entry: dict[str, Any]) -> None:
+    """End the cached job if Slurm still has it as ours (its id may name
+    another job after the controller daemon's state was reset).
+
+    A running job's agents get SIGTERM (``scancel --signal=TERM``): they
+    exit, the step and the batch script end, and the job completes, which
+    frees its nodes for the next job at once.  (A plain ``scancel`` of an
+    ``--exclusive`` job with a live step leaves its nodes to the next
+    backfill pass, up to 30 s later, in Slurm 22.05.)  Only a job still
+    there after :data:`_KILL_WAIT` seconds, or one not yet running, is
+    cancelled outright.
+    """
+    job_id = str(entry["job_id"])
+    found = await _squeue(job_id)
+    if found is None or found[1] != entry["token"] or found[0] not in _ACTIVE:
+        return
+    if found[0] == "RUNNING":
+        await _run("scancel", "--signal=TERM", job_id)
+        deadline = asyncio.get_running_loop().time() + _KILL_WAIT
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(_POLL)
+            found = await _squeue(job_id)
+            if found is None or found[0] not in _ACTIVE:
+                return
+    rc, _, err = await _run("scancel", job_id)
+    if rc != 0:
+        log.warning("meshio: scancel %s failed: %s", job_id, err.strip())

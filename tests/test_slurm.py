@@ -1,0 +1,333 @@
+"""issue 10: SlurmJob against a real Slurm on this machine
+(``../shared/slurm-local/slurm-local.sh``: slurmctld and two slurmd, each
+node in its own network namespace with its own address when started here).
+
+The cluster is used if it runs, started if it does not (root); the tests
+skip, saying why, only when Slurm is not installed or cannot start, and
+fail instead where ``MESHIO_REQUIRE_SLURM=1`` (CI)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from meshio import Actor, SupervisionError, endpoint
+from meshio.jobs import SlurmError, SlurmJob, TLSConfig
+from meshio.jobs._agent import host_address
+
+DEADLINE = 30.0
+SLURM_LOCAL = Path(os.environ.get(
+    "SLURM_LOCAL_SH",
+    Path(__file__).resolve().parents[2] / "shared" / "slurm-local" / "slurm-local.sh"))
+
+
+class Where(Actor):
+    @endpoint
+    async def where(self) -> tuple[str, str]:
+        """This proc's Slurm node name and host name."""
+        return os.environ.get("SLURMD_NODENAME", ""), os.uname().nodename
+
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def ask(self, other: Where, x: int) -> list[int]:
+        """Call ``other`` (on another node) from this actor."""
+        return (await other.echo.call(x)).values()
+
+    @endpoint
+    async def hang(self) -> None:
+        await asyncio.Event().wait()
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("MESHIO_REQUIRE_SLURM") == "1":
+        pytest.fail(f"MESHIO_REQUIRE_SLURM=1 but {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[None]:
+    """The local Slurm cluster, running, with ``SLURM_CONF`` pointing at it."""
+    if shutil.which("sbatch") is None or shutil.which("slurmctld") is None:
+        _unavailable(f"Slurm is not installed (bash {SLURM_LOCAL} install; .ci/run does)")
+    if not SLURM_LOCAL.is_file():
+        _unavailable(f"{SLURM_LOCAL} not found (set SLURM_LOCAL_SH)")
+    script = ["bash", str(SLURM_LOCAL)]
+    started = False
+    if subprocess.run([*script, "status"], capture_output=True, timeout=DEADLINE).returncode:
+        if os.getuid() != 0:
+            _unavailable("the local Slurm is not running, and starting it needs root")
+        env = {**os.environ, "SLURM_LOCAL_NETNS": os.environ.get("SLURM_LOCAL_NETNS", "1")}
+        out = subprocess.run([*script, "start"], capture_output=True, text=True, env=env,
+                             timeout=120)
+        if out.returncode:
+            _unavailable(f"the local Slurm did not start:\n{out.stderr[-3000:]}")
+        started = True
+    exports = subprocess.run([*script, "env"], capture_output=True, text=True, check=True,
+                             timeout=DEADLINE).stdout
+    saved: dict[str, str | None] = {}
+    for line in exports.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        saved[key] = os.environ.get(key)
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        if started:
+            subprocess.run([*script, "stop"], capture_output=True, timeout=120)
+
+
+def slurm_cmd(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True,
+                          timeout=DEADLINE).stdout
+
+
+def job_state(job_id: str) -> str:
+    return slurm_cmd("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T").strip()
+
+
+async def wait_job_ended(job_id: str, within: float) -> str:
+    """Wait until Slurm ends job ``job_id``: a step of it that sleeps is
+    ended with the job (or fails at once if it has already ended); its
+    final state."""
+    watcher = await asyncio.create_subprocess_exec(
+        "srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "--quiet",
+        "sleep", "600", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await asyncio.wait_for(watcher.wait(), within)
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+            await watcher.wait()
+    return job_state(job_id)
+
+
+@pytest.fixture
+async def job(slurm: None, tmp_path: Path) -> AsyncIterator[SlurmJob]:
+    """Both nodes of the local cluster as two one-host meshes; cancelled
+    after the test."""
+    j = SlurmJob(meshes={"trainers": 1, "generators": 1}, partition="debug",
+                 time_limit="00:10:00", cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    try:
+        yield j
+    finally:
+        await j.kill()
+
+
+async def test_allocates_spawns_calls_across_nodes_and_reattaches(job: SlurmJob,
+                                                                   tmp_path: Path) -> None:
+    """state() allocates both nodes (one agent each); procs spawned on each
+    answer from their node; an actor calls a mesh on the other node
+    directly; the script run again (a new SlurmJob of the same name)
+    re-attaches to the same job and agents in well under a second."""
+    state = await job.state()
+    assert job.job_id is not None and job_state(job.job_id) == "RUNNING"
+    async with state.trainers.spawn_procs(per_host={"gpus": 2}) as tprocs, \
+            state.generators.spawn_procs() as gprocs:
+        trainers = await tprocs.spawn("trainers", Where)
+        generators = await gprocs.spawn("generators", Where)
+        t_nodes = {n for n, _ in (await asyncio.wait_for(trainers.where.call(), DEADLINE))
+                   .values()}
+        g_nodes = {n for n, _ in (await asyncio.wait_for(generators.where.call(), DEADLINE))
+                   .values()}
+        assert len(t_nodes) == 1 and len(g_nodes) == 1 and t_nodes != g_nodes
+        assert t_nodes | g_nodes <= {"n1", "n2"}
+        assert (await asyncio.wait_for(trainers.ask.call(generators, 7), DEADLINE)).values() \
+            == [[7], [7]]
+    again = SlurmJob(meshes={"trainers": 1, "generators": 1}, partition="debug",
+                     time_limit="00:10:00", cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    t0 = time.perf_counter()
+    state2 = await again.state()
+    took = time.perf_counter() - t0
+    assert again.job_id == job.job_id
+    assert again._entry is not None and job._entry is not None
+    assert again._entry["hosts"] == job._entry["hosts"]
+    assert took < 1.0, f"re-attaching took {took:.3f} s"
+    async with state2.generators.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        assert (await asyncio.wait_for(w.where.call_one(), DEADLINE))[0] in g_nodes
+
+
+async def test_node_loss_fails_the_procs_on_it(slurm: None, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A node taken down in Slurm (``scontrol update state=down``) kills its
+    agent and workers: a call in flight there fails with SupervisionError,
+    the procs on the other node keep answering (the job runs ``--no-kill``),
+    and the cached job is stale from then on (it lost a node)."""
+    j = SlurmJob(meshes={"trainers": 2}, cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    lost = ""
+    try:
+        state = await j.state()
+        assert j._entry is not None
+        lost = j._entry["hosts"]["trainers"][1]["node"]
+        async with state.trainers.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            nodes = (await asyncio.wait_for(w.where.call(), DEADLINE)).values()
+            assert [n for n, _ in nodes][1] == lost
+            stuck = asyncio.ensure_future(w.slice(hosts=1).hang.call_one())
+            slurm_cmd("scontrol", "update", f"nodename={lost}", "state=down",
+                      "reason=meshio-test")
+            with pytest.raises(SupervisionError):
+                await asyncio.wait_for(stuck, DEADLINE)
+            assert await asyncio.wait_for(w.slice(hosts=0).echo.call_one(2), DEADLINE) == 2
+        assert j.job_id is not None and job_state(j.job_id) == "RUNNING"
+        again = SlurmJob(meshes={"trainers": 2}, cache_dir=tmp_path / ".meshio")
+        assert again._entry is None
+        entry = j._entry
+        assert entry is not None
+        assert "lost nodes" in (await again._stale(entry) or "")
+    finally:
+        await j.kill()
+        if lost:
+            subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"],
+                           capture_output=True, timeout=DEADLINE)
+
+
+CONTROLLER = """
+import asyncio, sys
+import meshio
+from meshio import Actor, endpoint
+from meshio.jobs import SlurmJob
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+async def main() -> None:
+    job = SlurmJob(meshes={"hosts": 2}, cache_dir=sys.argv[1], idle_timeout=2)
+    state = await job.state()
+    print(job.job_id, flush=True)
+    async with state.hosts.spawn_procs() as procs:
+        e = await procs.spawn("e", Echo)
+        assert (await e.echo.call(1)).values() == [1, 1]
+        print("called", flush=True)
+        if sys.argv[2] == "sigkill":
+            await asyncio.Event().wait()
+
+meshio.run(main())
+"""
+
+
+@pytest.mark.parametrize("end", ["normal exit", "sigkill"])
+async def test_job_ends_after_its_controller(slurm: None, tmp_path: Path, end: str) -> None:
+    """A controller script that allocates, spawns and calls, then exits
+    normally (without kill()) or is SIGKILLed while holding procs, leaks no
+    allocation: the agents exit idle_timeout (2 s) after it, and the job
+    ends with them."""
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER)
+    with open(tmp_path / "controller.err", "wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), str(tmp_path / ".meshio"), end.split()[0],
+            stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None
+    job_id = ""
+    try:
+        job_id = (await asyncio.wait_for(proc.stdout.readline(), DEADLINE)).decode().strip()
+        assert job_id.isdigit(), (tmp_path / "controller.err").read_text()
+        assert await asyncio.wait_for(proc.stdout.readline(), DEADLINE) == b"called\n"
+        assert job_state(job_id) == "RUNNING"
+        if end == "sigkill":
+            proc.kill()
+        assert await asyncio.wait_for(proc.wait(), DEADLINE) == (-9 if end == "sigkill" else 0)
+        final = await wait_job_ended(job_id, DEADLINE)
+        assert final in ("COMPLETED", "COMPLETING"), final
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if job_id.isdigit() and job_state(job_id) in ("RUNNING", "PENDING"):
+            slurm_cmd("scancel", job_id)
+
+
+@pytest.mark.parametrize("how", ["ended", "id of another job"])
+async def test_stale_cache_is_reported_and_replaced(slurm: None, tmp_path: Path, how: str,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A cached job that has ended (its agents stopped from outside), or
+    whose id names another job, is reported stale and a new job is
+    allocated; the other job is not cancelled."""
+    cache = tmp_path / ".meshio"
+    first = SlurmJob(meshes={"hosts": 1}, cache_dir=cache, idle_timeout=60)
+    second = SlurmJob(meshes={"hosts": 1}, cache_dir=cache, idle_timeout=60)
+    try:
+        await first.apply()
+        assert first.job_id is not None
+        if how == "ended":
+            slurm_cmd("scancel", "--signal=TERM", first.job_id)
+            assert await wait_job_ended(first.job_id, DEADLINE) in ("COMPLETED", "COMPLETING")
+        else:  # as if the cached id now named someone else's job
+            entry = (cache / "job.json").read_text().replace('"meshio:', '"meshio:x')
+            (cache / "job.json").write_text(entry)
+        with caplog.at_level(logging.WARNING, logger="meshio"):
+            await second.apply()
+        assert second.job_id is not None and second.job_id != first.job_id
+        assert "is stale" in caplog.text
+        if how == "ended":
+            assert re.search(f"job {first.job_id} is (COMPLETED|COMPLETING)", caplog.text)
+        else:
+            assert "is now another job" in caplog.text
+            assert job_state(first.job_id) == "RUNNING"
+        assert job_state(second.job_id) == "RUNNING"
+    finally:
+        await second.kill()
+        await first.kill()
+
+
+async def test_tls_job_calls_across_nodes(slurm: None, tmp_path: Path) -> None:
+    """With ``tls=``, the agents on the nodes are started with the job's
+    certificates (on the shared filesystem) and the calls across nodes go
+    over mutual TLS."""
+    node_addrs = re.findall(r"NodeAddr=(\S+)", slurm_cmd("scontrol", "-o", "show", "nodes"))
+    names = {"127.0.0.1", host_address(), os.environ["SLURM_LOCAL_HEAD_ADDR"], *node_addrs}
+    ca = trustme.CA()
+    ca.issue_cert(*sorted(names)).private_key_and_cert_chain_pem.write_to_path(
+        tmp_path / "job.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    tls = TLSConfig(tmp_path / "job.pem", tmp_path / "job.pem", tmp_path / "ca.pem")
+    j = SlurmJob(meshes={"hosts": 2}, tls=tls, cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    try:
+        state = await j.state()
+        async with state.hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            nodes = (await asyncio.wait_for(w.where.call(), DEADLINE)).values()
+            assert sorted(n for n, _ in nodes) == ["n1", "n2"]
+            assert (await asyncio.wait_for(w.echo.call(3), DEADLINE)).values() == [3, 3]
+        # the agents speak TLS: a TLS handshake with the job's CA completes
+        assert j._entry is not None
+        for agent in j._entry["hosts"]["hosts"]:
+            host, port = agent["addr"].removeprefix("tcp://").rsplit(":", 1)
+            _, writer = await asyncio.wait_for(asyncio.open_connection(
+                host, int(port), ssl=tls.client_context(), server_hostname=host), DEADLINE)
+            assert writer.get_extra_info("peercert") is not None
+            writer.close()
+    finally:
+        await j.kill()
+
+
+async def test_sbatch_refusal_is_a_slurm_error(slurm: None, tmp_path: Path) -> None:
+    """A request Slurm refuses (a partition it does not have) fails apply()
+    with SlurmError carrying sbatch's reason, and caches nothing."""
+    j = SlurmJob(meshes={"hosts": 1}, partition="no-such-partition",
+                 cache_dir=tmp_path / ".meshio")
+    with pytest.raises(SlurmError, match=r"sbatch refused the job.*partition"):
+        await j.apply()
+    assert not (tmp_path / ".meshio" / "job.json").exists()
