@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import trustme
 
-from meshio import Actor, AuthenticationError, SupervisionError, context, endpoint
+import meshio._proc_state
+from meshio import (
+    Actor,
+    AuthenticationError,
+    ProcessStartError,
+    SupervisionError,
+    context,
+    endpoint,
+)
 from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio.jobs import JobCacheError, ProcessJob, TLSConfig
 from meshio.testing import wait_exited
@@ -156,6 +164,28 @@ async def test_killed_agent_fails_calls_promptly(job: ProcessJob) -> None:
         os.kill(agent_pids(job)[-1], signal.SIGKILL)
         with pytest.raises(SupervisionError):
             await asyncio.wait_for(stuck, DEADLINE)
+
+
+async def test_unresponsive_agent_fails_spawn_within_the_start_timeout(
+        job: ProcessJob, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host agent that never answers (SIGSTOPped: its connection accepted by
+    the kernel, nothing more) fails ``spawn_procs`` with ProcessStartError
+    naming its host once the start timeout is over, instead of hanging; the
+    worker already started on the other host goes; once the agent runs
+    again, it serves."""
+    monkeypatch.setattr(meshio._proc_state, "START_TIMEOUT", 3.0)
+    state = await job.state()
+    stopped = agent_pids(job)[1]  # the second host of "trainers"
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        with pytest.raises(ProcessStartError) as info:
+            await asyncio.wait_for(state.trainers.spawn_procs(), DEADLINE)
+        assert info.value.rank == 1 and "did not start it within 3.0s" in str(info.value)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    async with state.trainers.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        assert len(await w.echo.call(1)) == 2
 
 
 def _certs(tmp_path: Path) -> tuple[TLSConfig, TLSConfig]:

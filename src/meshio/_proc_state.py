@@ -174,19 +174,32 @@ class ProcState:
         waiter: asyncio.Future[Connection] = self.rt.loop.create_future()
         self.rt.hello_waiters[spec.worker] = waiter
         launcher = self.launchers[grank // self.per_host]
-        return await launcher.launch(spec), waiter
+        try:
+            # a host agent cut off by a partition never answers: no waiting forever
+            return await asyncio.wait_for(launcher.launch(spec), START_TIMEOUT), waiter
+        except BaseException as e:
+            self.rt.hello_waiters.pop(spec.worker, None)
+            if not isinstance(e, TimeoutError):
+                raise
+            why = f"its host's launcher did not start it within {START_TIMEOUT}s"
+            raise ProcessStartError(
+                f"proc mesh {self.name!r}: worker rank {grank} on {launcher.host} failed to "
+                f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
+                cause=why) from None
 
     async def _start(self) -> None:
         waits: list[Coroutine[Any, Any, None]] = []
-        for grank, point in zip(self.region.ranks, self.region.points()):
-            spec = self._spec(grank, point)
-            handle, waiter = await self._launch(grank, spec)
-            worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
-            self.workers.append(worker)
-            waits.append(self._hello(worker, waiter))
         try:
+            for grank, point in zip(self.region.ranks, self.region.points()):
+                spec = self._spec(grank, point)
+                handle, waiter = await self._launch(grank, spec)
+                worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
+                self.workers.append(worker)
+                waits.append(self._hello(worker, waiter))
             await asyncio.gather(*waits)
         except BaseException:
+            for w in waits:
+                w.close()  # never awaited when a later launch failed
             self.kill()
             raise
         for worker in self.workers:
