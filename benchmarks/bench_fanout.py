@@ -69,8 +69,12 @@ def pct(values: list[float], q: float) -> float:
 Row = tuple[float, float, float, float]
 
 
-async def run(hosts: list[int], per_host: int, calls: int) -> dict[tuple[int, str], Row]:
+async def run(hosts: list[int], per_host: int, calls: int
+              ) -> tuple[dict[tuple[int, str], Row], float]:
+    """The rows by (hosts, mode); the median round trip (ms) of one
+    ``call_one`` to an actor on another host."""
     results: dict[tuple[int, str], Row] = {}
+    rtts: list[float] = []
     cache = Path(tempfile.mkdtemp()) / ".meshio"
     job = ProcessJob(meshes={"hosts": max(hosts)}, cache_dir=cache)
     try:
@@ -87,9 +91,14 @@ async def run(hosts: list[int], per_host: int, calls: int) -> dict[tuple[int, st
                     print(f"{h:3d} hosts {h * per_host:4d} actors  {mode:6s}  median "
                           f"{med:8.2f} ms  p10 {pct(times, 0.1):8.2f}  p90 {pct(times, 0.9):8.2f}"
                           f"  controller CPU {cpu:9.0f} µs/call", flush=True)
+                far = mesh.slice(hosts=h - 1, procs=per_host - 1)
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    await far.ping.call_one()
+                    rtts.append((time.perf_counter() - t0) * 1e3)
     finally:
         await job.kill()
-    return results
+    return results, statistics.median(rtts)
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -99,40 +108,41 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def model(results: dict[tuple[int, str], tuple[float, float, float, float]], hosts: list[int],
-          per_host: int) -> None:
+def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
+          rtt_ms: float) -> None:
     """Per-hop costs from the measurements and the projection to 1,000 hosts."""
     n = [float(h * per_host) for h in hosts]
-    # the controller's CPU per call: per message sent (direct: one per actor)
-    # and per answer received (every mode: one per actor)
-    _, direct_cpu = fit(n, [results[(h, "direct")][3] for h in hosts])
-    _, tree_cpu = fit(n, [results[(h, "tree")][3] for h in hosts])
-    send_us = max(direct_cpu - tree_cpu, 0.0)  # a Call sent, beyond what an answer costs
-    answer_us = tree_cpu
-    # wall time: a relay level costs a hop; the flat mode has one level
-    base, per_actor_ms = fit(n, [results[(h, "flat")][0] for h in hosts])
-    hop_ms = max(results[(hosts[0], "flat")][0] - results[(hosts[0], "direct")][0], 0.0) \
-        + base / 2
+    # the controller's CPU per call: per answer (every mode: one per actor)
+    # and per message sent (direct: one per actor; tree: at most the width)
+    _, direct_us = fit(n, [results[(h, "direct")][3] for h in hosts])
+    _, answer_us = fit(n, [results[(h, "tree")][3] for h in hosts])
+    send_us = max(direct_us - answer_us, 0.0)
+    # one host's own part: its relay calls the other processes of its host
+    # (the smallest size, flat: one relay level) beyond the network round trip
+    host_ms = max(results[(hosts[0], "flat")][0] - rtt_ms, 0.0)
     H, P, w = 1000, 8, 16
+    N = H * P
     depth = math.ceil(math.log(H, w))
-    msgs = H * P
-    print("\nModel (from the fits above):")
-    print(f"  controller CPU per call = msgs_sent x {send_us:.1f} µs + answers x "
-          f"{answer_us:.1f} µs; direct: msgs_sent = answers = N actors; tree: "
-          f"msgs_sent <= width")
-    print(f"  wall = depth x hop ({hop_ms:.2f} ms: one relay level on this machine) + "
-          f"N x {per_actor_ms * 1e3:.1f} µs (answers through the controller)")
-    direct = msgs * (send_us + answer_us) / 1e3
-    tree = (w * send_us + msgs * answer_us) / 1e3
-    print(f"  1,000 hosts x 8 = {msgs} actors, width {w}: depth {depth}")
-    print(f"    controller CPU per call: direct {direct:.0f} ms, tree {tree:.0f} ms")
-    print(f"    wall per call (tree): {depth * hop_ms + msgs * per_actor_ms:.0f} ms "
-          f"(on a real cluster each relay has its own cores: the hops overlap, the "
-          f"answers' decoding at the controller remains)")
+    controller_tree = (w * send_us + N * answer_us) / 1e3
+    controller_direct = N * (send_us + answer_us) / 1e3
+    wall_tree = depth * (rtt_ms + w * send_us / 1e3) + host_ms + N * answer_us / 1e3
+    print("\nModel (per-hop costs fitted from the rows above):")
+    print(f"  a = {answer_us:.1f} µs: the controller's CPU per answer (decode into the ValueMesh)")
+    print(f"  s = {send_us:.1f} µs: the CPU to encode and send one message")
+    print(f"  r = {rtt_ms:.2f} ms: one call_one round trip to another host")
+    print(f"  l = {host_ms:.2f} ms: a relay calling its host's {per_host - 1} other processes")
+    print("  controller CPU per call: direct N x (s + a); tree w x s + N x a")
+    print("  wall per call (tree): depth x (r + w x s) + l + N x a  "
+          "(relays of one level work in parallel, each on its own host)")
+    print(f"  1,000 hosts x {P} = {N} actors, width {w}: depth {depth}")
+    print(f"    controller CPU per call: direct {controller_direct:.0f} ms, "
+          f"tree {controller_tree:.0f} ms")
+    print(f"    wall per call (tree): {wall_tree:.0f} ms, of which answers at the controller "
+          f"{N * answer_us / 1e3:.0f} ms")
 
 
-def plot(results: dict[tuple[int, str], tuple[float, float, float, float]], hosts: list[int],
-         per_host: int, path: Path) -> None:
+def plot(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
+         path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -162,8 +172,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"fan-out on {os.cpu_count()} CPUs: hosts {args.hosts}, {args.per_host} per host, "
           f"{args.calls} calls each")
-    results = asyncio.run(run(args.hosts, args.per_host, args.calls))
-    model(results, args.hosts, args.per_host)
+    results, rtt_ms = asyncio.run(run(args.hosts, args.per_host, args.calls))
+    model(results, args.hosts, args.per_host, rtt_ms)
     plot(results, args.hosts, args.per_host, args.plot)
 
 

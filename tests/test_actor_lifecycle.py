@@ -346,11 +346,13 @@ async def test_cancelled_queued_calls_are_dropped(procs: meshio.ProcMesh) -> Non
     print(f"next call after 200 cancelled 10 ms calls: {1e3 * (time.perf_counter() - t0):.1f} ms")
 
 
-@pytest.mark.parametrize("how", ["cancel", "timeout", "wait_for", "stream"])
+@pytest.mark.parametrize("how", ["cancel", "timeout", "wait_for", "stream", "call",
+                                 "call timeout"])
 async def test_cancelling_a_running_call_cancels_its_task(procs: meshio.ProcMesh,
                                                          how: str) -> None:
     """issue 7 item 7: a running async endpoint gets CancelledError in its
-    task when its caller cancels, times out or abandons a stream."""
+    task when its caller cancels, times out or abandons a stream (or a
+    ``call`` to the whole mesh, whose answers are gathered together)."""
     w = await procs.spawn("w", Worker)
     one = w.slice(procs=1)
     port, started = Channel[int].open()
@@ -361,6 +363,18 @@ async def test_cancelling_a_running_call_cancels_its_task(procs: meshio.ProcMesh
         task.cancel()
         with pytest.raises(asyncio.CancelledError):  # (the stream's calls are cancelled)
             await task
+    elif how.startswith("call"):
+        ep = w.wait_forever.options(timeout=2.0) if how == "call timeout" else w.wait_forever
+        call = ep.call(port)
+        assert {await started.recv(), await started.recv()} == {0, 1}
+        if how == "call":
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        else:
+            with pytest.raises(CallTimeout) as info:
+                await call
+            assert info.value.ranks == (0, 1)
     else:
         opts = one.wait_forever.options(timeout=2.0) if how == "timeout" else one.wait_forever
         fut = asyncio.ensure_future(opts.call_one(port))
@@ -375,7 +389,7 @@ async def test_cancelling_a_running_call_cancels_its_task(procs: meshio.ProcMesh
     # queued behind the cancelled call on the same connection: answered only
     # once the cancelled call has ended
     assert (await asyncio.wait_for(w.cancelled.call(), GUARD)).values() == (
-        [True, True] if how == "stream" else [False, True])
+        [False, True] if how in ("cancel", "timeout", "wait_for") else [True, True])
 
 
 async def test_cancelled_failing_calls_leave_no_unretrieved_exceptions(

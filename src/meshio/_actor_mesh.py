@@ -16,7 +16,14 @@ import msgspec
 
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
-from ._transport._connection import Connection, Pending, ignore_result
+from ._transport._connection import (
+    Connection,
+    Gathering,
+    Pending,
+    Settle,
+    Slot,
+    ignore_result,
+)
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
@@ -143,24 +150,21 @@ class ActorMesh(MeshShape, Generic[A]):
         return rt
 
     def _send(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-              out: OutBuffers, reply: bool) -> asyncio.Future[Any]:
-        """Send one call to the actor at ``index`` of this view."""
+              out: OutBuffers, answer: Settle | None) -> None:
+        """Send one call to the actor at ``index`` of this view; its answer
+        settles ``answer`` (None: no answer wanted)."""
         rt = self._runtime()
+        if self._dead(rt, index, desc, answer):
+            return
         addr = self._addrs[self._region.ranks[index]]
-        fut: asyncio.Future[Any] = rt.loop.create_future()
-        if self._dead(rt, index, desc, fut, reply):
-            return fut
         conn = rt.conns.get(addr) or rt.connect(addr)
-        req = self._pending(conn, index, desc, fut) if reply else 0
-        if not reply:
-            fut.set_result(None)
+        req = self._pending(conn, index, desc, answer) if answer is not None else 0
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
                                       _chain.get(), seq=seq)), out)
-        return fut
 
     def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              fut: asyncio.Future[Any], reply: bool) -> bool:
+              answer: Settle | None) -> bool:
         """Fail the call to ``index`` at once if its process is known dead (or
         restarting: a new connection may be up before its actors are rebuilt,
         so the dead list is checked first) or its proc mesh stopped."""
@@ -169,17 +173,21 @@ class ActorMesh(MeshShape, Generic[A]):
             dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
         if dead is None:
             return False
-        fut.set_exception(dead(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
-                                       self._name, self._site(index))))
-        if not reply:
-            fut.exception()  # a broadcast: nobody looks; don't log "never retrieved"
+        if answer is not None:
+            answer.set_exception(dead(Pending(answer, desc.schema.unpack_result,
+                                              desc.fn.__qualname__, self._name,
+                                              self._site(index))))
         return True
 
     def _pending(self, conn: Connection, index: int, desc: EndpointDescriptor[Any, Any, Any],
-                 fut: asyncio.Future[Any]) -> int:
-        """A request on ``conn`` whose answer settles ``fut``."""
-        req = conn.next_req(Pending(fut, desc.schema.unpack_result, desc.fn.__qualname__,
+                 answer: Settle) -> int:
+        """A request on ``conn`` whose answer settles ``answer``."""
+        req = conn.next_req(Pending(answer, desc.schema.unpack_result, desc.fn.__qualname__,
                                     self._name, self._site(index)))
+        if isinstance(answer, Slot):  # a Gathering's: it counts itself
+            answer.sent(conn, req)
+            return req
+        assert isinstance(answer, asyncio.Future)
         inflight = self._inflight
         inflight[index] += 1
         target = self._target
@@ -191,8 +199,21 @@ class ActorMesh(MeshShape, Generic[A]):
             if f.cancelled() and conn.pending.pop(req, None) is not None:
                 conn.send_message(Cancel(req, target))
 
-        fut.add_done_callback(done)
+        answer.add_done_callback(done)
         return req
+
+    def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                    out: OutBuffers) -> Gathering:
+        """Call every actor of this view (through the fan-out tree when it
+        spans several hosts), the answers gathered without a future each."""
+        rt = self._runtime()
+        g = Gathering(rt.loop, len(self._region.ranks), self._target, self._inflight)
+        if self._hosts is None or not limits.fanout_width:
+            for i, slot in enumerate(g.slots):
+                self._send(i, desc, body, out, slot)
+        else:
+            self._fanout(desc, body, out, g.slots, True)
+        return g
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, gather: bool) -> list[asyncio.Future[Any]]:
@@ -202,7 +223,9 @@ class ActorMesh(MeshShape, Generic[A]):
         answers) rather than each as it comes (a stream)."""
         if self._hosts is None or not limits.fanout_width:
             return [self._request(i, desc, body, out) for i in range(len(self._region.ranks))]
-        futs = self._fanout(desc, body, out, True, gather)
+        loop = self._runtime().loop
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
+        self._fanout(desc, body, out, futs, gather)
         if desc.retryable:
             return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f)), [f])
                     for i, f in enumerate(futs)]
@@ -213,19 +236,19 @@ class ActorMesh(MeshShape, Generic[A]):
         """Send to every actor of this view, no answers wanted."""
         if self._hosts is None or not limits.fanout_width:
             for i in range(len(self._region.ranks)):
-                self._send(i, desc, body, out, False)
+                self._send(i, desc, body, out, None)
         else:
-            self._fanout(desc, body, out, False, False)
+            self._fanout(desc, body, out, None, False)
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-                reply: bool, gather: bool) -> list[asyncio.Future[Any]]:
-        """One message per range of hosts (see :mod:`meshio._transport._fanout`)."""
+                answers: Sequence[Settle] | None, gather: bool) -> None:
+        """One message per range of hosts (see :mod:`meshio._transport._fanout`);
+        the answer of the actor at index ``i`` settles ``answers[i]``."""
         assert self._hosts is not None
         rt = self._runtime()
-        loop = rt.loop
         addrs, ranks, per_host = self._addrs, self._region.ranks, self._per_host
-        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in ranks]
-        groups = [(host, [i for i in indices if not self._dead(rt, i, desc, futs[i], reply)])
+        groups = [(host, [i for i in indices
+                          if not self._dead(rt, i, desc, answers[i] if answers else None)])
                   for host, indices in self._hosts]
         dead = rt.dead
         relays = [next((a for a in addrs[h * per_host:(h + 1) * per_host] if a not in dead), "")
@@ -240,26 +263,22 @@ class ActorMesh(MeshShape, Generic[A]):
                 continue
             conn = rt.connect(next(r for r in relays[a:b] if r))
             first = 0
-            if reply:
+            if answers is not None:
                 for _, indices in part:
                     for i in indices:
-                        req = self._pending(conn, i, desc, futs[i])
+                        req = self._pending(conn, i, desc, answers[i])
                         first = first or req
             calls = [(h, [(addrs[ranks[i]], number(target, addrs[ranks[i]])) for i in indices])
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather)), out)
-        if not reply:
-            for f in futs:
-                if not f.done():
-                    f.set_result(None)
-        return futs
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers) -> asyncio.Future[Any]:
         """A call expecting a reply; retried on the new incarnation after a
         restart when the endpoint is ``retryable``."""
-        fut = self._send(index, desc, body, out, True)
+        fut: asyncio.Future[Any] = self._runtime().loop.create_future()
+        self._send(index, desc, body, out, fut)
         if not desc.retryable:
             return fut
         return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut)), [fut])
@@ -280,7 +299,8 @@ class ActorMesh(MeshShape, Generic[A]):
                 else:  # a reference held elsewhere: back off and try again
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
-            fut = self._send(index, desc, body, out, True)
+            fut = asyncio.get_running_loop().create_future()
+            self._send(index, desc, body, out, fut)
 
     def _site(self, index: int) -> _CallSite:
         return _CallSite(self, index)

@@ -18,7 +18,7 @@ import os
 import struct
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from .._exceptions import (
     ActorError,
@@ -46,6 +46,7 @@ from ._frames import (
 from ._messages import (
     Answers,
     Call,
+    Cancel,
     ErrorInfo,
     Fail,
     Hello,
@@ -63,7 +64,8 @@ from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ("Connection", "Pending", "error_from_info", "ignore_result", "not_responding")
+__all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
+           "ignore_result", "not_responding")
 
 log = logging.getLogger("meshio")
 
@@ -107,21 +109,31 @@ class _ReceiveBudget:
 _budget = _ReceiveBudget()
 
 
+class Settle(Protocol):
+    """Where an answer goes: an :class:`asyncio.Future`, or one actor's slot
+    of a :class:`Gathering`."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+    def cancel(self, msg: Any | None = None) -> bool: ...
+
+
 class Pending:
-    """A call waiting for its reply: the future, how to decode the result,
-    and who was called (for error messages)."""
+    """A call waiting for its reply: where the answer goes, how to decode the
+    result, and who was called (for error messages)."""
 
     __slots__ = ("decode", "endpoint", "fut", "mesh", "point")
 
     def __init__(
         self,
-        fut: asyncio.Future[Any],
+        fut: Settle,
         decode: Callable[[Any, Buffers], Any],
         endpoint: str,
         mesh: str,
         point: Any,
     ) -> None:
-        self.fut: asyncio.Future[Any] = fut
+        self.fut: Settle = fut
         self.decode: Callable[[Any, Buffers], Any] = decode
         self.endpoint: str = endpoint
         self.mesh: str = mesh
@@ -136,6 +148,94 @@ class Pending:
     def fail(self, info: ErrorInfo) -> None:
         """The callee answered with an error."""
         self.fut.set_exception(error_from_info(info, self))
+
+
+class Gathering:
+    """The answers of one ``call`` to every actor of a view, gathered without
+    a future (and its callbacks) per actor: each actor's request settles its
+    slot (:meth:`slot`, a :class:`Settle`); :attr:`fut` completes when every
+    slot is settled.  The values are in :attr:`values`, the failures in
+    :attr:`errors`, both by index in the view."""
+
+    __slots__ = ("_inflight", "errors", "fut", "left", "slots", "target", "values")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, target: str,
+                 inflight: list[int]) -> None:
+        self.fut: asyncio.Future[None] = loop.create_future()
+        self.values: list[Any] = [None] * n
+        self.errors: dict[int, BaseException] = {}
+        self.left: int = n
+        self.target: str = target
+        self.slots: list[Slot] = [Slot(self, i) for i in range(n)]
+        self._inflight = inflight
+        if not n:
+            self.fut.set_result(None)
+
+    def slot(self, index: int) -> Slot:
+        """Where the answer of the actor at ``index`` goes."""
+        return self.slots[index]
+
+    def unsettled(self) -> list[int]:
+        """The indices still waiting for an answer."""
+        return [s.index for s in self.slots if not s.settled]
+
+    def abandon(self) -> None:
+        """The caller gave up (cancelled, timed out): the callees still
+        running the call drop or cancel it; later answers are ignored."""
+        for s in self.slots:
+            s.cancel()
+
+    def _settled(self, s: Slot) -> None:
+        self.left -= 1
+        if s.conn is not None:
+            self._inflight[s.index] -= 1
+        if not self.left and not self.fut.done():
+            self.fut.set_result(None)
+
+
+class Slot:
+    """One actor's answer in a :class:`Gathering` (the part of a future's
+    interface that :class:`Pending` uses)."""
+
+    __slots__ = ("conn", "gathering", "index", "req", "settled")
+
+    def __init__(self, gathering: Gathering, index: int) -> None:
+        self.gathering = gathering
+        self.index = index
+        self.settled = False
+        self.conn: Connection | None = None  # where its request is in flight
+        self.req = 0
+
+    def sent(self, conn: Connection, req: int) -> None:
+        """Its request is ``req`` on ``conn``."""
+        self.conn, self.req = conn, req
+        self.gathering._inflight[self.index] += 1
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, result: Any, /) -> None:
+        if self.settled:
+            raise asyncio.InvalidStateError(f"slot {self.index} is already settled")
+        self.settled = True
+        self.gathering.values[self.index] = result
+        self.gathering._settled(self)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if self.settled:
+            raise asyncio.InvalidStateError(f"slot {self.index} is already settled")
+        self.settled = True
+        self.gathering.errors[self.index] = exception
+        self.gathering._settled(self)
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.settled:
+            return False
+        self.set_exception(asyncio.CancelledError(msg))
+        conn = self.conn
+        if conn is not None and conn.pending.pop(self.req, None) is not None:
+            conn.send_message(Cancel(self.req, self.gathering.target))
+        return True
 
 
 def ignore_result(raw: Any, bufs: Buffers) -> None:

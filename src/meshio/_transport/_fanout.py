@@ -175,14 +175,14 @@ class Relayed(Pending):
 
     def __init__(self, rt: Runtime, up: Connection, up_req: int, target: str, addr: str,
                  answers: _Answers) -> None:
-        super().__init__(rt.loop.create_future(), _as_is, "a call relayed by the fan-out tree",
-                         target, addr)
+        fut: asyncio.Future[Any] = rt.loop.create_future()
+        super().__init__(fut, _as_is, "a call relayed by the fan-out tree", target, addr)
         self.rt = rt
         self.up = up
         self.up_req = up_req
         self.answers = answers
         answers.left += 1
-        self.fut.add_done_callback(self._answer)
+        fut.add_done_callback(self._answer)
 
     def fail(self, info: ErrorInfo) -> None:
         if not self.fut.done():

@@ -24,6 +24,7 @@ from .._exceptions import (
     SupervisionError,
     rebuild_error,
 )
+from .._transport._connection import Gathering
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
 from .._value_mesh import ValueMesh
@@ -93,6 +94,12 @@ class CallTarget(Protocol):
                  out: OutBuffers) -> asyncio.Future[Any]:
         """Call the actor at ``index`` (an encoded call: ``body`` and its
         out-of-band buffers ``out``); the future of its decoded result."""
+        ...
+
+    def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                    out: OutBuffers) -> Gathering:
+        """Call every actor of the view (one message per range of hosts when it
+        spans several); their answers gathered, by index."""
         ...
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -273,8 +280,13 @@ class Endpoint(Generic[P, R]):
         """Call every actor of the mesh; a ValueMesh of the results."""
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
-        futs = mesh._request_all(self._desc, body, packer.out, True)
-        return cancels(asyncio.ensure_future(self._gather(futs)), futs)
+        if self._desc.retryable:  # each actor's call retried on its own
+            futs = mesh._request_all(self._desc, body, packer.out, True)
+            return cancels(asyncio.ensure_future(self._gather(futs)), futs)
+        g = mesh._gather_all(self._desc, body, packer.out)
+        task = asyncio.ensure_future(self._gathered(g))
+        task.add_done_callback(lambda _: g.abandon())
+        return task
 
     async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
         if futs:
@@ -289,6 +301,19 @@ class Endpoint(Generic[P, R]):
         if failures:
             raise combine_failures(self._qualname, self._mesh, failures)
         return ValueMesh(self._mesh._region, [f.result() for f in futs])
+
+    async def _gathered(self, g: Gathering) -> ValueMesh[R]:
+        if self._timeout is None:
+            await g.fut
+        else:
+            done, _ = await asyncio.wait([g.fut], timeout=self._timeout)
+            if not done:
+                self._raise_timeout(g.unsettled(), ())
+        if g.errors:
+            points = list(self._mesh)
+            raise combine_failures(self._qualname, self._mesh,
+                                   [(points[i], e) for i, e in sorted(g.errors.items())])
+        return ValueMesh(self._mesh._region, g.values)
 
     def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]]) -> None:
         """Cancel what is still pending; raise naming the late actors (their

@@ -285,11 +285,8 @@ class ProcessJob:
 
     async def state(self) -> JobState:
         await self.apply()
-        entry = self._entry
-        assert entry is not None
-        secret = Path(entry["secret_file"])
-        return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=self.tls)
-                         for mesh, agents in entry["hosts"].items()})
+        assert self._entry is not None
+        return attached(self._entry, self.tls)
 
     async def kill(self) -> None:
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
@@ -298,6 +295,14 @@ class ProcessJob:
             Path(entry["secret_file"]).unlink(missing_ok=True)
         self.cache.unlink(missing_ok=True)
         self._entry = None
+
+
+def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:
+    """The host meshes of a cached job whose agents are listed by address
+    (``entry["hosts"]``: mesh name → agents ``{"addr": ...}``)."""
+    secret = Path(entry["secret_file"])
+    return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=tls)
+                     for mesh, agents in entry["hosts"].items()})
 
 
 def write_secret(path: Path, secret: bytes) -> None:

@@ -41,8 +41,7 @@ from subprocess import DEVNULL, PIPE
 from typing import Any
 
 from .._transport._tls import TLSConfig
-from ._job import JobState, check_meshes, read_cache, write_cache, write_secret
-from ._remote import attach
+from ._job import JobState, attached, check_meshes, read_cache, write_cache, write_secret
 
 __all__ = ("SlurmError", "SlurmJob")
 
@@ -290,11 +289,8 @@ class SlurmJob:
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed)."""
         await self.apply()
-        entry = self._entry
-        assert entry is not None
-        secret = Path(entry["secret_file"])
-        return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=self.tls)
-                         for mesh, agents in entry["hosts"].items()})
+        assert self._entry is not None
+        return attached(self._entry, self.tls)
 
     async def kill(self) -> None:
         """End the Slurm job (its nodes are free when this returns) and
