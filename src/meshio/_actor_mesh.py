@@ -79,6 +79,7 @@ class ActorMesh(MeshShape, Generic[A]):
         self._rt: Runtime | None = None
         self._inflight = [0] * len(region.ranks)
         self._rr = 0
+        self._sites: list[_CallSite] | None = None
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
         return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
@@ -303,7 +304,10 @@ class ActorMesh(MeshShape, Generic[A]):
             self._send(index, desc, body, out, fut)
 
     def _site(self, index: int) -> _CallSite:
-        return _CallSite(self, index)
+        sites = self._sites
+        if sites is None:  # made once per view, not once per call
+            sites = self._sites = [_CallSite(self, i) for i in range(len(self._region.ranks))]
+        return sites[index]
 
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""
