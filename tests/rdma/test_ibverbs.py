@@ -25,7 +25,8 @@ from fifo_gate import Gate, hold
 
 import meshio
 import meshio.rdma
-from meshio import Actor, RDMABuffer, endpoint
+from meshio import Actor, RDMABuffer, context, endpoint
+from meshio.jobs import ProcessJob
 from meshio.rdma import RDMAError, RDMASizeError, available_backends
 from meshio.testing import open_fds
 
@@ -77,6 +78,10 @@ class Owner(Actor):
         await self.bufs[name].drop()
 
     @endpoint
+    async def addr(self) -> str:
+        return context().proc.addr
+
+    @endpoint
     async def nap(self, ready: str, release: str) -> None:
         """Block this process's event loop (see fifo_gate): an ``async def``,
         since a plain ``def`` endpoint would run in the actor's thread."""
@@ -102,6 +107,10 @@ class Peer(Actor):
     @endpoint
     async def drop(self, buf: RDMABuffer) -> None:
         await buf.drop()
+
+    @endpoint
+    async def addr(self) -> str:
+        return context().proc.addr
 
 
 @pytest.fixture
@@ -131,6 +140,31 @@ async def test_read_and_write_with_offsets(pair: tuple[Owner, Peer]) -> None:
     await peer.write.call_one(buf, patch, 5000)
     after = await owner.content.call_one("main", 0, N)
     assert after == before[:5000] + patch + before[6000:]
+
+
+async def test_handles_across_hosts(tmp_path: Path) -> None:
+    """issue 10: a buffer owned on one host (a host agent of a ProcessJob,
+    its workers reached over authenticated TCP) is handed to a worker on
+    another host in an actor message and read and written there one-sidedly
+    over ibverbs.  In the VM both agents share the one soft-RoCE device;
+    across real hosts each uses its own."""
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        async with state.hosts.spawn_procs() as procs:
+            owner = await procs.slice(hosts=0).spawn("owner", Owner)
+            peer = await procs.slice(hosts=1).spawn("peer", Peer)
+            addrs = {await owner.addr.call_one(), await peer.addr.call_one()}
+            assert len(addrs) == 2 and all(a.startswith("tcp://") for a in addrs)
+            buf = await owner.register.call_one()
+            assert buf.backend == "ibverbs"
+            assert (await asyncio.wait_for(owner.hand_to.call_one(peer, 0, N), GUARD)
+                    == await owner.content.call_one("main", 0, N))
+            patch = os.urandom(70001)
+            assert await asyncio.wait_for(peer.write.call_one(buf, patch, 333), GUARD) == 70001
+            assert await owner.content.call_one("main", 333, 70001) == patch
+    finally:
+        await job.kill()
 
 
 async def test_controller_transfers_in_chunks_concurrently(
