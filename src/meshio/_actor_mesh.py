@@ -188,7 +188,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if isinstance(answer, Slot):  # a Gathering's: it counts itself
             answer.sent(conn, req)
             return req
-        assert isinstance(answer, asyncio.Future)
+        fut = cast("asyncio.Future[Any]", answer)  # the only other kind of Settle
         inflight = self._inflight
         inflight[index] += 1
         target = self._target
@@ -200,7 +200,7 @@ class ActorMesh(MeshShape, Generic[A]):
             if f.cancelled() and conn.pending.pop(req, None) is not None:
                 conn.send_message(Cancel(req, target))
 
-        answer.add_done_callback(done)
+        fut.add_done_callback(done)
         return req
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
