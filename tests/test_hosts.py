@@ -188,6 +188,52 @@ async def test_unresponsive_agent_fails_spawn_within_the_start_timeout(
         assert len(await w.echo.call(1)) == 2
 
 
+_MANY_TLS = """
+import asyncio, sys
+from pathlib import Path
+import meshio
+from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
+from meshio._transport._runtime import runtime
+from meshio.jobs import TLSConfig
+
+async def main(d: Path, n: int) -> None:
+    tls = TLSConfig(d / "job.pem", d / "job.pem", d / "job-ca.pem")
+    secret = b"s" * 32
+    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1", secret=secret, tls=tls)
+    host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+    ctx = tls.client_context()
+
+    async def one() -> None:
+        r, w = await asyncio.open_connection(host, int(port), ssl=ctx,
+                                             server_hostname="127.0.0.1")
+        hs = Handshake(secret, dialler=True)
+        w.write(hs.start())
+        w.write(hs.feed(await r.readexactly(CHALLENGE_SIZE)))
+        await w.drain()
+        w.close()
+        await w.wait_closed()
+
+    await asyncio.wait_for(asyncio.gather(*[one() for _ in range(n)]), 60)
+    print("proven:", n)
+
+meshio.run(main(Path(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+async def test_tls_listener_on_uvloop_serves_many_connections_at_once(tmp_path: Path) -> None:
+    """A TLS listener in a ``meshio.run`` (uvloop) program completes TLS and
+    the job handshake for 100 connections opened at once.  (It ran TLS with
+    ``start_tls`` after the accept, and uvloop then lost bytes: handshakes
+    stalled or were reset.)"""
+    _certs(tmp_path)
+    (tmp_path / "many.py").write_text(_MANY_TLS)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(tmp_path / "many.py"), str(tmp_path), "100",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
+    assert proc.returncode == 0 and b"proven: 100" in out, out.decode()[-2000:]
+
+
 def _certs(tmp_path: Path) -> tuple[TLSConfig, TLSConfig]:
     """A job CA's certificate for 127.0.0.1, and one of a foreign CA."""
     paths = []

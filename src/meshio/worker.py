@@ -153,17 +153,12 @@ def main(argv: list[str] | None = None) -> None:
         if p not in sys.path:
             sys.path.append(p)
     _bootstrap(blob, report)
-    if args.tls_cert:
-        # with TLS, asyncio's own loop: uvloop's start_tls sometimes loses the
-        # first bytes of an incoming TLS connection (seen with meshio's agents)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
         code = asyncio.run(_serve(args, secret))
     else:
-        try:
-            import uvloop
-        except ImportError:  # pragma: no cover - uvloop is a dependency
-            code = asyncio.run(_serve(args, secret))
-        else:
-            code = uvloop.run(_serve(args, secret))
+        code = uvloop.run(_serve(args, secret))
     if code == 0:  # a graceful shutdown: a normal exit, so atexit handlers and finalizers run
         sys.exit(0)
     sys.stdout.flush()  # the controller is gone: leave at once

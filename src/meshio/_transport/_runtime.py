@@ -285,6 +285,7 @@ class Runtime:
         self._socks: list[socket.socket] = []
         self._serving: list[asyncio.Task[None]] = []
         self._servers: list[asyncio.Server] = []
+        self._tls_accepts: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         #: where processes on other hosts reach this runtime (``tcp://``), once
         #: it listens on TCP (:meth:`listen_tcp`, or a TCP address of its own)
         self.tcp_addr: str | None = None
@@ -383,10 +384,9 @@ class Runtime:
                 sock, functools.partial(self._handshake_in, self.secret))))
             return self.addr
         self.tcp_addr = tcp_address(advertise, sock.getsockname()[1])
-        factory: Callable[[], asyncio.BaseProtocol] = (
-            functools.partial(self._handshake_in, self.tcp_secret)
-            if self._tls_server is None else functools.partial(_TlsAccept, self))
-        self._serving.append(self.loop.create_task(self._serve(sock, factory)))
+        self._serving.append(self.loop.create_task(
+            self._serve(sock, functools.partial(self._handshake_in, self.tcp_secret))
+            if self._tls_server is None else self._serve_tls(sock)))
         return self.tcp_addr
 
     async def _serve(self, sock: socket.socket,
@@ -397,6 +397,36 @@ class Runtime:
         else:
             server = await self.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
         self._servers.append(server)
+
+    async def _serve_tls(self, sock: socket.socket) -> None:
+        """Accept TCP connections on ``sock`` and run TLS on each from its
+        first byte (``connect_accepted_socket``; uvloop's ``start_tls`` after
+        an accept sometimes lost the first bytes and stalled the handshake)."""
+        sock.setblocking(False)
+        while True:
+            conn, peer = await self.loop.sock_accept(sock)
+            task = self.loop.create_task(self._accept_tls(conn, peer))
+            self._tls_accepts.add(task)
+            task.add_done_callback(self._tls_accepts.discard)
+
+    async def _accept_tls(self, conn: socket.socket, peer: Any) -> None:
+        """The server side of TLS on an accepted connection, then the job
+        handshake.  A peer that fails TLS (plain text, no or a foreign
+        certificate, silence) is logged with its address and dropped;
+        nothing of it is read."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hs = self._handshake_in(self.tcp_secret)
+        hs.peername = peer
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: hs, conn, ssl=self._tls_server, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (TimeoutError, OSError) as e:
+            conn.close()
+            hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
+        except BaseException:
+            conn.close()
+            self._handshakes.discard(hs)
+            raise
 
     def _handshake_in(self, secret: bytes) -> HandshakeProtocol:
         """A new incoming connection: the handshake first, then a Connection."""
@@ -695,7 +725,7 @@ class Runtime:
         self._closed = True
         if _local.get(self.addr) is self:
             del _local[self.addr]
-        for task in self._serving:
+        for task in [*self._serving, *self._tls_accepts]:
             task.cancel()
         for server in self._servers:
             server.close()
@@ -713,48 +743,6 @@ class Runtime:
         self._states.clear()
         if _runtimes.get(self.loop) is self:
             del _runtimes[self.loop]
-
-
-class _TlsAccept(asyncio.Protocol):
-    """The first protocol of a TCP connection to a TLS runtime: runs the
-    server side of TLS, then hands the TLS stream to the job handshake.  A
-    peer that fails TLS (plain text, no or a foreign certificate, silence)
-    is logged with its address and dropped; nothing of it is read."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        stream = cast(asyncio.Transport, transport)
-        stream.pause_reading()  # every byte is TLS's: none may arrive before start_tls
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._rt.loop.create_task(self._start_tls(stream))
-
-    async def _start_tls(self, transport: asyncio.Transport) -> None:
-        rt = self._rt
-        peer = transport.get_extra_info("peername")
-        hs = rt._handshake_in(rt.tcp_secret)
-        assert rt._tls_server is not None
-        try:
-            tls = await rt.loop.start_tls(transport, hs, rt._tls_server, server_side=True,
-                                          ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-        except (TimeoutError, OSError) as e:
-            transport.abort()
-            hs.peername = peer
-            hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
-            return
-        if tls is None:  # the connection closed meanwhile
-            transport.abort()
-            return
-        hs.connection_made(tls)
-
-    def data_received(self, data: bytes) -> None:
-        pass  # reading is paused until start_tls takes the transport: nothing arrives
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        pass
 
 
 def close_runtime() -> None:

@@ -209,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     def ready(addr: str) -> None:
         print(f"meshio agent listening on {addr}", flush=True)
 
-    # asyncio's own loop: an agent only starts and watches processes, and
-    # uvloop's start_tls sometimes loses the first bytes of a TLS connection
+    # asyncio's own loop: an agent only starts and watches processes
     asyncio.run(serve_agent(args.listen, secret, advertise=args.advertise, tls=tls,
                             idle_timeout=args.idle_timeout, ready=ready))
     sys.exit(0)
