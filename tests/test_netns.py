@@ -32,7 +32,6 @@ import meshio
 from meshio import (
     Actor,
     AuthenticationError,
-    RDMABuffer,
     SupervisionError,
     _launcher,
     _proc_state,
@@ -45,6 +44,7 @@ from meshio.jobs._job import write_secret
 from meshio.supervision import SupervisionEvent
 from meshio.testing import wait_exited
 from netns_hosts import Host, netns_hosts, requires_netns
+from rdma_actors import N, Owner, Peer
 
 pytestmark = [requires_netns, pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")]
 
@@ -55,7 +55,6 @@ INTERVAL, TIMEOUT = 0.25, 1.5
 #: what "promptly" allows beyond the heartbeat timeout on a loaded 2-core machine:
 #: one interval, the wait for an exit status, and slack; TCP alone would take minutes
 PROMPT = TIMEOUT + INTERVAL + _proc_state.EXIT_STATUS_WAIT + 5.0
-N = 1 << 20
 
 
 class Where(Actor):
@@ -99,32 +98,6 @@ class Where(Actor):
         await asyncio.to_thread(dist.all_reduce, t)  # pyright: ignore[reportUnknownArgumentType,reportUnknownMemberType]
         dist.destroy_process_group()
         return float(t.item())
-
-
-class Owner(Actor):
-    def __init__(self) -> None:
-        self.data = bytearray(os.urandom(N))
-
-    @endpoint
-    async def register(self) -> RDMABuffer:
-        self.buf = RDMABuffer(self.data, backend="tcp")
-        return self.buf
-
-    @endpoint
-    async def content(self, offset: int, length: int) -> bytes:
-        return bytes(self.data[offset:offset + length])
-
-
-class Peer(Actor):
-    @endpoint
-    async def read(self, buf: RDMABuffer, offset: int, length: int) -> bytes:
-        dst = bytearray(length)
-        assert await buf.read_into(dst, offset=offset, length=length) == length
-        return bytes(dst)
-
-    @endpoint
-    async def write(self, buf: RDMABuffer, data: bytes, offset: int) -> int:
-        return await buf.write_from(data, offset=offset)
 
 
 def _interface_of(addr: str) -> str:
@@ -249,7 +222,7 @@ async def test_rdma_tcp_handle_across_hosts(hosts: list[Host], secret_file: Path
     try:
         owner = await owners.spawn("owner", Owner)
         peer = await peers.spawn("peer", Peer)
-        buf = await owner.register.call_one()
+        buf = await owner.register.call_one("tcp")
         assert buf.backend == "tcp" and buf.size == N
         for offset, length in [(0, N), (12345, 65536), (N - 7, 7)]:
             got = await asyncio.wait_for(peer.read.call_one(buf, offset, length), DEADLINE)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 from fifo_gate import hold
-
 from meshio import Actor, RDMABuffer, endpoint
 
 N = 1 << 20
