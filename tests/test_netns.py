@@ -364,6 +364,7 @@ async def test_partition_escalates_when_no_restart_is_allowed(
             ev = await watch.next("escalation")
             assert "max_restarts=0" in ev.cause and "hung" in ev.cause
             assert len(escalated) == 1 and "rank 1 failed (hung" in str(escalated[0])
+            assert escalated[0].host == hosts[1].addr  # where the failure happened
             error, _ = await fails_promptly(w.slice(hosts=0).echo.call_one(1))
             assert "supervisor gave up" in error.cause
         finally:

@@ -145,7 +145,8 @@ class SupervisionError(MeshioError):
     Attributes:
         actor: name of the actor mesh ('' when not known).
         rank: flat rank in that mesh (-1 when not known).
-        host: host name of the process.
+        host: host name of the process (a supervisor's escalation: where the
+            failure that used up its restarts happened; '' when not known).
         pid: process id (-1 when not known).
         cause: what happened ("killed by signal SIGKILL", "exit code 3",
             "connection lost", ...).

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from supervision_helpers import DEADLINE, Events, W, check_event, manual_sup, supervised
+from supervision_helpers import DEADLINE, HOST, Events, W, check_event, manual_sup, supervised
 
 import meshio
 from meshio import Actor, endpoint
@@ -185,6 +185,7 @@ async def test_restarts_spread_beyond_within_do_not_escalate_but_a_storm_does(
                 failed = await asyncio.wait_for(sup.wait_failed(), DEADLINE)
                 assert failed is sup.failure and escalated == [failed]
                 assert isinstance(failed, meshio.SupervisionError)
+                assert failed.host == HOST  # where the last failure happened
                 # children stopped in reverse declaration order (a's rank 0 is
                 # dead: one line each), every process gone
                 assert stops.read_text().split() == ["b", "a"]

@@ -263,7 +263,8 @@ class Supervisor:
             asyncio.get_running_loop().create_task(self._escalate(
                 f"{_who(child, rank)} failed ({cause}) after {done} "
                 f"restart{'' if done == 1 else 's'} in the last {self.within}s; "
-                f"max_restarts={self.max_restarts} within {self.within}s allows no more"))
+                f"max_restarts={self.max_restarts} within {self.within}s allows no more",
+                host))
             return False
         self._restarts.append(now)
         units = self._order()
@@ -330,13 +331,15 @@ class Supervisor:
         for unit, rank in self._order():
             await self._start_unit(unit, rank)
 
-    async def _escalate(self, why: str) -> None:
+    async def _escalate(self, why: str, host: str) -> None:
+        """Give up: stop the children, report upwards.  ``host``: where the
+        failure that used up the restarts happened (the error's ``host``)."""
         async with self._serial():
             if self.failure is not None:
                 return
             error = SupervisionError(
                 f"supervisor {self.name!r} gave up: {why}; its children are stopped",
-                actor=self.name, cause=why)
+                actor=self.name, cause=why, host=host)
             self.failure = error
             await self.stop()
             self.event("escalation", self.name, -1, why)
