@@ -13,13 +13,10 @@ of hanging.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import os
 import secrets
 import signal
-import socket
 import ssl
-import struct
 import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import asynccontextmanager
@@ -87,31 +84,15 @@ class Where(Actor):
     @endpoint
     async def all_reduce(self, value: float) -> float:
         """gloo over the namespace's own interface (the host name resolves
-        to no address of the namespace)."""
+        to no address of the namespace): setup_torch_distributed named it."""
         import torch
         import torch.distributed as dist
 
-        host = context().proc.addr.removeprefix("tcp://").rsplit(":", 1)[0]
-        os.environ["GLOO_SOCKET_IFNAME"] = _interface_of(host)
         await asyncio.to_thread(dist.init_process_group, "gloo")
         t = torch.tensor([value])
         await asyncio.to_thread(dist.all_reduce, t)  # pyright: ignore[reportUnknownArgumentType,reportUnknownMemberType]
         dist.destroy_process_group()
         return float(t.item())
-
-
-def _interface_of(addr: str) -> str:
-    """The name of this namespace's interface holding IPv4 ``addr``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                     struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(packed[20:24]) == addr:
-                return name
-    raise LookupError(addr)
 
 
 # ------------------------------------------------------------------ fixtures
@@ -458,18 +439,24 @@ async def test_mutual_tls_across_hosts(tmp_path: Path, secret_file: Path,
 async def test_setup_torch_distributed_master_addr_is_the_first_hosts_address(
         hosts: list[Host], secret_file: Path) -> None:
     """MASTER_ADDR is rank 0's namespace address (reachable from the other
-    host), and gloo's all_reduce runs across the two hosts."""
+    host), GLOO_SOCKET_IFNAME each host's interface holding its address, and
+    gloo's all_reduce runs across the two hosts."""
     pytest.importorskip("torch")
     # c10d looks up its peers' names (no DNS answers in a namespace) holding
     # the GIL: generous heartbeats, so that stall is not taken for a hang
     async with attach(hosts, secret_file).spawn_procs(heartbeat_timeout=DEADLINE) as procs:
         await meshio.setup_torch_distributed(procs)
         w = await procs.spawn("w", Where)
-        envs = (await w.env.call(["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"])).values()
+        envs = (await w.env.call(["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                  "GLOO_SOCKET_IFNAME"])).values()
         assert [e["RANK"] for e in envs] == ["0", "1"]
         assert {e["WORLD_SIZE"] for e in envs} == {"2"}
         assert {e["MASTER_ADDR"] for e in envs} == {hosts[0].addr}
         assert len({e["MASTER_PORT"] for e in envs}) == 1
+        # gloo's interface: each namespace's own veth end (mp<tag><i>), set
+        # by setup_torch_distributed; all_reduce relies on it
+        assert all(e["GLOO_SOCKET_IFNAME"].startswith("mp") for e in envs)
+        assert len({e["GLOO_SOCKET_IFNAME"] for e in envs}) == 2
         assert (await asyncio.wait_for(w.all_reduce.call(1.5), DEADLINE)).values() == [3.0, 3.0]
 
 

@@ -10,7 +10,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER")
+__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "SIOCGIFADDR")
 
 #: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
 #: (a write, a drop, a stop) or whose data travels in the frame's buffers
@@ -20,3 +20,7 @@ MSGPACK_NIL: Final = msgspec.Raw(b"\xc0")
 #: when its parent dies, and the process allowed to ptrace it (Yama)
 PR_SET_PDEATHSIG: Final = 1
 PR_SET_PTRACER: Final = 0x59616D61
+
+#: ``ioctl(2)`` request (``<linux/sockios.h>``): the IPv4 address of a
+#: network interface
+SIOCGIFADDR: Final = 0x8915

@@ -3,11 +3,14 @@ set in every process of a proc mesh."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import struct
 import uuid
 
 from ._actor import Actor, context, current_rank
+from ._constants import SIOCGIFADDR
 from ._proc_mesh import ProcMesh
 from ._transport._runtime import tcp_endpoint
 from .endpoints._endpoint import endpoint
@@ -34,8 +37,30 @@ class _TorchEnv(Actor):
         env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % local_world),
                "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": addr,
                "MASTER_PORT": str(port)}
+        # gloo's own choice of interface resolves the host name, which on
+        # many clusters and containers names no address of the host: use the
+        # one the other hosts reach this process at (unless the user chose)
+        tcp = tcp_endpoint(context().proc.addr)
+        if tcp is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
+            name = _interface_of(tcp[0])
+            if name is not None:
+                env["GLOO_SOCKET_IFNAME"] = name
         os.environ.update(env)
         return env
+
+
+def _interface_of(addr: str) -> str | None:
+    """The name of this host's network interface holding IPv4 ``addr``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(packed[20:24]) == addr:
+                return name
+    return None
 
 
 async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = None) -> None:
@@ -43,6 +68,8 @@ async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = 
     ``MASTER_ADDR`` and ``MASTER_PORT`` in every process of ``procs``, so
     actors there can call ``torch.distributed.init_process_group()`` (gloo on
     CPU, NCCL on GPU; the ``gpus`` dim already set ``CUDA_VISIBLE_DEVICES``).
+    On hosts reached over TCP, also ``GLOO_SOCKET_IFNAME`` (unless set): the
+    interface holding the address other hosts reach the process at.
 
     Ranks follow the mesh's row-major order; the rendezvous is on the host of
     rank 0, on ``master_port`` or a port free there.
