@@ -153,7 +153,7 @@ class Pending:
 class Gathering:
     """The answers of one ``call`` to every actor of a view, gathered without
     a future (and its callbacks) per actor: each actor's request settles its
-    slot (:meth:`slot`, a :class:`Settle`); :attr:`fut` completes when every
+    slot (:attr:`slots`, each a :class:`Settle`); :attr:`fut` completes when every
     slot is settled.  The values are in :attr:`values`, the failures in
     :attr:`errors`, both by index in the view."""
 
@@ -170,10 +170,6 @@ class Gathering:
         self._inflight = inflight
         if not n:
             self.fut.set_result(None)
-
-    def slot(self, index: int) -> Slot:
-        """Where the answer of the actor at ``index`` goes."""
-        return self.slots[index]
 
     def unsettled(self) -> list[int]:
         """The indices still waiting for an answer."""
@@ -215,17 +211,16 @@ class Slot:
         return self.settled
 
     def set_result(self, result: Any, /) -> None:
-        if self.settled:
-            raise asyncio.InvalidStateError(f"slot {self.index} is already settled")
-        self.settled = True
-        self.gathering.values[self.index] = result
-        self.gathering._settled(self)
+        self._settle(self.gathering.values, result)
 
     def set_exception(self, exception: BaseException, /) -> None:
+        self._settle(self.gathering.errors, exception)
+
+    def _settle(self, into: list[Any] | dict[int, BaseException], value: Any) -> None:
         if self.settled:
             raise asyncio.InvalidStateError(f"slot {self.index} is already settled")
         self.settled = True
-        self.gathering.errors[self.index] = exception
+        into[self.index] = value
         self.gathering._settled(self)
 
     def cancel(self, msg: Any | None = None) -> bool:

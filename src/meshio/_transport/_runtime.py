@@ -600,10 +600,7 @@ class Runtime:
     def dispatch(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
         match msg:
             case Call():
-                if msg.seq:
-                    self.order.admit(conn, msg, bufs, self._post)
-                else:
-                    self._post(conn, msg, bufs)
+                self._admit(conn, msg, bufs)
             case Fanout():
                 relay(self, conn, msg, bufs, self._admit)
             case Hello():
@@ -666,8 +663,12 @@ class Runtime:
                     registered(self, conn, msg, bufs)
 
     def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
-        """Hand a numbered call to the actor it is for, in order."""
-        self.order.admit(conn, msg, bufs, self._post)
+        """Hand a call to the actor it is for; a numbered one (``Call.seq``)
+        in its order."""
+        if msg.seq:
+            self.order.admit(conn, msg, bufs, self._post)
+        else:
+            self._post(conn, msg, bufs)
 
     def _post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         """Hand a call to the actor it is for."""

@@ -84,20 +84,25 @@ _tls = threading.local()
 # ------------------------------------------------------------------ limits
 
 
-class Limits:
-    """What one process accepts on the wire; see :func:`set_limits`."""
-
-    __slots__ = ("fanout_width", "frame_timeout", "max_message", "receive_budget")
-
-    def __init__(self) -> None:
-        self.max_message = _env_number("MESHIO_MAX_MESSAGE", 4 << 30, int)
-        self.receive_budget = _env_number("MESHIO_RECEIVE_BUDGET", 8 << 30, int)
-        self.frame_timeout = _env_number("MESHIO_FRAME_TIMEOUT", 60.0, float)
-        self.fanout_width = _env_number("MESHIO_FANOUT_WIDTH", 16, int, zero=True)
+#: per limit of :func:`set_limits`: the types it takes, how an error names
+#: them, and whether 0 is allowed (else it must be positive)
+_KINDS: Final[dict[str, tuple[tuple[type, ...], str, bool]]] = {
+    "max_message": ((int,), "an int (bytes)", False),
+    "receive_budget": ((int,), "an int (bytes)", False),
+    "frame_timeout": ((int, float), "a number of seconds", False),
+    "fanout_width": ((int,), "an int (a number of messages)", True),
+}
 
 
-def _env_number(name: str, default: Any, kind: Callable[[str], Any], zero: bool = False) -> Any:
-    """The positive number (or 0 where ``zero``) in environment variable ``name``."""
+def _allowed(value: float, zero: bool) -> bool:
+    return value >= 0 if zero else value > 0
+
+
+def _env_number(arg: str, default: Any, kind: Callable[[str], Any]) -> Any:
+    """Limit ``arg`` from its environment variable (``MESHIO_<ARG>``): a
+    positive number (or 0 where the limit allows it)."""
+    name = f"MESHIO_{arg.upper()}"
+    zero = _KINDS[arg][2]
     text = os.environ.get(name)
     if not text:
         return default
@@ -105,11 +110,23 @@ def _env_number(name: str, default: Any, kind: Callable[[str], Any], zero: bool 
         value = kind(text)
     except ValueError:
         value = -1
-    if value < 0 or (value == 0 and not zero):
+    if not _allowed(value, zero):
         what = f"{kind.__name__} >= 0" if zero else f"positive {kind.__name__}"
         raise ValueError(f"meshio: environment variable {name}={text!r} must be a {what} "
                          f"(unset it for the default, {default})")
     return value
+
+
+class Limits:
+    """What one process accepts on the wire; see :func:`set_limits`."""
+
+    __slots__ = ("fanout_width", "frame_timeout", "max_message", "receive_budget")
+
+    def __init__(self) -> None:
+        self.max_message = _env_number("max_message", 4 << 30, int)
+        self.receive_budget = _env_number("receive_budget", 8 << 30, int)
+        self.frame_timeout = _env_number("frame_timeout", 60.0, float)
+        self.fanout_width = _env_number("fanout_width", 16, int)
 
 
 #: this process's limits (workers inherit them through the environment)
@@ -154,15 +171,13 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         if value is None:
             continue
         arg = name.removeprefix("MESHIO_").lower()
-        kinds: tuple[type, ...] = (int, float) if arg == "frame_timeout" else (int,)
+        kinds, what, zero = _KINDS[arg]
         if isinstance(value, bool) or not isinstance(value, kinds):
-            what = ("a number of seconds" if float in kinds else
-                    "an int (a number of messages)" if arg == "fanout_width" else "an int (bytes)")
             raise TypeError(f"set_limits: {arg} must be {what}, "
                             f"got {type(value).__name__} {value!r}")
-        if not (value >= 0 if arg == "fanout_width" else value > 0):
+        if not _allowed(value, zero):
             raise ValueError(f"set_limits: {arg} must be "
-                             f"{'>= 0' if arg == 'fanout_width' else 'positive'}, got {value!r}")
+                             f"{'>= 0' if zero else 'positive'}, got {value!r}")
     for name, value in new.items():
         if value is not None:
             os.environ[name] = str(value)
