@@ -181,6 +181,13 @@ async def _until_idle(rt: Runtime, stop: asyncio.Event, idle_timeout: float) -> 
             return
 
 
+def tls_flags(cert: str, key: str, ca: str, mutual: bool) -> list[str]:
+    """The ``meshio agent`` options of a TLS setting (``cert``, ``key``,
+    ``ca``: the paths as the agent's host sees them)."""
+    return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca,
+            *([] if mutual else ["--tls-no-mutual"])]
+
+
 def main(argv: list[str] | None = None) -> None:
     """``meshio agent``: see ``meshio agent --help``."""
     ap = argparse.ArgumentParser(prog="meshio agent",

@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 
 from .._proc_mesh import HostMesh, this_host
 from .._transport._tls import TLSConfig
+from ._agent import tls_flags
 from ._remote import attach
 
 __all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
@@ -253,8 +254,8 @@ class ProcessJob:
         argv = [sys.executable, "-m", "meshio", "agent", "--listen", f"{self.host}:0",
                 "--secret-file", str(secret_file), "--idle-timeout", str(self.idle_timeout)]
         if tls is not None:
-            argv += ["--tls-cert", os.fspath(tls.cert), "--tls-key", os.fspath(tls.key),
-                     "--tls-ca", os.fspath(tls.ca), *([] if tls.mutual else ["--tls-no-mutual"])]
+            argv += tls_flags(os.fspath(tls.cert), os.fspath(tls.key), os.fspath(tls.ca),
+                              tls.mutual)
         log_path = self.cache.with_suffix(".log")
         with open(log_path, "ab") as log_file:
             # ``sh`` starts the agent in the background and exits: the agent is

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._transport._tls import TLSConfig
+from ._agent import tls_flags
 from ._job import JobCacheError, JobState, check_meshes, read_cache, write_cache, write_secret
 from ._remote import attach, read_secret
 
@@ -255,9 +256,8 @@ class KubernetesJob:
         if self.idle_timeout is not None:
             argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
         if self.tls is not None:
-            argv += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key",
-                     "--tls-ca", f"{TLS_DIR}/ca.crt",
-                     *([] if self.tls.mutual else ["--tls-no-mutual"])]
+            argv += tls_flags(f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key", f"{TLS_DIR}/ca.crt",
+                              self.tls.mutual)
         return argv
 
     def _workload(self, mesh: str) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from subprocess import DEVNULL, PIPE
 from typing import Any
 
 from .._transport._tls import TLSConfig
+from ._agent import tls_flags
 from ._job import JobState, attached, check_meshes, read_cache, write_cache, write_secret
 
 __all__ = ("SlurmError", "SlurmJob")
@@ -248,8 +249,8 @@ class SlurmJob:
                  "--secret-file", str(secret_file), "--idle-timeout", str(self.idle_timeout)]
         tls = self.tls
         if tls is not None:
-            agent += ["--tls-cert", os.fspath(tls.cert), "--tls-key", os.fspath(tls.key),
-                      "--tls-ca", os.fspath(tls.ca), *([] if tls.mutual else ["--tls-no-mutual"])]
+            agent += tls_flags(os.fspath(tls.cert), os.fspath(tls.key), os.fspath(tls.ca),
+                               tls.mutual)
         step = ["srun", "--no-kill", "--kill-on-bad-exit=0", "--label", "--ntasks-per-node=1",
                 *(["--whole"] if self.exclusive else []),
                 "sh", "-c", 'echo "meshio node $SLURMD_NODENAME"; exec "$@"', "sh", *agent]
