@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from rdma_actors import Owner, Peer
 
 import meshio
 from meshio.rdma import available_backends
+from rdma_actors import Owner, Peer
 
 
 @pytest.fixture(params=available_backends())

@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from fifo_gate import Gate, hold
 
 import meshio
 import meshio.rdma
+from fifo_gate import Gate, hold
 from meshio import Actor, RDMABuffer, context, endpoint
 from meshio.jobs import ProcessJob
 from meshio.rdma import RDMAError, RDMASizeError, available_backends

@@ -11,11 +11,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
-from fifo_gate import Gate
-from rdma_actors import N, Owner, Peer
 
 import meshio
 import meshio._transport._runtime
+from fifo_gate import Gate
 from meshio import RDMABuffer
 from meshio.rdma import (
     Backend,
@@ -25,6 +24,7 @@ from meshio.rdma import (
     available_backends,
 )
 from meshio.testing import wait_exited
+from rdma_actors import N, Owner, Peer
 
 GUARD = 60
 

@@ -6,10 +6,10 @@ import the actors from ``rdma_actors``."""
 from __future__ import annotations
 
 import pytest
-from rdma_actors import N, Owner, Peer
 
 from meshio import RDMABuffer
 from meshio.rdma import RDMASizeError
+from rdma_actors import N, Owner, Peer
 
 torch = pytest.importorskip("torch")
 
