@@ -175,19 +175,25 @@ class ActorMesh(MeshShape, Generic[A]):
         if dead is None:
             return False
         if answer is not None:
-            answer.set_exception(dead(Pending(answer, desc.schema.unpack_result,
-                                              desc.fn.__qualname__, self._name,
-                                              self._site(index))))
+            answer.set_exception(dead(self._as_pending(index, desc, answer)))
         return True
+
+    def _as_pending(self, index: int, desc: EndpointDescriptor[Any, Any, Any],
+                    answer: Settle) -> Pending:
+        """The request to the actor at ``index`` whose answer settles ``answer``
+        (a Gathering's slot is one already)."""
+        if isinstance(answer, Slot):
+            return answer
+        return Pending(answer, desc.schema.unpack_result, desc.fn.__qualname__, self._name,
+                       self._site(index))
 
     def _pending(self, conn: Connection, index: int, desc: EndpointDescriptor[Any, Any, Any],
                  answer: Settle) -> int:
         """A request on ``conn`` whose answer settles ``answer``."""
-        req = conn.next_req(Pending(answer, desc.schema.unpack_result, desc.fn.__qualname__,
-                                    self._name, self._site(index)))
         if isinstance(answer, Slot):  # a Gathering's: it counts itself
-            answer.sent(conn, req)
-            return req
+            answer.gathering.sent(conn, [answer])
+            return answer.req
+        req = conn.next_req(self._as_pending(index, desc, answer))
         fut = cast("asyncio.Future[Any]", answer)  # the only other kind of Settle
         inflight = self._inflight
         inflight[index] += 1
@@ -208,12 +214,13 @@ class ActorMesh(MeshShape, Generic[A]):
         """Call every actor of this view (through the fan-out tree when it
         spans several hosts), the answers gathered without a future each."""
         rt = self._runtime()
-        g = Gathering(rt.loop, len(self._region.ranks), self._target, self._inflight)
+        g = Gathering(rt.loop, self._target, self._inflight, desc.schema.unpack_result,
+                      desc.fn.__qualname__, self._name, self._call_sites())
         if self._hosts is None or not limits.fanout_width:
             for i, slot in enumerate(g.slots):
                 self._send(i, desc, body, out, slot)
         else:
-            self._fanout(desc, body, out, g.slots, True)
+            self._fanout(desc, body, out, g, True)
         return g
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -242,19 +249,23 @@ class ActorMesh(MeshShape, Generic[A]):
             self._fanout(desc, body, out, None, False)
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-                answers: Sequence[Settle] | None, gather: bool) -> None:
+                answers: Gathering | Sequence[Settle] | None, gather: bool) -> None:
         """One message per range of hosts (see :mod:`meshio._transport._fanout`);
-        the answer of the actor at index ``i`` settles ``answers[i]``."""
+        the answer of the actor at index ``i`` settles ``answers[i]`` (or
+        slot ``i`` of a Gathering)."""
         assert self._hosts is not None
         rt = self._runtime()
         addrs, ranks, per_host = self._addrs, self._region.ranks, self._per_host
-        groups = [(host, [i for i in indices
-                          if not self._dead(rt, i, desc, answers[i] if answers else None)])
-                  for host, indices in self._hosts]
+        settles = answers.slots if isinstance(answers, Gathering) else answers
         dead = rt.dead
+        groups = self._hosts
+        if dead or (self._procs is not None and self._procs._state.stopped):
+            groups = [(host, [i for i in indices
+                              if not self._dead(rt, i, desc, settles[i] if settles else None)])
+                      for host, indices in groups]
         relays = [next((a for a in addrs[h * per_host:(h + 1) * per_host] if a not in dead), "")
                   for h in range(len(addrs) // per_host)]
-        number = rt.fanout.number
+        numbered = rt.fanout.numbered
         target = self._target
         width = limits.fanout_width
         chain = _chain.get()
@@ -264,12 +275,15 @@ class ActorMesh(MeshShape, Generic[A]):
                 continue
             conn = rt.connect(next(r for r in relays[a:b] if r))
             first = 0
-            if answers is not None:
-                for _, indices in part:
-                    for i in indices:
-                        req = self._pending(conn, i, desc, answers[i])
-                        first = first or req
-            calls = [(h, [(addrs[ranks[i]], number(target, addrs[ranks[i]])) for i in indices])
+            if isinstance(answers, Gathering):
+                slots = [answers.slots[i] for _, indices in part for i in indices]
+                answers.sent(conn, slots)
+                first = slots[0].req
+            elif answers is not None:
+                reqs = [self._pending(conn, i, desc, answers[i])
+                        for _, indices in part for i in indices]
+                first = reqs[0]
+            calls = [(h, numbered(target, [addrs[ranks[i]] for i in indices]))
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather)), out)
@@ -304,10 +318,14 @@ class ActorMesh(MeshShape, Generic[A]):
             self._send(index, desc, body, out, fut)
 
     def _site(self, index: int) -> _CallSite:
+        return self._call_sites()[index]
+
+    def _call_sites(self) -> list[_CallSite]:
+        """Who each call of this view goes to (made once per view, not once per call)."""
         sites = self._sites
-        if sites is None:  # made once per view, not once per call
+        if sites is None:
             sites = self._sites = [_CallSite(self, i) for i in range(len(self._region.ranks))]
-        return sites[index]
+        return sites
 
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""

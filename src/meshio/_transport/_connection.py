@@ -17,7 +17,7 @@ import logging
 import os
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from .._exceptions import (
@@ -120,8 +120,9 @@ class Settle(Protocol):
 
 
 class Pending:
-    """A call waiting for its reply: where the answer goes, how to decode the
-    result, and who was called (for error messages)."""
+    """A call waiting for its reply: where the answer goes (:attr:`fut`; the
+    settling methods act on it), how to decode the result, and who was called
+    (for error messages)."""
 
     __slots__ = ("decode", "endpoint", "fut", "mesh", "point")
 
@@ -145,28 +146,43 @@ class Pending:
         rank: int = getattr(self.point, "rank", -1)
         return rank
 
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def set_result(self, result: Any, /) -> None:
+        self.fut.set_result(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.fut.set_exception(exception)
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        return self.fut.cancel(msg)
+
     def fail(self, info: ErrorInfo) -> None:
         """The callee answered with an error."""
-        self.fut.set_exception(error_from_info(info, self))
+        self.set_exception(error_from_info(info, self))
 
 
 class Gathering:
     """The answers of one ``call`` to every actor of a view, gathered without
-    a future (and its callbacks) per actor: each actor's request settles its
-    slot (:attr:`slots`, each a :class:`Settle`); :attr:`fut` completes when every
-    slot is settled.  The values are in :attr:`values`, the failures in
-    :attr:`errors`, both by index in the view."""
+    a future (and its callbacks) per actor: each actor's request is its
+    :class:`Slot` (a :class:`Pending` of its own); :attr:`fut` completes when
+    every slot is settled.  The values are in :attr:`values`, the failures
+    in :attr:`errors`, both by index in the view."""
 
     __slots__ = ("_inflight", "errors", "fut", "left", "slots", "target", "values")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int, target: str,
-                 inflight: list[int]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, target: str, inflight: list[int],
+                 decode: Callable[[Any, Buffers], Any], endpoint: str, mesh: str,
+                 points: Sequence[Any]) -> None:
+        n = len(points)
         self.fut: asyncio.Future[None] = loop.create_future()
         self.values: list[Any] = [None] * n
         self.errors: dict[int, BaseException] = {}
         self.left: int = n
         self.target: str = target
-        self.slots: list[Slot] = [Slot(self, i) for i in range(n)]
+        self.slots: list[Slot] = [Slot(self, i, decode, endpoint, mesh, point)
+                                  for i, point in enumerate(points)]
         self._inflight = inflight
         if not n:
             self.fut.set_result(None)
@@ -175,37 +191,39 @@ class Gathering:
         """The indices still waiting for an answer."""
         return [s.index for s in self.slots if not s.settled]
 
+    def sent(self, conn: Connection, slots: Sequence[Slot]) -> None:
+        """The requests of ``slots`` are in flight on ``conn``."""
+        inflight = self._inflight
+        for req, s in enumerate(slots, conn.next_reqs(slots)):
+            s.conn, s.req = conn, req
+            inflight[s.index] += 1
+
     def abandon(self) -> None:
         """The caller gave up (cancelled, timed out): the callees still
         running the call drop or cancel it; later answers are ignored."""
-        for s in self.slots:
-            s.cancel()
-
-    def _settled(self, s: Slot) -> None:
-        self.left -= 1
-        if s.conn is not None:
-            self._inflight[s.index] -= 1
-        if not self.left and not self.fut.done():
-            self.fut.set_result(None)
+        if self.left:
+            for s in self.slots:
+                s.cancel()
 
 
-class Slot:
-    """One actor's answer in a :class:`Gathering` (the part of a future's
-    interface that :class:`Pending` uses)."""
+
+class Slot(Pending):
+    """One actor's request in a :class:`Gathering`: settling it fills its
+    place in the gathering (no future)."""
 
     __slots__ = ("conn", "gathering", "index", "req", "settled")
 
-    def __init__(self, gathering: Gathering, index: int) -> None:
+    def __init__(self, gathering: Gathering, index: int, decode: Callable[[Any, Buffers], Any],
+                 endpoint: str, mesh: str, point: Any) -> None:
+        self.decode = decode
+        self.endpoint = endpoint
+        self.mesh = mesh
+        self.point = point
         self.gathering = gathering
         self.index = index
         self.settled = False
         self.conn: Connection | None = None  # where its request is in flight
         self.req = 0
-
-    def sent(self, conn: Connection, req: int) -> None:
-        """Its request is ``req`` on ``conn``."""
-        self.conn, self.req = conn, req
-        self.gathering._inflight[self.index] += 1
 
     def done(self) -> bool:
         return self.settled
@@ -221,7 +239,12 @@ class Slot:
             raise asyncio.InvalidStateError(f"slot {self.index} is already settled")
         self.settled = True
         into[self.index] = value
-        self.gathering._settled(self)
+        g = self.gathering
+        g.left -= 1
+        if self.conn is not None:
+            g._inflight[self.index] -= 1
+        if not g.left and not g.fut.done():
+            g.fut.set_result(None)
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self.settled:
@@ -282,6 +305,13 @@ class Connection(asyncio.BufferedProtocol):
         self.pending[self._req] = pending
         return self._req
 
+    def next_reqs(self, pending: Sequence[Pending]) -> int:
+        """Requests for all of ``pending``, numbered in order; the first."""
+        first = self._req + 1
+        self._req += len(pending)
+        self.pending.update(zip(range(first, self._req + 1), pending))
+        return first
+
     def send(self, body: bytes, out: OutBuffers) -> None:
         header = frame_header(len(body), out)
         if self.transport is not None:
@@ -322,7 +352,7 @@ class Connection(asyncio.BufferedProtocol):
         waiting, even if building its error goes wrong."""
         pending, self.pending = self.pending, {}
         for p in pending.values():
-            if p.fut.done():
+            if p.done():
                 continue
             try:
                 error = make_error(p)
@@ -332,7 +362,7 @@ class Connection(asyncio.BufferedProtocol):
                     f"{p.mesh} {p.point!r}: connection to process {self.peer_pid} at "
                     f"{self.peer} lost while {p.endpoint} was in flight ({e!r} describing it)",
                     actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
-            p.fut.set_exception(error)
+            p.set_exception(error)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -546,8 +576,8 @@ class Connection(asyncio.BufferedProtocol):
                                    else ErrorInfo("protocol", "ProtocolError", why)))
         elif tag in _ANSWERS and req in self.pending:
             p = self.pending.pop(req)
-            if not p.fut.done():
-                p.fut.set_exception(ProtocolError(
+            if not p.done():
+                p.set_exception(ProtocolError(
                     f"the answer to {p.endpoint} [{p.mesh} {p.point}] is a {why}"))
         else:
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", why)))
@@ -570,8 +600,8 @@ class Connection(asyncio.BufferedProtocol):
                 self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why)))
         elif tag in _ANSWERS:
             p = self.pending.pop(req, None)
-            if p is not None and not p.fut.done():
-                p.fut.set_exception(SchemaError(
+            if p is not None and not p.done():
+                p.set_exception(SchemaError(
                     f"the answer to {p.endpoint} [{p.mesh} {p.point}] was skipped: {why}"))
         elif tag == _PORT_SEND:
             receiver = self.rt.ports.get(req)
@@ -607,20 +637,20 @@ class Connection(asyncio.BufferedProtocol):
 
     def _reply(self, req: int, value: Any, bufs: Buffers) -> None:
         p = self.pending.pop(req, None)
-        if p is not None and not p.fut.done():
+        if p is not None and not p.done():
             try:
-                p.fut.set_result(p.decode(value, bufs))
+                p.set_result(p.decode(value, bufs))
             except MeshioError as e:
                 e.args = (f"{e} (from {p.mesh} {p.point})",)
-                p.fut.set_exception(e)
+                p.set_exception(e)
             except Exception as e:  # this call fails; the connection serves on
-                p.fut.set_exception(SchemaError(
+                p.set_exception(SchemaError(
                     f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
                     f"decoded: {type(e).__name__}: {e}"))
 
     def _fail(self, req: int, error: ErrorInfo) -> None:
         p = self.pending.pop(req, None)
-        if p is not None and not p.fut.done():
+        if p is not None and not p.done():
             p.fail(error)
 
 

@@ -91,9 +91,19 @@ class FanoutState:
     def number(self, target: str, addr: str) -> int:
         """The number of the next call to the actor of ``target`` at ``addr``."""
         key = (target, addr)
-        n = self.numbers.get(key, 0) + 1
-        self.numbers[key] = n
+        n = self.numbers[key] = self.numbers.get(key, 0) + 1
         return n
+
+    def numbered(self, target: str, addrs: list[str]) -> list[tuple[str, int]]:
+        """Each of ``addrs`` with the number of the next call to the actor of
+        ``target`` there (:meth:`number`, for many at once)."""
+        numbers = self.numbers
+        out: list[tuple[str, int]] = []
+        for addr in addrs:
+            key = (target, addr)
+            n = numbers[key] = numbers.get(key, 0) + 1
+            out.append((addr, n))
+        return out
 
     def forget(self, target: str) -> None:
         """The actor mesh ``target`` is stopped: drop its numbers."""
@@ -108,7 +118,7 @@ class FanoutState:
         conn, down_req, target = down
         p = conn.pending.pop(down_req, None)
         if p is not None:
-            p.fut.cancel()
+            p.cancel()
         conn.send_message(Cancel(down_req, target))
         return True
 
@@ -277,7 +287,7 @@ def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], target: st
     for r in up_reqs:
         if r:
             p = Relayed(rt, up, r, target, addr, answers)
-            p.fut.set_exception(dead(p) if dead is not None else SupervisionError(
+            p.set_exception(dead(p) if dead is not None else SupervisionError(
                 f"{target}: no process left on the hosts of this part of the fan-out tree",
                 actor=target, cause="no process left"))
     return None

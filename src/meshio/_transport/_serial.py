@@ -607,6 +607,8 @@ class TypedDecoder:
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
         """The value; with ``lazy``, raises ``_Deferred`` at the first pickle
         instead of unpickling it (the value's own code does not run)."""
+        if not bufs and not lazy:  # the common case: nothing for the hooks to see
+            return self._dec.decode(data)
         _tls.bufs = bufs
         _tls.lazy = lazy
         try:
