@@ -101,6 +101,45 @@ async def run(hosts: list[int], per_host: int, calls: int
     return results, statistics.median(rtts)
 
 
+def controller_cost_hot(n: int = 256, rounds: int = 200) -> float:
+    """The controller's own CPU per actor for one gathered call, measured in
+    this process with nothing else running (µs): the call's slots, their
+    request numbers, the actors' call numbers, and decoding a relay's
+    :class:`Answers` message into the results, without sockets or workers.
+    On one 2-core machine the fitted ``a`` also holds the cost of sharing
+    the cores (and caches) with every worker; a controller on its own host
+    pays this."""
+    import timeit
+
+    import msgspec
+
+    from meshio._transport._connection import Connection, Gathering
+    from meshio._transport._fanout import FanoutState
+    from meshio._transport._messages import Answers, encode_message
+
+    loop = asyncio.new_event_loop()
+    decode = Node.ping.schema.unpack_result  # type: ignore[attr-defined]
+    conn = Connection(None, None)  # type: ignore[arg-type]  # never connected
+    numbers = FanoutState()
+    addrs = [f"tcp://10.0.{i // 8}.1:{7000 + i % 8}" for i in range(n)]
+    one = msgspec.Raw(msgspec.msgpack.encode(1))
+    answers = encode_message(Answers([(1 + k, one) for k in range(n)], []))
+
+    def call() -> None:
+        conn._req = 0  # each round's requests are 1..n, as the answers say
+        g = Gathering(loop, "nodes", [0] * n, decode, "Node.ping", "nodes", range(n))
+        g.sent(conn, g.slots)
+        numbers.numbered("nodes", addrs)
+        conn._deliver(answers, [])
+        assert not g.left
+
+    try:
+        best = min(timeit.repeat(call, number=rounds, repeat=5))
+    finally:
+        loop.close()
+    return best / rounds / n * 1e6
+
+
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares ``y = a + b x``."""
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -120,6 +159,7 @@ def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
     # one host's own part: its relay calls the other processes of its host
     # (the smallest size, flat: one relay level) beyond the network round trip
     host_ms = max(results[(hosts[0], "flat")][0] - rtt_ms, 0.0)
+    hot_us = controller_cost_hot()
     H, P, w = 1000, 8, 16
     N = H * P
     depth = math.ceil(math.log(H, w))
@@ -127,7 +167,9 @@ def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
     controller_direct = N * (send_us + answer_us) / 1e3
     wall_tree = depth * (rtt_ms + w * send_us / 1e3) + host_ms + N * answer_us / 1e3
     print("\nModel (per-hop costs fitted from the rows above):")
-    print(f"  a = {answer_us:.1f} µs: the controller's CPU per answer (decode into the ValueMesh)")
+    print(f"  a = {answer_us:.1f} µs: the controller's CPU per actor (slot, numbers, decoding its "
+          "answer into the ValueMesh), here sharing 2 cores with every worker")
+    print(f"  a_hot = {hot_us:.2f} µs: the same work measured alone (a controller on its own host)")
     print(f"  s = {send_us:.1f} µs: the CPU to encode and send one message")
     print(f"  r = {rtt_ms:.2f} ms: one call_one round trip to another host")
     print(f"  l = {host_ms:.2f} ms: a relay calling its host's {per_host - 1} other processes")
@@ -139,6 +181,9 @@ def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
           f"tree {controller_tree:.0f} ms")
     print(f"    wall per call (tree): {wall_tree:.0f} ms, of which answers at the controller "
           f"{N * answer_us / 1e3:.0f} ms")
+    hot_tree = (w * send_us + N * hot_us) / 1e3
+    print(f"    with a_hot: controller CPU per call (tree) {hot_tree:.0f} ms, "
+          f"wall {wall_tree - N * (answer_us - hot_us) / 1e3:.0f} ms")
 
 
 def plot(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,

@@ -191,8 +191,9 @@ class ActorMesh(MeshShape, Generic[A]):
                  answer: Settle) -> int:
         """A request on ``conn`` whose answer settles ``answer``."""
         if isinstance(answer, Slot):  # a Gathering's: it counts itself
-            answer.gathering.sent(conn, [answer])
-            return answer.req
+            req = conn.next_req(answer)
+            answer.sent(conn, req)
+            return req
         req = conn.next_req(self._as_pending(index, desc, answer))
         fut = cast("asyncio.Future[Any]", answer)  # the only other kind of Settle
         inflight = self._inflight

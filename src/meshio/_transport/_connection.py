@@ -193,10 +193,8 @@ class Gathering:
 
     def sent(self, conn: Connection, slots: Sequence[Slot]) -> None:
         """The requests of ``slots`` are in flight on ``conn``."""
-        inflight = self._inflight
         for req, s in enumerate(slots, conn.next_reqs(slots)):
-            s.conn, s.req = conn, req
-            inflight[s.index] += 1
+            s.sent(conn, req)
 
     def abandon(self) -> None:
         """The caller gave up (cancelled, timed out): the callees still
@@ -224,6 +222,11 @@ class Slot(Pending):
         self.settled = False
         self.conn: Connection | None = None  # where its request is in flight
         self.req = 0
+
+    def sent(self, conn: Connection, req: int) -> None:
+        """Its request is ``req`` on ``conn``."""
+        self.conn, self.req = conn, req
+        self.gathering._inflight[self.index] += 1
 
     def done(self) -> bool:
         return self.settled
