@@ -276,11 +276,14 @@ class FakeCluster:
         self.requests: list[tuple[str, str]] = []
         self.start_pod: Callable[[Pod, dict[str, Any]], str] = lambda pod, spec: "10.1.0.9"
         self.waiting_reason = ""
+        #: reads a deleted object still answers, terminating (a finalizer at work)
+        self.linger = 0
+        self.terminating: dict[tuple[str, str, str], list[Any]] = {}  # key -> [object, reads]
         self.lock = threading.Lock()
 
     def create(self, ns: str, plural: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         name = body["metadata"]["name"]
-        if (ns, plural, name) in self.objects:
+        if (ns, plural, name) in self.objects or (ns, plural, name) in self.terminating:
             return 409, status(409, f'{plural} "{name}" already exists', "AlreadyExists")
         body["metadata"]["uid"] = str(uuid.uuid4())
         self.objects[ns, plural, name] = body
@@ -318,6 +321,9 @@ class FakeCluster:
         obj = self.objects.pop((ns, plural, name), None)
         if obj is None:
             return 404, status(404, f'{plural} "{name}" not found', "NotFound")
+        if self.linger:
+            obj["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+            self.terminating[ns, plural, name] = [obj, self.linger]
         if plural in ("jobs", "statefulsets"):  # Background propagation: its pods go
             for key, pod in list(self.objects.items()):
                 if key[1] == "pods" and pod["spec"]["subdomain" if plural == "jobs"
@@ -377,6 +383,11 @@ def handler_for(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                     self.reply(200, [{"type": "ADDED", "object": p} for p in pods])
                 elif name is not None and (ns, plural, name) in cluster.objects:
                     self.reply(200, cluster.objects[ns, plural, name])
+                elif (going := cluster.terminating.get((ns, plural, str(name)))) is not None:
+                    going[1] -= 1
+                    if not going[1]:  # its finalizers are done: gone after this read
+                        del cluster.terminating[ns, plural, str(name)]
+                    self.reply(200, going[0])
                 else:
                     self.reply(404, status(404, f'{plural} "{name}" not found', "NotFound"))
 
@@ -449,6 +460,30 @@ async def test_apply_creates_the_objects_reattaches_and_kill_deletes(
     assert not cluster.objects
     assert not job.cache.exists() and not job.secret_file.exists()
     await again.kill()  # nothing left: nothing to do, no error
+
+
+async def test_kill_waits_until_the_objects_are_gone_so_the_name_is_free_at_once(
+        tmp_path: Path, cluster: FakeCluster) -> None:
+    """Deleted objects with finalizers stay a while, terminating; creating
+    their names meanwhile is refused (409).  kill() returns once they are
+    gone, so applying the same job again right after it works."""
+    await make_job(tmp_path).apply()
+    cluster.linger = 3
+    await make_job(tmp_path).kill()
+    assert not cluster.objects and not cluster.terminating
+    await make_job(tmp_path).apply()
+    assert len(cluster.names("pods")) == 3
+
+
+async def test_objects_that_never_go_make_kill_a_timeout_naming_them(
+        tmp_path: Path, cluster: FakeCluster) -> None:
+    job = make_job(tmp_path, start_timeout=1)
+    await job.apply()
+    cluster.linger = 10**6
+    with pytest.raises(TimeoutError, match=r"Job rl-trainers, Service rl-trainers, .*still "
+                                           r"terminating after 1 s"):
+        await job.kill()
+    assert job.cache.exists()  # not forgotten: kill() can be tried again
 
 
 async def test_a_stale_cache_is_reported_and_replaced(tmp_path: Path, cluster: FakeCluster,

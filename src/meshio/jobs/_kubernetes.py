@@ -26,6 +26,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -119,7 +120,7 @@ class KubernetesJob:
         context: the kubeconfig context (default: its current one).
         cache_dir: where the job cache and the job secret are kept.
         start_timeout: seconds ``apply()`` waits for every agent's pod to be
-            ready.
+            ready, and ``kill()`` for the job's objects to be gone.
 
     Raises:
         ValueError: a name that does not make valid Kubernetes names, a
@@ -365,12 +366,15 @@ class KubernetesJob:
         return self._state(hosts)
 
     async def kill(self) -> None:
-        """Delete the job's objects (their pods with them) and forget the
-        cached job and its secret.
+        """Delete the job's objects (their pods with them), wait until the
+        API server has removed them (so that a job of the same name can be
+        applied at once), and forget the cached job and its secret.
 
         Raises:
             ClusterNotConfiguredError: no cluster is configured.
             ClusterError: the cluster refused a deletion.
+            TimeoutError: objects still there after ``start_timeout`` (a
+                finalizer that does not finish); the cache is kept.
         """
         await asyncio.to_thread(self._delete, _client(self.context))
         self.cache.unlink(missing_ok=True)
@@ -492,15 +496,18 @@ class KubernetesJob:
     def _delete(self, client: tuple[Any, Any]) -> None:
         k8s, api = client
         workload = "Job" if self.workload == "job" else "StatefulSet"
+        objects = [(kind, obj) for obj in self._objects.values()
+                   for kind in (workload, "Service")]
+        objects.append(("Secret", f"{self.name}-secret"))
+        if self.tls_secret != f"{self.name}-tls":  # never the user's own
+            objects.append(("Secret", f"{self.name}-tls"))
         with _reaching(self.name):
-            for obj in self._objects.values():
-                self._delete_one(k8s, api, workload, obj)
-                self._delete_one(k8s, api, "Service", obj)
-            self._delete_one(k8s, api, "Secret", f"{self.name}-secret")
-            if self.tls_secret != f"{self.name}-tls":  # never the user's own
-                self._delete_one(k8s, api, "Secret", f"{self.name}-tls")
+            deleted = [(kind, name) for kind, name in objects
+                       if self._delete_one(k8s, api, kind, name)]
+            self._wait_gone(k8s, api, deleted)
 
-    def _delete_one(self, k8s: Any, api: Any, kind: str, name: str) -> None:
+    def _delete_one(self, k8s: Any, api: Any, kind: str, name: str) -> bool:
+        """Delete one object; whether there was one."""
         try:
             # Background: the Job's or StatefulSet's pods go too.  The answer
             # (the object or a Status, by kind and version) is not decoded.
@@ -511,6 +518,39 @@ class KubernetesJob:
         except k8s.client.ApiException as e:
             if e.status != 404:
                 raise _api_error(f"delete {kind} {name}", e) from e
+            return False
+        return True
+
+    def _wait_gone(self, k8s: Any, api: Any, objects: list[tuple[str, str]]) -> None:
+        """Wait until the deleted ``objects`` are gone: one with a finalizer
+        stays, terminating, and creating its name again meanwhile is refused
+        (409).  An object of that name not terminating is a new one, not
+        waited for."""
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.1
+        while True:
+            left: list[tuple[str, str]] = []
+            for kind, name in objects:
+                try:
+                    live = self._method(k8s, api, kind, "read")(
+                        name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
+                except k8s.client.ApiException as e:
+                    if e.status != 404:
+                        raise _api_error(f"read {kind} {name}", e) from e
+                    continue
+                if live.metadata.deletion_timestamp is not None:
+                    left.append((kind, name))
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"KubernetesJob {self.name!r}: {', '.join(f'{k} {n}' for k, n in left)} "
+                    f"still terminating after {self.start_timeout:g} s (a finalizer that does "
+                    f"not finish? kubectl get {left[0][0].lower()} {left[0][1]} -n "
+                    f"{self.namespace} -o yaml)")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(2 * delay, 2.0)
+            objects = left
 
 
 def _client(context: str | None) -> tuple[Any, Any]:
