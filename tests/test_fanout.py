@@ -6,18 +6,21 @@ processes and TCP connections."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import meshio
-from meshio import Actor, ActorError, SupervisionError, context, endpoint
-from meshio._transport._connection import Connection
+from meshio import Actor, ActorError, ProtocolError, SupervisionError, context, endpoint
+from meshio._transport._connection import Connection, Pending
 from meshio._transport._messages import Answers, Call, Fanout, Reply, decode_message
+from meshio._transport._runtime import runtime
 from meshio._transport._serial import limits
 from meshio.jobs import ProcessJob
 
@@ -52,6 +55,10 @@ class Node(Actor):
     @endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    async def addr(self) -> str:
+        return context().proc.addr
 
     @endpoint
     async def hang(self) -> None:
@@ -259,3 +266,42 @@ async def test_a_killed_relay_fails_its_part_of_the_call_and_the_rest_answer(
     assert info.value.rank == 3 * PER_HOST
     result = await mesh.slice(hosts=slice(3, 5), procs=1).point.call(0)
     assert [r for r, _, _ in result.values()] == [7, 9]
+
+
+async def test_a_malformed_tree_message_fails_its_calls_and_the_relay_serves_on(
+        nodes: tuple[ProcessJob, Any, Node], caplog: pytest.LogCaptureFixture) -> None:
+    """A tree message whose parts do not fit together (only a faulty or
+    hostile peer of the job sends one): each call it carries fails with a
+    ProtocolError saying what is wrong, a broadcast one is reported back,
+    and the process serves on (none of it hangs)."""
+    _, _, mesh = nodes
+    first = mesh.slice(hosts=0, procs=0)
+    addr = await first.addr.call_one()
+    rt = runtime()
+    conn = rt.conns.get(addr) or rt.connect(addr)
+    loop = asyncio.get_running_loop()
+    two = [(0, [(addr, 1)]), (1, [(addr, 1)])]
+    faults: dict[str, dict[str, Any]] = {
+        "fan-out width 0": {"width": 0},
+        "no relay for any of its hosts": {"relays": ["", ""]},
+        r"hosts \[0, 5\] outside its range 0..1": {"groups": [two[0], (5, [(addr, 1)])]},
+        r"hosts \[1, 0\] not in increasing order": {"groups": two[::-1]},
+    }
+    for why, fault in faults.items():
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in range(2)]
+        req = conn.next_reqs([Pending(f, lambda raw, bufs: raw, "Node.point", "probe", i)
+                              for i, f in enumerate(futs)])
+        conn.send_message(Fanout(**({
+            "target": "nodes", "method": "point", "args": msgspec.Raw(b"\x80"), "chain": (),
+            "origin": "", "first_req": req, "lo": 0, "relays": [addr, addr], "groups": two,
+            "width": 2, "gather": True} | fault)))
+        for f in futs:
+            with pytest.raises(ProtocolError, match=f"malformed fan-out message for "
+                                                    f"nodes.point: {why}"):
+                await asyncio.wait_for(f, 30)
+    with caplog.at_level(logging.WARNING, "meshio"):
+        conn.send_message(Fanout("nodes", "point", msgspec.Raw(b"\x80"), (), "", 0, 0,
+                                 [addr], [(0, [(addr, 1)])], 0, False))
+        # the same connection, answered in order: the report is in before this
+        assert (await first.point.call_one(4))[2] == 4
+    assert "reported: malformed fan-out message for nodes.point: fan-out width 0" in caplog.text

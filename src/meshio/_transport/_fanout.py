@@ -19,6 +19,7 @@ most :data:`HOLD_TIMEOUT` seconds (one may be lost with a relay that died).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from ._messages import (
     Cancel,
     ErrorInfo,
     ErrorKind,
+    Fail,
     Fanout,
     Reply,
     encode_message,
@@ -40,7 +42,7 @@ from ._serial import KIND_BYTEARRAY, KIND_BYTES, Buffers, OutBuffers
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ("GATHER_DELAY", "HOLD_TIMEOUT", "FanoutState", "Order", "relay", "split")
+__all__ = ("GATHER_DELAY", "HOLD_TIMEOUT", "FanoutState", "Order", "malformed", "relay", "split")
 
 log = logging.getLogger("meshio")
 
@@ -215,11 +217,40 @@ class Relayed(Pending):
             self.answers.add(self.up_req, raw, bufs)
 
 
+def malformed(msg: Fanout) -> str | None:
+    """What is wrong with a tree message whose parts do not fit together
+    (None: nothing).  Only a faulty or hostile peer sends one."""
+    if msg.width < 1:
+        return f"fan-out width {msg.width} (at least 1)"
+    if msg.lo < 0 or msg.first_req < 0:
+        return f"negative host {msg.lo} or request {msg.first_req}"
+    if not any(msg.relays):
+        return "no relay for any of its hosts"
+    hosts = [host for host, _ in msg.groups]
+    if any(not msg.lo <= h < msg.lo + len(msg.relays) for h in hosts):
+        return f"hosts {hosts} outside its range {msg.lo}..{msg.lo + len(msg.relays) - 1}"
+    if any(a >= b for a, b in itertools.pairwise(hosts)):
+        return f"hosts {hosts} not in increasing order"
+    return None
+
+
 def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
           post: Callable[[Connection, Call, Buffers], None]) -> None:
     """Serve a tree message: call the actors of this host (``post`` delivers
     to the one in this process) and hand each range of the other hosts down
-    to its relay."""
+    to its relay.  A malformed one fails each of its calls with a
+    ``ProtocolError``; the connection serves on."""
+    why = malformed(msg)
+    if why is not None:
+        why = f"malformed fan-out message for {msg.target}.{msg.method}: {why}"
+        log.warning("meshio: %s, from %s", why, up.peer or "unidentified peer")
+        info = ErrorInfo("protocol", "ProtocolError", why)
+        if msg.first_req:
+            n = sum(len(addrs) for _, addrs in msg.groups)
+            up.send_message(Answers([], [(msg.first_req + k, info) for k in range(n)]))
+        else:  # a broadcast: the sender logs it
+            up.send_message(Fail(0, info))
+        return
     origin = msg.origin or up.peer or ""
     answers = _Answers(up, msg.gather)
     lo, relays = msg.lo, msg.relays
