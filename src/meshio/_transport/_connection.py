@@ -120,11 +120,11 @@ class Settle(Protocol):
 
 
 class Pending:
-    """A call waiting for its reply: where the answer goes (:attr:`fut`; the
-    settling methods act on it), how to decode the result, and who was called
-    (for error messages)."""
+    """A call waiting for its reply: where the answer goes (settled through
+    :meth:`set_result` and the other methods of a future), how to decode the
+    result, and who was called (for error messages)."""
 
-    __slots__ = ("decode", "endpoint", "fut", "mesh", "point")
+    __slots__ = ("_fut", "decode", "endpoint", "mesh", "point")
 
     def __init__(
         self,
@@ -134,7 +134,7 @@ class Pending:
         mesh: str,
         point: Any,
     ) -> None:
-        self.fut: Settle = fut
+        self._fut: Settle = fut
         self.decode: Callable[[Any, Buffers], Any] = decode
         self.endpoint: str = endpoint
         self.mesh: str = mesh
@@ -147,16 +147,16 @@ class Pending:
         return rank
 
     def done(self) -> bool:
-        return self.fut.done()
+        return self._fut.done()
 
     def set_result(self, result: Any, /) -> None:
-        self.fut.set_result(result)
+        self._fut.set_result(result)
 
     def set_exception(self, exception: BaseException, /) -> None:
-        self.fut.set_exception(exception)
+        self._fut.set_exception(exception)
 
     def cancel(self, msg: Any | None = None) -> bool:
-        return self.fut.cancel(msg)
+        return self._fut.cancel(msg)
 
     def fail(self, info: ErrorInfo) -> None:
         """The callee answered with an error."""
@@ -202,7 +202,6 @@ class Gathering:
         if self.left:
             for s in self.slots:
                 s.cancel()
-
 
 
 class Slot(Pending):

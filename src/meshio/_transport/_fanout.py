@@ -197,8 +197,8 @@ class Relayed(Pending):
         fut.add_done_callback(self._answer)
 
     def fail(self, info: ErrorInfo) -> None:
-        if not self.fut.done():
-            self.fut.set_result(info)
+        if not self.done():
+            self.set_result(info)
 
     def _answer(self, fut: asyncio.Future[Any]) -> None:
         self.rt.fanout.relayed.pop((self.up, self.up_req), None)
