@@ -129,7 +129,8 @@ def controller_cost_hot(n: int = 256, rounds: int = 200) -> float:
         conn._req = 0  # each round's requests are 1..n, as the answers say
         g = Gathering(loop, "nodes", [0] * n, decode, "Node.ping", "nodes", range(n))
         g.sent(conn, g.slots)
-        numbers.numbered("nodes", addrs)
+        for addr in addrs:
+            numbers.number("nodes", addr)
         conn._deliver(answers, [])
         assert not g.left
 

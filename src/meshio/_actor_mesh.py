@@ -266,7 +266,7 @@ class ActorMesh(MeshShape, Generic[A]):
                       for host, indices in groups]
         relays = [next((a for a in addrs[h * per_host:(h + 1) * per_host] if a not in dead), "")
                   for h in range(len(addrs) // per_host)]
-        numbered = rt.fanout.numbered
+        number = rt.fanout.number
         target = self._target
         width = limits.fanout_width
         chain = _chain.get()
@@ -284,7 +284,7 @@ class ActorMesh(MeshShape, Generic[A]):
                 reqs = [self._pending(conn, i, desc, answers[i])
                         for _, indices in part for i in indices]
                 first = reqs[0]
-            calls = [(h, numbered(target, [addrs[ranks[i]] for i in indices]))
+            calls = [(h, [(a, number(target, a)) for a in (addrs[ranks[i]] for i in indices)])
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather)), out)

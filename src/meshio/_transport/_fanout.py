@@ -96,17 +96,6 @@ class FanoutState:
         n = self.numbers[key] = self.numbers.get(key, 0) + 1
         return n
 
-    def numbered(self, target: str, addrs: list[str]) -> list[tuple[str, int]]:
-        """Each of ``addrs`` with the number of the next call to the actor of
-        ``target`` there (:meth:`number`, for many at once)."""
-        numbers = self.numbers
-        out: list[tuple[str, int]] = []
-        for addr in addrs:
-            key = (target, addr)
-            n = numbers[key] = numbers.get(key, 0) + 1
-            out.append((addr, n))
-        return out
-
     def forget(self, target: str) -> None:
         """The actor mesh ``target`` is stopped: drop its numbers."""
         for key in [k for k in self.numbers if k[0] == target]:
