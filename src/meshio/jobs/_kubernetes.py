@@ -425,21 +425,26 @@ class KubernetesJob:
         cls, suffix = _APIS[kind]
         return getattr(getattr(k8s.client, cls)(api), f"{verb}_{suffix}")
 
+    def _read(self, k8s: Any, api: Any, kind: str, name: str) -> Any | None:
+        """The live object ``kind``/``name``; None if there is none."""
+        try:
+            return self._method(k8s, api, kind, "read")(name, self.namespace,
+                                                        _request_timeout=REQUEST_TIMEOUT)
+        except k8s.client.ApiException as e:
+            if e.status != 404:
+                raise _api_error(f"read {kind} {name}", e) from e
+            return None
+
     def _gone(self, k8s: Any, api: Any, docs: list[dict[str, Any]],
               uids: Mapping[str, str]) -> list[str]:
         """Why the cached job's objects are not the live job, if they are not."""
         gone: list[str] = []
         for doc in docs:
             kind, name = doc["kind"], doc["metadata"]["name"]
-            try:
-                live = self._method(k8s, api, kind, "read")(name, self.namespace,
-                                                            _request_timeout=REQUEST_TIMEOUT)
-            except k8s.client.ApiException as e:
-                if e.status != 404:
-                    raise _api_error(f"read {kind} {name}", e) from e
+            live = self._read(k8s, api, kind, name)
+            if live is None:
                 gone.append(f"{kind} {name} is gone")
-                continue
-            if live.metadata.uid != uids.get(f"{kind}/{name}"):
+            elif live.metadata.uid != uids.get(f"{kind}/{name}"):
                 gone.append(f"{kind} {name} is another object of that name")
             elif kind == "Job" and any(c.type in ("Complete", "Failed") and c.status == "True"
                                        for c in _items(getattr(live.status, "conditions", None))):
@@ -529,17 +534,9 @@ class KubernetesJob:
         deadline = time.monotonic() + self.start_timeout
         delay = 0.1
         while True:
-            left: list[tuple[str, str]] = []
-            for kind, name in objects:
-                try:
-                    live = self._method(k8s, api, kind, "read")(
-                        name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
-                except k8s.client.ApiException as e:
-                    if e.status != 404:
-                        raise _api_error(f"read {kind} {name}", e) from e
-                    continue
-                if live.metadata.deletion_timestamp is not None:
-                    left.append((kind, name))
+            left = [(kind, name) for kind, name in objects
+                    if (live := self._read(k8s, api, kind, name)) is not None
+                    and live.metadata.deletion_timestamp is not None]
             if not left:
                 return
             if time.monotonic() >= deadline:
