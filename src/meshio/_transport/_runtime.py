@@ -346,12 +346,6 @@ class Runtime:
         self._tls_server = None if tls is None else tls.server_context()
         self._tls_client = None if tls is None else tls.client_context()
 
-    @property
-    def reachable_addr(self) -> str:
-        """The address to hand to other processes (in a port, a handle): the
-        TCP one once this runtime has one, else :attr:`addr`."""
-        return self.tcp_addr or self.addr
-
     def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
                    secret: bytes, tls: TLSConfig | None = None) -> str:
         """Listen on TCP too, proving ``secret`` (and ``tls``) there: a
