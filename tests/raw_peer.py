@@ -7,7 +7,11 @@ from __future__ import annotations
 import asyncio
 import struct
 
+import pytest
+
+from meshio import AuthenticationError
 from meshio._transport import _messages as M
+from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
@@ -43,3 +47,14 @@ async def close(w: asyncio.StreamWriter) -> None:
         await w.wait_closed()
     except ConnectionError:
         pass
+
+
+async def refused_by(host: str, port: int) -> None:
+    """Dial ``host:port`` with another job's secret: the listener proves
+    itself first, and this peer sees that it belongs to another job."""
+    hs = Handshake(b"x" * 32, dialler=True)
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(hs.start())
+    with pytest.raises(AuthenticationError):
+        hs.feed(await asyncio.wait_for(reader.readexactly(CHALLENGE_SIZE), DEADLINE))
+    await close(writer)

@@ -18,15 +18,14 @@ import trustme
 import meshio._proc_state
 from meshio import (
     Actor,
-    AuthenticationError,
     ProcessStartError,
     SupervisionError,
     context,
     endpoint,
 )
-from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio.jobs import JobCacheError, ProcessJob, TLSConfig
 from meshio.testing import wait_exited
+from raw_peer import refused_by
 
 DEADLINE = 60.0
 
@@ -304,12 +303,7 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
     addr = job._entry["hosts"]["generators"][0]["addr"] if job._entry else ""
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
     # another job's secret: the agent proves itself first and then refuses
-    hs = Handshake(b"x" * 32, dialler=True)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(hs.start())
-    with pytest.raises(AuthenticationError):
-        hs.feed(await asyncio.wait_for(reader.readexactly(CHALLENGE_SIZE), DEADLINE))
-    writer.close()
+    await refused_by(host, int(port))
     # garbage, and 1 MiB where a challenge belongs
     for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\xff" * (1 << 20)):
         reader, writer = await asyncio.open_connection(host, int(port))

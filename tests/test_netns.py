@@ -28,19 +28,18 @@ import trustme
 import meshio
 from meshio import (
     Actor,
-    AuthenticationError,
     SupervisionError,
     _launcher,
     _proc_state,
     context,
     endpoint,
 )
-from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio.jobs import TLSConfig
 from meshio.jobs._job import write_secret
 from meshio.supervision import SupervisionEvent
 from meshio.testing import wait_exited
 from netns_hosts import Host, netns_hosts, requires_netns
+from raw_peer import refused_by
 from rdma_actors import N, Owner, Peer
 
 pytestmark = [requires_netns, pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")]
@@ -363,13 +362,7 @@ async def test_wrong_secret_is_refused_and_the_agent_keeps_serving(
     still serves.  (Hosts made in the test: its captured stderr is theirs.)"""
     with netns_hosts(1, secret_file) as hosts:
         host, port = hosts[0].agent_addr.removeprefix("tcp://").rsplit(":", 1)
-        hs = Handshake(b"x" * 32, dialler=True)
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(hs.start())
-        with pytest.raises(AuthenticationError):
-            hs.feed(await asyncio.wait_for(reader.readexactly(CHALLENGE_SIZE), DEADLINE))
-        writer.close()
-        await writer.wait_closed()
+        await refused_by(host, int(port))
         # garbage where the handshake belongs: dropped
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"GET / HTTP/1.1\r\n\r\n")
