@@ -16,8 +16,8 @@ import pytest
 import trustme
 
 import meshio._proc_state
+from hop_actors import Hop
 from meshio import (
-    Actor,
     ProcessStartError,
     SupervisionError,
     context,
@@ -30,24 +30,11 @@ from raw_peer import refused_by
 DEADLINE = 60.0
 
 
-class Where(Actor):
+class Where(Hop):
     @endpoint
     async def where(self) -> tuple[int, str, str]:
         ctx = context()
         return os.getpid(), ctx.proc.addr, os.environ.get("MESHIO_WORKER", "")
-
-    @endpoint
-    async def echo(self, x: int) -> int:
-        return x
-
-    @endpoint
-    async def ask(self, other: Where, x: int) -> list[int]:
-        """Call ``other`` (on another host) from this actor."""
-        return (await other.echo.call(x)).values()
-
-    @endpoint
-    async def hang(self) -> None:
-        await asyncio.Event().wait()
 
 
 @pytest.fixture

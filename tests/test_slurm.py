@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from meshio import Actor, SupervisionError, endpoint
+from hop_actors import Hop
+from meshio import SupervisionError, endpoint
 from meshio.jobs import SlurmError, SlurmJob, TLSConfig
 from meshio.jobs._agent import host_address
 
@@ -32,24 +33,11 @@ SLURM_LOCAL = Path(os.environ.get(
     Path(__file__).resolve().parents[2] / "shared" / "slurm-local" / "slurm-local.sh"))
 
 
-class Where(Actor):
+class Where(Hop):
     @endpoint
     async def where(self) -> tuple[str, str]:
         """This proc's Slurm node name and host name."""
         return os.environ.get("SLURMD_NODENAME", ""), os.uname().nodename
-
-    @endpoint
-    async def echo(self, x: int) -> int:
-        return x
-
-    @endpoint
-    async def ask(self, other: Where, x: int) -> list[int]:
-        """Call ``other`` (on another node) from this actor."""
-        return (await other.echo.call(x)).values()
-
-    @endpoint
-    async def hang(self) -> None:
-        await asyncio.Event().wait()
 
 
 def _unavailable(why: str) -> None:
