@@ -178,6 +178,7 @@ _MANY_TLS = """
 import asyncio, sys
 from pathlib import Path
 import meshio
+from meshio._transport._credentials import Credentials
 from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio._transport._runtime import runtime
 from meshio.jobs import TLSConfig
@@ -185,7 +186,8 @@ from meshio.jobs import TLSConfig
 async def main(d: Path, n: int) -> None:
     tls = TLSConfig(d / "job.pem", d / "job.pem", d / "job-ca.pem")
     secret = b"s" * 32
-    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1", secret=secret, tls=tls)
+    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1",
+                                job=Credentials(secret, tls))
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
     ctx = tls.client_context()
 

@@ -62,6 +62,7 @@ from ._messages import (
 from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 
 if TYPE_CHECKING:
+    from ._credentials import Credentials
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
@@ -282,6 +283,8 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = peer
         self.peer_pid = -1
         self.worker = ""
+        #: a TCP connection's job: what it proved (None: Unix or in memory)
+        self.job: Credentials | None = None
         self.transport: asyncio.Transport | None = None
         self.closed: bool = False
         self.pending: dict[int, Pending] = {}
