@@ -366,12 +366,13 @@ class Runtime:
         self._socks.append(sock)
         if job is None:
             self._serving.append(self.loop.create_task(self._serve(
-                sock, functools.partial(self._handshake_in, None))))
+                sock, functools.partial(self._handshake_in, self.addr, None))))
             return self.addr
+        addr = tcp_address(advertise, sock.getsockname()[1])
         self._serving.append(self.loop.create_task(
-            self._serve(sock, functools.partial(self._handshake_in, job))
-            if job.server_context is None else self._serve_tls(sock, job)))
-        return tcp_address(advertise, sock.getsockname()[1])
+            self._serve(sock, functools.partial(self._handshake_in, addr, job))
+            if job.server_context is None else self._serve_tls(sock, addr, job)))
+        return addr
 
     async def _serve(self, sock: socket.socket,
                      factory: Callable[[], asyncio.BaseProtocol]) -> None:
@@ -382,24 +383,25 @@ class Runtime:
             server = await self.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
         self._servers.append(server)
 
-    async def _serve_tls(self, sock: socket.socket, job: Credentials) -> None:
+    async def _serve_tls(self, sock: socket.socket, addr: str, job: Credentials) -> None:
         """Accept TCP connections on ``sock`` and run TLS on each from its
         first byte (``connect_accepted_socket``; uvloop's ``start_tls`` after
         an accept sometimes lost the first bytes and stalled the handshake)."""
         sock.setblocking(False)
         while True:
             conn, peer = await self.loop.sock_accept(sock)
-            task = self.loop.create_task(self._accept_tls(conn, peer, job))
+            task = self.loop.create_task(self._accept_tls(conn, peer, addr, job))
             self._tls_accepts.add(task)
             task.add_done_callback(self._tls_accepts.discard)
 
-    async def _accept_tls(self, conn: socket.socket, peer: Any, job: Credentials) -> None:
+    async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
+                          job: Credentials) -> None:
         """The server side of TLS on an accepted connection, then the job
         handshake.  A peer that fails TLS (plain text, no or a foreign
         certificate, silence) is logged with its address and dropped;
         nothing of it is read."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hs = self._handshake_in(job)
+        hs = self._handshake_in(addr, job)
         hs.peername = peer
         try:
             await self.loop.connect_accepted_socket(
@@ -407,15 +409,16 @@ class Runtime:
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (TimeoutError, OSError) as e:
             conn.close()
-            hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
+            hs.fail(AuthenticationError(f"TLS failed: {str(e) or type(e).__name__}"))  # logged
         except BaseException:
             conn.close()
             self._handshakes.discard(hs)
             raise
 
-    def _handshake_in(self, job: Credentials | None) -> HandshakeProtocol:
-        """A new incoming connection (on TCP, for the processes of ``job``):
-        the handshake first, then a Connection."""
+    def _handshake_in(self, addr: str, job: Credentials | None) -> HandshakeProtocol:
+        """A new incoming connection at this runtime's address ``addr`` (on
+        TCP, for the processes of ``job``): the handshake first, then a
+        Connection."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
             self._accept(transport, leftover, hs.creds, job)
@@ -423,7 +426,7 @@ class Runtime:
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)
             if not self._closed:
-                log.warning("meshio: refused a connection to %s from %s: %s", self.addr,
+                log.warning("meshio: refused a connection to %s from %s: %s", addr,
                             hs.describe(), error)
 
         hs = HandshakeProtocol(self.secret if job is None else job.secret, dialler=False,
@@ -513,15 +516,23 @@ class Runtime:
                                    dialler=True, timeout=max(deadline - loop.time(), 0.0),
                                    on_done=done, on_fail=fail)
             self._handshakes.add(hs)
-            if endpoint is None:
-                await loop.create_unix_connection(lambda: hs, sock=sock)
-            else:
-                tls = job.client_context
-                await loop.create_connection(
-                    lambda: hs, sock=sock, ssl=tls,
-                    server_hostname=endpoint[0] if tls is not None else None,
-                    ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
-                                           if tls is not None else None))
+            tls = None if endpoint is None else job.client_context
+            try:
+                if endpoint is None:
+                    await loop.create_unix_connection(lambda: hs, sock=sock)
+                else:
+                    await loop.create_connection(
+                        lambda: hs, sock=sock, ssl=tls,
+                        server_hostname=endpoint[0] if tls is not None else None,
+                        ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
+                                               if tls is not None else None))
+            except BaseException as e:  # before the handshake began: it never ends
+                self._handshakes.discard(hs)
+                if tls is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                    raise ConnectionError(  # connected: only TLS could fail
+                        f"TLS failed: {str(e) or type(e).__name__} (is the peer a process of a job "
+                        "with other TLS settings, or none?)") from e
+                raise
             await proven
         except (OSError, AuthenticationError) as e:
             if self.conns.get(addr) is conn:
