@@ -407,9 +407,9 @@ async def test_one_controller_drives_jobs_of_other_secrets_and_tls_at_once(
                 with pytest.raises(MeshioError, match=f"cannot connect.*{why}"):
                     await asyncio.wait_for(caller.ask.call_one(callee, 2), DEADLINE)
             # the refusals harmed nothing
-            assert await asyncio.wait_for(asyncio.gather(
+            assert list(await asyncio.wait_for(asyncio.gather(
                 plain.echo.call_one(6), other.echo.call_one(7), secure.echo.call_one(8)),
-                DEADLINE) == [6, 7, 8]
+                DEADLINE)) == [6, 7, 8]
     finally:
         for j in jobs:
             await j.kill()
