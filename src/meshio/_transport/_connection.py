@@ -283,10 +283,10 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = peer
         self.peer_pid = -1
         self.worker = ""
-        #: a TCP connection's job: what it proved (None: Unix or in memory)
-        self.job: Credentials | None = None
         self.transport: asyncio.Transport | None = None
         self.closed: bool = False
+        #: a TCP connection's job: what it proved (None: Unix or in memory)
+        self.job: Credentials | None = None
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None

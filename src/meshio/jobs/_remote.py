@@ -149,7 +149,7 @@ class RemoteLauncher:
         req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
                                     spec.label or spec.worker))
         await rt.dialled(conn)
-        if not fut.done():  # the agent proved the job's secret: serve the job's workers
+        if not fut.done():  # the agent proved the job's credentials: serve its workers
             rt.on_lost.setdefault(self.agent, self._agent_lost)
             controller = rt.listen_tcp(advertise=route_to(self.host), job=self._job)
             # a replacement keeps its predecessor's TCP address; a new worker gets one
@@ -158,7 +158,7 @@ class RemoteLauncher:
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
             conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
                                            spec.restart, spec.label, spec.bootstrap))
-        pid = await fut  # a failed dial failed it: a wrong secret leaves nothing behind
+        pid = await fut  # a failed dial failed it, before anything listened for the job
         proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
         rt.state(_Remote).procs[spec.worker] = proc
         return proc
