@@ -124,7 +124,7 @@ async def _procs(config: str, tmp: Path) -> AsyncGenerator[Any]:
             hosts = (await job.state()).h
         else:
             addrs, secret = stack.enter_context(_netns(tmp, tls))
-            hosts = meshio.attach(addrs, secret=secret, tls=tls)
+            hosts = meshio.attach(addrs, secret_file=secret, tls=tls)
         yield await stack.enter_async_context(hosts.spawn_procs())
 
 

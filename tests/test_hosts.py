@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -15,9 +16,12 @@ from pathlib import Path
 import pytest
 import trustme
 
+import meshio
 import meshio._proc_state
 from hop_actors import Hop
 from meshio import (
+    AuthenticationError,
+    MeshioError,
     ProcessStartError,
     SupervisionError,
     context,
@@ -178,6 +182,7 @@ _MANY_TLS = """
 import asyncio, sys
 from pathlib import Path
 import meshio
+from meshio._transport._credentials import Credentials
 from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
 from meshio._transport._runtime import runtime
 from meshio.jobs import TLSConfig
@@ -185,7 +190,8 @@ from meshio.jobs import TLSConfig
 async def main(d: Path, n: int) -> None:
     tls = TLSConfig(d / "job.pem", d / "job.pem", d / "job-ca.pem")
     secret = b"s" * 32
-    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1", secret=secret, tls=tls)
+    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1",
+                                job=Credentials(secret, tls))
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
     ctx = tls.client_context()
 
@@ -305,3 +311,132 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
         assert await asyncio.wait_for(w.echo.call_one(2), DEADLINE) == 2
     log = (tmp_path / ".meshio" / "job.log").read_text()
     assert log.count("refused a connection") >= 2 and "from 127.0.0.1 port" in log
+
+
+# ------------------------------------------------------------ several jobs
+
+def listening_ports() -> set[int]:
+    """The TCP ports this process listens on (its sockets in /proc/net/tcp*)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def agent_addrs(j: ProcessJob, mesh: str) -> list[str]:
+    entry = j._entry
+    assert entry is not None
+    return [a["addr"] for a in entry["hosts"][mesh]]
+
+
+async def test_wrong_secret_leaves_nothing_behind_and_the_right_one_attaches(
+        job: ProcessJob, caplog: pytest.LogCaptureFixture,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 15 item 6: attaching with a mistyped secret fails with
+    AuthenticationError and leaves nothing behind (no listener for it), so
+    the same controller then attaches with the right secret and calls run;
+    a wrong secret for agents in use is refused too, and the secret shows
+    in no error and no log line."""
+    await job.apply()
+    addrs = agent_addrs(job, "generators")
+    wrong = secrets.token_hex(16)
+    before = listening_ports()
+    with caplog.at_level(logging.DEBUG, logger="meshio"):
+        with pytest.raises(AuthenticationError, match="failed authentication") as info:
+            await asyncio.wait_for(meshio.attach(addrs, secret=wrong.encode()).spawn_procs(),
+                                   DEADLINE)
+        assert listening_ports() == before
+        entry = job._entry
+        assert entry is not None
+        hosts = meshio.attach(addrs, secret_file=entry["secret_file"])
+        async with hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            assert await asyncio.wait_for(w.echo.call_one(4), DEADLINE) == 4
+            with pytest.raises(AuthenticationError, match="another secret") as again:
+                await asyncio.wait_for(
+                    meshio.attach(addrs, secret=wrong.encode()).spawn_procs(), DEADLINE)
+            assert await asyncio.wait_for(w.echo.call_one(5), DEADLINE) == 5
+    right = Path(entry["secret_file"]).read_text().strip()
+    shown = [str(info.value), repr(info.value), str(again.value), repr(again.value),
+             caplog.text, *capfd.readouterr(), repr(hosts), repr(job), repr(await job.state())]
+    assert not [text for text in shown if wrong in text or right in text]
+
+
+async def test_one_controller_drives_jobs_of_other_secrets_and_tls_at_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 15 item 6: one controller drives three jobs at once, each with
+    its own secret, one under TLS: calls reach the actors of each, and
+    actors call the actors of their own job.  An actor calls the actors of
+    its own job only: one of another job refuses its connection, and the
+    call fails at once (AuthenticationError for another secret, a refusal
+    during TLS for another TLS setting), never hangs."""
+    tls, _ = _certs(tmp_path)
+    cache = tmp_path / ".meshio"
+    jobs = [ProcessJob(meshes={"hosts": 1}, name="plain", cache_dir=cache),
+            ProcessJob(meshes={"hosts": 1}, name="other", cache_dir=cache),
+            ProcessJob(meshes={"hosts": 1}, name="tls", cache_dir=cache, tls=tls)]
+    try:
+        states = await asyncio.gather(*(j.state() for j in jobs))
+        async with states[0].hosts.spawn_procs() as p0, states[1].hosts.spawn_procs() as p1, \
+                states[2].hosts.spawn_procs(per_host={"procs": 2}) as p2:
+            plain, other, both = [await p.spawn("w", Where) for p in (p0, p1, p2)]
+            secure = both.slice(procs=0)
+            found = await asyncio.wait_for(asyncio.gather(
+                plain.where.call_one(), other.where.call_one(), secure.where.call_one()),
+                DEADLINE)
+            assert len({pid for pid, _, _ in found}) == 3
+            # within a job, actor to actor
+            assert await asyncio.wait_for(secure.ask.call_one(both.slice(procs=1), 3),
+                                          DEADLINE) == [3]
+            with pytest.raises(MeshioError, match="failed authentication"):
+                await asyncio.wait_for(plain.ask.call_one(other, 1), DEADLINE)
+            for caller, callee, why in ((plain, secure, "closed during the handshake"),
+                                        (secure, plain, "TLS failed")):
+                with pytest.raises(MeshioError, match=f"cannot connect.*{why}"):
+                    await asyncio.wait_for(caller.ask.call_one(callee, 2), DEADLINE)
+            # the refusals harmed nothing
+            assert list(await asyncio.wait_for(asyncio.gather(
+                plain.echo.call_one(6), other.echo.call_one(7), secure.echo.call_one(8)),
+                DEADLINE)) == [6, 7, 8]
+    finally:
+        for j in jobs:
+            await j.kill()
+    assert "never retrieved" not in capfd.readouterr().err  # no handshake left behind
+
+
+def test_secret_is_bytes_and_a_file_is_secret_file(tmp_path: Path) -> None:
+    """issue 15 item 7: ``secret=`` takes bytes only: a str (the token
+    itself, as a user would paste it) is a TypeError naming
+    ``secret_file=``, never read as a file name, and neither the error nor
+    a repr shows it; ``secret_file=`` reads the file."""
+    token = secrets.token_hex(24)
+    for bad in (token, bytearray(token.encode())):
+        with pytest.raises(TypeError, match="secret_file=") as info:
+            meshio.attach(["127.0.0.1:1"], secret=bad)  # type: ignore[arg-type]
+        assert token not in str(info.value) and token not in repr(info.value)
+    with pytest.raises(TypeError, match="one of the two"):
+        meshio.attach(["127.0.0.1:1"])
+    path = tmp_path / "job.secret"
+    path.write_text(token + "\n")
+    with pytest.raises(TypeError, match="one of the two"):
+        meshio.attach(["127.0.0.1:1"], secret=token.encode(), secret_file=path)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        meshio.attach(["127.0.0.1:1"], secret=b"short")
+    for hosts in (meshio.attach(["127.0.0.1:1"], secret_file=path),
+                  meshio.attach(["127.0.0.1:1"], secret=token.encode())):
+        launcher = hosts._launchers[0]
+        assert isinstance(launcher, meshio.jobs._remote.RemoteLauncher)
+        assert launcher._job.secret == token.encode()
+        assert token not in repr(hosts) and token not in repr(launcher._job)

@@ -208,10 +208,10 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
         return cert, key, ca, mutual
 
     monkeypatch.setattr(agent_module, "serve_agent", serve)
-    def read_secret(path: str) -> bytes:
+    def read_secret_file(path: str) -> bytes:
         return f"read {path}".encode()
 
-    monkeypatch.setattr(agent_module, "read_secret", read_secret)
+    monkeypatch.setattr(agent_module, "read_secret_file", read_secret_file)
     monkeypatch.setattr(agent_module, "TLSConfig", tls_config)
     for job in golden_jobs(tmp_path).values():
         (wl,) = [d for d in job.manifests() if d["kind"] in ("Job", "StatefulSet")][:1]

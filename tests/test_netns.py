@@ -112,7 +112,7 @@ def hosts(secret_file: Path) -> Iterator[list[Host]]:
 
 def attach(hosts: list[Host], secret_file: Path, tls: TLSConfig | None = None
            ) -> meshio.HostMesh:
-    return meshio.attach([h.agent_addr for h in hosts], secret=secret_file, tls=tls)
+    return meshio.attach([h.agent_addr for h in hosts], secret_file=secret_file, tls=tls)
 
 
 def bridge_of(host: Host) -> str:

@@ -62,6 +62,7 @@ from ._messages import (
 from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 
 if TYPE_CHECKING:
+    from ._credentials import Credentials
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
@@ -284,6 +285,8 @@ class Connection(asyncio.BufferedProtocol):
         self.worker = ""
         self.transport: asyncio.Transport | None = None
         self.closed: bool = False
+        #: a TCP connection's job: what it proved (None: Unix or in memory)
+        self.job: Credentials | None = None
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None

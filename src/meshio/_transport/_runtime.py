@@ -12,7 +12,6 @@ import logging
 import os
 import secrets
 import socket
-import ssl
 import sys
 import threading
 import weakref
@@ -27,6 +26,7 @@ from .._exceptions import (
     SupervisionError,
 )
 from ._connection import Connection, Pending, ignore_result, not_responding
+from ._credentials import Credentials
 from ._fanout import FanoutState, Order, relay
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
 from ._memory import memory_pipe
@@ -246,7 +246,10 @@ class Runtime:
 
     A ``tcp://HOST:PORT`` address listens on TCP instead (port 0: any),
     named by ``advertise`` (how other hosts reach it) when ``HOST`` is
-    ``0.0.0.0``; ``tls`` then applies to every connection.
+    ``0.0.0.0``; ``tls`` then applies to every connection.  A controller
+    listens on TCP once per job it drives (:meth:`listen_tcp`), and a TCP
+    connection proves the :class:`~._credentials.Credentials` of the job of
+    the process at its other end (:attr:`tcp_jobs`).
 
     An ``in_process`` runtime (a worker of the in-process transport,
     :mod:`meshio.testing`) listens on no socket: the runtimes of this process
@@ -274,24 +277,24 @@ class Runtime:
         self.secret: bytes = new_secret() if secret is None else secret
         if addr is None:
             addr = f"@meshio-{secrets.token_hex(8)}/controller"
-        #: TLS of this runtime's TCP connections, in and out (None: plain TCP)
-        self.tls: TLSConfig | None = None
-        self._tls_server: ssl.SSLContext | None = None
-        self._tls_client: ssl.SSLContext | None = None
-        #: the secret TCP connections prove: the job's on its hosts, which a
-        #: controller that also runs local workers may hold beside its own
-        self.tcp_secret: bytes = self.secret
-        self._set_tls(tls)
+        #: what this runtime's TCP connections prove, but for those to the
+        #: processes of another job (:attr:`tcp_jobs`): its own secret, and ``tls``
+        self.tcp: Credentials = Credentials(self.secret, tls)
+        #: controller side: the ``tcp://`` address it listens at for each job
+        #: it drives (:meth:`listen_tcp`)
+        self._tcp_listeners: dict[Credentials, str] = {}
+        #: by ``tcp://`` address, the job of the process there when it is not
+        #: this runtime's own (learned from its ``Hello``; what dialling it proves)
+        self.tcp_jobs: dict[str, Credentials] = {}
         self._socks: list[socket.socket] = []
         self._serving: list[asyncio.Task[None]] = []
         self._servers: list[asyncio.Server] = []
         self._tls_accepts: set[asyncio.Task[None]] = set()  # TLS handshakes under way
-        #: where processes on other hosts reach this runtime (``tcp://``), once
-        #: it listens on TCP (:meth:`listen_tcp`, or a TCP address of its own)
-        self.tcp_addr: str | None = None
+        #: connections being dialled → done once dialling ended (:meth:`dialled`)
+        self._dialling: dict[Connection, asyncio.Task[None]] = {}
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
-            addr = self._listen(_listen_tcp(*endpoint), advertise or endpoint[0])
+            addr = self._listen(_listen_tcp(*endpoint), advertise or endpoint[0], self.tcp)
         #: prefix of this job's socket names (``@meshio-<random>``)
         self.namespace: str = (addr.rpartition("/")[0] if endpoint is None
                                else f"@meshio-{secrets.token_hex(8)}")
@@ -338,50 +341,38 @@ class Runtime:
             sock.bind(sockaddr(addr))
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
-            self._listen(sock, "")
+            self._listen(sock, "", None)
         _local[addr] = self
 
-    def _set_tls(self, tls: TLSConfig | None) -> None:
-        self.tls = tls
-        self._tls_server = None if tls is None else tls.server_context()
-        self._tls_client = None if tls is None else tls.client_context()
-
     def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
-                   secret: bytes, tls: TLSConfig | None = None) -> str:
-        """Listen on TCP too, proving ``secret`` (and ``tls``) there: a
-        controller whose workers run on other hosts.  Its ``tcp://`` address
-        names the host ``advertise`` (how those hosts reach this one).  A
-        second call with the same settings returns the same address.
-
-        Raises:
-            ValueError: this runtime already listens on TCP for another job
-                secret or other TLS settings.
-        """
-        if self.tcp_addr is not None:
-            if secret != self.tcp_secret or tls != self.tls:
-                raise ValueError(
-                    f"this controller already serves hosts at {self.tcp_addr} with another "
-                    "job secret or TLS setting; one controller drives the hosts of one job")
-            return self.tcp_addr
+                   job: Credentials) -> str:
+        """Listen on TCP too, for the processes of ``job`` (a connection there
+        proves its secret, under its TLS): a controller whose workers run on
+        other hosts.  Its ``tcp://`` address names the host ``advertise`` (how
+        those hosts reach this one).  One listener per job: a second call for
+        the same job returns the same address."""
+        addr = self._tcp_listeners.get(job)
+        if addr is not None:
+            return addr
         if self._closed:
             raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
-        self.tcp_secret = secret
-        self._set_tls(tls)
-        return self._listen(_listen_tcp(bind, port), advertise)
+        addr = self._tcp_listeners[job] = self._listen(_listen_tcp(bind, port), advertise, job)
+        return addr
 
-    def _listen(self, sock: socket.socket, advertise: str) -> str:
-        """Serve connections on the listening ``sock``; for TCP, its address
-        as ``advertise`` names the host."""
+    def _listen(self, sock: socket.socket, advertise: str, job: Credentials | None) -> str:
+        """Serve connections on the listening ``sock``: Unix (``job`` None),
+        or TCP for the processes of ``job``, its address as ``advertise``
+        names the host."""
         self._socks.append(sock)
-        if sock.family == socket.AF_UNIX:
+        if job is None:
             self._serving.append(self.loop.create_task(self._serve(
-                sock, functools.partial(self._handshake_in, self.secret))))
+                sock, functools.partial(self._handshake_in, self.addr, None))))
             return self.addr
-        self.tcp_addr = tcp_address(advertise, sock.getsockname()[1])
+        addr = tcp_address(advertise, sock.getsockname()[1])
         self._serving.append(self.loop.create_task(
-            self._serve(sock, functools.partial(self._handshake_in, self.tcp_secret))
-            if self._tls_server is None else self._serve_tls(sock)))
-        return self.tcp_addr
+            self._serve(sock, functools.partial(self._handshake_in, addr, job))
+            if job.server_context is None else self._serve_tls(sock, addr, job)))
+        return addr
 
     async def _serve(self, sock: socket.socket,
                      factory: Callable[[], asyncio.BaseProtocol]) -> None:
@@ -392,56 +383,61 @@ class Runtime:
             server = await self.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
         self._servers.append(server)
 
-    async def _serve_tls(self, sock: socket.socket) -> None:
+    async def _serve_tls(self, sock: socket.socket, addr: str, job: Credentials) -> None:
         """Accept TCP connections on ``sock`` and run TLS on each from its
         first byte (``connect_accepted_socket``; uvloop's ``start_tls`` after
         an accept sometimes lost the first bytes and stalled the handshake)."""
         sock.setblocking(False)
         while True:
             conn, peer = await self.loop.sock_accept(sock)
-            task = self.loop.create_task(self._accept_tls(conn, peer))
+            task = self.loop.create_task(self._accept_tls(conn, peer, addr, job))
             self._tls_accepts.add(task)
             task.add_done_callback(self._tls_accepts.discard)
 
-    async def _accept_tls(self, conn: socket.socket, peer: Any) -> None:
+    async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
+                          job: Credentials) -> None:
         """The server side of TLS on an accepted connection, then the job
         handshake.  A peer that fails TLS (plain text, no or a foreign
         certificate, silence) is logged with its address and dropped;
         nothing of it is read."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hs = self._handshake_in(self.tcp_secret)
+        hs = self._handshake_in(addr, job)
         hs.peername = peer
         try:
             await self.loop.connect_accepted_socket(
-                lambda: hs, conn, ssl=self._tls_server, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+                lambda: hs, conn, ssl=job.server_context,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (TimeoutError, OSError) as e:
             conn.close()
-            hs.fail(AuthenticationError(f"TLS failed: {e or type(e).__name__}"))  # logged
+            hs.fail(AuthenticationError(f"TLS failed: {str(e) or type(e).__name__}"))  # logged
         except BaseException:
             conn.close()
             self._handshakes.discard(hs)
             raise
 
-    def _handshake_in(self, secret: bytes) -> HandshakeProtocol:
-        """A new incoming connection: the handshake first, then a Connection."""
+    def _handshake_in(self, addr: str, job: Credentials | None) -> HandshakeProtocol:
+        """A new incoming connection at this runtime's address ``addr`` (on
+        TCP, for the processes of ``job``): the handshake first, then a
+        Connection."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
-            self._accept(transport, leftover, hs.creds)
+            self._accept(transport, leftover, hs.creds, job)
 
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)
             if not self._closed:
-                log.warning("meshio: refused a connection to %s from %s: %s", self.addr,
+                log.warning("meshio: refused a connection to %s from %s: %s", addr,
                             hs.describe(), error)
 
-        hs = HandshakeProtocol(secret, dialler=False, timeout=HANDSHAKE_TIMEOUT,
-                               on_done=done, on_fail=fail)
+        hs = HandshakeProtocol(self.secret if job is None else job.secret, dialler=False,
+                               timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail)
         self._handshakes.add(hs)
         return hs
 
     def _accept(self, transport: asyncio.Transport, leftover: bytes,
-                creds: tuple[int, int, int] | None) -> None:
+                creds: tuple[int, int, int] | None, job: Credentials | None) -> None:
         conn = Connection(self, None)
+        conn.job = job
         if creds is not None:
             conn.peer_pid = creds[0]
         self.all_conns.add(conn)
@@ -451,13 +447,26 @@ class Runtime:
 
     # ------------------------------------------------------------ peers
 
-    def connect(self, addr: str) -> Connection:
+    def connect(self, addr: str, job: Credentials | None = None) -> Connection:
         """The connection to ``addr``, dialling it if needed (sends made
-        before it is up are queued in order)."""
+        before it is up are queued in order).  A ``tcp://`` address is
+        dialled proving ``job``: by default the job of the process there
+        (:attr:`tcp_jobs`), else this runtime's own (:attr:`tcp`).
+
+        Raises:
+            AuthenticationError: ``addr`` is connected already, as a process
+                of another job than ``job``.
+        """
         conn = self.conns.get(addr)
         if conn is not None:
+            if job is not None and conn.job != job:
+                raise AuthenticationError(
+                    f"{addr} is connected already, as a process of a job with another secret "
+                    "or TLS setting; a process belongs to one job")
             return conn
         conn = Connection(self, addr)
+        if addr.startswith("tcp://"):
+            conn.job = job or self.tcp_jobs.get(addr, self.tcp)
         self.conns[addr] = conn
         self.all_conns.add(conn)
         peer = _local.get(addr)
@@ -467,8 +476,16 @@ class Runtime:
             memory_pipe(self.loop, conn, self.context, self.addr,
                         accepted, peer.context, addr)
         else:
-            self.loop.create_task(self._dial(conn, addr))
+            task = self._dialling[conn] = self.loop.create_task(self._dial(conn, addr))
+            task.add_done_callback(lambda _: self._dialling.pop(conn, None))
         return conn
+
+    async def dialled(self, conn: Connection) -> None:
+        """Return once dialling ``conn`` (:meth:`connect`) has ended: it is
+        up, or it failed, and its calls with it."""
+        task = self._dialling.get(conn)
+        if task is not None:
+            await asyncio.shield(task)
 
     async def _dial(self, conn: Connection, addr: str) -> None:
         """Connect to ``addr``, prove both sides, then hand over to ``conn``
@@ -494,18 +511,28 @@ class Runtime:
             endpoint = tcp_endpoint(addr)
             sock = await (self._connect(addr, deadline) if endpoint is None
                           else self._connect_tcp(endpoint, deadline))
-            hs = HandshakeProtocol(self.secret if endpoint is None else self.tcp_secret,
+            job = conn.job or self.tcp
+            hs = HandshakeProtocol(self.secret if endpoint is None else job.secret,
                                    dialler=True, timeout=max(deadline - loop.time(), 0.0),
                                    on_done=done, on_fail=fail)
             self._handshakes.add(hs)
-            if endpoint is None:
-                await loop.create_unix_connection(lambda: hs, sock=sock)
-            else:
-                await loop.create_connection(
-                    lambda: hs, sock=sock, ssl=self._tls_client,
-                    server_hostname=endpoint[0] if self._tls_client is not None else None,
-                    ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
-                                           if self._tls_client is not None else None))
+            tls = None if endpoint is None else job.client_context
+            try:
+                if endpoint is None:
+                    await loop.create_unix_connection(lambda: hs, sock=sock)
+                else:
+                    await loop.create_connection(
+                        lambda: hs, sock=sock, ssl=tls,
+                        server_hostname=endpoint[0] if tls is not None else None,
+                        ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
+                                               if tls is not None else None))
+            except BaseException as e:  # before the handshake began: it never ends
+                self._handshakes.discard(hs)
+                if tls is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                    raise ConnectionError(  # connected: only TLS could fail
+                        f"TLS failed: {str(e) or type(e).__name__} (is the peer a process of a job "
+                        "with other TLS settings, or none?)") from e
+                raise
             await proven
         except (OSError, AuthenticationError) as e:
             if self.conns.get(addr) is conn:
@@ -603,6 +630,8 @@ class Runtime:
                 if conn.peer is None:
                     conn.peer = msg.addr
                     self.conns.setdefault(msg.addr, conn)
+                    if conn.job is not None and conn.job is not self.tcp:
+                        self.tcp_jobs[msg.addr] = conn.job  # redialled as a process of its job
                 waiter = self.hello_waiters.pop(msg.worker, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(conn)

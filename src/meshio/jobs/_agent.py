@@ -42,7 +42,7 @@ from .._transport._messages import (
 from .._transport._runtime import Runtime, register_handler, tcp_address, tcp_endpoint
 from .._transport._serial import Buffers
 from .._transport._tls import TLSConfig
-from ._remote import read_secret
+from ._remote import read_secret_file
 
 __all__ = ("Agent", "host_address", "main", "serve_agent")
 
@@ -92,7 +92,7 @@ class Agent:
     async def launch(self, conn: Connection, msg: LaunchWorker) -> None:
         listen = msg.listen or tcp_address(self.advertise, 0)
         spec = WorkerSpec(msg.worker, listen, msg.controller, msg.env, msg.restart, msg.label,
-                          secret=self.rt.tcp_secret, bootstrap=msg.bootstrap, tls=self.rt.tls)
+                          secret=self.rt.tcp.secret, bootstrap=msg.bootstrap, tls=self.rt.tcp.tls)
         self._conns[msg.worker] = conn
         try:
             proc = await self.launcher.launch(spec)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--tls-cert, --tls-key and --tls-ca go together")
     tls = (TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual=not args.tls_no_mutual)
            if all(tls_args) else None)
-    secret = read_secret(args.secret_file)
+    secret = read_secret_file(args.secret_file)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
 
     def ready(addr: str) -> None:

@@ -301,8 +301,8 @@ class ProcessJob:
 def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:
     """The host meshes of a cached job whose agents are listed by address
     (``entry["hosts"]``: mesh name → agents ``{"addr": ...}``)."""
-    secret = Path(entry["secret_file"])
-    return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=tls)
+    secret_file = Path(entry["secret_file"])
+    return JobState({mesh: attach([a["addr"] for a in agents], secret_file=secret_file, tls=tls)
                      for mesh, agents in entry["hosts"].items()})
 
 

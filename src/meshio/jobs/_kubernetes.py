@@ -34,7 +34,7 @@ from typing import Any, Literal
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import JobCacheError, JobState, check_meshes, read_cache, write_cache, write_secret
-from ._remote import attach, read_secret
+from ._remote import attach, read_secret_file
 
 __all__ = ("ClusterError", "ClusterNotConfiguredError", "KubernetesJob")
 
@@ -325,7 +325,7 @@ class KubernetesJob:
             raise JobCacheError(f"job secret {self.secret_file} is another user's or readable "
                                 f"or writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
                                 "it is not used. Remove it.")
-        return read_secret(self.secret_file)
+        return read_secret_file(self.secret_file)
 
     # -------------------------------------------------------------- job protocol
 

@@ -6,7 +6,9 @@ one remote host: it asks the host's agent to start each worker and watches
 it through the agent (:class:`RemoteProc`); the worker itself connects to
 the controller directly, over TCP, proving the job secret (and TLS when
 configured), and so do workers of different hosts to each other.
-:func:`attach` makes a :class:`~meshio.HostMesh` of such hosts.
+:func:`attach` makes a :class:`~meshio.HostMesh` of such hosts.  A
+controller drives the hosts of any number of jobs, each proving its own
+secret and TLS settings (:class:`~meshio._transport._credentials.Credentials`).
 """
 
 from __future__ import annotations
@@ -26,33 +28,31 @@ from .._extent import Region
 from .._launcher import Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
+from .._transport._credentials import Credentials
 from .._transport._messages import LaunchWorker, SignalWorker, WorkerExited, WorkerOutput
 from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime, tcp_endpoint
 from .._transport._serial import Buffers
 from .._transport._tls import TLSConfig
 
-__all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret", "route_to")
+__all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret_file", "route_to")
 
 
-def read_secret(secret: bytes | str | os.PathLike[str]) -> bytes:
-    """The job secret: ``bytes`` as they are, or read from the file a path
-    names (``meshio agent --secret-file``; trailing whitespace dropped).
+def read_secret_file(path: str | os.PathLike[str]) -> bytes:
+    """The job secret in the file ``path`` (``meshio agent --secret-file``;
+    trailing whitespace dropped).
 
     Raises:
-        TypeError: neither bytes nor a path.
-        ValueError: shorter than 16 bytes.
+        OSError: the file cannot be read.
+        ValueError: the secret is shorter than 16 bytes.
     """
-    if isinstance(secret, bytes):
-        data = secret
-    elif isinstance(secret, (str, os.PathLike)):
-        with open(secret, "rb") as f:
-            data = f.read().strip()
-    else:
-        raise TypeError(f"secret must be bytes or the path of a secret file, got "
-                        f"{type(secret).__name__}")
-    if len(data) < 16:
-        raise ValueError(f"the job secret must be at least 16 bytes, got {len(data)}")
-    return data
+    with open(path, "rb") as f:
+        return _checked(f.read().strip())
+
+
+def _checked(secret: bytes) -> bytes:
+    if len(secret) < 16:
+        raise ValueError(f"the job secret must be at least 16 bytes, got {len(secret)}")
+    return secret
 
 
 def route_to(host: str) -> str:
@@ -134,32 +134,31 @@ class RemoteLauncher:
     """Starts workers on one remote host through its agent at ``agent``
     (``tcp://HOST:PORT``)."""
 
-    def __init__(self, agent: str, secret: bytes, tls: TLSConfig | None = None) -> None:
+    def __init__(self, agent: str, job: Credentials) -> None:
         endpoint = tcp_endpoint(agent)
         if endpoint is None:
             raise ValueError(f"a host agent's address is tcp://HOST:PORT, got {agent!r}")
         self.agent = agent
         self.host: str = endpoint[0]
-        self._secret = secret
-        self._tls = tls
+        self._job = job
 
     async def launch(self, spec: WorkerSpec) -> RemoteProc:
         rt = runtime()
-        controller = rt.listen_tcp(advertise=route_to(self.host), secret=self._secret,
-                                   tls=self._tls)
-        conn = rt.connect(self.agent)
-        if self.agent not in rt.on_lost:
-            rt.on_lost[self.agent] = self._agent_lost
+        conn = rt.connect(self.agent, self._job)
         fut: asyncio.Future[int] = rt.loop.create_future()
         req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
                                     spec.label or spec.worker))
-        # a replacement keeps its predecessor's TCP address; a new worker gets one
-        listen = spec.listen if spec.restart and spec.listen.startswith("tcp://") else ""
-        # the controller's import path goes first (a shared filesystem has it)
-        env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
-        conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
-                                       spec.restart, spec.label, spec.bootstrap))
-        pid = await fut
+        await rt.dialled(conn)
+        if not fut.done():  # the agent proved the job's credentials: serve its workers
+            rt.on_lost.setdefault(self.agent, self._agent_lost)
+            controller = rt.listen_tcp(advertise=route_to(self.host), job=self._job)
+            # a replacement keeps its predecessor's TCP address; a new worker gets one
+            listen = spec.listen if spec.restart and spec.listen.startswith("tcp://") else ""
+            # the controller's import path goes first (a shared filesystem has it)
+            env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
+            conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
+                                           spec.restart, spec.label, spec.bootstrap))
+        pid = await fut  # a failed dial failed it, before anything listened for the job
         proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
         rt.state(_Remote).procs[spec.worker] = proc
         return proc
@@ -179,7 +178,8 @@ class RemoteLauncher:
                     proc._exited(-signal.SIGKILL)
 
 
-def attach(addresses: Sequence[str], *, secret: bytes | str | os.PathLike[str],
+def attach(addresses: Sequence[str], *, secret: bytes | None = None,
+           secret_file: str | os.PathLike[str] | None = None,
            tls: TLSConfig | None = None) -> HostMesh:
     """Hosts whose agents were started some other way
     (``meshio agent --listen HOST:PORT --secret-file F``), as a host mesh
@@ -187,21 +187,44 @@ def attach(addresses: Sequence[str], *, secret: bytes | str | os.PathLike[str],
 
     Nothing is contacted until ``spawn_procs``: a host that cannot be
     reached (or fails authentication) fails that with
-    :class:`~meshio.SupervisionError` or :class:`~meshio.AuthenticationError`.
+    :class:`~meshio.SupervisionError` or :class:`~meshio.AuthenticationError`,
+    and leaves nothing behind (attach again with the right secret).  One
+    controller drives the hosts of any number of jobs, each with its own
+    secret and TLS settings; an actor calls the actors of its own job only.
 
     Args:
         addresses: the agents, ``"tcp://HOST:PORT"`` or ``"HOST:PORT"``.
-        secret: the job secret the agents hold, or the path of its file.
+        secret: the job secret the agents hold (bytes).
+        secret_file: or the path of the file holding it (the agents'
+            ``--secret-file``).
         tls: certificates, when the agents were started with ``--tls-*``.
 
     Raises:
-        ValueError: no address, or a malformed one.
-        TypeError, ValueError: a bad secret (see :func:`read_secret`).
+        ValueError: no address, or a malformed one; a secret shorter than
+            16 bytes.
+        TypeError: ``secret`` not bytes (a ``str`` too: pass a file as
+            ``secret_file``), or both or neither of ``secret`` and
+            ``secret_file``.
+        OSError: ``secret_file`` cannot be read.
     """
     if isinstance(addresses, str) or not addresses:
         raise ValueError("attach: addresses must be a non-empty sequence of "
                          "'tcp://HOST:PORT' strings")
-    key = read_secret(secret)
+    if (secret is None) == (secret_file is None):
+        raise TypeError("attach: pass the job secret as secret=<bytes> or the path of its "
+                        "file as secret_file=<path>, one of the two")
+    if secret_file is not None:
+        if not isinstance(secret_file, (str, os.PathLike)):
+            raise TypeError("attach: secret_file= is the path of the job secret's file, got "
+                            f"{type(secret_file).__name__}")
+        key = read_secret_file(secret_file)
+    elif isinstance(secret, bytes):
+        key = _checked(secret)
+    else:  # never read as a file name, and never shown
+        raise TypeError(f"attach: secret= takes the job secret itself as bytes, got "
+                        f"{type(secret).__name__}; to read it from a file, pass "
+                        "secret_file=<path>")
+    job = Credentials(key, tls)
     agents = [a if a.startswith("tcp://") else f"tcp://{a}" for a in addresses]
-    launchers = [RemoteLauncher(a, key, tls) for a in agents]
+    launchers = [RemoteLauncher(a, job) for a in agents]
     return HostMesh(launchers, Region.full(("hosts",), (len(launchers),)))
