@@ -153,11 +153,9 @@ class RemoteLauncher:
         fut: asyncio.Future[int] = rt.loop.create_future()
         req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
                                     spec.label or spec.worker))
-        # a replacement keeps its predecessor's TCP address; a new worker gets one
-        listen = spec.listen if spec.restart and spec.listen.startswith("tcp://") else ""
         # the controller's import path goes first (a shared filesystem has it)
         env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
-        conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
+        conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
                                        spec.restart, spec.label, spec.bootstrap))
         pid = await fut
         proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
