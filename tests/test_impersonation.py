@@ -13,6 +13,7 @@ by the controller and by the other workers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import signal
@@ -35,6 +36,7 @@ from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import dumps
 from meshio.jobs import ProcessJob
 from meshio.testing import wait_exited
+from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
 DEADLINE = 30.0
@@ -226,6 +228,21 @@ async def test_dialler_checks_the_pid_it_knows(tmp_path: Path) -> None:
     finally:
         rt.pids.pop(other.addr, None)
         other.close()
+
+
+async def test_hello_claiming_another_pid_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """issue 15 item 1: on a Unix socket the kernel says which process
+    dialled (SO_PEERCRED); a Hello that claims another pid, as one relayed
+    from another process would, is refused and its connection dropped."""
+    rt = runtime()
+    claimed = f"{rt.namespace}/claimed-{secrets.token_hex(4)}"
+    with caplog.at_level(logging.WARNING, logger="meshio"):
+        r, w = await asyncio.wait_for(open_job_connection(rt.addr), DEADLINE)
+        w.write(frame(M.Hello(claimed, os.getppid(), "claimed")))
+        assert await asyncio.wait_for(r.read(), DEADLINE) == b""
+        w.close()
+    assert f"from pid {os.getpid()}: its Hello claims pid {os.getppid()}" in caplog.text
+    assert claimed not in rt.conns
 
 
 SQUATTER = r"""

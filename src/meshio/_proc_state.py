@@ -503,10 +503,11 @@ class ProcState:
         del self.rt.down[w.addr]
         self._tell(PeerUp(w.addr))
 
-    def _tell(self, msg: PeerDown | PeerUp) -> None:
+    def _tell(self, msg: PeerDown | PeerUp | Moved) -> None:
         """Tell every process connected to this runtime (the workers of all
         its proc meshes) but ``msg.addr`` itself, so that their actors'
-        calls to it fail, or go through again, as the controller's do."""
+        calls to it fail, go through again, or go where it listens now, as
+        the controller's do."""
         for conn in list(self.rt.all_conns):
             if not conn.closed and conn.peer != msg.addr:
                 conn.send_message(msg)
