@@ -53,6 +53,23 @@ class Target(Actor):
         return await other.ping.call_one(x)
 
 
+class Spawner(Actor):
+    """Runs a proc mesh of its own (nested), whose actor calls ``target``."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    @endpoint
+    async def start(self) -> None:
+        procs = await meshio.this_host().spawn_procs(per_host={"procs": 1}, name="nested")
+        self.inner = await procs.spawn("inner", Target)
+
+    @endpoint
+    async def call_through(self, x: int) -> int:
+        """``target`` called from the nested process."""
+        return await self.inner.relay.call_one(self.target, x)
+
+
 class Marker(Actor):
     """Proves it ran: its constructor creates ``path``."""
 
@@ -283,3 +300,18 @@ async def test_squatted_name_does_not_stop_a_restart() -> None:
                 DEADLINE) == 4
             assert squatter.returncode is None  # it held the old name all along
             assert s.procs.pids[0] == restart.pid
+
+
+async def test_nested_workers_reach_a_replacement() -> None:
+    """issue 15 item 2: a process of a proc mesh started by an actor (whose
+    controller is that actor's process) reaches a replaced worker of the
+    top controller at its new name: the actor's process passes the move on."""
+    async with supervised() as s, \
+            meshio.this_host().spawn_procs(per_host={"procs": 1}, name="spawner") as helper:
+        mesh = cast(ActorMesh[Target], await s.procs.spawn("t", Target))
+        spawner = await helper.spawn("spawner", Spawner, cast(Target, mesh.slice(procs=0)))
+        await asyncio.wait_for(spawner.start.call_one(), DEADLINE)
+        assert await asyncio.wait_for(spawner.call_through.call_one(1), DEADLINE) == 1
+        os.kill(s.old[0], signal.SIGKILL)
+        await s.restarted(0)
+        assert await asyncio.wait_for(spawner.call_through.call_one(2), DEADLINE) == 2

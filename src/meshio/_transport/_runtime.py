@@ -663,7 +663,7 @@ class Runtime:
             case PeerUp():
                 self.dead.pop(msg.addr, None)
             case Moved():
-                if conn.peer is not None and conn.peer == self.controller:
+                if self.controller is not None and conn.peer == self.controller:
                     self.routes[msg.addr] = msg.listen
                     if msg.pid:
                         self.pids[msg.listen] = msg.pid
