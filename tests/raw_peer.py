@@ -11,7 +11,7 @@ import pytest
 
 from meshio import AuthenticationError
 from meshio._transport import _messages as M
-from meshio._transport._handshake import CHALLENGE_SIZE, Handshake
+from meshio._transport._handshake import CHALLENGE_SIZE, Handshake, tcp_address
 from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
@@ -52,7 +52,7 @@ async def close(w: asyncio.StreamWriter) -> None:
 async def refused_by(host: str, port: int) -> None:
     """Dial ``host:port`` with another job's secret: the listener proves
     itself first, and this peer sees that it belongs to another job."""
-    hs = Handshake(b"x" * 32, dialler=True)
+    hs = Handshake(b"x" * 32, dialler=True, end=tcp_address(host, port))
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(hs.start())
     with pytest.raises(AuthenticationError):

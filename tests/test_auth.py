@@ -234,7 +234,7 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     challenge and their frames never run; both are logged."""
     addr = targets._addrs[1]
     # a real handshake, recorded: HELLO then PROOF (then one call, answered)
-    hs = Handshake(runtime().secret, dialler=True)
+    hs = Handshake(runtime().secret, dialler=True, end=addr)
     r, w = await raw(addr)
     hello = hs.start()
     w.write(hello)
@@ -259,9 +259,10 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     w.write(MAGIC + nonce)
     challenge = await asyncio.wait_for(r.readexactly(CHALLENGE_SIZE), DEADLINE)
     with pytest.raises(AuthenticationError, match="does not hold this job's secret"):
-        Handshake(wrong, dialler=True).feed(challenge)
+        Handshake(wrong, dialler=True, end=addr).feed(challenge)
     nl = challenge[len(MAGIC):len(MAGIC) + 32]
-    forged = hmac.digest(wrong, b"meshio-auth-v1 dialler\x00" + MAGIC + nonce + nl, "sha256")
+    forged = hmac.digest(wrong, b"meshio-auth-v2 dialler\x00" + MAGIC + nonce + nl
+                         + addr.encode(), "sha256")
     stderr.text = ""
     w.write(forged + ping_frame(targets, 3, 7))
     await expect_dropped(r, w)
@@ -324,8 +325,8 @@ async def test_fake_worker_cannot_answer_actor_calls(targets: ActorMesh[Target])
     async def fake(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         hello = await r.readexactly(HELLO_SIZE)
         nonce = secrets.token_bytes(32)
-        mac = hmac.digest(wrong, b"meshio-auth-v1 listener\x00" + MAGIC + hello[len(MAGIC):]
-                          + nonce, "sha256")
+        mac = hmac.digest(wrong, b"meshio-auth-v2 listener\x00" + MAGIC + hello[len(MAGIC):]
+                          + nonce + fake_addr.encode(), "sha256")
         w.write(MAGIC + nonce + mac)
         got.put_nowait(hello + await r.read())  # everything until the dialler hangs up
         w.close()
@@ -338,7 +339,7 @@ async def test_fake_worker_cannot_answer_actor_calls(targets: ActorMesh[Target])
             await asyncio.wait_for(targets.slice(procs=0).relay.call_one(
                 cast(Target, impostor), 1), DEADLINE)
         assert info.value.remote_type.endswith("AuthenticationError"), info.value
-        assert "listener does not hold this job's secret" in str(info.value)
+        assert f"listener at {fake_addr} does not hold this job's secret" in str(info.value)
         sent = await asyncio.wait_for(got.get(), DEADLINE)
         assert len(sent) == HELLO_SIZE and sent.startswith(MAGIC), sent
         # the controller's own calls check the listener the same way
@@ -354,7 +355,7 @@ import os, socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1].replace("@", "\0", 1))
 try:
-    s.sendall(b"MESHIO\x00\x01" + os.urandom(32))
+    s.sendall(b"MESHIO\x00\x02" + os.urandom(32))
     data = s.recv(1000)
 except OSError:  # already dropped
     data = b""
@@ -398,7 +399,7 @@ async def test_burst_of_connects_to_a_stopped_worker(targets: ActorMesh[Target])
 
     async def call(s: socket.socket, x: int) -> int:
         r, w = await asyncio.open_unix_connection(sock=s)
-        hs = Handshake(runtime().secret, dialler=True)
+        hs = Handshake(runtime().secret, dialler=True, end=addr)
         w.write(hs.start())
         w.write(hs.feed(await r.readexactly(CHALLENGE_SIZE)) + ping_frame(targets, 1, x))
         body_len, _ = struct.unpack("<II", await r.readexactly(8))

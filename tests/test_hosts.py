@@ -198,7 +198,7 @@ async def main(d: Path, n: int) -> None:
     async def one() -> None:
         r, w = await asyncio.open_connection(host, int(port), ssl=ctx,
                                              server_hostname="127.0.0.1")
-        hs = Handshake(secret, dialler=True)
+        hs = Handshake(secret, dialler=True, end=addr)
         w.write(hs.start())
         w.write(hs.feed(await r.readexactly(CHALLENGE_SIZE)))
         await w.drain()

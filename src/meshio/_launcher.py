@@ -21,6 +21,7 @@ import functools
 import io
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -70,9 +71,17 @@ class WorkerSpec:
     bootstrap: bytes = field(default=b"", repr=False)
     #: TLS of the worker's TCP connections (workers on other hosts; paths only)
     tls: TLSConfig | None = None
+    #: the address the worker answers to, when it listens elsewhere (a
+    #: replacement: its predecessor's; see :meth:`restarted`)
+    addr: str = ""
 
-    def restarted(self) -> WorkerSpec:
-        return replace(self, restart=True)
+    def restarted(self, addr: str) -> WorkerSpec:
+        """The spec of a replacement for the worker answering to ``addr``: it
+        listens on a fresh random name (on another host: a fresh port), never
+        its predecessor's, which another user may have bound meanwhile
+        (abstract socket names have no permissions)."""
+        listen = "" if addr.startswith("tcp://") else f"{addr}.{secrets.token_hex(8)}"
+        return replace(self, restart=True, listen=listen, addr=addr)
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -445,7 +454,8 @@ class LocalLauncher:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
                  "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
-                 *(["--restart"] if spec.restart else []), *_tls_args(spec.tls)],
+                 *(["--restart"] if spec.restart else []),
+                 *(["--addr", spec.addr] if spec.addr else []), *_tls_args(spec.tls)],
                 env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 close_fds=True)
         except BaseException:

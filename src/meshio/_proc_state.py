@@ -9,7 +9,6 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -20,8 +19,17 @@ from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
-from ._transport._messages import ErrorInfo, PeerDown, PeerUp, Ping, Restored, Shutdown, SpawnActor
-from ._transport._runtime import Runtime, print_fault, runtime
+from ._transport._messages import (
+    ErrorInfo,
+    Moved,
+    PeerDown,
+    PeerUp,
+    Ping,
+    Restored,
+    Shutdown,
+    SpawnActor,
+)
+from ._transport._runtime import Runtime, print_fault, runtime, tcp_endpoint
 from .endpoints._endpoint import rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -43,7 +51,8 @@ HEARTBEAT_TIMEOUT = 3.0
 
 class _Worker:
     """One process slot of a proc mesh; survives restarts (same rank, same
-    address), ``handle``/``conn`` are the current incarnation's."""
+    address: each incarnation listens on a name of its own, and answers to
+    the slot's), ``handle``/``conn`` are the current incarnation's."""
 
     __slots__ = ("addr", "cause", "conn", "constructing", "handle", "hung", "incarnation",
                  "moved", "rank", "ready", "spec", "stopping", "unanswered")
@@ -239,15 +248,31 @@ class ProcState:
         exited.cancel()
         worker.conn = waiter.result()
         if worker.conn.peer is not None and worker.conn.peer != worker.addr:
-            # a worker on another host chose its TCP address; its replacements keep it
+            # a worker on another host chose its TCP address; its replacements answer to it
             worker.addr = worker.conn.peer
-            worker.spec = replace(worker.spec, listen=worker.addr)
+        self._route(worker, worker.conn)
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
         self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
         for down in self.rt.down.values():  # a new worker learns who is not responding
             worker.conn.send_message(down())
+
+    def _route(self, worker: _Worker, conn: Connection) -> None:
+        """Where the incarnation of ``worker`` that said hello on ``conn``
+        listens: this runtime dials it there (checking its pid on a Unix
+        socket), tells every process connected to it where a replacement
+        listens, and tells the new process where earlier replacements do."""
+        rt = self.rt
+        rt.pids.pop(rt.routes.pop(worker.addr, worker.addr), None)
+        if tcp_endpoint(conn.listen) is None:
+            rt.pids[conn.listen] = worker.handle.pid
+        if conn.listen != worker.addr:
+            rt.routes[worker.addr] = conn.listen
+            self._tell(Moved(worker.addr, conn.listen, rt.pids.get(conn.listen, 0)))
+        for addr, listen in rt.routes.items():
+            if addr != worker.addr:
+                conn.send_message(Moved(addr, listen, rt.pids.get(listen, 0)))
 
     # ------------------------------------------------------------ failures
 
@@ -478,10 +503,11 @@ class ProcState:
         del self.rt.down[w.addr]
         self._tell(PeerUp(w.addr))
 
-    def _tell(self, msg: PeerDown | PeerUp) -> None:
+    def _tell(self, msg: PeerDown | PeerUp | Moved) -> None:
         """Tell every process connected to this runtime (the workers of all
         its proc meshes) but ``msg.addr`` itself, so that their actors'
-        calls to it fail, or go through again, as the controller's do."""
+        calls to it fail, go through again, or go where it listens now, as
+        the controller's do."""
         for conn in list(self.rt.all_conns):
             if not conn.closed and conn.peer != msg.addr:
                 conn.send_message(msg)
@@ -520,7 +546,7 @@ class ProcState:
         if self.stopped:
             raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
                                    rank=grank, cause="proc mesh stopped")
-        handle, waiter = await self._launch(grank, w.spec.restarted())
+        handle, waiter = await self._launch(grank, w.spec.restarted(w.addr))
         w.handle, w.cause, w.stopping = handle, None, False
         try:
             await self._hello(w, waiter)
@@ -608,6 +634,7 @@ class ProcState:
         for grank in self.region.ranks:
             rt.hello_waiters.pop(f"{self.id}-{grank}", None)
         for w in self.workers:
+            rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
             for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
                 table.pop(w.addr, None)
             for conn in (rt.conns.pop(w.addr, None), w.conn):

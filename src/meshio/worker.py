@@ -126,7 +126,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     loop = asyncio.get_running_loop()
     tls = (TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual=not args.tls_no_mutual,
                      check_hostname=not args.tls_no_check_hostname) if args.tls_cert else None)
-    rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls)
+    rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls,
+                 name=args.addr)
     _runtimes[loop] = rt
     rt.restoring = args.restart
     rt.replacement = args.restart
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--worker", required=True)
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--restart", action="store_true")
+    ap.add_argument("--addr")  # a replacement answers to its predecessor's address
     ap.add_argument("--tls-cert")  # TLS of a worker on another host (its agent's files)
     ap.add_argument("--tls-key")
     ap.add_argument("--tls-ca")

@@ -283,6 +283,9 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = peer
         self.peer_pid = -1
         self.worker = ""
+        #: where the peer listens, as its Hello says (a replacement worker:
+        #: not at :attr:`peer`, the address it answers to)
+        self.listen = ""
         self.transport: asyncio.Transport | None = None
         self.closed: bool = False
         #: a TCP connection's job: what it proved (None: Unix or in memory)
@@ -338,7 +341,9 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
         if self.peer is not None:  # we dialled: introduce ourselves first
-            self.send_message(Hello(self.rt.addr, os.getpid(), self.rt.worker))
+            rt = self.rt
+            self.send_message(Hello(rt.addr, os.getpid(), rt.worker,
+                                    "" if rt.listening == rt.addr else rt.listening))
             backlog, self._backlog = self._backlog or [], None
             if backlog:
                 stream.writelines(backlog)

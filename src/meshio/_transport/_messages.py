@@ -23,6 +23,7 @@ __all__ = (
     "Hello",
     "LaunchWorker",
     "Message",
+    "Moved",
     "PeerDown",
     "PeerUp",
     "Ping",
@@ -51,11 +52,13 @@ class _Msg(msgspec.Struct, frozen=True, array_like=True, tag=True, gc=False):
 
 
 class Hello(_Msg, frozen=True, tag=1):
-    """First message on every connection: who is speaking."""
+    """First message on every connection: who is speaking.  ``listen``:
+    where it listens when not at ``addr`` (a replacement worker)."""
 
     addr: str
     pid: int
     worker: str = ""
+    listen: str = ""
 
 
 class Call(_Msg, frozen=True, tag=2):
@@ -220,13 +223,13 @@ class PeerUp(_Msg, frozen=True, tag=16):
 
 class LaunchWorker(_Msg, frozen=True, tag=17):
     """Controller → host agent: start a worker process (answered with its
-    pid).  ``listen`` empty: the agent picks the worker's TCP address on its
-    host; a replacement names its predecessor's.  ``bootstrap`` is the
-    pickled setup function (empty: none)."""
+    pid), listening on a TCP port the agent picks.  ``addr``: the address it
+    answers to (a replacement: its predecessor's; empty: where it listens).
+    ``bootstrap`` is the pickled setup function (empty: none)."""
 
     req: int
     worker: str
-    listen: str
+    addr: str
     controller: str
     env: dict[str, str]
     restart: bool = False
@@ -298,9 +301,21 @@ class Answers(_Msg, frozen=True, tag=22):
     fails: list[tuple[int, ErrorInfo]]
 
 
+class Moved(_Msg, frozen=True, tag=23):
+    """From the controller: the process answering to ``addr`` now listens
+    at ``listen`` (a replacement worker listens on a fresh name, never its
+    predecessor's, which another user may have bound); dial it there.
+    ``pid``: its pid, where ``listen`` is a Unix socket of the controller's
+    host (0: unknown)."""
+
+    addr: str
+    listen: str
+    pid: int = 0
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers)
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -28,7 +28,7 @@ from .._exceptions import (
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
 from ._fanout import FanoutState, Order, relay
-from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret
+from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret, tcp_address
 from ._memory import memory_pipe
 from ._messages import (
     Call,
@@ -39,6 +39,7 @@ from ._messages import (
     Fault,
     Hello,
     Message,
+    Moved,
     PeerDown,
     PeerUp,
     Ping,
@@ -54,7 +55,7 @@ from ._serial import Buffers
 from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "close_runtime", "ignore_result",
-           "print_fault", "runtime")
+           "print_fault", "runtime", "tcp_address")
 
 log = logging.getLogger("meshio")
 
@@ -153,11 +154,6 @@ def tcp_endpoint(addr: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def tcp_address(host: str, port: int) -> str:
-    """The meshio address of a TCP endpoint."""
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
 def _listen_tcp(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG,
                                 family=socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -251,6 +247,12 @@ class Runtime:
     connection proves the :class:`~._credentials.Credentials` of the job of
     the process at its other end (:attr:`tcp_jobs`).
 
+    With ``name``, the runtime answers to that address while it listens at
+    ``addr`` (:attr:`listening`): a replacement worker keeps its
+    predecessor's address, which its peers know, but listens on a fresh
+    name (another user may hold the old one); the controller tells the
+    peers where (:class:`~._messages.Moved`, :attr:`routes`).
+
     An ``in_process`` runtime (a worker of the in-process transport,
     :mod:`meshio.testing`) listens on no socket: the runtimes of this process
     on the same loop reach it, and it them, through in-memory connections
@@ -264,7 +266,7 @@ class Runtime:
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
                  worker: str = "", secret: bytes | None = None, *,
                  in_process: bool = False, tls: TLSConfig | None = None,
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, name: str | None = None) -> None:
         self.loop = loop
         self.in_process = in_process
         #: where what this runtime receives in memory runs: a context of its
@@ -298,7 +300,16 @@ class Runtime:
         #: prefix of this job's socket names (``@meshio-<random>``)
         self.namespace: str = (addr.rpartition("/")[0] if endpoint is None
                                else f"@meshio-{secrets.token_hex(8)}")
-        self.addr = addr
+        #: where this runtime listens (its Unix name, or its ``tcp://`` address)
+        self.listening: str = addr
+        #: the address this runtime answers to: where it listens, or ``name``
+        self.addr: str = name or addr
+        #: address → where the process answering to it listens, when not
+        #: there (replacement workers; told by the controller, :class:`Moved`)
+        self.routes: dict[str, str] = {} if name is None else {name: addr}
+        #: Unix address → the pid of the process listening there, where known
+        #: (the controller's own workers): a dial finding another one is refused
+        self.pids: dict[str, int] = {}
         self._handshakes: set[HandshakeProtocol] = set()
         self._closed = False
         self.conns: dict[str, Connection] = {}
@@ -342,7 +353,7 @@ class Runtime:
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
             self._listen(sock, "", None)
-        _local[addr] = self
+        _local[self.addr] = self
 
     def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
                    job: Credentials) -> str:
@@ -508,13 +519,14 @@ class Runtime:
                 proven.set_exception(error)
 
         try:
-            endpoint = tcp_endpoint(addr)
-            sock = await (self._connect(addr, deadline) if endpoint is None
+            target = self.routes.get(addr, addr)
+            endpoint = tcp_endpoint(target)
+            sock = await (self._connect(target, deadline) if endpoint is None
                           else self._connect_tcp(endpoint, deadline))
             job = conn.job or self.tcp
             hs = HandshakeProtocol(self.secret if endpoint is None else job.secret,
                                    dialler=True, timeout=max(deadline - loop.time(), 0.0),
-                                   on_done=done, on_fail=fail)
+                                   on_done=done, on_fail=fail, pid=self.pids.get(target))
             self._handshakes.add(hs)
             tls = None if endpoint is None else job.client_context
             try:
@@ -625,8 +637,15 @@ class Runtime:
             case Fanout():
                 relay(self, conn, msg, bufs, self._admit)
             case Hello():
+                if conn.peer_pid not in (-1, msg.pid):  # SO_PEERCRED knows better
+                    log.warning("meshio: refused a connection to %s from pid %d: its Hello "
+                                "claims pid %d (a relayed connection?)", self.addr,
+                                conn.peer_pid, msg.pid)
+                    conn.abort()
+                    return
                 conn.peer_pid = msg.pid
                 conn.worker = msg.worker
+                conn.listen = msg.listen or msg.addr
                 if conn.peer is None:
                     conn.peer = msg.addr
                     self.conns.setdefault(msg.addr, conn)
@@ -672,6 +691,15 @@ class Runtime:
                         peer.fail_all(in_flight)
             case PeerUp():
                 self.dead.pop(msg.addr, None)
+            case Moved():
+                if self.controller is not None and conn.peer == self.controller:
+                    self.routes[msg.addr] = msg.listen
+                    if msg.pid:
+                        self.pids[msg.listen] = msg.pid
+                    for worker in self.on_pong:  # our own workers (nested proc meshes)
+                        own = self.conns.get(worker)
+                        if own is not None:
+                            own.send_message(msg)
             case Restored():
                 self.restoring = False
                 self.lost.update(msg.lost)

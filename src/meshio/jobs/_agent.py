@@ -90,9 +90,9 @@ class Agent:
             conn.send_message(WorkerOutput(worker, stream, data))
 
     async def launch(self, conn: Connection, msg: LaunchWorker) -> None:
-        listen = msg.listen or tcp_address(self.advertise, 0)
-        spec = WorkerSpec(msg.worker, listen, msg.controller, msg.env, msg.restart, msg.label,
-                          secret=self.rt.tcp.secret, bootstrap=msg.bootstrap, tls=self.rt.tcp.tls)
+        spec = WorkerSpec(msg.worker, tcp_address(self.advertise, 0), msg.controller, msg.env,
+                          msg.restart, msg.label, secret=self.rt.tcp.secret,
+                          bootstrap=msg.bootstrap, tls=self.rt.tcp.tls, addr=msg.addr)
         self._conns[msg.worker] = conn
         try:
             proc = await self.launcher.launch(spec)

@@ -152,11 +152,9 @@ class RemoteLauncher:
         if not fut.done():  # the agent proved the job's credentials: serve its workers
             rt.on_lost.setdefault(self.agent, self._agent_lost)
             controller = rt.listen_tcp(advertise=route_to(self.host), job=self._job)
-            # a replacement keeps its predecessor's TCP address; a new worker gets one
-            listen = spec.listen if spec.restart and spec.listen.startswith("tcp://") else ""
             # the controller's import path goes first (a shared filesystem has it)
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
-            conn.send_message(LaunchWorker(req, spec.worker, listen, controller, env,
+            conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
                                            spec.restart, spec.label, spec.bootstrap))
         pid = await fut  # a failed dial failed it, before anything listened for the job
         proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from .._transport._handshake import CHALLENGE_SIZE, Handshake
+from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime, sockaddr
 
 __all__ = ("child_pids", "open_job_connection", "wait_exited")
@@ -60,9 +60,10 @@ async def open_job_connection(addr: str, secret: bytes | None = None
     Raises:
         AuthenticationError: the process there is not of this job.
     """
-    hs = Handshake(runtime().secret if secret is None else secret, dialler=True)
     reader, writer = await asyncio.open_unix_connection(sockaddr(addr))
     try:
+        hs = Handshake(runtime().secret if secret is None else secret, dialler=True,
+                       end=listening_end(writer.get_extra_info("socket"), dialler=True))
         writer.write(hs.start())
         writer.write(hs.feed(await reader.readexactly(CHALLENGE_SIZE)))
     except BaseException:

@@ -84,7 +84,7 @@ class InProcessLauncher:
             raise ValueError("spawn_procs(bootstrap=...) runs in a new process; the in-process "
                              "transport starts none (test it on the 'processes' transport)")
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
-                     secret=spec.secret, in_process=True)
+                     secret=spec.secret, in_process=True, name=spec.addr or None)
         rt.restoring = spec.restart
         rt.replacement = spec.restart
         return InProcessWorker(rt, spec.controller)
