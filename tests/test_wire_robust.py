@@ -210,6 +210,21 @@ async def test_typed_arguments_validate_before_anything_is_unpickled(
     assert canary.exists()
 
 
+async def test_typed_argument_is_validated_before_unpickling_with_buffers(
+        store: ActorMesh[Store], tmp_path: Path) -> None:
+    """issue 15 item 4: the same when the frame carries an out-of-band
+    buffer (a big ``bytes`` beside the call): a pickle sent as the ``x: int``
+    argument is refused with a SchemaError naming ``$.x``, never unpickled."""
+    canary = tmp_path / "unpickled"
+    big = b"b" * MiB  # travels out of band
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `pickle` - at `\$\.x`"):
+        await asyncio.wait_for(
+            store.take.call_one(x=Canary(str(canary)), blob=big),  # type: ignore[arg-type]
+            DEADLINE)
+    assert not canary.exists()
+    assert await asyncio.wait_for(store.take.call_one(x=3, blob=big), DEADLINE) == 3
+
+
 async def test_undecodable_result_fails_the_call_connection_stays(
         store: ActorMesh[Store]) -> None:
     """issue 7 item 1: a result whose reconstruction raises in the controller

@@ -424,7 +424,23 @@ def _enc_hook(obj: Any) -> Any:
 
 
 class _Deferred(Exception):
-    """Raised instead of unpickling while a value is only being validated."""
+    """A value validated lazily holds pickles, none of them unpickled yet."""
+
+
+class _Later:
+    """Stands for a pickle, not unpickled, while the value around it is
+    validated lazily: where the annotation allows no pickle, msgspec says so
+    ("Expected `int`, got `pickle`"); where it expects a class, validation
+    stops (:func:`_dec_hook`): an instance can be checked once unpickled."""
+
+    __slots__ = ()
+
+
+_Later.__name__ = _Later.__qualname__ = "pickle"
+_LATER: Final = _Later()
+#: msgspec's words for a pickle (or, decoding typed, any extension value)
+#: where the annotation allows none
+_REFUSED: Final = ("got `pickle`", "got `ext`")
 
 
 _buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
@@ -454,13 +470,16 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
         if getattr(_tls, "lazy", False):
-            raise _Deferred
+            _tls.later = True
+            return _LATER
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
                      bufs, start)
     raise ValueError(f"unknown msgpack extension code {code}")
 
 
 def _dec_hook(tp: Any, obj: Any) -> Any:
+    if obj is _LATER:
+        raise _Deferred
     if isinstance(obj, getattr(tp, "__origin__", tp)):
         return obj
     raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
@@ -605,18 +624,39 @@ class TypedDecoder:
         self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
 
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
-        """The value; with ``lazy``, raises ``_Deferred`` at the first pickle
-        instead of unpickling it (the value's own code does not run)."""
+        """The value; with ``lazy``, no pickle is unpickled (the value's own
+        code does not run): a pickle where the annotation allows none is a
+        ``ValidationError``, and ``_Deferred`` says that the value holds
+        pickles, validated as far as can be before they are unpickled."""
         if not bufs and not lazy:  # the common case: nothing for the hooks to see
             return self._dec.decode(data)
         _tls.bufs = bufs
         _tls.lazy = lazy
+        _tls.later = False
         try:
-            if not bufs:
-                return self._dec.decode(data)
-            # Extension values cannot stand where msgspec expects a builtin
-            # (a big ``bytes``), so decode loosely first, then validate.
-            return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+            if bufs:
+                # Extension values cannot stand where msgspec expects a builtin
+                # (a big ``bytes``), so decode loosely first, then validate.
+                value = msgspec.convert(_any_decoder.decode(data), self._tp,
+                                        dec_hook=_dec_hook)
+            else:
+                value = self._dec.decode(data)
+        except msgspec.ValidationError as e:
+            # Stand-ins about: this may be user code (a ``__post_init__``)
+            # that saw one; only msgspec's refusal of a pickle is certain.
+            if _tls.later and not any(r in str(e) for r in _REFUSED):
+                raise _Deferred from None
+            raise
+        except _Deferred:
+            raise
+        except Exception:
+            if _tls.later:
+                raise _Deferred from None
+            raise
+        else:
+            if _tls.later:
+                raise _Deferred
+            return value
         finally:
             _tls.bufs = None
             _tls.lazy = False
