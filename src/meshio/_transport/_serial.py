@@ -78,7 +78,19 @@ _PLAIN: Final = frozenset({int, float, str, bool, type(None)})
 _INT_MIN: Final = -(1 << 63)
 _INT_MAX: Final = (1 << 64) - 1
 
-_tls = threading.local()
+
+class _HookState(threading.local):
+    """What the msgspec hooks of this thread work with: the buffers of the
+    frame being encoded (``out``) or decoded (``bufs``), and whether a lazy
+    decoding met a pickle (``later``).  Class attributes are the defaults,
+    so reading one never fails."""
+
+    out: OutBuffers | None = None
+    bufs: Buffers | None = None
+    later: bool = False
+
+
+_tls = _HookState()
 
 
 # ------------------------------------------------------------------ limits
@@ -192,14 +204,14 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
 
 
 def _out() -> OutBuffers:
-    out: OutBuffers | None = getattr(_tls, "out", None)
+    out = _tls.out
     if out is None:
         raise RuntimeError("meshio: encoding outside of a frame")
     return out
 
 
 def _in() -> Buffers:
-    bufs: Buffers | None = getattr(_tls, "bufs", None)
+    bufs = _tls.bufs
     return [] if bufs is None else bufs
 
 
@@ -469,12 +481,27 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides)
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
-        if getattr(_tls, "lazy", False):
-            _tls.later = True
-            return _LATER
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
                      bufs, start)
     raise ValueError(f"unknown msgpack extension code {code}")
+
+
+def _lazy_ext_hook(code: int, data: memoryview) -> Any:
+    """:func:`_ext_hook`, but a pickle is not unpickled: it is checked, noted
+    (:func:`_pickles_met`) and stood for by ``_LATER``."""
+    if code != EXT_PICKLE:
+        return _ext_hook(code, data)
+    _pickle_ref.decode(data)
+    _tls.later = True
+    return _LATER
+
+
+def _pickles_met() -> bool:
+    """Whether the lazy decoding just done met a pickle (then forgotten)."""
+    if _tls.later:
+        _tls.later = False
+        return True
+    return False
 
 
 def _dec_hook(tp: Any, obj: Any) -> Any:
@@ -531,6 +558,7 @@ def _prep_untyped(v: Any) -> Any:
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_lazy_any_decoder = msgspec.msgpack.Decoder(ext_hook=_lazy_ext_hook)
 
 
 def _inline(v: Any) -> bool:
@@ -617,48 +645,57 @@ class TypedDecoder:
     for deep nesting): callers turn them into typed errors.
     """
 
-    __slots__ = ("_dec", "_tp")
+    __slots__ = ("_dec", "_lazy", "_tp")
 
     def __init__(self, tp: Any) -> None:
         self._tp = tp
         self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
+        self._lazy = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_lazy_ext_hook)
 
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
         """The value; with ``lazy``, no pickle is unpickled (the value's own
         code does not run): a pickle where the annotation allows none is a
         ``ValidationError``, and ``_Deferred`` says that the value holds
         pickles, validated as far as can be before they are unpickled."""
-        if not bufs and not lazy:  # the common case: nothing for the hooks to see
-            return self._dec.decode(data)
+        if not bufs:  # the common case: no buffer for the hooks to find
+            if not lazy:
+                return self._dec.decode(data)
+            return self._validated(self._lazy.decode, data)
         _tls.bufs = bufs
-        _tls.lazy = lazy
-        _tls.later = False
         try:
-            if bufs:
-                # Extension values cannot stand where msgspec expects a builtin
-                # (a big ``bytes``), so decode loosely first, then validate.
-                value = msgspec.convert(_any_decoder.decode(data), self._tp,
-                                        dec_hook=_dec_hook)
-            else:
-                value = self._dec.decode(data)
+            # Extension values cannot stand where msgspec expects a builtin
+            # (a big ``bytes``), so decode loosely first, then validate.
+            if not lazy:
+                return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+            return self._validated(lambda d: msgspec.convert(
+                _lazy_any_decoder.decode(d), self._tp, dec_hook=_dec_hook), data)
+        finally:
+            _tls.bufs = None
+
+    @staticmethod
+    def _validated(decode: Callable[[Any], Any], data: Any) -> Any:
+        """``decode(data)`` with a lazy hook: its value, or ``_Deferred`` if
+        pickles are still to be unpickled."""
+        try:
+            value = decode(data)
+        except _Deferred:  # a pickle where a class is expected
+            _pickles_met()
+            raise
         except msgspec.ValidationError as e:
             # Stand-ins about: this may be user code (a ``__post_init__``)
             # that saw one; only msgspec's refusal of a pickle is certain.
-            if _tls.later and not any(r in str(e) for r in _REFUSED):
+            if _pickles_met() and not any(r in str(e) for r in _REFUSED):
                 raise _Deferred from None
-            raise
-        except _Deferred:
             raise
         except Exception:
-            if _tls.later:
+            if _pickles_met():
                 raise _Deferred from None
             raise
-        else:
-            if _tls.later:
-                raise _Deferred
-            return value
-        finally:
-            _tls.bufs = None
-            _tls.lazy = False
+        except BaseException:  # (not a decoding failure: it goes on as it is)
+            _pickles_met()
+            raise
+        if _pickles_met():
+            raise _Deferred
+        return value
 
 
