@@ -219,7 +219,7 @@ async def test_typed_argument_is_validated_before_unpickling_with_buffers(
     big = b"b" * MiB  # travels out of band
     with pytest.raises(SchemaError, match=r"Expected `int`, got `pickle` - at `\$\.x`"):
         await asyncio.wait_for(
-            store.take.call_one(x=Canary(str(canary)), blob=big),  # type: ignore[arg-type]
+            store.take.call_one(x=Canary(str(canary)), blob=big),
             DEADLINE)
     assert not canary.exists()
     assert await asyncio.wait_for(store.take.call_one(x=3, blob=big), DEADLINE) == 3

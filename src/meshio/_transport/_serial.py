@@ -11,10 +11,14 @@ natively, anything else is pickled with cloudpickle inside an extension
 type, tensor storage still out of band.
 
 Large values of every kind travel out of band: ``bytes`` and ``str`` from
-:data:`OOB_THRESHOLD` bytes on (an ASCII ``str`` without a copy), and
-pickles of that size.  A message whose in-band part and buffers together
-exceed the message size limit (:func:`set_limits`) is refused by the sender
-with a :class:`~meshio.SchemaError` before anything is sent.
+:data:`OOB_THRESHOLD` bytes on, and pickles of that size.  An ASCII ``str``
+travels without a copy on either side: it is sent from its own memory and
+received straight into a new ``str`` (:data:`KIND_ASCII`), checked as its
+bytes arrive, so even a huge one costs its receiver's loop no decoding.
+
+A message whose in-band part and buffers together exceed the message size
+limit (:func:`set_limits`) is refused by the sender with a
+:class:`~meshio.SchemaError` before anything is sent.
 
 Decoding never runs the value's own code before the structure is checked:
 pickles are unpickled only after every natively typed value validated, and
@@ -47,17 +51,19 @@ import msgspec.structs
 
 from .._exceptions import SchemaError
 
-__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "decoder_for", "dumps", "limits",
-           "loads", "set_limits")
+__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "ascii_memory", "decoder_for", "dumps",
+           "limits", "loads", "set_limits")
 
-#: buffers received with a frame: ``bytes`` or ``bytearray``
+#: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
 #: buffers to send with a frame: ``(buffer, kind)`` with kind 0 = receive as
-#: ``bytearray`` (writable), 1 = receive as ``bytes``
+#: ``bytearray`` (writable), 1 = receive as ``bytes``, 2 = receive as ``str``
+#: (ASCII text; a part that is not arrives as ``bytes``)
 OutBuffers = list[tuple[Any, int]]
 
 KIND_BYTEARRAY: Final = 0
 KIND_BYTES: Final = 1
+KIND_ASCII: Final = 2
 
 EXT_PICKLE: Final = 1
 EXT_BUFFER: Final = 2
@@ -250,10 +256,8 @@ _utf8.restype = ctypes.c_void_p
 _utf8.argtypes = (ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t))
 
 
-def _str_memory(s: str) -> Any:
-    """The UTF-8 bytes of ``s``: an ASCII string's own memory (no copy)."""
-    if not s.isascii():
-        return s.encode()
+def ascii_memory(s: str) -> Any:
+    """The bytes of the ASCII string ``s``: its own memory (no copy)."""
     n = ctypes.c_ssize_t()
     array: Any = (ctypes.c_char * len(s)).from_address(_utf8(s, ctypes.byref(n)))
     array._meshio_owner = s  # keep the str alive while its bytes are in flight
@@ -407,7 +411,9 @@ def _enc_hook(obj: Any) -> Any:
     if type(obj) is _OOB:
         buf = obj.buf
         if type(buf) is str:
-            as_, kind, buf = _AS_STR, KIND_BYTES, _str_memory(buf)
+            as_ = _AS_STR
+            kind, buf = ((KIND_ASCII, ascii_memory(buf)) if buf.isascii()
+                         else (KIND_BYTES, buf.encode()))
         elif type(buf) is bytes:
             as_, kind = _AS_BYTES, KIND_BYTES
         else:
@@ -471,8 +477,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_BUFFER:
         index, as_ = _buffer_ref.decode(data)
         buf = _buffer(bufs, index)
-        if as_ == _AS_STR:
-            return str(buf, "utf-8")
+        if as_ == _AS_STR:  # received as a str when it is ASCII
+            return buf if type(buf) is str else str(buf, "utf-8")
         if as_ == _AS_MEMORYVIEW:
             return memoryview(buf)
         return buf
