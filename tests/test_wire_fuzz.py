@@ -404,17 +404,25 @@ def test_budget_across_connections(sizes: list[int], stop_at: list[int]) -> None
 
 
 def test_scratch_buffer_shrinks_after_large_header() -> None:
-    """issue 7 item 4: a header with many buffer descriptors grows the
-    scratch buffer; it shrinks back once that frame is done."""
+    """issue 7 item 4, issue 15 item 8: a connection has no scratch buffer
+    until data arrives; a header with many buffer descriptors grows it; it
+    is given back once that frame is done."""
     with small_limits():
         rt = FakeRuntime()
         conn, tr = connect(rt)
+        assert len(conn._buf) == 0
+        feed(conn, tr, VALID[0], [])
+        assert len(rt.got) == 1 and len(conn._buf) == R._SCRATCH
         n = 40_000
         msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
         frame = frame_header(len(msg), [(b"a", KIND_BYTES)] * n) + msg + b"a" * n
-        feed(conn, tr, frame, list(range(0, len(frame), 4096)))
-        assert len(rt.got) == 1 and len(rt.got[0][1]) == n
-        assert len(conn._buf) == R._SCRATCH
+        header = 8 + 8 * n  # all of it but its last byte: it waits in the buffer
+        feed(conn, tr, frame[:header - 1], list(range(0, header, 4096)))
+        assert len(conn._buf) >= header > R._SCRATCH
+        header -= 1
+        feed(conn, tr, frame[header:], list(range(0, len(frame) - header, 4096)))
+        assert len(rt.got) == 2 and len(rt.got[1][1]) == n
+        assert len(conn._buf) <= R._SCRATCH
         finish(rt, [conn])
 
 

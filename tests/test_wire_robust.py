@@ -424,3 +424,42 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
             await close(wa)
             await close(wb)
         await serving(mesh, 3)
+
+
+# ------------------------------------ issue 15 item 8: idle connections
+
+
+def _rss(pid: int) -> int:
+    """The resident memory of process ``pid``, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+async def test_idle_connections_commit_little_memory() -> None:
+    """issue 15 item 8: 400 authenticated peers of a worker, each of which
+    made one call and then stays idle, grow the worker's resident memory by
+    far less than a 256 KiB receive buffer each (they cost ~100 MiB when
+    every connection zero-filled one)."""
+    n = 400
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="idle") as pm:
+        mesh = await pm.spawn("store", Store)
+        pid = await asyncio.wait_for(mesh.pid.call_one(), DEADLINE)
+        call = frame(M.Call(1, mesh._target, "take", msgspec.Raw(
+            msgspec.msgpack.encode({"x": 1}))))
+        before = _rss(pid)
+        peers = []
+        try:
+            for _ in range(n):
+                r, w = await dial(mesh._addrs[0])
+                peers.append(w)
+                w.write(call)
+                reply, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+                assert isinstance(reply, M.Reply) and reply.req == 1, reply
+            grown = _rss(pid) - before
+        finally:
+            for w in peers:
+                await close(w)
+        assert grown < n * 32 * 1024, f"{n} idle connections cost {grown / MiB:.1f} MiB"
+        await serving(mesh, 4)

@@ -289,7 +289,8 @@ class Connection(asyncio.BufferedProtocol):
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
-        self._buf = bytearray(_SCRATCH)
+        # the scratch buffer: none until data arrives (see _reserve)
+        self._buf = bytearray()
         self._mv = memoryview(self._buf)
         self._start: int = 0
         self._end: int = 0
@@ -456,17 +457,19 @@ class Connection(asyncio.BufferedProtocol):
             self._held = 0
 
     def _reserve(self, need: int) -> None:
-        """Make room for ``need`` bytes from ``_start`` in the scratch buffer."""
+        """Make room for ``need`` bytes from ``_start`` in the scratch buffer.
+        A new one is not zeroed: its memory is committed only as data
+        arrives, so an idle connection holds little (and none before its
+        first message)."""
         avail = self._end - self._start
         if need <= len(self._buf) - self._start:
             return
         if need <= len(self._buf) and self._start:
             self._buf[:avail] = self._buf[self._start:self._end]
         else:
-            bigger = bytearray(max(need, 2 * len(self._buf)))
-            bigger[:avail] = self._buf[self._start:self._end]
-            self._buf = bigger
-            self._mv = memoryview(bigger)
+            bigger, view = _allocate(KIND_BYTEARRAY, max(need, 2 * len(self._buf), _SCRATCH))
+            view[:avail] = self._mv[self._start:self._end]
+            self._buf, self._mv = bigger, view
         self._start, self._end = 0, avail
 
     def _parse(self) -> None:
@@ -503,8 +506,8 @@ class Connection(asyncio.BufferedProtocol):
             self._deliver(f.got[0], f.got[1:])
         if self._start == self._end:
             self._start = self._end = 0
-            if len(self._buf) > _SCRATCH:  # back to normal after a large header
-                self._buf = bytearray(_SCRATCH)
+            if len(self._buf) > _SCRATCH:  # given back after a large header
+                self._buf = bytearray()
                 self._mv = memoryview(self._buf)
 
     def _header(self) -> _Frame | None:
