@@ -61,6 +61,10 @@ class Node(Actor):
         return context().proc.addr
 
     @endpoint
+    async def measure(self, text: str, blob: Any) -> tuple[int, int, str, int]:
+        return context().point.rank, len(text), type(blob).__name__, len(blob)
+
+    @endpoint
     async def hang(self) -> None:
         self.started.set()
         try:
@@ -171,6 +175,21 @@ async def test_stream_yields_every_point_and_broadcast_reaches_every_actor(
     logs = await mesh.recorded.call()  # a tree call after it: in order behind it
     assert sent.count(Fanout) == 4 and sent.count(Call) == 0  # 2 each
     assert all(log == [5] for log in logs.values())
+
+
+async def test_large_values_travel_down_the_tree(
+        nodes: tuple[ProcessJob, Any, Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 15 item 5: out-of-band values of a tree call (ASCII text, which
+    a relay receives as a str and sends on as text, other text, bytes, an
+    untyped str) reach every actor whole."""
+    _, _, mesh = nodes
+    mib = 1 << 20
+    sent = Sent(monkeypatch)
+    for text, blob in (("a" * mib, b"b" * mib), ("é" * mib, "c" * mib)):
+        result = await mesh.measure.call(text, blob)
+        assert result.values() == [(rank, mib, type(blob).__name__, mib)
+                                   for rank in range(HOSTS * PER_HOST)]
+    assert sent.count(Fanout) == 4 and sent.count(Call) == 0
 
 
 async def test_a_view_of_some_hosts_and_one_host_views(nodes: tuple[ProcessJob, Any, Node],

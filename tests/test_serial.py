@@ -24,12 +24,14 @@ from meshio._transport import _messages as M
 from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._serial import (
+    KIND_ASCII,
     KIND_BYTEARRAY,
     KIND_BYTES,
     OOB_THRESHOLD,
     Packer,
     TypedDecoder,
 )
+from meshio.endpoints._schema import Schema
 
 #: async tests share the module's event loop (and its worker process)
 LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -552,6 +554,55 @@ def test_parser_5mib_buffer_in_many_chunks(kind: int) -> None:
         # the big buffer was received straight into its own object, and the
         # scratch buffer did not grow to hold it
         assert len(c._buf) < MiB
+
+
+def _text(data: bytes) -> str | bytes:
+    """How a ``KIND_ASCII`` part arrives: a str, or bytes if it is not ASCII."""
+    return data.decode() if data.isascii() else data
+
+
+@pytest.mark.parametrize("bad_at", [None, 0, 100, 3 * MiB, 5 * MiB - 1])
+def test_parser_ascii_text_arrives_as_str(bad_at: int | None) -> None:
+    """issue 15 item 5: an ASCII part (small, in the scratch buffer, or big,
+    received straight into a new str and checked as it arrives) is delivered
+    as a str; one with a byte that is not ASCII, wherever it is, as bytes."""
+    big = bytearray(random.Random(8).randbytes(5 * MiB).translate(bytes(range(128)) * 2))
+    if bad_at is not None:
+        big[bad_at] = 0xE9
+    frames = [(b"big", [(b"small text", KIND_ASCII), (bytes(big), KIND_ASCII),
+                        (b"\xff" * 10, KIND_ASCII), (b"raw", KIND_BYTES)]),
+              (b"after", [(b"!", KIND_ASCII)])]
+    stream = b"".join(make_frame(b, bufs) for b, bufs in frames)
+    for chunking in (None, 65536, 4093):
+        c = Recorder()
+        c.feed(stream, chunk=chunking)
+        assert [body for body, _ in c.got] == [b"big", b"after"]
+        assert c.got[0][1] == ["small text", _text(bytes(big)), b"\xff" * 10, b"raw"]
+        assert [type(b) for b in c.got[0][1]] == [str, type(_text(bytes(big))), bytes, bytes]
+        assert c.got[1][1] == ["!"]
+        assert len(c._buf) < MiB and not c._text and c._text_ok
+
+
+def test_text_kinds_on_the_wire() -> None:
+    """issue 15 item 5: an ASCII str travels as a str from its own memory; any
+    other str as its UTF-8 bytes; a part said to be ASCII that is not is
+    decoded as UTF-8, or fails its call with a SchemaError."""
+    for text, kind in (("a" * MiB, KIND_ASCII), ("é" * MiB, KIND_BYTES)):
+        packer = Packer()
+        packer.pack(text, True)
+        assert [k for _, k in packer.out] == [kind]
+
+    class Target:
+        def method(self, note: str) -> None:
+            raise NotImplementedError
+
+    schema = Schema(Target.method, "Target.method")
+    packer = Packer()
+    body = schema.pack_args(schema.bind(("n" * MiB,), {}), packer)
+    assert schema.unpack_args(body, ["n" * MiB]) == ((), {"note": "n" * MiB})
+    assert schema.unpack_args(body, ["é".encode()]) == ((), {"note": "é"})
+    with pytest.raises(meshio.SchemaError, match=r"'note'.*UnicodeDecodeError"):
+        schema.unpack_args(body, [b"\xff"])
 
 
 def test_parser_large_body_grows_scratch() -> None:

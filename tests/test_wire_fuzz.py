@@ -30,7 +30,7 @@ from meshio._transport import _connection as R
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection, Pending
 from meshio._transport._frames import frame_header
-from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
+from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, OOB_THRESHOLD, Packer, limits
 from meshio.endpoints._schema import Schema
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -404,17 +404,25 @@ def test_budget_across_connections(sizes: list[int], stop_at: list[int]) -> None
 
 
 def test_scratch_buffer_shrinks_after_large_header() -> None:
-    """issue 7 item 4: a header with many buffer descriptors grows the
-    scratch buffer; it shrinks back once that frame is done."""
+    """issue 7 item 4, issue 15 item 8: a connection has no scratch buffer
+    until data arrives; a header with many buffer descriptors grows it; it
+    is given back once that frame is done."""
     with small_limits():
         rt = FakeRuntime()
         conn, tr = connect(rt)
+        assert len(conn._buf) == 0
+        feed(conn, tr, VALID[0], [])
+        assert len(rt.got) == 1 and len(conn._buf) == R._SCRATCH
         n = 40_000
         msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
         frame = frame_header(len(msg), [(b"a", KIND_BYTES)] * n) + msg + b"a" * n
-        feed(conn, tr, frame, list(range(0, len(frame), 4096)))
-        assert len(rt.got) == 1 and len(rt.got[0][1]) == n
-        assert len(conn._buf) == R._SCRATCH
+        header = 8 + 8 * n  # all of it but its last byte: it waits in the buffer
+        feed(conn, tr, frame[:header - 1], list(range(0, header, 4096)))
+        assert len(conn._buf) >= header > R._SCRATCH
+        header -= 1
+        feed(conn, tr, frame[header:], list(range(0, len(frame) - header, 4096)))
+        assert len(rt.got) == 2 and len(rt.got[1][1]) == n
+        assert len(conn._buf) <= R._SCRATCH
         finish(rt, [conn])
 
 
@@ -482,3 +490,111 @@ def test_decoders_deep_nesting() -> None:
         nested = [nested]
     with pytest.raises(SchemaError, match=r"Target\.method.*nested too deeply"):
         SCHEMA.pack_args(SCHEMA.bind((1, b"", "", nested), {}), Packer())
+
+
+# ------------------------------------------------- validation before pickles
+
+#: what the reconstruction of a :class:`Tripwire` recorded: proof that it ran
+TRIPPED: list[str] = []
+
+
+def _trip(tag: str) -> str:
+    TRIPPED.append(tag)
+    return tag
+
+
+class Tripwire:
+    """Pickled wherever it is sent; unpickling it leaves a record behind."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_trip, (self.tag,))
+
+
+_SIZES = st.sampled_from([0, 10, OOB_THRESHOLD, 70_000])
+
+
+def received(kwargs: dict[str, Any], cut_at: list[int]) -> tuple[M.Call, list[Any]]:
+    """The call of ``Target.method`` with ``kwargs`` as its receiver gets it:
+    encoded by the sender's code, its frame parsed by a connection."""
+    packer = Packer()
+    body = SCHEMA.pack_args(kwargs, packer)  # the sender pickles what it cannot encode
+    msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(body)))
+    frame = frame_header(len(msg), packer.out) + msg + b"".join(
+        bytes(memoryview(b)) for b, _ in packer.out)
+    with small_limits():
+        rt = FakeRuntime()
+        conn, transport = connect(rt)
+        feed(conn, transport, frame, cut_at)
+        finish(rt, [conn])
+    [(call, bufs)] = rt.got
+    assert isinstance(call, M.Call) and len(bufs) == len(packer.out)
+    return call, bufs
+
+
+@FUZZ
+@given(data_size=_SIZES, note_size=_SIZES, ascii_note=st.booleans(),
+       blob=st.sampled_from(["none", "tripwire", "bytes"]), x_first=st.booleans(),
+       cut_at=st.lists(st.integers(0, 200_000), max_size=6))
+def test_typed_argument_is_validated_before_any_pickle(
+        data_size: int, note_size: int, ascii_note: bool, blob: str, x_first: bool,
+        cut_at: list[int]) -> None:
+    """issue 15 item 4: a pickle in the natively typed argument ``x: int``
+    fails the call with a SchemaError naming ``$.x`` before anything in the
+    message is unpickled, whether or not the frame carries out-of-band
+    buffers (big ``bytes``, ASCII or other ``str``, pickles), wherever the
+    pickle is among the arguments and however the frame arrives."""
+    extra = {"none": None, "tripwire": Tripwire("blob"), "bytes": b"b" * 40_000}[blob]
+    kwargs = {"x": Tripwire("x"), "data": b"d" * data_size,
+              "note": ("n" if ascii_note else "é") * note_size, "blob": extra}
+    if not x_first:
+        kwargs = {k: kwargs[k] for k in ("data", "note", "blob", "x")}
+    call, bufs = received(kwargs, cut_at)
+    TRIPPED.clear()
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `(pickle|ext)` - at `\$\.x`"):
+        SCHEMA.unpack_args(call.args, bufs)
+    assert TRIPPED == []
+    # the same arguments with a good x decode, the pickled blob included
+    call, bufs = received({**kwargs, "x": 7}, cut_at)
+    assert SCHEMA.unpack_args(call.args, bufs) == ((), {**kwargs, "x": 7, "blob": (
+        "blob" if blob == "tripwire" else extra)})
+    assert TRIPPED == (["blob"] if blob == "tripwire" else [])
+
+
+class Checked(msgspec.Struct):
+    """Its own check looks at a field that may hold a pickle."""
+
+    extra: Any
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.extra, Tripwire | str):
+            raise ValueError(f"extra must be a Tripwire, got {type(self.extra).__name__}")
+
+
+class Takes:
+    def method(self, checked: Checked, data: bytes, y: int) -> None:
+        raise NotImplementedError
+
+
+def test_user_checks_see_unpickled_values() -> None:
+    """issue 15 item 4: validating before unpickling never shows a stand-in
+    for a pickle to user code: a Struct's ``__post_init__`` sees the value
+    once unpickled (with a big buffer in the frame or without), and a bad
+    typed argument beside it still fails before the pickle is unpickled."""
+    schema = Schema(Takes.method, "Takes.method")
+    for data in (b"", b"d" * 70_000):
+        for y, error in ((1, None), ("one", r"got `str` - at `\$\.y`")):
+            packer = Packer()
+            body = schema.pack_args(schema.bind((Checked(Tripwire("c")), data, y), {}),
+                                    packer)
+            bufs = [bytes(memoryview(b)) for b, _ in packer.out]
+            TRIPPED.clear()
+            if error is None:
+                assert schema.unpack_args(body, bufs)[1]["checked"] == Checked("c")
+                assert TRIPPED == ["c"]
+            else:
+                with pytest.raises(SchemaError, match=error):
+                    schema.unpack_args(body, bufs)
+                assert TRIPPED == []

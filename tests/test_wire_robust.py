@@ -210,6 +210,21 @@ async def test_typed_arguments_validate_before_anything_is_unpickled(
     assert canary.exists()
 
 
+async def test_typed_argument_is_validated_before_unpickling_with_buffers(
+        store: ActorMesh[Store], tmp_path: Path) -> None:
+    """issue 15 item 4: the same when the frame carries an out-of-band
+    buffer (a big ``bytes`` beside the call): a pickle sent as the ``x: int``
+    argument is refused with a SchemaError naming ``$.x``, never unpickled."""
+    canary = tmp_path / "unpickled"
+    big = b"b" * MiB  # travels out of band
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `pickle` - at `\$\.x`"):
+        await asyncio.wait_for(
+            store.take.call_one(x=Canary(str(canary)), blob=big),
+            DEADLINE)
+    assert not canary.exists()
+    assert await asyncio.wait_for(store.take.call_one(x=3, blob=big), DEADLINE) == 3
+
+
 async def test_undecodable_result_fails_the_call_connection_stays(
         store: ActorMesh[Store]) -> None:
     """issue 7 item 1: a result whose reconstruction raises in the controller
@@ -409,3 +424,42 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
             await close(wa)
             await close(wb)
         await serving(mesh, 3)
+
+
+# ------------------------------------ issue 15 item 8: idle connections
+
+
+def _rss(pid: int) -> int:
+    """The resident memory of process ``pid``, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+async def test_idle_connections_commit_little_memory() -> None:
+    """issue 15 item 8: 400 authenticated peers of a worker, each of which
+    made one call and then stays idle, grow the worker's resident memory by
+    far less than a 256 KiB receive buffer each (they cost ~100 MiB when
+    every connection zero-filled one)."""
+    n = 400
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="idle") as pm:
+        mesh = await pm.spawn("store", Store)
+        pid = await asyncio.wait_for(mesh.pid.call_one(), DEADLINE)
+        call = frame(M.Call(1, mesh._target, "take", msgspec.Raw(
+            msgspec.msgpack.encode({"x": 1}))))
+        before = _rss(pid)
+        peers = []
+        try:
+            for _ in range(n):
+                r, w = await dial(mesh._addrs[0])
+                peers.append(w)
+                w.write(call)
+                reply, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
+                assert isinstance(reply, M.Reply) and reply.req == 1, reply
+            grown = _rss(pid) - before
+        finally:
+            for w in peers:
+                await close(w)
+        assert grown < n * 32 * 1024, f"{n} idle connections cost {grown / MiB:.1f} MiB"
+        await serving(mesh, 4)

@@ -429,6 +429,7 @@ class ActorCell:
                 await self._run(conn, msg.req, desc, args, kwargs)
             finally:
                 self.serving = None
+            del bufs, args, kwargs  # an idle actor keeps no value of its last call
 
     async def _run_concurrent(self, conn: Connection, req: int,
                               desc: EndpointDescriptor[Any, Any, Any],

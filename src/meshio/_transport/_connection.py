@@ -42,6 +42,8 @@ from ._frames import (
     _allocate,
     _peek,
     frame_header,
+    is_ascii,
+    text_part,
 )
 from ._messages import (
     Answers,
@@ -59,7 +61,7 @@ from ._messages import (
     decode_message,
     encode_message,
 )
-from ._serial import KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
+from ._serial import KIND_ASCII, KIND_BYTEARRAY, KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
 
 if TYPE_CHECKING:
     from ._credentials import Credentials
@@ -293,13 +295,16 @@ class Connection(asyncio.BufferedProtocol):
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
-        self._buf = bytearray(_SCRATCH)
+        # the scratch buffer: none until data arrives (see _reserve)
+        self._buf = bytearray()
         self._mv = memoryview(self._buf)
         self._start: int = 0
         self._end: int = 0
         self._frame: _Frame | None = None
         self._cur: memoryview | None = None
         self._cur_pos: int = 0
+        self._text = False  # _cur is ASCII text, checked as it arrives ...
+        self._text_ok = True  # ... and every byte so far was ASCII
         self._skip = 0  # bytes of a refused message still to come
         self._held = 0  # receive budget held by the frame being received
         self._waiting = False  # paused until the receive budget grants it
@@ -390,10 +395,15 @@ class Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._rx += nbytes
         if self._cur is not None:
-            self._cur_pos += nbytes
+            pos = self._cur_pos
+            self._cur_pos = pos + nbytes
+            if self._text and self._text_ok:
+                self._text_ok = is_ascii(self._cur[pos:self._cur_pos])
             if self._cur_pos < len(self._cur):
                 return
-            self._cur = None
+            if not self._text_ok and self._frame is not None:  # not text after all
+                self._frame.got[-1] = self._cur.tobytes()
+            self._cur, self._text, self._text_ok = None, False, True
         else:
             self._end += nbytes
         self._run_parse()
@@ -455,17 +465,19 @@ class Connection(asyncio.BufferedProtocol):
             self._held = 0
 
     def _reserve(self, need: int) -> None:
-        """Make room for ``need`` bytes from ``_start`` in the scratch buffer."""
+        """Make room for ``need`` bytes from ``_start`` in the scratch buffer.
+        A new one is not zeroed: its memory is committed only as data
+        arrives, so an idle connection holds little (and none before its
+        first message)."""
         avail = self._end - self._start
         if need <= len(self._buf) - self._start:
             return
         if need <= len(self._buf) and self._start:
             self._buf[:avail] = self._buf[self._start:self._end]
         else:
-            bigger = bytearray(max(need, 2 * len(self._buf)))
-            bigger[:avail] = self._buf[self._start:self._end]
-            self._buf = bigger
-            self._mv = memoryview(bigger)
+            bigger, view = _allocate(KIND_BYTEARRAY, max(need, 2 * len(self._buf), _SCRATCH))
+            view[:avail] = self._mv[self._start:self._end]
+            self._buf, self._mv = bigger, view
         self._start, self._end = 0, avail
 
     def _parse(self) -> None:
@@ -502,8 +514,8 @@ class Connection(asyncio.BufferedProtocol):
             self._deliver(f.got[0], f.got[1:])
         if self._start == self._end:
             self._start = self._end = 0
-            if len(self._buf) > _SCRATCH:  # back to normal after a large header
-                self._buf = bytearray(_SCRATCH)
+            if len(self._buf) > _SCRATCH:  # given back after a large header
+                self._buf = bytearray()
                 self._mv = memoryview(self._buf)
 
     def _header(self) -> _Frame | None:
@@ -522,7 +534,7 @@ class Connection(asyncio.BufferedProtocol):
             self._reserve(need)
             return None
         descs = struct.unpack_from(f"<{nbufs}Q", self._buf, start + 8) if nbufs else ()
-        if any(d >> 56 > KIND_BYTES for d in descs):
+        if any(d >> 56 > KIND_ASCII for d in descs):
             raise ProtocolError("malformed frame header (unknown buffer kind)")
         size = body_len + sum(d & _LEN_MASK for d in descs)
         if size > limits.max_message:
@@ -556,7 +568,8 @@ class Connection(asyncio.BufferedProtocol):
             avail = self._end - start
             if n <= avail:
                 part = self._mv[start:start + n]
-                got.append(bytes(part) if kind == KIND_BYTES else bytearray(part))
+                got.append(bytes(part) if kind == KIND_BYTES else bytearray(part)
+                           if kind == KIND_BYTEARRAY else text_part(part))
                 self._start = start + n
                 continue
             if n < _DIRECT:
@@ -571,6 +584,8 @@ class Connection(asyncio.BufferedProtocol):
             self._start = self._end
             got.append(target)
             self._cur, self._cur_pos = tmv, avail
+            self._text = kind == KIND_ASCII
+            self._text_ok = not self._text or is_ascii(tmv[:avail])
             return False
         return True
 

@@ -37,7 +37,7 @@ from ._messages import (
     Reply,
     encode_message,
 )
-from ._serial import KIND_BYTEARRAY, KIND_BYTES, Buffers, OutBuffers
+from ._serial import KIND_ASCII, KIND_BYTEARRAY, KIND_BYTES, Buffers, OutBuffers, ascii_memory
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -73,7 +73,8 @@ def split(lo: int, hi: int, width: int) -> list[tuple[int, int]]:
 
 def out_buffers(bufs: Buffers) -> OutBuffers:
     """Received out-of-band buffers as buffers to send on (same kinds)."""
-    return [(b, KIND_BYTES if isinstance(b, bytes) else KIND_BYTEARRAY) for b in bufs]
+    return [(b, KIND_BYTES) if type(b) is bytes else (ascii_memory(b), KIND_ASCII)
+            if type(b) is str else (b, KIND_BYTEARRAY) for b in bufs]
 
 
 class FanoutState:

@@ -3,15 +3,21 @@
     u32 body_len | u32 nbufs | nbufs x u64 (kind << 56 | length) | body | buffers
 
 The header codec, the receive targets allocated for a frame's parts, and a
-peek at a message's tag and request id before its body is decoded."""
+peek at a message's tag and request id before its body is decoded.
+
+A part of kind ``KIND_ASCII`` is received straight into a new ``str``, whose
+bytes are checked as they arrive (:func:`is_ascii`); one that is not ASCII
+after all is delivered as ``bytes`` (:func:`text_part`), so no ``str`` ever
+holds anything else."""
 
 from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 from typing import Any, Final
 
-from ._serial import KIND_BYTES, OutBuffers
+from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers
 
 _HDR: Final = struct.Struct("<II")
 _LEN_MASK: Final = (1 << 56) - 1
@@ -32,12 +38,26 @@ _bytearray_alloc = ctypes.pythonapi.PyByteArray_FromStringAndSize
 _bytearray_alloc.restype = ctypes.py_object
 _bytearray_alloc.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 _BYTES_DATA_OFFSET: Final = bytes.__basicsize__ - 1
+_str_alloc = ctypes.pythonapi.PyUnicode_New
+_str_alloc.restype = ctypes.py_object
+_str_alloc.argtypes = (ctypes.c_ssize_t, ctypes.c_uint32)
+#: where the characters of a compact ASCII ``str`` start (its header, as in
+#: ``sys.getsizeof("")`` less the terminating NUL)
+_ASCII_DATA_OFFSET: Final = sys.getsizeof("") - 1
 
 
 def _allocate(kind: int, n: int) -> tuple[Any, memoryview]:
-    """A receive target of ``n`` bytes and a writable view of it.  Its
-    memory is not touched (not zeroed), so it is committed only as data
-    arrives."""
+    """A receive target of ``n`` bytes (``n > 0``) and a writable view of
+    it.  Its memory is not touched (not zeroed), so it is committed only as
+    data arrives.  A ``str`` target (``KIND_ASCII``) must not be used before
+    every byte written into it passed :func:`is_ascii`."""
+    if kind == KIND_ASCII:
+        # A new str filled in place (its bytes checked as they arrive): text
+        # received without a decoding pass over it.
+        s = _str_alloc(n, 127)
+        array: Any = (ctypes.c_char * n).from_address(id(s) + _ASCII_DATA_OFFSET)
+        array._meshio_owner = s  # the str outlives its view
+        return s, memoryview(array).cast("B")
     if kind == KIND_BYTES:
         # A bytes object filled in place: zero-copy receive of ``bytes``.
         b = _bytes_alloc(None, n)
@@ -45,6 +65,18 @@ def _allocate(kind: int, n: int) -> tuple[Any, memoryview]:
         return b, memoryview(array).cast("B")
     target = _bytearray_alloc(None, n)
     return target, memoryview(target)
+
+
+def is_ascii(view: memoryview) -> bool:
+    """Whether ``view`` holds only ASCII bytes."""
+    return view.tobytes().isascii()
+
+
+def text_part(view: memoryview) -> str | bytes:
+    """A ``KIND_ASCII`` part received whole in the scratch buffer: a ``str``,
+    or ``bytes`` where it is not ASCII."""
+    data = view.tobytes()
+    return data.decode("ascii") if data.isascii() else data
 
 
 def _peek(prefix: bytes) -> tuple[int, int] | None:

@@ -11,10 +11,14 @@ natively, anything else is pickled with cloudpickle inside an extension
 type, tensor storage still out of band.
 
 Large values of every kind travel out of band: ``bytes`` and ``str`` from
-:data:`OOB_THRESHOLD` bytes on (an ASCII ``str`` without a copy), and
-pickles of that size.  A message whose in-band part and buffers together
-exceed the message size limit (:func:`set_limits`) is refused by the sender
-with a :class:`~meshio.SchemaError` before anything is sent.
+:data:`OOB_THRESHOLD` bytes on, and pickles of that size.  An ASCII ``str``
+travels without a copy on either side: it is sent from its own memory and
+received straight into a new ``str`` (:data:`KIND_ASCII`), checked as its
+bytes arrive, so even a huge one costs its receiver's loop no decoding.
+
+A message whose in-band part and buffers together exceed the message size
+limit (:func:`set_limits`) is refused by the sender with a
+:class:`~meshio.SchemaError` before anything is sent.
 
 Decoding never runs the value's own code before the structure is checked:
 pickles are unpickled only after every natively typed value validated, and
@@ -47,17 +51,19 @@ import msgspec.structs
 
 from .._exceptions import SchemaError
 
-__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "decoder_for", "dumps", "limits",
-           "loads", "set_limits")
+__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "ascii_memory", "decoder_for", "dumps",
+           "limits", "loads", "set_limits")
 
-#: buffers received with a frame: ``bytes`` or ``bytearray``
+#: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
 #: buffers to send with a frame: ``(buffer, kind)`` with kind 0 = receive as
-#: ``bytearray`` (writable), 1 = receive as ``bytes``
+#: ``bytearray`` (writable), 1 = receive as ``bytes``, 2 = receive as ``str``
+#: (ASCII text; a part that is not arrives as ``bytes``)
 OutBuffers = list[tuple[Any, int]]
 
 KIND_BYTEARRAY: Final = 0
 KIND_BYTES: Final = 1
+KIND_ASCII: Final = 2
 
 EXT_PICKLE: Final = 1
 EXT_BUFFER: Final = 2
@@ -78,7 +84,19 @@ _PLAIN: Final = frozenset({int, float, str, bool, type(None)})
 _INT_MIN: Final = -(1 << 63)
 _INT_MAX: Final = (1 << 64) - 1
 
-_tls = threading.local()
+
+class _HookState(threading.local):
+    """What the msgspec hooks of this thread work with: the buffers of the
+    frame being encoded (``out``) or decoded (``bufs``), and whether a lazy
+    decoding met a pickle (``later``).  Class attributes are the defaults,
+    so reading one never fails."""
+
+    out: OutBuffers | None = None
+    bufs: Buffers | None = None
+    later: bool = False
+
+
+_tls = _HookState()
 
 
 # ------------------------------------------------------------------ limits
@@ -192,14 +210,14 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
 
 
 def _out() -> OutBuffers:
-    out: OutBuffers | None = getattr(_tls, "out", None)
+    out = _tls.out
     if out is None:
         raise RuntimeError("meshio: encoding outside of a frame")
     return out
 
 
 def _in() -> Buffers:
-    bufs: Buffers | None = getattr(_tls, "bufs", None)
+    bufs = _tls.bufs
     return [] if bufs is None else bufs
 
 
@@ -238,10 +256,8 @@ _utf8.restype = ctypes.c_void_p
 _utf8.argtypes = (ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t))
 
 
-def _str_memory(s: str) -> Any:
-    """The UTF-8 bytes of ``s``: an ASCII string's own memory (no copy)."""
-    if not s.isascii():
-        return s.encode()
+def ascii_memory(s: str) -> Any:
+    """The bytes of the ASCII string ``s``: its own memory (no copy)."""
     n = ctypes.c_ssize_t()
     array: Any = (ctypes.c_char * len(s)).from_address(_utf8(s, ctypes.byref(n)))
     array._meshio_owner = s  # keep the str alive while its bytes are in flight
@@ -395,7 +411,9 @@ def _enc_hook(obj: Any) -> Any:
     if type(obj) is _OOB:
         buf = obj.buf
         if type(buf) is str:
-            as_, kind, buf = _AS_STR, KIND_BYTES, _str_memory(buf)
+            as_ = _AS_STR
+            kind, buf = ((KIND_ASCII, ascii_memory(buf)) if buf.isascii()
+                         else (KIND_BYTES, buf.encode()))
         elif type(buf) is bytes:
             as_, kind = _AS_BYTES, KIND_BYTES
         else:
@@ -424,7 +442,23 @@ def _enc_hook(obj: Any) -> Any:
 
 
 class _Deferred(Exception):
-    """Raised instead of unpickling while a value is only being validated."""
+    """A value validated lazily holds pickles, none of them unpickled yet."""
+
+
+class _Later:
+    """Stands for a pickle, not unpickled, while the value around it is
+    validated lazily: where the annotation allows no pickle, msgspec says so
+    ("Expected `int`, got `pickle`"); where it expects a class, validation
+    stops (:func:`_dec_hook`): an instance can be checked once unpickled."""
+
+    __slots__ = ()
+
+
+_Later.__name__ = _Later.__qualname__ = "pickle"
+_LATER: Final = _Later()
+#: msgspec's words for a pickle (or, decoding typed, any extension value)
+#: where the annotation allows none
+_REFUSED: Final = ("got `pickle`", "got `ext`")
 
 
 _buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
@@ -443,8 +477,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_BUFFER:
         index, as_ = _buffer_ref.decode(data)
         buf = _buffer(bufs, index)
-        if as_ == _AS_STR:
-            return str(buf, "utf-8")
+        if as_ == _AS_STR:  # received as a str when it is ASCII
+            return buf if type(buf) is str else str(buf, "utf-8")
         if as_ == _AS_MEMORYVIEW:
             return memoryview(buf)
         return buf
@@ -453,14 +487,32 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides)
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
-        if getattr(_tls, "lazy", False):
-            raise _Deferred
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
                      bufs, start)
     raise ValueError(f"unknown msgpack extension code {code}")
 
 
+def _lazy_ext_hook(code: int, data: memoryview) -> Any:
+    """:func:`_ext_hook`, but a pickle is not unpickled: it is checked, noted
+    (:func:`_pickles_met`) and stood for by ``_LATER``."""
+    if code != EXT_PICKLE:
+        return _ext_hook(code, data)
+    _pickle_ref.decode(data)
+    _tls.later = True
+    return _LATER
+
+
+def _pickles_met() -> bool:
+    """Whether the lazy decoding just done met a pickle (then forgotten)."""
+    if _tls.later:
+        _tls.later = False
+        return True
+    return False
+
+
 def _dec_hook(tp: Any, obj: Any) -> Any:
+    if obj is _LATER:
+        raise _Deferred
     if isinstance(obj, getattr(tp, "__origin__", tp)):
         return obj
     raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
@@ -512,6 +564,7 @@ def _prep_untyped(v: Any) -> Any:
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+_lazy_any_decoder = msgspec.msgpack.Decoder(ext_hook=_lazy_ext_hook)
 
 
 def _inline(v: Any) -> bool:
@@ -598,27 +651,57 @@ class TypedDecoder:
     for deep nesting): callers turn them into typed errors.
     """
 
-    __slots__ = ("_dec", "_tp")
+    __slots__ = ("_dec", "_lazy", "_tp")
 
     def __init__(self, tp: Any) -> None:
         self._tp = tp
         self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
+        self._lazy = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_lazy_ext_hook)
 
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
-        """The value; with ``lazy``, raises ``_Deferred`` at the first pickle
-        instead of unpickling it (the value's own code does not run)."""
-        if not bufs and not lazy:  # the common case: nothing for the hooks to see
-            return self._dec.decode(data)
-        _tls.bufs = bufs
-        _tls.lazy = lazy
-        try:
-            if not bufs:
+        """The value; with ``lazy``, no pickle is unpickled (the value's own
+        code does not run): a pickle where the annotation allows none is a
+        ``ValidationError``, and ``_Deferred`` says that the value holds
+        pickles, validated as far as can be before they are unpickled."""
+        if not bufs:  # the common case: no buffer for the hooks to find
+            if not lazy:
                 return self._dec.decode(data)
+            return self._validated(self._lazy.decode, data)
+        _tls.bufs = bufs
+        try:
             # Extension values cannot stand where msgspec expects a builtin
             # (a big ``bytes``), so decode loosely first, then validate.
-            return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+            if not lazy:
+                return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+            return self._validated(lambda d: msgspec.convert(
+                _lazy_any_decoder.decode(d), self._tp, dec_hook=_dec_hook), data)
         finally:
             _tls.bufs = None
-            _tls.lazy = False
+
+    @staticmethod
+    def _validated(decode: Callable[[Any], Any], data: Any) -> Any:
+        """``decode(data)`` with a lazy hook: its value, or ``_Deferred`` if
+        pickles are still to be unpickled."""
+        try:
+            value = decode(data)
+        except _Deferred:  # a pickle where a class is expected
+            _pickles_met()
+            raise
+        except msgspec.ValidationError as e:
+            # Stand-ins about: this may be user code (a ``__post_init__``)
+            # that saw one; only msgspec's refusal of a pickle is certain.
+            if _pickles_met() and not any(r in str(e) for r in _REFUSED):
+                raise _Deferred from None
+            raise
+        except Exception:
+            if _pickles_met():
+                raise _Deferred from None
+            raise
+        except BaseException:  # (not a decoding failure: it goes on as it is)
+            _pickles_met()
+            raise
+        if _pickles_met():
+            raise _Deferred
+        return value
 
 
