@@ -180,7 +180,7 @@ class ActorThread:
         self.rt = rt
         self.name = name
         self.jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], contextvars.Context,
-                                           Callable[[], Any]] | None] = queue.SimpleQueue()
+                                           functools.partial[Any]] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
@@ -205,6 +205,10 @@ class ActorThread:
             del job
             try:
                 outcome: tuple[bool, Any] = (True, ctx.run(call))
+            except StopIteration as e:  # a future cannot hold it: as in a coroutine
+                error = RuntimeError(f"{call.func.__qualname__} raised StopIteration")
+                error.__cause__ = e
+                outcome = (False, error)
             except BaseException as e:  # reported by the awaiting call
                 outcome = (False, e)
             try:
