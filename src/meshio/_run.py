@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Generator
 from types import FrameType
 from typing import Any, Final, NoReturn, TypeVar
 
@@ -44,7 +44,7 @@ class _Stop:
         self.task: asyncio.Task[Any] | None = None
 
     @contextlib.contextmanager
-    def handling(self) -> Iterator[None]:
+    def handling(self) -> Generator[None]:
         """Handle the stop signals whose handlers are Python's defaults
         (in the main thread; a program's own handlers are left alone)."""
         replaced: list[tuple[int, Any]] = []
