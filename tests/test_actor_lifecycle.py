@@ -636,3 +636,52 @@ async def test_blocking_def_endpoint_is_not_hung_but_a_blocked_loop_is() -> None
         await events.next("restart")
         assert procs.pids != [old]
     await events.aclose()
+
+
+# ------------------------------- issue 15 item 13: __init__ in the actor's thread
+
+
+class ThreadState(Actor):
+    """Monarch's ``TLSActorFullSync``, and an inference actor that turns
+    torch's (per-thread) gradient mode off in its constructor."""
+
+    def __init__(self) -> None:
+        import torch  # deferred: only these tests need torch
+
+        torch.set_grad_enabled(False)
+        self.local = threading.local()
+        self.local.value = 0
+        self.built_in = threading.current_thread().name
+
+    @endpoint
+    def increment(self) -> int:
+        self.local.value += 1
+        return cast(int, self.local.value)
+
+    @endpoint
+    def infer(self) -> tuple[str, str, bool, bool]:
+        """(constructor's thread, this endpoint's, grad mode, whether a result
+        of a computation on a tensor that requires grad requires grad)"""
+        import torch
+
+        y = torch.ones(2, requires_grad=True) * 2
+        return (self.built_in, threading.current_thread().name, torch.is_grad_enabled(),
+                y.requires_grad)
+
+    @endpoint
+    async def on_loop(self) -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+
+async def test_constructor_runs_where_def_endpoints_run(procs: meshio.ProcMesh) -> None:
+    """issue 15 item 13: ``__init__`` runs in the actor's thread, where its
+    plain ``def`` endpoints run: a ``threading.local`` it sets is there, and
+    ``torch.set_grad_enabled(False)`` applies to them; ``async def``
+    endpoints run on the worker's loop (its main thread)."""
+    pytest.importorskip("torch")
+    actor = await asyncio.wait_for(procs.slice(procs=1).spawn("tls", ThreadState), GUARD)
+    for expected in range(1, 5):
+        assert await asyncio.wait_for(actor.increment.call_one(), GUARD) == expected
+    assert await asyncio.wait_for(actor.infer.call_one(), GUARD) == (
+        "meshio-actor tls[0]", "meshio-actor tls[0]", False, False)
+    assert await asyncio.wait_for(actor.on_loop.call_one(), GUARD)

@@ -3,6 +3,8 @@ constructors, unknown endpoints."""
 
 from __future__ import annotations
 
+import asyncio
+import pickle
 from typing import Any, cast
 
 import msgspec
@@ -29,6 +31,24 @@ class Item(msgspec.Struct):
 
 class CustomError(Exception):
     pass
+
+
+class NeedsArgs(Exception):
+    """Its constructor takes two arguments, its ``__str__`` reads them."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(a, b)
+        self.a, self.b = a, b
+
+    def __str__(self) -> str:
+        return f"needs {self.a} and {self.b}"
+
+
+class Sealed(Exception):
+    """A class that refuses subclasses."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError("Sealed cannot be subclassed")
 
 
 def deep_helper_that_raises(msg: str) -> None:
@@ -88,6 +108,15 @@ class Faulty(Actor):
     async def ok(self) -> str:
         return "ok"
 
+    @endpoint
+    def raise_(self, kind: str) -> None:  # (plain def: an async one cannot raise StopIteration)
+        errors: dict[str, BaseException] = {
+            "needs_args": NeedsArgs(1, 2), "key": KeyError("k"), "sealed": Sealed("sealed"),
+            "supervision": meshio.SupervisionError("nested call's process died"),
+            "timeout": meshio.CallTimeout("nested call timed out"),
+            "stop": StopIteration("stop"), "os": FileNotFoundError(2, "no such file", "/x")}
+        raise errors[kind]
+
 
 @pytest.fixture
 async def faulty(procs: meshio.ProcMesh) -> Faulty:
@@ -123,6 +152,70 @@ async def test_remote_custom_exception_and_plain_def(faulty: Faulty) -> None:
     assert err.remote_message == "custom failure"
     assert err.rank == 0
     assert "sync_boom" in err.remote_traceback
+
+
+async def test_remote_value_error_is_a_value_error(faulty: Faulty) -> None:
+    """issue 15 item 12: ``except ValueError`` catches a ValueError raised by
+    the endpoint; the error is still the ActorError with the remote
+    traceback, and pickles as such."""
+    try:
+        await faulty.slice(procs=1).boom.call_one(msg="kaboom")
+    except ValueError as e:
+        err: BaseException = e
+    assert isinstance(err, ActorError) and isinstance(err, ValueError)
+    assert err.remote_type == "ValueError" and err.remote_message == "kaboom"
+    assert "raise ValueError(msg)" in err.remote_traceback
+    assert str(err).startswith("ValueError: kaboom\n  in faulty rank 1")
+    assert repr(err).startswith("ActorError('ValueError: kaboom")
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is type(err) and copy.args == err.args and copy.__dict__ == err.__dict__
+
+
+async def test_remote_custom_exceptions_keep_their_class(faulty: Faulty) -> None:
+    """issue 15 item 12: a custom class of an imported module (a plain ``def``
+    endpoint's too), one whose ``__init__`` needs arguments and whose
+    ``__str__`` reads them (neither runs at the caller), a builtin with a
+    constructor of its own (OSError), and on several ranks the combined error.
+    A class that refuses subclasses and meshio's own errors (a
+    SupervisionError or CallTimeout raised in the endpoint is not this call's
+    process dying or timing out) arrive as a plain ActorError naming them."""
+    one = faulty.slice(procs=0)
+    with pytest.raises(CustomError) as custom:
+        await one.sync_boom.call_one()
+    assert isinstance(custom.value, ActorError)
+    assert custom.value.remote_message == "custom failure"
+    with pytest.raises(NeedsArgs) as needs:
+        await one.raise_.call_one(kind="needs_args")
+    assert isinstance(needs.value, ActorError)
+    assert needs.value.remote_message == "needs 1 and 2"
+    assert str(needs.value).startswith(f"{__name__}.NeedsArgs: needs 1 and 2")
+    assert type(pickle.loads(pickle.dumps(needs.value))) is type(needs.value)
+    with pytest.raises(FileNotFoundError) as missing:
+        await one.raise_.call_one(kind="os")
+    assert missing.value.remote_message == "[Errno 2] no such file: '/x'"  # type: ignore[attr-defined]
+    with pytest.raises(KeyError) as both:
+        await faulty.raise_.call(kind="key")
+    assert isinstance(both.value, ActorError) and len(both.value.failures) == 2
+    assert all(isinstance(e, KeyError) for _, e in both.value.failures)
+    for kind, name in [("sealed", f"{__name__}.Sealed"),
+                       ("supervision", "meshio.SupervisionError"),
+                       ("timeout", "meshio.CallTimeout")]:
+        with pytest.raises(ActorError) as plain:
+            await one.raise_.call_one(kind=kind)
+        assert type(plain.value) is ActorError and plain.value.remote_type == name
+
+
+async def test_stop_iteration_from_a_def_endpoint(faulty: Faulty) -> None:
+    """A plain ``def`` endpoint raising StopIteration (which a future cannot
+    hold) fails its call as an ``async def`` one does, with a RuntimeError
+    caused by it, instead of leaving the call and the actor's mailbox hung."""
+    one = faulty.slice(procs=0)
+    with pytest.raises(RuntimeError) as info:
+        await asyncio.wait_for(one.raise_.call_one(kind="stop"), 30)
+    assert isinstance(info.value, ActorError) and not isinstance(info.value, StopIteration)
+    assert info.value.remote_message == "Faulty.raise_ raised StopIteration"
+    assert "StopIteration: stop" in info.value.remote_traceback
+    assert await one.ok.call_one() == "ok"
 
 
 async def test_actor_keeps_serving_after_an_exception(faulty: Faulty) -> None:

@@ -558,7 +558,7 @@ async def test_workers_of_other_proc_meshes_learn_of_a_hung_worker() -> None:
 
 
 class SlowInit(Actor):
-    """A constructor that blocks its worker's loop (loading a model, say)."""
+    """A constructor that blocks for a while (loading a model, say)."""
 
     def __init__(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -571,9 +571,9 @@ class SlowInit(Actor):
 @pytest.mark.parametrize("supervised", [False, True])
 async def test_slow_constructor_is_not_a_hang(
         supervised: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    """issue 7 items 5/18: a constructor runs on the worker's loop, so while
-    one is in flight heartbeats do not judge its process: a 1.5 s __init__
-    under a 0.6 s heartbeat timeout spawns, is not killed, and serves."""
+    """issue 7 items 5/18: a 1.5 s __init__ under a 0.6 s heartbeat timeout
+    spawns, is not killed, and serves (a constructor runs in its actor's
+    thread, and while one is in flight heartbeats do not judge its process)."""
     sup = (meshio.Supervisor("one_for_one", max_restarts=0, heartbeat_interval=0.2,
                              heartbeat_timeout=0.6) if supervised else None)
     async with meshio.this_host().spawn_procs(

@@ -106,7 +106,7 @@ async def test_ctrl_c_stops_the_controller_cleanly(tmp_path: Path, runner: str,
     assert "never retrieved" not in text and "SupervisionError" not in text, text
     assert out == b""
     if runner == "meshio":
-        assert text == "meshio: interrupted (Ctrl-C); worker processes stopped\n"
+        assert text == "meshio: interrupted (Ctrl-C); stopping worker processes\n"
         assert proc.returncode == 130
     else:
         assert text.rstrip().endswith("KeyboardInterrupt"), text

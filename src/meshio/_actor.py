@@ -48,16 +48,19 @@ class Actor(metaclass=_ActorMeta):
     """Base class of actors.  Mark remotely callable methods with ``@endpoint``.
 
     ``__init__`` runs in the actor's process with the constructor arguments
-    given to ``procs.spawn(...)``, inside the actor's :func:`context`, on
-    the worker's event loop.  ``async def`` endpoints run on that loop; plain
-    ``def`` endpoints run in the actor's own thread, one call at a time in
-    mailbox order (they may ``port.send`` and ``broadcast``; to ``await``
-    calls, write an ``async def`` endpoint).
+    given to ``procs.spawn(...)``, inside the actor's :func:`context`, in
+    the actor's own thread, where its plain ``def`` endpoints run too, one
+    call at a time in mailbox order: thread-local state set in ``__init__``
+    (a ``threading.local``, ``torch.set_grad_enabled(False)``) is theirs.
+    They may ``port.send`` and ``broadcast``; to ``await`` calls or use the
+    event loop, write an ``async def`` endpoint: those run on the worker's
+    event loop, in its main thread.
 
     Optional hooks, looked up by name:
 
-    - ``on_restart(self)`` (sync or async): runs after ``__init__`` when a
-      supervisor rebuilds the actor in a replacement process.
+    - ``on_restart(self)`` (sync: in the actor's thread; async: on the
+      loop): runs after ``__init__`` when a supervisor rebuilds the actor in
+      a replacement process.
     - ``__supervise__(self, error)``: a supervisor created inside this actor
       gave up; return True to handle it (see ``docs/supervision.md``).
     - ``__cleanup__(self, exc)`` (sync or async): runs once when the actor is

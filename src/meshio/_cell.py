@@ -4,7 +4,8 @@ message at a time (unless the endpoint is ``concurrent``).
 ``async def`` endpoints run on the worker's loop (a mailbox call inline in
 the actor's pump task, a concurrent call in its own task); plain ``def``
 endpoints run in the actor's thread (:class:`ActorThread`), so a blocking
-one leaves the loop free to answer heartbeats and other actors.
+one leaves the loop free to answer heartbeats and other actors.  The
+constructor runs in that thread first, so what it sets per thread is theirs.
 """
 
 from __future__ import annotations
@@ -171,16 +172,17 @@ async def _stop_procs(state: ProcState, where: str) -> None:
 
 
 class ActorThread:
-    """The thread of one actor, where its plain ``def`` endpoints (and a
-    sync ``__cleanup__``) run: one call at a time, in submission order, in
-    the submitter's context (so :func:`~meshio.context` works).  Started on
-    first use; a daemon, so a stuck call cannot keep the process alive."""
+    """The thread of one actor, where its ``__init__``, plain ``def``
+    endpoints and sync hooks (``on_restart``, ``__cleanup__``) run: one call
+    at a time, in submission order, in the submitter's context (so
+    :func:`~meshio.context` works).  Started on first use; a daemon, so a
+    stuck call cannot keep the process alive."""
 
     def __init__(self, rt: Runtime, name: str) -> None:
         self.rt = rt
         self.name = name
         self.jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], contextvars.Context,
-                                           Callable[[], Any]] | None] = queue.SimpleQueue()
+                                           functools.partial[Any]] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
@@ -205,6 +207,10 @@ class ActorThread:
             del job
             try:
                 outcome: tuple[bool, Any] = (True, ctx.run(call))
+            except StopIteration as e:  # a future cannot hold it: as in a coroutine
+                error = RuntimeError(f"{call.func.__qualname__} raised StopIteration")
+                error.__cause__ = e
+                outcome = (False, error)
             except BaseException as e:  # reported by the awaiting call
                 outcome = (False, e)
             try:
@@ -215,9 +221,11 @@ class ActorThread:
 
 
 class ActorCell:
-    """One actor instance and its mailbox."""
+    """One actor instance and its mailbox; ``thread``: the actor's thread,
+    where its constructor ran (None: one is made)."""
 
-    def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor) -> None:
+    def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor,
+                 thread: ActorThread | None = None) -> None:
         self.rt = rt
         self.target = target
         self.ctx = ctx
@@ -238,7 +246,7 @@ class ActorCell:
         #: mailbox calls started so far; the endpoint of the one under way
         self.seq = 0
         self.serving: EndpointDescriptor[Any, Any, Any] | None = None
-        self.thread = ActorThread(rt, f"meshio-actor {ctx.actor_name}[{ctx.point.rank}]")
+        self.thread = thread or ActorThread(rt, _thread_name(ctx.actor_name, ctx.point.rank))
         #: once stopped (no more calls are taken): the task finishing the stop
         self.stopping: asyncio.Task[None] | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -488,9 +496,17 @@ class ActorCell:
         return True
 
 
+def _thread_name(name: str, rank: int) -> str:
+    return f"meshio-actor {name}[{rank}]"
+
+
 async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
-    """Build the actor of a SpawnActor message and answer the spawner."""
+    """Build the actor of a SpawnActor message and answer the spawner.  Its
+    ``__init__`` (and a sync ``on_restart``) runs in the actor's thread, where
+    its ``def`` endpoints will run, so thread-local state it sets (a
+    ``threading.local``, ``torch.set_grad_enabled``) is theirs."""
     ctx: Context[Any] | None = None
+    thread = ActorThread(rt, _thread_name(msg.name, msg.rank))
     try:
         if msg.target in rt.actors:
             raise ValueError(f"an actor mesh named {msg.name!r} already lives in this process")
@@ -504,19 +520,21 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         try:
             instance = cls.__new__(cls)
             instance._meshio_context = ctx
-            instance.__init__(*args, **kwargs)
+            await thread.run(instance.__init__, *args, **kwargs)
             if msg.restart:
                 hook = getattr(instance, "on_restart", None)
-                if hook is not None:
-                    result = hook()
-                    if inspect.isawaitable(result):
-                        await result
+                if inspect.iscoroutinefunction(hook):
+                    await hook()
+                elif hook is not None:
+                    await thread.run(hook)
         finally:
             _context.reset(token)
     except SchemaError as e:
+        thread.close()
         conn.send_message(Fail(msg.req, actor_error(e, ctx, "schema")))
         return
     except BaseException as e:  # SystemExit, KeyboardInterrupt too: the spawn fails
+        thread.close()
         if _own_cancellation(e):
             raise
         if ctx is not None:  # what the constructor started goes with it
@@ -527,7 +545,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
                              msg.name, msg.rank)
         conn.send_message(Fail(msg.req, info))
         return
-    rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance)
+    rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
 

@@ -5,6 +5,7 @@ mesh / rank / host, and what you can do about it::
 
     MeshioError                      base of everything meshio raises
     ├── ActorError                   an endpoint (or constructor) raised remotely
+    │                                (also an instance of the remote exception's class)
     ├── SchemaError (ValueError)     arguments or a result do not match the signature
     ├── SupervisionError             a process or actor died; the call cannot complete
     │   └── ProcessStartError        a worker process exited or never said hello at start
@@ -34,8 +35,11 @@ attribute lists every failing rank with its own error.
 
 from __future__ import annotations
 
+import builtins
+import sys
+import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from ._extent import Point
@@ -91,8 +95,11 @@ class MeshioError(Exception):
 
 def rebuild_error(cls: type[E], args: tuple[Any, ...], state: dict[str, Any]) -> E:
     """An error of type ``cls`` with ``args`` and attributes ``state``,
-    without calling its ``__init__`` (unpickling; a copy with a new message)."""
-    error = cls.__new__(cls)
+    without calling its ``__init__`` (unpickling; a copy with a new message),
+    nor a ``__new__`` written in Python (a remote exception's class, see
+    :func:`new_actor_error`): the first built-in class of its MRO makes it."""
+    builtin: Any = next(k for k in cls.__mro__ if k.__module__ == "builtins")
+    error: E = builtin.__new__(cls)
     error.args = args
     error.__dict__.update(state)
     return error
@@ -100,6 +107,18 @@ def rebuild_error(cls: type[E], args: tuple[Any, ...], state: dict[str, Any]) ->
 
 class ActorError(MeshioError):
     """An exception raised by a remote endpoint or actor constructor.
+
+    Where it can be, the error is also an instance of the remote exception's
+    class, so ``except ValueError:`` around a call catches a ``ValueError``
+    raised by the endpoint: when that class is loaded in the caller's process
+    under the same name (a built-in, or a class of a module the caller has
+    imported), is an ``Exception`` and can be subclassed.  It is built without
+    running that class's ``__init__``, so the remote exception's attributes
+    are not there: ``args`` is the message below, ``remote_message`` is
+    ``str()`` of the remote exception.  It stays a plain ``ActorError`` when
+    the remote exception is one of meshio's (a remote ``SupervisionError`` is
+    not this call's process dying) or a ``StopIteration``,
+    ``StopAsyncIteration`` or ``SyntaxError``.
 
     Attributes:
         remote_type: qualified name of the remote exception's type.
@@ -129,6 +148,89 @@ class ActorError(MeshioError):
         self.actor = actor
         self.rank = rank
         self.endpoint = endpoint
+
+    #: the remote exception's class this error is also an instance of (set on
+    #: the subclass :func:`_also` makes for it)
+    _remote_class: ClassVar[type[Exception] | None] = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self._remote_class is None:
+            return super().__reduce__()
+        return (_rebuild_also, (self._remote_class, self.args, self.__dict__))
+
+
+#: remote exception classes an ActorError is never made an instance of:
+#: meshio's own (a remote SupervisionError is not this call's process dying),
+#: StopIteration (a future cannot hold one), StopAsyncIteration (it would end
+#: an ``async for`` around the call silently), SyntaxError (tracebacks print
+#: its fields, which are not there)
+_NOT_ALSO = (MeshioError, StopIteration, StopAsyncIteration, SyntaxError)
+
+
+def new_actor_error(message: str, *, remote_type: str, remote_message: str,
+                    remote_traceback: str, actor: str, rank: int,
+                    endpoint: str) -> ActorError:
+    """The :class:`ActorError` for a remote exception of type ``remote_type``
+    (``ValueError``, ``pkg.mod.MyError``): also an instance of that class
+    where it can be (see the class docstring)."""
+    state = {"failures": (), "remote_type": remote_type, "remote_message": remote_message,
+             "remote_traceback": remote_traceback, "actor": actor, "rank": rank,
+             "endpoint": endpoint}
+    remote = _loaded_class(remote_type)
+    cls = _also(remote) if remote is not None else None
+    return rebuild_error(cls or ActorError, (message,), state)
+
+
+def _loaded_class(type_name: str) -> type[Exception] | None:
+    """The exception class named ``type_name`` in a module this process has
+    already imported (nothing is imported for a remote peer), or None."""
+    found: object = None
+    if "." not in type_name:
+        found = getattr(builtins, type_name, None)
+    parts = type_name.split(".")
+    for i in range(len(parts) - 1, 0, -1):  # the longest loaded module name
+        found = sys.modules.get(".".join(parts[:i]))
+        if found is not None:
+            for name in parts[i:]:
+                found = getattr(found, name, None)
+            break
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
+
+
+#: what :func:`_also` made, by remote class
+_also_made: dict[type[Exception], type[ActorError] | None] = {}
+
+
+def _also(remote: type[Exception]) -> type[ActorError] | None:
+    """``ActorError`` subclassing ``remote`` too (one per class), or None where
+    that cannot be (see :data:`_NOT_ALSO`; a class that refuses subclasses,
+    a layout or metaclass that does not combine, a ``__new__`` that needs
+    arguments)."""
+    if remote in _also_made:
+        return _also_made[remote]
+
+    def body(ns: dict[str, Any]) -> None:
+        ns.update(__module__=ActorError.__module__, __qualname__=ActorError.__qualname__,
+                  __doc__=f"An ActorError that is also a {remote.__qualname__}.",
+                  _remote_class=remote,
+                  # the message, whatever the remote class's own would print
+                  __str__=BaseException.__str__, __repr__=BaseException.__repr__)
+
+    cls: type[ActorError] | None = None
+    if not issubclass(remote, _NOT_ALSO):
+        try:
+            cls = types.new_class("ActorError", (ActorError, remote), exec_body=body)
+            rebuild_error(cls, ("",), {})  # its instances can be made
+        except Exception:
+            cls = None
+    _also_made[remote] = cls
+    return cls
+
+
+def _rebuild_also(remote: type[Exception], args: tuple[Any, ...],
+                  state: dict[str, Any]) -> ActorError:
+    """Unpickle an ActorError that is also a ``remote``."""
+    return rebuild_error(_also(remote) or ActorError, args, state)
 
 
 class SchemaError(MeshioError, ValueError):

@@ -19,7 +19,7 @@ from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, _ActorRecord
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
-from ._transport._runtime import Runtime
+from ._transport._runtime import Runtime, on_loop_wait
 from ._transport._serial import Packer, dumps
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -513,8 +513,9 @@ class HostMesh(MeshShape):
             n *= v
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
-        state = ProcState(name, launchers, region, n, supervisor, restart, shutdown,
-                           (heartbeat_interval, heartbeat_timeout), env, blob)
+        state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
+            ProcState, name, launchers, region, n, supervisor, restart, shutdown,
+            (heartbeat_interval, heartbeat_timeout), env, blob)
         return ProcMesh(state, region)
 
 

@@ -77,7 +77,8 @@ class _Worker:
         self.moved: tuple[int, int] = (0, 0)
         #: without a supervisor, while it does not answer heartbeats: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
-        #: constructors in flight: they run on its loop, so heartbeats wait meanwhile
+        #: constructors in flight (in their actors' threads, but one that holds the GIL,
+        #: or the decoding of its arguments, can starve the loop): heartbeats wait meanwhile
         self.constructing: int = 0
 
     def construct(self, fut: asyncio.Future[Any]) -> None:

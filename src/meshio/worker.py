@@ -17,7 +17,9 @@ On the controller's ``Shutdown`` it stops its actors (their ``__cleanup__``
 hooks run, in reverse spawn order), closes its runtime and exits normally, so
 ``atexit`` handlers and finalizers of user code run; the controller kills it
 if that takes longer than the proc mesh's shutdown grace.  A lost controller
-connection runs the hooks too, then leaves with ``os._exit(1)``.
+connection runs the hooks too, then leaves with ``os._exit(1)``.  It ignores
+SIGINT and SIGTERM (a terminal, ``timeout`` and Slurm signal the whole
+process group): the controller stops it.
 """
 
 from __future__ import annotations
@@ -150,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     _die_with_parent(args.parent)
     secret, blob, report = _read_payload()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller decides when we stop
+    # The controller decides when we stop: a terminal's Ctrl-C, `timeout` and
+    # Slurm signal the whole process group, the controller stops us gracefully.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
         if p not in sys.path:
             sys.path.append(p)

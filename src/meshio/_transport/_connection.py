@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from .._exceptions import (
-    ActorError,
     DeadlockError,
     MeshioError,
     ProtocolError,
@@ -31,6 +30,7 @@ from .._exceptions import (
     SupervisionError,
     UnknownActorError,
     UnknownEndpointError,
+    new_actor_error,
 )
 from ._frames import (
     _DIRECT,
@@ -688,7 +688,7 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
     where = f" [{p.mesh} {p.point}]" if p is not None else ""
     match info.kind:
         case "actor":
-            return ActorError(
+            return new_actor_error(
                 f"{info.type_name}: {info.message}\n  in {info.actor} rank {info.rank}, "
                 f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{info.traceback}",
                 remote_type=info.type_name, remote_message=info.message,

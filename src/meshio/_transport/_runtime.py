@@ -6,6 +6,7 @@ handshake, and the dispatch table the layers above register handlers in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import logging
@@ -59,6 +60,8 @@ __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "close_runtime", 
 
 log = logging.getLogger("meshio")
 
+_T = TypeVar("_T")
+
 
 # ---------------------------------------------------------------- runtime
 
@@ -89,6 +92,24 @@ def on_loop(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     else:
         rt.loop.call_soon_threadsafe(fn, *args)
+
+
+def on_loop_wait(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` on the runtime's loop, and its result: at once on a loop,
+    or, from an actor's thread (its ``__init__``, a ``def`` endpoint), run
+    there in the thread's context while the thread waits."""
+    rt: Runtime | None = getattr(actor_thread, "rt", None)
+    if rt is None:
+        return fn(*args)
+    done: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # raised in the waiting thread
+            done.set_exception(e)
+    rt.loop.call_soon_threadsafe(run, context=contextvars.copy_context())
+    return done.result()
 
 
 def runtime() -> Runtime:
