@@ -109,6 +109,10 @@ class ProcState:
         #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
         self.env: Mapping[str, str] = env or {}
         self.bootstrap: bytes = bootstrap
+        #: called with the ranks a supervisor restarts together: environment
+        #: variables their replacements get on top of ``env``, per rank
+        #: (``setup_torch_distributed``'s settings)
+        self.restart_env: list[Callable[[Sequence[int]], Mapping[int, Mapping[str, str]]]] = []
         self.name: str = name
         self.launchers: Sequence[ProcLauncher] = launchers
         self.region: Region = region
@@ -491,17 +495,36 @@ class ProcState:
     def worker(self, grank: int) -> _Worker:
         return next(w for w in self.workers if w.rank == grank)
 
-    async def stop_rank(self, grank: int) -> None:
-        """Take one process down on purpose, by the shutdown policy."""
-        w = self.worker(grank)
-        w.stopping = True
-        if w.ready.done():  # retryable calls wait for restart_rank
-            w.ready = self.rt.loop.create_future()
-        await _shutdown([w], self.shutdown)
+    async def stop_ranks(self, granks: Sequence[int]) -> None:
+        """Take processes down on purpose, together, by the shutdown policy."""
+        workers = [self.worker(grank) for grank in granks]
+        for w in workers:
+            w.stopping = True
+            if w.ready.done():  # retryable calls wait for the restart
+                w.ready = self.rt.loop.create_future()
+        await _shutdown(workers, self.shutdown)
 
-    async def restart_rank(self, grank: int) -> tuple[int, str]:
-        """Replace one process: same rank and address, actors rebuilt with
-        their constructor arguments at the same coordinates."""
+    async def restart_ranks(self, granks: Sequence[int]) -> list[tuple[int, str] | Exception]:
+        """Replace processes, all at once: each at the same rank and address
+        with what its predecessor had (``env``, ``bootstrap``, what
+        :attr:`restart_env` adds), actors rebuilt with their constructor
+        arguments at the same coordinates.  Per rank its new pid and host, or
+        why it did not come back."""
+        extra: dict[int, dict[str, str]] = {grank: {} for grank in granks}
+        for add in self.restart_env:
+            for grank, env in add(granks).items():
+                extra[grank].update(env)
+        results: list[tuple[int, str] | Exception] = []
+        for result in await asyncio.gather(
+                *(self._restart_rank(grank, extra[grank]) for grank in granks),
+                return_exceptions=True):
+            if isinstance(result, Exception) or not isinstance(result, BaseException):
+                results.append(result)
+            else:
+                raise result  # cancelled (and so were the others), interrupted
+        return results
+
+    async def _restart_rank(self, grank: int, env: Mapping[str, str]) -> tuple[int, str]:
         w = self.worker(grank)
         w.stopping = True
         if w.handle.returncode is None:
@@ -520,7 +543,8 @@ class ProcState:
         if self.stopped:
             raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
                                    rank=grank, cause="proc mesh stopped")
-        handle, waiter = await self._launch(grank, w.spec.restarted())
+        spec = w.spec.restarted()
+        handle, waiter = await self._launch(grank, replace(spec, env={**spec.env, **env}))
         w.handle, w.cause, w.stopping = handle, None, False
         try:
             await self._hello(w, waiter)
