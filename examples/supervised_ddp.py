@@ -34,7 +34,7 @@ class Trainer(Actor):
 
     def __init__(self, lr: float) -> None:
         self.model = torch.nn.Linear(4, 1, bias=False)
-        self.lr = lr
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.ddp: DistributedDataParallel | None = None
 
     @endpoint
@@ -63,12 +63,9 @@ class Trainer(Actor):
         x = torch.randn(32, 4, generator=gen)
         y = x @ TRUE_W + 0.01 * torch.randn(32, 1, generator=gen)
         loss = torch.nn.functional.mse_loss(self.ddp(x), y)
-        self.ddp.zero_grad()
+        self.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
-        with torch.no_grad():
-            for p in self.ddp.parameters():
-                assert p.grad is not None
-                p -= self.lr * p.grad
+        self.optimizer.step()
         return float(loss.item())
 
 

@@ -16,6 +16,7 @@ from supervision_helpers import DEADLINE, HOST, Events, W, check_event, manual_s
 
 import meshio
 from meshio import Actor, endpoint
+from meshio.jobs import ProcessJob
 from meshio.supervision import ManualClock
 from meshio.testing import child_pids
 
@@ -276,17 +277,15 @@ async def test_replacement_failing_to_start_counts_is_retried_and_escalates(
             flag.touch()  # from now on no new process starts
             os.kill(old[1], signal.SIGKILL)
             await events.next("failure", rank=1)
-            ready = asyncio.ensure_future(procs.ready())
-            retried = asyncio.ensure_future(w.slice(procs=1).ident.call_one(5))  # retryable
+            # a retryable call waits for the restart: it fails once there is none
+            retried = asyncio.ensure_future(w.slice(procs=1).ident.call_one(5))
             try:
                 escalation = await events.next("escalation")
-                for waiting in (ready, retried):
-                    with pytest.raises(meshio.SupervisionError):
-                        await asyncio.wait_for(waiting, DEADLINE)
+                with pytest.raises(meshio.SupervisionError):
+                    await asyncio.wait_for(retried, DEADLINE)
             finally:
-                for waiting in (ready, retried):
-                    waiting.cancel()
-                await asyncio.gather(ready, retried, return_exceptions=True)
+                retried.cancel()
+                await asyncio.gather(retried, return_exceptions=True)
             failures = [e for e in events.seen if e.kind == "failure"]
             assert [e.rank for e in failures] == [1, 1, 1]
             assert failures[0].cause == "killed by signal SIGKILL" and failures[0].pid == old[1]
@@ -327,3 +326,34 @@ async def test_replacement_failing_to_start_once_is_retried(tmp_path: Path) -> N
         assert procs.pids == [old[0], restart.pid]
         assert (await w.pid.call()).values() == [old[0], restart.pid]
         assert sup.failure is None
+
+
+async def test_replacement_its_host_agent_cannot_start_counts_and_escalates(
+        tmp_path: Path) -> None:
+    """A host agent SIGKILLed takes its worker with it, and the replacement
+    cannot be launched there: that is one more failure, and the supervisor
+    gives up instead of waiting forever."""
+    job = ProcessJob(meshes={"trainers": 1}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        assert job._entry is not None
+        [agent] = [a["pid"] for agents in job._entry["hosts"].values() for a in agents]
+        sup, _ = manual_sup(max_restarts=1)
+        with pytest.raises(meshio.SupervisionError) as ei:
+            async with Events(sup) as events, \
+                    state.trainers.spawn_procs(supervisor=sup) as procs:
+                await procs.spawn("w", W, 1)
+                os.kill(agent, signal.SIGKILL)
+                await events.next("escalation")
+                failures = [e for e in events.seen if e.kind == "failure"]
+                assert len(failures) == 2
+                cause = failures[1].cause
+                assert cause.startswith("restart failed: ProcessStartError: proc mesh 'procs': "
+                                        "worker rank 0 on 127.0.0.1 failed to start: its host's "
+                                        "launcher failed: SupervisionError: ")
+                assert "host agent" in cause
+                with pytest.raises(meshio.SupervisionError):
+                    await asyncio.wait_for(procs.ready(), DEADLINE)
+        assert ei.value is sup.failure
+    finally:
+        await job.kill()

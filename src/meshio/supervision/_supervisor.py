@@ -28,7 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from .._context import _context
-from .._exceptions import ProcessStartError, SupervisionError
+from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
 from .._transport._runtime import runtime
 from ._clocks import Clock, MonotonicClock
@@ -90,10 +90,12 @@ class Supervised(Protocol):
         """Stop the processes of ranks ``granks``, together."""
 
     async def restart_ranks(self, granks: Sequence[int],
-                            /) -> list[tuple[int, str] | Exception]:
+                            /) -> list[tuple[int, str] | Exception | None]:
         """Start ranks ``granks`` again with their actors, together (a gang
         restarts in the time of one process); per rank its new pid and host,
-        or why it did not start."""
+        or why it did not come back (a failure to count), or None (nothing
+        to count: the mesh was stopped, or the replacement's loss was
+        reported as a failure already)."""
         ...
 
     def reopen(self) -> None:
@@ -296,7 +298,8 @@ class Supervisor:
                     if ranks:
                         await self._stop_gang(unit, ranks)
                 for unit, ranks in gangs:
-                    self._scheduled.difference_update((id(unit), r) for r in ranks)  # count from now
+                    # failures of these ranks count from now on
+                    self._scheduled.difference_update((id(unit), r) for r in ranks)
                     errors = await self._start_gang(unit, ranks)
                     if errors:  # each one more failure (the strategy restarts what it covers)
                         self._scheduled.difference_update((id(u), r) for u, r in targets)
@@ -309,7 +312,7 @@ class Supervisor:
 
     def _start_failed(self, unit: Supervised | Supervisor, rank: int, e: Exception) -> None:
         """A restart of ``unit``'s ``rank`` failed with ``e``: one more failure."""
-        if self.failure is not None or not isinstance(unit, Supervisor) and unit.stopped:
+        if self.failure is not None or (not isinstance(unit, Supervisor) and unit.stopped):
             return
         pid, host = (e.pid, e.host) if isinstance(e, SupervisionError) else (-1, "")
         self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}", pid=pid,
@@ -327,9 +330,8 @@ class Supervisor:
     async def _start_gang(self, unit: Supervised | Supervisor,
                           ranks: list[int]) -> list[tuple[int, Exception]]:
         """Start a gang (the processes of one proc mesh, together; or a child
-        supervisor), one ``restart`` event per process up; the failures still
-        to count (a replacement that died while its actors were rebuilt was
-        counted by its loss)."""
+        supervisor), one ``restart`` event per process up; the failures to
+        count."""
         if isinstance(unit, Supervisor):
             try:
                 await unit._start_all()
@@ -342,8 +344,7 @@ class Supervisor:
             if isinstance(result, tuple):
                 pid, host = result
                 self.event("restart", unit.name, rank, f"{self.strategy} restart", pid, host)
-            elif isinstance(result, ProcessStartError) or not isinstance(result,
-                                                                         SupervisionError):
+            elif result is not None:
                 errors.append((rank, result))
         return errors
 
