@@ -55,6 +55,27 @@ def test_supervised_example() -> None:
     assert "w[1]" in out and "restored=True" in out
 
 
+def test_supervised_ddp_example() -> None:
+    """issue 15 items 9 and 10: a DDP gang (gloo) loses a rank to SIGKILL,
+    comes back under one_for_all with its torch.distributed settings, and
+    resumes from the controller's checkpoint: the steps replayed from it
+    give the same losses as before, and the loss goes down."""
+    out = _run(sys.executable, "examples/supervised_ddp.py")
+    assert "step 13 failed: killed by signal SIGKILL" in out
+    assert "resumed from the checkpoint of step 10" in out
+    losses: dict[int, list[float]] = {}
+    for line in out.splitlines():
+        if line.startswith("step ") and ": loss " in line:
+            step, loss = line.removeprefix("step ").split(": loss ")
+            losses.setdefault(int(step), []).append(float(loss))
+    assert sorted(losses) == list(range(24))
+    assert [len(losses[s]) for s in range(24)] == [1] * 10 + [2] * 3 + [1] * 11
+    assert all(losses[s][0] == losses[s][1] for s in (10, 11, 12))  # the same weights again
+    assert losses[23][0] < losses[0][0] / 10
+    for kind in ("failure procs rank 1", "restart procs rank 0", "restart procs rank 1"):
+        assert f"event {kind}" in out
+
+
 def test_rdma_example() -> None:
     out = _run(sys.executable, "examples/rdma_weights.py")
     assert "backend ['same_host', 'same_host']" in out

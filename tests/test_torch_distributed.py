@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
+from supervision_helpers import DEADLINE, Events, manual_sup
 
 import meshio
 from meshio import Actor, endpoint
@@ -15,8 +18,6 @@ torch = pytest.importorskip("torch")
 class Worker(Actor):
     @endpoint
     def env(self) -> dict[str, str]:
-        import os
-
         return {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                             "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 
@@ -50,3 +51,42 @@ async def test_explicit_master_port() -> None:
         await meshio.setup_torch_distributed(procs, master_port=29512)
         workers = await procs.spawn("workers", Worker)
         assert {e["MASTER_PORT"] for e in (await workers.env.call()).values()} == {"29512"}
+
+
+async def test_one_for_all_replacements_keep_the_world_on_a_fresh_port() -> None:
+    """After SIGKILL and a one_for_all restart, every replacement has its
+    predecessor's torch.distributed settings (a fresh MASTER_PORT for the new
+    rank 0), and the new processes form a process group."""
+    sup, _ = manual_sup("one_for_all")
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"procs": 2}, supervisor=sup) as procs:
+        await meshio.setup_torch_distributed(procs)
+        workers = await procs.spawn("workers", Worker)
+        before = (await workers.env.call()).values()
+        assert (await asyncio.wait_for(workers.all_reduce.call(1.0), 120)).values() == [2.0] * 2
+        old = procs.pids
+        os.kill(old[1], signal.SIGKILL)
+        await events.next("failure", rank=1)
+        await asyncio.wait_for(procs.ready(), DEADLINE)
+        assert not set(procs.pids) & set(old)
+        after = (await workers.env.call()).values()
+        ports = {e["MASTER_PORT"] for e in after}
+        assert len(ports) == 1 and ports != {before[0]["MASTER_PORT"]}
+        assert [{**e, "MASTER_PORT": ""} for e in after] == [
+            {**e, "MASTER_PORT": ""} for e in before]
+        result = await asyncio.wait_for(workers.all_reduce.call(2.5), 120)
+        assert result.values() == [5.0, 5.0]
+
+
+async def test_one_for_one_replacement_meets_the_surviving_rank_0() -> None:
+    """A replacement restarted without rank 0 gets exactly its predecessor's
+    settings: the rendezvous of the rank 0 that still runs."""
+    sup, _ = manual_sup("one_for_one")
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"procs": 2}, supervisor=sup) as procs:
+        await meshio.setup_torch_distributed(procs)
+        workers = await procs.spawn("workers", Worker)
+        before = (await workers.env.call()).values()
+        os.kill(procs.pids[1], signal.SIGKILL)
+        await events.next("restart", rank=1)
+        assert (await workers.env.call()).values() == before

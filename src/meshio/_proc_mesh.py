@@ -216,6 +216,26 @@ class ProcMesh(MeshShape):
         await self._state.stop()
         self._state.release()
 
+    async def ready(self) -> None:
+        """Wait until every process of this mesh (or slice) is up: started,
+        and after a failure restarted by its supervisor with its actors
+        rebuilt (at once if they are).  A failure not detected yet (a
+        process killed a moment ago) is not waited for: wait for its
+        ``failure`` event first (``sup.events()``).
+
+        Raises:
+            SupervisionError: a process will not come back: it failed with
+                nothing to restart it (no supervisor, its restart type), the
+                supervisor gave up, or the mesh was stopped.
+                :class:`ProcessStartError` if the mesh failed to start.
+        """
+        state = self._state
+        await self
+        workers = [state.worker(grank) for grank in self._region.ranks]
+        while waits := [w.ready for w in workers if not w.ready.done() or w.ready.exception()]:
+            for fut in waits:  # each raises the error of a process that will not come back
+                await asyncio.shield(fut)
+
     async def wait_failed(self) -> SupervisionError:
         """Wait until a process of this mesh (or slice) fails with nothing to
         restart it — without a supervisor its first exit or lost connection
@@ -382,6 +402,10 @@ class _ProcMeshRef(ProcMesh):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         await self.stop()
+
+    async def ready(self) -> None:
+        raise RuntimeError(f"proc mesh {self._name!r}: ready() is available in the "
+                           "controller that started the processes")
 
     async def wait_failed(self) -> SupervisionError:
         raise RuntimeError(f"proc mesh {self._name!r}: wait_failed() is available in the "

@@ -9,6 +9,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -119,6 +120,10 @@ class ProcState:
         #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
         self.env: Mapping[str, str] = env or {}
         self.bootstrap: bytes = bootstrap
+        #: called with the ranks a supervisor restarts together: environment
+        #: variables their replacements get on top of ``env``, per rank
+        #: (``setup_torch_distributed``'s settings)
+        self.restart_env: list[Callable[[Sequence[int]], Mapping[int, Mapping[str, str]]]] = []
         self.name: str = name
         self.launchers: Sequence[ProcLauncher] = launchers
         self.region: Region = region
@@ -518,24 +523,51 @@ class ProcState:
     def worker(self, grank: int) -> _Worker:
         return next(w for w in self.workers if w.rank == grank)
 
-    async def stop_rank(self, grank: int) -> None:
-        """Take one process down on purpose, by the shutdown policy."""
-        w = self.worker(grank)
-        w.stopping = True
-        if w.ready.done():  # retryable calls wait for restart_rank
-            w.ready = self.rt.loop.create_future()
-        await _shutdown([w], self.shutdown)
+    async def stop_ranks(self, granks: Sequence[int]) -> None:
+        """Take processes down on purpose, together, by the shutdown policy."""
+        workers = [self.worker(grank) for grank in granks]
+        for w in workers:
+            w.stopping = True
+            if w.ready.done():  # retryable calls wait for the restart
+                w.ready = self.rt.loop.create_future()
+        await _shutdown(workers, self.shutdown)
 
-    async def restart_rank(self, grank: int) -> tuple[int, str]:
-        """Replace one process: same rank and address, actors rebuilt with
-        their constructor arguments at the same coordinates."""
+    async def restart_ranks(self, granks: Sequence[int]
+                            ) -> list[tuple[int, str] | Exception | None]:
+        """Replace processes, all at once: each at the same rank and address
+        with what its predecessor had (``env``, ``bootstrap``, what
+        :attr:`restart_env` adds), actors rebuilt with their constructor
+        arguments at the same coordinates.
+
+        Returns:
+            Per rank: its new pid and host; or why it did not come back, a
+            failure to count (it did not start: :class:`ProcessStartError`,
+            also for a launcher's error; a constructor raised); or None: the
+            mesh was stopped, or the new process was lost while its actors
+            were rebuilt (its loss was reported to the supervisor already).
+        """
+        extra: dict[int, dict[str, str]] = {grank: {} for grank in granks}
+        for add in self.restart_env:
+            for grank, env in add(granks).items():
+                extra[grank].update(env)
+        results: list[tuple[int, str] | Exception | None] = []
+        for result in await asyncio.gather(
+                *(self._restart_rank(grank, extra[grank]) for grank in granks),
+                return_exceptions=True):
+            if isinstance(result, Exception) or not isinstance(result, BaseException):
+                results.append(result)
+            else:
+                raise result  # cancelled (and so were the others), interrupted
+        return results
+
+    async def _restart_rank(self, grank: int, env: Mapping[str, str]) -> tuple[int, str] | None:
         w = self.worker(grank)
         w.stopping = True
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
         try:
             await asyncio.wait_for(w.handle.wait(), KILL_WAIT)
-        except TimeoutError:  # not SupervisionError: its supervisor counts this failure
+        except TimeoutError:
             raise TimeoutError(
                 f"proc mesh {self.name!r} rank {grank}: process {w.handle.pid} on "
                 f"{w.handle.host} did not exit within {KILL_WAIT} s of SIGKILL (is its host cut "
@@ -545,18 +577,31 @@ class ProcState:
         w.conn = None  # what happens on the old connection is the old incarnation's
         w.incarnation += 1
         if self.stopped:
-            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
-                                   rank=grank, cause="proc mesh stopped")
-        handle, waiter = await self._launch(grank, w.spec.restarted(w.addr))
+            return None
+        spec = w.spec.restarted(w.addr)
+        launcher = self.launchers[grank // self.per_host]
+        try:
+            handle, waiter = await self._launch(grank, replace(spec, env={**spec.env, **env}))
+        except ProcessStartError:
+            raise
+        except Exception as e:  # an agent that refuses or cannot be reached: a failed start
+            why = f"its host's launcher failed: {type(e).__name__}: {e}"
+            raise ProcessStartError(
+                f"proc mesh {self.name!r}: worker rank {grank} on {launcher.host} failed to "
+                f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
+                cause=why) from e
         w.handle, w.cause, w.stopping = handle, None, False
         try:
             await self._hello(w, waiter)
+        except ProcessStartError:
+            if self.stopped:  # killed below: not a failure
+                return None
+            raise
         finally:
             if self.stopped:  # stopped while this one started: it would be leaked
                 handle.send_signal(signal.SIGKILL)
         if self.stopped:
-            raise SupervisionError(f"proc mesh {self.name!r} was stopped", actor=self.name,
-                                   rank=grank, cause="proc mesh stopped")
+            return None
         rt = self.rt
         lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
         futs: list[asyncio.Future[Any]] = []
@@ -574,8 +619,10 @@ class ProcState:
                                 a.out)
             w.construct(fut)
             futs.append(fut)
-        if futs:
+        try:
             await asyncio.gather(*futs)
+        except SupervisionError:  # lost while rebuilt (its loss was reported), or stopped
+            return None
         assert w.conn is not None
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)

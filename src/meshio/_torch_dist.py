@@ -8,6 +8,7 @@ import os
 import socket
 import struct
 import uuid
+from collections.abc import Sequence
 
 from ._actor import Actor, context, current_rank
 from ._constants import SIOCGIFADDR
@@ -63,6 +64,30 @@ def _interface_of(addr: str) -> str | None:
     return None
 
 
+class _World:
+    """The settings of one torch.distributed world (ranks of a proc mesh),
+    which a supervisor's replacements get again: a ``ProcState.restart_env``
+    hook."""
+
+    def __init__(self, envs: dict[int, dict[str, str]], master: int, fixed_port: bool) -> None:
+        #: proc mesh rank → its variables
+        self.envs = envs
+        self.master = master
+        self.fixed_port = fixed_port
+
+    def __call__(self, granks: Sequence[int]) -> dict[int, dict[str, str]]:
+        if self.master in granks and not self.fixed_port:
+            # the old rank 0's port may still be held (by a child of its
+            # process, or a store not torn down): a fresh one for the new
+            # rank 0 and for every rank that meets it from now on
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))
+                port = str(s.getsockname()[1])
+            for env in self.envs.values():
+                env["MASTER_PORT"] = port
+        return {grank: dict(self.envs[grank]) for grank in granks if grank in self.envs}
+
+
 async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = None) -> None:
     """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` in every process of ``procs``, so
@@ -73,12 +98,25 @@ async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = 
 
     Ranks follow the mesh's row-major order; the rendezvous is on the host of
     rank 0, on ``master_port`` or a port free there.
+
+    A supervisor's replacement for one of these processes starts with the
+    same variables in its environment (before its ``bootstrap`` and
+    actors), so its actors can join a new process group; with rank 0
+    replaced (as ``one_for_all`` does), ``MASTER_PORT`` is a fresh port free
+    on the controller's host, for the new rank 0 and every rank restarted
+    with it or later, unless ``master_port`` was given.
     """
+    state = procs._state
     env = await procs.spawn(f"_meshio_torch_env_{uuid.uuid4().hex[:8]}", _TorchEnv)
     try:
         first = env.slice(**{dim: 0 for dim in procs.extent})
         addr, port = await first.rendezvous.call_one()
-        per_host = procs._state.per_host
-        await env.apply.call(len(procs), addr, master_port or port, per_host)
+        envs = (await env.apply.call(len(procs), addr, master_port or port,
+                                     state.per_host)).values()
     finally:
         await env.stop()
+    ranks = procs._region.ranks
+    world = _World(dict(zip(ranks, envs)), ranks[0], master_port is not None)
+    state.restart_env[:] = [  # a new world of these ranks replaces the old one
+        hook for hook in state.restart_env
+        if not (isinstance(hook, _World) and set(hook.envs) & set(ranks))] + [world]

@@ -6,6 +6,7 @@ a supervisor handles its escalation in ``__supervise__``."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 from pathlib import Path
@@ -15,6 +16,7 @@ from supervision_helpers import DEADLINE, HOST, Events, W, check_event, manual_s
 
 import meshio
 from meshio import Actor, endpoint
+from meshio.jobs import ProcessJob
 from meshio.supervision import ManualClock
 from meshio.testing import child_pids
 
@@ -41,6 +43,16 @@ class Doomed(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+def refuse_replacements(flag: str, once: bool) -> None:
+    """A bootstrap (pickled by reference) that raises in every process
+    started while ``flag`` exists (with ``once``: removes it, so only the
+    first such process fails)."""
+    if os.path.exists(flag):
+        if once:
+            os.unlink(flag)
+        raise RuntimeError(f"replacement refused: {flag} exists")
 
 
 class Tidy(Actor):
@@ -248,3 +260,100 @@ async def test_supervise_hook_of_owning_actor_handles_escalation() -> None:
             # __supervise__ returning True (rank 0) stops the escalation there
             assert hook_calls == (0 if rank == 0 else 1)
         await boss.stop_inner.call()
+
+
+async def test_replacement_failing_to_start_counts_is_retried_and_escalates(
+        tmp_path: Path) -> None:
+    """A replacement whose bootstrap raises is one more failure: retried while
+    the intensity allows, then the supervisor gives up; nothing waits forever."""
+    flag = tmp_path / "flag"
+    sup, _ = manual_sup(max_restarts=2)
+    with pytest.raises(meshio.SupervisionError) as ei:
+        async with Events(sup) as events, meshio.this_host().spawn_procs(
+                per_host={"procs": 2}, supervisor=sup,
+                bootstrap=functools.partial(refuse_replacements, str(flag), False)) as procs:
+            w = await procs.spawn("w", W, 1)
+            old = procs.pids
+            flag.touch()  # from now on no new process starts
+            os.kill(old[1], signal.SIGKILL)
+            await events.next("failure", rank=1)
+            # a retryable call waits for the restart: it fails once there is none
+            retried = asyncio.ensure_future(w.slice(procs=1).ident.call_one(5))
+            try:
+                escalation = await events.next("escalation")
+                with pytest.raises(meshio.SupervisionError):
+                    await asyncio.wait_for(retried, DEADLINE)
+            finally:
+                retried.cancel()
+                await asyncio.gather(retried, return_exceptions=True)
+            failures = [e for e in events.seen if e.kind == "failure"]
+            assert [e.rank for e in failures] == [1, 1, 1]
+            assert failures[0].cause == "killed by signal SIGKILL" and failures[0].pid == old[1]
+            for e in failures[1:]:  # each names the replacement that did not start
+                assert e.cause.startswith("restart failed: ProcessStartError: proc mesh 'procs'"
+                                          f": worker rank 1 (pid {e.pid} on {HOST}) failed to "
+                                          "start: ")
+                assert "replacement refused" in e.cause and e.host == HOST
+            assert len({e.pid for e in failures}) == 3
+            assert not [e for e in events.seen if e.kind == "restart"]
+            assert escalation.cause.endswith(
+                "after 2 restarts in the last 60.0s; max_restarts=2 within 60.0s allows no more")
+            assert await asyncio.wait_for(sup.wait_failed(), DEADLINE) is sup.failure
+            assert not set(procs.pids) & child_pids()
+            with pytest.raises(meshio.SupervisionError):
+                await asyncio.wait_for(procs.ready(), DEADLINE)
+    assert ei.value is sup.failure
+
+
+async def test_replacement_failing_to_start_once_is_retried(tmp_path: Path) -> None:
+    """The first replacement does not start, the second does: two failures,
+    one restart, and the mesh serves again."""
+    flag = tmp_path / "flag"
+    sup, _ = manual_sup(max_restarts=2)
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"procs": 2}, supervisor=sup,
+            bootstrap=functools.partial(refuse_replacements, str(flag), True)) as procs:
+        w = await procs.spawn("w", W, 1)
+        old = procs.pids
+        flag.touch()
+        os.kill(old[1], signal.SIGKILL)
+        restart = await events.next("restart", rank=1)
+        assert [(e.kind, e.rank) for e in events.seen] == [
+            ("failure", 1), ("failure", 1), ("restart", 1)]
+        assert events.seen[1].cause.startswith("restart failed: ProcessStartError: ")
+        assert len({old[1], events.seen[1].pid, restart.pid}) == 3
+        await asyncio.wait_for(procs.ready(), DEADLINE)
+        assert procs.pids == [old[0], restart.pid]
+        assert (await w.pid.call()).values() == [old[0], restart.pid]
+        assert sup.failure is None
+
+
+async def test_replacement_its_host_agent_cannot_start_counts_and_escalates(
+        tmp_path: Path) -> None:
+    """A host agent SIGKILLed takes its worker with it, and the replacement
+    cannot be launched there: that is one more failure, and the supervisor
+    gives up instead of waiting forever."""
+    job = ProcessJob(meshes={"trainers": 1}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        assert job._entry is not None
+        [agent] = [a["pid"] for agents in job._entry["hosts"].values() for a in agents]
+        sup, _ = manual_sup(max_restarts=1)
+        with pytest.raises(meshio.SupervisionError) as ei:
+            async with Events(sup) as events, \
+                    state.trainers.spawn_procs(supervisor=sup) as procs:
+                await procs.spawn("w", W, 1)
+                os.kill(agent, signal.SIGKILL)
+                await events.next("escalation")
+                failures = [e for e in events.seen if e.kind == "failure"]
+                assert len(failures) == 2
+                cause = failures[1].cause
+                assert cause.startswith("restart failed: ProcessStartError: proc mesh 'procs': "
+                                        "worker rank 0 on 127.0.0.1 failed to start: its host's "
+                                        "launcher failed: SupervisionError: ")
+                assert "host agent" in cause
+                with pytest.raises(meshio.SupervisionError):
+                    await asyncio.wait_for(procs.ready(), DEADLINE)
+        assert ei.value is sup.failure
+    finally:
+        await job.kill()

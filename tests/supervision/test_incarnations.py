@@ -1,6 +1,7 @@
 """What a restart keeps: references to the actors (held by the controller
 or by other actors) reach the new incarnation, calls in flight are not run
-twice unless retryable, and the other ranks serve while one is rebuilt."""
+twice unless retryable, and the other ranks serve while one is rebuilt;
+``procs.ready()`` waits for it."""
 
 from __future__ import annotations
 
@@ -114,3 +115,25 @@ async def test_slices_without_the_failed_rank_work_while_it_restarts(tmp_path: P
                 (0, False, old[0]), (1, True, restart.pid), (2, False, old[2])]
     finally:
         os.close(gate_fd)
+
+
+async def test_ready_waits_for_the_restart_and_raises_when_none_comes() -> None:
+    """``procs.ready()`` returns once a failed process is back with its
+    actors (for a slice: its own processes), and raises when nothing will
+    bring a process back (here: its restart type)."""
+    async with supervised() as s:
+        w = await s.procs.options(restart="transient").spawn("w", W, 1)
+        await asyncio.wait_for(s.procs.ready(), DEADLINE)  # up: at once
+        os.kill(s.old[1], signal.SIGKILL)
+        await s.events.next("failure", rank=1)
+        await asyncio.wait_for(s.procs.slice(procs=0).ready(), DEADLINE)  # not its rank
+        await asyncio.wait_for(s.procs.ready(), DEADLINE)
+        restart = await s.events.next("restart", rank=1)
+        assert s.procs.pids == [s.old[0], restart.pid]
+        assert await w.slice(procs=1).pid.call_one() == restart.pid
+        w.slice(procs=0).exit.broadcast(0)  # a normal exit: transient, not restarted
+        await s.events.next("failure", rank=0)
+        with pytest.raises(meshio.SupervisionError) as ei:
+            await asyncio.wait_for(s.procs.ready(), DEADLINE)
+        assert ei.value.rank == 0 and ei.value.cause == "exited normally"
+        await asyncio.wait_for(s.procs.slice(procs=1).ready(), DEADLINE)

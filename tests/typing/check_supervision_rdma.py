@@ -53,6 +53,8 @@ async def supervision() -> None:
         assert_type(event.cause, str)
         break
     assert_type(await sup.wait_failed(), SupervisionError)
+    assert_type(await procs.ready(), None)
+    assert_type(await procs.slice(gpus=0).ready(), None)
     assert_type(sup.failure, SupervisionError | None)
 
 

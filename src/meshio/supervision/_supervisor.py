@@ -86,11 +86,16 @@ class Supervised(Protocol):
     async def stop(self) -> None:
         """Stop every process."""
 
-    async def stop_rank(self, grank: int, /) -> None:
-        """Stop the process of rank ``grank``."""
+    async def stop_ranks(self, granks: Sequence[int], /) -> None:
+        """Stop the processes of ranks ``granks``, together."""
 
-    async def restart_rank(self, grank: int, /) -> tuple[int, str]:
-        """Start rank ``grank`` again with its actors; its new pid and host."""
+    async def restart_ranks(self, granks: Sequence[int],
+                            /) -> list[tuple[int, str] | Exception | None]:
+        """Start ranks ``granks`` again with their actors, together (a gang
+        restarts in the time of one process); per rank its new pid and host,
+        or why it did not come back (a failure to count), or None (nothing
+        to count: the mesh was stopped, or the replacement's loss was
+        reported as a failure already)."""
         ...
 
     def reopen(self) -> None:
@@ -285,39 +290,63 @@ class Supervisor:
         async with self._serial():
             if self.failure is not None:
                 return
+            gangs = _gangs(targets)
             try:
-                for unit, rank in reversed(targets):
-                    if unit is failed[0] and rank == failed[1]:
-                        continue
-                    await self._stop_unit(unit, rank)
-                for unit, rank in targets:
-                    self._scheduled.discard((id(unit), rank))  # failures from now on count
-                    await self._start_unit(unit, rank)
-            except SupervisionError:
-                # The new process died while its actors were rebuilt: its own
-                # loss was reported as a failure already (or the mesh stopped).
+                for unit, ranks in reversed(gangs):
+                    if unit is failed[0]:
+                        ranks = [r for r in ranks if r != failed[1]]
+                    if ranks:
+                        await self._stop_gang(unit, ranks)
+                for unit, ranks in gangs:
+                    # failures of these ranks count from now on
+                    self._scheduled.difference_update((id(unit), r) for r in ranks)
+                    errors = await self._start_gang(unit, ranks)
+                    if errors:  # each one more failure (the strategy restarts what it covers)
+                        self._scheduled.difference_update((id(u), r) for u, r in targets)
+                        for rank, e in errors:
+                            self._start_failed(unit, rank, e)
+                        return
+            except Exception as e:  # a stop that fails is one more failure too
                 self._scheduled.difference_update((id(u), r) for u, r in targets)
-            except Exception as e:  # a restart that fails is one more failure
-                self._scheduled.difference_update((id(u), r) for u, r in targets)
-                if self.failure is None:
-                    unit, rank = failed
-                    self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}")
+                self._start_failed(*failed, e)
 
-    async def _stop_unit(self, unit: Supervised | Supervisor, rank: int) -> None:
+    def _start_failed(self, unit: Supervised | Supervisor, rank: int, e: Exception) -> None:
+        """A restart of ``unit``'s ``rank`` failed with ``e``: one more failure."""
+        if self.failure is not None or (not isinstance(unit, Supervisor) and unit.stopped):
+            return
+        pid, host = (e.pid, e.host) if isinstance(e, SupervisionError) else (-1, "")
+        self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}", pid=pid,
+                          host=host)
+
+    async def _stop_gang(self, unit: Supervised | Supervisor, ranks: list[int]) -> None:
         if isinstance(unit, Supervisor):
             await unit.stop()
             self.event("stopped", unit.name, -1, f"{self.strategy} restart")
-        else:
-            await unit.stop_rank(rank)
+            return
+        await unit.stop_ranks(ranks)
+        for rank in reversed(ranks):
             self.event("stopped", unit.name, rank, f"{self.strategy} restart")
 
-    async def _start_unit(self, unit: Supervised | Supervisor, rank: int) -> None:
+    async def _start_gang(self, unit: Supervised | Supervisor,
+                          ranks: list[int]) -> list[tuple[int, Exception]]:
+        """Start a gang (the processes of one proc mesh, together; or a child
+        supervisor), one ``restart`` event per process up; the failures to
+        count."""
         if isinstance(unit, Supervisor):
-            await unit._start_all()
+            try:
+                await unit._start_all()
+            except Exception as e:
+                return [(-1, e)]
             self.event("restart", unit.name, -1, f"{self.strategy} restart")
-        else:
-            pid, host = await unit.restart_rank(rank)
-            self.event("restart", unit.name, rank, f"{self.strategy} restart", pid, host)
+            return []
+        errors: list[tuple[int, Exception]] = []
+        for rank, result in zip(ranks, await unit.restart_ranks(ranks)):
+            if isinstance(result, tuple):
+                pid, host = result
+                self.event("restart", unit.name, rank, f"{self.strategy} restart", pid, host)
+            elif result is not None:
+                errors.append((rank, result))
+        return errors
 
     async def _start_all(self) -> None:
         """Start every child again (this supervisor restarted by its parent)."""
@@ -328,8 +357,10 @@ class Supervisor:
         for child in self.children:
             if not isinstance(child, Supervisor):
                 child.reopen()
-        for unit, rank in self._order():
-            await self._start_unit(unit, rank)
+        for unit, ranks in _gangs(self._order()):
+            errors = await self._start_gang(unit, ranks)
+            if errors:
+                raise errors[0][1]
 
     async def _escalate(self, why: str, host: str) -> None:
         """Give up: stop the children, report upwards.  ``host``: where the
@@ -404,6 +435,19 @@ class Supervisor:
         """Stop every child, in reverse declaration order."""
         for child in reversed(list(self.children)):  # an owner may release one meanwhile
             await child.stop()
+
+
+def _gangs(units: list[tuple[Supervised | Supervisor, int]]
+           ) -> list[tuple[Supervised | Supervisor, list[int]]]:
+    """Restart units in order, grouped into gangs: the ranks of one proc
+    mesh that follow each other go together; a child supervisor alone."""
+    gangs: list[tuple[Supervised | Supervisor, list[int]]] = []
+    for unit, rank in units:
+        if gangs and gangs[-1][0] is unit and not isinstance(unit, Supervisor):
+            gangs[-1][1].append(rank)
+        else:
+            gangs.append((unit, [rank]))
+    return gangs
 
 
 def _who(child: Supervised | Supervisor, rank: int) -> str:
