@@ -28,6 +28,7 @@ import pytest
 from supervision_helpers import supervised
 
 import meshio
+from hop_actors import Hop
 from meshio import Actor, ActorMesh, AuthenticationError, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._connection import Pending
@@ -42,32 +43,21 @@ from meshio.testing._helpers import open_job_connection
 DEADLINE = 30.0
 
 
-class Target(Actor):
-    @endpoint
-    async def ping(self, x: int) -> int:
-        return x
-
-    @endpoint
-    async def relay(self, other: Target, x: int) -> int:
-        """Call ``other`` from inside this actor (actor-to-actor)."""
-        return await other.ping.call_one(x)
-
-
 class Spawner(Actor):
     """Runs a proc mesh of its own (nested), whose actor calls ``target``."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Hop) -> None:
         self.target = target
 
     @endpoint
     async def start(self) -> None:
         procs = await meshio.this_host().spawn_procs(per_host={"procs": 1}, name="nested")
-        self.inner = await procs.spawn("inner", Target)
+        self.inner = await procs.spawn("inner", Hop)
 
     @endpoint
-    async def call_through(self, x: int) -> int:
+    async def call_through(self, x: int) -> list[int]:
         """``target`` called from the nested process."""
-        return await self.inner.relay.call_one(self.target, x)
+        return await self.inner.ask.call_one(self.target, x)
 
 
 class Marker(Actor):
@@ -132,7 +122,7 @@ def frame(msg: M.Message) -> bytes:
     return frame_header(len(body), []) + body
 
 
-def forged_frames(mesh: ActorMesh[Target], marker: Path) -> bytes:
+def forged_frames(mesh: ActorMesh[Hop], marker: Path) -> bytes:
     """What the relay sends the dialler after the challenge: the answer to
     its first call (666), and a SpawnActor whose constructor creates
     ``marker``."""
@@ -171,7 +161,7 @@ async def kill(pid: int) -> None:
         os.close(fd)
 
 
-async def relay_is_refused(mesh: ActorMesh[Target], pids: list[int], controller: str,
+async def relay_is_refused(mesh: ActorMesh[Hop], pids: list[int], controller: str,
                            tmp_path: Path, user: int | None = None) -> None:
     """Rank 0 dies; the relay takes its address; rank 1 calls rank 0 and
     dials the relay, which passes its handshake to ``controller``."""
@@ -183,7 +173,7 @@ async def relay_is_refused(mesh: ActorMesh[Target], pids: list[int], controller:
         assert await line(relay) == "READY"
         with pytest.raises(meshio.ActorError) as info:
             got = await asyncio.wait_for(
-                mesh.slice(procs=1).relay.call_one(cast(Target, mesh.slice(procs=0)), 5),
+                mesh.slice(procs=1).ask.call_one(cast(Hop, mesh.slice(procs=0)), 5),
                 DEADLINE)
             pytest.fail(f"the relayed connection was taken: rank 1 got {got} from it "
                         f"(spawned: {marker.exists()})")
@@ -192,7 +182,7 @@ async def relay_is_refused(mesh: ActorMesh[Target], pids: list[int], controller:
     assert f"the listener at {dead} does not hold this job's secret, or relays the handshake " \
         "of another address" in str(info.value)
     assert not marker.exists()
-    assert await asyncio.wait_for(mesh.slice(procs=1).ping.call_one(7), DEADLINE) == 7
+    assert await asyncio.wait_for(mesh.slice(procs=1).echo.call_one(7), DEADLINE) == 7
 
 
 async def test_relayed_handshake_over_unix_is_refused(tmp_path: Path) -> None:
@@ -203,7 +193,7 @@ async def test_relayed_handshake_over_unix_is_refused(tmp_path: Path) -> None:
     dialled) with AuthenticationError, and neither the forged answer nor
     the forged SpawnActor the relay sends after it is read."""
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="relayed") as pm:
-        mesh = cast(ActorMesh[Target], await pm.spawn("targets", Target))
+        mesh = cast(ActorMesh[Hop], await pm.spawn("targets", Hop))
         await relay_is_refused(mesh, pm.pids, runtime().addr, tmp_path)
 
 
@@ -216,7 +206,7 @@ async def test_relayed_handshake_over_tcp_is_refused(tmp_path: Path) -> None:
     try:
         state = await job.state()
         async with state.hosts.spawn_procs(per_host={"procs": 2}) as pm:
-            mesh = cast(ActorMesh[Target], await pm.spawn("targets", Target))
+            mesh = cast(ActorMesh[Hop], await pm.spawn("targets", Hop))
             assert all(a.startswith("tcp://127.0.0.1:") for a in mesh._addrs)
             # the controller's one TCP listener, for this job's processes
             [controller] = runtime()._tcp_listeners.values()
@@ -286,7 +276,7 @@ async def test_squatted_name_does_not_stop_a_restart() -> None:
     both the controller and another worker reach it there (the squatter,
     of another uid, would be refused)."""
     async with supervised() as s:
-        mesh = cast(ActorMesh[Target], await s.procs.spawn("t", Target))
+        mesh = cast(ActorMesh[Hop], await s.procs.spawn("t", Hop))
         addr = mesh._addrs[0]
         async with process("/usr/bin/python3", "-c", SQUATTER, addr, user=65534) as squatter:
             assert await line(squatter) == "TRYING"
@@ -294,10 +284,10 @@ async def test_squatted_name_does_not_stop_a_restart() -> None:
             assert await line(squatter) == "BOUND"
             _, restart = await s.restarted(0)
             assert runtime().routes[addr] != addr  # the replacement listens elsewhere
-            assert await asyncio.wait_for(mesh.slice(procs=0).ping.call_one(3), DEADLINE) == 3
+            assert await asyncio.wait_for(mesh.slice(procs=0).echo.call_one(3), DEADLINE) == 3
             assert await asyncio.wait_for(
-                mesh.slice(procs=1).relay.call_one(cast(Target, mesh.slice(procs=0)), 4),
-                DEADLINE) == 4
+                mesh.slice(procs=1).ask.call_one(cast(Hop, mesh.slice(procs=0)), 4),
+                DEADLINE) == [4]
             assert squatter.returncode is None  # it held the old name all along
             assert s.procs.pids[0] == restart.pid
 
@@ -308,10 +298,10 @@ async def test_nested_workers_reach_a_replacement() -> None:
     top controller at its new name: the actor's process passes the move on."""
     async with supervised() as s, \
             meshio.this_host().spawn_procs(per_host={"procs": 1}, name="spawner") as helper:
-        mesh = cast(ActorMesh[Target], await s.procs.spawn("t", Target))
-        spawner = await helper.spawn("spawner", Spawner, cast(Target, mesh.slice(procs=0)))
+        mesh = cast(ActorMesh[Hop], await s.procs.spawn("t", Hop))
+        spawner = await helper.spawn("spawner", Spawner, cast(Hop, mesh.slice(procs=0)))
         await asyncio.wait_for(spawner.start.call_one(), DEADLINE)
-        assert await asyncio.wait_for(spawner.call_through.call_one(1), DEADLINE) == 1
+        assert await asyncio.wait_for(spawner.call_through.call_one(1), DEADLINE) == [1]
         os.kill(s.old[0], signal.SIGKILL)
         await s.restarted(0)
-        assert await asyncio.wait_for(spawner.call_through.call_one(2), DEADLINE) == 2
+        assert await asyncio.wait_for(spawner.call_through.call_one(2), DEADLINE) == [2]
