@@ -25,6 +25,7 @@ import pytest_asyncio
 import meshio
 from meshio import Actor, ActorMesh, Channel, Port, SchemaError, endpoint
 from meshio._transport import _messages as M
+from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._runtime import runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
@@ -463,3 +464,63 @@ async def test_idle_connections_commit_little_memory() -> None:
                 await close(w)
         assert grown < n * 32 * 1024, f"{n} idle connections cost {grown / MiB:.1f} MiB"
         await serving(mesh, 4)
+
+
+def _break_dispatch() -> None:
+    """A bootstrap: this process's runtime fails admitting a call, and
+    relaying a tree call, of a method named ``explode`` (a bug injected where
+    the runtime hands a message on)."""
+    from meshio._transport import _runtime
+
+    admit, relay = _runtime.Runtime._admit, _runtime.relay
+
+    def broken_admit(rt: Any, conn: Any, msg: Any, bufs: Any) -> None:
+        if msg.method == "explode":
+            raise RuntimeError("injected admit bug")
+        admit(rt, conn, msg, bufs)
+
+    def broken_relay(rt: Any, up: Any, msg: Any, bufs: Any, post: Any) -> None:
+        if msg.method == "explode":
+            raise RuntimeError("injected relay bug")
+        relay(rt, up, msg, bufs, post)
+
+    _runtime.Runtime._admit = broken_admit  # type: ignore[method-assign]
+    _runtime.relay = broken_relay
+
+
+class Exploder(Actor):
+    @endpoint
+    async def explode(self) -> int:
+        return 1
+
+    @endpoint
+    async def addr(self) -> str:
+        return meshio.context().proc.addr
+
+
+async def test_a_failing_handler_answers_its_calls_and_the_process_serves_on() -> None:
+    """When handing a call or a tree call on fails inside the runtime (a
+    bug), each call it carries fails with a ProtocolError naming the process,
+    instead of waiting for an answer that never comes; the process serves on."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1},
+                                              bootstrap=_break_dispatch) as procs:
+        mesh = await procs.spawn("exploders", Exploder)
+        pid = procs.pids[0]
+        with pytest.raises(meshio.ProtocolError,
+                           match=rf"failed serving this call in pid {pid} .*injected admit bug"):
+            await asyncio.wait_for(mesh.explode.call_one(), 30)
+        addr = await mesh.addr.call_one()
+        rt = runtime()
+        conn = rt.conns.get(addr) or rt.connect(addr)
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in range(2)]
+        req = conn.next_reqs([Pending(f, lambda raw, bufs: raw, "Exploder.explode", "probe", i)
+                              for i, f in enumerate(futs)])
+        conn.send_message(M.Fanout("exploders", "explode", msgspec.Raw(b"\x90"), (), "", req, 0,
+                                   [addr], [(0, [(addr, 1), (addr, 2)])], 2, True))
+        for f in futs:
+            with pytest.raises(meshio.ProtocolError,
+                               match=rf"failed serving this tree call in pid {pid} .*injected "
+                                     "relay bug"):
+                await asyncio.wait_for(f, 30)
+        assert await asyncio.wait_for(mesh.addr.call_one(), 30) == addr

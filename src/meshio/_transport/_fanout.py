@@ -224,6 +224,19 @@ def malformed(msg: Fanout) -> str | None:
     return None
 
 
+def refuse(up: Connection, msg: Fanout, why: str) -> None:
+    """Fail every call of the tree message ``msg`` back to its sender with a
+    ``ProtocolError`` saying ``why`` (a broadcast's is reported, and the
+    sender logs it).  A call this relay already answered is not failed
+    again: its caller has its answer."""
+    info = ErrorInfo("protocol", "ProtocolError", why)
+    if msg.first_req:
+        n = sum(len(addrs) for _, addrs in msg.groups)
+        up.send_message(Answers([], [(msg.first_req + k, info) for k in range(n)]))
+    else:
+        up.send_message(Fail(0, info))
+
+
 def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
           post: Callable[[Connection, Call, Buffers], None]) -> None:
     """Serve a tree message: call the actors of this host (``post`` delivers
@@ -234,12 +247,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
     if why is not None:
         why = f"malformed fan-out message for {msg.target}.{msg.method}: {why}"
         log.warning("meshio: %s, from %s", why, up.peer or "unidentified peer")
-        info = ErrorInfo("protocol", "ProtocolError", why)
-        if msg.first_req:
-            n = sum(len(addrs) for _, addrs in msg.groups)
-            up.send_message(Answers([], [(msg.first_req + k, info) for k in range(n)]))
-        else:  # a broadcast: the sender logs it
-            up.send_message(Fail(0, info))
+        refuse(up, msg, why)
         return
     origin = msg.origin or up.peer or ""
     answers = _Answers(up, msg.gather)

@@ -28,7 +28,7 @@ from .._exceptions import (
 )
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
-from ._fanout import FanoutState, Order, relay
+from ._fanout import FanoutState, Order, refuse, relay
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret, tcp_address
 from ._memory import memory_pipe
 from ._messages import (
@@ -250,6 +250,12 @@ def register_handler(kind: type[_M], handler: Callable[[Runtime, Connection, _M,
     if kind in Runtime.handlers:
         raise ValueError(f"a handler for {kind.__name__} messages is already registered")
     Runtime.handlers[kind] = handler
+
+
+def _internal(rt: Runtime, what: str, e: Exception) -> str:
+    """The message callers get when serving their ``what`` failed here."""
+    return (f"meshio failed serving this {what} in pid {os.getpid()} on {rt.host} "
+            f"({type(e).__name__}: {e}); the process serves on (please report this)")
 
 
 class Runtime:
@@ -654,9 +660,20 @@ class Runtime:
     def dispatch(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
         match msg:
             case Call():
-                self._admit(conn, msg, bufs)
+                try:
+                    self._admit(conn, msg, bufs)
+                except Exception as e:  # a bug here: the caller hears of it, not a hang
+                    log.exception("meshio: admitting a call of %s.%s from %s failed",
+                                  msg.target, msg.method, conn.peer or "unidentified peer")
+                    conn.send_message(Fail(msg.req, ErrorInfo(
+                        "protocol", "ProtocolError", _internal(self, "call", e))))
             case Fanout():
-                relay(self, conn, msg, bufs, self._admit)
+                try:
+                    relay(self, conn, msg, bufs, self._admit)
+                except Exception as e:  # a bug here: its callers hear of it, not a hang
+                    log.exception("meshio: relaying a tree call of %s.%s from %s failed",
+                                  msg.target, msg.method, conn.peer or "unidentified peer")
+                    refuse(conn, msg, _internal(self, "tree call", e))
             case Hello():
                 if conn.peer_pid not in (-1, msg.pid):  # SO_PEERCRED knows better
                     log.warning("meshio: refused a connection to %s from pid %d: its Hello "
