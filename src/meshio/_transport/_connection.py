@@ -32,6 +32,7 @@ from .._exceptions import (
     UnknownEndpointError,
     new_actor_error,
 )
+from ._bulk import Exports, exports_for
 from ._frames import (
     _DIRECT,
     _HDR,
@@ -61,8 +62,16 @@ from ._messages import (
     decode_message,
     encode_message,
 )
-from ._bulk import Exports, exports_for
-from ._serial import KIND_ASCII, KIND_BUFFER, KIND_BYTEARRAY, KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
+from ._serial import (
+    KIND_ASCII,
+    KIND_BUFFER,
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    MAX_BODY,
+    Buffers,
+    OutBuffers,
+    limits,
+)
 
 if TYPE_CHECKING:
     from ._credentials import Credentials
