@@ -122,7 +122,8 @@ async def test_every_type_round_trips_by_descriptor(procs: meshio.ProcMesh) -> N
         if isinstance(v, torch.Tensor):
             assert torch.equal(back, v)
         elif isinstance(v, np.ndarray):
-            assert back.tobytes() == v.tobytes() and back.shape == v.shape
+            arr: np.ndarray[Any, Any] = back
+            assert arr.tobytes() == v.tobytes() and arr.shape == v.shape
         elif isinstance(v, list):
             assert torch.equal(back[0], t) and back[1] == {"k": raw}
         else:
