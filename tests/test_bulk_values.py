@@ -123,7 +123,8 @@ async def test_every_type_round_trips_by_descriptor(procs: meshio.ProcMesh) -> N
             assert torch.equal(back, v)
         elif isinstance(v, np.ndarray):
             arr: np.ndarray[Any, Any] = back
-            assert arr.tobytes() == v.tobytes() and arr.shape == v.shape
+            shape: tuple[int, ...] = v.shape
+            assert arr.tobytes() == v.tobytes() and arr.shape == shape
         elif isinstance(v, list):
             assert torch.equal(back[0], t) and back[1] == {"k": raw}
         else:
