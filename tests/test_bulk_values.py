@@ -12,7 +12,7 @@ import select
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -122,9 +122,8 @@ async def test_every_type_round_trips_by_descriptor(procs: meshio.ProcMesh) -> N
         if isinstance(v, torch.Tensor):
             assert torch.equal(back, v)
         elif isinstance(v, np.ndarray):
-            arr: np.ndarray[Any, Any] = back
-            shape: tuple[int, ...] = v.shape
-            assert arr.tobytes() == v.tobytes() and arr.shape == shape
+            arr, want = cast("tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]", (back, v))
+            assert arr.tobytes() == want.tobytes() and arr.shape == want.shape
         elif isinstance(v, list):
             assert torch.equal(back[0], t) and back[1] == {"k": raw}
         else:
