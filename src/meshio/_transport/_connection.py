@@ -32,6 +32,7 @@ from .._exceptions import (
     UnknownEndpointError,
     new_actor_error,
 )
+from ._bulk import Exports, exports_for
 from ._frames import (
     _DIRECT,
     _HDR,
@@ -61,7 +62,16 @@ from ._messages import (
     decode_message,
     encode_message,
 )
-from ._serial import KIND_ASCII, KIND_BYTEARRAY, KIND_BYTES, MAX_BODY, Buffers, OutBuffers, limits
+from ._serial import (
+    KIND_ASCII,
+    KIND_BUFFER,
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    MAX_BODY,
+    Buffers,
+    OutBuffers,
+    limits,
+)
 
 if TYPE_CHECKING:
     from ._credentials import Credentials
@@ -310,6 +320,8 @@ class Connection(asyncio.BufferedProtocol):
         self._waiting = False  # paused until the receive budget grants it
         self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
         self._stall: asyncio.TimerHandle | None = None
+        #: large values to and from a process of this host (:mod:`._bulk`)
+        self.bulk: Exports | None = None
 
     # ------------------------------------------------------------ sending
 
@@ -326,6 +338,8 @@ class Connection(asyncio.BufferedProtocol):
         return first
 
     def send(self, body: bytes, out: OutBuffers) -> None:
+        if out and self.bulk is not None:
+            out = self.bulk.export(out)
         header = frame_header(len(body), out)
         if self.transport is not None:
             if out:
@@ -345,6 +359,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
+        self.bulk = exports_for(stream)
         if self.peer is not None:  # we dialled: introduce ourselves first
             rt = self.rt
             self.send_message(Hello(rt.addr, os.getpid(), rt.worker,
@@ -452,6 +467,12 @@ class Connection(asyncio.BufferedProtocol):
         if not self._waiting and transport is not None and not transport.is_closing():
             transport.resume_reading()
 
+    def _pulled(self, got: Buffers) -> None:
+        """A frame's large parts were copied (:meth:`_bulk.Exports.pull`)."""
+        if not self.closed:
+            self._deliver(got[0], got[1:])
+            self._resume()
+
     def _stop_receiving(self) -> None:
         """The connection is gone: give back what its message held."""
         if self._stall is not None:
@@ -463,6 +484,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._held:
             _budget.give(self._held)
             self._held = 0
+        if self.bulk is not None:
+            self.bulk.close()
 
     def _reserve(self, need: int) -> None:
         """Make room for ``need`` bytes from ``_start`` in the scratch buffer.
@@ -511,7 +534,15 @@ class Connection(asyncio.BufferedProtocol):
             if self._held:
                 held, self._held = self._held, 0
                 _budget.give(held)
-            self._deliver(f.got[0], f.got[1:])
+            pulled = None if self.bulk is None else self.bulk.pull(
+                self, f.parts, f.got, self._pulled)
+            if pulled is None:
+                self._deliver(f.got[0], f.got[1:])
+            elif pulled:  # its large parts are being copied: nothing overtakes it
+                self._waiting = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                break
         if self._start == self._end:
             self._start = self._end = 0
             if len(self._buf) > _SCRATCH:  # given back after a large header
@@ -534,7 +565,8 @@ class Connection(asyncio.BufferedProtocol):
             self._reserve(need)
             return None
         descs = struct.unpack_from(f"<{nbufs}Q", self._buf, start + 8) if nbufs else ()
-        if any(d >> 56 > KIND_ASCII for d in descs):
+        if any(d >> 56 > KIND_BUFFER for d in descs) and (
+                self.bulk is None or not self.bulk.described(descs)):
             raise ProtocolError("malformed frame header (unknown buffer kind)")
         size = body_len + sum(d & _LEN_MASK for d in descs)
         if size > limits.max_message:
@@ -568,8 +600,8 @@ class Connection(asyncio.BufferedProtocol):
             avail = self._end - start
             if n <= avail:
                 part = self._mv[start:start + n]
-                got.append(bytes(part) if kind == KIND_BYTES else bytearray(part)
-                           if kind == KIND_BYTEARRAY else text_part(part))
+                got.append(text_part(part) if kind == KIND_ASCII else bytearray(part)
+                           if kind in (KIND_BYTEARRAY, KIND_BUFFER) else bytes(part))
                 self._start = start + n
                 continue
             if n < _DIRECT:

@@ -31,6 +31,7 @@ __all__ = (
     "PortSend",
     "RdmaOp",
     "RdmaOpName",
+    "Release",
     "Reply",
     "Restored",
     "Shutdown",
@@ -313,9 +314,17 @@ class Moved(_Msg, frozen=True, tag=23):
     pid: int = 0
 
 
+class Release(_Msg, frozen=True, tag=24):
+    """The receiver of a frame whose large parts travelled as descriptors
+    copied them (or gave up): the sender may drop export ``export``
+    (:mod:`._bulk`)."""
+
+    export: int
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved)
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

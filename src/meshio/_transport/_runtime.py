@@ -26,6 +26,7 @@ from .._exceptions import (
     MeshioError,
     SupervisionError,
 )
+from ._bulk import release
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
 from ._fanout import FanoutState, Order, refuse, relay
@@ -46,6 +47,7 @@ from ._messages import (
     Ping,
     Pong,
     PortSend,
+    Release,
     Reply,
     Restored,
     Shutdown,
@@ -854,3 +856,6 @@ def _log_fault(conn: Connection, info: ErrorInfo) -> None:
     (one in this process, or in a process no longer watched)."""
     pid = os.getpid() if conn.peer_pid == -1 else conn.peer_pid  # -1: from this process
     print_fault(info, pid, "no proc mesh of this process watches it: nothing restarts it")
+
+
+register_handler(Release, release)  # the transport's own: large values (._bulk)

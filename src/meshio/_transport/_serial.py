@@ -58,12 +58,15 @@ __all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "ascii_memory", "decoder
 Buffers = list[Any]
 #: buffers to send with a frame: ``(buffer, kind)`` with kind 0 = receive as
 #: ``bytearray`` (writable), 1 = receive as ``bytes``, 2 = receive as ``str``
-#: (ASCII text; a part that is not arrives as ``bytes``)
+#: (ASCII text; a part that is not arrives as ``bytes``), 3 = receive as any
+#: writable buffer (tensor storage, pickle buffers, ``memoryview`` values: a
+#: large one may alias shared memory, see :mod:`._bulk`)
 OutBuffers = list[tuple[Any, int]]
 
 KIND_BYTEARRAY: Final = 0
 KIND_BYTES: Final = 1
 KIND_ASCII: Final = 2
+KIND_BUFFER: Final = 3
 
 EXT_PICKLE: Final = 1
 EXT_BUFFER: Final = 2
@@ -374,7 +377,7 @@ def dumps(obj: Any, out: OutBuffers | None) -> bytes:
     its own, e.g. an actor class shipped by value with the tensors it refers to)."""
     f = io.BytesIO()
     callback = None if out is None else (
-        lambda pb: out.append((pb.raw(), KIND_BYTEARRAY)))
+        lambda pb: out.append((pb.raw(), KIND_BUFFER)))
     _Pickler(f, protocol=5, buffer_callback=callback).dump(obj)
     return f.getvalue()
 
@@ -417,8 +420,8 @@ def _enc_hook(obj: Any) -> Any:
         elif type(buf) is bytes:
             as_, kind = _AS_BYTES, KIND_BYTES
         else:
-            as_ = _AS_BYTEARRAY if type(buf) is bytearray else _AS_MEMORYVIEW
-            kind = KIND_BYTEARRAY
+            as_, kind = ((_AS_BYTEARRAY, KIND_BYTEARRAY) if type(buf) is bytearray
+                         else (_AS_MEMORYVIEW, KIND_BUFFER))
             if type(buf) is memoryview and not buf.c_contiguous:
                 buf = buf.tobytes()
         index = len(out)
@@ -428,7 +431,7 @@ def _enc_hook(obj: Any) -> Any:
     if torch is not None and isinstance(obj, torch.Tensor):
         t, mem = _tensor_memory(obj)
         index = len(out)
-        out.append((mem, KIND_BYTEARRAY))
+        out.append((mem, KIND_BUFFER))
         return msgspec.msgpack.Ext(
             EXT_TENSOR, _small.encode((str(t.dtype), list(t.shape), list(t.stride()), index)))
     if type(obj) is _Pickled:

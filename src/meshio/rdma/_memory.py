@@ -4,12 +4,12 @@ object that keeps it alive, with clear errors for what cannot be used."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._exceptions import RDMAError, RDMASizeError
+from .._transport._bulk import address_of
 
 if TYPE_CHECKING:
     import torch
@@ -28,21 +28,6 @@ class Memory:
     addr: int
     size: int
     writable: bool
-
-
-class _PyBuffer(ctypes.Structure):
-    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
-                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
-                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
-                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
-
-
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
-_PyBUF_WRITABLE = 0x0001
 
 
 def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
@@ -72,10 +57,4 @@ def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
     if writable and view.readonly:
         raise RDMAError(f"{what}: the buffer is read-only ({type(obj).__name__}); use a "
                         "bytearray, a writable memoryview or a tensor")
-    pb = _PyBuffer()
-    _get_buffer(view, ctypes.byref(pb), _PyBUF_WRITABLE if writable else 0)
-    try:
-        addr = int(pb.buf or 0)
-    finally:
-        _release_buffer(ctypes.byref(pb))
-    return Memory(view, addr, view.nbytes, not view.readonly)
+    return Memory(view, address_of(view, writable=writable), view.nbytes, not view.readonly)

@@ -1,0 +1,384 @@
+"""Large data: memory another process reads at memory speed, one layer.
+
+Large message values and ``RDMABuffer`` (:mod:`meshio.rdma`) share what is
+here: the address of a buffer (:func:`address_of`), this machine's identity
+(:data:`HOST_ID`), the one-copy move between two processes of one host
+(:func:`cma`: Linux cross-memory attach, the owner's code does not run), and
+the memory a received value lives in (:class:`_Pool`).
+
+A large value on a connection between two processes of one host
+(:class:`Exports`): each out-of-band part of a frame from :data:`THRESHOLD`
+bytes on travels as a 24-byte descriptor (export id, address, length) with
+the :data:`REMOTE` flag on its kind; the sender keeps the part alive (its
+registration) until the receiver says it has copied it (``Release``) or the
+connection ends.  The receiver copies every part with cross-memory attach in
+worker threads, off its event loop, then delivers the frame; meanwhile the
+connection reads nothing more, so frames keep their order.  Nothing is named
+in ``/dev/shm`` or anywhere: a crash on either side leaves nothing behind (a
+sender killed mid-transfer fails the copy, and the receiver drops that
+connection, as it would a truncated frame).
+
+Tensor storage, NumPy arrays and ``memoryview`` values (kind
+:data:`~._serial.KIND_BUFFER`) land in memory of the receiver's pool and stay
+there: the value aliases it, with no further copy, and gives it back to the
+pool when the receiver drops the value.  Pooled memory is already mapped, so
+a copy into it runs at memcpy speed (a fresh allocation pays a page fault per
+page first, 3x slower on a VM).  ``bytes``, ``bytearray`` and ``str`` values
+are objects of their own and are copied into a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import itertools
+import logging
+import mmap
+import os
+import socket
+import struct
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from ._frames import _LEN_MASK, _PEEK, _allocate, is_ascii
+from ._messages import Release
+from ._serial import KIND_ASCII, KIND_BUFFER, OutBuffers, limits
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+__all__ = ("HOST_ID", "REMOTE", "THRESHOLD", "Exports", "address_of", "cma", "exports_for")
+
+log = logging.getLogger("meshio")
+
+#: out-of-band parts from this size on travel by descriptor between processes
+#: of one host
+THRESHOLD: Final = 1 << 20
+#: the kind flag of a part that is a descriptor
+REMOTE: Final = 0x80
+_DESC: Final = struct.Struct("<QQQ")
+#: copies at least this large are split in two halves, one per thread
+_SPLIT: Final = 8 << 20
+#: bytes of idle pool memory a process keeps for the next values
+IDLE_CAP: Final = 1 << 30
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+#: identifies this machine (same kernel: cross-memory attach works)
+HOST_ID: Final = f"{socket.gethostname()}/{_boot_id()}"
+
+
+# ------------------------------------------------------------ addresses
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+_PyBUF_WRITABLE: Final = 0x0001
+
+
+def address_of(view: memoryview, *, writable: bool = False) -> int:
+    """The address of the first byte of ``view`` (C-contiguous); it stays
+    valid while ``view`` lives."""
+    pb = _PyBuffer()
+    _get_buffer(view, ctypes.byref(pb), _PyBUF_WRITABLE if writable else 0)
+    try:
+        return int(pb.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(pb))
+
+
+# ------------------------------------------------------- the one copy
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+for _name in ("process_vm_readv", "process_vm_writev"):
+    _fn = getattr(_libc, _name, None)
+    if _fn is not None:
+        _fn.restype = ctypes.c_ssize_t
+        _fn.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                        ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
+
+
+def cma(op: Literal["read", "write"], pid: int, local: int, remote: int, n: int) -> None:
+    """Copy ``n`` bytes between ``local`` (this process) and ``remote`` (in
+    process ``pid``) by cross-memory attach (``process_vm_readv``/``writev``;
+    no GIL held while it copies), looping over partial copies.
+
+    Raises:
+        OSError: with the copy's ``errno`` (``ESRCH``: the process is gone;
+            ``EFAULT``: the range is not mapped there).
+    """
+    fn = _libc.process_vm_readv if op == "read" else _libc.process_vm_writev
+    done = 0
+    while done < n:
+        liov = _IoVec(local + done, n - done)
+        riov = _IoVec(remote + done, n - done)
+        got = fn(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno() or errno.EIO
+            raise OSError(err, os.strerror(err))
+        done += got
+
+
+def halves(n: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the pieces one copy of ``n`` bytes is split
+    into, one per thread: two halves (page-aligned) from :data:`_SPLIT` on."""
+    if n < _SPLIT:
+        return [(0, n)]
+    half = (n // 2) & ~4095
+    return [(0, half), (half, n - half)]
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def executor() -> ThreadPoolExecutor:
+    """The threads that copy large data (two: the copy runs without the GIL)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(2, thread_name_prefix="meshio-copy")
+        return _executor
+
+
+# ------------------------------------------------------------- the pool
+
+class _Block:
+    """One anonymous mapping of the pool, and its address."""
+
+    __slots__ = ("addr", "map", "size")
+
+    def __init__(self, size: int) -> None:
+        self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.size = size
+        probe = ctypes.c_char.from_buffer(self.map)
+        self.addr = ctypes.addressof(probe)
+        del probe  # (an exported buffer would keep the map from closing)
+
+
+class _Lease:
+    """Held by a view of a block lent out: the block goes back to the pool
+    when the last user of the view drops it (whichever thread does)."""
+
+    __slots__ = ("block", "pool")
+
+    def __init__(self, pool: _Pool, block: _Block) -> None:
+        self.pool = pool
+        self.block = block
+
+    def __del__(self) -> None:
+        self.pool.returned.append(self.block)  # a deque: safe without a lock
+
+
+class _Pool:
+    """Mapped memory for received values: a value aliases a block until it
+    is dropped; idle blocks, up to :data:`IDLE_CAP` bytes, serve the next
+    values without page faults."""
+
+    def __init__(self) -> None:
+        self.idle: list[_Block] = []
+        self.idle_bytes = 0
+        self.returned: deque[_Block] = deque()
+        self.lock = threading.Lock()
+
+    def view(self, n: int) -> memoryview:
+        """A writable ``n``-byte view of a block, lent until it is dropped."""
+        with self.lock:
+            while self.returned:
+                block = self.returned.popleft()
+                if self.idle_bytes + block.size <= IDLE_CAP:
+                    self.idle.append(block)
+                    self.idle_bytes += block.size
+                else:
+                    block.map.close()
+            fits = [b for b in self.idle if n <= b.size <= 2 * n]
+            if fits:
+                block = min(fits, key=lambda b: b.size)
+                self.idle.remove(block)
+                self.idle_bytes -= block.size
+            else:
+                block = _Block(-(-n // mmap.PAGESIZE) * mmap.PAGESIZE)
+        array: Any = (ctypes.c_char * n).from_address(block.addr)
+        array._meshio_owner = _Lease(self, block)
+        return memoryview(array).cast("B")
+
+
+_pool = _Pool()
+
+
+# ------------------------------------------------ values on a connection
+
+def _peer_pid(transport: asyncio.BaseTransport) -> int:
+    """The pid of the process at the other end of a Unix socket (0: none,
+    or not one this process can copy from)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family != socket.AF_UNIX or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return 0
+    return pid if pid > 0 and _cross_memory_attach() else 0
+
+
+def _cross_memory_attach() -> bool:
+    """Whether this machine lets a process copy from a sibling of the same
+    user (no Yama restriction on ``ptrace``)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip() == "0"
+    except OSError:
+        return True  # no Yama
+
+
+class Exports:
+    """The large-value side of one connection to a process of this host:
+    what this process lent the peer (by export id, kept alive until the peer
+    releases it), and copying what the peer lends."""
+
+    __slots__ = ("held", "ids", "pid")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.held: dict[int, list[Any]] = {}
+        self.ids = itertools.count(1)
+
+    # --------------------------------------------------------- sending
+
+    def export(self, out: OutBuffers) -> OutBuffers:
+        """``out`` with each part of :data:`THRESHOLD` bytes or more
+        replaced by a descriptor; the parts are held until released."""
+        views = [memoryview(b) for b, _ in out]
+        if all(v.nbytes < THRESHOLD for v in views):
+            return out
+        eid = next(self.ids)
+        keep: list[Any] = []
+        sent: OutBuffers = []
+        for (buf, kind), view in zip(out, views, strict=True):
+            if view.nbytes < THRESHOLD:
+                sent.append((buf, kind))
+                continue
+            if not view.c_contiguous:  # (a sender's own buffers are contiguous)
+                view = memoryview(view.tobytes())
+            keep.append(view)
+            sent.append((_DESC.pack(eid, address_of(view), view.nbytes), kind | REMOTE))
+        self.held[eid] = keep
+        return sent
+
+    def release(self, eid: int) -> None:
+        """The peer copied (or gave up on) export ``eid``."""
+        self.held.pop(eid, None)
+
+    def close(self) -> None:
+        """The connection ended: nothing is lent any more."""
+        self.held.clear()
+
+    # ------------------------------------------------------- receiving
+
+    @staticmethod
+    def described(descs: tuple[int, ...]) -> bool:
+        """Whether every part of a frame header is a known kind, or a
+        descriptor of one."""
+        return all(d >> 56 <= KIND_BUFFER or (
+            d >> 56 & ~REMOTE <= KIND_BUFFER and d & _LEN_MASK == _DESC.size) for d in descs)
+
+    def pull(self, conn: Connection, parts: tuple[int, ...], got: list[Any],
+             deliver: Callable[[list[Any]], None]) -> bool | None:
+        """Copy the described parts of a complete frame (``got``, the body
+        first) off the loop, then ``deliver`` it.  None: the frame describes
+        nothing (deliver it now); True: copying (the connection must read
+        nothing more until ``deliver`` or a drop); False: refused (over the
+        size limit), answered already."""
+        if not any(d >> 56 & REMOTE for d in parts):
+            return None
+        loop = conn.rt.loop
+        eids: set[int] = set()
+        size = len(got[0])
+        wanted: list[tuple[int, int, int, int]] = []
+        for i, d in enumerate(parts):
+            if d >> 56 & REMOTE:
+                eid, addr, n = _DESC.unpack(got[i])
+                eids.add(eid)
+                wanted.append((i, d >> 56 & ~REMOTE, addr, n))
+                size += n
+            elif i:
+                size += d & _LEN_MASK
+        if size > limits.max_message:
+            self._released(conn, eids)
+            conn._refuse(bytes(got[0][:_PEEK]), size)
+            return False
+        jobs: list[asyncio.Future[None]] = []
+        texts: list[tuple[int, memoryview]] = []
+        for i, kind, addr, n in wanted:
+            if kind == KIND_BUFFER:
+                view = _pool.view(n)
+                got[i] = view
+            else:
+                got[i], view = _allocate(kind, n)
+                if kind == KIND_ASCII:
+                    texts.append((i, view))
+            local = address_of(view, writable=True)
+            jobs += [loop.run_in_executor(executor(), cma, "read", self.pid, local + at,
+                                          addr + at, m) for at, m in halves(n)]
+
+        def copied(done: asyncio.Future[list[BaseException | None]]) -> None:
+            self._released(conn, eids)
+            error = next((e for e in done.result() if e is not None), None)
+            if error is not None:
+                log.warning("meshio: copying a large value from pid %d failed (%s); "
+                            "dropping the connection to %s", self.pid, error,
+                            conn.peer or "unidentified peer")
+                conn.abort()
+                return
+            for i, view in texts:  # not ASCII after all: delivered as bytes
+                if not is_ascii(view):
+                    got[i] = view.tobytes()
+            deliver(got)
+
+        asyncio.gather(*jobs, return_exceptions=True).add_done_callback(copied)
+        return True
+
+    @staticmethod
+    def _released(conn: Connection, eids: set[int]) -> None:
+        if not conn.closed:
+            for eid in eids:
+                conn.send_message(Release(eid))
+
+
+def exports_for(transport: asyncio.BaseTransport) -> Exports | None:
+    """The large-value side of a new connection: None unless its peer is a
+    process of this host this one can copy from."""
+    pid = _peer_pid(transport)
+    return Exports(pid) if pid else None
+
+
+def release(rt: Any, conn: Connection, msg: Release, bufs: Any) -> None:
+    """The handler of ``Release``: the peer is done with an export."""
+    if conn.bulk is not None:
+        conn.bulk.release(msg.export)

@@ -1,0 +1,260 @@
+"""Large values between processes of one host (issue 16 items 1, 2): they
+travel as descriptors and move by one cross-memory-attach copy into the
+receiver's pool (``_transport/_bulk.py``).  Correctness only, no timing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import os
+import select
+import signal
+import subprocess
+import sys
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import torch
+
+import meshio
+from meshio import Actor, endpoint
+from meshio._transport import _bulk
+
+MiB = 1 << 20
+GUARD = 60.0
+
+
+@dataclasses.dataclass
+class Batch:
+    name: str
+    weights: torch.Tensor
+    raw: bytes
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Store(Actor):
+    def __init__(self) -> None:
+        self.kept: Any = None
+        self.log: list[int] = []
+
+    @endpoint
+    async def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
+    async def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @endpoint
+    async def raw(self, b: bytes) -> bytes:
+        return b
+
+    @endpoint
+    async def batch(self, b: Batch) -> Batch:
+        return b
+
+    @endpoint
+    async def keep(self, value: Any) -> None:
+        self.kept = value
+
+    @endpoint
+    async def kept_sum(self) -> float:
+        return float(torch.as_tensor(self.kept).double().sum())
+
+    @endpoint
+    async def weights(self) -> torch.Tensor:
+        return self.kept  # type: ignore[no-any-return]
+
+    @endpoint
+    async def bump(self) -> None:
+        self.kept += 1  # in place: the caller's copy must not change
+
+    @endpoint
+    async def record(self, i: int, payload: Any = None) -> None:
+        self.log.append(i)
+
+    @endpoint
+    async def recorded(self) -> list[int]:
+        return self.log
+
+    @endpoint
+    async def pool(self) -> tuple[int, int]:
+        """Idle bytes of this process's receive pool, after dropping what it kept."""
+        self.kept = None
+        with _bulk._pool.lock:
+            pass
+        return _bulk._pool.idle_bytes + sum(b.size for b in _bulk._pool.returned), _fds()
+
+    @endpoint
+    async def usage(self) -> tuple[int, int]:
+        return _rss(), _fds()
+
+
+async def test_every_type_round_trips_by_descriptor(procs: meshio.ProcMesh) -> None:
+    """Tensors, NumPy arrays, bytes, bytearray, memoryview, str, nested in
+    containers and dataclasses, views at offsets and non-contiguous tensors
+    come back equal and of their type, as arguments and as results; the
+    receiver's pool served them."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    raw = os.urandom(3 * MiB)
+    t = torch.randn(MiB)  # 4 MiB
+    base = torch.arange(4 * MiB, dtype=torch.int32)
+    values: list[Any] = [
+        t, np.arange(MiB, dtype=np.float64), raw, bytearray(raw), "a" * (2 * MiB),
+        "é" * MiB, [t, {"k": raw}], (raw, 1),
+        base[MiB + 3:],  # a view at an offset
+        base.reshape(1024, -1).t(),  # not contiguous
+        np.arange(4 * MiB, dtype=np.int16)[::2],  # strided
+    ]
+    for v in values:
+        back = await asyncio.wait_for(s.echo.call_one(v), GUARD)
+        assert type(back) is type(v)
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(back, v)
+        elif isinstance(v, np.ndarray):
+            arr, want = cast("tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]", (back, v))
+            assert arr.tobytes() == want.tobytes() and arr.shape == want.shape
+        elif isinstance(v, list):
+            assert torch.equal(back[0], t) and back[1] == {"k": raw}
+        else:
+            assert back == v
+    view = memoryview(raw)[5:2 * MiB + 5]
+    got = await s.echo.call_one(view)
+    assert type(got) is memoryview and got == view
+    assert torch.equal(await s.tensor.call_one(t[1:]), t[1:])
+    assert await s.raw.call_one(raw) == raw
+    b = await s.batch.call_one(Batch("b", t, raw))
+    assert b.name == "b" and torch.equal(b.weights, t) and b.raw == raw
+    idle, _ = await s.pool.call_one()
+    assert idle >= t.nbytes  # tensors landed in the pool and went back to it
+
+
+async def test_values_are_copies(procs: meshio.ProcMesh) -> None:
+    """The receiver keeps a value after the sender changed and freed its
+    own; a result the actor changes in place afterwards is not the caller's."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    mine = torch.ones(2 * MiB)
+    await s.keep.call_one(mine)
+    mine.zero_()
+    del mine
+    assert await s.kept_sum.call_one() == 2 * MiB
+    got = await s.weights.call_one()
+    await s.bump.call_one()
+    assert float(got.sum()) == 2 * MiB
+    assert await s.kept_sum.call_one() == 2 * 2 * MiB
+
+
+async def test_fifo_after_a_large_value(procs: meshio.ProcMesh) -> None:
+    """A small call sent after a large one to the same actor does not
+    overtake it while the large one is copied off the loop."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    big = torch.ones(16 * MiB)
+    calls = [s.record.call_one(i, big if i % 3 == 0 else None) for i in range(12)]
+    await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    assert await s.recorded.call_one() == list(range(12))
+
+
+async def test_many_concurrent_large_calls(procs: meshio.ProcMesh) -> None:
+    s = await procs.spawn("store", Store)
+    tensors = [torch.full((MiB,), float(i)) for i in range(16)]
+    results = await asyncio.wait_for(asyncio.gather(
+        *(s.slice(procs=i % 2).tensor.call_one(t) for i, t in enumerate(tensors))), GUARD)
+    for t, r in zip(tensors, results, strict=True):
+        assert torch.equal(t, r)
+
+
+async def test_no_growth_over_many_large_calls(procs: meshio.ProcMesh) -> None:
+    """1,000 large calls leave memory and file descriptors as they were, on
+    both sides, and nothing in /dev/shm."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    shm = set(os.listdir("/dev/shm"))
+    t = torch.ones(2 * MiB)
+    for _ in range(50):
+        await s.tensor.call_one(t)
+    rss, fds = await s.usage.call_one()
+    my_rss, my_fds = _rss(), _fds()
+    for _ in range(1000):
+        await s.tensor.call_one(t)
+    rss2, fds2 = await s.usage.call_one()
+    assert fds2 == fds and _fds() == my_fds
+    assert rss2 - rss < 16 * MiB, (rss, rss2)
+    assert _rss() - my_rss < 16 * MiB
+    assert set(os.listdir("/dev/shm")) <= shm
+
+
+def test_copy_from_a_killed_sender_fails_cleanly() -> None:
+    """The one copy from a process that died is an error (``ESRCH``), which
+    the receiver turns into a dropped connection, never a hang."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    dst = bytearray(16)
+    with pytest.raises(OSError) as e:
+        _bulk.cma("read", child.pid, _bulk.address_of(memoryview(dst), writable=True),
+                  4096, 16)
+    assert e.value.errno == errno.ESRCH
+
+
+_KILL = r"""
+import asyncio, os, signal, sys
+import torch, meshio
+from meshio import Actor, endpoint
+
+class Slow(Actor):
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def take(self, t: torch.Tensor) -> int:
+        return t.numel()
+
+async def main() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        s = await procs.spawn("slow", Slow)
+        pid = await s.pid.call_one()
+        print(pid, flush=True)
+        os.kill(pid, signal.SIGSTOP)  # the receiver never reads
+        call = asyncio.ensure_future(s.take.call_one(torch.ones(64 << 20)))
+        await asyncio.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)  # the controller dies mid-transfer
+
+asyncio.run(main())
+"""
+
+
+def test_controller_killed_mid_transfer_leaves_nothing(tmp_path: Any) -> None:
+    """A controller SIGKILLed while a stopped worker has a 256 MiB value to
+    copy: the worker dies with it and nothing is left in /dev/shm."""
+    shm = set(os.listdir("/dev/shm"))
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=GUARD, stdin=subprocess.DEVNULL)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    worker = int(proc.stdout.split()[0])
+    try:
+        fd = os.pidfd_open(worker)
+    except ProcessLookupError:
+        fd = -1  # gone already
+    if fd >= 0:
+        try:
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)
+            if not poll.poll(GUARD * 1000):  # readable once the worker exited
+                os.kill(worker, signal.SIGKILL)
+                pytest.fail(f"worker {worker} outlived its controller")
+        finally:
+            os.close(fd)
+    assert set(os.listdir("/dev/shm")) <= shm
