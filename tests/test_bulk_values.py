@@ -80,6 +80,16 @@ class Store(Actor):
         self.kept += 1  # in place: the caller's copy must not change
 
     @endpoint
+    async def bump_and_tell(self, fifo: str) -> None:
+        """:meth:`bump`, then a byte into the named pipe ``fifo``."""
+        self.kept += 1
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, b"b")
+        finally:
+            os.close(fd)
+
+    @endpoint
     async def record(self, i: int, payload: Any = None) -> None:
         self.log.append(i)
 
@@ -152,6 +162,41 @@ async def test_values_are_copies(procs: meshio.ProcMesh) -> None:
     await s.bump.call_one()
     assert float(got.sum()) == 2 * MiB
     assert await s.kept_sum.call_one() == 2 * 2 * MiB
+
+
+async def test_a_large_result_outlives_the_actor_s_next_call(
+        procs: meshio.ProcMesh, tmp_path: Any) -> None:
+    """The caller copies a large result from the actor's memory: the actor
+    runs its next call (which changes the tensor it returned, in place) only
+    once the caller has its copy.  The caller's loop is held up meanwhile,
+    so an actor that went on at once would have bumped the tensor first."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    await s.keep.call_one(torch.zeros(4 * MiB))
+    fifo = str(tmp_path / "bumped")
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        got = s.weights.call_one()  # both sent now, in this order
+        bumped = s.bump_and_tell.call_one(fifo)
+        # the loop is held here (the result cannot be copied yet) until the
+        # actor says it bumped, which it must not do before the copy
+        assert select.select([fd], [], [], 3.0)[0] == []
+        assert float((await asyncio.wait_for(got, GUARD)).abs().sum()) == 0.0
+        await asyncio.wait_for(bumped, GUARD)
+    finally:
+        os.close(fd)
+    assert await s.kept_sum.call_one() == 4 * MiB
+
+
+async def test_a_broadcast_value_changed_at_once_reaches_no_actor(
+        procs: meshio.ProcMesh) -> None:
+    """Nobody waits for a broadcast's delivery: changing a large argument in
+    place right after it does not change what the actors get."""
+    s = (await procs.spawn("store", Store)).slice(procs=0)
+    mine = torch.zeros(2 * MiB)
+    s.keep.broadcast(mine)
+    mine += 1
+    assert await s.kept_sum.call_one() == 0.0
 
 
 async def test_fifo_after_a_large_value(procs: meshio.ProcMesh) -> None:

@@ -52,7 +52,8 @@ from ._serial import KIND_ASCII, KIND_BUFFER, OutBuffers, limits
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ("HOST_ID", "REMOTE", "THRESHOLD", "Exports", "address_of", "cma", "exports_for")
+__all__ = ("HOST_ID", "REMOTE", "THRESHOLD", "Exports", "address_of", "cma", "exports_for",
+           "snapshot")
 
 log = logging.getLogger("meshio")
 
@@ -262,12 +263,16 @@ class Exports:
     what this process lent the peer (by export id, kept alive until the peer
     releases it), and copying what the peer lends."""
 
-    __slots__ = ("held", "ids", "pid")
+    __slots__ = ("freed", "held", "ids", "last", "pid")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.held: dict[int, list[Any]] = {}
         self.ids = itertools.count(1)
+        #: the export id of the last frame sent with lent parts (0: none lent)
+        self.last = 0
+        #: by export id: futures done once the peer released it (:meth:`returned`)
+        self.freed: dict[int, asyncio.Future[None]] = {}
 
     # --------------------------------------------------------- sending
 
@@ -276,8 +281,9 @@ class Exports:
         replaced by a descriptor; the parts are held until released."""
         views = [memoryview(b) for b, _ in out]
         if all(v.nbytes < THRESHOLD for v in views):
+            self.last = 0
             return out
-        eid = next(self.ids)
+        eid = self.last = next(self.ids)
         keep: list[Any] = []
         sent: OutBuffers = []
         for (buf, kind), view in zip(out, views, strict=True):
@@ -294,10 +300,27 @@ class Exports:
     def release(self, eid: int) -> None:
         """The peer copied (or gave up on) export ``eid``."""
         self.held.pop(eid, None)
+        freed = self.freed.pop(eid, None)
+        if freed is not None and not freed.done():
+            freed.set_result(None)
 
     def close(self) -> None:
         """The connection ended: nothing is lent any more."""
         self.held.clear()
+        for eid in list(self.freed):
+            self.release(eid)
+
+    def returned(self, eid: int, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """Done once the peer has released export ``eid`` (it has its copy,
+        gave up, or the connection ended)."""
+        freed = self.freed.get(eid)
+        if freed is None:
+            freed = loop.create_future()
+            if eid in self.held:
+                self.freed[eid] = freed
+            else:
+                freed.set_result(None)
+        return freed
 
     # ------------------------------------------------------- receiving
 
@@ -369,6 +392,14 @@ class Exports:
         if not conn.closed:
             for eid in eids:
                 conn.send_message(Release(eid))
+
+
+def snapshot(out: OutBuffers) -> OutBuffers:
+    """``out`` with each part of :data:`THRESHOLD` bytes or more copied: for
+    a message whose sender does not wait for its delivery (a broadcast), so
+    that changing the value in place afterwards cannot reach a receiver."""
+    return [(bytes(memoryview(b)) if memoryview(b).nbytes >= THRESHOLD else b, kind)
+            for b, kind in out]
 
 
 def exports_for(transport: asyncio.BaseTransport) -> Exports | None:

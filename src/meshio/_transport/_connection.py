@@ -337,9 +337,14 @@ class Connection(asyncio.BufferedProtocol):
         self.pending.update(zip(range(first, self._req + 1), pending))
         return first
 
-    def send(self, body: bytes, out: OutBuffers) -> None:
+    def send(self, body: bytes, out: OutBuffers) -> int:
+        """Send a frame; the export id of its parts lent to the peer (read
+        from this process's memory until it releases them, see
+        :meth:`._bulk.Exports.returned`), 0 when none are."""
+        lent = 0
         if out and self.bulk is not None:
             out = self.bulk.export(out)
+            lent = self.bulk.last
         header = frame_header(len(body), out)
         if self.transport is not None:
             if out:
@@ -351,9 +356,11 @@ class Connection(asyncio.BufferedProtocol):
             self._backlog.append(body)
             self._backlog.extend(b for b, _ in out)
         # else: closed; pending calls were failed by connection_lost
+        return lent
 
-    def send_message(self, msg: Message, out: OutBuffers | None = None) -> None:
-        self.send(encode_message(msg), out or [])
+    def send_message(self, msg: Message, out: OutBuffers | None = None) -> int:
+        """:meth:`send` of ``msg``; the export id of its lent parts (0: none)."""
+        return self.send(encode_message(msg), out or [])
 
     # ---------------------------------------------------------- lifecycle
 

@@ -24,6 +24,7 @@ from .._exceptions import (
     SupervisionError,
     rebuild_error,
 )
+from .._transport._bulk import snapshot
 from .._transport._connection import Gathering
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
@@ -390,7 +391,9 @@ class Endpoint(Generic[P, R]):
         """Send to every actor without waiting; an exception in the endpoint
         is reported as a supervision event, not to the caller."""
         body, packer = self._encode(args, kwargs)
-        on_loop(self._broadcast, body, packer.out)
+        # nobody waits for the delivery: large values are copied now, so that
+        # changing them in place afterwards cannot reach an actor
+        on_loop(self._broadcast, body, snapshot(packer.out))
 
     def _broadcast(self, body: bytes, out: OutBuffers) -> None:
         self._mesh._send_all(self._desc, body, out)
