@@ -20,30 +20,24 @@ import pytest
 PEERS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
 
 
-def _harness() -> Path:
-    if "MESHIO_BENCH_PEERS" in os.environ:
-        return Path(os.environ["MESHIO_BENCH_PEERS"])
-    for d in PEERS_DIR.parents:
-        if (d / "shared" / "bench-peers" / "harness.py").exists():
-            return d / "shared" / "bench-peers"
-    pytest.skip("the shared peer harness (shared/bench-peers) is not on this machine")
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
 
 
 @pytest.fixture
 def peers(monkeypatch: pytest.MonkeyPatch) -> Path:
     """The harness on sys.path and, for the worker processes and the cold-start
     child, on PYTHONPATH, with the meshio backend beside it."""
-    harness = _harness()
-    for p in (str(harness), str(PEERS_DIR)):
-        monkeypatch.syspath_prepend(p)
+    monkeypatch.syspath_prepend(str(PEERS_DIR))
+    try:
+        harness = Path(_module("run").find_peers())
+    except SystemExit:
+        pytest.skip("the shared peer harness (shared/bench-peers) is not on this machine")
+    monkeypatch.syspath_prepend(str(harness))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(harness), str(PEERS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("MESHIO_BENCH_PEERS", str(harness))
     return harness
-
-
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(name)
 
 
 @pytest.mark.timeout(240)  # a hang guard: 4 proc meshes whose workers import torch

@@ -7,10 +7,11 @@ the standard loop (``asyncio.run``) or on uvloop (``meshio.run``), chosen
 with ``--loop`` (or ``MESHIO_BENCH_LOOP``, which the harness's cold-start
 children inherit); results go under the name ``meshio-<loop>``.
 
-Run every system through the harness with ``python benchmarks/peers/run.py``.
-Alone (the harness on ``sys.path``, ``MESHIO_BENCH_PEERS`` or the default)::
+Run every system through the harness with ``python benchmarks/peers/run.py``;
+this one alone::
 
-    python benchmarks/peers/bench_meshio.py --loop uvloop --reps 1 --out /tmp/m.json
+    MESHIO_BENCH_PEERS=../shared/bench-peers python benchmarks/peers/bench_meshio.py \
+        --loop uvloop --reps 1 --out /tmp/m.json
 """
 
 import time
@@ -31,21 +32,8 @@ from unittest import mock  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-
-def find_peers() -> str:
-    """The harness: ``MESHIO_BENCH_PEERS``, else ``shared/bench-peers`` in a
-    folder above this checkout (``run.py`` always sets the variable)."""
-    if "MESHIO_BENCH_PEERS" in os.environ:
-        return os.environ["MESHIO_BENCH_PEERS"]
-    d = os.path.dirname(os.path.abspath(__file__))
-    while d != os.path.dirname(d):
-        d = os.path.dirname(d)
-        if os.path.exists(os.path.join(d, "shared", "bench-peers", "harness.py")):
-            return os.path.join(d, "shared", "bench-peers")
-    raise SystemExit("bench_meshio: the peer harness was not found; set MESHIO_BENCH_PEERS")
-
-
-sys.path.insert(0, find_peers())
+if "MESHIO_BENCH_PEERS" in os.environ:  # run.py sets it; else harness.py is on sys.path
+    sys.path.insert(0, os.environ["MESHIO_BENCH_PEERS"])
 import harness  # noqa: E402
 
 #: how the controller's coroutine is run, by ``--loop``

@@ -10,8 +10,10 @@ into ``benchmarks/payload_throughput.png``.
 Run it with meshio's interpreter (its virtualenv, or ``PYTHONPATH`` on the
 checkout's ``src``): meshio and the plain-asyncio baseline run there.  The
 harness (``MESHIO_BENCH_PEERS``, default ``shared/bench-peers`` above the
-checkout) is copied into ``benchmarks/results/peers/`` (git-ignored),
-where every result and log lands.  Monarch and Ray run in their own
+checkout) runs from a copy in a short temporary folder (Ray puts its
+sockets beside the scripts, and a Unix socket's path has at most 107
+bytes); every result and log lands in ``benchmarks/results/peers/``
+(git-ignored).  Monarch and Ray run in their own
 virtualenvs, created on first use under ``~/.cache/meshio-bench``
 (``MESHIO_BENCH_VENVS``); a system whose virtualenv cannot be made, or
 whose run fails, is reported as not measured rather than failing the run.
@@ -25,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,9 +123,19 @@ def run_logged(cmd: list[str], env: dict[str, str], cwd: str, logfile: str,
     return None if p.returncode == 0 else f"exit status {p.returncode}"
 
 
-def measure(systems: list[System], work: str, harness_args: list[str], sweep_max: int,
-            sweep: bool) -> dict[str, str]:
-    """Every system in turn; returns {name: why it is missing} for failures."""
+def measure(systems: list[System], peers: str, work: str, harness_args: list[str],
+            sweep_max: int, sweep: bool) -> dict[str, str]:
+    """Every system in turn, the harness copied from ``peers`` into a
+    temporary folder; returns {name: why it is missing} for failures."""
+    with tempfile.TemporaryDirectory(prefix="meshio-peers-", dir="/tmp") as tmp:
+        for name in os.listdir(peers):
+            if name.endswith((".py", ".sh", ".md")):
+                shutil.copyfile(os.path.join(peers, name), os.path.join(tmp, name))
+        return _measure(systems, tmp, work, harness_args, sweep_max, sweep)
+
+
+def _measure(systems: list[System], harness: str, work: str, harness_args: list[str],
+             sweep_max: int, sweep: bool) -> dict[str, str]:
     failed: dict[str, str] = {}
     for s in systems:
         try:
@@ -132,21 +145,26 @@ def measure(systems: list[System], work: str, harness_args: list[str], sweep_max
             log(failed[s.name])
             continue
         env = dict(os.environ)
-        paths = [p for p in (s.env.get("PYTHONPATH"), work, HERE,
+        paths = [p for p in (s.env.get("PYTHONPATH"), harness, HERE,
                              os.environ.get("PYTHONPATH")) if p]
-        env.update(s.env, MESHIO_BENCH_PEERS=work, PYTHONPATH=os.pathsep.join(paths))
-        script = os.path.join(HERE if s.script == "bench_meshio.py" else work, s.script)
-        why = run_logged([python, script, *s.args, "--out", f"{work}/results/{s.name}.json",
-                          *harness_args], env, work, f"{work}/logs/{s.name}.log", 900)
+        env.update(s.env, MESHIO_BENCH_PEERS=harness, PYTHONPATH=os.pathsep.join(paths))
+        script = os.path.join(HERE if s.script == "bench_meshio.py" else harness, s.script)
+        out = f"{work}/results/{s.name}.json"
+        why = run_logged([python, script, *s.args, "--out", out, *harness_args], env, harness,
+                         f"{work}/logs/{s.name}.log", 900)
         if why:
             failed[s.name] = f"harness run: {why}, see results/peers/logs/{s.name}.log"
             log(failed[s.name])
+        elif (res := load(out)) and res["backend"] != s.name:  # raw-uvloop: report.py's label
+            res["backend"] = s.name
+            with open(out, "w") as f:
+                json.dump(res, f, indent=1)
         if sweep:
             kinds = ["bytes", *([s.array] if s.array else [])]
             why = run_logged([python, os.path.join(HERE, "sweep.py"), s.backend,
                               "--kinds", *kinds, "--max-bytes", str(sweep_max),
                               "--out", f"{work}/sweep/{s.name}.json"],
-                             env, work, f"{work}/logs/sweep-{s.name}.log", 420)
+                             env, harness, f"{work}/logs/sweep-{s.name}.log", 420)
             if why:
                 log(f"sweep {s.name}: {why} (what it measured is kept)")
     return failed
@@ -193,7 +211,7 @@ def tensor_row(res: dict[str, Any] | None, s: System) -> float | None:
 ROWS: list[tuple[str, Getter, dict[str, str]]] = [
     ("64 MiB tensor as an argument (numpy for Ray), MiB/s", tensor_row,
      {"monarch": "≥ 12x", "ray": "≥ 1.0x"}),
-    ("64 MiB numpy array annotated `object` (meshio), MiB/s",
+    ("64 MiB numpy array as an argument (meshio: annotated `object`), MiB/s",
      lambda r, s: med(r, "payload", "numpy.ndarray 64 MiB", "MiB_per_s")
      if s.name.startswith("meshio") or s.name == "ray" else None, {}),
     ("64 MiB `bytes` argument, MiB/s",
@@ -237,8 +255,22 @@ def table(work: str, failed: dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def src_revision() -> str:
+    """The last commit of meshio's ``src/``, and whether it had changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", os.path.dirname(BENCH), *args],
+                              capture_output=True, text=True, check=False).stdout.strip()
+    rev = git("log", "-1", "--format=%h, %ci", "--", "src")
+    return f"{rev}{' (+ uncommitted changes)' if git('status', '--porcelain', 'src') else ''}"
+
+
 def run_info(work: str) -> str:
-    lines = []
+    try:
+        with open(os.path.join(work, "REVISION")) as f:
+            rev = f.read().strip()
+    except OSError:
+        rev = "?"
+    lines = [f"- meshio `src/` measured: {rev}"]
     for s in SYSTEMS:
         r = load(f"{work}/results/{s.name}.json")
         if r:
@@ -255,6 +287,9 @@ def sweep_notes(work: str) -> list[str]:
     notes = []
     for s in SYSTEMS:
         r = load(f"{work}/sweep/{s.name}.json")
+        if r is None:
+            notes.append(f"{s.label}: no sweep (see benchmarks/results/peers/logs/"
+                         f"sweep-{s.name}.log)")
         for kind, pts in (r or {}).get("points", {}).items():
             notes += [f"{s.label}, {kind}, {int(n) // MiB} MiB: {p['error']}"
                       for n, p in pts.items() if "error" in p]
@@ -272,7 +307,7 @@ def plot(work: str, path: str) -> None:
     for ax, title, pick in (
             (axes[0], "`bytes` argument", lambda s: "bytes"),
             (axes[1], "tensor argument (numpy.ndarray for Ray)", lambda s: s.array)):
-        for s in SYSTEMS:
+        for i, s in enumerate(SYSTEMS):
             kind = pick(s)
             r = load(f"{work}/sweep/{s.name}.json")
             pts = ((r or {}).get("points") or {}).get(kind or "", {})
@@ -280,12 +315,13 @@ def plot(work: str, path: str) -> None:
             bad = sorted(int(n) for n, p in pts.items() if "error" in p)
             if not ok and not bad:
                 continue
-            line = ax.plot([n for n, _ in ok], [v for _, v in ok], marker="o",
-                           label=s.label if not bad else f"{s.label} (x not measured)",
-                           linestyle="-" if s.name.startswith("meshio") else "--")[0]
+            color = f"C{i}"  # one color per system in both panels
+            ax.plot([n for n, _ in ok], [v for _, v in ok], marker="o", color=color,
+                    label=s.label if not bad else f"{s.label} (x not measured)",
+                    linestyle="-" if s.name.startswith("meshio") else "--")
             if bad:
                 ax.plot(bad, [ok[-1][1] if ok else 1.0] * len(bad), marker="x", markersize=10,
-                        linestyle="none", color=line.get_color())
+                        linestyle="none", color=color)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(ticks, ["4 KiB", "64 KiB", "1 MiB", "16 MiB", "64 MiB", "256 MiB",
@@ -326,10 +362,6 @@ def main() -> None:
 
     work = os.path.join(BENCH, "results", "peers")
     peers = find_peers()
-    os.makedirs(work, exist_ok=True)
-    for name in os.listdir(peers):  # a fresh copy of the harness, beside its results
-        if name.endswith((".py", ".sh", ".md")):
-            shutil.copy(os.path.join(peers, name), os.path.join(work, name))
     for d in ("results", "logs", "sweep"):
         os.makedirs(os.path.join(work, d), exist_ok=True)
     systems = [s for s in SYSTEMS if not args.only or s.name in args.only]
@@ -342,10 +374,15 @@ def main() -> None:
                 for name in os.listdir(os.path.join(work, d)):
                     os.remove(os.path.join(work, d, name))
         t0 = time.monotonic()
-        failed = measure(systems, work, harness_args, sweep_max, not args.no_sweep)
+        with open(os.path.join(work, "REVISION"), "w") as f:
+            f.write(src_revision())
+        failed = measure(systems, peers, work, harness_args, sweep_max, not args.no_sweep)
         log(f"measured in {time.monotonic() - t0:.0f} s")
-    with open(os.path.join(work, "results", "TABLE.md"), "w") as f:  # the harness's own table
-        subprocess.run([sys.executable, os.path.join(work, "report.py")], stdout=f, check=False)
+    results = [f"{work}/results/{s.name}.json" for s in SYSTEMS
+               if os.path.exists(f"{work}/results/{s.name}.json")]
+    with open(os.path.join(work, "TABLE.md"), "w") as f:  # the harness's own table
+        subprocess.run([sys.executable, os.path.join(peers, "report.py"), *results], stdout=f,
+                       check=False)
     notes = sweep_notes(work)
     section = "\n\n".join([
         table(work, failed),
