@@ -1,0 +1,79 @@
+"""The peer benchmark's meshio backend (``benchmarks/peers/``), end to end at
+a tiny size so it cannot rot: the harness's whole measurement run on this
+test's standard loop, the payload sweep on uvloop (``meshio.run``) in its
+own process, then ``run.py``'s table and plot from what they wrote.  No
+timing is asserted, only that every measurement came back."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+PEERS_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "peers"
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def peers(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The harness on sys.path and, for the worker processes and the cold-start
+    child, on PYTHONPATH, with the meshio backend beside it."""
+    monkeypatch.syspath_prepend(str(PEERS_DIR))
+    try:
+        harness = Path(_module("run").find_peers())
+    except SystemExit:
+        pytest.skip("the shared peer harness (shared/bench-peers) is not on this machine")
+    monkeypatch.syspath_prepend(str(harness))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(harness), str(PEERS_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("MESHIO_BENCH_PEERS", str(harness))
+    return harness
+
+
+@pytest.mark.timeout(240)  # a hang guard: 4 proc meshes whose workers import torch
+async def test_meshio_backend_runs_through_the_harness_on_both_loops(
+        peers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness, bench, run = _module("harness"), _module("bench_meshio"), _module("run")
+    monkeypatch.setenv("MESHIO_BENCH_LOOP", "asyncio")
+    args = argparse.Namespace(reps=1, calls=5, warmup=1, inflight=10, batches=1, bcast_calls=3,
+                              sizes_mib=[1], cold_timeout=120)
+    res = await harness.run_all(bench.MeshioBackend(), args, bench.__file__)
+    assert res["backend"] == "meshio-asyncio"
+    assert set(res["payload"]) == {f"{k} 1 MiB" for k in ("bytes", "torch.Tensor",
+                                                           "numpy.ndarray")}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "meshio-asyncio.json").write_text(json.dumps(res))
+
+    out = tmp_path / "sweep" / "meshio-uvloop.json"
+    proc = subprocess.run(
+        [sys.executable, str(PEERS_DIR / "sweep.py"), "bench_meshio:MeshioBackend",
+         "--kinds", "bytes", "torch.Tensor", "--max-bytes", "65536", "--out", str(out)],
+        env={**os.environ, "MESHIO_BENCH_LOOP": "uvloop"}, capture_output=True, text=True,
+        timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sweep = json.loads(out.read_text())
+    assert sweep["backend"] == "meshio-uvloop"
+    assert {k: sorted(v) for k, v in sweep["points"].items()} == {
+        k: ["4096", "65536"] for k in ("bytes", "torch.Tensor")}
+    assert all("MiB_per_s" in p for v in sweep["points"].values() for p in v.values())
+
+    table = run.table(str(tmp_path), {})
+    row = next(line for line in table.splitlines() if line.startswith("| 64 MiB `bytes`"))
+    assert row.split(" | ")[1] == "—"  # this run moved 1 MiB only: no 64 MiB cell
+    latency = next(line for line in table.splitlines() if line.startswith("| int→int latency, "
+                                                                            "median"))
+    assert latency.split(" | ")[1].replace(",", "").isdigit(), latency  # meshio-asyncio
+    plot = tmp_path / "plot.png"  # in a process of its own: matplotlib keeps its fonts open
+    subprocess.run([sys.executable, "-c", f"import run; run.plot({str(tmp_path)!r}, "
+                    f"{str(plot)!r})"], check=True, timeout=120)
+    assert plot.stat().st_size > 0
