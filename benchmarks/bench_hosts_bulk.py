@@ -6,11 +6,14 @@ namespace, the receiver on a namespace host.  Rows, interleaved over
 ``--rounds`` rounds, each in fresh processes:
 
 - ``raw tcp block``: a blocking socket, ``sendall`` of the value, the
-  receiver ``recv_into`` one preallocated ``bytearray`` (reused: no page
-  faults, a stricter ceiling than a new object per value), then a 1-byte ack;
+  receiver ``recv_into`` new memory per value (an anonymous map, its pages
+  committed as data arrives, as meshio's receive targets are), then a
+  1-byte ack;
+- ``raw tcp block-reused``: the same into one buffer reused for every value
+  (no page faults: a ceiling no receiver handing out a new value reaches);
 - ``raw tcp asyncio`` / ``raw tcp uvloop``: both ends on that loop, the
   sender ``transport.write``, the receiver a ``BufferedProtocol`` filling
-  that preallocated buffer;
+  new memory per value;
 - ``raw tls ...``: the same under stdlib ``ssl`` with the contexts meshio's
   ``tls=`` builds (``TLSConfig.server_context``/``client_context``, mutual,
   the same trustme certificates);
@@ -22,7 +25,7 @@ namespace, the receiver on a namespace host.  Rows, interleaved over
 Each row times ``--reps`` transfers after one warm-up (connection set-up
 excluded) and keeps their median; the table gives the median over rounds
 [min-max] in MiB/s, and each meshio row's ratio to the best raw row of its
-kind (tcp or tls) and to the blocking one.
+kind (tcp or tls) that receives into new memory, and to ``block-reused``.
 
 Needs root (network namespaces).
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
 import os
 import secrets
 import socket
@@ -52,7 +56,8 @@ from meshio import Actor, endpoint
 
 HERE = Path(__file__).resolve().parent
 RAW_PORT = 29600
-RAW = [f"raw {t} {io}" for t in ("tcp", "tls") for io in ("block", "asyncio", "uvloop")]
+RAW = [f"raw {t} {io}" for t in ("tcp", "tls")
+       for io in ("block", "block-reused", "asyncio", "uvloop")]
 MESHIO = [f"meshio {t} {what} ({loop})" for t in ("tcp", "tls") for what in ("bytes", "tensor")
           for loop in ("uvloop", "asyncio")]
 
@@ -77,13 +82,22 @@ def _contexts(tls_dir: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return cfg.server_context(), cfg.client_context()
 
 
-def _serve_block(sock: socket.socket, n: int, reps: int, ctx: ssl.SSLContext | None) -> None:
+def _target(n: int) -> memoryview:
+    """New memory for a value, untouched like meshio's (an anonymous map: its
+    pages are committed as data arrives, not zeroed first)."""
+    return memoryview(mmap.mmap(-1, n))
+
+
+def _serve_block(sock: socket.socket, n: int, reps: int, ctx: ssl.SSLContext | None,
+                 reuse: bool) -> None:
     conn, _ = sock.accept()
     if ctx is not None:
         conn = ctx.wrap_socket(conn, server_side=True)
-    view = memoryview(bytearray(n))
+    view = _target(n)
     for _ in range(reps):
         pos = 0
+        if not reuse:
+            view = _target(n)
         while pos < n:
             got = conn.recv_into(view[pos:])
             if not got:
@@ -94,11 +108,11 @@ def _serve_block(sock: socket.socket, n: int, reps: int, ctx: ssl.SSLContext | N
 
 
 class _Receiver(asyncio.BufferedProtocol):
-    """Fills one preallocated buffer with each value, acks each."""
+    """Fills new memory with each value, acks each."""
 
     def __init__(self, n: int, done: asyncio.Future[None], reps: int) -> None:
         self.n, self.done, self.left = n, done, reps
-        self.view, self.pos = memoryview(bytearray(n)), 0
+        self.view, self.pos = _target(n), 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: Any = transport
@@ -113,7 +127,7 @@ class _Receiver(asyncio.BufferedProtocol):
             self.left -= 1
             if not self.left:
                 self.done.set_result(None)
-            self.pos = 0
+            self.view, self.pos = _target(self.n), 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.done.done():
@@ -143,8 +157,8 @@ def serve(addr: str, io: str, tls_dir: str, n: int, reps: int) -> None:
     ctx = _contexts(tls_dir)[0] if tls_dir else None
     sock = socket.create_server((addr, RAW_PORT))
     print("ready", flush=True)
-    if io == "block":
-        _serve_block(sock, n, reps, ctx)
+    if io.startswith("block"):
+        _serve_block(sock, n, reps, ctx, reuse=io == "block-reused")
     else:
         _run_loop(io, _serve_async(sock, n, reps, ctx))
 
@@ -163,7 +177,7 @@ def send_raw(addr: str, io: str, tls_dir: str, n: int, reps: int) -> list[float]
     ctx = _contexts(tls_dir)[1] if tls_dir else None
     payload = os.urandom(n)
     times: list[float] = []
-    if io == "block":
+    if io.startswith("block"):
         sock = socket.create_connection((addr, RAW_PORT))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if ctx is not None:
@@ -225,8 +239,8 @@ async def send_meshio(agent: str, secret: str, tls_dir: str, what: str, n: int,
 
 # ------------------------------------------------------------------ driver
 
-def _result(argv: list[str]) -> list[float] | str:
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+def _result(argv: list[str], env: dict[str, str] | None = None) -> list[float] | str:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             times: list[float] = json.loads(line[len("RESULT "):])
@@ -234,8 +248,8 @@ def _result(argv: list[str]) -> list[float] | str:
     return (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
 
 
-def _row(row: str, hosts: dict[str, Any], tmp: Path, secret: Path, n: int, reps: int
-         ) -> list[float] | str:
+def _row(row: str, hosts: dict[str, Any], tmp: Path, secret: Path, n: int, reps: int,
+         base: str) -> list[float] | str:
     """Run one row in fresh processes: the seconds of its timed transfers."""
     kind = row.split()[1]
     host = hosts[kind]
@@ -261,8 +275,9 @@ def _row(row: str, hosts: dict[str, Any], tmp: Path, secret: Path, n: int, reps:
                 server.stdout.close()
     else:
         what, loop = row.split()[2], row.split()[3].strip("()")
+        env = {**os.environ, "PYTHONPATH": base} if row.endswith("[base]") else None
         got = _result([*me, "--meshio", host.agent_addr, "--what", what, "--loop", loop,
-                       "--secret", str(secret)])
+                       "--secret", str(secret)], env)
     return got if isinstance(got, str) else got[1:]  # less the warm-up
 
 
@@ -272,6 +287,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", nargs="*", default=RAW + MESHIO)
+    ap.add_argument("--base", default="", help="also run each meshio row's controller on "
+                    "the meshio source tree at this path (rows marked [base]: an A/B of the "
+                    "sending side; the workers run this tree)")
     # children
     ap.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tls-dir", default="", help=argparse.SUPPRESS)
@@ -304,7 +322,9 @@ def main() -> None:
     from meshio.jobs._job import write_secret
     from netns_hosts import netns_hosts  # type: ignore[import-not-found]  # pyright: ignore
 
-    results: dict[str, list[float]] = {r: [] for r in args.rows}
+    rows = [v for r in args.rows
+            for v in ((r, f"{r} [base]") if args.base and r.startswith("meshio") else (r,))]
+    results: dict[str, list[float]] = {r: [] for r in rows}
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -317,8 +337,8 @@ def main() -> None:
                 netns_hosts(1, secret, agent_args=tls_args) as secure:  # pyright: ignore
             hosts = {"tcp": plain[0], "tls": secure[0]}
             for rnd in range(args.rounds):
-                for row in args.rows:
-                    got = _row(row, hosts, tmp, secret, n, args.reps)
+                for row in rows:
+                    got = _row(row, hosts, tmp, secret, n, args.reps, args.base)
                     if isinstance(got, str):
                         notes.append(f"{row}, round {rnd + 1}: failed: {got}")
                     else:
@@ -328,15 +348,16 @@ def main() -> None:
     med = {r: statistics.median(v) for r, v in results.items() if v}
     print(f"\n{args.mib} MiB per transfer; {args.rounds} rounds of {args.reps} timed "
           "transfers; MiB/s: median over rounds [min-max] of each round's median\n")
-    print("| row | MiB/s | / best raw | / raw block |")
+    print("| row | MiB/s | / best raw | / raw block-reused |")
     print("|---|---|---|---|")
     for row, vals in results.items():
         if not vals:
             print(f"| {row} | n/a | | |")
             continue
         kind = row.split()[1]
-        raws = [med[r] for r in RAW if r in med and r.split()[1] == kind]
-        block = med.get(f"raw {kind} block")
+        raws = [med[r] for r in RAW if r in med and r.split()[1] == kind
+                and not r.endswith("reused")]
+        block = med.get(f"raw {kind} block-reused")
         best = f"{med[row] / max(raws):.2f}" if raws else "n/a"
         vs_block = f"{med[row] / block:.2f}" if block else "n/a"
         print(f"| {row} | {med[row]:.0f} [{min(vals):.0f}-{max(vals):.0f}] | {best} | "
