@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,7 @@ def main() -> None:
     n = args.mib << 20
     sys.path.insert(0, str(HERE.parent / "tests"))
     from bench_hosts import _tls
+
     from meshio.jobs._job import write_secret
     from netns_hosts import netns_hosts  # type: ignore[import-not-found]  # pyright: ignore
 
@@ -333,9 +335,10 @@ def main() -> None:
         write_secret(secret, secrets.token_bytes(32))
         tls_args = ("--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca",
                     str(tls.ca))
-        with netns_hosts(1, secret) as plain, \
-                netns_hosts(1, secret, agent_args=tls_args) as secure:  # pyright: ignore
-            hosts = {"tcp": plain[0], "tls": secure[0]}
+        with ExitStack() as stack:  # one host with a plain agent, one with a TLS agent
+            hosts: dict[str, Any] = {
+                kind: stack.enter_context(netns_hosts(1, secret, agent_args=a))[0]  # pyright: ignore
+                for kind, a in (("tcp", ()), ("tls", tls_args))}
             for rnd in range(args.rounds):
                 for row in rows:
                     got = _row(row, hosts, tmp, secret, n, args.reps, args.base)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ def _tls(tmp_path: Path) -> TLSConfig:
 
 
 @asynccontextmanager
-async def _pair(tls: TLSConfig | None) -> AsyncIterator[tuple[Connection, Connection]]:
+async def _pair(tls: TLSConfig | None) -> AsyncGenerator[tuple[Connection, Connection]]:
     """``(sender, receiver)``: connections at both ends of one TCP connection
     on loopback (under ``tls`` when given)."""
     loop = asyncio.get_running_loop()
