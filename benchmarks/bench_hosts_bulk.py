@@ -13,7 +13,8 @@ namespace, the receiver on a namespace host.  Rows, interleaved over
   (no page faults: a ceiling no receiver handing out a new value reaches);
 - ``raw tcp asyncio`` / ``raw tcp uvloop``: both ends on that loop, the
   sender ``transport.write``, the receiver a ``BufferedProtocol`` filling
-  new memory per value;
+  new memory per value; ``...-sliced``: the sender writes 256 KiB slices as
+  the transport drains (``pause_writing``/``resume_writing``);
 - ``raw tls ...``: the same under stdlib ``ssl`` with the contexts meshio's
   ``tls=`` builds (``TLSConfig.server_context``/``client_context``, mutual,
   the same trustme certificates);
@@ -47,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -58,7 +60,8 @@ from meshio import Actor, endpoint
 HERE = Path(__file__).resolve().parent
 RAW_PORT = 29600
 RAW = [f"raw {t} {io}" for t in ("tcp", "tls")
-       for io in ("block", "block-reused", "asyncio", "uvloop")]
+       for io in ("block", "block-reused", "asyncio", "uvloop", "asyncio-sliced",
+                  "uvloop-sliced")]
 MESHIO = [f"meshio {t} {what} ({loop})" for t in ("tcp", "tls") for what in ("bytes", "tensor")
           for loop in ("uvloop", "asyncio")]
 
@@ -146,7 +149,7 @@ async def _serve_async(sock: socket.socket, n: int, reps: int, ctx: ssl.SSLConte
 
 
 def _run_loop(io: str, main: Any) -> Any:
-    if io == "uvloop":
+    if io.startswith("uvloop"):
         import uvloop
 
         return uvloop.run(main)
@@ -165,12 +168,33 @@ def serve(addr: str, io: str, tls_dir: str, n: int, reps: int) -> None:
 
 
 class _Sender(asyncio.Protocol):
+    """Counts acks; :meth:`send` writes 256 KiB slices as the transport
+    drains (what meshio does with a large frame)."""
+
     def __init__(self) -> None:
         self.acks: asyncio.Queue[None] = asyncio.Queue()
+        self.queue: deque[memoryview] = deque()
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport
 
     def data_received(self, data: bytes) -> None:
         for _ in data:
             self.acks.put_nowait(None)
+
+    def send(self, value: bytes) -> None:
+        view = memoryview(value)
+        self.queue.extend(view[i:i + (1 << 18)] for i in range(0, len(view), 1 << 18))
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        while self.queue and not self.paused:
+            self.transport.write(self.queue.popleft())
 
 
 def send_raw(addr: str, io: str, tls_dir: str, n: int, reps: int) -> list[float]:
@@ -198,7 +222,10 @@ def send_raw(addr: str, io: str, tls_dir: str, n: int, reps: int) -> list[float]
             _Sender, addr, RAW_PORT, ssl=ctx, server_hostname=addr if ctx else None)
         for _ in range(reps):
             t0 = time.perf_counter()
-            transport.write(payload)
+            if io.endswith("sliced"):
+                proto.send(payload)
+            else:
+                transport.write(payload)
             await proto.acks.get()
             times.append(time.perf_counter() - t0)
         transport.close()
