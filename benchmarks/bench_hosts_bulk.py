@@ -67,6 +67,11 @@ MESHIO = [f"meshio {t} {what} ({loop})" for t in ("tcp", "tls") for what in ("by
 
 
 class Sink(Actor):
+    def __init__(self) -> None:
+        # now, not on the first tensor: importing torch blocks the worker
+        # for seconds on a loaded machine, past the heartbeat timeout
+        import torch  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
     @endpoint
     async def length(self, data: bytes) -> int:
         return len(data)
