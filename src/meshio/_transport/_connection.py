@@ -82,6 +82,12 @@ __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_i
 
 log = logging.getLogger("meshio")
 
+#: a frame with a buffer larger than this is written a slice at a time, as
+#: the transport drains (``pause_writing``/``resume_writing``): under TLS
+#: each slice is encrypted while the previous one is on the wire (not the
+#: whole frame first), and no transport copies the whole frame
+_SLICE: Final = 1 << 18
+
 class _ReceiveBudget:
     """The bytes this process has reserved for messages being received, over
     all its connections, bounded by ``limits.receive_budget``.  A message
@@ -305,6 +311,9 @@ class Connection(asyncio.BufferedProtocol):
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
+        #: what waits for the transport to drain, in order (see _SLICE)
+        self._queue: deque[bytes | memoryview] | None = None
+        self._paused = False  # the transport asked us to stop writing
         # the scratch buffer: none until data arrives (see _reserve)
         self._buf = bytearray()
         self._mv = memoryview(self._buf)
@@ -347,8 +356,8 @@ class Connection(asyncio.BufferedProtocol):
             lent = self.bulk.last
         header = frame_header(len(body), out)
         if self.transport is not None:
-            if out:
-                self.transport.writelines([header, body, *(b for b, _ in out)])
+            if out or self._queue is not None:
+                self._write([header, body, *(b for b, _ in out)])
             else:
                 self.transport.write(header + body)
         elif self._backlog is not None:
@@ -361,6 +370,38 @@ class Connection(asyncio.BufferedProtocol):
     def send_message(self, msg: Message, out: OutBuffers | None = None) -> int:
         """:meth:`send` of ``msg``; the export id of its lent parts (0: none)."""
         return self.send(encode_message(msg), out or [])
+
+    def _write(self, parts: list[Any]) -> None:
+        """Write a frame's parts: at once, or queued in slices of ``_SLICE``
+        bytes behind what already waits (:meth:`resume_writing`)."""
+        queue = self._queue
+        if queue is None:
+            if all(memoryview(p).nbytes <= _SLICE for p in parts):
+                cast(asyncio.Transport, self.transport).writelines(parts)
+                return
+            queue = self._queue = deque()
+        for p in parts:
+            view = memoryview(p)
+            if view.nbytes <= _SLICE:
+                queue.append(p)
+            else:
+                queue.extend(view[i:i + _SLICE] for i in range(0, view.nbytes, _SLICE))
+        self._drain()
+
+    def _drain(self) -> None:
+        """Write queued slices until the transport asks us to pause."""
+        queue, transport = self._queue, self.transport
+        while queue and not self._paused and transport is not None:
+            transport.write(queue.popleft())
+        if not queue:
+            self._queue = None
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._drain()
 
     # ---------------------------------------------------------- lifecycle
 
@@ -378,6 +419,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        self._queue = None
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
                         self.peer or "unidentified peer")

@@ -1,0 +1,145 @@
+"""Large frames on real TCP connections, plain and under TLS, on both loops
+(issue 16, across hosts): a frame with a buffer over the write slice goes
+out a slice at a time as the transport drains, so under TLS each slice is
+encrypted while the one before is on the wire, and no transport holds a
+copy of the whole frame.  Two :class:`Connection` ends on one loop, one
+sending replies with buffers, the other receiving them: every byte arrives,
+in order, whatever the sizes around the slice boundary and whatever small
+frames are sent while large ones still wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trustme
+import uvloop
+
+from meshio._transport._connection import _SLICE, Connection, Pending
+from meshio._transport._messages import Reply
+from meshio._transport._runtime import close_runtime, runtime
+from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, OutBuffers
+from meshio.jobs import TLSConfig
+
+DEADLINE = 30.0
+LOOPS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {
+    "asyncio": asyncio.run, "uvloop": uvloop.run}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _uvloop_started() -> None:
+    """uvloop opens a pipe pair for the whole process on its first run: open
+    it before any test's leak check."""
+    uvloop.run(asyncio.sleep(0))
+
+
+def _tls(tmp_path: Path) -> TLSConfig:
+    ca = trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "h.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    return TLSConfig(tmp_path / "h.pem", tmp_path / "h.pem", tmp_path / "ca.pem")
+
+
+@asynccontextmanager
+async def _pair(tls: TLSConfig | None) -> AsyncGenerator[tuple[Connection, Connection]]:
+    """``(sender, receiver)``: connections at both ends of one TCP connection
+    on loopback (under ``tls`` when given)."""
+    loop = asyncio.get_running_loop()
+    rt = runtime()
+    receiver, sender = Connection(rt, None), Connection(rt, None)
+    accepted: asyncio.Future[None] = loop.create_future()
+
+    def accept() -> Connection:
+        accepted.set_result(None)
+        return receiver
+
+    server = await loop.create_server(accept, "127.0.0.1", 0,
+                                      ssl=tls.server_context() if tls else None)
+    try:
+        port = server.sockets[0].getsockname()[1]
+        await asyncio.wait_for(loop.create_connection(
+            lambda: sender, "127.0.0.1", port, ssl=tls.client_context() if tls else None,
+            server_hostname="127.0.0.1" if tls else None), DEADLINE)
+        await asyncio.wait_for(accepted, DEADLINE)
+        yield sender, receiver
+    finally:
+        sender.abort()
+        receiver.abort()
+        server.close()
+        await server.wait_closed()
+        close_runtime()
+
+
+def _expect(receiver: Connection, req: int, arrived: list[int]) -> asyncio.Future[Any]:
+    """The buffers of the reply ``req`` that ``receiver`` will get; ``arrived``
+    records the order replies come in."""
+    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    fut.add_done_callback(lambda _: arrived.append(req))
+    receiver.pending[req] = Pending(fut, lambda raw, bufs: bufs, "e", "m", None)
+    return fut
+
+
+def _reply(sender: Connection, req: int, out: OutBuffers) -> None:
+    sender.send_message(Reply(req, msgspec.Raw(msgspec.msgpack.encode(None))), out)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
+def test_large_frames_arrive_whole_and_in_order(loop: str, secure: bool,
+                                                tmp_path: Path) -> None:
+    """Buffers of every size around the slice boundary, in one frame and
+    across frames, with small frames sent while large ones wait: each
+    arrives intact, in the order sent, and the sender's queue empties."""
+    sizes = [_SLICE - 1, _SLICE, _SLICE + 1, 3 * _SLICE + 7, 1]
+    big = [os.urandom(n) for n in sizes]
+    tls = _tls(tmp_path) if secure else None
+
+    async def main() -> None:
+        async with _pair(tls) as (sender, receiver):
+            arrived: list[int] = []
+            futs = [_expect(receiver, req, arrived) for req in range(1, 6)]
+            _reply(sender, 1, [(b, KIND_BYTES) for b in big])  # one frame, all sizes
+            _reply(sender, 2, [])  # small, behind the queued slices
+            _reply(sender, 3, [(bytearray(big[3]), KIND_BYTEARRAY)])
+            _reply(sender, 4, [(memoryview(big[0])[7:], KIND_BYTES)])  # a view, offset
+            _reply(sender, 5, [(b"x", KIND_BYTES)])
+            got = await asyncio.wait_for(asyncio.gather(*futs), DEADLINE)
+            assert [bytes(b) for b in got[0]] == big
+            assert got[1] == []
+            assert bytes(got[2][0]) == big[3] and type(got[2][0]) is bytearray
+            assert got[3] == [big[0][7:]] and got[4] == [b"x"]
+            assert arrived == [1, 2, 3, 4, 5]
+            assert sender._queue is None
+            assert sender.transport is not None
+            ssl_object = sender.transport.get_extra_info("ssl_object")
+            assert isinstance(ssl_object, ssl.SSLObject) if secure else ssl_object is None
+
+    LOOPS[loop](main())
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_large_frame_is_not_copied_into_the_transport(loop: str) -> None:
+    """Right after a 32 MiB frame is sent, the transport holds at most a
+    slice of it (it used to take the whole frame, and the standard loop
+    joined its parts into one copy first); the rest follows as it drains."""
+    value = os.urandom(32 << 20)
+
+    async def main() -> None:
+        async with _pair(None) as (sender, receiver):
+            arrived: list[int] = []
+            fut = _expect(receiver, 1, arrived)
+            _reply(sender, 1, [(value, KIND_BYTES)])
+            assert sender.transport is not None
+            assert sender.transport.get_write_buffer_size() <= _SLICE + 4096
+            assert await asyncio.wait_for(fut, DEADLINE) == [value]
+
+    LOOPS[loop](main())
+
