@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 import meshio
 from meshio import Actor, endpoint
 from meshio._transport import _bulk
+from meshio.jobs import ProcessJob
 
 MiB = 1 << 20
 GUARD = 60.0
@@ -164,28 +166,46 @@ async def test_values_are_copies(procs: meshio.ProcMesh) -> None:
     assert await s.kept_sum.call_one() == 2 * 2 * MiB
 
 
-async def test_a_large_result_outlives_the_actor_s_next_call(
-        procs: meshio.ProcMesh, tmp_path: Any) -> None:
-    """The caller copies a large result from the actor's memory: the actor
-    runs its next call (which changes the tensor it returned, in place) only
-    once the caller has its copy.  The caller's loop is held up meanwhile,
-    so an actor that went on at once would have bumped the tensor first."""
-    s = (await procs.spawn("store", Store)).slice(procs=0)
-    await s.keep.call_one(torch.zeros(4 * MiB))
+async def _result_outlives_next_call(store: Store, tmp_path: Path) -> None:
+    """The actor's next call (which changes the tensor it returned, in
+    place) runs only once the caller has its result.  The caller's loop is
+    held up meanwhile, so an actor that went on at once would have bumped
+    the tensor before it was read."""
+    await store.keep.call_one(torch.zeros(4 * MiB))
     fifo = str(tmp_path / "bumped")
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        got = s.weights.call_one()  # both sent now, in this order
-        bumped = s.bump_and_tell.call_one(fifo)
-        # the loop is held here (the result cannot be copied yet) until the
-        # actor says it bumped, which it must not do before the copy
+        got = store.weights.call_one()  # both sent now, in this order
+        bumped = store.bump_and_tell.call_one(fifo)
+        # the loop is held here (the result cannot be read yet) until the
+        # actor says it bumped, which it must not do before the caller has it
         assert select.select([fd], [], [], 3.0)[0] == []
         assert float((await asyncio.wait_for(got, GUARD)).abs().sum()) == 0.0
         await asyncio.wait_for(bumped, GUARD)
     finally:
         os.close(fd)
-    assert await s.kept_sum.call_one() == 4 * MiB
+    assert await store.kept_sum.call_one() == 4 * MiB
+
+
+async def test_a_large_result_outlives_the_actor_s_next_call(
+        procs: meshio.ProcMesh, tmp_path: Path) -> None:
+    """On this host the caller copies the result from the actor's memory."""
+    store = (await procs.spawn("store", Store)).slice(procs=0)
+    await _result_outlives_next_call(cast(Store, store), tmp_path)
+
+
+async def test_a_large_result_over_tcp_outlives_the_actor_s_next_call(tmp_path: Path) -> None:
+    """Across hosts the result is written in slices from the actor's memory
+    as the connection drains."""
+    job = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        async with state.hosts.spawn_procs(per_host={"procs": 1}) as pm:
+            store = (await pm.spawn("store", Store)).slice(procs=0)
+            await _result_outlives_next_call(cast(Store, store), tmp_path)
+    finally:
+        await job.kill()
 
 
 async def test_a_broadcast_value_changed_at_once_reaches_no_actor(

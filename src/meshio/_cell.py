@@ -31,7 +31,6 @@ from ._constants import MSGPACK_NIL
 from ._context import Context, ProcInfo, _context
 from ._exceptions import SchemaError
 from ._extent import Region
-from ._transport._bulk import Exports
 from ._transport._connection import Connection
 from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
 from ._transport._runtime import Runtime, actor_thread, register_handler
@@ -51,7 +50,7 @@ log = logging.getLogger("meshio")
 #: before its stop goes on without it
 CLEANUP_TIMEOUT = 3.0
 #: seconds an actor waits for its caller to copy a large result from its
-#: memory before it runs its next call (see ``Cell._until_copied``)
+#: memory before it runs its next call (see ``Cell._until_read``)
 LEND_TIMEOUT = 10.0
 #: seconds the stops of the actor meshes a stopping actor owns may take in
 #: all (each: the end of its calls, what it owns in turn, its ``__cleanup__``)
@@ -487,23 +486,23 @@ class ActorCell:
                 f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
                 actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
             return
-        lent = conn.send_message(Reply(req, msgspec.Raw(body)), packer.out)
-        if lent and conn.bulk is not None:
-            await self._until_copied(conn, conn.bulk, lent)
+        read = conn.send_message(Reply(req, msgspec.Raw(body)), packer.out)
+        if read is not None:
+            await self._until_read(read)
 
-    async def _until_copied(self, conn: Connection, bulk: Exports, lent: int) -> None:
-        """The caller copies a large result straight from this process's
-        memory: the actor runs nothing else (which could change the value in
-        place, e.g. a tensor it keeps) until the caller has its copy, or for
-        at most :data:`LEND_TIMEOUT` seconds (a stopped caller must not stop
-        the actor for its other callers)."""
+    async def _until_read(self, read: asyncio.Future[None]) -> None:
+        """A large result is read from this process's memory after it was
+        sent (a caller on this host copies it; a connection writes it in
+        slices): the actor runs nothing else (which could change the value in
+        place, e.g. a tensor it keeps) until that is over, or for at most
+        :data:`LEND_TIMEOUT` seconds (a stopped caller must not stop the
+        actor for its other callers)."""
         try:
-            await asyncio.wait_for(asyncio.shield(bulk.returned(lent, self.rt.loop)),
-                                   LEND_TIMEOUT)
+            await asyncio.wait_for(asyncio.shield(read), LEND_TIMEOUT)
         except TimeoutError:
-            log.warning("meshio: %s: pid %d has not copied a large result after %g s; the "
-                        "actor goes on (changing that value in place now may reach it)",
-                        self.identity, bulk.pid, LEND_TIMEOUT)
+            log.warning("meshio: %s: a large result is still being read after %g s; the "
+                        "actor goes on (changing that value in place now may reach its "
+                        "caller)", self.identity, LEND_TIMEOUT)
 
     def _done(self, key: tuple[Connection, int], task: asyncio.Task[Any]) -> bool:
         """The call ``key`` ended; True if its caller had cancelled it (the

@@ -312,7 +312,7 @@ class Connection(asyncio.BufferedProtocol):
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
         #: what waits for the transport to drain, in order (see _SLICE)
-        self._queue: deque[bytes | memoryview] | None = None
+        self._queue: deque[bytes | memoryview | asyncio.Future[None]] | None = None
         self._paused = False  # the transport asked us to stop writing
         # the scratch buffer: none until data arrives (see _reserve)
         self._buf = bytearray()
@@ -346,18 +346,21 @@ class Connection(asyncio.BufferedProtocol):
         self.pending.update(zip(range(first, self._req + 1), pending))
         return first
 
-    def send(self, body: bytes, out: OutBuffers) -> int:
-        """Send a frame; the export id of its parts lent to the peer (read
-        from this process's memory until it releases them, see
-        :meth:`._bulk.Exports.returned`), 0 when none are."""
+    def send(self, body: bytes, out: OutBuffers) -> asyncio.Future[None] | None:
+        """Send a frame.  Its large parts are read from this process's memory
+        after this returns (lent to a peer of this host, :mod:`._bulk`, or
+        queued in slices): the future is done once they no longer are (the
+        peer has them, or the connection ended); None when nothing is read
+        later."""
         lent = 0
         if out and self.bulk is not None:
             out = self.bulk.export(out)
             lent = self.bulk.last
         header = frame_header(len(body), out)
+        queued = None
         if self.transport is not None:
             if out or self._queue is not None:
-                self._write([header, body, *(b for b, _ in out)])
+                queued = self._write([header, body, *(b for b, _ in out)])
             else:
                 self.transport.write(header + body)
         elif self._backlog is not None:
@@ -365,20 +368,24 @@ class Connection(asyncio.BufferedProtocol):
             self._backlog.append(body)
             self._backlog.extend(b for b, _ in out)
         # else: closed; pending calls were failed by connection_lost
-        return lent
+        if lent and self.bulk is not None:
+            return self.bulk.returned(lent, self.rt.loop)
+        return queued
 
-    def send_message(self, msg: Message, out: OutBuffers | None = None) -> int:
-        """:meth:`send` of ``msg``; the export id of its lent parts (0: none)."""
+    def send_message(self, msg: Message,
+                     out: OutBuffers | None = None) -> asyncio.Future[None] | None:
+        """:meth:`send` of ``msg``."""
         return self.send(encode_message(msg), out or [])
 
-    def _write(self, parts: list[Any]) -> None:
+    def _write(self, parts: list[Any]) -> asyncio.Future[None] | None:
         """Write a frame's parts: at once, or queued in slices of ``_SLICE``
-        bytes behind what already waits (:meth:`resume_writing`)."""
+        bytes behind what already waits (:meth:`resume_writing`); when
+        queued, a future done once its last slice is written."""
         queue = self._queue
         if queue is None:
             if all(memoryview(p).nbytes <= _SLICE for p in parts):
                 cast(asyncio.Transport, self.transport).writelines(parts)
-                return
+                return None
             queue = self._queue = deque()
         for p in parts:
             view = memoryview(p)
@@ -386,13 +393,20 @@ class Connection(asyncio.BufferedProtocol):
                 queue.append(p)
             else:
                 queue.extend(view[i:i + _SLICE] for i in range(0, view.nbytes, _SLICE))
+        written: asyncio.Future[None] = self.rt.loop.create_future()
+        queue.append(written)
         self._drain()
+        return None if written.done() else written
 
     def _drain(self) -> None:
         """Write queued slices until the transport asks us to pause."""
         queue, transport = self._queue, self.transport
         while queue and not self._paused and transport is not None:
-            transport.write(queue.popleft())
+            item = queue.popleft()
+            if isinstance(item, asyncio.Future):
+                item.set_result(None)  # (only this connection settles it)
+            else:
+                transport.write(item)
         if not queue:
             self._queue = None
 
@@ -419,6 +433,9 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        for item in self._queue or ():
+            if isinstance(item, asyncio.Future):
+                item.set_result(None)  # nothing of it is read any more
         self._queue = None
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
