@@ -71,6 +71,10 @@ __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_i
            "ignore_result", "not_responding")
 
 log = logging.getLogger("meshio")
+#: small frames written at once at most (header and body count one each):
+#: a burst reaches the peer in pieces, which it starts on while the rest
+#: are being made
+_BATCH: Final = 32
 
 class _ReceiveBudget:
     """The bytes this process has reserved for messages being received, over
@@ -295,6 +299,9 @@ class Connection(asyncio.BufferedProtocol):
         self.pending: dict[int, Pending] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
+        #: small frames sent in this turn of the loop and not written yet
+        #: (None: none sent this turn; see :meth:`send`)
+        self._batch: list[bytes] | None = None
         # the scratch buffer: none until data arrives (see _reserve)
         self._buf = bytearray()
         self._mv = memoryview(self._buf)
@@ -327,16 +334,45 @@ class Connection(asyncio.BufferedProtocol):
 
     def send(self, body: bytes, out: OutBuffers) -> None:
         header = frame_header(len(body), out)
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
+            batch = self._batch
             if out:
-                self.transport.writelines([header, body, *(b for b, _ in out)])
+                if batch:
+                    self._write(batch)
+                transport.writelines([header, body, *(b for b, _ in out)])
+            elif batch is None:
+                # The first small frame of this turn of the loop goes out at
+                # once (a lone call waits for nothing); those that follow it
+                # in the same turn are written together, up to _BATCH at a
+                # time: one system call and one wake-up of the peer for a
+                # burst of calls or replies, instead of one each.
+                transport.write(header + body)
+                self._batch = []
+                self.rt.loop.call_soon(self._flush)
             else:
-                self.transport.write(header + body)
+                batch.append(header)
+                batch.append(body)
+                if len(batch) >= _BATCH:
+                    self._write(batch)
         elif self._backlog is not None:
             self._backlog.append(header)
             self._backlog.append(body)
             self._backlog.extend(b for b, _ in out)
         # else: closed; pending calls were failed by connection_lost
+
+    def _write(self, batch: list[bytes]) -> None:
+        """Write the small frames of ``batch`` (this turn's so far) and empty it."""
+        if self.transport is not None:
+            self.transport.write(b"".join(batch))
+        batch.clear()
+
+    def _flush(self) -> None:
+        """The end of the turn: write what is batched; the next small frame
+        goes out at once."""
+        batch, self._batch = self._batch, None
+        if batch:
+            self._write(batch)
 
     def send_message(self, msg: Message, out: OutBuffers | None = None) -> None:
         self.send(encode_message(msg), out or [])
@@ -356,6 +392,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        self._batch = None
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
                         self.peer or "unidentified peer")
@@ -381,6 +418,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def abort(self) -> None:
         if self.transport is not None:
+            if self._batch:  # a last word (a Fail saying why) goes before the abort
+                self._write(self._batch)
             self.transport.abort()
 
     # ---------------------------------------------------------- receiving
