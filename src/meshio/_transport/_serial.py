@@ -593,15 +593,10 @@ class Packer:
         return self.encode(prepped)
 
     def pack_map(self, values: dict[str, Any], typed: Callable[[str], bool]) -> bytes:
-        prepped = {}
-        plain = True
-        for k, v in values.items():
-            if _inline(v):
-                prepped[k] = v
-            else:
-                plain = False
-                prepped[k] = _prep_typed(v) if typed(k) else _prep_untyped(v)
-        return _small.encode(prepped) if plain else self.encode(prepped)
+        if all(map(_inline, values.values())):  # the common case: nothing to prepare
+            return _small.encode(values)
+        return self.encode({k: v if _inline(v) else _prep_typed(v) if typed(k)
+                            else _prep_untyped(v) for k, v in values.items()})
 
     def encode(self, prepped: Any) -> bytes:
         _tls.out = self.out
