@@ -194,13 +194,15 @@ class ActorMesh(MeshShape, Generic[A]):
             req = conn.next_req(answer)
             answer.sent(conn, req)
             return req
-        fut = cast("asyncio.Future[Any]", answer)  # the only other kind of Settle
-        p = _Request(fut, desc.schema.unpack_result, desc.fn.__qualname__, self._name,
-                     self._site(index))
+        p = _Request(answer, desc.unpack_result, desc.qualname, self._name,
+                     (self._sites or self._call_sites())[index])
         p.req = req = conn.next_req(p)
         p.conn, p.index, p.inflight, p.target = conn, index, self._inflight, self._target
         self._inflight[index] += 1
-        fut.add_done_callback(p)
+        if type(answer) is _CallFuture:
+            answer.request = p
+        else:  # a future of the caller's (a fan-out's)
+            cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
         return req
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -288,7 +290,7 @@ class ActorMesh(MeshShape, Generic[A]):
         """A call expecting a reply; retried on the new incarnation after a
         restart when the endpoint is ``retryable``."""
         rt = self._runtime()
-        fut: asyncio.Future[Any] = rt.loop.create_future()
+        fut = _CallFuture(rt.loop)
         self._send(rt, index, desc, body, out, fut)
         if not desc.retryable:
             return fut
@@ -310,7 +312,7 @@ class ActorMesh(MeshShape, Generic[A]):
                 else:  # a reference held elsewhere: back off and try again
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
-            fut = loop.create_future()
+            fut = _CallFuture(loop)
             self._send(self._runtime(), index, desc, body, out, fut)
 
     def _site(self, index: int) -> _CallSite:
@@ -336,10 +338,30 @@ class ActorMesh(MeshShape, Generic[A]):
         return best
 
 
+class _CallFuture(asyncio.Future[Any]):
+    """The future of a call to one actor: cancelling it (the caller gave
+    up: cancelled, timed out, a stream abandoned) cancels the call, which
+    the callee drops or cancels; its reply is then ignored.  No done
+    callback per call: its request is settled with it."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.request: _Request | None = None
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        p, self.request = self.request, None
+        if p is not None:
+            p.given_up()
+        return True
+
+
 class _Request(Pending):
-    """A call to one actor whose answer settles a future, and that future's
-    done callback (one object per call, not a closure and its cells: less
-    for the garbage collector to scan)."""
+    """A call to one actor whose answer settles a future: it counts itself
+    out of the actor's calls in flight when settled or given up."""
 
     __slots__ = ("conn", "index", "inflight", "req", "target")
 
@@ -349,12 +371,29 @@ class _Request(Pending):
     req: int
     target: str
 
-    def __call__(self, f: asyncio.Future[Any]) -> None:
+    def set_result(self, result: Any, /) -> None:
+        self._settled()
+        self._fut.set_result(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._settled()
+        self._fut.set_exception(exception)
+
+    def _settled(self) -> None:
         self.inflight[self.index] -= 1
-        # The caller gave up (cancelled, timed out, stream abandoned):
-        # the callee drops the call or cancels it; its reply is ignored.
-        if f.cancelled() and self.conn.pending.pop(self.req, None) is not None:
+        if type(self._fut) is _CallFuture:
+            self._fut.request = None
+
+    def given_up(self) -> None:
+        """The caller cancelled the call before its answer came."""
+        self.inflight[self.index] -= 1
+        if self.conn.pending.pop(self.req, None) is not None:
             self.conn.send_message(Cancel(self.req, self.target))
+
+    def on_done(self, f: asyncio.Future[Any]) -> None:
+        """The done callback of a future that is not a :class:`_CallFuture`."""
+        if f.cancelled():
+            self.given_up()
 
 
 class _CallSite:
