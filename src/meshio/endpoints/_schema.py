@@ -139,7 +139,7 @@ class Schema:
         try:
             if self.loose:
                 return packer.pack(bound, False)
-            return packer.pack_map(bound, self.typed.__getitem__)
+            return packer.pack_map(bound, self.typed)
         except SchemaError as e:  # over the message size limit
             raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
                               f"argument: {max(bound, key=lambda k: _size(bound[k]))!r})"
