@@ -72,7 +72,7 @@ Side = MeshioSide | RawSide
 
 
 async def latency(side: Side, calls: int) -> list[float]:
-    samples = []
+    samples: list[float] = []
     for i in range(calls):
         t0 = time.perf_counter()
         r = await side.ping_nowait(i)
@@ -92,7 +92,7 @@ async def throughput(side: Side, inflight: int, batches: int) -> float:
 
 
 async def gather4(side: Side, calls: int) -> list[float]:
-    samples = []
+    samples: list[float] = []
     for i in range(calls):
         t0 = time.perf_counter()
         r = await side.ping_all(i)
@@ -174,7 +174,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--calls", type=int, default=2000)
