@@ -12,8 +12,9 @@ For each size the same mesh is called with
 
 Reported: median and 10th/90th percentile of ``--calls`` sequential calls
 (ms), the controller's CPU per call (µs), a PNG plot, and the per-hop costs
-fitted from the measurements with the projected time for 1,000 hosts x 8
-processes (the model is printed with the numbers).
+fitted from the measurements (with the fit's R² and residuals) and the
+projected time for 1,000 hosts x 8 processes and for 4,096 hosts x 32
+(131,072 actors); the model is printed with the numbers.
 
 On one 2-core machine every "host" shares the same two cores, so the
 absolute times measure total CPU more than network latency: read the
@@ -148,6 +149,16 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def fit_quality(xs: list[float], ys: list[float]) -> str:
+    """How well ``fit`` describes the points: R² and each point's residual."""
+    a, b = fit(xs, ys)
+    my = statistics.fmean(ys)
+    ss_res = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+    ss_tot = sum((y - my) ** 2 for y in ys) or 1.0
+    residuals = ", ".join(f"{(y - a - b * x) / y:+.0%}" for x, y in zip(xs, ys))
+    return f"y = {a:.0f} + {b:.2f} x, R² {1 - ss_res / ss_tot:.3f}, residuals {residuals}"
+
+
 def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
           rtt_ms: float) -> None:
     """Per-hop costs from the measurements and the projection to 1,000 hosts."""
@@ -161,12 +172,6 @@ def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
     # (the smallest size, flat: one relay level) beyond the network round trip
     host_ms = max(results[(hosts[0], "flat")][0] - rtt_ms, 0.0)
     hot_us = controller_cost_hot()
-    H, P, w = 1000, 8, 16
-    N = H * P
-    depth = math.ceil(math.log(H, w))
-    controller_tree = (w * send_us + N * answer_us) / 1e3
-    controller_direct = N * (send_us + answer_us) / 1e3
-    wall_tree = depth * (rtt_ms + w * send_us / 1e3) + host_ms + N * answer_us / 1e3
     print("\nModel (per-hop costs fitted from the rows above):")
     print(f"  a = {answer_us:.1f} µs: the controller's CPU per actor (slot, numbers, decoding its "
           "answer into the ValueMesh), here sharing 2 cores with every worker")
@@ -174,10 +179,26 @@ def model(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
     print(f"  s = {send_us:.1f} µs: the CPU to encode and send one message")
     print(f"  r = {rtt_ms:.2f} ms: one call_one round trip to another host")
     print(f"  l = {host_ms:.2f} ms: a relay calling its host's {per_host - 1} other processes")
+    print("  fit of the controller's CPU per call (µs) against actors:")
+    print(f"    direct: {fit_quality(n, [results[(h, 'direct')][3] for h in hosts])}")
+    print(f"    tree:   {fit_quality(n, [results[(h, 'tree')][3] for h in hosts])}")
     print("  controller CPU per call: direct N x (s + a); tree w x s + N x a")
-    print("  wall per call (tree): depth x (r + w x s) + l + N x a  "
-          "(relays of one level work in parallel, each on its own host)")
-    print(f"  1,000 hosts x {P} = {N} actors, width {w}: depth {depth}")
+    print("  wall per call (tree): depth x (r + w x s) + l x (P - 1) / "
+          f"{per_host - 1} + N x a  (relays of one level work in parallel, each on its own host)")
+    for H, P in ((1000, 8), (4096, 32)):
+        project(H, P, answer_us, hot_us, send_us, rtt_ms, host_ms / (per_host - 1))
+
+
+def project(H: int, P: int, answer_us: float, hot_us: float, send_us: float, rtt_ms: float,
+            proc_ms: float, w: int = 16) -> None:
+    """The model's call + gather to ``H`` hosts of ``P`` actors each."""
+    N = H * P
+    depth = math.ceil(math.log(H, w))
+    host_ms = proc_ms * (P - 1)
+    controller_tree = (w * send_us + N * answer_us) / 1e3
+    controller_direct = N * (send_us + answer_us) / 1e3
+    wall_tree = depth * (rtt_ms + w * send_us / 1e3) + host_ms + N * answer_us / 1e3
+    print(f"  {H:,} hosts x {P} = {N:,} actors, width {w}: depth {depth}")
     print(f"    controller CPU per call: direct {controller_direct:.0f} ms, "
           f"tree {controller_tree:.0f} ms")
     print(f"    wall per call (tree): {wall_tree:.0f} ms, of which answers at the controller "

@@ -150,11 +150,11 @@ class ActorMesh(MeshShape, Generic[A]):
             rt = self._rt = runtime()
         return rt
 
-    def _send(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-              out: OutBuffers, answer: Settle | None) -> None:
+    def _send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+              body: bytes, out: OutBuffers, answer: Settle | None) -> None:
         """Send one call to the actor at ``index`` of this view; its answer
-        settles ``answer`` (None: no answer wanted)."""
-        rt = self._runtime()
+        settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
+        runtime (:meth:`_runtime`)."""
         if self._dead(rt, index, desc, answer):
             return
         addr = self._addrs[self._region.ranks[index]]
@@ -162,7 +162,7 @@ class ActorMesh(MeshShape, Generic[A]):
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq=seq)), out)
+                                      _chain.get(), seq)), out)
 
     def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
               answer: Settle | None) -> bool:
@@ -194,20 +194,15 @@ class ActorMesh(MeshShape, Generic[A]):
             req = conn.next_req(answer)
             answer.sent(conn, req)
             return req
-        req = conn.next_req(self._as_pending(index, desc, answer))
-        fut = cast("asyncio.Future[Any]", answer)  # the only other kind of Settle
-        inflight = self._inflight
-        inflight[index] += 1
-        target = self._target
-
-        def done(f: asyncio.Future[Any]) -> None:
-            inflight[index] -= 1
-            # The caller gave up (cancelled, timed out, stream abandoned):
-            # the callee drops the call or cancels it; its reply is ignored.
-            if f.cancelled() and conn.pending.pop(req, None) is not None:
-                conn.send_message(Cancel(req, target))
-
-        fut.add_done_callback(done)
+        p = _Request(answer, desc.unpack_result, desc.qualname, self._name,
+                     (self._sites or self._call_sites())[index])
+        p.req = req = conn.next_req(p)
+        p.conn, p.index, p.inflight, p.target = conn, index, self._inflight, self._target
+        self._inflight[index] += 1
+        if type(answer) is _CallFuture:
+            answer.request = p
+        else:  # a future of the caller's (a fan-out's)
+            cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
         return req
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -219,7 +214,7 @@ class ActorMesh(MeshShape, Generic[A]):
                       desc.fn.__qualname__, self._name, self._call_sites())
         if self._hosts is None or not limits.fanout_width:
             for i, slot in enumerate(g.slots):
-                self._send(i, desc, body, out, slot)
+                self._send(rt, i, desc, body, out, slot)
         else:
             self._fanout(desc, body, out, g, True)
         return g
@@ -244,8 +239,9 @@ class ActorMesh(MeshShape, Generic[A]):
                   out: OutBuffers) -> None:
         """Send to every actor of this view, no answers wanted."""
         if self._hosts is None or not limits.fanout_width:
+            rt = self._runtime()
             for i in range(len(self._region.ranks)):
-                self._send(i, desc, body, out, None)
+                self._send(rt, i, desc, body, out, None)
         else:
             self._fanout(desc, body, out, None, False)
 
@@ -293,8 +289,9 @@ class ActorMesh(MeshShape, Generic[A]):
                  out: OutBuffers) -> asyncio.Future[Any]:
         """A call expecting a reply; retried on the new incarnation after a
         restart when the endpoint is ``retryable``."""
-        fut: asyncio.Future[Any] = self._runtime().loop.create_future()
-        self._send(index, desc, body, out, fut)
+        rt = self._runtime()
+        fut = _CallFuture(rt.loop)
+        self._send(rt, index, desc, body, out, fut)
         if not desc.retryable:
             return fut
         return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut)), [fut])
@@ -315,8 +312,8 @@ class ActorMesh(MeshShape, Generic[A]):
                 else:  # a reference held elsewhere: back off and try again
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
-            fut = asyncio.get_running_loop().create_future()
-            self._send(index, desc, body, out, fut)
+            fut = _CallFuture(loop)
+            self._send(self._runtime(), index, desc, body, out, fut)
 
     def _site(self, index: int) -> _CallSite:
         return self._call_sites()[index]
@@ -339,6 +336,64 @@ class ActorMesh(MeshShape, Generic[A]):
             if inflight[i] < inflight[best]:
                 best = i
         return best
+
+
+class _CallFuture(asyncio.Future[Any]):
+    """The future of a call to one actor: cancelling it (the caller gave
+    up: cancelled, timed out, a stream abandoned) cancels the call, which
+    the callee drops or cancels; its reply is then ignored.  No done
+    callback per call: its request is settled with it."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.request: _Request | None = None
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        p, self.request = self.request, None
+        if p is not None:
+            p.given_up()
+        return True
+
+
+class _Request(Pending):
+    """A call to one actor whose answer settles a future: it counts itself
+    out of the actor's calls in flight when settled or given up."""
+
+    __slots__ = ("conn", "index", "inflight", "req", "target")
+
+    conn: Connection
+    index: int
+    inflight: list[int]
+    req: int
+    target: str
+
+    def set_result(self, result: Any, /) -> None:
+        self._settled()
+        self._fut.set_result(result)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._settled()
+        self._fut.set_exception(exception)
+
+    def _settled(self) -> None:
+        self.inflight[self.index] -= 1
+        if type(self._fut) is _CallFuture:
+            self._fut.request = None
+
+    def given_up(self) -> None:
+        """The caller cancelled the call before its answer came."""
+        self.inflight[self.index] -= 1
+        if self.conn.pending.pop(self.req, None) is not None:
+            self.conn.send_message(Cancel(self.req, self.target))
+
+    def on_done(self, f: asyncio.Future[Any]) -> None:
+        """The done callback of a future that is not a :class:`_CallFuture`."""
+        if f.cancelled():
+            self.given_up()
 
 
 class _CallSite:

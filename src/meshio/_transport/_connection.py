@@ -81,12 +81,17 @@ __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_i
            "ignore_result", "not_responding")
 
 log = logging.getLogger("meshio")
+#: small frames written at once at most (header and body count one each):
+#: a burst reaches the peer in pieces, which it starts on while the rest
+#: are being made
+_BATCH: Final = 32
 
 #: a frame with a buffer larger than this is written a slice at a time, as
 #: the transport drains (``pause_writing``/``resume_writing``): under TLS
 #: each slice is encrypted while the previous one is on the wire (not the
 #: whole frame first), and no transport copies the whole frame
 _SLICE: Final = 1 << 18
+
 
 class _ReceiveBudget:
     """The bytes this process has reserved for messages being received, over
@@ -314,6 +319,9 @@ class Connection(asyncio.BufferedProtocol):
         #: what waits for the transport to drain, in order (see _SLICE)
         self._queue: deque[bytes | memoryview | asyncio.Future[None]] | None = None
         self._paused = False  # the transport asked us to stop writing
+        #: small frames sent in this turn of the loop and not written yet
+        #: (None: none sent this turn; see :meth:`send`)
+        self._batch: list[bytes] | None = None
         # the scratch buffer: none until data arrives (see _reserve)
         self._buf = bytearray()
         self._mv = memoryview(self._buf)
@@ -358,11 +366,27 @@ class Connection(asyncio.BufferedProtocol):
             lent = self.bulk.last
         header = frame_header(len(body), out)
         queued = None
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
+            batch = self._batch
             if out or self._queue is not None:
+                if batch:  # the small frames before it go first
+                    self._write_batch(batch)
                 queued = self._write([header, body, *(b for b, _ in out)])
+            elif batch is None:
+                # The first small frame of this turn of the loop goes out at
+                # once (a lone call waits for nothing); those that follow it
+                # in the same turn are written together, up to _BATCH at a
+                # time: one system call and one wake-up of the peer for a
+                # burst of calls or replies, instead of one each.
+                transport.write(header + body)
+                self._batch = []
+                self.rt.loop.call_soon(self._flush)
             else:
-                self.transport.write(header + body)
+                batch.append(header)
+                batch.append(body)
+                if len(batch) >= _BATCH:
+                    self._write_batch(batch)
         elif self._backlog is not None:
             self._backlog.append(header)
             self._backlog.append(body)
@@ -417,6 +441,19 @@ class Connection(asyncio.BufferedProtocol):
         self._paused = False
         self._drain()
 
+    def _write_batch(self, batch: list[bytes]) -> None:
+        """Write the small frames of ``batch`` (this turn's so far) and empty it."""
+        if self.transport is not None:
+            self.transport.write(b"".join(batch))
+        batch.clear()
+
+    def _flush(self) -> None:
+        """The end of the turn: write what is batched; the next small frame
+        goes out at once."""
+        batch, self._batch = self._batch, None
+        if batch:
+            self._write_batch(batch)
+
     # ---------------------------------------------------------- lifecycle
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -437,6 +474,7 @@ class Connection(asyncio.BufferedProtocol):
             if isinstance(item, asyncio.Future):
                 item.set_result(None)  # nothing of it is read any more
         self._queue = None
+        self._batch = None
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
                         self.peer or "unidentified peer")
@@ -462,6 +500,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def abort(self) -> None:
         if self.transport is not None:
+            if self._batch:  # a last word (a Fail saying why) goes before the abort
+                self._write_batch(self._batch)
             self.transport.abort()
 
     # ---------------------------------------------------------- receiving

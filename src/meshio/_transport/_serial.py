@@ -42,7 +42,7 @@ import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import cloudpickle
@@ -595,16 +595,12 @@ class Packer:
         prepped = _prep_typed(value) if typed else _prep_untyped(value)
         return self.encode(prepped)
 
-    def pack_map(self, values: dict[str, Any], typed: Callable[[str], bool]) -> bytes:
-        prepped = {}
-        plain = True
-        for k, v in values.items():
-            if _inline(v):
-                prepped[k] = v
-            else:
-                plain = False
-                prepped[k] = _prep_typed(v) if typed(k) else _prep_untyped(v)
-        return _small.encode(prepped) if plain else self.encode(prepped)
+    def pack_map(self, values: dict[str, Any], typed: Mapping[str, bool]) -> bytes:
+        """``values`` by name; ``typed``: whether each is annotated with a type."""
+        if all(map(_inline, values.values())):  # the common case: nothing to prepare
+            return _small.encode(values)
+        return self.encode({k: v if _inline(v) else _prep_typed(v) if typed[k]
+                            else _prep_untyped(v) for k, v in values.items()})
 
     def encode(self, prepped: Any) -> bytes:
         _tls.out = self.out

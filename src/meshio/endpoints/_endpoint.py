@@ -163,6 +163,9 @@ class EndpointDescriptor(Generic[A, P, R]):
         self.retryable = retryable
         self.is_async: bool = inspect.iscoroutinefunction(fn)
         self.schema: Schema = Schema(fn, fn.__qualname__)
+        #: made once, for the requests of every call
+        self.qualname: str = fn.__qualname__
+        self.unpack_result: Callable[[Any, Any], Any] = self.schema.unpack_result
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:

@@ -69,6 +69,9 @@ class Schema:
         self.names: frozenset[str] = frozenset(p.name for p in params if p.kind not in _VARIADIC)
         self.required: frozenset[str] = frozenset(
             p.name for p in params if p.kind not in _VARIADIC and p.default is p.empty)
+        #: how many positional arguments bind alone (-1: none do)
+        self._npos = len(self.positional) if (
+            not self.loose and self.names == frozenset(self.positional)) else -1
         self.typed: dict[str, bool] = {}
         self._types: dict[str, Any] = (
             {"args": list[Any], "kwargs": dict[str, Any]} if self.loose else {})
@@ -108,6 +111,8 @@ class Schema:
             self._build()
         if self.loose:
             return {"args": args, "kwargs": kwargs}
+        if not kwargs and len(args) == self._npos:  # every parameter, by position
+            return dict(zip(self.positional, args))
         if args:
             if len(args) > len(self.positional):
                 raise SchemaError(
@@ -134,7 +139,7 @@ class Schema:
         try:
             if self.loose:
                 return packer.pack(bound, False)
-            return packer.pack_map(bound, self.typed.__getitem__)
+            return packer.pack_map(bound, self.typed)
         except SchemaError as e:  # over the message size limit
             raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
                               f"argument: {max(bound, key=lambda k: _size(bound[k]))!r})"

@@ -1,0 +1,189 @@
+"""Small calls side by side: meshio and the plain-asyncio baseline (the
+shared peer harness's ``bench_rawasyncio.py``: pickle frames over a Unix
+socket, one process per actor) driven from one controller, on one event
+loop, measured the same way in interleaved repetitions.
+
+Rows, as in the harness: int->int latency (median and p99 of sequential
+``await``s), 1,000 calls in flight (``asyncio.gather``), a call on 4 actors
++ gather.  Then the ratios meshio / baseline.  ``--loop asyncio`` is the
+standard loop (``asyncio.run``, what Jupyter and pytest-asyncio users get),
+``--loop uvloop`` is ``meshio.run``'s; the baseline's controller shares the
+loop, its workers run the standard loop as the harness starts them.
+
+Usage: python benchmarks/bench_small.py [--loop asyncio|uvloop] [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import meshio
+from meshio import Actor, endpoint
+
+PEERS = os.environ.get(
+    "MESHIO_BENCH_PEERS",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench-peers"))
+
+
+class Bench(Actor):
+    @endpoint
+    async def ping(self, x: int) -> int:
+        return x
+
+
+class MeshioSide:
+    """The harness's three small-call operations on meshio."""
+
+    def __init__(self, procs: meshio.ProcMesh, actors: Bench) -> None:
+        self.procs, self.actors = procs, actors
+        self.one = actors.slice(procs=0)
+
+    def ping_nowait(self, x: int) -> Awaitable[int]:
+        return self.one.ping.call_one(x)
+
+    async def ping_all(self, x: int) -> list[int]:
+        return (await self.actors.ping.call(x)).values()
+
+
+class RawSide:
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def ping_nowait(self, x: int) -> Awaitable[int]:
+        result: Awaitable[int] = self.group.ping_nowait(0, x)
+        return result
+
+    async def ping_all(self, x: int) -> list[int]:
+        result: list[int] = await self.group.ping_all(x)
+        return result
+
+
+Side = MeshioSide | RawSide
+
+
+async def latency(side: Side, calls: int) -> list[float]:
+    samples: list[float] = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        r = await side.ping_nowait(i)
+        samples.append(time.perf_counter() - t0)
+        assert r == i
+    return samples
+
+
+async def throughput(side: Side, inflight: int, batches: int) -> float:
+    total = 0.0
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*[side.ping_nowait(i) for i in range(inflight)])
+        total += time.perf_counter() - t0
+        assert res[-1] == inflight - 1
+    return inflight * batches / total
+
+
+async def gather4(side: Side, calls: int) -> list[float]:
+    samples: list[float] = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        r = await side.ping_all(i)
+        samples.append(time.perf_counter() - t0)
+        assert r == [i] * 4
+    return samples
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q / 100 * len(s)))]
+
+
+Row = dict[str, list[float]]
+
+
+async def interleave(sides: dict[str, Side], reps: int,
+                     measure: Callable[[Side], Awaitable[dict[str, float]]]) -> dict[str, Row]:
+    out: dict[str, Row] = {name: {} for name in sides}
+    for _ in range(reps):
+        for name, side in sides.items():
+            for k, v in (await measure(side)).items():
+                out[name].setdefault(k, []).append(v)
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    work = tempfile.mkdtemp(prefix="bench-small-")
+    for f in os.listdir(PEERS):
+        if f.endswith(".py"):
+            shutil.copy(os.path.join(PEERS, f), work)
+    sys.path.insert(0, work)
+    # the harness writes beside its scripts: a copy
+    raw_backend = importlib.import_module("bench_rawasyncio").RawBackend()
+    results: dict[str, Row] = {}
+    for n in (2, 4):
+        procs = await meshio.this_host().spawn_procs(per_host={"procs": n})
+        actors = await procs.spawn("bench", Bench)
+        await actors.ping.call(0)
+        raw = await raw_backend.spawn(n)
+        sides: dict[str, Side] = {"meshio": MeshioSide(procs, actors), "raw": RawSide(raw)}
+        try:
+            for side in sides.values():  # warm up
+                await latency(side, args.warmup)
+                await throughput(side, args.inflight, 1)
+                if n == 4:
+                    await gather4(side, args.warmup)
+            if n == 2:
+                async def small(side: Side) -> dict[str, float]:
+                    lat = await latency(side, args.calls)
+                    tput = await throughput(side, args.inflight, args.batches)
+                    return {"latency median us": statistics.median(lat) * 1e6,
+                            "latency p99 us": pct(lat, 99) * 1e6,
+                            f"{args.inflight} in flight calls/s": tput}
+                results.update(await interleave(sides, args.reps, small))
+            else:
+                async def cast(side: Side) -> dict[str, float]:
+                    lat = await gather4(side, args.bcast_calls)
+                    return {"call on 4 + gather median us": statistics.median(lat) * 1e6,
+                            "call on 4 + gather p99 us": pct(lat, 99) * 1e6}
+                for name, row in (await interleave(sides, args.reps, cast)).items():
+                    results.setdefault(name, {}).update(row)
+        finally:
+            await raw.stop()
+            await procs.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+    print(f"loop: {args.loop}; medians of {args.reps} interleaved reps [min-max]")
+    print("| measurement | meshio | plain asyncio | meshio / plain |")
+    print("|---|---|---|---|")
+    for key in results["meshio"]:
+        m, r = results["meshio"][key], results["raw"][key]
+        mm, rm = statistics.median(m), statistics.median(r)
+        print(f"| {key} | {mm:,.0f} [{min(m):,.0f}-{max(m):,.0f}] | "
+              f"{rm:,.0f} [{min(r):,.0f}-{max(r):,.0f}] | {mm / rm:.2f}x |")
+    lat = results["meshio"]
+    p99, med = (statistics.median(lat[f"latency {k} us"]) for k in ("p99", "median"))
+    print(f"meshio p99 / median latency: {p99 / med:.2f}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--inflight", type=int, default=1000)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--bcast-calls", type=int, default=500)
+    a = ap.parse_args()
+    if a.loop == "uvloop":
+        meshio.run(main(a))
+    else:
+        asyncio.run(main(a))
