@@ -145,6 +145,19 @@ def cma(op: Literal["read", "write"], pid: int, local: int, remote: int, n: int)
         done += got
 
 
+#: bytes of received text checked at a time: the check holds the GIL, which
+#: the loop (heartbeats) takes back between two such pieces
+_CHECK: Final = 4 << 20
+
+
+def _copy(pid: int, local: int, remote: int, n: int, text: memoryview | None) -> bool:
+    """A copy thread's job: :func:`cma` of ``n`` bytes, then, for ``text``
+    (the view of what was copied), whether it is all ASCII, checked a piece
+    at a time (a 2 GiB ``str`` is checked here, not on the loop)."""
+    cma("read", pid, local, remote, n)
+    return text is None or all(is_ascii(text[at:at + _CHECK]) for at in range(0, n, _CHECK))
+
+
 def halves(n: int) -> list[tuple[int, int]]:
     """``(offset, length)`` of the pieces one copy of ``n`` bytes is split
     into, one per thread: two halves (page-aligned) from :data:`_SPLIT` on."""
@@ -356,31 +369,35 @@ class Exports:
             self._released(conn, eids)
             conn._refuse(bytes(got[0][:_PEEK]), size)
             return False
-        jobs: list[asyncio.Future[None]] = []
-        texts: list[tuple[int, memoryview]] = []
+        jobs: list[asyncio.Future[bool]] = []
+        #: by text part: the jobs that copy it (each says whether its bytes are ASCII)
+        texts: list[tuple[int, memoryview, range]] = []
         for i, kind, addr, n in wanted:
             if kind == KIND_BUFFER:
                 view = _pool.view(n)
                 got[i] = view
             else:
                 got[i], view = _allocate(kind, n)
-                if kind == KIND_ASCII:
-                    texts.append((i, view))
             local = address_of(view, writable=True)
-            jobs += [loop.run_in_executor(executor(), cma, "read", self.pid, local + at,
-                                          addr + at, m) for at, m in halves(n)]
+            check = kind == KIND_ASCII
+            if check:
+                texts.append((i, view, range(len(jobs), len(jobs) + len(halves(n)))))
+            jobs += [loop.run_in_executor(executor(), _copy, self.pid, local + at, addr + at, m,
+                                          view[at:at + m] if check else None)
+                     for at, m in halves(n)]
 
-        def copied(done: asyncio.Future[list[BaseException | None]]) -> None:
+        def copied(done: asyncio.Future[list[bool | BaseException]]) -> None:
             self._released(conn, eids)
-            error = next((e for e in done.result() if e is not None), None)
+            results = done.result()
+            error = next((e for e in results if isinstance(e, BaseException)), None)
             if error is not None:
                 log.warning("meshio: copying a large value from pid %d failed (%s); "
                             "dropping the connection to %s", self.pid, error,
                             conn.peer or "unidentified peer")
                 conn.abort()
                 return
-            for i, view in texts:  # not ASCII after all: delivered as bytes
-                if not is_ascii(view):
+            for i, view, of in texts:  # not ASCII after all: delivered as bytes
+                if not all(results[j] for j in of):
                     got[i] = view.tobytes()
             deliver(got)
 
