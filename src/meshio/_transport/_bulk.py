@@ -41,7 +41,7 @@ import struct
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -279,11 +279,11 @@ class Exports:
     __slots__ = ("freed", "held", "ids", "last", "pid")
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
+        self.pid: int = pid
         self.held: dict[int, list[Any]] = {}
-        self.ids = itertools.count(1)
+        self.ids: Iterator[int] = itertools.count(1)
         #: the export id of the last frame sent with lent parts (0: none lent)
-        self.last = 0
+        self.last: int = 0
         #: by export id: futures done once the peer released it (:meth:`returned`)
         self.freed: dict[int, asyncio.Future[None]] = {}
 
