@@ -32,13 +32,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import functools
 import itertools
 import logging
 import mmap
 import os
 import socket
 import struct
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._frames import _LEN_MASK, _PEEK, _allocate, is_ascii
+from ._handshake import peer_creds
 from ._messages import Release
 from ._serial import KIND_ASCII, KIND_BUFFER, OutBuffers, limits
 
@@ -247,23 +248,10 @@ _pool = _Pool()
 
 # ------------------------------------------------ values on a connection
 
-def _peer_pid(transport: asyncio.BaseTransport) -> int:
-    """The pid of the process at the other end of a Unix socket (0: none,
-    or not one this process can copy from)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX or not sys.platform.startswith("linux"):
-        return 0
-    try:
-        pid, _, _ = struct.unpack("3i", sock.getsockopt(
-            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    except OSError:
-        return 0
-    return pid if pid > 0 and _cross_memory_attach() else 0
-
-
+@functools.cache
 def _cross_memory_attach() -> bool:
     """Whether this machine lets a process copy from a sibling of the same
-    user (no Yama restriction on ``ptrace``)."""
+    user (no Yama restriction on ``ptrace``); read once."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
             return f.read().strip() == "0"
@@ -276,27 +264,25 @@ class Exports:
     what this process lent the peer (by export id, kept alive until the peer
     releases it), and copying what the peer lends."""
 
-    __slots__ = ("freed", "held", "ids", "last", "pid")
+    __slots__ = ("freed", "held", "ids", "pid")
 
     def __init__(self, pid: int) -> None:
         self.pid: int = pid
         self.held: dict[int, list[Any]] = {}
         self.ids: Iterator[int] = itertools.count(1)
-        #: the export id of the last frame sent with lent parts (0: none lent)
-        self.last: int = 0
         #: by export id: futures done once the peer released it (:meth:`returned`)
         self.freed: dict[int, asyncio.Future[None]] = {}
 
     # --------------------------------------------------------- sending
 
-    def export(self, out: OutBuffers) -> OutBuffers:
+    def export(self, out: OutBuffers) -> tuple[OutBuffers, int]:
         """``out`` with each part of :data:`THRESHOLD` bytes or more
-        replaced by a descriptor; the parts are held until released."""
+        replaced by a descriptor, and the export id they are held under
+        until released (0: none was large)."""
         views = [memoryview(b) for b, _ in out]
         if all(v.nbytes < THRESHOLD for v in views):
-            self.last = 0
-            return out
-        eid = self.last = next(self.ids)
+            return out, 0
+        eid = next(self.ids)
         keep: list[Any] = []
         sent: OutBuffers = []
         for (buf, kind), view in zip(out, views, strict=True):
@@ -308,7 +294,7 @@ class Exports:
             keep.append(view)
             sent.append((_DESC.pack(eid, address_of(view), view.nbytes), kind | REMOTE))
         self.held[eid] = keep
-        return sent
+        return sent, eid
 
     def release(self, eid: int) -> None:
         """The peer copied (or gave up on) export ``eid``."""
@@ -422,8 +408,8 @@ def snapshot(out: OutBuffers) -> OutBuffers:
 def exports_for(transport: asyncio.BaseTransport) -> Exports | None:
     """The large-value side of a new connection: None unless its peer is a
     process of this host this one can copy from."""
-    pid = _peer_pid(transport)
-    return Exports(pid) if pid else None
+    creds = peer_creds(transport)  # None: not a Unix socket
+    return Exports(creds[0]) if creds and creds[0] > 0 and _cross_memory_attach() else None
 
 
 def release(rt: Any, conn: Connection, msg: Release, bufs: Any) -> None:

@@ -362,8 +362,7 @@ class Connection(asyncio.BufferedProtocol):
         later."""
         lent = 0
         if out and self.bulk is not None:
-            out = self.bulk.export(out)
-            lent = self.bulk.last
+            out, lent = self.bulk.export(out)
         header = frame_header(len(body), out)
         queued = None
         transport = self.transport
