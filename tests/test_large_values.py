@@ -8,16 +8,23 @@ when it ends.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import meshio
+from meshio import Actor, endpoint
+
 #: the script's own bound on the call; the test's bound on the script
 DEADLINE = 240
+#: bound on a call in the tests that are not heavy
+GUARD = 60.0
 
 _SCRIPT = r"""
 import asyncio, json, os, resource, sys, time
@@ -124,3 +131,69 @@ def test_2gib_str_argument_under_a_supervisor(tmp_path: Path) -> None:
     # as a missed heartbeat
     assert got["answers"] >= 1 and got["slowest"] < 3.0, got
     assert got["peak"] < n + n // 2, got  # one copy, and the process's own few MiB
+
+
+# ------------------------------------------------ a slow copy, deterministic
+
+#: how long a copy of a large value takes in the tests below: many heartbeat
+#: timeouts (a slow machine, or a copy of GiBs into fresh memory)
+SLOW_COPY = 1.5
+#: heartbeats every 0.1 s, judged after 0.3 s of silence
+FAST_BEATS = {"heartbeat_interval": 0.1, "heartbeat_timeout": 0.3}
+
+
+def slow_copies() -> None:
+    """A bootstrap (pickled by reference), also called in the test's own
+    process: every large value this process copies from another takes
+    :data:`SLOW_COPY` seconds more (in the copy thread, as a slow copy does)."""
+    import time
+
+    from meshio._transport import _bulk
+
+    copy = _bulk._copy
+
+    def slow(*args: Any) -> bool:
+        time.sleep(SLOW_COPY)
+        return copy(*args)
+
+    _bulk._copy = slow
+
+
+class Keeper(Actor):
+    @endpoint
+    async def length(self, data: bytes) -> int:
+        return len(data)
+
+    @endpoint
+    async def make(self, n: int) -> bytes:
+        return b"r" * n
+
+
+async def test_heartbeats_pass_while_an_argument_is_copied() -> None:
+    """A worker copying a large argument (reading nothing else from the
+    controller meanwhile, so that frames keep their order) beats on its own:
+    the supervisor does not take the slow copy for a hang."""
+    sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
+                                              bootstrap=slow_copies) as procs:
+        keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
+        pids = procs.pids
+        n = 16 << 20
+        assert await asyncio.wait_for(keeper.length.call_one(b"a" * n), GUARD) == n
+        assert procs.pids == pids  # not killed and replaced
+
+
+async def test_heartbeats_pass_while_a_result_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller copying a large result reads no answers to its
+    heartbeats from that worker meanwhile: it does not judge it then."""
+    from meshio._transport import _bulk
+
+    monkeypatch.setattr(_bulk, "_copy", _bulk._copy)  # undone after the test
+    slow_copies()
+    sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+        keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
+        pids = procs.pids
+        n = 16 << 20
+        assert len(await asyncio.wait_for(keeper.make.call_one(n), GUARD)) == n
+        assert procs.pids == pids

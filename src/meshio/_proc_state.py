@@ -455,7 +455,8 @@ class ProcState:
                 if (conn is None or conn.closed or w.stopping or w.cause is not None
                         or not w.ready.done()):  # (cause: already being killed)
                     continue
-                moved = _moved(w, conn)
+                # (reading paused: its answers wait unread on our side)
+                moved = _moved(w, conn) or conn.reading_paused
                 if stalled or moved or w.unanswered is None or w.constructing:
                     w.unanswered = now
                 elif now - w.unanswered > self.heartbeat_timeout:

@@ -55,6 +55,7 @@ from ._messages import (
     Hello,
     Message,
     PeerDown,
+    Pong,
     PortSend,
     RdmaOp,
     Reply,
@@ -91,6 +92,11 @@ _BATCH: Final = 32
 #: each slice is encrypted while the previous one is on the wire (not the
 #: whole frame first), and no transport copies the whole frame
 _SLICE: Final = 1 << 18
+
+#: seconds between the beats of a connection that reads nothing for a while
+#: (it copies a large value, or waits for its receive budget): each beat is
+#: an unasked ``Pong``, since the peer's heartbeats wait unread meanwhile
+_BEAT: Final = 0.1
 
 
 class _ReceiveBudget:
@@ -335,6 +341,7 @@ class Connection(asyncio.BufferedProtocol):
         self._skip = 0  # bytes of a refused message still to come
         self._held = 0  # receive budget held by the frame being received
         self._waiting = False  # paused until the receive budget grants it
+        self._beat: asyncio.TimerHandle | None = None  # while _waiting: see _BEAT
         self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
         self._stall: asyncio.TimerHandle | None = None
         #: large values to and from a process of this host (:mod:`._bulk`)
@@ -562,9 +569,35 @@ class Connection(asyncio.BufferedProtocol):
                     self.peer or "unidentified peer", limits.frame_timeout)
         self.abort()
 
+    @property
+    def reading_paused(self) -> bool:
+        """Whether this side reads nothing from the peer for now (it copies
+        a large value, or waits for its receive budget): the peer's answers
+        to heartbeats wait unread meanwhile."""
+        return self._waiting
+
+    def _pause(self) -> None:
+        """Read nothing until :meth:`_resume`, beating meanwhile."""
+        self._waiting = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        if self._beat is None:
+            self._beat = self.rt.loop.call_later(_BEAT, self._alive)
+
+    def _alive(self) -> None:
+        """A beat while paused: this loop runs, though it reads no ``Ping``."""
+        self._beat = None
+        if self._waiting and not self.closed:
+            self.send_message(Pong(0))
+            self._beat = self.rt.loop.call_later(_BEAT, self._alive)
+
     def _resume(self) -> None:
-        """The receive budget granted the message this connection waits for."""
+        """The receive budget granted the message this connection waits for,
+        or a frame's large parts were copied."""
         self._waiting = False
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
         if self.closed:
             return
         self._run_parse()
@@ -586,6 +619,9 @@ class Connection(asyncio.BufferedProtocol):
         if self._waiting:
             _budget.forget(self)
             self._waiting = False
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
         if self._held:
             _budget.give(self._held)
             self._held = 0
@@ -644,9 +680,7 @@ class Connection(asyncio.BufferedProtocol):
             if pulled is None:
                 self._deliver(f.got[0], f.got[1:])
             elif pulled:  # its large parts are being copied: nothing overtakes it
-                self._waiting = True
-                if self.transport is not None:
-                    self.transport.pause_reading()
+                self._pause()
                 break
         if self._start == self._end:
             self._start = self._end = 0
@@ -685,9 +719,7 @@ class Connection(asyncio.BufferedProtocol):
             return None
         if size > _SCRATCH and not self._held:
             if self._waiting or not _budget.take(self, size):
-                self._waiting = True
-                if self.transport is not None:
-                    self.transport.pause_reading()
+                self._pause()
                 return None
             self._held = size
         self._start = start + need
