@@ -416,11 +416,21 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
                 2, msgspec.msgpack.encode((0, 0)))})  # the frame's buffer 0, as bytes
             wb.write(frame(M.Call(2, mesh._target, "echo", msgspec.Raw(args)),
                            [(b"d" * (6 * MiB), KIND_BYTES)]))
-            reply_b = asyncio.ensure_future(read_frame(rb))
+            beats: list[M.Pong] = []
+
+            async def answer() -> M.Message:
+                # while its frame waits, B's connection says it is alive
+                # (unasked Pongs: it reads no Ping meanwhile)
+                while isinstance(msg := (await read_frame(rb))[0], M.Pong):
+                    beats.append(msg)
+                return msg
+
+            reply_b = asyncio.ensure_future(answer())
             await expect_eof(ra)  # A timed out ...
             assert not reply_b.done()  # ... and until then B waited
-            msg, _ = await asyncio.wait_for(reply_b, DEADLINE)
+            msg = await asyncio.wait_for(reply_b, DEADLINE)
             assert isinstance(msg, M.Reply) and msg.req == 2, msg
+            assert beats, "no beat while the frame waited for its receive budget"
         finally:
             await close(wa)
             await close(wb)

@@ -8,6 +8,7 @@ The public sub-packages (``meshio.endpoints``, ``meshio.rdma``,
 from . import endpoints as endpoints
 from . import jobs as jobs
 from . import rdma as rdma
+from . import store as store
 from . import supervision as supervision
 from . import testing as testing
 from ._actor import Actor as Actor

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from ._connection import Connection
 
 __all__ = ("HOST_ID", "REMOTE", "THRESHOLD", "Exports", "address_of", "cma", "exports_for",
-           "snapshot")
+           "pool_view", "snapshot")
 
 log = logging.getLogger("meshio")
 
@@ -244,6 +244,8 @@ class _Pool:
 
 
 _pool = _Pool()
+#: a writable ``n``-byte view of mapped memory, lent until it is dropped
+pool_view: Final = _pool.view
 
 
 # ------------------------------------------------ values on a connection
@@ -360,7 +362,7 @@ class Exports:
         texts: list[tuple[int, memoryview, range]] = []
         for i, kind, addr, n in wanted:
             if kind == KIND_BUFFER:
-                view = _pool.view(n)
+                view = pool_view(n)
                 got[i] = view
             else:
                 got[i], view = _allocate(kind, n)

@@ -322,9 +322,29 @@ class Release(_Msg, frozen=True, tag=24):
     export: int
 
 
+#: what a reader asks of a weight store's owner (:class:`StoreOp`)
+StoreOpName: TypeAlias = Literal["acquire", "release", "wait"]
+
+
+class StoreOp(_Msg, frozen=True, tag=25):
+    """A request to the weight store ``store``, served by its owner's runtime
+    (:mod:`meshio.store`): "acquire" the newest version (one from
+    ``version`` on, waiting up to ``timeout`` seconds for it; < 0: no bound)
+    and hold it until "release" of lease ``version``; "wait" until a
+    version from ``version`` on exists and answer its number.  ``req`` 0:
+    no answer."""
+
+    req: int
+    op: StoreOpName
+    store: str
+    version: int = 0
+    timeout: float = -1.0
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release)
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
+           | StoreOp)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,616 @@
+"""``WeightStore``: versioned snapshots of a state dict, published by one
+process and read whole by many, never half-written.
+
+The owner (the process that created the store: an actor, or the controller)
+keeps each published version as one block of memory registered as an
+:class:`~meshio.rdma.RDMABuffer`: readers copy it with the RDMA layer (one
+copy by cross-memory attach on the owner's host, ibverbs or TCP chunks from
+another host), the same layer large message values use.  A version never
+changes once published, and a reader holds it (a lease) while it copies, so
+no read mixes two versions.  The owner's runtime serves the leases
+(:class:`~meshio._transport._messages.StoreOp`), not its actors: a busy
+publisher still answers readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from .._transport._bulk import HOST_ID, address_of, cma, executor, pool_view
+from .._transport._connection import Connection, Pending
+from .._transport._messages import Reply, StoreOp
+from .._transport._runtime import Runtime, register_handler, runtime
+from .._transport._serial import Buffers
+from ..rdma import RDMABuffer
+from ..rdma._memory import memory_of
+from ..rdma._registry import Handle, Registry
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ("WeightStore",)
+
+#: each tensor of a snapshot starts at a multiple of this many bytes
+_ALIGN: Final = 64
+#: a name, dtype, shape, byte offset and byte length for each tensor of a snapshot
+_Layout = list[tuple[str, str, list[int], int, int]]
+
+
+class _Grant(msgspec.Struct, frozen=True, array_like=True):
+    """The owner's answer to "acquire": a version held for the reader under
+    ``lease``, where it lies and how it is laid out (``version`` -1: none
+    came in time)."""
+
+    version: int
+    lease: int = 0
+    buffer: Handle | None = None
+    layout: _Layout = []
+
+
+_grant = msgspec.msgpack.Decoder(_Grant)
+_encode = msgspec.msgpack.Encoder().encode
+_int = msgspec.msgpack.Decoder(int)
+
+
+# ------------------------------------------------------------ the owner
+
+class _Version:
+    __slots__ = ("buffer", "layout", "leases", "memory", "version")
+
+    def __init__(self, version: int, memory: memoryview, layout: _Layout) -> None:
+        self.version = version
+        self.memory = memory  # the block: back to the pool once dropped
+        self.buffer = RDMABuffer(memory)
+        self.layout = layout
+        self.leases = 0
+
+    def drop(self) -> None:
+        """Unregister the block (a reader still copying it gets RDMAError)."""
+        runtime().state(Registry).release(self.buffer.handle.buf)
+
+
+class _Waiter:
+    """A reader waiting for a version from ``at_least`` on."""
+
+    __slots__ = ("at_least", "conn", "fire", "timer")
+
+    def __init__(self, at_least: int, fire: Callable[[int], None], conn: Connection | None,
+                 timer: asyncio.TimerHandle | None) -> None:
+        self.at_least, self.fire, self.conn, self.timer = at_least, fire, conn, timer
+
+
+class _Owner:
+    """A store's versions in the process that publishes them."""
+
+    def __init__(self, name: str, keep: int) -> None:
+        self.name = name
+        self.keep = keep
+        self.versions: dict[int, _Version] = {}  # oldest first
+        #: the newest version's number (-1: none), read by readers of this host
+        self.latest = ctypes.c_int64(-1)
+        #: by lease id: the version it holds, and the reader's connection
+        #: (None: a reader of this process)
+        self.leases: dict[int, tuple[_Version, Connection | None]] = {}
+        self.lease_ids = itertools.count(1)
+        self.waiters: list[_Waiter] = []
+
+    def add(self, v: _Version) -> None:
+        self.versions[v.version] = v
+        self.latest.value = v.version
+        ready = [w for w in self.waiters if w.at_least <= v.version]
+        self.waiters = [w for w in self.waiters if w.at_least > v.version
+                        and (w.conn is None or not w.conn.closed)]
+        for w in ready:
+            if w.timer is not None:
+                w.timer.cancel()
+            w.fire(v.version)
+        self.prune()
+
+    def acquire(self, conn: Connection | None) -> _Grant:
+        v = self.versions[self.latest.value]
+        lease = next(self.lease_ids)
+        self.leases[lease] = (v, conn)
+        v.leases += 1
+        return _Grant(v.version, lease, v.buffer.handle, v.layout)
+
+    def release(self, lease: int) -> None:
+        held = self.leases.pop(lease, None)
+        if held is not None:
+            held[0].leases -= 1
+            self.prune()
+
+    def prune(self) -> None:
+        """Drop versions beyond the newest ``keep`` that no reader holds
+        (a reader whose connection ended holds nothing)."""
+        for lease, (v, conn) in list(self.leases.items()):
+            if conn is not None and conn.closed:
+                del self.leases[lease]
+                v.leases -= 1
+        newest = sorted(self.versions)[-self.keep:]
+        for number in [n for n in self.versions if n not in newest]:
+            v = self.versions[number]
+            if v.leases == 0:
+                del self.versions[number]
+                v.drop()
+
+    def wait(self, at_least: int, fire: Callable[[int], None], conn: Connection | None,
+             timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
+        """``fire(version)`` once a version from ``at_least`` on exists
+        (at once if one does), or ``fire(-1)`` after ``timeout`` seconds."""
+        if self.latest.value >= at_least:
+            fire(self.latest.value)
+            return
+        waiter = _Waiter(at_least, fire, conn, None)
+        if timeout is not None:
+            def expire() -> None:
+                if waiter in self.waiters:
+                    self.waiters.remove(waiter)
+                    fire(-1)
+
+            waiter.timer = loop.call_later(timeout, expire)
+        self.waiters.append(waiter)
+
+    def close(self) -> None:
+        for w in self.waiters:
+            if w.timer is not None:
+                w.timer.cancel()
+        self.waiters.clear()
+        self.leases.clear()
+        self.versions.clear()  # (the runtime's Registry, closed after, unregisters them)
+
+
+class _Stores:
+    """The stores owned by one runtime, by name (``rt.state(_Stores)``)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.by_name: dict[str, _Owner] = {}
+
+    def close(self) -> None:
+        owners, self.by_name = self.by_name, {}
+        for owner in owners.values():
+            owner.close()
+
+
+def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
+    """The owner's side of a reader's request (runs in its runtime)."""
+    owner = rt.state(_Stores).by_name.get(msg.store)
+    if msg.op == "release":
+        if owner is not None:
+            owner.release(msg.version)
+        return
+    if owner is None:
+        conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
+            f"no weight store {msg.store!r} in pid {os.getpid()} (closed, or never "
+            f"created there)"))))
+        return
+    timeout = None if msg.timeout < 0 else msg.timeout
+
+    def fire(version: int) -> None:
+        if conn.closed:
+            return
+        if msg.op == "wait" or version < 0:
+            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(_Grant(version)))))
+        else:
+            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(owner.acquire(conn)))))
+
+    owner.wait(msg.version, fire, conn, timeout, rt.loop)
+
+
+register_handler(StoreOp, _serve)
+
+
+# ------------------------------------------------------------- readers
+
+def _decode_grant(raw: Any, bufs: Buffers) -> _Grant:
+    data = bytes(raw)
+    try:
+        return _grant.decode(data)
+    except msgspec.ValidationError:
+        raise LookupError(msgspec.msgpack.decode(data)) from None
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _dtype(name: str) -> Any:
+    return getattr(_torch(), name.removeprefix("torch."))
+
+
+class WeightStore:
+    """Versioned snapshots of a state dict: one process publishes, any
+    process reads a whole version (never a mix of two).
+
+    ``WeightStore("policy")`` creates the store in this process (an actor,
+    typically the learner, or the controller), which alone publishes.  The
+    store is a value: pass it to actors, return it from endpoints; every
+    copy reads the owner's versions.
+
+    Args:
+        name: the store's name, unique in its process.
+        keep: versions kept beyond those a reader is copying (the newest
+            ``keep``); memory stays bounded however many are published.
+
+    Raises:
+        ValueError: ``name`` is taken in this process, or ``keep`` < 1.
+    """
+
+    __slots__ = ("_handle_owner", "_host", "_latest_addr", "_name", "_pid", "_seen")
+
+    def __init__(self, name: str, *, keep: int = 2) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"WeightStore: name must be a non-empty str, got {name!r}")
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"WeightStore: keep must be an int >= 1, got {keep!r}")
+        rt = runtime()
+        stores = rt.state(_Stores)
+        if name in stores.by_name:
+            raise ValueError(f"WeightStore: a store named {name!r} exists in this process")
+        owner = stores.by_name[name] = _Owner(name, keep)
+        self._name = name
+        self._handle_owner = rt.addr
+        self._pid = os.getpid()
+        self._host = HOST_ID
+        self._latest_addr = ctypes.addressof(owner.latest)
+        self._seen = -1
+
+    @classmethod
+    def _remote(cls, name: str, owner: str, pid: int, host: str, latest_addr: int
+                ) -> WeightStore:
+        store = cls.__new__(cls)
+        store._name, store._handle_owner, store._pid = name, owner, pid
+        store._host, store._latest_addr, store._seen = host, latest_addr, -1
+        return store
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WeightStore._remote, (self._name, self._handle_owner, self._pid, self._host,
+                                      self._latest_addr))
+
+    def __repr__(self) -> str:
+        return f"<WeightStore {self._name!r} of pid {self._pid} on {self._host.split('/')[0]}>"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _local(self) -> _Owner | None:
+        """The owner's state, in the owner's process."""
+        if self._pid != os.getpid():
+            return None
+        return runtime().state(_Stores).by_name.get(self._name)
+
+    @property
+    def latest(self) -> int | None:
+        """The newest version's number (None: none published yet).  Exact
+        in the owner's process and on its host; from another host, the
+        newest this copy of the store has seen."""
+        owner = self._local()
+        if owner is not None:
+            return owner.latest.value if owner.latest.value >= 0 else None
+        if self._host == HOST_ID:
+            cell = ctypes.c_int64(-1)
+            try:
+                cma("read", self._pid, ctypes.addressof(cell), self._latest_addr, 8)
+            except OSError:
+                pass  # the owner is gone: what was seen last
+            else:
+                self._seen = max(self._seen, cell.value)
+        return self._seen if self._seen >= 0 else None
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        """The versions held in memory, oldest first (in the owner's
+        process; empty elsewhere)."""
+        owner = self._local()
+        return tuple(owner.versions) if owner is not None else ()
+
+    # ----------------------------------------------------------- publish
+
+    async def publish(self, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
+        """Make a snapshot of ``state_dict`` the newest version.  Returns
+        once the snapshot is the store's own (one copy, made off the event
+        loop): the caller may change its tensors at once.
+
+        Raises:
+            RuntimeError: this process does not own the store.
+            TypeError: ``state_dict`` is not a mapping of ``str`` to tensors.
+            ValueError: ``version`` is not above the newest version.
+        """
+        owner = self._local()
+        if owner is None:
+            raise RuntimeError(f"WeightStore.publish: {self!r} is published by its owner "
+                               f"(pid {self._pid}) only")
+        torch = _torch()
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"WeightStore.publish: expected a mapping of str to tensors, got "
+                            f"{type(state_dict).__name__}")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise TypeError(f"WeightStore.publish: version must be an int >= 0, got {version!r}")
+        layout: _Layout = []
+        tensors: list[Any] = []
+        at = 0
+        for key, t in state_dict.items():
+            if not isinstance(key, str) or not isinstance(t, torch.Tensor):
+                raise TypeError(f"WeightStore.publish: expected str keys and tensors, got "
+                                f"{type(key).__name__} -> {type(t).__name__} (key {key!r})")
+            n = t.numel() * t.element_size()
+            layout.append((key, str(t.dtype), list(t.shape), at, n))
+            tensors.append(t)
+            at = -(-(at + n) // _ALIGN) * _ALIGN
+        self._check_newer(owner, version)
+        memory = pool_view(max(at, 1))
+        await asyncio.get_running_loop().run_in_executor(
+            executor(), _fill, memory, tensors, layout)
+        self._check_newer(owner, version)  # (another publish may have run meanwhile)
+        owner.add(_Version(version, memory, layout))
+
+    @staticmethod
+    def _check_newer(owner: _Owner, version: int) -> None:
+        if version <= owner.latest.value:
+            raise ValueError(f"WeightStore.publish: version {version} is not above the newest "
+                             f"({owner.latest.value}) of store {owner.name!r}")
+
+    # -------------------------------------------------------------- read
+
+    async def read(self, *, at_least: int | None = None, timeout: float | None = None,
+                   keys: Iterable[str] | None = None,
+                   shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+                   ) -> dict[str, torch.Tensor]:
+        """The newest version (one from ``at_least`` on, waiting up to
+        ``timeout`` seconds for it) as new CPU tensors.
+
+        Args:
+            at_least: the oldest acceptable version (default: any).
+            timeout: seconds to wait for such a version (default: no bound).
+            keys: read these tensors only (default: all).
+            shard: ``shard(name, tensor)`` returns the part of each tensor
+                to read, a view of it (``lambda n, t: t[rank::world]``):
+                only those bytes are copied.  Called on a ``meta`` tensor.
+
+        Raises:
+            TimeoutError: no such version within ``timeout``.
+            KeyError: a key of ``keys`` is not in the version.
+        """
+        async with self._hold(at_least, timeout) as (grant, memory):
+            wanted = _select(grant.layout, keys)
+            out: dict[str, Any] = {}
+            if shard is None and len(wanted) == len(grant.layout):
+                total = max(e[3] + e[4] for e in grant.layout) if grant.layout else 0
+                block = pool_view(max(total, 1))
+                await _copy_range(grant, memory, block, 0, total)
+                for key, dtype, shape, off, n in wanted:
+                    out[key] = _tensor(block, dtype, shape, off, n)
+                self._seen = max(self._seen, grant.version)
+                return out
+            for key, dtype, shape, off, n in wanted:
+                if shard is None:
+                    part = pool_view(max(n, 1))
+                    await _copy_range(grant, memory, part, off, n)
+                    out[key] = _tensor(part, dtype, shape, 0, n)
+                    continue
+                out[key] = await _read_shard(grant, memory, key, dtype, shape, off, shard)
+            self._seen = max(self._seen, grant.version)
+            return out
+
+    async def read_into(self, dst: Mapping[str, torch.Tensor], *, at_least: int | None = None,
+                        timeout: float | None = None) -> int:
+        """Copy the newest version (one from ``at_least`` on, waiting up to
+        ``timeout`` seconds) into the tensors of ``dst``, in place; returns
+        its number.  Every key of the version must be in ``dst`` with the
+        same shape and dtype.
+
+        Raises:
+            ValueError: a key is missing or extra, or a shape or dtype differs
+                (the key and both are named).
+            TimeoutError: no such version within ``timeout``.
+        """
+        async with self._hold(at_least, timeout) as (grant, memory):
+            torch = _torch()
+            have = {e[0]: e for e in grant.layout}
+            missing = sorted(set(have) - set(dst))
+            extra = sorted(set(dst) - set(have))
+            if missing or extra:
+                raise ValueError(f"WeightStore.read_into: version {grant.version} of "
+                                 f"{self._name!r} has keys {missing} missing from dst, and dst "
+                                 f"has keys {extra} it lacks")
+            for key, dtype, shape, _, _ in grant.layout:
+                t = dst[key]
+                if not isinstance(t, torch.Tensor):
+                    raise ValueError(f"WeightStore.read_into: dst[{key!r}] is a "
+                                     f"{type(t).__name__}, not a tensor")
+                if list(t.shape) != shape or str(t.dtype) != dtype:
+                    raise ValueError(f"WeightStore.read_into: key {key!r}: the store has shape "
+                                     f"{tuple(shape)} ({dtype}), dst has {tuple(t.shape)} "
+                                     f"({t.dtype})")
+            for key, _, shape, off, n in grant.layout:
+                t = dst[key]
+                if t.device.type == "cpu" and t.is_contiguous():
+                    target = t
+                else:
+                    target = torch.empty(shape, dtype=t.dtype)
+                if n:
+                    await _copy_range(grant, memory, target, off, n)
+                if target is not t:
+                    t.copy_(target)
+            self._seen = max(self._seen, grant.version)
+            return grant.version
+
+    async def versions(self) -> AsyncIterator[int]:
+        """Each newest version as it is published, from the current one on
+        (versions published faster than the loop body runs are skipped)."""
+        last = -1
+        while True:
+            last = await self._wait(last + 1)
+            self._seen = max(self._seen, last)
+            yield last
+
+    # ---------------------------------------------------- the owner's side
+
+    async def _wait(self, at_least: int, timeout: float | None = None) -> int:
+        owner = self._local()
+        if owner is not None:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[int] = loop.create_future()
+
+            def fire(version: int) -> None:
+                if not fut.done():
+                    fut.set_result(version)
+
+            owner.wait(at_least, fire, None, timeout, loop)
+            return await fut
+        grant = await self._request(StoreOp(0, "wait", self._name, at_least,
+                                            -1.0 if timeout is None else timeout))
+        return grant.version
+
+    async def _request(self, msg: StoreOp) -> _Grant:
+        rt = runtime()
+        conn = rt.connect(self._handle_owner)
+        fut: asyncio.Future[_Grant] = rt.loop.create_future()
+        req = conn.next_req(Pending(fut, _decode_grant, f"WeightStore.{msg.op}",
+                                    f"store {self._name!r}", f"owner pid {self._pid}"))
+        conn.send_message(msgspec.structs.replace(msg, req=req))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if msg.op == "acquire":  # a lease granted after all goes back
+                def give_back(f: asyncio.Future[_Grant]) -> None:
+                    if not f.cancelled() and f.exception() is None and f.result().lease:
+                        conn.send_message(StoreOp(0, "release", self._name,
+                                                  f.result().lease))
+
+                fut.add_done_callback(give_back)
+            raise
+
+    def _hold(self, at_least: int | None, timeout: float | None) -> _Lease:
+        if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
+            raise TypeError(f"WeightStore.read: at_least must be an int >= 0, got {at_least!r}")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+            raise ValueError(f"WeightStore.read: timeout must be seconds >= 0, got {timeout!r}")
+        return _Lease(self, at_least or 0, timeout)
+
+
+class _Lease:
+    """``async with``: a version held while it is copied (the grant, and
+    the registered block when the owner is this process)."""
+
+    __slots__ = ("at_least", "grant", "local", "store", "timeout")
+
+    def __init__(self, store: WeightStore, at_least: int, timeout: float | None) -> None:
+        self.store, self.at_least, self.timeout = store, at_least, timeout
+        self.local: _Owner | None = None
+        self.grant: _Grant | None = None
+
+    async def __aenter__(self) -> tuple[_Grant, memoryview | None]:
+        store = self.store
+        owner = self.local = store._local()
+        if owner is not None:
+            version = await store._wait(self.at_least, self.timeout)
+            if version < 0:
+                raise self._timed_out()
+            grant = self.grant = owner.acquire(None)
+            return grant, owner.versions[grant.version].memory
+        grant = await store._request(StoreOp(
+            0, "acquire", store._name, self.at_least,
+            -1.0 if self.timeout is None else self.timeout))
+        if grant.version < 0:
+            raise self._timed_out()
+        self.grant = grant
+        return grant, None
+
+    def _timed_out(self) -> TimeoutError:
+        return TimeoutError(f"WeightStore {self.store._name!r}: no version from "
+                            f"{self.at_least} on within {self.timeout}s")
+
+    async def __aexit__(self, *exc: object) -> None:
+        grant = self.grant
+        if grant is None:
+            return
+        if self.local is not None:
+            self.local.release(grant.lease)
+            return
+        conn = runtime().conns.get(self.store._handle_owner)
+        if conn is not None and not conn.closed:
+            conn.send_message(StoreOp(0, "release", self.store._name, grant.lease))
+
+
+# ------------------------------------------------------------- copying
+
+def _fill(memory: memoryview, tensors: list[Any], layout: _Layout) -> None:
+    """A publish's one copy (in a copy thread): each tensor into its place."""
+    torch = _torch()
+    for t, (_, _, _, off, n) in zip(tensors, layout, strict=True):
+        if n:
+            dst = torch.frombuffer(memory, dtype=t.dtype, count=t.numel(), offset=off)
+            dst.view(t.shape).copy_(t.detach())
+
+
+def _tensor(block: memoryview, dtype: str, shape: list[int], off: int, n: int) -> Any:
+    """A tensor aliasing ``n`` bytes of ``block`` from ``off``."""
+    torch = _torch()
+    dt = _dtype(dtype)
+    if not n:
+        return torch.empty(shape, dtype=dt)
+    count = n // torch.empty((), dtype=dt).element_size()
+    return torch.frombuffer(block, dtype=dt, count=count, offset=off).view(shape)
+
+
+async def _copy_range(grant: _Grant, memory: memoryview | None, dst: Any, off: int,
+                      n: int) -> None:
+    """Copy ``n`` bytes of the granted version from ``off`` into ``dst``
+    (a buffer or contiguous CPU tensor): from the block itself in the
+    owner's process, else by the RDMA layer."""
+    if memory is not None:
+        target = memory_of(dst, "WeightStore.read destination", writable=True)
+        await asyncio.get_running_loop().run_in_executor(
+            executor(), ctypes.memmove, target.addr, address_of(memory) + off, n)
+        return
+    assert grant.buffer is not None
+    await RDMABuffer._from_handle(grant.buffer).read_into(dst, offset=off, length=n)
+
+
+def _select(layout: _Layout, keys: Iterable[str] | None) -> _Layout:
+    if keys is None:
+        return layout
+    if isinstance(keys, str):
+        raise TypeError("WeightStore.read: keys must be an iterable of str, not one str")
+    by_key = {e[0]: e for e in layout}
+    wanted = list(keys)
+    missing = [k for k in wanted if k not in by_key]
+    if missing:
+        raise KeyError(f"WeightStore.read: keys {missing} are not in the version "
+                       f"(it has {sorted(by_key)})")
+    return [by_key[k] for k in wanted]
+
+
+async def _read_shard(grant: _Grant, memory: memoryview | None, key: str, dtype: str,
+                      shape: list[int], off: int,
+                      shard: Callable[[str, Any], Any]) -> Any:
+    """The part of one tensor ``shard`` selects: only the bytes between its
+    first and last element are copied."""
+    torch = _torch()
+    dt = _dtype(dtype)
+    meta = torch.empty(shape, dtype=dt, device="meta")
+    part = shard(key, meta)
+    if not isinstance(part, torch.Tensor) or part.device.type != "meta":
+        raise TypeError(f"WeightStore.read: shard({key!r}, t) must return a view of t "
+                        f"(a tensor), got {type(part).__name__}")
+    if part.numel() == 0:
+        return torch.empty(part.shape, dtype=dt)
+    item = meta.element_size()
+    first = part.storage_offset()
+    last = first + sum((size - 1) * stride for size, stride in zip(part.shape, part.stride(),
+                                                                   strict=True))
+    count = last - first + 1
+    block = pool_view(count * item)
+    await _copy_range(grant, memory, block, off + first * item, count * item)
+    flat = torch.frombuffer(block, dtype=dt, count=count)
+    return torch.as_strided(flat, part.shape, part.stride(), 0).contiguous()
