@@ -82,6 +82,14 @@ def test_rdma_example() -> None:
     assert "pulled [3.0, 3.0]" in out
 
 
+def test_weight_store_example() -> None:
+    out = _run(sys.executable, "examples/weight_store.py")
+    for step in (1, 2, 3):
+        assert f"step {step}: generators used versions [({step}, {step}.0), ({step}, {step}.0)]" \
+            in out, out
+    assert "newest version 3" in out
+
+
 def test_meshio_bench_prints_its_measurements() -> None:
     out = _run(sys.executable, "-m", "meshio._cli", "bench", "--calls", "300",
                "--inflight", "200", "--procs", "2")
