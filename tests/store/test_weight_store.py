@@ -245,3 +245,19 @@ def test_no_read_mixes_two_versions(publishes: int, modes: list[str], n: int,
             assert len(store.kept) <= keep and store.kept[-1] == publishes
 
     meshio.run(run())  # (closes the loop's runtime: its socket and connections)
+
+
+async def test_a_stopped_owner_gives_the_name_back() -> None:
+    """Two live stores of one name in one process are refused; once the
+    actor that created one is stopped, an actor spawned anew there (the
+    learner rebuilt) creates it again."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        first = await procs.spawn("learner", Learner)
+        await first.step.call_one(1)
+        with pytest.raises(meshio.ActorError, match="exists"):
+            await procs.spawn("learner2", Learner)  # same process, same store name
+        await first.stop()
+        again = (await procs.spawn("learner3", Learner)).slice(procs=0)
+        await again.step.call_one(1)  # a new store: version 1 is new again
+        store = await again.handle.call_one()
+        assert versions_in(await store.read()) == {1.0}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from .._context import _context
 from .._transport._bulk import HOST_ID, address_of, cma, executor, pool_view
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
@@ -89,9 +90,11 @@ class _Waiter:
 class _Owner:
     """A store's versions in the process that publishes them."""
 
-    def __init__(self, name: str, keep: int) -> None:
+    def __init__(self, name: str, keep: int, actor: str) -> None:
         self.name = name
         self.keep = keep
+        #: the actor that created the store ("": the controller, or no actor)
+        self.actor = actor
         self.versions: dict[int, _Version] = {}  # oldest first
         #: the newest version's number (-1: none), read by readers of this host
         self.latest = ctypes.c_int64(-1)
@@ -253,9 +256,13 @@ class WeightStore:
             raise ValueError(f"WeightStore: keep must be an int >= 1, got {keep!r}")
         rt = runtime()
         stores = rt.state(_Stores)
-        if name in stores.by_name:
-            raise ValueError(f"WeightStore: a store named {name!r} exists in this process")
-        owner = stores.by_name[name] = _Owner(name, keep)
+        old = stores.by_name.get(name)
+        if old is not None:
+            if not old.actor or old.actor in rt.actors:
+                raise ValueError(f"WeightStore: a store named {name!r} exists in this process")
+            old.close()  # its actor was stopped: an actor spawned anew takes the name
+        ctx = _context.get(None)
+        owner = stores.by_name[name] = _Owner(name, keep, ctx.mesh._target if ctx else "")
         self._name = name
         self._handle_owner = rt.addr
         self._pid = os.getpid()
