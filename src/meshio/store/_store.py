@@ -57,7 +57,6 @@ class _Grant(msgspec.Struct, frozen=True, array_like=True):
 
 _grant = msgspec.msgpack.Decoder(_Grant)
 _encode = msgspec.msgpack.Encoder().encode
-_int = msgspec.msgpack.Decoder(int)
 
 
 # ------------------------------------------------------------ the owner
@@ -396,7 +395,6 @@ class WeightStore:
                 await _copy_range(grant, memory, block, 0, total)
                 for key, dtype, shape, off, n in wanted:
                     out[key] = _tensor(block, dtype, shape, off, n)
-                self._seen = max(self._seen, grant.version)
                 return out
             for key, dtype, shape, off, n in wanted:
                 if shard is None:
@@ -405,7 +403,6 @@ class WeightStore:
                     out[key] = _tensor(part, dtype, shape, 0, n)
                     continue
                 out[key] = await _read_shard(grant, memory, key, dtype, shape, off, shard)
-            self._seen = max(self._seen, grant.version)
             return out
 
     async def read_into(self, dst: Mapping[str, torch.Tensor], *, at_least: int | None = None,
@@ -448,7 +445,6 @@ class WeightStore:
                     await _copy_range(grant, memory, target, off, n)
                 if target is not t:
                     t.copy_(target)
-            self._seen = max(self._seen, grant.version)
             return grant.version
 
     async def versions(self) -> AsyncIterator[int]:
@@ -491,11 +487,16 @@ class WeightStore:
             if msg.op == "acquire":  # a lease granted after all goes back
                 def give_back(f: asyncio.Future[_Grant]) -> None:
                     if not f.cancelled() and f.exception() is None and f.result().lease:
-                        conn.send_message(StoreOp(0, "release", self._name,
-                                                  f.result().lease))
+                        self._release(f.result().lease)
 
                 fut.add_done_callback(give_back)
             raise
+
+    def _release(self, lease: int) -> None:
+        """Give a lease of the owner (in another process) back."""
+        conn = runtime().conns.get(self._handle_owner)
+        if conn is not None and not conn.closed:
+            conn.send_message(StoreOp(0, "release", self._name, lease))
 
     def _hold(self, at_least: int | None, timeout: float | None) -> _Lease:
         if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
@@ -524,14 +525,16 @@ class _Lease:
             if version < 0:
                 raise self._timed_out()
             grant = self.grant = owner.acquire(None)
-            return grant, owner.versions[grant.version].memory
-        grant = await store._request(StoreOp(
-            0, "acquire", store._name, self.at_least,
-            -1.0 if self.timeout is None else self.timeout))
-        if grant.version < 0:
-            raise self._timed_out()
-        self.grant = grant
-        return grant, None
+            memory: memoryview | None = owner.versions[grant.version].memory
+        else:
+            grant = await store._request(StoreOp(
+                0, "acquire", store._name, self.at_least,
+                -1.0 if self.timeout is None else self.timeout))
+            if grant.version < 0:
+                raise self._timed_out()
+            self.grant, memory = grant, None
+        store._seen = max(store._seen, grant.version)
+        return grant, memory
 
     def _timed_out(self) -> TimeoutError:
         return TimeoutError(f"WeightStore {self.store._name!r}: no version from "
@@ -543,10 +546,8 @@ class _Lease:
             return
         if self.local is not None:
             self.local.release(grant.lease)
-            return
-        conn = runtime().conns.get(self.store._handle_owner)
-        if conn is not None and not conn.closed:
-            conn.send_message(StoreOp(0, "release", self.store._name, grant.lease))
+        else:
+            self.store._release(grant.lease)
 
 
 # ------------------------------------------------------------- copying
