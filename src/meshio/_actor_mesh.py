@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
@@ -17,6 +18,7 @@ import msgspec
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._transport._connection import (
+    DEADLINE,
     Connection,
     Gathering,
     Pending,
@@ -151,7 +153,8 @@ class ActorMesh(MeshShape, Generic[A]):
         return rt
 
     def _send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              body: bytes, out: OutBuffers, answer: Settle | None) -> None:
+              body: bytes, out: OutBuffers, answer: Settle | None,
+              deadline: float | None) -> None:
         """Send one call to the actor at ``index`` of this view; its answer
         settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
         runtime (:meth:`_runtime`)."""
@@ -162,7 +165,7 @@ class ActorMesh(MeshShape, Generic[A]):
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq)), out)
+                                      _chain.get(), seq, "", _budget(deadline))), out)
 
     def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
               answer: Settle | None) -> bool:
@@ -206,7 +209,7 @@ class ActorMesh(MeshShape, Generic[A]):
         return req
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                    out: OutBuffers) -> Gathering:
+                    out: OutBuffers, deadline: float | None = None) -> Gathering:
         """Call every actor of this view (through the fan-out tree when it
         spans several hosts), the answers gathered without a future each."""
         rt = self._runtime()
@@ -214,39 +217,42 @@ class ActorMesh(MeshShape, Generic[A]):
                       desc.fn.__qualname__, self._name, self._call_sites())
         if self._hosts is None or not limits.fanout_width:
             for i, slot in enumerate(g.slots):
-                self._send(rt, i, desc, body, out, slot)
+                self._send(rt, i, desc, body, out, slot, deadline)
         else:
-            self._fanout(desc, body, out, g, True)
+            self._fanout(desc, body, out, g, True, deadline)
         return g
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, gather: bool) -> list[asyncio.Future[Any]]:
+                     out: OutBuffers, gather: bool, deadline: float | None = None
+                     ) -> list[asyncio.Future[Any]]:
         """Call every actor of this view (through the fan-out tree when it
         spans several hosts); the future of each result, in index order.
         ``gather``: the caller wants them all at once (relays batch the
         answers) rather than each as it comes (a stream)."""
         if self._hosts is None or not limits.fanout_width:
-            return [self._request(i, desc, body, out) for i in range(len(self._region.ranks))]
+            return [self._request(i, desc, body, out, deadline)
+                    for i in range(len(self._region.ranks))]
         loop = self._runtime().loop
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
-        self._fanout(desc, body, out, futs, gather)
+        self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retryable:
-            return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f)), [f])
-                    for i, f in enumerate(futs)]
+            return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f, deadline)),
+                            [f]) for i, f in enumerate(futs)]
         return futs
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers) -> None:
+                  out: OutBuffers, deadline: float | None = None) -> None:
         """Send to every actor of this view, no answers wanted."""
         if self._hosts is None or not limits.fanout_width:
             rt = self._runtime()
             for i in range(len(self._region.ranks)):
-                self._send(rt, i, desc, body, out, None)
+                self._send(rt, i, desc, body, out, None, deadline)
         else:
-            self._fanout(desc, body, out, None, False)
+            self._fanout(desc, body, out, None, False, deadline)
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-                answers: Gathering | Sequence[Settle] | None, gather: bool) -> None:
+                answers: Gathering | Sequence[Settle] | None, gather: bool,
+                deadline: float | None) -> None:
         """One message per range of hosts (see :mod:`meshio._transport._fanout`);
         the answer of the actor at index ``i`` settles ``answers[i]`` (or
         slot ``i`` of a Gathering)."""
@@ -283,21 +289,23 @@ class ActorMesh(MeshShape, Generic[A]):
             calls = [(h, [(a, number(target, a)) for a in (addrs[ranks[i]] for i in indices)])
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
-                                            first, a, relays[a:b], calls, width, gather)), out)
+                                            first, a, relays[a:b], calls, width, gather,
+                                            _budget(deadline))), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers) -> asyncio.Future[Any]:
+                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
         """A call expecting a reply; retried on the new incarnation after a
         restart when the endpoint is ``retryable``."""
         rt = self._runtime()
         fut = _CallFuture(rt.loop)
-        self._send(rt, index, desc, body, out, fut)
+        self._send(rt, index, desc, body, out, fut, deadline)
         if not desc.retryable:
             return fut
-        return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut)), [fut])
+        return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut, deadline)),
+                       [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, fut: asyncio.Future[Any]) -> Any:
+                     out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RETRY_WINDOW
         delay = 0.02
@@ -313,7 +321,7 @@ class ActorMesh(MeshShape, Generic[A]):
                     await asyncio.sleep(delay)
                     delay = min(2 * delay, 1.0)
             fut = _CallFuture(loop)
-            self._send(self._runtime(), index, desc, body, out, fut)
+            self._send(self._runtime(), index, desc, body, out, fut, deadline)
 
     def _site(self, index: int) -> _CallSite:
         return self._call_sites()[index]
@@ -338,6 +346,13 @@ class ActorMesh(MeshShape, Generic[A]):
         return best
 
 
+def _budget(deadline: float | None) -> float | None:
+    """What a call message carries of ``deadline`` (``time.monotonic()``):
+    the seconds left, at least a microsecond (one already past is dropped
+    by its callee, which answers ``CallTimeout``)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
+
+
 class _CallFuture(asyncio.Future[Any]):
     """The future of a call to one actor: cancelling it (the caller gave
     up: cancelled, timed out, a stream abandoned) cancels the call, which
@@ -355,7 +370,7 @@ class _CallFuture(asyncio.Future[Any]):
             return False
         p, self.request = self.request, None
         if p is not None:
-            p.given_up()
+            p.given_up(msg == DEADLINE)
         return True
 
 
@@ -384,11 +399,12 @@ class _Request(Pending):
         if type(self._fut) is _CallFuture:
             self._fut.request = None
 
-    def given_up(self) -> None:
-        """The caller cancelled the call before its answer came."""
+    def given_up(self, expired: bool = False) -> None:
+        """The caller cancelled the call before its answer came (``expired``:
+        because its deadline passed)."""
         self.inflight[self.index] -= 1
         if self.conn.pending.pop(self.req, None) is not None:
-            self.conn.send_message(Cancel(self.req, self.target))
+            self.conn.send_message(Cancel(self.req, self.target, expired))
 
     def on_done(self, f: asyncio.Future[Any]) -> None:
         """The done callback of a future that is not a :class:`_CallFuture`."""

@@ -15,9 +15,11 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import os
 import queue
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -28,8 +30,8 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, _chain
 from ._constants import MSGPACK_NIL
-from ._context import Context, ProcInfo, _context
-from ._exceptions import SchemaError
+from ._context import CallScope, Context, ProcInfo, _context, _scope
+from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
 from ._transport._connection import Connection
 from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
@@ -234,12 +236,17 @@ class ActorCell:
         self.ctx = ctx
         self.instance = instance
         self.endpoints = type(instance)._meshio_endpoints
-        self.mailbox: deque[tuple[Connection, Call, Buffers]] = deque()
+        #: calls waiting for their turn, each with its deadline (``time.monotonic()``)
+        self.mailbox: deque[tuple[Connection, Call, Buffers, float | None]] = deque()
         #: (connection, req) of the mailbox calls not yet started; a call
         #: cancelled by its caller leaves it and is skipped when its turn comes
         self.queued: set[tuple[Connection, int]] = set()
+        #: calls under way, by (connection, req): their scope (deadline, given up)
+        self.scopes: dict[tuple[Connection, int], CallScope] = {}
         #: async calls under way, by (connection, req): their task (cancellable)
         self.running: dict[tuple[Connection, int], asyncio.Task[Any]] = {}
+        #: calls dropped without running because their deadline passed first
+        self.expired = 0
         #: calls whose caller cancelled them while they ran
         self.cancelled: set[tuple[Connection, int]] = set()
         #: tasks of concurrent calls (kept until done)
@@ -260,6 +267,7 @@ class ActorCell:
         return f"{self.ctx.actor_name}[{self.ctx.point.rank}]"
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        deadline = _deadline(msg.deadline)
         desc = self.endpoints.get(msg.method)
         if desc is not None and desc.concurrent:
             # Concurrent endpoints do not queue behind a busy actor: start now.
@@ -269,7 +277,7 @@ class ActorCell:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
             task = self.rt.loop.create_task(
-                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain))
+                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return
@@ -279,7 +287,7 @@ class ActorCell:
             return
         if msg.req:
             self.queued.add((conn, msg.req))
-        self.mailbox.append((conn, msg, bufs))
+        self.mailbox.append((conn, msg, bufs, deadline))
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -300,13 +308,18 @@ class ActorCell:
             "call back into a caller that waits", actor=self.ctx.actor_name,
             rank=self.ctx.point.rank)
 
-    def cancel(self, conn: Connection, req: int) -> None:
-        """The caller of ``req`` gave up: drop the call if queued, cancel it
-        if it is an async call under way (a running ``def`` call finishes)."""
+    def cancel(self, conn: Connection, req: int, expired: bool = False) -> None:
+        """The caller of ``req`` gave up (``expired``: its deadline passed):
+        drop the call if queued, cancel it if it is an async call under way
+        (a running ``def`` call finishes; ``context().cancelled()`` tells it)."""
         key = (conn, req)
         if key in self.queued:
             self.queued.remove(key)
+            self.expired += expired
             return
+        scope = self.scopes.get(key)
+        if scope is not None:
+            scope.cancelled = True
         task = self.running.get(key)
         if task is not None and key not in self.cancelled:
             self.cancelled.add(key)
@@ -315,7 +328,7 @@ class ActorCell:
     def lost(self, conn: Connection) -> None:
         """``conn`` is gone: nobody can take the answers of its calls, as if
         their caller had cancelled each."""
-        for key in [k for k in (*self.queued, *self.running) if k[0] is conn]:
+        for key in [k for k in (*self.queued, *self.scopes) if k[0] is conn]:
             self.cancel(*key)
 
     def stop(self, exc: BaseException | None = None) -> asyncio.Task[None]:
@@ -333,7 +346,7 @@ class ActorCell:
         if self.rt.has_state(Registry):  # RDMA was used here
             self.rt.state(Registry).release_owned(self.target)  # its registrations go with it
         while self.mailbox:
-            conn, msg, _ = self.mailbox.popleft()
+            conn, msg, _, _ = self.mailbox.popleft()
             if (conn, msg.req) in self.queued:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "unknown_actor", "UnknownActorError", "before handling this call")))
@@ -384,7 +397,13 @@ class ActorCell:
 
     def _error(self, conn: Connection, req: int, e: BaseException) -> None:
         """The endpoint raised ``e``: tell the caller (or report a fault).
-        ``SystemExit``/``KeyboardInterrupt`` also end the actor as a failure."""
+        ``SystemExit``/``KeyboardInterrupt`` also end the actor as a failure.
+        A call it made that ran out of this call's deadline: a ``CallTimeout``
+        for the caller too."""
+        if isinstance(e, CallTimeout) and e.inherited:
+            self._fail(conn, req, ErrorInfo("timeout", "CallTimeout", f"{self.where}: {e}",
+                                            actor=self.ctx.actor_name, rank=self.ctx.point.rank))
+            return
         info = actor_error(e, self.ctx)
         if not isinstance(e, (SystemExit, KeyboardInterrupt)):
             self._fail(conn, req, info)
@@ -414,12 +433,21 @@ class ActorCell:
                 self.waiter = loop.create_future()
                 await self.waiter
                 continue
-            conn, msg, bufs = mailbox.popleft()
+            conn, msg, bufs, deadline = mailbox.popleft()
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:
                     continue  # cancelled by its caller
                 queued.remove(key)
+            if deadline is not None and (late := time.monotonic() - deadline) >= 0:
+                self.expired += 1
+                if msg.req:
+                    conn.send_message(Fail(msg.req, ErrorInfo(
+                        "timeout", "CallTimeout",
+                        f"{self.where}: {msg.method} dropped without running: its deadline "
+                        f"passed {late:.3f} s ago while it waited in the mailbox",
+                        actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
+                continue
             desc = self.endpoints.get(msg.method)
             if desc is None:
                 self._fail(conn, msg.req, ErrorInfo(
@@ -437,26 +465,32 @@ class ActorCell:
             self.serving = desc
             _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
             try:
-                await self._run(conn, msg.req, desc, args, kwargs)
+                await self._run(conn, msg.req, desc, args, kwargs, deadline)
             finally:
                 self.serving = None
+                _scope.set(None)
             del bufs, args, kwargs  # an idle actor keeps no value of its last call
 
     async def _run_concurrent(self, conn: Connection, req: int,
                               desc: EndpointDescriptor[Any, Any, Any],
                               args: tuple[Any, ...], kwargs: dict[str, Any],
-                              chain: tuple[str, ...]) -> None:
+                              chain: tuple[str, ...], deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
         _chain.set((*chain, self.identity))
-        await self._run(conn, req, desc, args, kwargs)
+        await self._run(conn, req, desc, args, kwargs, deadline)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
-                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                   args: tuple[Any, ...], kwargs: dict[str, Any],
+                   deadline: float | None) -> None:
         key = (conn, req)
         task = asyncio.current_task()
         assert task is not None
-        if req and desc.is_async:
-            self.running[key] = task
+        scope = CallScope(deadline)
+        _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
+        if req:
+            self.scopes[key] = scope
+            if desc.is_async:
+                self.running[key] = task
         try:
             if desc.is_async:
                 result = await desc.fn(self.instance, *args, **kwargs)
@@ -508,11 +542,21 @@ class ActorCell:
         """The call ``key`` ended; True if its caller had cancelled it (the
         cancellation request is then withdrawn from the task)."""
         self.running.pop(key, None)
+        self.scopes.pop(key, None)
         if key not in self.cancelled:
             return False
         self.cancelled.remove(key)
         task.uncancel()
         return True
+
+
+def _deadline(budget: float | None) -> float | None:
+    """The deadline (``time.monotonic()``) of a call that arrived with
+    ``budget`` seconds left; a budget that is not a finite number (only a
+    faulty peer sends one) is no deadline."""
+    if budget is None or not math.isfinite(budget):
+        return None
+    return time.monotonic() + max(budget, 0.0)
 
 
 def _thread_name(name: str, rank: int) -> str:

@@ -6,13 +6,14 @@ without importing actors."""
 from __future__ import annotations
 
 import contextvars
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from ._extent import Point
 
-__all__ = ("Context", "ProcInfo")
+__all__ = ("CallScope", "Context", "ProcInfo")
 
 #: what ``Context.mesh`` is typed as: the actor's class, or ``ActorMesh[Any]``
 M = TypeVar("M")
@@ -44,6 +45,28 @@ class Context(Generic[M]):
     actor_name: str
     proc: ProcInfo
     mesh: M
+    @property
+    def deadline(self) -> float | None:
+        """When the call under way must be answered, on this process's
+        ``time.monotonic()`` clock (None: no deadline, or no call under way).
+        The caller's ``options(timeout=...)`` travels with the call as a
+        remaining duration; calls made from here inherit what is left."""
+        scope = _scope.get()
+        return None if scope is None else scope.deadline
+
+    def remaining(self) -> float | None:
+        """Seconds left until :attr:`deadline` (0 once passed; None: no deadline)."""
+        deadline = self.deadline
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def cancelled(self) -> bool:
+        """True once the call under way was given up: its caller cancelled it
+        or its deadline passed.  A ``def`` endpoint, which cannot be
+        interrupted in its thread, polls this to stop early; an ``async``
+        one is cancelled (``CancelledError`` at its next ``await``)."""
+        scope = _scope.get()
+        return scope is not None and scope.cancelled
+
     #: what the actor started, oldest first: the actor meshes it spawned and
     #: the ``ProcState`` of the proc meshes it started; stopped before its
     #: own ``__cleanup__`` runs, newest first (``meshio._cell._stop_owned``)
@@ -51,6 +74,24 @@ class Context(Generic[M]):
 
 
 _context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
+
+
+class CallScope:
+    """The call an actor is serving: its deadline (``time.monotonic()``;
+    None: none) and whether it was given up.  Set by the actor cell for the
+    call's task (and the thread of a ``def`` endpoint, which reads
+    ``cancelled`` while the loop sets it); calls made within inherit the
+    deadline."""
+
+    __slots__ = ("cancelled", "deadline")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.cancelled = False
+
+
+_scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
+    "meshio_call_scope", default=None)
 
 
 def _own(thing: Any) -> None:

@@ -287,6 +287,10 @@ class CallTimeout(MeshioError, TimeoutError):
     Attributes:
         endpoint: ``Class.endpoint`` that timed out.
         ranks: flat ranks that did not answer in time.
+        inherited: the deadline that passed was the one an endpoint making
+            the call inherited from the call it was serving; raised out of
+            that endpoint, its own caller gets a ``CallTimeout`` (not an
+            ``ActorError``).
     """
 
     def __init__(
@@ -300,6 +304,9 @@ class CallTimeout(MeshioError, TimeoutError):
         super().__init__(message, failures=failures)
         self.endpoint = endpoint
         self.ranks: tuple[int, ...] = tuple(ranks)
+        #: the deadline that passed was the one inherited from the call an
+        #: endpoint was serving (so that call's caller gets a CallTimeout too)
+        self.inherited = False
 
 
 class UnknownActorError(MeshioError, LookupError):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from .._exceptions import (
+    CallTimeout,
     DeadlockError,
     MeshioError,
     ProtocolError,
@@ -193,6 +194,11 @@ class Pending:
         self.set_exception(error_from_info(info, self))
 
 
+#: the message a call's future is cancelled with when its deadline passed
+#: (its callee is told so: :attr:`Cancel.expired`)
+DEADLINE: Final = "meshio: the call's deadline passed"
+
+
 class Gathering:
     """The answers of one ``call`` to every actor of a view, gathered without
     a future (and its callbacks) per actor: each actor's request is its
@@ -226,12 +232,13 @@ class Gathering:
         for req, s in enumerate(slots, conn.next_reqs(slots)):
             s.sent(conn, req)
 
-    def abandon(self) -> None:
-        """The caller gave up (cancelled, timed out): the callees still
-        running the call drop or cancel it; later answers are ignored."""
+    def abandon(self, msg: str | None = None) -> None:
+        """The caller gave up (cancelled, timed out: ``msg`` is
+        :data:`DEADLINE`): the callees still running the call drop or cancel
+        it; later answers are ignored."""
         if self.left:
             for s in self.slots:
-                s.cancel()
+                s.cancel(msg)
 
 
 class Slot(Pending):
@@ -284,7 +291,7 @@ class Slot(Pending):
         self.set_exception(asyncio.CancelledError(msg))
         conn = self.conn
         if conn is not None and conn.pending.pop(self.req, None) is not None:
-            conn.send_message(Cancel(self.req, self.gathering.target))
+            conn.send_message(Cancel(self.req, self.gathering.target, msg == DEADLINE))
         return True
 
 
@@ -879,6 +886,9 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
                                     cause=info.message)
         case "protocol":
             return ProtocolError(info.message + where)
+        case "timeout":
+            return CallTimeout(info.message + where, endpoint=p.endpoint if p else "",
+                               ranks=[p.rank] if p else [])
 
 
 def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool

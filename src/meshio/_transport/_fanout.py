@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import SchemaError, SupervisionError
+from .._exceptions import CallTimeout, SchemaError, SupervisionError
 from ._connection import Connection, Pending
 from ._messages import (
     Answers,
@@ -102,8 +102,9 @@ class FanoutState:
         for key in [k for k in self.numbers if k[0] == target]:
             del self.numbers[key]
 
-    def cancel(self, up: Connection, req: int) -> bool:
-        """The caller of relayed request ``req`` gave up: pass it down."""
+    def cancel(self, up: Connection, req: int, expired: bool = False) -> bool:
+        """The caller of relayed request ``req`` gave up (``expired``: its
+        deadline passed): pass it down."""
         down = self.relayed.pop((up, req), None)
         if down is None:
             return False
@@ -111,7 +112,7 @@ class FanoutState:
         p = conn.pending.pop(down_req, None)
         if p is not None:
             p.cancel()
-        conn.send_message(Cancel(down_req, target))
+        conn.send_message(Cancel(down_req, target, expired))
         return True
 
     def lost(self, up: Connection) -> None:
@@ -125,7 +126,7 @@ def _as_is(raw: Any, bufs: Buffers) -> tuple[Any, Buffers]:
 
 
 _KINDS: dict[type[BaseException], ErrorKind] = {SupervisionError: "supervision",
-                                                 SchemaError: "schema"}
+                                                 SchemaError: "schema", CallTimeout: "timeout"}
 
 
 class _Answers:
@@ -264,7 +265,8 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         return msg.first_req + k if msg.first_req else 0
 
     def call(req: int, seq: int) -> Call:
-        return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin)
+        return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin,
+                    deadline=msg.deadline)  # (this relay's own delay is microseconds)
 
     for host, calls in msg.groups:
         if host != own:
@@ -293,7 +295,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             first = first or req
         conn.send(encode_message(Fanout(
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
-            relays[a - lo:b - lo], part, msg.width, msg.gather)), out)
+            relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline)), out)
 
 
 def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,

@@ -74,6 +74,10 @@ class Call(_Msg, frozen=True, tag=2):
     connection's peer) to this actor when they may take different paths
     (direct, or through the fan-out tree: :mod:`._fanout`); the receiver
     runs them in that order.  0: not numbered (a one-host mesh).
+
+    ``deadline``: seconds the caller still waits for the answer, as sent
+    (None: no deadline); a duration, not a time, so hosts need no common
+    clock.  The callee drops the call if that passed before it ran.
     """
 
     req: int
@@ -83,6 +87,7 @@ class Call(_Msg, frozen=True, tag=2):
     chain: tuple[str, ...] = ()
     seq: int = 0
     origin: str = ""
+    deadline: float | None = None
 
 
 class Reply(_Msg, frozen=True, tag=3):
@@ -93,7 +98,7 @@ class Reply(_Msg, frozen=True, tag=3):
 #: what went wrong remotely; each kind is one exception type at the caller
 #: (``error_from_info``); a frame with any other kind does not decode
 ErrorKind: TypeAlias = Literal["actor", "schema", "unknown_actor", "unknown_endpoint",
-                               "deadlock", "rdma", "supervision", "protocol"]
+                               "deadlock", "rdma", "supervision", "protocol", "timeout"]
 #: the two directions of a one-sided transfer
 Transfer: TypeAlias = Literal["read", "write"]
 #: what an :class:`RdmaOp` asks of the buffer's owner
@@ -194,10 +199,11 @@ class RdmaOp(_Msg, frozen=True, tag=13):
 class Cancel(_Msg, frozen=True, tag=14):
     """The caller of ``req`` (a Call to the actor of mesh ``target`` on this
     connection) gave up: drop it if still queued, cancel it if running.  No
-    reply."""
+    reply.  ``expired``: it gave up because the call's deadline passed."""
 
     req: int
     target: str
+    expired: bool = False
 
 
 class PeerDown(_Msg, frozen=True, tag=15):
@@ -278,7 +284,8 @@ class Fanout(_Msg, frozen=True, tag=21):
     (``first_req`` 0: no answers, a broadcast).  ``origin`` is the caller
     (empty: the connection's peer); ``width`` bounds the messages each relay
     sends on.  The answers go back up in :class:`Answers`: all of a relay's
-    at once when ``gather`` (a ``call``), else as they come (a ``stream``)."""
+    at once when ``gather`` (a ``call``), else as they come (a ``stream``).
+    ``deadline``: as in :class:`Call`."""
 
     target: str
     method: str
@@ -291,6 +298,7 @@ class Fanout(_Msg, frozen=True, tag=21):
     groups: list[tuple[int, list[tuple[str, int]]]]
     width: int
     gather: bool
+    deadline: float | None = None
 
 
 class Answers(_Msg, frozen=True, tag=22):

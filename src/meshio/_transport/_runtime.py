@@ -210,8 +210,8 @@ class Mailbox(Protocol):
         """Queue ``msg`` (a call from ``conn``) for the actor."""
         ...
 
-    def cancel(self, conn: Connection, req: int, /) -> None:
-        """The caller of ``req`` on ``conn`` gave up."""
+    def cancel(self, conn: Connection, req: int, expired: bool = False, /) -> None:
+        """The caller of ``req`` on ``conn`` gave up (``expired``: its deadline passed)."""
         ...
 
     def lost(self, conn: Connection, /) -> None:
@@ -709,8 +709,8 @@ class Runtime:
                         lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
             case Cancel():
                 cell = self.actors.get(msg.target)
-                if not self.fanout.cancel(conn, msg.req) and cell is not None:
-                    cell.cancel(conn, msg.req)
+                if not self.fanout.cancel(conn, msg.req, msg.expired) and cell is not None:
+                    cell.cancel(conn, msg.req, msg.expired)
             case Fault():
                 handler = self.on_fault_from.get(conn.peer or "")
                 if handler is not None:

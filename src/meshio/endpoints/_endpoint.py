@@ -13,9 +13,11 @@ import asyncio
 import builtins
 import functools
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from .._context import _scope
 from .._exceptions import (
     CallTimeout,
     MeshioError,
@@ -25,7 +27,7 @@ from .._exceptions import (
     rebuild_error,
 )
 from .._transport._bulk import snapshot
-from .._transport._connection import Gathering
+from .._transport._connection import DEADLINE, Gathering
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
 from .._value_mesh import ValueMesh
@@ -92,26 +94,29 @@ class CallTarget(Protocol):
         ...
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers) -> asyncio.Future[Any]:
+                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
         """Call the actor at ``index`` (an encoded call: ``body`` and its
-        out-of-band buffers ``out``); the future of its decoded result."""
+        out-of-band buffers ``out``); the future of its decoded result.
+        ``deadline`` (``time.monotonic()``; None: none) travels with the
+        call, here and in the methods below."""
         ...
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                    out: OutBuffers) -> Gathering:
+                    out: OutBuffers, deadline: float | None = None) -> Gathering:
         """Call every actor of the view (one message per range of hosts when it
         spans several); their answers gathered, by index."""
         ...
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, gather: bool) -> list[asyncio.Future[Any]]:
+                     out: OutBuffers, gather: bool, deadline: float | None = None
+                     ) -> list[asyncio.Future[Any]]:
         """Call every actor of the view (one message per range of hosts when it
         spans several); the futures of their results, in index order;
         ``gather`` when they are wanted all at once rather than as they come."""
         ...
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers) -> None:
+                  out: OutBuffers, deadline: float | None = None) -> None:
         """Send the call to every actor of the view: fire and forget."""
         ...
 
@@ -245,6 +250,9 @@ class Endpoint(Generic[P, R]):
     ``call_one`` — the only actor; ``choose`` — one actor, load-balanced;
     ``stream`` — every actor, results as they arrive; ``broadcast`` — every
     actor, fire and forget.  ``options(timeout=...)`` sets per-call options.
+
+    Inside an endpoint, calls inherit what is left of the deadline of the
+    call being served (the tighter of that and their own ``timeout``).
     """
 
     __slots__ = ("_desc", "_mesh", "_timeout")
@@ -267,11 +275,27 @@ class Endpoint(Generic[P, R]):
 
         Args:
             timeout: seconds to wait for the answers before raising
-                :class:`~meshio.CallTimeout` (``None``: wait forever).
+                :class:`~meshio.CallTimeout` (``None``: wait forever, or
+                as long as the deadline inherited from the endpoint making
+                the call).  It travels with the call as its deadline: the
+                callee sees it as ``meshio.context().deadline``, its own
+                calls inherit it, and a call still queued when it passes is
+                dropped without running.
         """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
         return Endpoint(self._mesh, self._desc, timeout)
+
+    def _deadline(self) -> float | None:
+        """When this call's answers are due (``time.monotonic()``): the
+        tighter of its own timeout and the deadline of the call being
+        served, if any (None: neither)."""
+        scope = _scope.get()
+        inherited = scope.deadline if scope is not None else None
+        if self._timeout is None:
+            return inherited
+        own = time.monotonic() + self._timeout
+        return own if inherited is None or own < inherited else inherited
 
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, Packer]:
         schema = self._desc.schema
@@ -284,19 +308,22 @@ class Endpoint(Generic[P, R]):
         """Call every actor of the mesh; a ValueMesh of the results."""
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
+        deadline = self._deadline()
         if self._desc.retryable:  # each actor's call retried on its own
-            futs = mesh._request_all(self._desc, body, packer.out, True)
-            return cancels(asyncio.ensure_future(self._gather(futs)), futs)
-        g = mesh._gather_all(self._desc, body, packer.out)
-        task = asyncio.ensure_future(self._gathered(g))
+            futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
+            return cancels(asyncio.ensure_future(self._gather(futs, deadline)), futs)
+        g = mesh._gather_all(self._desc, body, packer.out, deadline)
+        task = asyncio.ensure_future(self._gathered(g, deadline))
         task.add_done_callback(lambda _: g.abandon())
         return task
 
-    async def _gather(self, futs: list[asyncio.Future[Any]]) -> ValueMesh[R]:
+    async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None
+                      ) -> ValueMesh[R]:
         if futs:
-            _, pending = await asyncio.wait(futs, timeout=self._timeout)
+            _, pending = await asyncio.wait(futs, timeout=_left(deadline))
             if pending:
-                self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending)
+                self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending,
+                                    deadline)
         failures: list[tuple[Point, BaseException]] = []
         for point, f in zip(self._mesh, futs):
             exc = f.exception()
@@ -306,30 +333,41 @@ class Endpoint(Generic[P, R]):
             raise combine_failures(self._qualname, self._mesh, failures)
         return ValueMesh(self._mesh._region, [f.result() for f in futs])
 
-    async def _gathered(self, g: Gathering) -> ValueMesh[R]:
-        if self._timeout is None:
+    async def _gathered(self, g: Gathering, deadline: float | None) -> ValueMesh[R]:
+        if deadline is None:
             await g.fut
         else:
-            done, _ = await asyncio.wait([g.fut], timeout=self._timeout)
+            done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
             if not done:
-                self._raise_timeout(g.unsettled(), ())
+                late = g.unsettled()
+                g.abandon(DEADLINE)
+                self._raise_timeout(late, (), deadline)
         if g.errors:
             points = list(self._mesh)
             raise combine_failures(self._qualname, self._mesh,
                                    [(points[i], e) for i, e in sorted(g.errors.items())])
         return ValueMesh(self._mesh._region, g.values)
 
-    def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]]) -> None:
+    def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]],
+                       deadline: float | None) -> None:
         """Cancel what is still pending; raise naming the late actors (their
-        indices in this view; ranks as in ActorError/SupervisionError)."""
+        indices in this view; ranks as in ActorError/SupervisionError).
+        When ``deadline`` is the one of the call being served, that call's
+        caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
         for f in pending:
-            f.cancel()
+            f.cancel(DEADLINE)
         sites = [self._mesh._site(i) for i in late]
         ranks = [s.rank for s in sites]
-        raise CallTimeout(
-            f"{self._qualname} on {self._mesh._name!r}: no answer within {self._timeout}s "
+        scope = _scope.get()
+        inherited = scope is not None and scope.deadline == deadline
+        within = ("before the deadline of the call being served" if inherited else
+                  f"within {self._timeout}s")
+        error = CallTimeout(
+            f"{self._qualname} on {self._mesh._name!r}: no answer {within} "
             f"from rank(s) {ranks} ({', '.join(map(repr, sites))})",
             endpoint=self._qualname, ranks=ranks)
+        error.inherited = inherited
+        raise error
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call the only actor of a one-actor mesh (e.g. a slice) and return its result."""
@@ -339,7 +377,9 @@ class Endpoint(Generic[P, R]):
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
         body, packer = self._encode(args, kwargs)
-        return self._single(mesh._request(0, self._desc, body, packer.out), 0)
+        deadline = self._deadline()
+        return self._single(mesh._request(0, self._desc, body, packer.out, deadline), 0,
+                            deadline)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller."""
@@ -349,17 +389,22 @@ class Endpoint(Generic[P, R]):
                                  "needs at least one actor")
         body, packer = self._encode(args, kwargs)
         index = mesh._least_loaded()
-        return self._single(mesh._request(index, self._desc, body, packer.out), index)
+        deadline = self._deadline()
+        return self._single(mesh._request(index, self._desc, body, packer.out, deadline),
+                            index, deadline)
 
-    def _single(self, fut: asyncio.Future[Any], index: int) -> asyncio.Future[R]:
-        if self._timeout is None:
+    def _single(self, fut: asyncio.Future[Any], index: int, deadline: float | None
+                ) -> asyncio.Future[R]:
+        if deadline is None:
             return fut
-        return cancels(asyncio.ensure_future(self._single_timeout(fut, index)), [fut])
+        return cancels(asyncio.ensure_future(self._single_timeout(fut, index, deadline)),
+                       [fut])
 
-    async def _single_timeout(self, fut: asyncio.Future[Any], index: int) -> R:
-        done, _ = await asyncio.wait([fut], timeout=self._timeout)
+    async def _single_timeout(self, fut: asyncio.Future[Any], index: int,
+                              deadline: float) -> R:
+        done, _ = await asyncio.wait([fut], timeout=_left(deadline))
         if not done:
-            self._raise_timeout([index], [fut])
+            self._raise_timeout([index], [fut], deadline)
         result: R = fut.result()
         return result
 
@@ -371,19 +416,17 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         points = list(mesh)
-        futs = mesh._request_all(self._desc, body, packer.out, False)
+        deadline = self._deadline()
+        futs = mesh._request_all(self._desc, body, packer.out, False, deadline)
         where = {f: p for f, p in zip(futs, points)}
         remaining = set(futs)
-        loop = asyncio.get_running_loop()
-        deadline = None if self._timeout is None else loop.time() + self._timeout
         try:
             while remaining:
-                timeout = None if deadline is None else max(0.0, deadline - loop.time())
                 done, remaining = await asyncio.wait(
-                    remaining, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                    remaining, timeout=_left(deadline), return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     self._raise_timeout([i for i, f in enumerate(futs) if f in remaining],
-                                        remaining)
+                                        remaining, deadline)
                 for f in sorted(done, key=lambda f: where[f].rank):
                     yield where[f], f.result()
         finally:
@@ -396,10 +439,15 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: large values are copied now, so that
         # changing them in place afterwards cannot reach an actor
-        on_loop(self._broadcast, body, snapshot(packer.out))
+        on_loop(self._broadcast, body, snapshot(packer.out), self._deadline())
 
-    def _broadcast(self, body: bytes, out: OutBuffers) -> None:
-        self._mesh._send_all(self._desc, body, out)
+    def _broadcast(self, body: bytes, out: OutBuffers, deadline: float | None) -> None:
+        self._mesh._send_all(self._desc, body, out, deadline)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (``time.monotonic()``), for ``asyncio.wait``."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asyncio.Future[T]:

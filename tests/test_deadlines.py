@@ -1,0 +1,250 @@
+"""Deadlines travel with calls, and cancelling a call cancels the calls made
+on its behalf (issue 18 items 1 and 2), with real worker processes.
+
+Nothing here sleeps to wait for something: tests wait on call futures and
+ports, each under a generous guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import meshio
+from meshio import Actor, CallTimeout, Channel, Port, endpoint
+from meshio._cell import _deadline
+from meshio.jobs import ProcessJob
+
+#: generous bound on any single wait on a loaded machine
+GUARD = 20.0
+
+
+class Probe(Actor):
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.runs = 0
+        self.in_chain = asyncio.Event()
+        self.chain_ended = asyncio.Event()
+
+    @endpoint
+    async def budget(self) -> tuple[float | None, float | None]:
+        """What this call sees of its deadline: (deadline, remaining)."""
+        ctx = meshio.context()
+        return ctx.deadline, ctx.remaining()
+
+    @endpoint
+    def budget_in_thread(self) -> float | None:
+        return meshio.context().remaining()
+
+    @endpoint
+    async def ask(self, other: Probe, timeout: float | None
+                  ) -> tuple[float | None, float | None]:
+        """Our remaining budget, and the one ``other`` sees when we call it
+        (with ``timeout`` of our own, if any)."""
+        mine = meshio.context().remaining()
+        ep = other.budget if timeout is None else other.budget.options(timeout=timeout)
+        _, theirs = await ep.call_one()
+        return mine, theirs
+
+    @endpoint
+    async def hold(self) -> None:
+        await self.gate.wait()
+
+    @endpoint(concurrent=True)
+    async def open_gate(self) -> None:
+        self.gate.set()
+
+    @endpoint
+    async def work(self) -> None:
+        self.runs += 1
+
+    @endpoint(concurrent=True)
+    async def count(self) -> int:
+        return self.runs
+
+    @endpoint
+    async def send_work(self, other: Probe) -> None:
+        """Broadcast to ``other`` (no answer wanted): it carries our deadline."""
+        other.work.broadcast()
+
+    @endpoint
+    async def chain(self, rest: list[Probe]) -> None:
+        """Call the next actor of ``rest`` down the chain; the last one waits
+        forever."""
+        self.in_chain.set()
+        try:
+            if rest:
+                await rest[0].chain.call_one(rest[1:])
+            else:
+                await asyncio.Event().wait()
+        except (asyncio.CancelledError, CallTimeout):  # (the deadline may pass here first)
+            self.chain_ended.set()
+            raise
+
+    @endpoint(concurrent=True)
+    async def wait_in_chain(self) -> None:
+        await self.in_chain.wait()
+
+    @endpoint(concurrent=True)
+    async def wait_chain_ended(self) -> None:
+        await self.chain_ended.wait()
+
+    @endpoint
+    def poll_until_given_up(self, started: Port[str], cancels: Port[str]) -> None:
+        """A def endpoint that stops early once its caller gave up."""
+        started.send("polling")
+        t0 = time.monotonic()
+        while not meshio.context().cancelled():
+            if time.monotonic() - t0 > GUARD:
+                return
+            time.sleep(0.005)
+        cancels.send("polling")
+
+
+async def probes(procs: meshio.ProcMesh, *names: str) -> list[Probe]:
+    """One Probe per name, each on its own process (round the proc mesh)."""
+    n = len(procs)
+    return [await procs.slice(procs=i % n).spawn(name, Probe) for i, name in enumerate(names)]
+
+
+async def test_the_deadline_travels_with_the_call(procs: meshio.ProcMesh) -> None:
+    """issue 18 item 1: ``options(timeout=s)`` reaches the callee as
+    ``context().deadline`` (its own monotonic clock) and ``remaining()``, in
+    an async endpoint and in a def endpoint's thread; without a timeout there
+    is none."""
+    (p,) = await probes(procs, "p")
+    before = time.monotonic()
+    deadline, remaining = await asyncio.wait_for(p.budget.options(timeout=5.0).call_one(), GUARD)
+    assert deadline is not None and remaining is not None
+    assert before < deadline <= time.monotonic() + 5.0  # (one host: one monotonic clock)
+    assert 0.0 < remaining <= 5.0
+    in_thread = await asyncio.wait_for(p.budget_in_thread.options(timeout=5.0).call_one(), GUARD)
+    assert in_thread is not None and 0.0 < in_thread <= 5.0
+    assert await asyncio.wait_for(p.budget.call_one(), GUARD) == (None, None)
+    assert await asyncio.wait_for(p.budget_in_thread.call_one(), GUARD) is None
+
+
+@pytest.mark.parametrize(("outer", "own", "bound"), [
+    (10.0, None, "outer"), (10.0, 0.5, "own"), (2.0, 100.0, "outer")])
+async def test_calls_made_inside_inherit_the_remaining_budget(
+        procs: meshio.ProcMesh, outer: float, own: float | None, bound: str) -> None:
+    """issue 18 item 1: a call made from an endpoint inherits what is left of
+    the served call's deadline: the tighter of that and its own timeout."""
+    a, b = await probes(procs, "a", "b")
+    mine, theirs = await asyncio.wait_for(a.ask.options(timeout=outer).call_one(b, own), GUARD)
+    assert mine is not None and theirs is not None
+    assert 0.0 < theirs <= mine <= outer
+    if bound == "own":
+        assert own is not None and theirs <= own < mine
+    else:
+        assert own is None or theirs < own
+
+
+async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(
+        procs: meshio.ProcMesh) -> None:
+    """issue 18 item 1: a call still queued behind a busy call when its
+    deadline passes is dropped without running; its caller gets CallTimeout."""
+    (p,) = await probes(procs, "p")
+    held = asyncio.ensure_future(p.hold.call_one())
+    with pytest.raises(CallTimeout, match=r"no answer within 0\.3s"):
+        await asyncio.wait_for(p.work.options(timeout=0.3).call_one(), GUARD)
+    await asyncio.wait_for(p.open_gate.call_one(), GUARD)
+    await asyncio.wait_for(held, GUARD)
+    await asyncio.wait_for(p.work.call_one(), GUARD)  # (behind the dropped one)
+    assert await asyncio.wait_for(p.count.call_one(), GUARD) == 1
+
+
+async def test_a_broadcast_carries_the_deadline_it_was_sent_under(
+        procs: meshio.ProcMesh) -> None:
+    """issue 18 item 1: a broadcast from an endpoint carries that call's
+    deadline; queued past it, the callee drops it without running (nobody
+    waits for it: nothing else happens)."""
+    a, b = await probes(procs, "a", "b")
+    held = asyncio.ensure_future(b.hold.call_one())
+    sent = time.monotonic()
+    await asyncio.wait_for(a.send_work.options(timeout=0.2).call_one(b), GUARD)
+    # the broadcast is in b's mailbox behind hold: let its deadline pass (the
+    # condition under test is a duration, not an event to wait for)
+    await asyncio.sleep(max(0.0, sent + 0.25 - time.monotonic()))
+    await asyncio.wait_for(b.open_gate.call_one(), GUARD)
+    await asyncio.wait_for(held, GUARD)
+    await asyncio.wait_for(b.work.call_one(), GUARD)
+    assert await asyncio.wait_for(b.count.call_one(), GUARD) == 1
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+async def test_cancelling_a_call_cancels_its_chain(procs: meshio.ProcMesh, how: str) -> None:
+    """issue 18 item 2: cancelling a call (or its deadline passing) cancels
+    the calls its endpoint made, transitively: a -> b -> c, each in another
+    process; nothing keeps running."""
+    chain = await probes(procs, "a", "b", "c")
+    ep = chain[0].chain.options(timeout=1.0) if how == "timeout" else chain[0].chain
+    call = asyncio.ensure_future(ep.call_one(chain[1:]))
+    await asyncio.wait_for(asyncio.gather(*(p.wait_in_chain.call_one() for p in chain)), GUARD)
+    if how == "cancel":
+        call.cancel()
+    with pytest.raises((asyncio.CancelledError, CallTimeout)):
+        await asyncio.wait_for(call, GUARD)
+    await asyncio.wait_for(asyncio.gather(*(p.wait_chain_ended.call_one() for p in chain)),
+                           GUARD)
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+async def test_a_def_endpoint_sees_that_its_caller_gave_up(
+        procs: meshio.ProcMesh, how: str) -> None:
+    """issue 18 item 2: a def endpoint, which cannot be interrupted in its
+    thread, polls ``context().cancelled()`` and stops early once its caller
+    cancelled the call or the deadline passed."""
+    (p,) = await probes(procs, "p")
+    port, started = Channel[str].open()
+    cport, cancels = Channel[str].open()
+    ep = p.poll_until_given_up.options(timeout=0.5) if how == "timeout" else p.poll_until_given_up
+    call = asyncio.ensure_future(ep.call_one(port, cport))
+    assert await asyncio.wait_for(started.recv(), GUARD) == "polling"
+    if how == "cancel":
+        call.cancel()
+    with pytest.raises((asyncio.CancelledError, CallTimeout)):
+        await asyncio.wait_for(call, GUARD)
+    assert await asyncio.wait_for(cancels.recv(), GUARD) == "polling"
+
+
+@given(st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)))
+def test_any_budget_decodes_to_no_deadline_or_a_finite_one(budget: float | None) -> None:
+    """issue 18 item 1: (evidence) whatever a peer puts in a call's deadline
+    field (negative, NaN, infinite, huge) is no deadline or a finite time no
+    earlier than now."""
+    before = time.monotonic()
+    deadline = _deadline(budget)
+    if budget is None or not math.isfinite(budget):
+        assert deadline is None
+    else:
+        assert deadline is not None and math.isfinite(deadline) and deadline >= before
+
+
+async def test_deadline_and_cancellation_cross_hosts(tmp_path: Path) -> None:
+    """issue 18 items 1 and 2: a -> b -> c, each on a host of its own (host
+    agents reached over TCP): the deadline arrives as a remaining duration,
+    and cancelling the call at a cancels b and c too."""
+    job = ProcessJob(meshes={"three": 3}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        async with state.three.spawn_procs() as hosts:
+            chain = [await hosts.slice(hosts=i).spawn(name, Probe)
+                     for i, name in enumerate("abc")]
+            mine, theirs = await asyncio.wait_for(
+                chain[0].ask.options(timeout=10.0).call_one(chain[1], None), GUARD)
+            assert mine is not None and theirs is not None and 0.0 < theirs <= mine <= 10.0
+            call = asyncio.ensure_future(chain[0].chain.call_one(chain[1:]))
+            await asyncio.wait_for(
+                asyncio.gather(*(p.wait_in_chain.call_one() for p in chain)), GUARD)
+            call.cancel()
+            await asyncio.wait_for(
+                asyncio.gather(*(p.wait_chain_ended.call_one() for p in chain)), GUARD)
+    finally:
+        await job.kill()
