@@ -51,6 +51,7 @@ from ._value_mesh import ValueMesh as ValueMesh
 from .endpoints._endpoint import Endpoint as Endpoint
 from .endpoints._endpoint import EndpointDescriptor as EndpointDescriptor
 from .endpoints._endpoint import endpoint as endpoint
+from .endpoints._retry import Retry as Retry
 from .jobs._remote import attach as attach
 from .rdma._buffer import RDMABuffer as RDMABuffer
 from .supervision._events import SupervisionEvent as SupervisionEvent
@@ -84,6 +85,7 @@ __all__ = (
     "RDMAError",
     "RDMAFallbackWarning",
     "RDMASizeError",
+    "Retry",
     "SchemaError",
     "SupervisionError",
     "SupervisionEvent",

@@ -42,8 +42,6 @@ __all__ = ("ActorMesh",)
 _chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "meshio_call_chain", default=())
 
-#: seconds a retryable call keeps trying across restarts
-RETRY_WINDOW = 60.0
 
 A = TypeVar("A")
 P = ParamSpec("P")
@@ -235,7 +233,7 @@ class ActorMesh(MeshShape, Generic[A]):
         loop = self._runtime().loop
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
-        if desc.retryable:
+        if desc.retry is not None:
             return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f, deadline)),
                             [f]) for i, f in enumerate(futs)]
         return futs
@@ -294,32 +292,35 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
-        """A call expecting a reply; retried on the new incarnation after a
-        restart when the endpoint is ``retryable``."""
+        """A call expecting a reply; sent again as the endpoint's retry
+        policy says (:class:`~meshio.Retry`)."""
         rt = self._runtime()
         fut = _CallFuture(rt.loop)
         self._send(rt, index, desc, body, out, fut, deadline)
-        if not desc.retryable:
+        if desc.retry is None:
             return fut
         return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut, deadline)),
                        [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None) -> Any:
+        policy = desc.retry
+        assert policy is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + RETRY_WINDOW
-        delay = 0.02
+        attempt = 1
         while True:
             try:
                 return await fut
-            except SupervisionError:
-                if loop.time() >= deadline:
+            except Exception as e:
+                if attempt >= policy.attempts or not policy.matches(e) or (
+                        deadline is not None and time.monotonic() >= deadline):
                     raise
-                if self._procs is not None:  # the owner knows when the restart is done
+                if isinstance(e, SupervisionError) and self._procs is not None:
+                    # the owner knows when the restart is done (or that none comes)
                     await self._procs._state.wait_ready(self._region.ranks[index])
-                else:  # a reference held elsewhere: back off and try again
-                    await asyncio.sleep(delay)
-                    delay = min(2 * delay, 1.0)
+                else:  # a reference held elsewhere, or an error raised by the endpoint
+                    await asyncio.sleep(policy.delay(attempt))
+            attempt += 1
             fut = _CallFuture(loop)
             self._send(self._runtime(), index, desc, body, out, fut, deadline)
 

@@ -31,6 +31,7 @@ from .._transport._connection import DEADLINE, Gathering
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
 from .._value_mesh import ValueMesh
+from ._retry import PROCESS_DEATH, Retry
 from ._schema import Schema
 
 if TYPE_CHECKING:
@@ -146,11 +147,11 @@ class EndpointDescriptor(Generic[A, P, R]):
     an :class:`Endpoint`, or pass it to ``mesh.call(Cls.method, ...)``."""
 
     def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False,
-                 retryable: bool = False) -> None:
+                 retryable: bool = False, retry: Retry | None = None) -> None:
         if isinstance(fn, EndpointDescriptor):
             raise TypeError(
                 f"@endpoint applied twice to {fn.fn.__qualname__}: the outer decorator's "
-                "options would be lost; use a single @endpoint(concurrent=..., retryable=...)")
+                "options would be lost; use a single @endpoint(concurrent=..., retry=...)")
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             raise TypeError(
                 f"@endpoint on generator {getattr(fn, '__qualname__', fn)!r}: an endpoint "
@@ -162,10 +163,17 @@ class EndpointDescriptor(Generic[A, P, R]):
                 "'async def' endpoints can run concurrently (a plain 'def' endpoint runs in "
                 "the actor's thread, one call at a time); make it 'async def' or drop "
                 "concurrent=True")
+        if retry is not None and not isinstance(retry, Retry):
+            raise TypeError(f"@endpoint(retry=...) on {getattr(fn, '__qualname__', fn)!r} must "
+                            f"be a meshio.Retry, got {retry!r}")
+        if retry is not None and retryable:
+            raise TypeError(f"@endpoint on {getattr(fn, '__qualname__', fn)!r}: give retry= or "
+                            "retryable=True (short for retrying on process death), not both")
         self.fn = fn
         self.name: str = fn.__name__
         self.concurrent = concurrent
-        self.retryable = retryable
+        #: when a failed call is sent again (None: never)
+        self.retry: Retry | None = PROCESS_DEATH if retryable else retry
         self.is_async: bool = inspect.iscoroutinefunction(fn)
         self.schema: Schema = Schema(fn, fn.__qualname__)
         #: made once, for the requests of every call
@@ -206,8 +214,10 @@ def endpoint(
 @overload
 def endpoint(fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
 @overload
-def endpoint(*, concurrent: bool = False, retryable: bool = False) -> _EndpointDecorator: ...
-def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = False) -> Any:
+def endpoint(*, concurrent: bool = False, retryable: bool = False,
+             retry: Retry | None = None) -> _EndpointDecorator: ...
+def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = False,
+             retry: Retry | None = None) -> Any:
     """Mark a method of an :class:`~meshio.Actor` as remotely callable.
 
     ``async def`` and plain ``def`` methods both work: an ``async def``
@@ -225,21 +235,25 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = F
             ``def``).  Needed for reentrant calls: an endpoint called back
             by an actor its own call is waiting on (else
             :class:`~meshio.DeadlockError`).
-        retryable: the endpoint is idempotent: a call that fails because the
-            actor's process died is sent again to the new incarnation once
-            its supervisor has restarted it (for up to a minute), instead of
-            raising :class:`~meshio.SupervisionError`.  Without it calls are
-            never re-executed silently.
+        retry: a :class:`~meshio.Retry` policy: a call that fails with one
+            of its exception types (raised by the endpoint, or
+            :class:`~meshio.SupervisionError` when the actor's process died)
+            is sent again, up to its number of attempts.  Without a policy
+            calls are never re-executed silently.
+        retryable: short for ``retry=meshio.Retry(attempts=10,
+            on=(SupervisionError,))``: the endpoint is idempotent; a call
+            that fails because the actor's process died is sent again to the
+            new incarnation once its supervisor has restarted it.
     """
     if fn is None:
         def decorate(f: Callable[..., Any]) -> EndpointDescriptor[Any, ..., Any]:
-            return EndpointDescriptor(f, concurrent=concurrent, retryable=retryable)
+            return EndpointDescriptor(f, concurrent=concurrent, retryable=retryable, retry=retry)
 
         return decorate
     if not callable(fn):
         raise TypeError(f"@endpoint expects a function, got {fn!r}")
     desc: EndpointDescriptor[Any, ..., Any] = EndpointDescriptor(
-        fn, concurrent=concurrent, retryable=retryable)
+        fn, concurrent=concurrent, retryable=retryable, retry=retry)
     return desc
 
 
@@ -309,7 +323,7 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         deadline = self._deadline()
-        if self._desc.retryable:  # each actor's call retried on its own
+        if self._desc.retry is not None:  # each actor's call retried on its own
             futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
             return cancels(asyncio.ensure_future(self._gather(futs, deadline)), futs)
         g = mesh._gather_all(self._desc, body, packer.out, deadline)

@@ -1,0 +1,69 @@
+"""``meshio.Retry``: when a failed call is sent again (``@endpoint(retry=...)``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from .._exceptions import ActorError, SupervisionError
+
+__all__ = ("PROCESS_DEATH", "Retry")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A retry policy for an endpoint: ``@endpoint(retry=meshio.Retry(...))``.
+
+    A call that fails with one of the exception types in ``on`` is sent
+    again, up to ``attempts`` times in all, waiting ``backoff`` seconds
+    before the second attempt and twice as long before each next one (at
+    most a second).  ``on`` matches the exception the endpoint raised, by
+    its type (a remote ``ValueError`` matches ``ValueError``; one whose
+    class the caller cannot import, by its qualified name), and the
+    failures seen by the caller: :class:`~meshio.SupervisionError` (the
+    actor's process died or the connection to it was lost; the call then
+    goes to the restarted incarnation once its supervisor has rebuilt it).
+    Retrying stops when the call's deadline (``options(timeout=...)``)
+    passes.  The endpoint must be safe to run more than once: a call is
+    re-executed only where such a policy is declared.
+
+    Attributes:
+        attempts: how many times the call is sent at most (1: no retry).
+        on: the exception types that are retried.
+        backoff: seconds before the first retry (doubled for each next one).
+    """
+
+    attempts: int = 3
+    on: tuple[type[BaseException], ...] = (SupervisionError,)
+    backoff: float = 0.1
+
+    def __post_init__(self) -> None:
+        if type(self.attempts) is not int or self.attempts < 1:
+            raise ValueError(f"Retry(attempts=...) must be an int >= 1, got {self.attempts!r}")
+        if not isinstance(self.on, tuple) or not all(
+                isinstance(t, type) and issubclass(t, BaseException) for t in self.on):
+            raise TypeError(f"Retry(on=...) must be a tuple of exception types, got {self.on!r}")
+        if any(issubclass(t, asyncio.CancelledError) for t in self.on):
+            raise ValueError("Retry(on=...) cannot retry CancelledError: a cancelled call is "
+                             "given up, not failed")
+        if not isinstance(self.backoff, (int, float)) or not self.backoff >= 0:
+            raise ValueError(f"Retry(backoff=...) must be a number >= 0, got {self.backoff!r}")
+
+    def matches(self, error: BaseException) -> bool:
+        """Whether a call that failed with ``error`` is retried."""
+        if isinstance(error, asyncio.CancelledError):
+            return False
+        if isinstance(error, self.on):
+            return True
+        return isinstance(error, ActorError) and any(
+            error.remote_type in (t.__qualname__, f"{t.__module__}.{t.__qualname__}")
+            for t in self.on)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
+        return min(self.backoff * 2.0 ** (attempt - 1), 1.0)
+
+
+#: what ``@endpoint(retryable=True)`` means: retry on process death, through
+#: several restarts
+PROCESS_DEATH = Retry(attempts=10, on=(SupervisionError,), backoff=0.1)
