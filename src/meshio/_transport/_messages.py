@@ -20,6 +20,7 @@ __all__ = (
     "Fail",
     "Fanout",
     "Fault",
+    "GetStacks",
     "Hello",
     "LaunchWorker",
     "Message",
@@ -341,10 +342,25 @@ class StoreOp(_Msg, frozen=True, tag=25):
     timeout: float = -1.0
 
 
+class GetStacks(_Msg, frozen=True, tag=26):
+    """A request for the current Python stacks of the actors the receiver
+    hosts (of actor mesh ``target``; empty: all of them), served by its
+    runtime on its loop, not through the actors' mailboxes, so a busy
+    actor answers too (:mod:`meshio._stacks`).  Answered with a
+    :class:`Reply` holding a list of ``meshio.ActorStacks``.  To a
+    controller, from a ``meshio stacks`` client on its inspection listener
+    (``job``): the stacks of every actor of its proc meshes, as a
+    ``meshio.Stacks``."""
+
+    req: int
+    target: str = ""
+    job: bool = False
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp)
+           | StoreOp | GetStacks)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
