@@ -148,11 +148,9 @@ class ActorMesh(MeshShape, Generic[A]):
         Raises:
             ValueError: ``timeout`` is not a positive number.
         """
-        ranks = self._region.ranks
         return await gather(self._runtime(), [
-            (self._addrs[grank], self._target,
-             f"actor mesh {self._name!r} rank {self._base.index(grank)}") for grank in ranks],
-            timeout)
+            (self._addrs[grank], self._target, f"actor mesh {self._name!r}", self._site(index))
+            for index, grank in enumerate(self._region.ranks)], timeout)
 
     # -------------------------------------------------------- internals
     # _send, _request, _site, _least_loaded (with _name, _region, the shape):

@@ -222,8 +222,8 @@ class ProcMesh(MeshShape):
         if state.stopped:
             return Stacks((), (f"proc mesh {state.name!r} was stopped",))
         return await gather(state.rt, [
-            (state.worker(grank).addr, "", f"proc mesh {state.name!r} rank {grank}")
-            for grank in self._region.ranks], timeout)
+            (state.worker(grank).addr, "", f"proc mesh {state.name!r}", point)
+            for grank, point in zip(self._region.ranks, self._region.points())], timeout)
 
     async def stop(self) -> None:
         """Stop every process of the whole mesh (gracefully, then SIGKILL after

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ._exceptions import MeshioError
-from ._transport._connection import Pending
+from ._transport._connection import Connection, Pending
 from ._transport._messages import GetStacks
 from ._transport._runtime import Runtime
 from ._transport._serial import Buffers
@@ -247,7 +247,7 @@ def capture(cell: ActorCell) -> ActorStacks:
     """The current stacks of the actor of ``cell``, on its process's loop
     (its tasks are suspended there, its thread may be running)."""
     ctx = cell.ctx
-    tasks = []
+    tasks: list[TaskStack] = []
     for task in (cell.task, *cell.tasks):
         if task.done():
             continue
@@ -281,13 +281,14 @@ def decode_actors(raw: Any, bufs: Buffers) -> list[ActorStacks]:
 
 # ------------------------------------------------------------- gathering
 
-async def gather(rt: Runtime, asks: Sequence[tuple[str, str, str]],
+async def gather(rt: Runtime, asks: Sequence[tuple[str, str, str, Any]],
                  timeout: float) -> Stacks:
     """The stacks from several processes, asked at once: ``asks`` holds,
     per process, its address, the actor mesh target wanted there (empty:
-    every actor) and how to name it in an error (``proc mesh 'p' rank 2``).
-    A process that fails or has not answered within ``timeout`` seconds
-    adds an error line instead of its actors.
+    every actor), and how to name it in an error: a mesh (``proc mesh
+    'p'``) and a point in it (as for a call: :class:`Pending`).  A process
+    that fails or has not answered within ``timeout`` seconds adds an error
+    line instead of its actors.
 
     Raises:
         ValueError: ``timeout`` is not a positive number.
@@ -295,11 +296,11 @@ async def gather(rt: Runtime, asks: Sequence[tuple[str, str, str]],
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"stacks(timeout=...) must be seconds > 0, got {timeout!r}")
     futs: list[asyncio.Future[list[ActorStacks]]] = []
-    sent: list[tuple[Any, int]] = []
-    for addr, target, who in asks:
+    sent: list[tuple[Connection, int]] = []
+    for addr, target, mesh, point in asks:
         fut: asyncio.Future[list[ActorStacks]] = rt.loop.create_future()
         futs.append(fut)
-        pending = Pending(fut, decode_actors, "stacks", who, addr)
+        pending = Pending(fut, decode_actors, "stacks()", mesh, point)
         dead = rt.dead.get(addr)
         if dead is not None:
             fut.set_exception(dead(pending))
@@ -308,20 +309,26 @@ async def gather(rt: Runtime, asks: Sequence[tuple[str, str, str]],
         req = conn.next_req(pending)
         sent.append((conn, req))
         conn.send_message(GetStacks(req, target))
-    if futs:
-        await asyncio.wait(futs, timeout=timeout)
-    for conn, req in sent:  # an answer that did not come in time is not waited for
-        conn.pending.pop(req, None)
+    try:
+        if futs:
+            await asyncio.wait(futs, timeout=timeout)
+    finally:  # (also when cancelled) an answer still to come is not waited for
+        for conn, req in sent:
+            conn.pending.pop(req, None)
+        for fut in futs:
+            if not fut.cancel() and not fut.cancelled():  # done: its error counts as seen
+                fut.exception()
     actors: list[ActorStacks] = []
     errors: list[str] = []
-    for (addr, _, who), fut in zip(asks, futs):
-        if not fut.done():
-            fut.cancel()
-            errors.append(f"{who} (at {addr}) did not answer within {timeout:g} s: its "
-                          "process is stopped or hung, or an async endpoint blocks its "
+    for (addr, _, mesh, point), fut in zip(asks, futs):
+        if fut.cancelled():
+            errors.append(f"{mesh} {point!r} at {addr} did not answer within {timeout:g} s: "
+                          "its process is stopped or hung, or an async endpoint blocks its "
                           "event loop")
-        elif isinstance(fut.exception(), (MeshioError, ValueError)):
-            errors.append(f"{who}: {fut.exception()}")
+        elif isinstance(fut.exception(), MeshioError):
+            errors.append(str(fut.exception()))
+        elif isinstance(fut.exception(), ValueError):  # a malformed answer
+            errors.append(f"{mesh} {point!r} at {addr}: bad answer: {fut.exception()}")
         else:
             actors.extend(fut.result())
     actors.sort(key=lambda a: (a.actor, a.rank))
