@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,8 +21,11 @@ from hypothesis import strategies as st
 
 import meshio
 from meshio import Actor, ActorStacks, Channel, Port, StackFrame, Stacks, TaskStack, endpoint
+from meshio._inspect import ask_stacks, controllers
 from meshio._stacks import _ranks, decode_actors, encode_actors
-from meshio._transport._messages import GetStacks, decode_message, encode_message
+from meshio._transport._connection import Pending
+from meshio._transport._messages import GetStacks, JobStacks, decode_message, encode_message
+from meshio._transport._runtime import Runtime, close_runtime, runtime
 
 GUARD = 30.0
 HERE = str(Path(__file__).resolve())
@@ -243,10 +249,11 @@ actors = st.builds(
     st.lists(frames, max_size=3).map(tuple))
 
 
-@given(req=st.integers(0, 2**63 - 1), target=st.text(), job=st.booleans())
-def test_get_stacks_round_trips(req: int, target: str, job: bool) -> None:
-    msg = GetStacks(req, target, job)
-    assert decode_message(encode_message(msg)) == msg
+@given(req=st.integers(0, 2**63 - 1), target=st.text(),
+       timeout=st.floats(allow_nan=False))
+def test_stacks_requests_round_trip(req: int, target: str, timeout: float) -> None:
+    for msg in (GetStacks(req, target), JobStacks(req, timeout)):
+        assert decode_message(encode_message(msg)) == msg
 
 
 @given(st.lists(actors, max_size=3))
@@ -263,3 +270,101 @@ def test_stacks_reply_decoder_takes_any_bytes(body: bytes) -> None:
     except msgspec.DecodeError:  # a ValueError: what gather() reports for that process
         return
     assert all(isinstance(a, ActorStacks) for a in decoded)
+
+
+# ------------------------------------------------------------------- CLI
+
+CONTROLLER = Path(__file__).with_name("stacks_controller.py")
+
+
+def meshio_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
+                          capture_output=True, timeout=GUARD)
+
+
+def test_meshio_stacks_reads_a_running_controller(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    none = meshio_cli("stacks", env=env)
+    assert none.returncode == 1 and none.stdout == ""
+    assert "no running meshio controller of yours found in" in none.stderr
+
+    with subprocess.Popen([sys.executable, str(CONTROLLER)], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
+        assert controller.stdin is not None and controller.stdout is not None
+        check_cli(controller, env, tmp_path / "meshio" / f"{controller.pid}.json")
+
+
+def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published: Path) -> None:
+    assert controller.stdin is not None and controller.stdout is not None
+    try:
+        assert controller.stdout.readline() == "ready\n"
+        assert stat.S_IMODE(published.stat().st_mode) == 0o600
+        assert stat.S_IMODE(published.parent.stat().st_mode) == 0o700
+
+        text = meshio_cli("stacks", env=env)
+        assert text.returncode == 0, text.stderr
+        block_line = next(i for i, t in enumerate(CONTROLLER.read_text().splitlines(), 1)
+                          if t.endswith("# def endpoint blocks here"))
+        hang_line = block_line + 5
+        assert f"busy ranks 0-1: in Busy.block at stacks_controller.py:{block_line} " \
+               "(endpoint Busy.block, running for " in text.stdout
+        assert f"busy ranks 2-3: in Busy.hang at stacks_controller.py:{hang_line} " \
+               "(endpoint Busy.hang, running for " in text.stdout
+
+        as_json = meshio_cli("stacks", "--json", "--pid", str(controller.pid), env=env)
+        assert as_json.returncode == 0, as_json.stderr
+        stacks = Stacks.from_json(as_json.stdout)
+        assert [(a.actor, a.rank, a.endpoint) for a in stacks.actors] == [
+            ("busy", 0, "Busy.block"), ("busy", 1, "Busy.block"),
+            ("busy", 2, "Busy.hang"), ("busy", 3, "Busy.hang")]
+        assert stacks.errors == ()
+
+        other = meshio_cli("stacks", "--pid", "1", env=env)
+        assert other.returncode == 1 and "has pid 1" in other.stderr
+        assert f"pid {controller.pid} started" in other.stderr
+    finally:
+        controller.stdin.close()  # the actors are released and the controller ends
+        assert controller.wait(GUARD) == 0
+    assert not published.exists()
+
+
+async def test_an_inspection_client_may_read_stacks_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        await procs.spawn("idle", Idle)
+        [me] = controllers()
+        assert me.pid == os.getpid()
+        stacks = await ask_stacks(me, GUARD)
+        assert [(a.actor, a.rank, a.endpoint) for a in stacks.actors] == [
+            ("idle", 0, None), ("idle", 1, None)]
+
+        async def ask(secret: bytes, msg: GetStacks | JobStacks) -> object:
+            loop = asyncio.get_running_loop()
+            client = Runtime(loop, secret=secret)
+            try:
+                conn = client.connect(me.address)
+                fut: asyncio.Future[object] = loop.create_future()
+                conn.send_message(type(msg)(conn.next_req(
+                    Pending(fut, lambda raw, bufs: raw, "test", "controller", me.address)),
+                    *msgspec.structs.astuple(msg)[1:]))
+                async with asyncio.timeout(GUARD):
+                    try:
+                        return await fut
+                    except meshio.MeshioError as e:
+                        return e
+            finally:
+                assert client.addr not in runtime().conns  # its Hello made it nobody
+                client.close()
+
+        assert isinstance(await ask(me.secret, JobStacks(0, GUARD)), msgspec.Raw)
+        dropped = await ask(me.secret, GetStacks(0, ""))  # a worker's message: not for it
+        assert isinstance(dropped, meshio.SupervisionError)
+        assert "connection lost" in str(dropped) or "connection closed" in str(dropped)
+        refused = await ask(bytes(32), JobStacks(0, GUARD))
+        assert isinstance(refused, meshio.AuthenticationError)
+        job = await ask(runtime().secret, JobStacks(0, GUARD))  # the job's own secret either
+        assert isinstance(job, meshio.AuthenticationError)
+    assert controllers() == [me]  # published while its runtime lives ...
+    close_runtime()
+    assert controllers() == []  # ... and no longer

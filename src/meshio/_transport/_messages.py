@@ -22,6 +22,7 @@ __all__ = (
     "Fault",
     "GetStacks",
     "Hello",
+    "JobStacks",
     "LaunchWorker",
     "Message",
     "Moved",
@@ -347,20 +348,27 @@ class GetStacks(_Msg, frozen=True, tag=26):
     hosts (of actor mesh ``target``; empty: all of them), served by its
     runtime on its loop, not through the actors' mailboxes, so a busy
     actor answers too (:mod:`meshio._stacks`).  Answered with a
-    :class:`Reply` holding a list of ``meshio.ActorStacks``.  To a
-    controller, from a ``meshio stacks`` client on its inspection listener
-    (``job``): the stacks of every actor of its proc meshes, as a
-    ``meshio.Stacks``."""
+    :class:`Reply` holding a list of ``meshio.ActorStacks``."""
 
     req: int
     target: str = ""
-    job: bool = False
+
+
+class JobStacks(_Msg, frozen=True, tag=27):
+    """From a ``meshio stacks`` client, on a controller's inspection
+    listener (:meth:`~._runtime.Runtime.listen_inspection`): the stacks of
+    every actor of the controller's proc meshes, each process given
+    ``timeout`` seconds to answer.  Answered with a :class:`Reply` holding
+    a ``meshio.Stacks`` (:mod:`meshio._inspect`)."""
+
+    req: int
+    timeout: float
 
 
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks)
+           | StoreOp | GetStacks | JobStacks)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
