@@ -368,3 +368,13 @@ async def test_an_inspection_client_may_read_stacks_and_nothing_else(
     assert controllers() == [me]  # published while its runtime lives ...
     close_runtime()
     assert controllers() == []  # ... and no longer
+
+
+def test_meshio_help_lists_stacks() -> None:
+    out = meshio_cli("--help", env=dict(os.environ))
+    assert out.returncode == 0 and "stacks" in out.stdout
+    sub = meshio_cli("stacks", "--help", env=dict(os.environ))
+    assert sub.returncode == 0
+    assert all(flag in sub.stdout for flag in ("--pid", "--json", "--timeout"))
+    bad = meshio_cli("stacks", "--timeout", "0", env=dict(os.environ))
+    assert bad.returncode == 2 and "--timeout must be seconds > 0" in bad.stderr

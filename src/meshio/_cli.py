@@ -10,8 +10,8 @@ from ._bench import bench as run_bench
 from ._demo import demo as run_demo
 from ._exceptions import MeshioError
 from ._inspect import ask_stacks, controllers, inspection_dir
-from ._stacks import STACKS_TIMEOUT
 from ._run import run
+from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
 
 __all__ = ("main",)
