@@ -11,7 +11,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import msgspec
@@ -20,63 +19,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import meshio
-from meshio import Actor, ActorStacks, Channel, Port, StackFrame, Stacks, TaskStack, endpoint
+import stacks_controller
+from meshio import Actor, ActorStacks, Channel, StackFrame, Stacks, TaskStack, endpoint
 from meshio._inspect import ask_stacks, controllers
 from meshio._stacks import _ranks, decode_actors, encode_actors
 from meshio._transport._connection import Pending
 from meshio._transport._messages import GetStacks, JobStacks, decode_message, encode_message
 from meshio._transport._runtime import Runtime, close_runtime, runtime
+from stacks_controller import BLOCK_LINE, HANG_LINE, SPIN_LINE, Busy, until_blocked
 
 GUARD = 30.0
-HERE = str(Path(__file__).resolve())
-
-
-def line_of(marker: str) -> int:
-    """The line of this file that ends with the comment ``marker``."""
-    lines = Path(HERE).read_text().splitlines()
-    return next(i for i, text in enumerate(lines, 1) if text.endswith(f"# {marker}"))
-
-
-class Busy(Actor):
-    """Ranks kept busy on purpose: ``block`` in the actor's thread, ``hang``
-    on the loop; ``release`` (concurrent: it runs while they do) ends both."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.forever = asyncio.Event()
-
-    @endpoint
-    def block(self, started: Port[int]) -> str:
-        started.send(meshio.current_rank().rank)
-        self.released.wait()  # def endpoint blocks here
-        return "unblocked"
-
-    @endpoint
-    async def hang(self, started: Port[int]) -> str:
-        started.send(meshio.current_rank().rank)
-        await self.forever.wait()  # async endpoint awaits here
-        return "woken"
-
-    @endpoint(concurrent=True)
-    async def release(self) -> None:
-        self.released.set()
-        self.forever.set()
+#: the busy actors' module, also a controller script for ``meshio stacks``
+CONTROLLER = Path(stacks_controller.__file__).resolve()
+HERE = str(CONTROLLER)
 
 
 class Idle(Actor):
     @endpoint
     async def ping(self) -> int:
         return 1
-
-
-async def until_blocked(mesh: Busy, ranks: range, line: int) -> Stacks:
-    """The mesh's stacks once each of ``ranks`` sits at ``line`` in its
-    thread: a ``def`` endpoint told us it started, and is at its blocking
-    line a moment later."""
-    while True:
-        stacks = await mesh.stacks()
-        if all(any(f.line == line for f in a.thread) for a in stacks.actors if a.rank in ranks):
-            return stacks
 
 
 def user_frame(frames: tuple[StackFrame, ...], line: int) -> StackFrame:
@@ -96,9 +57,8 @@ async def test_busy_actors_show_their_file_line_and_endpoint(
     try:
         async with asyncio.timeout(GUARD):
             assert sorted([await started.recv() for _ in range(4)]) == [0, 1, 2, 3]
-            block_line, hang_line = line_of("def endpoint blocks here"), line_of(
-                "async endpoint awaits here")
-            stacks = await until_blocked(busy, range(2), block_line)
+            block_line, hang_line = BLOCK_LINE, HANG_LINE
+            stacks = await until_blocked(busy)
 
             assert [a.rank for a in stacks.actors] == [0, 1, 2, 3]
             assert [a.point for a in stacks.actors] == [{"gpus": r} for r in range(4)]
@@ -119,10 +79,10 @@ async def test_busy_actors_show_their_file_line_and_endpoint(
                 assert task.frames[0].function == "Busy.hang"
 
             text = stacks.text()
-            assert f"busy ranks 0-1: in Busy.block at test_stacks.py:{block_line} (endpoint " \
-                   "Busy.block, running for " in text
-            assert f"busy ranks 2-3: in Busy.hang at test_stacks.py:{hang_line} (endpoint " \
-                   "Busy.hang, running for " in text
+            assert f"busy ranks 0-1: in Busy.block at stacks_controller.py:{block_line} " \
+                   "(endpoint Busy.block, running for " in text
+            assert f"busy ranks 2-3: in Busy.hang at stacks_controller.py:{hang_line} " \
+                   "(endpoint Busy.hang, running for " in text
             assert text.count(f'File "{HERE}", line {block_line}, in Busy.block') == 1
             assert text.count(f'File "{HERE}", line {hang_line}, in Busy.hang') == 1
             assert str(stacks) == text
@@ -145,6 +105,27 @@ async def test_busy_actors_show_their_file_line_and_endpoint(
     unblocked, woken = await asyncio.gather(*calls)
     assert list(unblocked.values()) == ["unblocked"] * 2
     assert list(woken.values()) == ["woken"] * 2
+
+
+async def test_an_actor_spinning_in_python_holds_the_gil_and_still_answers(
+        procs: meshio.ProcMesh) -> None:
+    busy = await procs.spawn("busy", Busy)
+    port, started = Channel[int].open()
+    spinning = asyncio.ensure_future(busy.spin.call(port))
+    try:
+        async with asyncio.timeout(GUARD):
+            assert sorted([await started.recv(), await started.recv()]) == [0, 1]
+            while True:  # in their loop a moment after they told us they started
+                stacks = await busy.stacks()
+                frames = [[f for f in a.thread if f.function == "Busy.spin"]
+                          for a in stacks.actors]
+                if all(f and f[0].line in (SPIN_LINE, SPIN_LINE + 1) for f in frames):
+                    break
+        assert [a.endpoint for a in stacks.actors] == ["Busy.spin"] * 2
+        assert all(f[0].file == HERE for f in frames)
+    finally:
+        await busy.release.call()
+    assert all(turns > 0 for turns in (await spinning).values())
 
 
 async def test_idle_actor_shows_no_running_endpoint(procs: meshio.ProcMesh) -> None:
@@ -274,9 +255,6 @@ def test_stacks_reply_decoder_takes_any_bytes(body: bytes) -> None:
 
 # ------------------------------------------------------------------- CLI
 
-CONTROLLER = Path(__file__).with_name("stacks_controller.py")
-
-
 def meshio_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
                           capture_output=True, timeout=GUARD)
@@ -303,9 +281,7 @@ def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published:
 
         text = meshio_cli("stacks", env=env)
         assert text.returncode == 0, text.stderr
-        block_line = next(i for i, t in enumerate(CONTROLLER.read_text().splitlines(), 1)
-                          if t.endswith("# def endpoint blocks here"))
-        hang_line = block_line + 5
+        block_line, hang_line = BLOCK_LINE, HANG_LINE
         assert f"busy ranks 0-1: in Busy.block at stacks_controller.py:{block_line} " \
                "(endpoint Busy.block, running for " in text.stdout
         assert f"busy ranks 2-3: in Busy.hang at stacks_controller.py:{hang_line} " \
