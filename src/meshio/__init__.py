@@ -43,6 +43,10 @@ from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
 from ._run import run as run
+from ._stacks import ActorStacks as ActorStacks
+from ._stacks import StackFrame as StackFrame
+from ._stacks import Stacks as Stacks
+from ._stacks import TaskStack as TaskStack
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
 from ._transport._serial import set_limits as set_limits
 from ._transport._tls import TLSConfig as TLSConfig
@@ -61,6 +65,7 @@ __all__ = (
     "Actor",
     "ActorError",
     "ActorMesh",
+    "ActorStacks",
     "AuthenticationError",
     "CallTimeout",
     "Channel",
@@ -87,9 +92,12 @@ __all__ = (
     "RDMASizeError",
     "Retry",
     "SchemaError",
+    "StackFrame",
+    "Stacks",
     "SupervisionError",
     "SupervisionEvent",
     "Supervisor",
+    "TaskStack",
     "TLSConfig",
     "UnknownActorError",
     "UnknownEndpointError",

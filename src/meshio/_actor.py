@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import ParamSpec, Self
 
     from ._extent import Extent, Point
+    from ._stacks import Stacks
     from ._value_mesh import ValueMesh
 
     P = ParamSpec("P")
@@ -30,7 +31,7 @@ A = TypeVar("A", bound="Actor")
 
 #: names of mesh operations; an endpoint may not take one of them
 RESERVED = frozenset({
-    "call", "extent", "flatten", "rename", "size", "sizes", "slice", "split", "stop",
+    "call", "extent", "flatten", "rename", "size", "sizes", "slice", "split", "stacks", "stop",
 })
 
 
@@ -153,6 +154,11 @@ class Actor(metaclass=_ActorMeta):
             ``trainers.call(Trainer.train, step=0)`` is
             ``trainers.train.call(step=0)``: every actor's result, as a
             :class:`~meshio.ValueMesh`."""
+            ...
+        async def stacks(self, *, timeout: float = ...) -> Stacks:
+            """Mesh operation (an actor mesh's, for type checkers): every
+            actor's current Python stacks, one entry per rank (see
+            :meth:`meshio.ActorMesh.stacks`)."""
             ...
         async def stop(self) -> None:
             """Mesh operation (an actor mesh's, for type checkers): stop these

@@ -17,6 +17,7 @@ import msgspec
 
 from ._exceptions import SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
+from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import (
     DEADLINE,
     Connection,
@@ -130,6 +131,26 @@ class ActorMesh(MeshShape, Generic[A]):
             conn.send_message(StopActor(req, self._target))
             futs.append(fut)
         await asyncio.gather(*futs, return_exceptions=True)
+
+    async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
+        """What these actors are doing now: the current Python stacks of each
+        (its tasks, and its thread while a ``def`` endpoint runs), one entry
+        per rank, with the endpoint under way and for how long.  Each process
+        answers from its event loop, not through the actor's mailbox, so a
+        busy actor answers too.  ``print(stacks)`` groups identical ones.
+
+        Args:
+            timeout: seconds to wait for each process; one that has not
+                answered by then (stopped, hung, or its loop blocked by an
+                ``async`` endpoint) is listed in ``Stacks.errors``, as is
+                one that is gone.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number.
+        """
+        return await gather(self._runtime(), [
+            (self._addrs[grank], self._target, f"actor mesh {self._name!r}", self._site(index))
+            for index, grank in enumerate(self._region.ranks)], timeout)
 
     # -------------------------------------------------------- internals
     # _send, _request, _site, _least_loaded (with _name, _region, the shape):

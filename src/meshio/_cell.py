@@ -33,8 +33,9 @@ from ._constants import MSGPACK_NIL
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
+from ._stacks import capture, encode_actors
 from ._transport._connection import Connection
-from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, Reply, SpawnActor
+from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, GetStacks, Reply, SpawnActor
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
@@ -256,11 +257,13 @@ class ActorCell:
         #: mailbox calls started so far; the endpoint of the one under way
         self.seq = 0
         self.serving: EndpointDescriptor[Any, Any, Any] | None = None
+        #: when that call started (``time.monotonic()``)
+        self.since = 0.0
         self.thread = thread or ActorThread(rt, _thread_name(ctx.actor_name, ctx.point.rank))
         #: once stopped (no more calls are taken): the task finishing the stop
         self.stopping: asyncio.Task[None] | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.task = rt.loop.create_task(self._pump())
+        self.task = rt.loop.create_task(self._pump(), name="mailbox")
 
     @property
     def where(self) -> str:
@@ -277,7 +280,8 @@ class ActorCell:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
             task = self.rt.loop.create_task(
-                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline))
+                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline),
+                name=desc.qualname)
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             return
@@ -463,6 +467,7 @@ class ActorCell:
                 continue
             self.seq += 1
             self.serving = desc
+            self.since = time.monotonic()
             _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
             try:
                 await self._run(conn, msg.req, desc, args, kwargs, deadline)
@@ -625,3 +630,21 @@ def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> 
 register_handler(SpawnActor, _on_spawn)
 
 
+def _on_stacks(rt: Runtime, conn: Connection, msg: GetStacks, bufs: Buffers) -> None:
+    """Answer a :class:`GetStacks` with the stacks of the actors of this
+    process (of ``msg.target``, or all), on the loop: no mailbox is involved."""
+    try:
+        cells = [cell for target, cell in list(rt.actors.items())
+                 if isinstance(cell, ActorCell) and msg.target in ("", target)]
+        body = encode_actors([capture(cell) for cell in cells])
+    except Exception as e:  # a bug here: the asker hears of it, not a hang
+        log.exception("meshio: capturing the actors' stacks failed")
+        conn.send_message(Fail(msg.req, ErrorInfo(
+            "protocol", "ProtocolError",
+            f"capturing the stacks in pid {os.getpid()} on {rt.host} failed "
+            f"({type(e).__name__}: {e}); please report this")))
+        return
+    conn.send_message(Reply(msg.req, body))
+
+
+register_handler(GetStacks, _on_stacks)

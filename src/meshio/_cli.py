@@ -8,7 +8,10 @@ from importlib.metadata import version
 
 from ._bench import bench as run_bench
 from ._demo import demo as run_demo
+from ._exceptions import MeshioError
+from ._inspect import ask_stacks, controllers, inspection_dir
 from ._run import run
+from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
 
 __all__ = ("main",)
@@ -30,11 +33,52 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     sub.add_parser("agent", help="serve this host's workers to a controller on another host "
                                  "(meshio agent --help)")
+    stacks = sub.add_parser(
+        "stacks", help="print what every actor of a running controller is doing: its Python "
+                       "stacks, grouped when identical",
+        description="Ask a running meshio controller of this user (a process that started "
+                    "a proc mesh) for the current Python stacks of every actor of its proc "
+                    "meshes, and print them grouped when identical.")
+    stacks.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
+    stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
+                        help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
     args = ap.parse_args(args_in)
     if args.command == "demo":
         run(run_demo(args.procs))
     elif args.command == "bench":
         run(run_bench(args.calls, args.inflight, args.procs))
+    elif args.command == "stacks":
+        if not args.timeout > 0:
+            ap.error(f"--timeout must be seconds > 0, got {args.timeout:g}")
+        sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
+
+
+async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
+    """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
+    controller answered."""
+    found = controllers()
+    chosen = [c for c in found if pid is None or c.pid == pid]
+    if len(chosen) != 1:
+        where = inspection_dir()
+        if pid is not None:
+            why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
+        elif not chosen:
+            why = (f"no running meshio controller of yours found in {where} (a controller "
+                   "publishes itself there once it starts a proc mesh")
+        else:
+            why = f"several meshio controllers run; choose one with --pid (found in {where}:"
+        listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
+        print(f"meshio stacks: {why}){listing}", file=sys.stderr)
+        return 1
+    try:
+        stacks = await ask_stacks(chosen[0], timeout)
+    except (MeshioError, TimeoutError) as e:
+        print(f"meshio stacks: controller {chosen[0].describe()} did not answer: "
+              f"{str(e) or type(e).__name__}", file=sys.stderr)
+        return 1
+    print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")
+    return 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from ._exceptions import ActorError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Region
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, _ActorRecord
+from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
 from ._transport._runtime import Runtime, on_loop_wait
@@ -202,6 +203,27 @@ class ProcMesh(MeshShape):
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
         return cast(A, mesh)
+
+    async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
+        """What every actor in these processes is doing now: the current
+        Python stacks of each (its tasks, and its thread while a ``def``
+        endpoint runs), with the endpoint under way and for how long (see
+        :meth:`ActorMesh.stacks`).  ``print(stacks)`` groups identical ones.
+
+        Args:
+            timeout: seconds to wait for each process; one that has not
+                answered by then, or is gone, is listed in ``Stacks.errors``.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number.
+        """
+        await self
+        state = self._state
+        if state.stopped:
+            return Stacks((), (f"proc mesh {state.name!r} was stopped",))
+        return await gather(state.rt, [
+            (state.worker(grank).addr, "", f"proc mesh {state.name!r}", point)
+            for grank, point in zip(self._region.ranks, self._region.points())], timeout)
 
     async def stop(self) -> None:
         """Stop every process of the whole mesh (gracefully, then SIGKILL after

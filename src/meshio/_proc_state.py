@@ -18,6 +18,7 @@ from ._actor_mesh import ActorMesh
 from ._context import Context, _context
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
+from ._inspect import Inspection
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._messages import (
@@ -161,6 +162,8 @@ class ProcState:
         self.owner: Context[Any] | None = _context.get(None)
         if self.owner is not None:
             self.owner._owned.append(self)
+        if self.rt.controller is None:  # a controller's (not a worker's): `meshio stacks` sees it
+            self.rt.state(Inspection).watch(self)
         self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
 
     @property

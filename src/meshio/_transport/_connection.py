@@ -324,7 +324,8 @@ class Connection(asyncio.BufferedProtocol):
         self.listen = ""
         self.transport: asyncio.Transport | None = None
         self.closed: bool = False
-        #: a TCP connection's job: what it proved (None: Unix or in memory)
+        #: a TCP connection's job: what it proved (None: Unix or in memory);
+        #: an inspection client's credentials (``Runtime.listen_inspection``)
         self.job: Credentials | None = None
         self.pending: dict[int, Pending] = {}
         self._req = 0

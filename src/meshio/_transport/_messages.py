@@ -20,7 +20,9 @@ __all__ = (
     "Fail",
     "Fanout",
     "Fault",
+    "GetStacks",
     "Hello",
+    "JobStacks",
     "LaunchWorker",
     "Message",
     "Moved",
@@ -349,10 +351,32 @@ class StoreOp(_Msg, frozen=True, tag=25):
     timeout: float = -1.0
 
 
+class GetStacks(_Msg, frozen=True, tag=26):
+    """A request for the current Python stacks of the actors the receiver
+    hosts (of actor mesh ``target``; empty: all of them), served by its
+    runtime on its loop, not through the actors' mailboxes, so a busy
+    actor answers too (:mod:`meshio._stacks`).  Answered with a
+    :class:`Reply` holding a list of ``meshio.ActorStacks``."""
+
+    req: int
+    target: str = ""
+
+
+class JobStacks(_Msg, frozen=True, tag=27):
+    """From a ``meshio stacks`` client, on a controller's inspection
+    listener (:meth:`~._runtime.Runtime.listen_inspection`): the stacks of
+    every actor of the controller's proc meshes, each process given
+    ``timeout`` seconds to answer.  Answered with a :class:`Reply` holding
+    a ``meshio.Stacks`` (:mod:`meshio._inspect`)."""
+
+    req: int
+    timeout: float
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp)
+           | StoreOp | GetStacks | JobStacks)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -177,6 +177,18 @@ def tcp_endpoint(addr: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _listen_unix(addr: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(sockaddr(addr))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 def _listen_tcp(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG,
                                 family=socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -242,16 +254,19 @@ class PortSink(Protocol):
     def _put_error(self, error: MeshioError, /) -> None: ...
 
 
-def register_handler(kind: type[_M], handler: Callable[[Runtime, Connection, _M, Buffers], None]
-                     ) -> None:
+def register_handler(kind: type[_M], handler: Callable[[Runtime, Connection, _M, Buffers], None],
+                     *, inspection: bool = False) -> None:
     """Have every runtime hand messages of type ``kind`` to ``handler`` (run on
     the runtime's loop; an exception it raises is logged and the connection
     serves on).  The layers above the transport register theirs on import
     (actor cells: ``SpawnActor``; RDMA: ``RdmaOp``), so the transport imports
-    nothing of them."""
+    nothing of them.  ``inspection``: an inspection client may send it too
+    (:meth:`Runtime.listen_inspection`)."""
     if kind in Runtime.handlers:
         raise ValueError(f"a handler for {kind.__name__} messages is already registered")
     Runtime.handlers[kind] = handler
+    if inspection:
+        Runtime.for_inspection.add(kind)
 
 
 def _internal(rt: Runtime, what: str, e: Exception) -> str:
@@ -291,6 +306,8 @@ class Runtime:
     #: message type → its handler, for the messages of layers above the
     #: transport (see :func:`register_handler`)
     handlers: ClassVar[dict[type[_Msg], Handler]] = {}
+    #: the messages an inspection client may send (the others drop its connection)
+    for_inspection: ClassVar[set[type[_Msg]]] = set()
 
     def __init__(self, loop: asyncio.AbstractEventLoop, addr: str | None = None,
                  worker: str = "", secret: bytes | None = None, *,
@@ -376,13 +393,37 @@ class Runtime:
         self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
+        #: what an inspection client proves (:meth:`listen_inspection`), and
+        #: where it reaches this runtime; None: nowhere
+        self.inspection: Credentials | None = None
+        self.inspection_addr: str | None = None
         if not in_process and endpoint is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(sockaddr(addr))
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-            self._listen(sock, "", None)
+            self._listen(_listen_unix(addr), "", None)
         _local[self.addr] = self
+
+    def listen_inspection(self, secret: bytes) -> str:
+        """Listen for inspection clients (``meshio stacks``) too, at a Unix
+        name of their own, returned: a connection there proves ``secret``
+        (not the job's, which it never learns) and may send only the
+        messages registered with ``inspection=True``; any other drops it,
+        and its ``Hello`` is ignored (it is nobody's address).  Once per
+        runtime: a second call returns the same address.
+
+        Raises:
+            ClosedResourceError: the runtime is closed.
+        """
+        if self.inspection_addr is not None:
+            return self.inspection_addr
+        if self._closed:
+            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
+        addr = f"{self.namespace}/inspect"
+        sock = _listen_unix(addr)
+        self._socks.append(sock)
+        self.inspection = creds = Credentials(secret)
+        self._serving.append(self.loop.create_task(self._serve(
+            sock, functools.partial(self._handshake_in, addr, creds))))
+        self.inspection_addr = addr
+        return addr
 
     def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
                    job: Credentials) -> str:
@@ -660,6 +701,9 @@ class Runtime:
     # --------------------------------------------------------- dispatch
 
     def dispatch(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
+        if conn.job is not None and conn.job is self.inspection:
+            self._inspected(conn, msg, bufs)
+            return
         match msg:
             case Call():
                 try:
@@ -752,6 +796,18 @@ class Runtime:
                     log.warning("meshio: unexpected %s from %s", type(msg).__name__, conn.peer)
                 else:
                     registered(self, conn, msg, bufs)
+
+    def _inspected(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
+        """A message from an inspection client (:meth:`listen_inspection`)."""
+        if type(msg) is Hello:
+            return
+        if type(msg) not in self.for_inspection:
+            log.warning("meshio: dropped an inspection client of %s (pid %d): it sent %s, "
+                        "which inspection clients may not", self.addr, conn.peer_pid,
+                        type(msg).__name__)
+            conn.abort()
+            return
+        self.handlers[type(msg)](self, conn, msg, bufs)
 
     def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         """Hand a call to the actor it is for; a numbered one (``Call.seq``)

@@ -1,0 +1,204 @@
+"""Inspecting a running controller from another process: ``meshio stacks``.
+
+A controller (a process that started a proc mesh, not a worker) listens
+for inspection clients on a Unix name of its own
+(:meth:`~meshio._transport._runtime.Runtime.listen_inspection`), with a
+secret of its own, and publishes both in a file readable by this user
+only: ``$XDG_RUNTIME_DIR/meshio/<pid>.json``, or
+``/tmp/meshio-<uid>/<pid>.json`` without ``XDG_RUNTIME_DIR`` (the
+directory mode 0700, the file 0600; removed when the controller's loop
+ends).  An inspection client proves that secret, not the job's, and may
+only ask what inspection messages ask (:class:`JobStacks`): it can read
+stacks, never call an actor, spawn, or pose as a worker.  Other users are
+refused by the file's and the directory's modes and by the handshake's
+peer-uid check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ._stacks import Stacks, gather
+from ._transport._connection import Connection, Pending
+from ._transport._handshake import new_secret
+from ._transport._messages import ErrorInfo, Fail, JobStacks, Reply
+from ._transport._runtime import Runtime, register_handler
+from ._transport._serial import Buffers
+
+if TYPE_CHECKING:
+    from ._proc_state import ProcState
+
+__all__ = ("Controller", "Inspection", "ask_stacks", "controllers", "inspection_dir")
+
+log = logging.getLogger("meshio")
+
+#: seconds a client waits for the controller beyond the processes' timeout
+ANSWER_GRACE = 10.0
+
+_encode = msgspec.msgpack.Encoder().encode
+_stacks_decoder = msgspec.msgpack.Decoder(Stacks)
+
+
+def inspection_dir() -> Path:
+    """Where this user's controllers publish themselves."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(base, "meshio") if base else Path(tempfile.gettempdir(), f"meshio-{os.getuid()}")
+
+
+def _private_dir() -> Path:
+    """:func:`inspection_dir`, made if missing.
+
+    Raises:
+        PermissionError: it is another user's, or others may use it.
+    """
+    path = inspection_dir()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} belongs to uid {st.st_uid} with mode "
+                              f"{st.st_mode & 0o777:o}; meshio needs it to be yours, mode 700")
+    return path
+
+
+class Inspection:
+    """A controller runtime's side of inspection: its listener, its
+    published file, the proc meshes it answers for (``rt.state(Inspection)``,
+    made when the controller starts its first proc mesh)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.procs: list[ProcState] = []
+        #: answers under way (cancelled when the runtime closes)
+        self.tasks: set[asyncio.Task[None]] = set()
+        secret = new_secret()
+        addr = rt.listen_inspection(secret)
+        self.path: Path | None = None
+        try:
+            self.path = _publish(addr, secret)
+        except OSError as e:  # the controller works on; only `meshio stacks` cannot find it
+            log.warning("meshio: cannot publish this controller for `meshio stacks` (%s)", e)
+
+    def watch(self, state: ProcState) -> None:
+        """Answer for the proc mesh of ``state`` until it is released."""
+        self.procs.append(state)
+        state.on_release.append(lambda: self.procs.remove(state))
+
+    def answer(self, conn: Connection, msg: JobStacks) -> None:
+        task = self.rt.loop.create_task(self._answer(conn, msg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, conn: Connection, msg: JobStacks) -> None:
+        asks = [(w.addr, "", f"proc mesh {state.name!r}", state.region.point(w.rank))
+                for state in self.procs if not state.stopped for w in state.workers]
+        try:
+            stacks = await gather(self.rt, asks, msg.timeout)
+        except ValueError as e:
+            conn.send_message(Fail(msg.req, ErrorInfo("schema", "ValueError", str(e))))
+            return
+        conn.send_message(Reply(msg.req, msgspec.Raw(_encode(stacks))))
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def _publish(addr: str, secret: bytes) -> Path:
+    """Write this controller's file; its path."""
+    path = _private_dir() / f"{os.getpid()}.json"
+    tmp = path.with_suffix(f".tmp{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"meshio_controller": 1, "pid": os.getpid(), "address": addr,
+                   "secret": secret.hex(), "argv": sys.argv, "started": time.time()}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def _on_job_stacks(rt: Runtime, conn: Connection, msg: JobStacks, bufs: Buffers) -> None:
+    if conn.job is None or conn.job is not rt.inspection:  # a peer of the job: not for it
+        conn.send_message(Fail(msg.req, ErrorInfo(
+            "protocol", "ProtocolError", "JobStacks is asked on a controller's inspection "
+            "listener only (meshio stacks)")))
+        return
+    rt.state(Inspection).answer(conn, msg)
+
+
+register_handler(JobStacks, _on_job_stacks, inspection=True)
+
+
+# ------------------------------------------------------------------ client
+
+@dataclass(frozen=True)
+class Controller:
+    """A running controller of this user, as it published itself."""
+
+    pid: int
+    address: str
+    secret: bytes
+    argv: list[str]
+    started: float
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"pid {self.pid} started {when}: {' '.join(self.argv) or '?'}"
+
+
+def controllers() -> list[Controller]:
+    """This user's running controllers, oldest first; the files of
+    controllers that are gone are removed."""
+    path = inspection_dir()
+    found: list[Controller] = []
+    for entry in sorted(path.glob("*.json")) if path.is_dir() else []:
+        try:
+            data: Any = json.loads(entry.read_text())
+            controller = Controller(int(data["pid"]), str(data["address"]),
+                                    bytes.fromhex(data["secret"]),
+                                    [str(a) for a in data["argv"]], float(data["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours to read
+        try:
+            os.kill(controller.pid, 0)
+        except ProcessLookupError:  # killed before it could remove its file
+            entry.unlink(missing_ok=True)
+            continue
+        except PermissionError:
+            continue
+        found.append(controller)
+    return sorted(found, key=lambda c: c.started)
+
+
+async def ask_stacks(controller: Controller, timeout: float) -> Stacks:
+    """The stacks of every actor of ``controller``'s proc meshes.
+
+    Raises:
+        MeshioError: the controller could not be reached or refused us.
+        TimeoutError: it did not answer in ``timeout`` + :data:`ANSWER_GRACE`.
+    """
+    loop = asyncio.get_running_loop()
+    rt = Runtime(loop, secret=controller.secret)
+    try:
+        rt.pids[controller.address] = controller.pid  # the listener proves it is that process
+        conn = rt.connect(controller.address)
+        fut: asyncio.Future[Stacks] = loop.create_future()
+        req = conn.next_req(Pending(fut, lambda raw, bufs: _stacks_decoder.decode(raw),
+                                    "stacks", f"controller pid {controller.pid}",
+                                    controller.address))
+        conn.send_message(JobStacks(req, timeout))
+        async with asyncio.timeout(timeout + ANSWER_GRACE):
+            return await fut
+    finally:
+        rt.close()

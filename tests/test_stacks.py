@@ -1,0 +1,356 @@
+"""``await actor_mesh.stacks()`` / ``await proc_mesh.stacks()``: every
+actor's current Python stacks, answered by its process's loop while the
+actor is busy (a ``def`` endpoint blocked in its thread, an ``async`` one
+awaiting forever), grouped as text, and as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import meshio
+import stacks_controller
+from meshio import Actor, ActorStacks, Channel, StackFrame, Stacks, TaskStack, endpoint
+from meshio._inspect import ask_stacks, controllers
+from meshio._stacks import _ranks, decode_actors, encode_actors
+from meshio._transport._connection import Pending
+from meshio._transport._messages import GetStacks, JobStacks, decode_message, encode_message
+from meshio._transport._runtime import Runtime, close_runtime, runtime
+from stacks_controller import BLOCK_LINE, HANG_LINE, SPIN_LINE, Busy, until_blocked
+
+GUARD = 30.0
+#: the busy actors' module, also a controller script for ``meshio stacks``
+CONTROLLER = Path(stacks_controller.__file__).resolve()
+HERE = str(CONTROLLER)
+
+
+class Idle(Actor):
+    @endpoint
+    async def ping(self) -> int:
+        return 1
+
+
+def user_frame(frames: tuple[StackFrame, ...], line: int) -> StackFrame:
+    return next(f for f in frames if f.file == HERE and f.line == line)
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+@pytest.mark.meshio_procs(per_host={"gpus": 4})
+async def test_busy_actors_show_their_file_line_and_endpoint(
+        procs: meshio.ProcMesh, meshio_transport: str) -> None:
+    busy = await procs.spawn("busy", Busy)
+    idle = await procs.spawn("idle", Idle)
+    blocked, hung = busy.slice(gpus=slice(0, 2)), busy.slice(gpus=slice(2, 4))
+    port, started = Channel[int].open()
+    calls = [asyncio.ensure_future(blocked.block.call(port)),
+             asyncio.ensure_future(hung.hang.call(port))]
+    try:
+        async with asyncio.timeout(GUARD):
+            assert sorted([await started.recv() for _ in range(4)]) == [0, 1, 2, 3]
+            block_line, hang_line = BLOCK_LINE, HANG_LINE
+            stacks = await until_blocked(busy)
+
+            assert [a.rank for a in stacks.actors] == [0, 1, 2, 3]
+            assert [a.point for a in stacks.actors] == [{"gpus": r} for r in range(4)]
+            assert [a.pid for a in stacks.actors] == (
+                procs.pids if meshio_transport == "processes" else [os.getpid()] * 4)
+            for a in stacks.actors[:2]:  # in the actor's thread, not in a task
+                assert a.endpoint == "Busy.block" and a.running_for is not None
+                assert a.running_for >= 0 and not a.tasks
+                frame = user_frame(a.thread, block_line)
+                assert frame.function == "Busy.block"
+                assert frame.code.startswith("self.released.wait()")
+                assert a.innermost() == frame  # threading's frames below it are not the user's
+            for a in stacks.actors[2:]:  # in the mailbox task, its thread idle
+                assert a.endpoint == "Busy.hang" and not a.thread
+                [task] = a.tasks
+                assert task.name == "mailbox"
+                assert task.frames[0] == user_frame(task.frames, hang_line)  # meshio's cut off
+                assert task.frames[0].function == "Busy.hang"
+
+            text = stacks.text()
+            assert f"busy ranks 0-1: in Busy.block at stacks_controller.py:{block_line} " \
+                   "(endpoint Busy.block, running for " in text
+            assert f"busy ranks 2-3: in Busy.hang at stacks_controller.py:{hang_line} " \
+                   "(endpoint Busy.hang, running for " in text
+            assert text.count(f'File "{HERE}", line {block_line}, in Busy.block') == 1
+            assert text.count(f'File "{HERE}", line {hang_line}, in Busy.hang') == 1
+            assert str(stacks) == text
+
+            assert Stacks.from_json(stacks.json()) == stacks
+            assert msgspec.json.decode(stacks.json())["actors"][0]["endpoint"] == "Busy.block"
+
+            one = await busy.slice(gpus=3).stacks()
+            assert [(a.actor, a.rank, a.endpoint) for a in one.actors] == [("busy", 3, "Busy.hang")]
+
+            everything = await procs.stacks()  # both meshes, by mesh then rank
+            assert [(a.actor, a.rank) for a in everything.actors] == [
+                *[("busy", r) for r in range(4)], *[("idle", r) for r in range(4)]]
+            assert all(a.endpoint is None for a in everything.actors[4:])
+            assert not everything.errors
+            assert "idle ranks 0-3: idle" in everything.text()
+            await idle.ping.call()  # the idle actors were never disturbed
+    finally:
+        await busy.release.call()
+    unblocked, woken = await asyncio.gather(*calls)
+    assert list(unblocked.values()) == ["unblocked"] * 2
+    assert list(woken.values()) == ["woken"] * 2
+
+
+async def test_an_actor_spinning_in_python_holds_the_gil_and_still_answers(
+        procs: meshio.ProcMesh) -> None:
+    busy = await procs.spawn("busy", Busy)
+    port, started = Channel[int].open()
+    spinning = asyncio.ensure_future(busy.spin.call(port))
+    try:
+        async with asyncio.timeout(GUARD):
+            assert sorted([await started.recv(), await started.recv()]) == [0, 1]
+            while True:  # in their loop a moment after they told us they started
+                stacks = await busy.stacks()
+                frames = [[f for f in a.thread if f.function == "Busy.spin"]
+                          for a in stacks.actors]
+                if all(f and f[0].line in (SPIN_LINE, SPIN_LINE + 1) for f in frames):
+                    break
+        assert [a.endpoint for a in stacks.actors] == ["Busy.spin"] * 2
+        assert all(f[0].file == HERE for f in frames)
+    finally:
+        await busy.release.call()
+    assert all(turns > 0 for turns in (await spinning).values())
+
+
+async def test_idle_actor_shows_no_running_endpoint(procs: meshio.ProcMesh) -> None:
+    idle = await procs.spawn("idle", Idle)
+    await idle.ping.call()
+    stacks = await idle.stacks()
+    assert [a.rank for a in stacks.actors] == [0, 1]
+    for a in stacks.actors:
+        assert a.endpoint is None and a.running_for is None
+        assert a.tasks == () and a.thread == () and a.idle and a.innermost() is None
+    assert stacks.text() == "idle ranks 0-1: idle\n"
+    assert Stacks.from_json(stacks.json()) == stacks
+
+
+async def test_a_dead_or_stopped_process_is_an_error_line_not_a_hang(
+        procs: meshio.ProcMesh) -> None:
+    idle = await procs.spawn("idle", Idle)
+    os.kill(procs.pids[1], signal.SIGSTOP)  # a hung process: no answer
+    try:
+        stacks = await idle.stacks(timeout=0.5)
+    finally:
+        os.kill(procs.pids[1], signal.SIGCONT)
+    assert [a.rank for a in stacks.actors] == [0]
+    [error] = stacks.errors
+    assert error.startswith("actor mesh 'idle' Point(procs=1, rank=1) at @meshio-")
+    assert "did not answer within 0.5 s" in error
+    assert stacks.text().endswith(f"error: {error}\n")
+
+    os.kill(procs.pids[1], signal.SIGKILL)
+    async with asyncio.timeout(GUARD):
+        stacks = await procs.stacks()  # the lost connection answers for it
+    assert [a.rank for a in stacks.actors] == [0]
+    [error] = stacks.errors
+    assert error.startswith("proc mesh 'procs' Point(procs=1, rank=1)") and "SIGKILL" in error
+
+
+async def test_bad_timeout_is_a_clear_error(procs: meshio.ProcMesh) -> None:
+    idle = await procs.spawn("idle", Idle)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match=r"stacks\(timeout=...\) must be seconds > 0"):
+            await idle.stacks(timeout=bad)  # type: ignore[arg-type]
+
+
+def test_endpoint_named_stacks_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"\['stacks'\] clash with mesh operations"):
+        class Clash(Actor):
+            @endpoint
+            async def stacks(self) -> None: ...
+
+
+# ------------------------------------------------------------- rendering
+
+def test_ranks_are_written_as_ranges() -> None:
+    assert _ranks([3]) == "rank 3"
+    assert _ranks([3, 0, 1, 2]) == "ranks 0-3"
+    assert _ranks([0, 1, 4, 6, 7]) == "ranks 0-1,4,6-7"
+
+
+def _actor(rank: int, line: int, actor: str = "t") -> ActorStacks:
+    frames = (StackFrame("/x/train.py", line, "Trainer.step", "loss.backward()"),)
+    return ActorStacks(actor, rank, {"gpus": rank}, "h", 100 + rank, "Trainer.step",
+                       1.0 + rank / 10, (), frames)
+
+
+def test_identical_stacks_are_one_group_per_mesh() -> None:
+    stacks = Stacks((*[_actor(r, 41) for r in (0, 1, 2, 5)], _actor(3, 44), _actor(4, 41, "u")),
+                    ("proc mesh 'p' rank 6: gone",))
+    assert stacks.text().splitlines() == [
+        "t ranks 0-2,5: in Trainer.step at train.py:41 (endpoint Trainer.step, running for "
+        "1.0-1.5 s)",
+        "  thread:",
+        '    File "/x/train.py", line 41, in Trainer.step',
+        "      loss.backward()",
+        "t rank 3: in Trainer.step at train.py:44 (endpoint Trainer.step, running for 1.3 s)",
+        "  thread:",
+        '    File "/x/train.py", line 44, in Trainer.step',
+        "      loss.backward()",
+        "u rank 4: in Trainer.step at train.py:41 (endpoint Trainer.step, running for 1.4 s)",
+        "  thread:",
+        '    File "/x/train.py", line 41, in Trainer.step',
+        "      loss.backward()",
+        "error: proc mesh 'p' rank 6: gone",
+    ]
+    assert Stacks(()).text() == "no actors\n"
+
+
+def test_from_json_rejects_what_is_not_stacks() -> None:
+    with pytest.raises(ValueError, match=r"Object missing required field `actors`"):
+        Stacks.from_json("{}")
+    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$.actors\[0\].rank`"):
+        Stacks.from_json('{"actors": [{"actor": "a", "rank": "0"}]}')
+
+
+# ------------------------------------------------------------------ wire
+
+frames = st.builds(StackFrame, st.text(), st.integers(0, 2**31), st.text(), st.text())
+actors = st.builds(
+    ActorStacks, st.text(), st.integers(0, 2**31), st.dictionaries(st.text(), st.integers(0, 99)),
+    st.text(), st.integers(0, 2**22), st.none() | st.text(),
+    st.none() | st.floats(0, 1e9), st.lists(st.builds(TaskStack, st.text(), st.lists(
+        frames, max_size=3).map(tuple)), max_size=2).map(tuple),
+    st.lists(frames, max_size=3).map(tuple))
+
+
+@given(req=st.integers(0, 2**63 - 1), target=st.text(),
+       timeout=st.floats(allow_nan=False))
+def test_stacks_requests_round_trip(req: int, target: str, timeout: float) -> None:
+    for msg in (GetStacks(req, target), JobStacks(req, timeout)):
+        assert decode_message(encode_message(msg)) == msg
+
+
+@given(st.lists(actors, max_size=3))
+def test_stacks_reply_round_trips(values: list[ActorStacks]) -> None:
+    assert decode_actors(encode_actors(values), []) == values
+    stacks = Stacks(tuple(values))
+    assert Stacks.from_json(stacks.json()) == stacks
+
+
+@given(st.binary(max_size=256))
+def test_stacks_reply_decoder_takes_any_bytes(body: bytes) -> None:
+    try:
+        decoded = decode_actors(body, [])
+    except msgspec.DecodeError:  # a ValueError: what gather() reports for that process
+        return
+    assert all(isinstance(a, ActorStacks) for a in decoded)
+
+
+# ------------------------------------------------------------------- CLI
+
+def meshio_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
+                          capture_output=True, timeout=GUARD)
+
+
+def test_meshio_stacks_reads_a_running_controller(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    none = meshio_cli("stacks", env=env)
+    assert none.returncode == 1 and none.stdout == ""
+    assert "no running meshio controller of yours found in" in none.stderr
+
+    with subprocess.Popen([sys.executable, str(CONTROLLER)], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
+        assert controller.stdin is not None and controller.stdout is not None
+        check_cli(controller, env, tmp_path / "meshio" / f"{controller.pid}.json")
+
+
+def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published: Path) -> None:
+    assert controller.stdin is not None and controller.stdout is not None
+    try:
+        assert controller.stdout.readline() == "ready\n"
+        assert stat.S_IMODE(published.stat().st_mode) == 0o600
+        assert stat.S_IMODE(published.parent.stat().st_mode) == 0o700
+
+        text = meshio_cli("stacks", env=env)
+        assert text.returncode == 0, text.stderr
+        block_line, hang_line = BLOCK_LINE, HANG_LINE
+        assert f"busy ranks 0-1: in Busy.block at stacks_controller.py:{block_line} " \
+               "(endpoint Busy.block, running for " in text.stdout
+        assert f"busy ranks 2-3: in Busy.hang at stacks_controller.py:{hang_line} " \
+               "(endpoint Busy.hang, running for " in text.stdout
+
+        as_json = meshio_cli("stacks", "--json", "--pid", str(controller.pid), env=env)
+        assert as_json.returncode == 0, as_json.stderr
+        stacks = Stacks.from_json(as_json.stdout)
+        assert [(a.actor, a.rank, a.endpoint) for a in stacks.actors] == [
+            ("busy", 0, "Busy.block"), ("busy", 1, "Busy.block"),
+            ("busy", 2, "Busy.hang"), ("busy", 3, "Busy.hang")]
+        assert stacks.errors == ()
+
+        other = meshio_cli("stacks", "--pid", "1", env=env)
+        assert other.returncode == 1 and "has pid 1" in other.stderr
+        assert f"pid {controller.pid} started" in other.stderr
+    finally:
+        controller.stdin.close()  # the actors are released and the controller ends
+        assert controller.wait(GUARD) == 0
+    assert not published.exists()
+
+
+async def test_an_inspection_client_may_read_stacks_and_nothing_else(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        await procs.spawn("idle", Idle)
+        [me] = controllers()
+        assert me.pid == os.getpid()
+        stacks = await ask_stacks(me, GUARD)
+        assert [(a.actor, a.rank, a.endpoint) for a in stacks.actors] == [
+            ("idle", 0, None), ("idle", 1, None)]
+
+        async def ask(secret: bytes, msg: GetStacks | JobStacks) -> object:
+            loop = asyncio.get_running_loop()
+            client = Runtime(loop, secret=secret)
+            try:
+                conn = client.connect(me.address)
+                fut: asyncio.Future[object] = loop.create_future()
+                conn.send_message(type(msg)(conn.next_req(
+                    Pending(fut, lambda raw, bufs: raw, "test", "controller", me.address)),
+                    *msgspec.structs.astuple(msg)[1:]))
+                async with asyncio.timeout(GUARD):
+                    try:
+                        return await fut
+                    except meshio.MeshioError as e:
+                        return e
+            finally:
+                assert client.addr not in runtime().conns  # its Hello made it nobody
+                client.close()
+
+        assert isinstance(await ask(me.secret, JobStacks(0, GUARD)), msgspec.Raw)
+        dropped = await ask(me.secret, GetStacks(0, ""))  # a worker's message: not for it
+        assert isinstance(dropped, meshio.SupervisionError)
+        assert "connection lost" in str(dropped) or "connection closed" in str(dropped)
+        refused = await ask(bytes(32), JobStacks(0, GUARD))
+        assert isinstance(refused, meshio.AuthenticationError)
+        job = await ask(runtime().secret, JobStacks(0, GUARD))  # the job's own secret either
+        assert isinstance(job, meshio.AuthenticationError)
+    assert controllers() == [me]  # published while its runtime lives ...
+    close_runtime()
+    assert controllers() == []  # ... and no longer
+
+
+def test_meshio_help_lists_stacks() -> None:
+    out = meshio_cli("--help", env=dict(os.environ))
+    assert out.returncode == 0 and "stacks" in out.stdout
+    sub = meshio_cli("stacks", "--help", env=dict(os.environ))
+    assert sub.returncode == 0
+    assert all(flag in sub.stdout for flag in ("--pid", "--json", "--timeout"))
+    bad = meshio_cli("stacks", "--timeout", "0", env=dict(os.environ))
+    assert bad.returncode == 2 and "--timeout must be seconds > 0" in bad.stderr
