@@ -152,8 +152,13 @@ async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(
     deadline passes is dropped without running; its caller gets CallTimeout."""
     (p,) = await probes(procs, "p")
     held = asyncio.ensure_future(p.hold.call_one())
+    late = asyncio.ensure_future(p.work.options(timeout=0.3).call_one())
+    (before,) = (await asyncio.wait_for(p.stacks(), GUARD)).actors  # (sent after both)
+    assert (before.endpoint, before.queued, before.expired) == ("Probe.hold", 1, 0)
     with pytest.raises(CallTimeout, match=r"no answer within 0\.3s"):
-        await asyncio.wait_for(p.work.options(timeout=0.3).call_one(), GUARD)
+        await asyncio.wait_for(late, GUARD)
+    (after,) = (await asyncio.wait_for(p.stacks(), GUARD)).actors  # (after the Cancel)
+    assert (after.queued, after.expired) == (0, 1)
     await asyncio.wait_for(p.open_gate.call_one(), GUARD)
     await asyncio.wait_for(held, GUARD)
     await asyncio.wait_for(p.work.call_one(), GUARD)  # (behind the dropped one)
@@ -176,6 +181,7 @@ async def test_a_broadcast_carries_the_deadline_it_was_sent_under(
     await asyncio.wait_for(held, GUARD)
     await asyncio.wait_for(b.work.call_one(), GUARD)
     assert await asyncio.wait_for(b.count.call_one(), GUARD) == 1
+    assert [s.expired for s in (await asyncio.wait_for(b.stacks(), GUARD)).actors] == [1]
 
 
 @pytest.mark.parametrize("how", ["cancel", "timeout"])

@@ -102,6 +102,9 @@ class ActorStacks:
             code (the mailbox call, ``concurrent`` calls).
         thread: the stack of the actor's thread (outermost first) while a
             plain ``def`` endpoint or hook runs in it, else empty.
+        queued: calls waiting in the actor's mailbox.
+        expired: calls dropped so far without running, because their
+            deadline (``options(timeout=...)``) passed while they waited.
     """
 
     actor: str
@@ -113,6 +116,8 @@ class ActorStacks:
     running_for: float | None
     tasks: tuple[TaskStack, ...]
     thread: tuple[StackFrame, ...]
+    queued: int = 0
+    expired: int = 0
 
     @property
     def idle(self) -> bool:
@@ -261,7 +266,9 @@ def capture(cell: ActorCell) -> ActorStacks:
         serving.qualname if serving is not None else None,
         time.monotonic() - cell.since if serving is not None else None,
         tuple(tasks),
-        _from_user_code(_thread_frames(thread.ident if thread is not None else None)))
+        _from_user_code(_thread_frames(thread.ident if thread is not None else None)),
+        sum(1 for conn, msg, _, _ in cell.mailbox if not msg.req or (conn, msg.req) in cell.queued),
+        cell.expired)
 
 
 _encoder = msgspec.msgpack.Encoder()
