@@ -36,6 +36,9 @@ from ._exceptions import UnknownActorError as UnknownActorError
 from ._exceptions import UnknownEndpointError as UnknownEndpointError
 from ._extent import Extent as Extent
 from ._extent import Point as Point
+from ._monitor import ActorDown as ActorDown
+from ._monitor import Monitor as Monitor
+from ._monitor import monitor as monitor
 from ._port import Channel as Channel
 from ._port import Port as Port
 from ._port import PortReceiver as PortReceiver
@@ -63,6 +66,7 @@ from .supervision._supervisor import Supervisor as Supervisor
 
 __all__ = (
     "Actor",
+    "ActorDown",
     "ActorError",
     "ActorMesh",
     "ActorStacks",
@@ -78,6 +82,7 @@ __all__ = (
     "HostMesh",
     "MeshShapeError",
     "MeshioError",
+    "Monitor",
     "NotInActorError",
     "Point",
     "Port",
@@ -106,6 +111,7 @@ __all__ = (
     "context",
     "current_rank",
     "endpoint",
+    "monitor",
     "run",
     "set_limits",
     "setup_torch_distributed",

@@ -150,6 +150,9 @@ class ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
+        #: told of each process found dead, as (rank, incarnation, the error),
+        #: and of the stop (None), by :func:`meshio.monitor`
+        self.monitors: set[Callable[[tuple[int, int, SupervisionError] | None], None]] = set()
         #: ranks lost whose calls are not failed yet, and the failures waiting
         #: for them to be printed in one line (processes that died together)
         self._failing: set[int] = set()
@@ -375,6 +378,13 @@ class ProcState:
             return
         self.rt.dead[worker.addr] = error_after
         conn.fail_all(error)
+        if not self.stopped:
+            down = SupervisionError(
+                f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
+                f"{handle.host} {cause}", actor=self.name, rank=worker.rank, host=handle.host,
+                pid=handle.pid, cause=cause)
+            for tell in list(self.monitors):
+                tell((worker.rank, worker.incarnation, down))
         if worker.ready.done():
             worker.ready = self.rt.loop.create_future()
         if not restarting:
@@ -654,6 +664,8 @@ class ProcState:
         if self._beating is not None:
             self._beating.cancel()
         self._wake()  # wait_failed: stopped, not failed
+        for tell in list(self.monitors):
+            tell(None)
         try:
             try:
                 await self.ready
