@@ -5,9 +5,13 @@ an fd behind, and each test loop's runtime is closed after it."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 
 import meshio
+from log_watch import LogWatch
 
 
 @pytest.fixture
@@ -23,3 +27,13 @@ def runtime_closed_without_leak_check(request: pytest.FixtureRequest) -> None:
     as a quick local run may do, each test still closes its loop's runtime."""
     if not request.config.getini("meshio_leak_check"):
         request.getfixturevalue("meshio_runtime_cleanup")
+
+
+@pytest.fixture
+def controller_log() -> Iterator[LogWatch]:
+    """This process's ``meshio`` warnings, awaitable (``await controller_log.wait_for(text)``)."""
+    watch = LogWatch()
+    logger = logging.getLogger("meshio")
+    logger.addHandler(watch)
+    yield watch
+    logger.removeHandler(watch)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import logging
 import os
 import secrets
 import signal
@@ -20,7 +19,7 @@ import socket
 import struct
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +29,7 @@ import pytest_asyncio
 
 import meshio
 import meshio._transport._runtime
+from log_watch import LogWatch
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
 from meshio._launcher import Forward
 from meshio._transport import _messages as M
@@ -110,34 +110,6 @@ def stderr(monkeypatch: pytest.MonkeyPatch) -> StderrWatch:
 
     monkeypatch.setattr(Forward, "_write", write)
     return watch
-
-
-class LogWatch(logging.Handler):
-    """The controller's own ``meshio`` log records, awaitable."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-        self.event = asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-        self.event.set()
-
-    async def wait_for(self, text: str) -> str:
-        while not any(text in m for m in self.messages):
-            self.event.clear()
-            await asyncio.wait_for(self.event.wait(), DEADLINE)
-        return next(m for m in self.messages if text in m)
-
-
-@pytest.fixture
-def controller_log() -> Iterator[LogWatch]:
-    watch = LogWatch()
-    logger = logging.getLogger("meshio")
-    logger.addHandler(watch)
-    yield watch
-    logger.removeHandler(watch)
 
 
 # ----------------------------------------------------------------- helpers

@@ -33,9 +33,18 @@ from ._constants import MSGPACK_NIL
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
-from ._stacks import capture, encode_actors
+from ._stacks import Stacks, capture, encode_actors
 from ._transport._connection import Connection
-from ._transport._messages import Call, ErrorInfo, ErrorKind, Fail, GetStacks, Reply, SpawnActor
+from ._transport._messages import (
+    Call,
+    ErrorInfo,
+    ErrorKind,
+    Fail,
+    GetStacks,
+    Reply,
+    SpawnActor,
+    Stalled,
+)
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from .endpoints._endpoint import EndpointDescriptor
@@ -231,7 +240,7 @@ class ActorCell:
     where its constructor ran (None: one is made)."""
 
     def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor,
-                 thread: ActorThread | None = None) -> None:
+                 thread: ActorThread | None = None, stall_after: float = 60.0) -> None:
         self.rt = rt
         self.target = target
         self.ctx = ctx
@@ -257,6 +266,10 @@ class ActorCell:
         #: mailbox calls started so far; the endpoint of the one under way
         self.seq = 0
         self.serving: EndpointDescriptor[Any, Any, Any] | None = None
+        #: seconds a mailbox call may run before it is reported stalled; the
+        #: last call (by ``seq``) so reported
+        self.stall_after = stall_after
+        self.stalled = 0
         #: when that call started (``time.monotonic()``)
         self.since = 0.0
         self.thread = thread or ActorThread(rt, _thread_name(ctx.actor_name, ctx.point.rank))
@@ -613,8 +626,56 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
                              msg.name, msg.rank)
         conn.send_message(Fail(msg.req, info))
         return
-    rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread)
+    rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread,
+                                      msg.stall_after if msg.stall_after > 0 else 60.0)
+    rt.state(StallWatch)  # (started with the first actor)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
+
+
+class StallWatch:
+    """Per runtime: reports each mailbox call that has run longer than its
+    actor's ``stall_after``, once, with its stacks, to the controller that
+    started this process (which logs it and tells the supervisor)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.task = rt.loop.create_task(self._watch(), name="meshio stall watch")
+
+    def close(self) -> None:
+        self.task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            cells = [c for c in list(self.rt.actors.values()) if isinstance(c, ActorCell)]
+            shortest = min((c.stall_after for c in cells), default=60.0)
+            await asyncio.sleep(min(max(shortest / 4, 0.05), 1.0))
+            now = time.monotonic()
+            for cell in cells:
+                serving = cell.serving
+                if serving is not None and cell.stalled != cell.seq \
+                        and now - cell.since >= cell.stall_after:
+                    cell.stalled = cell.seq
+                    self._report(cell, serving, now - cell.since)
+
+    def _report(self, cell: ActorCell, serving: EndpointDescriptor[Any, Any, Any],
+                running_for: float) -> None:
+        try:
+            stack = Stacks((capture(cell),)).text()
+        except Exception as e:  # a report without its stack, rather than none
+            stack = f"(its stack could not be captured: {type(e).__name__}: {e})"
+        msg = Stalled(cell.ctx.actor_name, cell.ctx.point.rank, serving.qualname, running_for,
+                      cell.stall_after, stack)
+        if self.rt.controller is None:  # this process is the controller: say it here
+            log.warning("%s", stall_line(msg))
+        else:
+            self.rt.connect(self.rt.controller).send_message(msg)
+
+
+def stall_line(msg: Stalled) -> str:
+    """The warning for a stalled call."""
+    return (f"meshio: {msg.actor} rank {msg.rank}: {msg.endpoint} has been running for "
+            f"{msg.running_for:.1f} s (stall_after={msg.stall_after:g} s); it is at:\n"
+            f"{msg.stack}")
 
 
 def cell_of(rt: Runtime, target: str) -> ActorCell | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast, get_args
 
 import msgspec
@@ -16,7 +18,7 @@ from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Region
 from ._launcher import LocalLauncher, ProcLauncher, check_env
-from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, _ActorRecord
+from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
@@ -41,19 +43,21 @@ class ProcMesh(MeshShape):
     """
 
     def __init__(self, state: ProcState, region: Region,
-                 restart: RestartType = "permanent") -> None:
+                 options: SpawnOptions = SpawnOptions()) -> None:
         self._state = state
         self._region = region
-        self._restart: RestartType = restart
+        self._options = options
 
     def _with_region(self, region: Region) -> ProcMesh:
-        return ProcMesh(self._state, region, self._restart)
+        return ProcMesh(self._state, region, self._options)
 
-    def _with_restart(self, restart: RestartType) -> ProcMesh:
-        return ProcMesh(self._state, self._region, restart)
+    def _with_options(self, options: SpawnOptions) -> ProcMesh:
+        return ProcMesh(self._state, self._region, options)
 
-    def options(self, *, restart: RestartType = "permanent") -> ProcMesh:
-        """The same proc mesh (or slice) with options for the actors spawned on it.
+    def options(self, *, restart: RestartType | None = None,
+                stall_after: float | None = None) -> ProcMesh:
+        """The same proc mesh (or slice) with options for the actors spawned on it
+        (those not given stay as they are).
 
         ``procs.options(restart="transient").spawn("w", Worker, ...)``: the
         options are meshio's, kept apart from the constructor arguments of
@@ -64,14 +68,27 @@ class ProcMesh(MeshShape):
                 replaces their process: ``"permanent"`` (always, the
                 default), ``"transient"`` (unless the process exited
                 normally) or ``"temporary"`` (never).
+            stall_after: seconds a call may run before the actor reports it
+                stalled (default 60): one warning line on the controller
+                and, under a supervisor, one ``"stall"`` event, each naming
+                actor, rank, endpoint, duration and the call's stack.
 
         Raises:
-            ValueError: ``restart`` is not one of the three restart types.
+            ValueError: ``restart`` is not one of the three restart types,
+                or ``stall_after`` is not a positive number.
         """
-        if restart not in _RESTART_TYPES:
-            raise ValueError(f"options(restart=...) must be 'permanent', 'transient' or "
-                             f"'temporary', got {restart!r}")
-        return self._with_restart(restart)
+        options = self._options
+        if restart is not None:
+            if restart not in _RESTART_TYPES:
+                raise ValueError(f"options(restart=...) must be 'permanent', 'transient' or "
+                                 f"'temporary', got {restart!r}")
+            options = replace(options, restart=restart)
+        if stall_after is not None:
+            if not isinstance(stall_after, (int, float)) or not 0 < stall_after < math.inf:
+                raise ValueError(f"options(stall_after=...) must be a positive number of "
+                                 f"seconds, got {stall_after!r}")
+            options = replace(options, stall_after=float(stall_after))
+        return self._with_options(options)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._state.name!r} {self.sizes}>"
@@ -81,7 +98,7 @@ class ProcMesh(MeshShape):
         # through the controller owning the processes (which records them).
         e = self._region.extent
         return (_ProcMeshRef, (_service_for(self._state), self._state.id, self._state.name,
-                               e.labels, e.sizes, self._region.ranks, self._restart))
+                               e.labels, e.sizes, self._region.ranks, self._options))
 
     def __await__(self) -> Generator[Any, None, ProcMesh]:
         return self._wait_ready().__await__()
@@ -188,12 +205,13 @@ class ProcMesh(MeshShape):
             conn = rt.connect(addrs[grank])
             req = conn.next_req(pending)
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
-                                         mesh_blob, msgspec.Raw(body), proc_rank=grank),
+                                         mesh_blob, msgspec.Raw(body), proc_rank=grank,
+                                         stall_after=self._options.stall_after),
                               packer.out)
             state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
                                          labels, sizes, self._region.ranks,
-                                         self._restart))
+                                         self._options))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
@@ -327,9 +345,9 @@ class _ProcService(Actor):
 
     @endpoint(concurrent=True)
     async def spawn_on(self, where: tuple[str, str, list[str], list[int], list[int]],
-                       restart: RestartType, name: str, cls: Any, args: Any,
+                       options: SpawnOptions, name: str, cls: Any, args: Any,
                        kwargs: Any) -> Any:
-        view = self._view(*where)._with_restart(restart)
+        view = self._view(*where)._with_options(options)
         mesh: Any = await view._spawn(name, cls, *args, **kwargs)
         return mesh
 
@@ -359,22 +377,22 @@ class _ProcMeshRef(ProcMesh):
 
     def __init__(self, service: ActorMesh[_ProcService], mesh_id: str, name: str,
                  labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int],
-                 restart: RestartType = "permanent") -> None:
+                 options: SpawnOptions = SpawnOptions()) -> None:
         self._service = service
         self._id = mesh_id
         self._name = name
         self._region = Region(Extent(labels, sizes), ranks)
-        self._restart = restart
+        self._options = options
 
     def _with_region(self, region: Region) -> _ProcMeshRef:
         e = region.extent
         return _ProcMeshRef(self._service, self._id, self._name, e.labels, e.sizes,
-                            region.ranks, self._restart)
+                            region.ranks, self._options)
 
-    def _with_restart(self, restart: RestartType) -> _ProcMeshRef:
+    def _with_options(self, options: SpawnOptions) -> _ProcMeshRef:
         e = self._region.extent
         return _ProcMeshRef(self._service, self._id, self._name, e.labels, e.sizes,
-                            self._region.ranks, restart)
+                            self._region.ranks, options)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {self.sizes} (reference)>"
@@ -382,7 +400,7 @@ class _ProcMeshRef(ProcMesh):
     def __reduce__(self) -> tuple[Any, ...]:
         e = self._region.extent
         return (_ProcMeshRef, (self._service, self._id, self._name, e.labels, e.sizes,
-                               self._region.ranks, self._restart))
+                               self._region.ranks, self._options))
 
     def _where(self) -> tuple[str, str, list[str], list[int], list[int]]:
         e = self._region.extent
@@ -408,7 +426,7 @@ class _ProcMeshRef(ProcMesh):
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
         try:
-            mesh: A = await self._service.spawn_on.call_one(self._where(), self._restart,
+            mesh: A = await self._service.spawn_on.call_one(self._where(), self._options,
                                                             name, cls, args, kwargs)
         except ActorError as e:
             raise _as_local(e) from e

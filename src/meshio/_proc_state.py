@@ -5,16 +5,18 @@ their rebuilt actors, shutdown."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 
 from ._actor_mesh import ActorMesh
+from ._cell import stall_line
 from ._context import Context, _context
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
@@ -30,11 +32,21 @@ from ._transport._messages import (
     Restored,
     Shutdown,
     SpawnActor,
+    Stalled,
 )
-from ._transport._runtime import Runtime, print_fault, runtime, tcp_endpoint
+from ._transport._runtime import (
+    Runtime,
+    print_fault,
+    register_handler,
+    runtime,
+    tcp_endpoint,
+)
+from ._transport._serial import Buffers
 from .endpoints._endpoint import rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
+
+log = logging.getLogger("meshio")
 
 #: seconds a worker gets to say hello before spawn_procs fails
 START_TIMEOUT = 60.0
@@ -94,18 +106,29 @@ class _Worker:
         fut.add_done_callback(done)
 
 
+@dataclass(frozen=True)
+class SpawnOptions:
+    """meshio's options for the actors spawned on a proc mesh
+    (``procs.options(...)``): ``restart``, their restart type, and
+    ``stall_after``, seconds a call may run before it is reported as
+    stalled."""
+
+    restart: RestartType = "permanent"
+    stall_after: float = 60.0
+
+
 class _ActorRecord:
     """What it takes to rebuild an actor mesh's actors after a restart."""
 
-    __slots__ = ("body", "cls_blob", "labels", "mesh_blob", "name", "out", "ranks", "restart",
+    __slots__ = ("body", "cls_blob", "labels", "mesh_blob", "name", "options", "out", "ranks",
                  "sizes", "target")
 
     def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
                  out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
-                 restart: RestartType) -> None:
+                 options: SpawnOptions) -> None:
         self.name, self.target = name, target
         self.cls_blob, self.mesh_blob, self.body, self.out = cls_blob, mesh_blob, body, out
-        self.labels, self.sizes, self.ranks, self.restart = labels, sizes, tuple(ranks), restart
+        self.labels, self.sizes, self.ranks, self.options = labels, sizes, tuple(ranks), options
 
 
 class ProcState:
@@ -174,7 +197,7 @@ class ProcState:
         """The proc mesh's own, or the most permanent of its actor meshes'."""
         if self.restart is not None:
             return self.restart
-        kinds = {a.restart for a in self.actors}
+        kinds = {a.options.restart for a in self.actors}
         for kind in ("permanent", "transient", "temporary"):
             if kind in kinds:
                 return kind
@@ -266,6 +289,7 @@ class ProcState:
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
+        self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
         self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
         for down in self.rt.down.values():  # a new worker learns who is not responding
             worker.conn.send_message(down())
@@ -431,6 +455,16 @@ class ProcState:
         if not worker.ready.done():
             worker.ready.set_exception(error)
             worker.ready.exception()  # nobody may be waiting: don't warn
+
+    def _stalled(self, worker: _Worker, msg: Stalled) -> None:
+        """A call of an actor of ``worker`` has run past its ``stall_after``:
+        one warning line, and one "stall" event for the supervisor."""
+        line = stall_line(msg)
+        log.warning("%s", line)
+        if self.supervisor is not None:
+            self.supervisor.event("stall", self.name, worker.rank,
+                                  line.removeprefix("meshio: "), worker.handle.pid,
+                                  worker.handle.host)
 
     def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
         """An actor failed with nobody to tell (a broadcast, a hook) or was
@@ -617,10 +651,11 @@ class ProcState:
         if self.stopped:
             return None
         rt = self.rt
-        lost = [a.target for a in self.actors if grank in a.ranks and a.restart == "temporary"]
+        lost = [a.target for a in self.actors
+                if grank in a.ranks and a.options.restart == "temporary"]
         futs: list[asyncio.Future[Any]] = []
         for a in self.actors:
-            if grank not in a.ranks or a.restart == "temporary":
+            if grank not in a.ranks or a.options.restart == "temporary":
                 continue
             fut: asyncio.Future[Any] = rt.loop.create_future()
             assert w.conn is not None
@@ -629,7 +664,8 @@ class ProcState:
                                           .point(a.ranks.index(grank))))
             w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
                                            a.ranks.index(grank), a.labels, a.sizes,
-                                           a.mesh_blob, msgspec.Raw(a.body), True, grank),
+                                           a.mesh_blob, msgspec.Raw(a.body), True, grank,
+                                           a.options.stall_after),
                                 a.out)
             w.construct(fut)
             futs.append(fut)
@@ -679,6 +715,8 @@ class ProcState:
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
                 self.rt.on_fault_from.pop(w.addr, None)
+                if self.rt.has_state(_StallReports):
+                    self.rt.state(_StallReports).by_addr.pop(w.addr, None)
                 self.rt.on_pong.pop(w.addr, None)
                 self._responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
@@ -767,3 +805,25 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         _, pending = await asyncio.wait(pending, timeout=KILL_WAIT)
     for wait in pending:  # on a host cut off: its agent kills it once it hears
         wait.cancel()
+
+
+class _StallReports:
+    """Per runtime: who to tell of a stalled call, by worker address (the
+    proc mesh of that worker)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.by_addr: dict[str, Callable[[Stalled], None]] = {}
+
+    def close(self) -> None:
+        self.by_addr.clear()
+
+
+def _on_stalled(rt: Runtime, conn: Connection, msg: Stalled, bufs: Buffers) -> None:
+    tell = rt.state(_StallReports).by_addr.get(conn.peer or "")
+    if tell is None:  # a worker of a mesh this runtime no longer watches
+        log.warning("%s", stall_line(msg))
+    else:
+        tell(msg)
+
+
+register_handler(Stalled, _on_stalled)

@@ -39,6 +39,7 @@ __all__ = (
     "Shutdown",
     "SignalWorker",
     "SpawnActor",
+    "Stalled",
     "StopActor",
     "Stream",
     "Transfer",
@@ -141,6 +142,8 @@ class SpawnActor(_Msg, frozen=True, tag=5):
     #: the hosting process's rank in its proc mesh (``context().proc.rank``);
     #: -1: same as ``rank``
     proc_rank: int = -1
+    #: seconds a call may run before the actor reports it stalled
+    stall_after: float = 60.0
 
 
 class StopActor(_Msg, frozen=True, tag=6):
@@ -373,10 +376,24 @@ class JobStacks(_Msg, frozen=True, tag=27):
     timeout: float
 
 
+class Stalled(_Msg, frozen=True, tag=28):
+    """From a worker to the controller that started it: the call of
+    ``endpoint`` on actor ``actor`` rank ``rank`` has run ``running_for``
+    seconds, past its actor's ``stall_after``; ``stack``: where it is, as
+    text.  Sent once per call."""
+
+    actor: str
+    rank: int
+    endpoint: str
+    running_for: float
+    stall_after: float
+    stack: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks | JobStacks)
+           | StoreOp | GetStacks | JobStacks | Stalled)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -4,9 +4,12 @@ restart, escalation or stop."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
-__all__ = ("SupervisionEvent",)
+__all__ = ("EventKind", "SupervisionEvent")
+
+#: what a :class:`SupervisionEvent` is about
+EventKind: TypeAlias = Literal["failure", "restart", "escalation", "stopped", "stall"]
 
 
 @dataclass(frozen=True)
@@ -15,8 +18,11 @@ class SupervisionEvent:
 
     Attributes:
         kind: ``"failure"``, ``"restart"`` (a replacement is up and its actors
-            rebuilt), ``"escalation"`` (intensity exceeded: gave up) or
-            ``"stopped"`` (a child was stopped by the strategy).
+            rebuilt), ``"escalation"`` (intensity exceeded: gave up),
+            ``"stopped"`` (a child was stopped by the strategy) or
+            ``"stall"`` (a call has run longer than its actor's
+            ``stall_after``; ``cause`` names actor, endpoint, duration and
+            holds the call's stack; nothing is restarted).
         timestamp: wall-clock time (``time.time()``).
         supervisor: the supervisor's name.
         mesh: the proc mesh (or child supervisor) concerned.
@@ -26,7 +32,7 @@ class SupervisionEvent:
         host: the host of the process.
     """
 
-    kind: Literal["failure", "restart", "escalation", "stopped"]
+    kind: EventKind
     timestamp: float
     supervisor: str
     mesh: str

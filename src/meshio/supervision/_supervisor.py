@@ -32,7 +32,7 @@ from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
 from .._transport._runtime import runtime
 from ._clocks import Clock, MonotonicClock
-from ._events import SupervisionEvent
+from ._events import EventKind, SupervisionEvent
 
 __all__ = (
     "RestartType",
@@ -196,7 +196,7 @@ class Supervisor:
         for q in self._listeners:
             q.put_nowait(event)
 
-    def event(self, kind: Literal["failure", "restart", "escalation", "stopped"], mesh: str,
+    def event(self, kind: EventKind, mesh: str,
               rank: int, cause: str, pid: int = -1, host: str = "") -> SupervisionEvent:
         ev = SupervisionEvent(kind, time.time(), self.name, mesh, rank, cause, pid, host)
         self._emit(ev)
