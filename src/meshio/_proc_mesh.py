@@ -31,6 +31,8 @@ __all__ = ("HostMesh", "ProcMesh", "this_host")
 
 A = TypeVar("A", bound=Actor)
 P = ParamSpec("P")
+#: the options of actors spawned without ``procs.options(...)``
+DEFAULT_OPTIONS = SpawnOptions()
 #: the values of ``RestartType``, for run-time checks
 _RESTART_TYPES: tuple[RestartType, ...] = get_args(RestartType)
 
@@ -43,7 +45,7 @@ class ProcMesh(MeshShape):
     """
 
     def __init__(self, state: ProcState, region: Region,
-                 options: SpawnOptions = SpawnOptions()) -> None:
+                 options: SpawnOptions = DEFAULT_OPTIONS) -> None:
         self._state = state
         self._region = region
         self._options = options
@@ -377,7 +379,7 @@ class _ProcMeshRef(ProcMesh):
 
     def __init__(self, service: ActorMesh[_ProcService], mesh_id: str, name: str,
                  labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int],
-                 options: SpawnOptions = SpawnOptions()) -> None:
+                 options: SpawnOptions = DEFAULT_OPTIONS) -> None:
         self._service = service
         self._id = mesh_id
         self._name = name
