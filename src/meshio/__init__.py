@@ -25,6 +25,7 @@ from ._exceptions import DeadlockError as DeadlockError
 from ._exceptions import MeshioError as MeshioError
 from ._exceptions import MeshShapeError as MeshShapeError
 from ._exceptions import NotInActorError as NotInActorError
+from ._exceptions import PoisonMessageError as PoisonMessageError
 from ._exceptions import ProcessStartError as ProcessStartError
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RDMAError as RDMAError
@@ -85,6 +86,7 @@ __all__ = (
     "Monitor",
     "NotInActorError",
     "Point",
+    "PoisonMessageError",
     "Port",
     "PortReceiver",
     "ProcInfo",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
 
-from ._exceptions import SupervisionError, UnknownEndpointError
+from ._exceptions import PoisonMessageError, SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import (
@@ -35,6 +35,7 @@ from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
+    from ._proc_state import ProcState
     from ._value_mesh import ValueMesh
 
 __all__ = ("ActorMesh",)
@@ -255,8 +256,9 @@ class ActorMesh(MeshShape, Generic[A]):
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retry is not None:
-            return [cancels(asyncio.ensure_future(self._retry(i, desc, body, out, f, deadline)),
-                            [f]) for i, f in enumerate(futs)]
+            return [cancels(asyncio.ensure_future(
+                self._retry(i, desc, body, out, f, deadline, not f.done())), [f])
+                for i, f in enumerate(futs)]
         return futs
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -320,30 +322,65 @@ class ActorMesh(MeshShape, Generic[A]):
         self._send(rt, index, desc, body, out, fut, deadline)
         if desc.retry is None:
             return fut
-        return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut, deadline)),
-                       [fut])
+        return cancels(asyncio.ensure_future(
+            self._retry(index, desc, body, out, fut, deadline, not fut.done())), [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None) -> Any:
+                     out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,
+                     sent: bool) -> Any:
+        """Await ``fut`` (the first attempt; ``sent``: it went out, rather
+        than failing at once on a process known dead) and send the call again
+        as the endpoint's retry policy says.  Where this process owns the
+        actors' processes, a call that killed its process ``poison_after``
+        times in a row (its supervisor's) is not sent again."""
         policy = desc.retry
         assert policy is not None
         loop = asyncio.get_running_loop()
-        attempt = 1
+        state = self._procs._state if self._procs is not None else None
+        grank = self._region.ranks[index]
+        attempt = crashes = 0
         while True:
+            attempt += 1
+            redelivery = state if crashes > 0 else None
+            if redelivery is not None:  # its process dying now is this call's doing
+                redelivery.redelivering[grank] = redelivery.redelivering.get(grank, 0) + 1
             try:
                 return await fut
             except Exception as e:
+                crashes = crashes + 1 if sent and isinstance(e, SupervisionError) else 0
+                if isinstance(e, SupervisionError) and state is not None \
+                        and state.supervisor is not None \
+                        and crashes >= state.supervisor.poison_after:
+                    raise self._poisoned(state, index, desc, crashes, e) from e
                 if attempt >= policy.attempts or not policy.matches(e) or (
                         deadline is not None and time.monotonic() >= deadline):
                     raise
-                if isinstance(e, SupervisionError) and self._procs is not None:
+                if isinstance(e, SupervisionError) and state is not None:
                     # the owner knows when the restart is done (or that none comes)
-                    await self._procs._state.wait_ready(self._region.ranks[index])
+                    await state.wait_ready(grank)
                 else:  # a reference held elsewhere, or an error raised by the endpoint
                     await asyncio.sleep(policy.delay(attempt))
-            attempt += 1
+            finally:
+                if redelivery is not None:
+                    redelivery.redelivering[grank] -= 1
             fut = _CallFuture(loop)
             self._send(self._runtime(), index, desc, body, out, fut, deadline)
+            sent = not fut.done()
+
+    def _poisoned(self, state: ProcState, index: int, desc: EndpointDescriptor[Any, Any, Any],
+                  crashes: int, last: SupervisionError) -> PoisonMessageError:
+        """The call to ``index`` killed its process ``crashes`` times in a
+        row: its supervisor hears of it, its caller gets the error."""
+        site = self._site(index)
+        cause = (f"{desc.qualname} killed the process {crashes} times in a row (last: "
+                 f"{last.cause}); the call is not delivered again")
+        assert state.supervisor is not None
+        state.supervisor.event("poison", state.name, self._region.ranks[index], cause,
+                               last.pid, last.host)
+        return PoisonMessageError(
+            f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): {cause}",
+            endpoint=desc.qualname, count=crashes, actor=self._name, rank=site.rank,
+            host=last.host, pid=last.pid, cause=last.cause)
 
     def _site(self, index: int) -> _CallSite:
         return self._call_sites()[index]

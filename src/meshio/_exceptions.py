@@ -273,6 +273,25 @@ class SupervisionError(MeshioError):
         self.cause = cause
 
 
+class PoisonMessageError(SupervisionError):
+    """A call whose handling killed its actor's process ``count`` times in a
+    row (redelivered each time to the restarted incarnation, its endpoint
+    being retryable) is not delivered again: the actor goes on serving the
+    others.  Its supervisor reports a ``"poison"`` event, and counts those
+    crashes as one failure.
+
+    Attributes:
+        endpoint: ``Class.endpoint`` of the call.
+        count: how many times it killed the process.
+    """
+
+    def __init__(self, message: str, *, endpoint: str, count: int, actor: str = "",
+                 rank: int = -1, host: str = "", pid: int = -1, cause: str = "") -> None:
+        super().__init__(message, actor=actor, rank=rank, host=host, pid=pid, cause=cause)
+        self.endpoint = endpoint
+        self.count = count
+
+
 class ProcessStartError(SupervisionError):
     """A worker process exited, or said no hello within the start timeout,
     while its proc mesh was started (``spawn_procs``) or while a supervisor

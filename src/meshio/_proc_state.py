@@ -173,6 +173,9 @@ class ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
+        #: rank → redeliveries in flight of calls that killed its process
+        #: (a death meanwhile does not count against the supervisor's intensity)
+        self.redelivering: dict[int, int] = {}
         #: told of each process found dead, as (rank, incarnation, the error),
         #: and of the stop (None), by :func:`meshio.monitor`
         self.monitors: set[Callable[[tuple[int, int, SupervisionError] | None], None]] = set()
@@ -367,9 +370,9 @@ class ProcState:
         stale = conn is not worker.conn
         restarting = stale or (worker.stopping and not self.stopped)
         if not restarting and self.supervisor is not None and not self.stopped:
-            restarting = self.supervisor.child_failed(self, worker.rank, cause,
-                                                      abnormal=handle.returncode != 0,
-                                                      pid=handle.pid, host=handle.host)
+            restarting = self.supervisor.child_failed(
+                self, worker.rank, cause, abnormal=handle.returncode != 0, pid=handle.pid,
+                host=handle.host, counted=not self.redelivering.get(worker.rank))
         note = "; its supervisor is restarting it" if restarting else ""
 
         def error(p: Pending) -> SupervisionError:  # a call in flight when it died

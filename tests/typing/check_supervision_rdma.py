@@ -48,7 +48,8 @@ async def supervision() -> None:
     procs.options(restart="sometimes")  # type: ignore[arg-type]
     assert_type(sup.events(), AsyncGenerator[SupervisionEvent, None])
     async for event in sup.events():
-        assert_type(event.kind, Literal["failure", "restart", "escalation", "stopped", "stall"])
+        assert_type(event.kind, Literal["failure", "restart", "escalation", "stopped", "stall",
+                                        "poison"])
         assert_type(event.rank, int)
         assert_type(event.cause, str)
         break

@@ -9,7 +9,8 @@ from typing import Literal, TypeAlias
 __all__ = ("EventKind", "SupervisionEvent")
 
 #: what a :class:`SupervisionEvent` is about
-EventKind: TypeAlias = Literal["failure", "restart", "escalation", "stopped", "stall"]
+EventKind: TypeAlias = Literal["failure", "restart", "escalation", "stopped", "stall",
+                               "poison"]
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,10 @@ class SupervisionEvent:
             ``"stopped"`` (a child was stopped by the strategy) or
             ``"stall"`` (a call has run longer than its actor's
             ``stall_after``; ``cause`` names actor, endpoint, duration and
-            holds the call's stack; nothing is restarted).
+            holds the call's stack; nothing is restarted) or ``"poison"``
+            (a call killed its actor's process ``poison_after`` times in a
+            row and is not delivered again; those crashes counted as one
+            failure).
         timestamp: wall-clock time (``time.time()``).
         supervisor: the supervisor's name.
         mesh: the proc mesh (or child supervisor) concerned.

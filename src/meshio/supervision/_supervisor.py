@@ -116,6 +116,12 @@ class Supervisor:
         heartbeat_interval: seconds between heartbeats to each process.
         heartbeat_timeout: a process silent this long is declared hung,
             killed and restarted (default: 3 intervals).
+        poison_after: a call (of a retryable endpoint, so redelivered after
+            each restart) that kills its process this many times in a row is
+            not delivered again: it fails with
+            :class:`~meshio.PoisonMessageError`, a ``"poison"`` event says
+            so, and its crashes count as one failure against the intensity
+            (the crashes of its redeliveries do not count).
         clock: time source for heartbeats and the intensity window.
         on_escalate: called with the error when this supervisor gives up (after
             an owning actor's ``__supervise__``, if any, did not handle it), on
@@ -138,6 +144,7 @@ class Supervisor:
         parent: Supervisor | None = None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float | None = None,
+        poison_after: int = 3,
         clock: Clock | None = None,
         on_escalate: Callable[[SupervisionError], bool | Awaitable[bool | None] | None]
         | None = None,
@@ -148,6 +155,8 @@ class Supervisor:
             raise ValueError(f"Supervisor: max_restarts must be an int >= 0, got {max_restarts!r}")
         if not within > 0:
             raise ValueError(f"Supervisor: within must be > 0 seconds, got {within!r}")
+        if type(poison_after) is not int or poison_after < 1:
+            raise ValueError(f"Supervisor: poison_after must be an int >= 1, got {poison_after!r}")
         if not heartbeat_interval > 0:
             raise ValueError(
                 f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
@@ -159,6 +168,7 @@ class Supervisor:
         self.heartbeat_interval: float = heartbeat_interval
         self.heartbeat_timeout: float = (
             3 * heartbeat_interval if heartbeat_timeout is None else heartbeat_timeout)
+        self.poison_after: int = poison_after
         self.clock: Clock = clock or MonotonicClock()
         self.on_escalate: Callable[
             [SupervisionError], bool | Awaitable[bool | None] | None] | None = on_escalate
@@ -247,9 +257,12 @@ class Supervisor:
         return units
 
     def child_failed(self, child: Supervised | Supervisor, rank: int, cause: str, *,
-                     abnormal: bool = True, pid: int = -1, host: str = "") -> bool:
+                     abnormal: bool = True, pid: int = -1, host: str = "",
+                     counted: bool = True) -> bool:
         """A child failed (called by the proc mesh or a child supervisor);
-        True if it will be restarted."""
+        True if it will be restarted.  ``counted``: False when the process
+        died while redelivering a call that killed it before (its restart
+        does not count against the intensity: see ``poison_after``)."""
         name = child.name
         self.event("failure", name, rank, cause, pid, host)
         if self.failure is not None:
@@ -264,14 +277,15 @@ class Supervisor:
         now = self.clock.now()
         self._restarts = [t for t in self._restarts if now - t < self.within]
         done = len(self._restarts)  # restarts begun within the period (a failed one too)
-        if done >= self.max_restarts:
+        if counted and done >= self.max_restarts:
             asyncio.get_running_loop().create_task(self._escalate(
                 f"{_who(child, rank)} failed ({cause}) after {done} "
                 f"restart{'' if done == 1 else 's'} in the last {self.within}s; "
                 f"max_restarts={self.max_restarts} within {self.within}s allows no more",
                 host))
             return False
-        self._restarts.append(now)
+        if counted:
+            self._restarts.append(now)
         units = self._order()
         me = units.index((child, rank)) if (child, rank) in units else 0
         match self.strategy:

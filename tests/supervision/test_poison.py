@@ -1,0 +1,80 @@
+"""Poison messages (issue 18 item 5): a retried call that kills its actor's
+process ``poison_after`` times in a row is not delivered again: it fails
+with ``PoisonMessageError`` (endpoint, count), the supervisor reports a
+``"poison"`` event, those crashes count as one failure (a supervisor that
+allows one restart does not give up), and the actor goes on serving.
+Real processes, killed with real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from supervision_helpers import DEADLINE, supervised
+
+import meshio
+from meshio import Actor, PoisonMessageError, SupervisionError, endpoint
+
+
+class Food(Actor):
+    @endpoint(retryable=True)
+    async def eat(self, x: int, log: str) -> int:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if x == 666 or (x < 0 and len(Path(log).read_text().split()) <= -x):
+            os.kill(os.getpid(), signal.SIGKILL)  # poison (or bad luck -x times)
+        return x
+
+    @endpoint
+    async def eat_once(self, x: int) -> int:
+        if x == 666:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x
+
+
+async def test_a_poison_message_is_quarantined_and_counts_as_one_failure(tmp_path: Path) -> None:
+    log = str(tmp_path / "runs")
+    async with supervised(2, max_restarts=1, poison_after=3) as s:
+        food = await s.procs.spawn("food", Food)
+        one = food.slice(procs=1)
+        with pytest.raises(PoisonMessageError) as info:
+            await asyncio.wait_for(one.eat.call_one(666, log), DEADLINE)
+        assert (info.value.endpoint, info.value.count, info.value.rank) == ("Food.eat", 3, 1)
+        assert "killed the process 3 times in a row" in str(info.value)
+        assert len(Path(log).read_text().split()) == 3  # delivered three times, not four
+        ev = await s.events.next("poison", rank=1)
+        assert "Food.eat killed the process 3 times in a row" in ev.cause
+        # three crashes, one failure: a supervisor allowing one restart went on
+        assert s.sup.failure is None
+        assert await asyncio.wait_for(one.eat.call_one(1, log), DEADLINE) == 1
+        assert (await asyncio.wait_for(food.eat.call(2, log), DEADLINE)).values() == [2, 2]
+
+
+async def test_crashes_not_in_a_row_are_not_poison(tmp_path: Path) -> None:
+    """Two crashes then success, under poison_after=3: the call completes."""
+    log = str(tmp_path / "runs")
+    async with supervised(2, max_restarts=1, poison_after=3) as s:
+        food = await s.procs.spawn("food", Food)
+        assert await asyncio.wait_for(food.slice(procs=0).eat.call_one(-2, log),
+                                      DEADLINE) == -2
+        assert len(Path(log).read_text().split()) == 3
+        assert s.sup.failure is None
+
+
+async def test_a_call_that_is_not_retried_is_not_redelivered() -> None:
+    async with supervised(2, max_restarts=3, poison_after=3) as s:
+        food = await s.procs.spawn("food", Food)
+        with pytest.raises(SupervisionError) as info:
+            await asyncio.wait_for(food.slice(procs=0).eat_once.call_one(666), DEADLINE)
+        assert not isinstance(info.value, PoisonMessageError)
+        await s.restarted(0)
+        assert await asyncio.wait_for(food.slice(procs=0).eat_once.call_one(5), DEADLINE) == 5
+
+
+def test_bad_poison_after_is_refused() -> None:
+    for bad in (0, 1.5, "3"):
+        with pytest.raises(ValueError, match="poison_after"):
+            meshio.Supervisor(poison_after=bad)  # type: ignore[arg-type]
