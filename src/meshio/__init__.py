@@ -43,6 +43,8 @@ from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
 from ._run import run as run
+from ._service import ReplicaStats as ReplicaStats
+from ._service import Service as Service
 from ._torch_dist import setup_torch_distributed as setup_torch_distributed
 from ._transport._serial import set_limits as set_limits
 from ._transport._tls import TLSConfig as TLSConfig
@@ -84,7 +86,9 @@ __all__ = (
     "RDMAError",
     "RDMAFallbackWarning",
     "RDMASizeError",
+    "ReplicaStats",
     "SchemaError",
+    "Service",
     "SupervisionError",
     "SupervisionEvent",
     "Supervisor",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
@@ -93,6 +93,10 @@ class ActorMesh(MeshShape, Generic[A]):
                          self._cls._meshio_endpoints)  # type: ignore[attr-defined]
         desc = endpoints.get(name) if not name.startswith("__") else None
         if desc is None:
+            if name in ("scale", "stats"):
+                raise AttributeError(
+                    f"actor mesh {self._name!r}: {name}() is an operation of a service of "
+                    f"replicas: make one with meshio.Service(mesh)")
             raise AttributeError(
                 f"{self._cls.__qualname__} actor mesh {self._name!r} has no endpoint {name!r} "
                 f"(endpoints: {sorted(endpoints)})")
@@ -164,14 +168,20 @@ class ActorMesh(MeshShape, Generic[A]):
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
                                       _chain.get(), seq)), out)
 
-    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              answer: Settle | None) -> bool:
-        """Fail the call to ``index`` at once if its process is known dead (or
+    def _down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
+        """The error of a call to ``index`` if its process is known dead (or
         restarting: a new connection may be up before its actors are rebuilt,
-        so the dead list is checked first) or its proc mesh stopped."""
+        so the dead list is checked first) or its proc mesh stopped; None
+        while it serves calls."""
         dead = rt.dead.get(self._addrs[self._region.ranks[index]]) if rt.dead else None
         if dead is None and self._procs is not None and self._procs._state.stopped:
             dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
+        return dead
+
+    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+              answer: Settle | None) -> bool:
+        """Fail the call to ``index`` at once if it is :meth:`_down`."""
+        dead = self._down(rt, index)
         if dead is None:
             return False
         if answer is not None:
@@ -289,12 +299,19 @@ class ActorMesh(MeshShape, Generic[A]):
                  out: OutBuffers) -> asyncio.Future[Any]:
         """A call expecting a reply; retried on the new incarnation after a
         restart when the endpoint is ``retryable``."""
-        rt = self._runtime()
-        fut = _CallFuture(rt.loop)
-        self._send(rt, index, desc, body, out, fut)
+        fut = self._request_once(index, desc, body, out)
         if not desc.retryable:
             return fut
         return cancels(asyncio.ensure_future(self._retry(index, desc, body, out, fut)), [fut])
+
+    def _request_once(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                      out: OutBuffers) -> asyncio.Future[Any]:
+        """A call expecting a reply, never retried (a service fails it over
+        to another replica instead)."""
+        rt = self._runtime()
+        fut = _CallFuture(rt.loop)
+        self._send(rt, index, desc, body, out, fut)
+        return fut
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any]) -> Any:
