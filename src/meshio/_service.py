@@ -13,6 +13,7 @@ import bisect
 import functools
 import inspect
 import math
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -108,14 +109,13 @@ class _Replica:
 
     def track(self, fut: asyncio.Future[Any]) -> None:
         """Count the call whose answer ``fut`` is, until it is settled."""
-        loop = fut.get_loop()
-        start = loop.time()
+        start = time.perf_counter()  # (not the loop's clock: uvloop's counts milliseconds)
         self.in_flight += 1
 
         def done(f: asyncio.Future[Any]) -> None:
             self.in_flight -= 1
             if not f.cancelled() and not isinstance(f.exception(), SupervisionError):
-                self._answered(loop.time() - start)
+                self._answered(time.perf_counter() - start)
             if self.idle is not None and not self.in_flight:
                 self.idle.set()
 
