@@ -89,17 +89,12 @@ class ActorMesh(MeshShape, Generic[A]):
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
 
     def __getattr__(self, name: str) -> Endpoint[Any, Any]:
-        endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]",
-                         self._cls._meshio_endpoints)  # type: ignore[attr-defined]
-        desc = endpoints.get(name) if not name.startswith("__") else None
-        if desc is None:
-            if name in ("scale", "stats"):
-                raise AttributeError(
-                    f"actor mesh {self._name!r}: {name}() is an operation of a service of "
-                    f"replicas: make one with meshio.Service(mesh)")
+        if name in ("scale", "stats"):
             raise AttributeError(
-                f"{self._cls.__qualname__} actor mesh {self._name!r} has no endpoint {name!r} "
-                f"(endpoints: {sorted(endpoints)})")
+                f"actor mesh {self._name!r}: {name}() is an operation of a service of "
+                f"replicas: make one with meshio.Service(mesh)")
+        desc = endpoint_named(self._cls, name, f"{self._cls.__qualname__} actor mesh "
+                                               f"{self._name!r}")
         ep: Endpoint[Any, Any] = Endpoint(self, desc)
         self.__dict__[name] = ep  # later reads skip __getattr__
         return ep
@@ -353,6 +348,20 @@ class ActorMesh(MeshShape, Generic[A]):
             if inflight[i] < inflight[best]:
                 best = i
         return best
+
+
+def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[Any, Any, Any]:
+    """The endpoint ``name`` of actor class ``cls``, read on ``what`` (a
+    mesh or a service, for the message).
+
+    Raises:
+        AttributeError: ``cls`` has no such endpoint (its endpoints listed).
+    """
+    endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]", cls._meshio_endpoints)
+    desc = endpoints.get(name) if not name.startswith("__") else None
+    if desc is None:
+        raise AttributeError(f"{what} has no endpoint {name!r} (endpoints: {sorted(endpoints)})")
+    return desc
 
 
 class _CallFuture(asyncio.Future[Any]):

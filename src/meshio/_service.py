@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, ParamSpec, TypeVar, cast, get_args
 
 from ._actor import Actor
-from ._actor_mesh import RETRY_WINDOW, ActorMesh
+from ._actor_mesh import RETRY_WINDOW, ActorMesh, endpoint_named
 from ._exceptions import CallTimeout, SupervisionError
 from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
@@ -82,8 +82,17 @@ class _Replica:
     """One replica: a one-actor view, the host it runs on, the proc mesh the
     service started for it (None: the user's), and its call statistics."""
 
-    __slots__ = ("completed", "host", "id", "idle", "in_flight", "mesh", "procs", "_sorted",
-                 "_window")
+    __slots__ = (
+        "_sorted",
+        "_window",
+        "completed",
+        "host",
+        "id",
+        "idle",
+        "in_flight",
+        "mesh",
+        "procs",
+    )
 
     def __init__(self, replica: int, mesh: ActorMesh[Any], host: int,
                  procs: ProcMesh | None) -> None:
@@ -243,13 +252,8 @@ class Service(MeshShape):
     def __getattr__(self, name: str) -> _ServiceEndpoint[Any, Any]:
         if name.startswith("_"):
             raise AttributeError(name)
-        endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]",
-                         self._cls._meshio_endpoints)
-        desc = endpoints.get(name)
-        if desc is None:
-            raise AttributeError(
-                f"service {self._name!r} of {self._cls.__qualname__} has no endpoint {name!r} "
-                f"(endpoints: {sorted(endpoints)})")
+        desc = endpoint_named(self._cls, name,
+                              f"service {self._name!r} of {self._cls.__qualname__}")
         ep: _ServiceEndpoint[Any, Any] = _ServiceEndpoint(self, desc)
         self.__dict__[name] = ep  # later reads skip __getattr__
         return ep
