@@ -282,6 +282,10 @@ async def test_stats(procs: meshio.ProcMesh) -> None:
     held = asyncio.create_task(svc.hold.route(port))
     await asyncio.wait_for(started.recv(), DEADLINE)
     assert [s.in_flight for s in svc.stats()] == [1, 0]
+    # a routed call that times out is given up: not in flight, not completed
+    with pytest.raises(meshio.CallTimeout, match="no answer within 0.2s"):
+        await svc.hold.options(timeout=0.2).route(port)
+    assert [s.in_flight for s in svc.stats()] == [1, 0]
     await svc.let_go.call()
     await asyncio.wait_for(held, DEADLINE)
     assert [(s.in_flight, s.completed) for s in svc.stats()] == [(0, 4), (0, 3)]
