@@ -90,6 +90,19 @@ def test_weight_store_example() -> None:
     assert "newest version 3" in out
 
 
+def test_service_example() -> None:
+    out = _run(sys.executable, "examples/service.py")
+    assert out.startswith("alice -> replica 0: HI FROM ALICE\nbob   -> replica 1: HI FROM BOB\n"
+                          "alice -> replica 0: HI FROM ALICE\nbob   -> replica 1: HI FROM BOB\n")
+    assert "alice after the kill: served by a live process: True" in out
+    assert "restart  procs rank 0" in out and "replicas 3 answers 3" in out
+    stats = [line for line in out.splitlines() if line.startswith("replica ")]
+    assert [s.split(":")[0] for s in stats] == ["replica 0", "replica 1", "replica 2"]
+    assert all("alive=True in_flight=0" in s for s in stats)
+    assert sum(int(s.split("completed=")[1]) for s in stats) == 12
+    assert out.endswith("replicas 2\n")
+
+
 def test_meshio_bench_prints_its_measurements() -> None:
     out = _run(sys.executable, "-m", "meshio._cli", "bench", "--calls", "300",
                "--inflight", "200", "--procs", "2")

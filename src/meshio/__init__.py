@@ -47,6 +47,8 @@ from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
 from ._run import run as run
+from ._service import ReplicaStats as ReplicaStats
+from ._service import Service as Service
 from ._stacks import ActorStacks as ActorStacks
 from ._stacks import StackFrame as StackFrame
 from ._stacks import Stacks as Stacks
@@ -97,8 +99,10 @@ __all__ = (
     "RDMAError",
     "RDMAFallbackWarning",
     "RDMASizeError",
+    "ReplicaStats",
     "Retry",
     "SchemaError",
+    "Service",
     "StackFrame",
     "Stacks",
     "SupervisionError",

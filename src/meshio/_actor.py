@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import ParamSpec, Self
 
     from ._extent import Extent, Point
+    from ._service import ReplicaStats
     from ._stacks import Stacks
     from ._value_mesh import ValueMesh
 
@@ -29,9 +30,10 @@ __all__ = ("Actor", "context", "current_rank")
 
 A = TypeVar("A", bound="Actor")
 
-#: names of mesh operations; an endpoint may not take one of them
+#: names of mesh (and service) operations; an endpoint may not take one of them
 RESERVED = frozenset({
-    "call", "extent", "flatten", "rename", "size", "sizes", "slice", "split", "stacks", "stop",
+    "call", "extent", "flatten", "rename", "scale", "size", "sizes", "slice", "split",
+    "stacks", "stats", "stop",
 })
 
 
@@ -80,7 +82,9 @@ class Actor(metaclass=_ActorMeta):
     For type checkers an actor class also stands for a mesh of such actors
     (``procs.spawn`` returns the mesh typed as the class), so the mesh
     operations below type-check on it; at run time they live on
-    :class:`~meshio.ActorMesh`.
+    :class:`~meshio.ActorMesh`.  A :class:`~meshio.Service` of such actors
+    is typed as the class too, so ``svc.generate.route(...)`` infers the
+    endpoint's result; ``scale`` and ``stats`` below are a service's.
     """
 
     _meshio_endpoints: ClassVar[dict[str, EndpointDescriptor[Any, Any, Any]]] = {}
@@ -163,6 +167,14 @@ class Actor(metaclass=_ActorMeta):
         async def stop(self) -> None:
             """Mesh operation (an actor mesh's, for type checkers): stop these
             actors (their ``__cleanup__`` runs; their processes keep running)."""
+            ...
+        async def scale(self, *, replicas: int) -> None:
+            """Service operation (a :class:`~meshio.Service`'s, for type
+            checkers): grow or shrink the service to ``replicas`` replicas."""
+            ...
+        def stats(self) -> list[ReplicaStats]:
+            """Service operation (a :class:`~meshio.Service`'s, for type
+            checkers): calls in flight, completed and their latency, per replica."""
             ...
 
 

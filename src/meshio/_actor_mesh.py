@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
@@ -91,13 +91,12 @@ class ActorMesh(MeshShape, Generic[A]):
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
 
     def __getattr__(self, name: str) -> Endpoint[Any, Any]:
-        endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]",
-                         self._cls._meshio_endpoints)  # type: ignore[attr-defined]
-        desc = endpoints.get(name) if not name.startswith("__") else None
-        if desc is None:
+        if name in ("scale", "stats"):
             raise AttributeError(
-                f"{self._cls.__qualname__} actor mesh {self._name!r} has no endpoint {name!r} "
-                f"(endpoints: {sorted(endpoints)})")
+                f"actor mesh {self._name!r}: {name}() is an operation of a service of "
+                f"replicas: make one with meshio.Service(mesh)")
+        desc = endpoint_named(self._cls, name, f"{self._cls.__qualname__} actor mesh "
+                                               f"{self._name!r}")
         ep: Endpoint[Any, Any] = Endpoint(self, desc)
         self.__dict__[name] = ep  # later reads skip __getattr__
         return ep
@@ -187,14 +186,20 @@ class ActorMesh(MeshShape, Generic[A]):
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
                                       _chain.get(), seq, "", _budget(deadline))), out)
 
-    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              answer: Settle | None) -> bool:
-        """Fail the call to ``index`` at once if its process is known dead (or
+    def _down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
+        """The error of a call to ``index`` if its process is known dead (or
         restarting: a new connection may be up before its actors are rebuilt,
-        so the dead list is checked first) or its proc mesh stopped."""
+        so the dead list is checked first) or its proc mesh stopped; None
+        while it serves calls."""
         dead = rt.dead.get(self._addrs[self._region.ranks[index]]) if rt.dead else None
         if dead is None and self._procs is not None and self._procs._state.stopped:
             dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
+        return dead
+
+    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+              answer: Settle | None) -> bool:
+        """Fail the call to ``index`` at once if it is :meth:`_down`."""
+        dead = self._down(rt, index)
         if dead is None:
             return False
         if answer is not None:
@@ -317,13 +322,20 @@ class ActorMesh(MeshShape, Generic[A]):
                  out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
         """A call expecting a reply; sent again as the endpoint's retry
         policy says (:class:`~meshio.Retry`)."""
-        rt = self._runtime()
-        fut = _CallFuture(rt.loop)
-        self._send(rt, index, desc, body, out, fut, deadline)
+        fut = self._request_once(index, desc, body, out, deadline)
         if desc.retry is None:
             return fut
         return cancels(asyncio.ensure_future(
             self._retry(index, desc, body, out, fut, deadline, not fut.done())), [fut])
+
+    def _request_once(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                      out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
+        """A call expecting a reply, never retried (a service fails it over
+        to another replica instead)."""
+        rt = self._runtime()
+        fut = _CallFuture(rt.loop)
+        self._send(rt, index, desc, body, out, fut, deadline)
+        return fut
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,
@@ -410,6 +422,20 @@ def _budget(deadline: float | None) -> float | None:
     the seconds left, at least a microsecond (one already past is dropped
     by its callee, which answers ``CallTimeout``)."""
     return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
+
+
+def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[Any, Any, Any]:
+    """The endpoint ``name`` of actor class ``cls``, read on ``what`` (a
+    mesh or a service, for the message).
+
+    Raises:
+        AttributeError: ``cls`` has no such endpoint (its endpoints listed).
+    """
+    endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]", cls._meshio_endpoints)
+    desc = endpoints.get(name) if not name.startswith("__") else None
+    if desc is None:
+        raise AttributeError(f"{what} has no endpoint {name!r} (endpoints: {sorted(endpoints)})")
+    return desc
 
 
 class _CallFuture(asyncio.Future[Any]):

@@ -23,7 +23,7 @@ from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
 from ._transport._runtime import Runtime, on_loop_wait
-from ._transport._serial import Packer, dumps
+from ._transport._serial import OutBuffers, Packer, dumps
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
@@ -168,12 +168,20 @@ class ProcMesh(MeshShape):
     async def _spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
                      **kwargs: P.kwargs) -> A:
         """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
-        state = self._state
         if not _is_actor_class(cls):
             raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"spawn: actor mesh name must be a non-empty str without '/', "
                              f"got {name!r}")
+        schema = cls._meshio_ctor
+        packer = Packer()
+        body = schema.pack_args(schema.bind(args, kwargs), packer)
+        return await self._spawn_packed(name, cls, body, packer.out)
+
+    async def _spawn_packed(self, name: str, cls: type[A], body: bytes, out: OutBuffers) -> A:
+        """:meth:`_spawn` with the constructor arguments packed already (a
+        service's new replica gets those of the actors it copies)."""
+        state = self._state
         await self
         if state.stopped:
             raise SupervisionError(f"spawn {name!r}: proc mesh {state.name!r} was stopped; "
@@ -181,9 +189,6 @@ class ProcMesh(MeshShape):
                                    cause="proc mesh stopped")
         if name in state.actor_names:
             raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}")
-        schema = cls._meshio_ctor
-        packer = Packer()
-        body = schema.pack_args(schema.bind(args, kwargs), packer)
         state.actor_names.add(name)
         target = f"{state.id}/{name}"
         addrs = [""] * state.region.extent.nelem
@@ -209,9 +214,9 @@ class ProcMesh(MeshShape):
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
                                          mesh_blob, msgspec.Raw(body), proc_rank=grank,
                                          stall_after=self._options.stall_after),
-                              packer.out)
+                              out)
             state.worker(grank).construct(fut)
-        state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, packer.out,
+        state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, out,
                                          labels, sizes, self._region.ranks,
                                          self._options))
         await asyncio.wait(futs)

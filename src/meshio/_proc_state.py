@@ -685,6 +685,22 @@ class ProcState:
         w.ready.set_result(None)
         return handle.pid, handle.host
 
+    def restarting(self, grank: int) -> asyncio.Future[None] | None:
+        """While the process at ``grank`` is down and may come back: the
+        future its return resolves (or fails, if it will not come back);
+        None while it serves calls or once nothing will restart it."""
+        ready = self.worker(grank).ready
+        return None if ready.done() or self.stopped else ready
+
+    def like(self, name: str, host: int, dim: str) -> ProcState:
+        """A new proc mesh ``name`` of one process (dim ``dim`` of size 1) on
+        host ``host`` of this one, started with this one's options: its
+        supervisor, restart type, shutdown, heartbeats, env and bootstrap."""
+        return ProcState(name, [self.launchers[host]], Region.full((dim,), (1,)), 1,
+                         self.supervisor, self.restart, self.shutdown,
+                         (self.heartbeat_interval, self.heartbeat_timeout), self.env,
+                         self.bootstrap)
+
     async def wait_ready(self, grank: int) -> None:
         """Wait until the process at ``grank`` serves calls again (after a
         restart); raises SupervisionError if it will not."""

@@ -14,7 +14,15 @@ import builtins
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Hashable,
+    Iterable,
+    Iterator,
+)
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .._context import _scope
@@ -298,7 +306,7 @@ class Endpoint(Generic[P, R]):
         """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
-        return Endpoint(self._mesh, self._desc, timeout)
+        return type(self)(self._mesh, self._desc, timeout)
 
     def _deadline(self) -> float | None:
         """When this call's answers are due (``time.monotonic()``): the
@@ -446,6 +454,27 @@ class Endpoint(Generic[P, R]):
         finally:
             for f in remaining:
                 f.cancel()
+
+    @overload
+    def route(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+    @overload
+    def route(self, *args: Any, session: Hashable, **kwargs: Any) -> Coroutine[Any, Any, R]: ...
+    def route(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, R]:
+        """Call one replica of a :class:`~meshio.Service`, chosen by its
+        routing; ``session=key`` (keyword only) is the sticky-session key
+        (see :class:`~meshio.Service`).  Type checkers check the arguments
+        of a call without ``session=`` against the endpoint's signature (a
+        parameter list cannot be extended by a keyword argument); with it,
+        only the result type.
+
+        Raises:
+            TypeError: on an actor mesh's endpoint (not a service's): use
+                ``choose()`` there, or make a service of the mesh.
+        """
+        raise TypeError(
+            f"{self._qualname}.route() on actor mesh {self._mesh._name!r}: route() is a "
+            f"service's adverb; make a service of the mesh (meshio.Service(mesh)) or call "
+            f"one actor with choose()")
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting; an exception in the endpoint

@@ -1,0 +1,573 @@
+"""``Service``: the actors of an actor mesh used as interchangeable
+replicas, with routing, failover to live replicas, scaling and statistics.
+
+A service lives in the process that made it (the controller, or an actor):
+it learns of its replicas' deaths and restarts from that process's runtime
+and supervisors, so it is not a value passed to other actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import functools
+import inspect
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, ParamSpec, TypeVar, cast, get_args
+
+from ._actor import Actor
+from ._actor_mesh import ActorMesh, endpoint_named
+from ._exceptions import CallTimeout, SupervisionError
+from ._extent import MeshShape, Region
+from ._proc_mesh import ProcMesh
+from ._proc_state import ProcState, _ActorRecord
+from ._transport._connection import Gathering
+from ._transport._serial import OutBuffers
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, Site
+
+__all__ = ("ReplicaStats", "Service")
+
+A = TypeVar("A", bound=Actor)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: answered calls per replica whose latency the percentiles are taken over
+LATENCY_WINDOW = 1000
+#: sticky sessions remembered (the least recently used is forgotten beyond:
+#: its next call is routed as a new session's)
+SESSION_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One replica of a :class:`Service`, as :meth:`Service.stats` reports it
+    and a routing function sees the live ones.
+
+    Attributes:
+        replica: the replica's number in the service: ``0, 1, ...`` for the
+            actors of the mesh it was made from (in point order), the next
+            numbers for replicas ``scale`` adds (never reused).
+        alive: it serves calls (its process is up and not being restarted).
+        in_flight: calls routed to it (``route``, ``choose``, ``call_one``)
+            not answered yet.
+        completed: calls routed to it that were answered (with a result or
+            the endpoint's own exception).
+        latency_p50: median seconds from sending a call to its answer, over
+            its last 1000 answered calls (None before the first).
+        latency_p90: 90th percentile of the same.
+        latency_p99: 99th percentile of the same.
+    """
+
+    replica: int
+    alive: bool
+    in_flight: int
+    completed: int
+    latency_p50: float | None
+    latency_p90: float | None
+    latency_p99: float | None
+
+
+Policy = Literal["round_robin", "least_loaded", "sticky"]
+#: a routing function: given the live replicas (never none) and the call's
+#: session (None without one), the replica to call: one of those given
+Router = Callable[[Sequence[ReplicaStats], Hashable | None], ReplicaStats]
+_POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+
+class _Replica:
+    """One replica: a one-actor view, the host it runs on, the proc mesh the
+    service started for it (None: the user's), and its call statistics."""
+
+    __slots__ = (
+        "_sorted",
+        "_window",
+        "completed",
+        "host",
+        "id",
+        "idle",
+        "in_flight",
+        "mesh",
+        "procs",
+    )
+
+    def __init__(self, replica: int, mesh: ActorMesh[Any], host: int,
+                 procs: ProcMesh | None) -> None:
+        self.id = replica
+        self.mesh = mesh
+        self.host = host
+        self.procs = procs
+        self.in_flight = 0
+        self.completed = 0
+        #: set once no call is in flight, while the replica is being retired
+        self.idle: asyncio.Event | None = None
+        self._window: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def up(self) -> bool:
+        """It serves calls: not known dead, restarting or stopped."""
+        return self.mesh._down(self.mesh._runtime(), 0) is None
+
+    def back(self) -> asyncio.Future[None] | None:
+        """While it is down and may come back: the future its restart resolves."""
+        procs = self.mesh._procs
+        return None if procs is None else procs._state.restarting(self.mesh._region.ranks[0])
+
+    def track(self, fut: asyncio.Future[Any]) -> None:
+        """Count the call whose answer ``fut`` is, until it is settled."""
+        start = time.perf_counter()  # (not the loop's clock: uvloop's counts milliseconds)
+        self.in_flight += 1
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.in_flight -= 1
+            if not f.cancelled() and not isinstance(f.exception(), SupervisionError):
+                self._answered(time.perf_counter() - start)
+            if self.idle is not None and not self.in_flight:
+                self.idle.set()
+
+        fut.add_done_callback(done)
+
+    def _answered(self, seconds: float) -> None:
+        self.completed += 1
+        self._window.append(seconds)
+        bisect.insort(self._sorted, seconds)
+        if len(self._window) > LATENCY_WINDOW:
+            del self._sorted[bisect.bisect_left(self._sorted, self._window.popleft())]
+
+    def _percentile(self, q: float) -> float | None:
+        s = self._sorted
+        return s[max(0, math.ceil(q * len(s)) - 1)] if s else None  # nearest rank
+
+    def stats(self, alive: bool) -> ReplicaStats:
+        return ReplicaStats(self.id, alive, self.in_flight, self.completed,
+                            self._percentile(0.5), self._percentile(0.9),
+                            self._percentile(0.99))
+
+
+class Service(MeshShape):
+    """The actors of an actor mesh (of any shape) as interchangeable
+    replicas: ``svc = meshio.Service(generators, routing="least_loaded")``,
+    then ``await svc.generate.route(prompt, session=...)`` calls one replica.
+    The other adverbs reach every replica, as on the mesh
+    (``svc.generate.call()``: a :class:`~meshio.ValueMesh` with one dim,
+    ``replicas``).
+
+    Routing (``routing=``):
+
+    - ``"least_loaded"`` (the default): the live replica with the fewest
+      calls in flight from this service; ties go round-robin.
+    - ``"round_robin"``: the live replicas in turn.
+    - ``"sticky"``: every call with the same ``session=`` key reaches the
+      same replica while it lives; a new session (or one whose replica died
+      or was removed: it moves) goes to the least loaded live replica and
+      stays there.  Calls without a session are routed least-loaded.
+    - a function ``router(replicas, session) -> replica``: given the
+      :class:`ReplicaStats` of the live replicas and the call's session
+      (None without one), it returns one of them.  It runs in the caller's
+      loop for every call: keep it quick.
+
+    The built-in policies other than ``"sticky"`` ignore ``session=``.
+
+    Failures: a replica whose process died is out of rotation as soon as
+    this process learns of it (its connection drops), and back once its
+    supervisor has restarted it and rebuilt its actor.  A call in flight to
+    it fails over to another live replica when the endpoint is
+    ``retryable`` (for up to a minute), else raises
+    :class:`~meshio.SupervisionError`.  While no replica is alive, calls
+    wait for one being restarted; with none coming back they raise
+    :class:`~meshio.SupervisionError`.
+
+    Type checkers see a service as its actor class (as a mesh from
+    ``procs.spawn``), so ``svc.generate.route(...)`` has the endpoint's
+    result type; :meth:`scale` and :meth:`stats` are declared there too.
+
+    Raises:
+        TypeError: ``actor_mesh`` is not an actor mesh, or ``routing`` is
+            neither a policy name nor callable.
+        ValueError: ``routing`` is an unknown policy name, or the mesh is empty.
+    """
+
+    # The second typing lie, after ``spawn``'s: a service is typed as its
+    # actor class, so endpoints (and their ``route``) type-check on it.  The
+    # construction is in ``__new__`` (no ``__init__``: type checkers would
+    # take the instance type from it).
+    def __new__(  # type: ignore[misc]
+            cls, actor_mesh: A, routing: Policy | Router = "least_loaded") -> A:
+        self = super().__new__(cls)
+        self._start_with(actor_mesh, routing)
+        return cast(A, self)
+
+    def _start_with(self, actor_mesh: Actor, routing: Policy | Router) -> None:
+        if not isinstance(actor_mesh, ActorMesh):
+            raise TypeError(
+                f"Service: expected an actor mesh (as procs.spawn(...) returns), got "
+                f"{type(actor_mesh).__name__} {actor_mesh!r}")
+        if isinstance(routing, str):
+            if routing not in _POLICIES:
+                raise ValueError(f"Service: routing must be one of {_POLICIES} or a function "
+                                 f"(replicas, session) -> replica, got {routing!r}")
+        elif not callable(routing):
+            raise TypeError(f"Service: routing must be one of {_POLICIES} or a function "
+                            f"(replicas, session) -> replica, got {type(routing).__name__} "
+                            f"{routing!r}")
+        mesh: ActorMesh[Any] = actor_mesh
+        if not len(mesh):
+            raise ValueError(f"Service: actor mesh {mesh._name!r} is empty; a service needs "
+                             f"at least one replica")
+        self._mesh = mesh
+        self._name: str = mesh._name
+        self._cls: type[Any] = mesh._cls  # pyright: ignore[reportUnknownMemberType]
+        self._routing: Policy | Router = routing
+        per_host = mesh._per_host
+        self._replicas: list[_Replica] = []
+        self._region: Region = Region.full(("replicas",), (0,))
+        self._set([_Replica(i, mesh.slice(**dict(point)), grank // per_host if per_host else 0,
+                            None)
+                   for i, (point, grank) in enumerate(zip(mesh, mesh._region.ranks))])
+        self._next = len(self._replicas)
+        self._rr = 0
+        self._sessions: OrderedDict[Hashable, _Replica] = OrderedDict()
+        self._scaling = asyncio.Lock()
+
+    def _set(self, replicas: list[_Replica]) -> None:
+        self._replicas = replicas
+        self._region = Region.full(("replicas",), (len(replicas),))
+
+    def _with_region(self, region: Region) -> NoReturn:
+        raise TypeError(f"service {self._name!r}: a service's replicas are not sliced; slice "
+                        f"the actor mesh before making a service of it")
+
+    def __repr__(self) -> str:
+        routing = self._routing if isinstance(self._routing, str) else repr(self._routing)
+        return (f"<Service {self._name!r} of {self._cls.__qualname__}: "
+                f"{len(self._replicas)} replicas, {routing}>")
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(f"service {self._name!r} cannot be sent to another process: it lives "
+                        f"where it was made; pass the actor mesh and make a service there")
+
+    def __getattr__(self, name: str) -> _ServiceEndpoint[Any, Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        desc = endpoint_named(self._cls, name,
+                              f"service {self._name!r} of {self._cls.__qualname__}")
+        ep: _ServiceEndpoint[Any, Any] = _ServiceEndpoint(self, desc)
+        self.__dict__[name] = ep  # later reads skip __getattr__
+        return ep
+
+    # ---------------------------------------------------------- operations
+
+    def stats(self) -> list[ReplicaStats]:
+        """Per replica, in order: whether it is alive, its calls in flight
+        and answered, and their latency percentiles (see :class:`ReplicaStats`)."""
+        return [r.stats(r.up()) for r in self._replicas]
+
+    async def scale(self, *, replicas: int) -> None:
+        """Grow or shrink the service to ``replicas`` replicas.
+
+        Growing starts each new replica in a proc mesh of its own (one
+        process, dim ``replicas``) on the hosts of the actor mesh's proc
+        mesh (the host mesh or job it was spawned on), the least used host
+        first, with that proc mesh's options (supervisor, restart type,
+        shutdown, heartbeats, env, bootstrap), and spawns the same actor
+        class there with the same constructor arguments.  New replicas are
+        in rotation once all of them are up; if one fails to start, those
+        started are stopped and the error is raised.
+
+        Shrinking removes the replicas ``scale`` added, newest first, then
+        the mesh's own actors from the last point back.  A removed replica
+        is out of rotation at once; it is stopped once the calls routed to
+        it (``route``, ``choose``, ``call_one``) are answered: its proc mesh
+        if the service started it, else its actor (the process belongs to
+        the user's proc mesh and keeps running).  ``scale`` returns then.
+
+        Scale calls run one after the other.
+
+        Raises:
+            TypeError: ``replicas`` is not an int.
+            ValueError: ``replicas`` < 1.
+            RuntimeError: growing a service whose actor mesh was received
+                from another process (only the process that spawned it
+                holds its proc mesh).
+            SupervisionError: the proc mesh of the actor mesh was stopped,
+                or a new process failed to start
+                (:class:`~meshio.ProcessStartError`).
+        """
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise TypeError(f"scale(replicas=...) must be an int, got "
+                            f"{type(replicas).__name__} {replicas!r}")
+        if replicas < 1:
+            raise ValueError(f"scale(replicas=...) must be >= 1 (service {self._name!r}), "
+                             f"got {replicas}; stop() stops every replica")
+        async with self._scaling:
+            n = len(self._replicas)
+            if replicas > n:
+                await self._grow(replicas - n)
+            elif replicas < n:
+                await self._shrink(n - replicas)
+
+    async def stop(self) -> None:
+        """Stop every replica now (calls in flight fail with
+        :class:`~meshio.SupervisionError`): the proc meshes the service
+        started, and the actors of the mesh it was made from (their
+        processes keep running).  Later calls raise SupervisionError."""
+        async with self._scaling:
+            replicas = self._replicas
+            self._set([])
+            self._sessions.clear()
+            await asyncio.gather(*(_stop(r) for r in replicas))
+
+    # ------------------------------------------------------------ scaling
+
+    def _template(self) -> tuple[ProcState, _ActorRecord]:
+        """The proc mesh of the mesh the service was made from, and what
+        its actors were spawned with."""
+        procs = self._mesh._procs
+        if procs is None:
+            raise RuntimeError(
+                f"service {self._name!r}: scale() needs the proc mesh of actor mesh "
+                f"{self._name!r}, which only the process that spawned it holds; make the "
+                f"service there")
+        state = procs._state
+        record = next((a for a in state.actors if a.target == self._mesh._target), None)
+        if record is None or state.stopped:
+            raise SupervisionError(
+                f"service {self._name!r}: cannot add replicas: proc mesh {state.name!r} of "
+                f"actor mesh {self._name!r} was stopped", actor=self._name,
+                cause="proc mesh stopped")
+        return state, record
+
+    async def _grow(self, k: int) -> None:
+        state, record = self._template()
+        load = [0] * len(state.launchers)
+        for r in self._replicas:
+            load[r.host] += 1
+        hosts: list[int] = []
+        for _ in range(k):
+            host = load.index(min(load))
+            load[host] += 1
+            hosts.append(host)
+        ids = range(self._next, self._next + k)
+        self._next += k
+        results = await asyncio.gather(
+            *(self._start(i, host, state, record) for i, host in zip(ids, hosts)),
+            return_exceptions=True)
+        started = [r for r in results if isinstance(r, _Replica)]
+        failures = [e for e in results if isinstance(e, BaseException)]
+        if failures:
+            await asyncio.gather(*(_stop(r) for r in started))
+            raise failures[0]
+        self._set(self._replicas + started)
+
+    async def _start(self, replica: int, host: int, state: ProcState,
+                     record: _ActorRecord) -> _Replica:
+        procs = ProcMesh(state.like(f"{self._name}-replica-{replica}", host, "replicas"),
+                         Region.full(("replicas",), (1,)), record.options)
+        try:
+            mesh: ActorMesh[Any] = await procs._spawn_packed(self._name, self._cls,
+                                                             record.body, record.out)
+        except BaseException:
+            await procs.stop()
+            raise
+        return _Replica(replica, mesh, host, procs)
+
+    async def _shrink(self, k: int) -> None:
+        order = sorted(self._replicas, key=lambda r: (r.procs is not None, r.id))
+        leaving = order[len(order) - k:]
+        self._set([r for r in self._replicas if r not in leaving])
+        for session in [s for s, r in self._sessions.items() if r in leaving]:
+            del self._sessions[session]
+        await asyncio.gather(*(_retire(r) for r in leaving))
+
+    # ------------------------------------------------------------ routing
+
+    async def _route(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                     out: OutBuffers, session: Hashable | None, deadline: float | None) -> Any:
+        """Call one replica; a call of a retried endpoint whose replica died
+        with it in flight goes to another one (up to its retry policy's
+        attempts, within its deadline)."""
+        policy = desc.retry
+        attempt = 0
+        while True:
+            attempt += 1
+            replica = await self._pick(session)
+            fut = replica.mesh._request_once(0, desc, body, out, deadline)
+            replica.track(fut)
+            try:
+                return await fut
+            except SupervisionError as e:
+                if policy is None or attempt >= policy.attempts or not policy.matches(e) or (
+                        deadline is not None and time.monotonic() >= deadline):
+                    raise
+                # its process died with the call in flight: it is out of
+                # rotation now, and the call goes to another replica
+
+    async def _pick(self, session: Hashable | None) -> _Replica:
+        """The live replica to call; while none is, wait for one coming back."""
+        while True:
+            live = [r for r in self._replicas if r.up()]
+            if live:
+                return self._choose(live, session)
+            backs = [f for r in self._replicas if (f := r.back()) is not None]
+            if not backs:
+                why = ("it has no replicas (stopped)" if not self._replicas else
+                       f"its {len(self._replicas)} replicas are down and nothing restarts them "
+                       f"(no supervisor, their restart type, or the supervisor gave up)")
+                raise SupervisionError(f"service {self._name!r}: no replica serves calls: "
+                                       f"{why}", actor=self._name, cause="no live replica")
+            await asyncio.wait(backs, return_when=asyncio.FIRST_COMPLETED)
+
+    def _choose(self, live: list[_Replica], session: Hashable | None) -> _Replica:
+        routing = self._routing
+        if callable(routing):
+            views = [r.stats(True) for r in live]
+            chosen = routing(views, session)
+            for r, view in zip(live, views):
+                if view is chosen:
+                    return r
+            raise ValueError(f"service {self._name!r}: routing function {routing!r} returned "
+                             f"{chosen!r}; it must return one of the ReplicaStats it is given")
+        if routing == "round_robin":
+            self._rr += 1
+            return live[(self._rr - 1) % len(live)]
+        if routing == "least_loaded" or session is None:
+            return self._least_loaded_of(live)
+        sessions = self._sessions
+        pinned = sessions.get(session)
+        if pinned is None or pinned not in live:  # a new session, or its replica is down or gone
+            pinned = sessions[session] = self._least_loaded_of(live)
+        sessions.move_to_end(session)
+        if len(sessions) > SESSION_LIMIT:
+            sessions.popitem(last=False)
+        return pinned
+
+    def _least_loaded_of(self, live: list[_Replica]) -> _Replica:
+        """Fewest calls in flight; ties go round-robin."""
+        n = len(live)
+        start = self._rr % n
+        self._rr += 1
+        best = live[start]
+        for k in range(1, n):
+            r = live[(start + k) % n]
+            if r.in_flight < best.in_flight:
+                best = r
+        return best
+
+    # -------------------------------------------------- the call target
+    # What its endpoints' adverbs call (meshio.endpoints.CallTarget), by
+    # index in the replicas.
+
+    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
+        replica = self._replicas[index]
+        fut = replica.mesh._request(0, desc, body, out, deadline)
+        replica.track(fut)
+        return fut
+
+    def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                     out: OutBuffers, gather: bool, deadline: float | None = None
+                     ) -> list[asyncio.Future[Any]]:
+        return [r.mesh._request(0, desc, body, out, deadline) for r in self._replicas]
+
+    def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                    out: OutBuffers, deadline: float | None = None) -> Gathering:
+        parts = [r.mesh._gather_all(desc, body, out, deadline) for r in self._replicas]
+        return _Joined(asyncio.get_running_loop(), parts, desc, self._name,
+                       [r.mesh._site(0) for r in self._replicas])
+
+    def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                  out: OutBuffers, deadline: float | None = None) -> None:
+        for r in self._replicas:
+            r.mesh._send_all(desc, body, out, deadline)
+
+    def _site(self, index: int) -> Site:
+        return self._replicas[index].mesh._site(0)
+
+    def _least_loaded(self) -> int:
+        live = [r for r in self._replicas if r.up()]
+        return self._replicas.index(self._least_loaded_of(live or self._replicas))
+
+
+async def _retire(r: _Replica) -> None:
+    """Stop a replica taken out of rotation once its routed calls are answered."""
+    if r.in_flight:
+        r.idle = asyncio.Event()
+        await r.idle.wait()
+    await _stop(r)
+
+
+async def _stop(r: _Replica) -> None:
+    if r.procs is not None:
+        await r.procs.stop()
+    else:
+        await r.mesh.stop()
+
+
+class _Joined(Gathering):
+    """The answers of a call to every replica: one gathering per replica
+    (replicas of different actor meshes are different targets), joined."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, parts: list[Gathering],
+                 desc: EndpointDescriptor[Any, Any, Any], name: str,
+                 sites: Sequence[Site]) -> None:
+        super().__init__(loop, "", [0] * len(parts), desc.unpack_result, desc.qualname, name,
+                         sites)
+        self._parts = parts
+        for index, part in enumerate(parts):
+            part.fut.add_done_callback(functools.partial(self._settle_from, index, part))
+
+    def _settle_from(self, index: int, part: Gathering, _: asyncio.Future[None]) -> None:
+        slot = self.slots[index]
+        if slot.settled:  # abandoned meanwhile
+            return
+        if part.errors:
+            slot.set_exception(part.errors[0])
+        else:
+            slot.set_result(part.values[0])
+
+    def abandon(self, msg: str | None = None) -> None:
+        for part in self._parts:
+            part.abandon(msg)
+        super().abandon(msg)
+
+
+class _ServiceEndpoint(Endpoint[P, R]):
+    """An endpoint of a service: the mesh's adverbs over the replicas, and
+    :meth:`route`."""
+
+    __slots__ = ("_service", "_takes_session")
+
+    def __init__(self, service: Service, desc: EndpointDescriptor[Any, P, R],
+                 timeout: float | None = None) -> None:
+        super().__init__(service, desc, timeout)
+        self._service = service
+        self._takes_session = "session" in inspect.signature(desc.fn).parameters
+
+    async def route(self, *args: Any, session: Hashable | None = None, **kwargs: Any) -> R:
+        """Call one replica, chosen by the service's routing (see
+        :class:`Service`); ``session``: the sticky-session key."""
+        if self._takes_session:
+            raise TypeError(
+                f"{self._qualname} takes a parameter named 'session', which route() takes "
+                f"for the routing key; rename the parameter to route calls to it")
+        body, packer = self._encode(args, kwargs)
+        routed = self._service._route(self._desc, body, packer.out, session, self._deadline())
+        if self._timeout is None:
+            result: R = await routed
+            return result
+        within = asyncio.timeout(self._timeout)
+        try:
+            async with within:
+                result = await routed
+        except TimeoutError:
+            if not within.expired():
+                raise
+            raise CallTimeout(
+                f"{self._qualname} routed on service {self._service._name!r}: no answer within "
+                f"{self._timeout}s", endpoint=self._qualname) from None
+        return result
