@@ -103,6 +103,29 @@ def test_service_example() -> None:
     assert out.endswith("replicas 2\n")
 
 
+def test_rl_grpo_example() -> None:
+    """issue 17 §4: every step's rollouts used the version the learner
+    published for it, none failed though a generator was SIGKILLed with a
+    rollout in flight, the restarted replica serves later rollouts, and the
+    policy's reward improves."""
+    out = _run(sys.executable, "examples/rl_grpo.py", "--steps", "24", "--kill-at", "8")
+    steps = [line for line in out.splitlines()
+             if line.startswith("step ") and " versions " in line]
+    assert len(steps) == 24, out
+    rewards, pids = [], []
+    for step, line in enumerate(steps):
+        assert line.startswith(f"step {step}: versions [{step}, {step}] reward "), line
+        rewards.append(float(line.split(" reward ")[1].split()[0]))
+        pids.append(line.split(" pids ")[1])
+    assert "step 8: killed generator process" in out
+    back = out.split("generator replica back as process ")[1].split()[0]
+    assert any(back in p for p in pids[9:]), out  # the restarted replica takes rollouts again
+    killed = out.split("killed generator process ")[1].split()[0]
+    assert not any(killed in p for p in pids[9:])
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.4, rewards
+    assert out.endswith("newest version 24\n")
+
+
 def test_meshio_bench_prints_its_measurements() -> None:
     out = _run(sys.executable, "-m", "meshio._cli", "bench", "--calls", "300",
                "--inflight", "200", "--procs", "2")
