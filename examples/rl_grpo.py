@@ -79,7 +79,7 @@ class Learner(Actor):
             loss = loss - (advantages * logp).mean()
         self.opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
-        self.opt.step()
+        self.opt.step()  # pyright: ignore[reportUnknownMemberType]
         self.version = step + 1
         await self.store.publish(self.policy.state_dict(), version=self.version)
 
@@ -100,7 +100,8 @@ class Generator(Actor):
         seed = torch.Generator().manual_seed(1000 * step + rollout)
         with torch.no_grad():
             probs = torch.softmax(self.policy.logits, 0)
-            actions = torch.multinomial(probs, SAMPLES, replacement=True, generator=seed).tolist()
+            drawn = torch.multinomial(probs, SAMPLES, replacement=True, generator=seed)
+        actions = [int(a) for a in drawn]
         rewards = await self.reward.score.call_one(actions)
         await self.learner.submit.call_one(step, rollout, actions, rewards)
         return os.getpid(), version, statistics.fmean(rewards)
@@ -141,7 +142,7 @@ async def main(steps: int, kill_at: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="A GRPO-shaped RL loop on meshio.")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--kill-at", type=int, default=10)
     args = parser.parse_args()
