@@ -17,9 +17,10 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from ._constants import MSGPACK_NIL
-from ._exceptions import ClosedResourceError, MeshioError, SchemaError
+from ._exceptions import ClosedResourceError, MeshioError, SchemaError, SupervisionError
+from ._transport._connection import Connection
 from ._transport._messages import PortSend
-from ._transport._runtime import on_loop, runtime
+from ._transport._runtime import Runtime, actor_thread, on_loop, runtime
 from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder
 
 __all__ = ("Channel", "Port", "PortReceiver")
@@ -49,7 +50,7 @@ class Port(Generic[T]):
         self._id = port_id
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Port, (self._addr, self._id))
+        return (_received, (self._addr, self._id))
 
     def __repr__(self) -> str:
         return f"<Port {self._id} at {self._addr}>"
@@ -69,6 +70,37 @@ def _send(addr: str, msg: PortSend, out: OutBuffers) -> None:
     runtime().connect(addr).send_message(msg, out)
 
 
+def _received(addr: str, port_id: int) -> Port[Any]:
+    """A port arriving in this process (unpickled): its receiver learns that
+    this process holds it, once per process (see :meth:`PortReceiver.recv`)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # (a thread decoding a large value: not announced)
+        if getattr(actor_thread, "rt", None) is None:
+            return Port(addr, port_id)
+    on_loop(_announce, addr, port_id)
+    return Port(addr, port_id)
+
+
+class _Held:
+    """Per runtime: the ports of other processes this one told it holds."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.told: set[tuple[str, int]] = set()
+
+    def close(self) -> None:
+        self.told.clear()
+
+
+def _announce(addr: str, port_id: int) -> None:
+    rt = runtime()
+    told = rt.state(_Held).told
+    if addr == rt.addr or (addr, port_id) in told:
+        return
+    told.add((addr, port_id))
+    rt.connect(addr).send_message(PortSend(port_id, MSGPACK_NIL, held=True))
+
+
 class PortReceiver(Generic[T]):
     """The receiving end of a channel, in the process that opened it."""
 
@@ -77,6 +109,25 @@ class PortReceiver(Generic[T]):
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._decoder = TypedDecoder(Any)
+        #: connections of the other processes that hold the port
+        self._holders: set[Connection] = set()
+        #: once every holder is gone (and none came since): what recv raises
+        self._orphaned: SupervisionError | None = None
+
+    def _held(self, conn: Connection) -> None:
+        self._holders.add(conn)
+        self._orphaned = None
+
+    def _lost(self, conn: Connection) -> None:
+        if conn not in self._holders:
+            return
+        self._holders.discard(conn)
+        if not self._holders:
+            self._orphaned = SupervisionError(
+                f"port {self._id}: every process that held it is gone (the last, pid "
+                f"{conn.peer_pid} at {conn.peer}, lost its connection) without closing it; "
+                f"nothing more can arrive", pid=conn.peer_pid, cause="every sender is gone")
+            self._wake()
 
     def _put(self, msg: PortSend, bufs: Buffers) -> None:
         if msg.close:
@@ -96,6 +147,9 @@ class PortReceiver(Generic[T]):
 
     def _append(self, item: Any) -> None:
         self._items.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -107,8 +161,13 @@ class PortReceiver(Generic[T]):
             SchemaError: the next value could not be decoded here (its
                 reconstruction raised, or it was over the message size
                 limit); later values can still be received.
+            SupervisionError: nothing is left to read and every other
+                process the port was passed to is gone without closing it
+                (instead of waiting forever).
         """
         while not self._items:
+            if self._orphaned is not None:
+                raise self._orphaned
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         item = self._items[0]

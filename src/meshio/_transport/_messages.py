@@ -152,11 +152,14 @@ class StopActor(_Msg, frozen=True, tag=6):
 
 
 class PortSend(_Msg, frozen=True, tag=7):
-    """A value for the port ``port`` owned by the receiver; ``close`` ends it."""
+    """A value for the port ``port`` owned by the receiver; ``close`` ends it;
+    ``held``: no value, the sender now holds the port (it can send: once
+    every process that held it is gone, ``recv`` stops waiting)."""
 
     port: int
     value: msgspec.Raw
     close: bool = False
+    held: bool = False
 
 
 class Fault(_Msg, frozen=True, tag=8):

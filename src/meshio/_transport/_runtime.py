@@ -253,6 +253,10 @@ class PortSink(Protocol):
 
     def _put_error(self, error: MeshioError, /) -> None: ...
 
+    def _held(self, conn: Connection, /) -> None: ...
+
+    def _lost(self, conn: Connection, /) -> None: ...
+
 
 def register_handler(kind: type[_M], handler: Callable[[Runtime, Connection, _M, Buffers], None],
                      *, inspection: bool = False) -> None:
@@ -687,6 +691,8 @@ class Runtime:
         # what it asked of this process (a relay's calls too) has nobody to answer
         for cell in list(self.actors.values()):
             cell.lost(conn)
+        for receiver in list(self.ports.values()):
+            receiver._lost(conn)
         self.fanout.lost(conn)
         hook = self.on_lost.get(conn.peer or "")
         if hook is not None:
@@ -740,7 +746,11 @@ class Runtime:
                     waiter.set_result(conn)
             case PortSend():
                 receiver = self.ports.get(msg.port)
-                if receiver is not None:
+                if receiver is None:
+                    pass
+                elif msg.held:
+                    receiver._held(conn)
+                else:
                     receiver._put(msg, bufs)
             case StopActor():
                 self.order.forget(msg.target)
