@@ -49,11 +49,14 @@ class Big(Actor):
     def __init__(self) -> None:
         self.store = WeightStore("big")
         self.version = 0
+        self.w = torch.empty(0)
 
     @endpoint
     async def publish(self, mib: int) -> tuple[WeightStore, int]:
+        if self.w.numel() != mib * MiB // 4:  # (the learner's parameters, made once)
+            self.w = torch.ones(mib * MiB // 4)
         self.version += 1
-        await self.store.publish({"w": torch.ones(mib * MiB // 4)}, version=self.version)
+        await self.store.publish({"w": self.w}, version=self.version)
         return self.store, self.version
 
 
