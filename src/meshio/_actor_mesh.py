@@ -226,6 +226,7 @@ class ActorMesh(MeshShape, Generic[A]):
                      (self._sites or self._call_sites())[index])
         p.req = req = conn.next_req(p)
         p.conn, p.index, p.inflight, p.target = conn, index, self._inflight, self._target
+        p.started = False
         self._inflight[index] += 1
         if type(answer) is _CallFuture:
             answer.request = p
@@ -262,7 +263,7 @@ class ActorMesh(MeshShape, Generic[A]):
         self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retry is not None:
             return [cancels(asyncio.ensure_future(
-                self._retry(i, desc, body, out, f, deadline, not f.done())), [f])
+                self._retry(i, desc, body, out, f, deadline, None)), [f])
                 for i, f in enumerate(futs)]
         return futs
 
@@ -326,7 +327,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if desc.retry is None:
             return fut
         return cancels(asyncio.ensure_future(
-            self._retry(index, desc, body, out, fut, deadline, not fut.done())), [fut])
+            self._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
 
     def _request_once(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                       out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
@@ -339,12 +340,13 @@ class ActorMesh(MeshShape, Generic[A]):
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,
-                     sent: bool) -> Any:
-        """Await ``fut`` (the first attempt; ``sent``: it went out, rather
-        than failing at once on a process known dead) and send the call again
-        as the endpoint's retry policy says.  Where this process owns the
-        actors' processes, a call that killed its process ``poison_after``
-        times in a row (its supervisor's) is not sent again."""
+                     request: _Request | None) -> Any:
+        """Await ``fut`` (the first attempt, whose ``request`` says whether
+        it started running: None for a call not sent, or sent through the
+        fan-out tree) and send the call again as the endpoint's retry policy
+        says.  Where this process owns the actors' processes, a call that
+        was running each time its process died, ``poison_after`` times in a
+        row (its supervisor's), is not sent again."""
         policy = desc.retry
         assert policy is not None
         loop = asyncio.get_running_loop()
@@ -359,7 +361,8 @@ class ActorMesh(MeshShape, Generic[A]):
             try:
                 return await fut
             except Exception as e:
-                crashes = crashes + 1 if sent and isinstance(e, SupervisionError) else 0
+                running = request is not None and request.started
+                crashes = crashes + 1 if running and isinstance(e, SupervisionError) else 0
                 if isinstance(e, SupervisionError) and state is not None \
                         and state.supervisor is not None \
                         and crashes >= state.supervisor.poison_after:
@@ -377,7 +380,7 @@ class ActorMesh(MeshShape, Generic[A]):
                     redelivery.redelivering[grank] -= 1
             fut = _CallFuture(loop)
             self._send(self._runtime(), index, desc, body, out, fut, deadline)
-            sent = not fut.done()
+            request = _request_of(fut)
 
     def _poisoned(self, state: ProcState, index: int, desc: EndpointDescriptor[Any, Any, Any],
                   crashes: int, last: SupervisionError) -> PoisonMessageError:
@@ -415,6 +418,11 @@ class ActorMesh(MeshShape, Generic[A]):
             if inflight[i] < inflight[best]:
                 best = i
         return best
+
+
+def _request_of(fut: asyncio.Future[Any]) -> _Request | None:
+    """The request of a call just sent (None: not sent, it failed at once)."""
+    return fut.request if isinstance(fut, _CallFuture) else None
 
 
 def _budget(deadline: float | None) -> float | None:
@@ -463,13 +471,18 @@ class _Request(Pending):
     """A call to one actor whose answer settles a future: it counts itself
     out of the actor's calls in flight when settled or given up."""
 
-    __slots__ = ("conn", "index", "inflight", "req", "target")
+    __slots__ = ("conn", "index", "inflight", "req", "started", "target")
 
     conn: Connection
     index: int
     inflight: list[int]
     req: int
     target: str
+    #: the callee said the call started running (endpoints with a retry policy)
+    started: bool
+
+    def begun(self) -> None:
+        self.started = True
 
     def set_result(self, result: Any, /) -> None:
         self._settled()

@@ -44,6 +44,7 @@ from ._transport._messages import (
     Reply,
     SpawnActor,
     Stalled,
+    Started,
 )
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
@@ -292,6 +293,9 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
+            if msg.req and desc.retry is not None:
+                conn.send_message(Started(msg.req))
+                conn.flush()
             task = self.rt.loop.create_task(
                 self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline),
                 name=desc.qualname)
@@ -478,6 +482,9 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 continue
+            if msg.req and desc.retry is not None:  # its caller counts crashes it was in
+                conn.send_message(Started(msg.req))
+                conn.flush()
             self.seq += 1
             self.serving = desc
             self.since = time.monotonic()

@@ -78,3 +78,19 @@ def test_bad_poison_after_is_refused() -> None:
     for bad in (0, 1.5, "3"):
         with pytest.raises(ValueError, match="poison_after"):
             meshio.Supervisor(poison_after=bad)  # type: ignore[arg-type]
+
+
+async def test_calls_queued_behind_a_poison_message_are_not_blamed(tmp_path: Path) -> None:
+    """Only a call that was running when its process died counts a crash:
+    good calls queued behind the poison message (redelivered with it after
+    each crash) complete; the poison message alone is quarantined."""
+    log = str(tmp_path / "runs")
+    async with supervised(2, max_restarts=1, poison_after=3) as s:
+        food = await s.procs.spawn("food", Food)
+        one = food.slice(procs=1)
+        poison = asyncio.ensure_future(one.eat.call_one(666, log))
+        good = [asyncio.ensure_future(one.eat.call_one(i, log)) for i in range(20)]
+        with pytest.raises(PoisonMessageError):
+            await asyncio.wait_for(poison, DEADLINE)
+        assert await asyncio.wait_for(asyncio.gather(*good), DEADLINE) == list(range(20))
+        assert s.sup.failure is None

@@ -193,6 +193,9 @@ class Pending:
         """The callee answered with an error."""
         self.set_exception(error_from_info(info, self))
 
+    def begun(self) -> None:
+        """The callee says the call has started running (:class:`Started`)."""
+
 
 #: the message a call's future is cancelled with when its deadline passed
 #: (its callee is told so: :attr:`Cancel.expired`)
@@ -460,6 +463,12 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.write(b"".join(batch))
         batch.clear()
+
+    def flush(self) -> None:
+        """Write what this turn has batched now (before code that may end the
+        process runs: a frame handed to the kernel reaches the peer)."""
+        if self._batch:
+            self._write_batch(self._batch)
 
     def _flush(self) -> None:
         """The end of the turn: write what is batched; the next small frame

@@ -40,6 +40,7 @@ __all__ = (
     "SignalWorker",
     "SpawnActor",
     "Stalled",
+    "Started",
     "StopActor",
     "Stream",
     "Transfer",
@@ -393,10 +394,19 @@ class Stalled(_Msg, frozen=True, tag=28):
     stack: str
 
 
+class Started(_Msg, frozen=True, tag=30):
+    """Call ``req`` (on this connection) has started running in its actor:
+    sent for calls of endpoints with a retry policy, so that a caller whose
+    callee's process dies knows whether the call was running then (see
+    ``Supervisor(poison_after=...)``)."""
+
+    req: int
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks | JobStacks | Stalled)
+           | StoreOp | GetStacks | JobStacks | Stalled | Started)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -51,6 +51,7 @@ from ._messages import (
     Reply,
     Restored,
     Shutdown,
+    Started,
     StopActor,
     _Msg,
 )
@@ -744,6 +745,10 @@ class Runtime:
                 waiter = self.hello_waiters.pop(msg.worker, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(conn)
+            case Started():
+                p = conn.pending.get(msg.req)
+                if p is not None:
+                    p.begun()
             case PortSend():
                 receiver = self.ports.get(msg.port)
                 if receiver is None:
