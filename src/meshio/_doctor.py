@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import importlib
 import os
 import platform
 import resource
@@ -69,7 +70,7 @@ class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     status: Literal["ok", "missing", "warning"]
     detail: str
-    facts: dict[str, Fact] = msgspec.field(default_factory=dict)
+    facts: dict[str, Fact]
 
 
 async def doctor(*, timeout: float = 5.0) -> tuple[DoctorCheck, ...]:
@@ -126,13 +127,14 @@ def _python() -> DoctorCheck:
 
 def _uvloop() -> DoctorCheck:
     try:
-        import uvloop
+        importlib.import_module("uvloop")  # as meshio.run and the workers do
     except ImportError as e:
         return DoctorCheck(name="uvloop", status="missing", facts={"version": None},
                            detail=f"not importable ({e}): meshio.run and the workers use "
                                   "asyncio's default loop, slower (pip install uvloop)")
-    return DoctorCheck(name="uvloop", status="ok", facts={"version": uvloop.__version__},
-                       detail=f"uvloop {uvloop.__version__}: meshio.run and the workers use it")
+    v = version("uvloop")
+    return DoctorCheck(name="uvloop", status="ok", facts={"version": v},
+                       detail=f"uvloop {v}: meshio.run and the workers use it")
 
 
 def _torch_and_cuda() -> tuple[DoctorCheck, DoctorCheck]:
@@ -158,7 +160,7 @@ def _torch_and_cuda() -> tuple[DoctorCheck, DoctorCheck]:
     kind = "CUDA" if torch.version.cuda else "ROCm"
     if not torch.cuda.is_available():
         try:
-            torch.cuda.init()
+            torch.cuda.init()  # type: ignore[no-untyped-call]  # unannotated in torch
             why = "torch.cuda.is_available() is False"
         except Exception as e:  # the reason is what we report
             why = str(e).strip().splitlines()[0]
@@ -206,16 +208,16 @@ async def _slurm(timeout: float) -> DoctorCheck:
     try:
         found = await slurm_probe(timeout)
     except SlurmError as e:
-        return DoctorCheck(name="slurm", status="missing", detail=str(e))
-    return DoctorCheck(name="slurm", status="ok", detail=found)
+        return DoctorCheck(name="slurm", status="missing", detail=str(e), facts={})
+    return DoctorCheck(name="slurm", status="ok", detail=found, facts={})
 
 
 def _kubernetes(timeout: float) -> DoctorCheck:
     try:
         found = kubernetes_probe(timeout)
     except (ClusterNotConfiguredError, ClusterError) as e:
-        return DoctorCheck(name="kubernetes", status="missing", detail=str(e))
-    return DoctorCheck(name="kubernetes", status="ok", detail=found)
+        return DoctorCheck(name="kubernetes", status="missing", detail=str(e), facts={})
+    return DoctorCheck(name="kubernetes", status="ok", detail=found, facts={})
 
 
 def _clock() -> DoctorCheck:
