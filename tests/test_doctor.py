@@ -346,3 +346,14 @@ async def test_python_api() -> None:
     by_name = {c.name: c for c in checks}
     assert by_name["python"].facts["version"] == platform.python_version()
     assert (by_name["same_host"].status != "missing") == ("same_host" in available_backends())
+
+
+def test_readme_documents_doctor() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Checking a machine: `meshio doctor`"):]
+    section = section[:section.index("\n## ", 1)]
+    assert "--json" in section and "--require" in section
+    for name in CHECKS:
+        assert f"`{name}`" in section, name
+    for key in ("required_missing", "status", "detail", "facts"):
+        assert f'"{key}"' in section, key
