@@ -25,7 +25,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from ._transport._bulk import CAP_IPC_LOCK, capable, ptrace_scope
+from ._transport._bulk import CAP_IPC_LOCK, CAP_SYS_PTRACE, capable, ptrace_scope
 from .jobs._kubernetes import ClusterError, ClusterNotConfiguredError
 from .jobs._kubernetes import probe as kubernetes_probe
 from .jobs._slurm import SlurmError
@@ -183,7 +183,14 @@ def _rdma() -> list[DoctorCheck]:
         facts: dict[str, Fact] = {}
         warn = False
         if backend == "same_host":
-            facts["ptrace_scope"] = ptrace_scope()
+            facts["ptrace_scope"] = scope = ptrace_scope()
+            if usable and scope == 1:
+                warn = True
+                detail += "; but large message values travel over the socket, not by one copy"
+                if not capable(CAP_SYS_PTRACE):  # the controller declares no tracer
+                    detail += (", and a worker reading an RDMABuffer the controller owns "
+                               "fails")
+                detail += " (sysctl kernel.yama.ptrace_scope=0 lifts this)"
         elif backend == "ibverbs":
             soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
             memlock = None if soft == resource.RLIM_INFINITY else soft
