@@ -357,3 +357,19 @@ def test_readme_documents_doctor() -> None:
         assert f"`{name}`" in section, name
     for key in ("required_missing", "status", "detail", "facts"):
         assert f'"{key}"' in section, key
+
+
+async def test_ptrace_scope_1_is_a_same_host_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the machines here have no Yama: what the doctor adds, fed scope 1
+    if "same_host" not in available_backends():
+        pytest.skip("same_host is not usable here")
+    from meshio import _doctor
+    monkeypatch.setattr(_doctor, "ptrace_scope", lambda: 1)
+    monkeypatch.setattr(_doctor, "capable", lambda cap_bit: False)
+    same = next(c for c in await meshio.doctor() if c.name == "same_host")
+    assert same.status == "warning"
+    assert same.facts["ptrace_scope"] == 1
+    assert same.detail.endswith(
+        "; but large message values travel over the socket, not by one copy, and a worker "
+        "reading an RDMABuffer the controller owns fails (sysctl kernel.yama.ptrace_scope=0 "
+        "lifts this)")
