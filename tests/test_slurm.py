@@ -9,6 +9,7 @@ fail instead where ``MESHIO_REQUIRE_SLURM=1`` (CI)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -319,3 +320,14 @@ async def test_sbatch_refusal_is_a_slurm_error(slurm: None, tmp_path: Path) -> N
     with pytest.raises(SlurmError, match=r"sbatch refused the job.*partition"):
         await j.apply()
     assert not (tmp_path / ".meshio" / "job.json").exists()
+
+
+def test_doctor_reaches_the_cluster(slurm: None) -> None:
+    """issue 19 item 4: ``meshio doctor --require slurm`` passes where Slurm
+    answers, naming the cluster's partitions."""
+    proc = subprocess.run([sys.executable, "-m", "meshio", "doctor", "--json", "--require",
+                           "slurm"], capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.returncode == 0, proc.stderr
+    slurm_check = json.loads(proc.stdout)["checks"]["slurm"]
+    assert slurm_check["status"] == "ok"
+    assert slurm_check["detail"].startswith("sinfo answered: partitions debug")

@@ -17,6 +17,8 @@ from ._actor import current_rank as current_rank
 from ._actor_mesh import ActorMesh as ActorMesh
 from ._context import Context as Context
 from ._context import ProcInfo as ProcInfo
+from ._doctor import DoctorCheck as DoctorCheck
+from ._doctor import doctor as doctor
 from ._exceptions import ActorError as ActorError
 from ._exceptions import AuthenticationError as AuthenticationError
 from ._exceptions import CallTimeout as CallTimeout
@@ -79,6 +81,7 @@ __all__ = (
     "ClosedResourceError",
     "Context",
     "DeadlockError",
+    "DoctorCheck",
     "Endpoint",
     "EndpointDescriptor",
     "Extent",
@@ -116,6 +119,7 @@ __all__ = (
     "attach",
     "context",
     "current_rank",
+    "doctor",
     "endpoint",
     "monitor",
     "run",

@@ -8,6 +8,7 @@ from importlib.metadata import version
 
 from ._bench import bench as run_bench
 from ._demo import demo as run_demo
+from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
 from ._inspect import ask_stacks, controllers, inspection_dir
 from ._run import run
@@ -43,11 +44,25 @@ def main(argv: list[str] | None = None) -> None:
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
+    check = sub.add_parser("doctor", help="say what this machine gives meshio (uvloop, torch, "
+                                          "CUDA, RDMA backends, Slurm, Kubernetes, limits) "
+                                          "and why anything is missing")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.add_argument("--require", action="append", default=[], choices=CHECKS,
+                       metavar="NAME", help="exit 1 when check NAME is missing (repeatable; "
+                                            f"one of {', '.join(CHECKS)})")
     args = ap.parse_args(args_in)
     if args.command == "demo":
         run(run_demo(args.procs))
     elif args.command == "bench":
         run(run_bench(args.calls, args.inflight, args.procs))
+    elif args.command == "doctor":
+        checks = run(doctor())
+        required: list[str] = args.require
+        print(report_json(checks, required) if args.json else report_text(checks))
+        if missing := unmet(checks, required):
+            sys.exit("\n".join(f"meshio doctor: {c.name} is required but missing: {c.detail}"
+                               for c in missing))
     elif args.command == "stacks":
         if not args.timeout > 0:
             ap.error(f"--timeout must be seconds > 0, got {args.timeout:g}")

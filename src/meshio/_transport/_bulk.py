@@ -53,8 +53,8 @@ from ._serial import KIND_ASCII, KIND_BUFFER, OutBuffers, limits
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ("HOST_ID", "REMOTE", "THRESHOLD", "Exports", "address_of", "cma", "exports_for",
-           "pool_view", "snapshot")
+__all__ = ("CAP_IPC_LOCK", "CAP_SYS_PTRACE", "HOST_ID", "REMOTE", "THRESHOLD", "Exports",
+           "address_of", "capable", "cma", "exports_for", "pool_view", "ptrace_scope", "snapshot")
 
 log = logging.getLogger("meshio")
 
@@ -255,14 +255,41 @@ pool_view: Final = _pool.view
 # ------------------------------------------------ values on a connection
 
 @functools.cache
-def _cross_memory_attach() -> bool:
-    """Whether this machine lets a process copy from a sibling of the same
-    user (no Yama restriction on ``ptrace``); read once."""
+def ptrace_scope() -> int | None:
+    """This machine's Yama ``ptrace_scope`` (None: no Yama), which decides
+    whose memory :func:`cma` may read: 0 any process of the same user, 1
+    only descendants and processes that declared this one their tracer
+    (``PR_SET_PTRACER``, as workers do for their parent), 2 only with
+    ``CAP_SYS_PTRACE``, 3 none; read once."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            return f.read().strip() == "0"
-    except OSError:
-        return True  # no Yama
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+#: capability bits (``linux/capability.h``) that lift the limits on reading
+#: another process's memory and on pinning memory (``RLIMIT_MEMLOCK``)
+CAP_IPC_LOCK: Final = 14
+CAP_SYS_PTRACE: Final = 19
+
+
+def capable(cap: int) -> bool:
+    """Whether this process holds capability ``cap`` (its effective set)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> cap & 1)
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0
+
+
+def _cross_memory_attach() -> bool:
+    """Whether this machine lets a process copy from a sibling of the same
+    user (no Yama restriction on ``ptrace``)."""
+    return ptrace_scope() in (None, 0)
 
 
 class Exports:

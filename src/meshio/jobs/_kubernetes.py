@@ -550,24 +550,52 @@ class KubernetesJob:
             objects = left
 
 
-def _client(context: str | None) -> tuple[Any, Any]:
+def _client(context: str | None, *, retries: int | None = None) -> tuple[Any, Any]:
     """The ``kubernetes`` module and an API client for the configured
-    cluster: in-cluster (a pod's service account) or the kubeconfig."""
+    cluster: in-cluster (a pod's service account) or the kubeconfig
+    (``retries``: of a failed request; None: the client's default)."""
     k8s = _kubernetes()
+    cfg = k8s.client.Configuration()
+    cfg.retries = retries
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
-            cfg = k8s.client.Configuration()
             k8s.config.load_incluster_config(client_configuration=cfg)
             return k8s, k8s.client.ApiClient(cfg)
         # $KUBECONFIG read now (the client reads it once, when first imported)
         kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
         return k8s, k8s.config.new_client_from_config(config_file=kubeconfig, context=context,
-                                                      persist_config=False)
+                                                      persist_config=False,
+                                                      client_configuration=cfg)
     except (k8s.config.ConfigException, OSError) as e:
         raise ClusterNotConfiguredError(
             f"no Kubernetes cluster is configured ({e}): KubernetesJob needs a kubeconfig "
             "($KUBECONFIG or ~/.kube/config) or to run in a pod with a service account; "
             "without one, apply job.manifests() with kubectl and use job.attach()") from e
+
+
+def probe(timeout: float) -> str:
+    """What :class:`KubernetesJob` finds from this host: the configured
+    cluster's API server and its version, asked once with ``timeout``
+    seconds to answer (``meshio doctor``; blocks, like the client).
+
+    Raises:
+        ClusterNotConfiguredError: no ``kubernetes`` package, or no cluster
+            configured.
+        ClusterError: the API server did not answer in time, or refused.
+    """
+    k8s, api = _client(None, retries=0)
+    urllib3 = importlib.import_module("urllib3")  # the client's own HTTP library
+    host = api.configuration.host
+    try:
+        info = k8s.client.VersionApi(api).get_code(_request_timeout=timeout)
+    except k8s.client.ApiException as e:
+        raise _api_error("tell its version", e) from e
+    except urllib3.exceptions.HTTPError as e:
+        raise ClusterError(f"the Kubernetes API server at {host} did not answer (timeout "
+                           f"{timeout:g} s): {e}") from e
+    finally:
+        api.close()
+    return f"the API server at {host} answered: Kubernetes {info.git_version}"
 
 
 @contextlib.contextmanager

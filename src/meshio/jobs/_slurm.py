@@ -34,6 +34,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -69,15 +70,27 @@ class SlurmError(RuntimeError):
     message names the job's log)."""
 
 
-async def _run(*argv: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-    """Run a Slurm command; its exit status, stdout and stderr."""
+async def _run(*argv: str, stdin: bytes | None = None,
+               timeout: float | None = None) -> tuple[int, str, str]:
+    """Run a Slurm command; its exit status, stdout and stderr.  Killed
+    after ``timeout`` seconds (a :class:`SlurmError`) or when cancelled."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=PIPE if stdin is not None else DEVNULL, stdout=PIPE, stderr=PIPE)
     except FileNotFoundError:
         raise SlurmError(f"SlurmJob: {argv[0]!r} is not on PATH; is Slurm installed on this "
                          "host (a login node of the cluster)?") from None
-    out, err = await proc.communicate(stdin)
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate(stdin)
+    except BaseException as e:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if isinstance(e, TimeoutError):
+            raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s: is slurmctld "
+                             "up and reachable from this host?") from None
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
@@ -96,6 +109,27 @@ async def _squeue(job_id: str) -> tuple[str, str, str] | None:
         return None
     state, comment, nodes = line.split("|", 2)
     return state, comment, nodes
+
+
+async def probe(timeout: float) -> str:
+    """What :class:`SlurmJob` finds on this host: the partitions ``sinfo``
+    lists within ``timeout`` seconds (``meshio doctor``).
+
+    Raises:
+        SlurmError: a command SlurmJob runs is not on PATH, or ``sinfo``
+            fails or does not answer in time.
+    """
+    missing = [c for c in ("sinfo", "sbatch", "squeue", "scancel") if shutil.which(c) is None]
+    if missing:
+        raise SlurmError(f"{', '.join(missing)} not on PATH: SlurmJob runs Slurm's commands "
+                         "on the controller's host (a login node of the cluster)")
+    rc, out, err = await _run("sinfo", "--noheader", "--format=%R %D %a", timeout=timeout)
+    if rc != 0:
+        why = err.strip().splitlines()[-1:] or [f"exit status {rc}"]
+        raise SlurmError(f"sinfo failed: {why[0]}")
+    parts = [line.split() for line in out.splitlines() if line.strip()]
+    listed = ", ".join(f"{p[0]} ({p[1]} nodes, {p[2]})" for p in parts if len(p) == 3)
+    return f"sinfo answered: partitions {listed or 'none'}"
 
 
 class SlurmJob:

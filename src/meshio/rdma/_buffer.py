@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import os
-import sys
 from collections.abc import Awaitable
 from typing import Any
 
@@ -39,23 +39,36 @@ from . import _same_host, _tcp
 from ._memory import BufferLike, Memory, memory_of
 from ._registry import BACKENDS, Backend, Handle, Registration, Registry, _ids, _request
 
-__all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for")
+__all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for",
+           "backend_status")
 
 
 @functools.cache
-def available_backends() -> tuple[Backend, ...]:
-    """Backends this process can use, in order of preference."""
-    found: list[Backend] = ["same_host"] if sys.platform == "linux" else []
+def backend_status() -> dict[Backend, tuple[bool, str]]:
+    """For each backend, in order of preference: whether this process can
+    use it, and what it found or why not (``meshio doctor`` shows these)."""
+    status: dict[Backend, tuple[bool, str]] = {"same_host": _same_host.status()}
     try:
         # deferred: imports the cffi module (absent without libibverbs)
-        from ._ibverbs_device import devices
-    except ImportError:
-        pass
+        from ._ibverbs_device import status as ibverbs_status
+    except ImportError as e:
+        if importlib.util.find_spec("meshio._ibverbs_ffi") is None:
+            status["ibverbs"] = (False, (
+                "meshio was installed without its ibverbs binding (no "
+                "/usr/include/infiniband/verbs.h at build time): install libibverbs-dev "
+                "(Debian) or rdma-core-devel, then reinstall meshio"))
+        else:
+            status["ibverbs"] = (False, f"meshio's ibverbs binding does not load: {e}")
     else:
-        if devices():
-            found.append("ibverbs")
-    found.append("tcp")
-    return tuple(found)
+        status["ibverbs"] = ibverbs_status()
+    status["tcp"] = (True, "chunks over meshio's connections, served by the owner's runtime "
+                           "(a fallback: RDMAFallbackWarning once when used)")
+    return status
+
+
+def available_backends() -> tuple[Backend, ...]:
+    """Backends this process can use, in order of preference."""
+    return tuple(b for b, (usable, _) in backend_status().items() if usable)
 
 
 def _backend_from_env() -> Backend | None:

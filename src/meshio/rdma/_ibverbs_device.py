@@ -35,7 +35,7 @@ from ._ibverbs_cffi import (
     lib,
 )
 
-__all__ = ("Device", "IbRegistration", "acquire", "devices", "register", "release")
+__all__ = ("Device", "IbRegistration", "acquire", "register", "release", "status")
 
 _T = TypeVar("_T")
 
@@ -165,15 +165,17 @@ def _with_devices(visit: Callable[[list[str], list[CData]], _T]) -> _T:
         lib.ibv_free_device_list(lst)
 
 
-def devices() -> list[str]:
-    """Names of the RDMA devices with an active port (``[]`` when the kernel
-    has no RDMA support or no device is up)."""
+def status() -> tuple[bool, str]:
+    """Whether this process has an RDMA device with an active port, and
+    which, or why not."""
 
-    def usable(names: list[str], ptrs: list[CData]) -> list[str]:
+    def survey(names: list[str], ptrs: list[CData]) -> tuple[bool, str]:
         up: list[str] = []
+        closed: list[str] = []
         for name, dev in zip(names, ptrs):
             ctx = lib.ibv_open_device(dev)
             if ctx == ffi.NULL:
+                closed.append(name)
                 continue
             try:
                 attr = ffi.new("struct ibv_device_attr *")
@@ -182,9 +184,19 @@ def devices() -> list[str]:
                     up.append(name)
             finally:
                 lib.ibv_close_device(ctx)
-        return up
+        if up:
+            return True, f"RDMA devices with an active port: {', '.join(up)}"
+        if closed:
+            return False, (f"cannot open RDMA device {', '.join(closed)}: check the "
+                           "permissions of /dev/infiniband/uverbs*")
+        if names:
+            return False, (f"no RDMA device has an active port (devices: {', '.join(names)}; "
+                           "ibv_devinfo shows their ports' state)")
+        return False, ("no RDMA device: libibverbs finds none (/sys/class/infiniband is "
+                       "empty or absent: load the NIC's RDMA driver, or rdma_rxe for "
+                       "soft-RoCE)")
 
-    return _with_devices(usable)
+    return _with_devices(survey)
 
 
 def _open_first(names: list[str], ptrs: list[CData]) -> Device:

@@ -9,14 +9,38 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import sys
 
 from .._exceptions import RDMAError
-from .._transport._bulk import HOST_ID, cma, executor, halves
+from .._transport._bulk import CAP_SYS_PTRACE, HOST_ID, capable, cma, executor, halves, ptrace_scope
 from .._transport._messages import Transfer
 from ._memory import Memory
 from ._registry import Handle
 
-__all__ = ("HOST_ID", "transfer")
+__all__ = ("HOST_ID", "status", "transfer")
+
+
+def status() -> tuple[bool, str]:
+    """Whether this process can use the backend, and what allows it or why
+    not: Linux, and a Yama ``ptrace_scope`` that lets it read the memory of
+    other processes of this host."""
+    if sys.platform != "linux":
+        return False, f"needs Linux cross-memory attach (process_vm_readv); this is {sys.platform}"
+    scope = ptrace_scope()
+    how = "cross-memory attach (process_vm_readv)"
+    if scope is None or scope == 0:
+        return True, f"{how}; no Yama ptrace restriction"
+    if scope == 1:
+        return True, (f"{how}; Yama ptrace_scope=1: workers let their parent and its other "
+                      "children in (PR_SET_PTRACER), no other process")
+    if scope == 2 and capable(CAP_SYS_PTRACE):
+        return True, f"{how}; Yama ptrace_scope=2, and this process has CAP_SYS_PTRACE"
+    if scope == 2:
+        return False, ("Yama ptrace_scope=2 (/proc/sys/kernel/yama/ptrace_scope) lets only "
+                       "processes with CAP_SYS_PTRACE use process_vm_readv: run as root or "
+                       "lower it (sysctl kernel.yama.ptrace_scope=1)")
+    return False, (f"Yama ptrace_scope={scope} (/proc/sys/kernel/yama/ptrace_scope) forbids "
+                   "process_vm_readv between all processes until the next reboot")
 
 
 def _cma(op: Transfer, h: Handle, local: int, remote: int, n: int) -> None:
