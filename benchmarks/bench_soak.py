@@ -11,12 +11,21 @@ cycles in one run, with the controller's and the workers' memory sampled.
    cancelled in its task) and how often it ran to its end (never, ideally).
 3. mesh cycles: ``--cycles`` times spawn a 4-process mesh, spawn an actor
    with a 1 MiB constructor argument, call it, stop the mesh.
+4. chains: ``--chains`` calls a -> b -> c (each actor in its own process, c
+   waiting forever), cancelled by the controller at once or a few
+   milliseconds in (at every depth); then how long until no actor runs any
+   of them (``stacks()``), and the next call.
+5. poison: ``--good`` retryable calls in batches of 1,000 to a supervised
+   actor (``poison_after=3``, ``max_restarts=1``), one of them a poison
+   message that kills its process: it alone fails (``PoisonMessageError``),
+   every good call completes, the supervisor does not give up.
 
 RSS (``VmRSS``) of the controller and of the long-lived workers is sampled
 throughout; the report gives start / peak / end for each phase.  A leak
 shows as an end far above the start.
 
 Usage: python benchmarks/bench_soak.py [--calls 1000000] [--cancels 10000] [--cycles 100]
+                                      [--chains 10000] [--good 100000]
 """
 
 from __future__ import annotations
@@ -77,6 +86,23 @@ class Soak(Actor):
     @endpoint
     async def counts(self) -> tuple[int, int]:
         return self.slow_started, self.slow_finished
+
+
+class Link(Actor):
+    @endpoint(concurrent=True)
+    async def chain(self, rest: list[Link]) -> None:
+        if rest:
+            await rest[0].chain.call_one(rest[1:])
+        else:
+            await asyncio.Event().wait()
+
+
+class Food(Actor):
+    @endpoint(retryable=True)
+    async def eat(self, x: int) -> int:
+        if x < 0:
+            os.kill(os.getpid(), 9)  # a poison message
+        return x
 
 
 def report(phase: str, seconds: float, samples: list[tuple[str, Samples]]) -> None:
@@ -158,6 +184,70 @@ async def cycles_phase(n: int) -> None:
            dt, samples)
 
 
+async def chains_phase(n: int) -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 3}, name="chains") as procs:
+        a, b, c = [await procs.slice(procs=i).spawn(name, Link) for i, name in enumerate("abc")]
+        samples = [("controller", Samples(None))] + [(f"worker pid {p}", Samples(p))
+                                                     for p in procs.pids]
+        t0 = time.perf_counter()
+        batch = 100
+        for start in range(0, n, batch):
+            calls = [asyncio.ensure_future(a.chain.call_one([b, c])) for _ in range(batch)]
+            await asyncio.sleep(0.002 * ((start // batch) % 3))  # cancelled at every depth
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            if (start // batch) % 10 == 0:
+                for _, s in samples:
+                    s.take()
+        t1 = time.perf_counter()
+        while not await idle(a, b, c):
+            await asyncio.sleep(0.01)
+        settled = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        await asyncio.gather(*(m.stacks() for m in (a, b, c)))
+        after = time.perf_counter() - t2
+        dt = time.perf_counter() - t0
+        for _, s in samples:
+            s.take()
+        report(f"4. {n:,} cancelled three-deep chains; every actor idle {settled * 1e3:.0f} ms "
+               f"after the last cancel; next round trip to all three {after * 1e3:.1f} ms",
+               dt, samples)
+
+
+async def idle(*meshes: Link) -> bool:
+    """Whether no actor of ``meshes`` runs any of its code."""
+    stacks = await asyncio.gather(*(m.stacks() for m in meshes))
+    return all(s.idle for st in stacks for s in st.actors)
+
+
+async def poison_phase(n: int) -> None:
+    sup = meshio.Supervisor(max_restarts=1, within=600.0, poison_after=3)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="food",
+                                              supervisor=sup) as procs:
+        food = await procs.spawn("food", Food)
+        samples = [("controller", Samples(None))]
+        t0 = time.perf_counter()
+        ok = poisoned = 0
+        batch = 1000
+        for start in range(0, n, batch):
+            xs = list(range(start, min(start + batch, n)))
+            if start == (n // batch // 2) * batch:
+                xs[len(xs) // 2] = -1
+            results = await asyncio.gather(*(food.eat.call_one(x) for x in xs),
+                                           return_exceptions=True)
+            for x, r in zip(xs, results):
+                if isinstance(r, meshio.PoisonMessageError):
+                    poisoned += 1
+                else:
+                    assert r == x, (x, r)
+                    ok += 1
+            samples[0][1].take()
+        dt = time.perf_counter() - t0
+        report(f"5. {n:,} calls, one a poison message: {ok:,} answered, {poisoned} "
+               f"quarantined; supervisor gave up: {sup.failure is not None}", dt, samples)
+
+
 async def main(args: argparse.Namespace) -> None:
     print(f"controller RSS at start: {rss_mib():.1f} MiB")
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
@@ -165,6 +255,8 @@ async def main(args: argparse.Namespace) -> None:
         await calls_phase(mesh, procs.pids, args.calls, args.inflight)
         await cancels_phase(mesh, procs.pids, args.cancels)
     await cycles_phase(args.cycles)
+    await chains_phase(args.chains)
+    await poison_phase(args.good)
     print(f"controller RSS at end: {rss_mib():.1f} MiB")
 
 
@@ -174,4 +266,6 @@ if __name__ == "__main__":
     ap.add_argument("--inflight", type=int, default=1000)
     ap.add_argument("--cancels", type=int, default=10_000)
     ap.add_argument("--cycles", type=int, default=100)
+    ap.add_argument("--chains", type=int, default=10_000)
+    ap.add_argument("--good", type=int, default=100_000)
     meshio.run(main(ap.parse_args()))

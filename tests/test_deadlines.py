@@ -88,6 +88,10 @@ class Probe(Actor):
             raise
 
     @endpoint(concurrent=True)
+    async def forever(self) -> None:
+        await asyncio.Event().wait()
+
+    @endpoint(concurrent=True)
     async def wait_in_chain(self) -> None:
         await self.in_chain.wait()
 
@@ -199,6 +203,21 @@ async def test_cancelling_a_call_cancels_its_chain(procs: meshio.ProcMesh, how: 
         await asyncio.wait_for(call, GUARD)
     await asyncio.wait_for(asyncio.gather(*(p.wait_chain_ended.call_one() for p in chain)),
                            GUARD)
+
+
+async def test_concurrent_calls_cancelled_as_they_arrive_do_not_run_on(
+        procs: meshio.ProcMesh) -> None:
+    """issue 18 item 2: a concurrent call whose Cancel arrives with it
+    (before its task has started) is cancelled too: nothing keeps running."""
+    (p,) = await probes(procs, "p")
+    calls = [asyncio.ensure_future(p.forever.call_one()) for _ in range(100)]
+    await asyncio.sleep(0)  # (sent: each Cancel follows its call in the same frames)
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    async with asyncio.timeout(GUARD):  # cancelled tasks end at their next turn
+        while not all(s.idle for s in (await p.stacks()).actors):
+            await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("how", ["cancel", "timeout"])

@@ -300,7 +300,12 @@ class ActorCell:
                 self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline),
                 name=desc.qualname)
             self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            if msg.req:  # cancellable from now on, not only once the task has started
+                key = (conn, msg.req)
+                self.running[key] = task
+                task.add_done_callback(lambda t: self._ended(key, t))
+            else:
+                task.add_done_callback(self.tasks.discard)
             return
         if msg.req and msg.chain and self.serving is not None \
                 and f"{self.identity}#{self.seq}" in msg.chain:
@@ -562,6 +567,15 @@ class ActorCell:
             log.warning("meshio: %s: a large result is still being read after %g s; the "
                         "actor goes on (changing that value in place now may reach its "
                         "caller)", self.identity, LEND_TIMEOUT)
+
+    def _ended(self, key: tuple[Connection, int], task: asyncio.Task[Any]) -> None:
+        """A concurrent call's task is over, perhaps cancelled before it
+        started (its caller gave up at once): nothing of it is kept."""
+        self.tasks.discard(task)
+        if self.running.get(key) is task:
+            del self.running[key]
+        self.scopes.pop(key, None)
+        self.cancelled.discard(key)
 
     def _done(self, key: tuple[Connection, int], task: asyncio.Task[Any]) -> bool:
         """The call ``key`` ended; True if its caller had cancelled it (the
