@@ -361,8 +361,11 @@ class ActorMesh(MeshShape, Generic[A]):
             try:
                 return await fut
             except Exception as e:
-                running = request is not None and request.started
-                crashes = crashes + 1 if running and isinstance(e, SupervisionError) else 0
+                if not isinstance(e, SupervisionError):
+                    crashes = 0  # an answer: the crashes before were not in a row
+                elif request is not None and request.started:
+                    crashes += 1  # it was running when its process died
+                # (else: it waited behind another call, or its Started was lost)
                 if isinstance(e, SupervisionError) and state is not None \
                         and state.supervisor is not None \
                         and crashes >= state.supervisor.poison_after:

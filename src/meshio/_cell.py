@@ -65,6 +65,9 @@ CLEANUP_TIMEOUT = 3.0
 #: seconds an actor waits for its caller to copy a large result from its
 #: memory before it runs its next call (see ``Cell._until_read``)
 LEND_TIMEOUT = 10.0
+#: seconds a call with a retry policy waits for its Started message to be
+#: written before it runs (so that its caller hears of it if it kills the process)
+STARTED_FLUSH = 1.0
 #: seconds the stops of the actor meshes a stopping actor owns may take in
 #: all (each: the end of its calls, what it owns in turn, its ``__cleanup__``)
 #: before the owner's stop goes on without them
@@ -293,9 +296,6 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
-            if msg.req and desc.retry is not None:
-                conn.send_message(Started(msg.req))
-                conn.flush()
             task = self.rt.loop.create_task(
                 self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline),
                 name=desc.qualname)
@@ -489,7 +489,7 @@ class ActorCell:
                 continue
             if msg.req and desc.retry is not None:  # its caller counts crashes it was in
                 conn.send_message(Started(msg.req))
-                conn.flush()
+                await conn.flushed(STARTED_FLUSH)
             self.seq += 1
             self.serving = desc
             self.since = time.monotonic()
@@ -507,6 +507,9 @@ class ActorCell:
                               chain: tuple[str, ...], deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
         _chain.set((*chain, self.identity))
+        if req and desc.retry is not None:  # its caller counts crashes it was in
+            conn.send_message(Started(req))
+            await conn.flushed(STARTED_FLUSH)
         await self._run(conn, req, desc, args, kwargs, deadline)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],

@@ -464,11 +464,19 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(b"".join(batch))
         batch.clear()
 
-    def flush(self) -> None:
-        """Write what this turn has batched now (before code that may end the
-        process runs: a frame handed to the kernel reaches the peer)."""
+    async def flushed(self, timeout: float) -> None:
+        """Write what this turn has batched now and wait (up to ``timeout``
+        seconds) until everything written is in the kernel: before code that
+        may end the process runs, so that the peer gets it anyway."""
         if self._batch:
             self._write_batch(self._batch)
+        loop = self.rt.loop
+        deadline = loop.time() + timeout
+        while (t := self.transport) is not None and (t.get_write_buffer_size()
+                                                     or self._queue is not None):
+            if loop.time() >= deadline:
+                return
+            await asyncio.sleep(0.001)  # (the loop writes as the socket drains)
 
     def _flush(self) -> None:
         """The end of the turn: write what is batched; the next small frame
