@@ -394,7 +394,7 @@ class Stalled(_Msg, frozen=True, tag=28):
     stack: str
 
 
-class Started(_Msg, frozen=True, tag=30):
+class Started(_Msg, frozen=True, tag=31):
     """Call ``req`` (on this connection) has started running in its actor:
     sent for calls of endpoints with a retry policy, so that a caller whose
     callee's process dies knows whether the call was running then (see
