@@ -4,6 +4,8 @@ and read whole by others, on the same-host path and over TCP."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 import torch
@@ -64,6 +66,16 @@ class Reader(Actor):
         except ValueError as e:
             return str(e)
         return "no error"
+
+    @endpoint
+    async def read_and_die(self, store: WeightStore) -> None:
+        """Die in the middle of a read, holding its lease (the shard
+        function runs while the version is leased)."""
+        def die(name: str, t: torch.Tensor) -> torch.Tensor:
+            os.kill(os.getpid(), signal.SIGKILL)
+            return t
+
+        await store.read(shard=die)
 
     @endpoint
     async def latest(self, store: WeightStore) -> int | None:
@@ -129,6 +141,21 @@ async def test_controller_publishes_actors_read() -> None:
         with pytest.raises(ValueError, match="not above"):
             await store.publish(state(3), version=3)
         assert store.kept == (2, 3)  # keep=2, nobody reads
+
+
+async def test_a_reader_killed_holding_a_lease_frees_its_version() -> None:
+    """issue 17 §1: a reader SIGKILLed mid-read (holding a version) does not
+    keep that version in memory: once its connection is gone, the next
+    publishes drop it (memory stays bounded by keep=2)."""
+    store = WeightStore("policy-killed")
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        reader = await procs.spawn("reader", Reader)
+        await store.publish(state(1), version=1)
+        with pytest.raises(meshio.SupervisionError, match="SIGKILL"):
+            await asyncio.wait_for(reader.read_and_die.call_one(store), GUARD)
+        for v in (2, 3, 4):
+            await store.publish(state(v), version=v)
+        assert store.kept == (3, 4)
 
 
 async def test_shard_takes_the_right_rows() -> None:
