@@ -11,6 +11,7 @@ import pytest
 import meshio
 import meshio._transport._runtime
 from meshio import Actor, CallTimeout, MeshioError, Point, ValueMesh, current_rank, endpoint
+from meshio.testing import process_address
 
 #: these tests hold on both transports: worker processes and in-process
 pytestmark = pytest.mark.meshio_transports()
@@ -297,7 +298,7 @@ async def test_timeout_names_the_actor_rank_not_the_slice_index(workers: Worker)
     with pytest.raises(CallTimeout) as info:
         await stuck.gated.options(timeout=0.3).choose(wait_rank=1)
     assert info.value.ranks == (1,)
-    conn = meshio._transport._runtime.runtime().conns[stuck._addrs[1]]
+    conn = meshio._transport._runtime.runtime().conns[process_address(stuck)]
     assert not any(p.endpoint.endswith("gated") for p in conn.pending.values())  # not kept
     await stuck.open_gate.call_one()
 

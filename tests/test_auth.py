@@ -38,6 +38,7 @@ from meshio._transport._frames import frame_header
 from meshio._transport._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
 from meshio._transport._runtime import Runtime, runtime, sockaddr
 from meshio._transport._serial import dumps
+from meshio.testing import actor_target, process_address
 from meshio.testing._helpers import open_job_connection, wait_exited
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -121,7 +122,8 @@ def frame(msg: M.Message) -> bytes:
 
 
 def ping_frame(mesh: ActorMesh[Target], req: int, x: int) -> bytes:
-    return frame(M.Call(req, mesh._target, "ping", msgspec.Raw(msgspec.msgpack.encode({"x": x}))))
+    args = msgspec.Raw(msgspec.msgpack.encode({"x": x}))
+    return frame(M.Call(req, actor_target(mesh), "ping", args))
 
 
 async def raw(addr: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -161,16 +163,16 @@ async def test_frames_without_handshake_are_refused(
                          dumps(targets, []), ctor)
     before = pids(targets)
     for forged in (frame(spawn), ping_frame(targets, 2, 7)):
-        r, w = await raw(targets._addrs[0])
+        r, w = await raw(process_address(targets, 0))
         w.write(forged)
         await expect_dropped(r, w)
     text = await stderr.wait_for("not a meshio handshake")
-    assert f"refused a connection to {targets._addrs[0]}" in text
+    assert f"refused a connection to {process_address(targets, 0)}" in text
     assert f"(uid {os.getuid()})" in text  # the peer is described
     assert not marker.exists()
     await assert_serving(targets, 1)
     assert pids(targets) == before
-    r, w = await asyncio.wait_for(open_job_connection(targets._addrs[0]), DEADLINE)
+    r, w = await asyncio.wait_for(open_job_connection(process_address(targets, 0)), DEADLINE)
     w.write(frame(spawn))
     body_len, _ = struct.unpack("<II", await asyncio.wait_for(r.readexactly(8), DEADLINE))
     reply = M.decode_message(await r.readexactly(body_len))
@@ -191,7 +193,7 @@ async def test_forged_fault_does_not_kill_a_supervised_worker(
         before = pm.pids
         fault = M.Fault(M.ErrorInfo("actor", "RuntimeError", "forged", actor="t", rank=0))
         r, w = await raw(runtime().addr)
-        w.write(frame(M.Hello(mesh._addrs[0], before[0], "forged")) + frame(fault))
+        w.write(frame(M.Hello(process_address(mesh, 0), before[0], "forged")) + frame(fault))
         await expect_dropped(r, w)
         assert "not a meshio handshake" in await controller_log.wait_for("refused a connection")
         await assert_serving(mesh, 3)
@@ -204,7 +206,7 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     """issue 7 item 11: a dialler with a wrong secret, and one replaying the
     bytes of a real handshake recorded earlier, are refused after the
     challenge and their frames never run; both are logged."""
-    addr = targets._addrs[1]
+    addr = process_address(targets, 1)
     # a real handshake, recorded: HELLO then PROOF (then one call, answered)
     hs = Handshake(runtime().secret, dialler=True, end=addr)
     r, w = await raw(addr)
@@ -252,10 +254,10 @@ async def test_garbage_before_the_handshake_is_refused(
     """issue 7 item 11: garbage, or a hello followed by more than the
     handshake allows, is dropped at once (the pre-auth buffer never grows
     past one read), logged, and the worker keeps serving."""
-    r, w = await raw(targets._addrs[0])
+    r, w = await raw(process_address(targets, 0))
     w.write(junk)
     await expect_dropped(r, w, challenge=True)
-    await stderr.wait_for(f"refused a connection to {targets._addrs[0]}")
+    await stderr.wait_for(f"refused a connection to {process_address(targets, 0)}")
     await assert_serving(targets, 4)
 
 
@@ -305,7 +307,7 @@ async def test_fake_worker_cannot_answer_actor_calls(targets: ActorMesh[Target])
 
     server = await asyncio.start_unix_server(fake, sockaddr(fake_addr))
     try:
-        impostor: ActorMesh[Target] = ActorMesh(targets._target, targets._name, Target,
+        impostor: ActorMesh[Target] = ActorMesh(actor_target(targets), targets._name, Target,
                                                 targets._region, [fake_addr] * len(targets))
         with pytest.raises(meshio.ActorError) as info:
             await asyncio.wait_for(targets.slice(procs=0).relay.call_one(
@@ -341,7 +343,7 @@ async def test_other_user_is_refused(targets: ActorMesh[Target], stderr: StderrW
     to a worker's abstract socket is refused on its peer credentials before
     the handshake starts (abstract sockets have no file permissions)."""
     proc = await asyncio.create_subprocess_exec(
-        "/usr/bin/python3", "-c", OTHER_USER, targets._addrs[0], user=65534, group=65534,
+        "/usr/bin/python3", "-c", OTHER_USER, process_address(targets, 0), user=65534, group=65534,
         stdout=asyncio.subprocess.PIPE, cwd="/")
     out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
     assert out.strip() == b"b''", out  # no challenge: dropped at once
@@ -356,7 +358,7 @@ async def test_burst_of_connects_to_a_stopped_worker(targets: ActorMesh[Target])
     """issue 7 item 10: 150 connections made while a worker is stopped
     (SIGSTOP: its loop accepts nothing) all queue in its listen backlog and
     are served once it resumes (the old backlog of 128 refused the rest)."""
-    addr = targets._addrs[1]
+    addr = process_address(targets, 1)
     pid = pids(targets)[1]
     os.kill(pid, signal.SIGSTOP)
     socks: list[socket.socket] = []
@@ -461,7 +463,7 @@ async def test_slow_or_full_connects_say_so(monkeypatch: pytest.MonkeyPatch,
     os.kill(pid, signal.SIGSTOP)
     try:
         with pytest.raises(SupervisionError, match="timed out connecting") as info:
-            await _call_missing(other, targets._addrs[0])
+            await _call_missing(other, process_address(targets, 0))
         assert "no handshake within" in str(info.value)
         assert "process is gone" not in str(info.value)
     finally:

@@ -36,7 +36,7 @@ from meshio._transport._frames import frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import dumps
 from meshio.jobs import ProcessJob
-from meshio.testing import wait_exited
+from meshio.testing import process_address, wait_exited
 from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
@@ -166,7 +166,7 @@ async def relay_is_refused(mesh: ActorMesh[Hop], pids: list[int], controller: st
     """Rank 0 dies; the relay takes its address; rank 1 calls rank 0 and
     dials the relay, which passes its handshake to ``controller``."""
     marker = tmp_path / "spawned"
-    dead = mesh._addrs[0]
+    dead = process_address(mesh, 0)
     await kill(pids[0])
     async with process(sys.executable if user is None else "/usr/bin/python3", "-c", RELAY,
                        dead, controller, forged_frames(mesh, marker).hex(), user=user) as relay:
@@ -207,7 +207,8 @@ async def test_relayed_handshake_over_tcp_is_refused(tmp_path: Path) -> None:
         state = await job.state()
         async with state.hosts.spawn_procs(per_host={"procs": 2}) as pm:
             mesh = cast(ActorMesh[Hop], await pm.spawn("targets", Hop))
-            assert all(a.startswith("tcp://127.0.0.1:") for a in mesh._addrs)
+            assert all(process_address(mesh, i).startswith("tcp://127.0.0.1:")
+                       for i in range(len(mesh)))
             # the controller's one TCP listener, for this job's processes
             [controller] = runtime()._tcp_listeners.values()
             await relay_is_refused(mesh, pm.pids, controller, tmp_path,
@@ -277,7 +278,7 @@ async def test_squatted_name_does_not_stop_a_restart() -> None:
     of another uid, would be refused)."""
     async with supervised() as s:
         mesh = cast(ActorMesh[Hop], await s.procs.spawn("t", Hop))
-        addr = mesh._addrs[0]
+        addr = process_address(mesh, 0)
         async with process("/usr/bin/python3", "-c", SQUATTER, addr, user=65534) as squatter:
             assert await line(squatter) == "TRYING"
             os.kill(s.old[0], signal.SIGKILL)

@@ -23,6 +23,7 @@ from meshio._transport import _messages as M
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
+from meshio.testing import actor_target, process_address
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -83,17 +84,17 @@ async def assert_serving(mesh: ActorMesh[Echo], x: int) -> None:
 
 async def test_raw_client_speaks_the_protocol(echo: ActorMesh[Echo]) -> None:
     """Sanity for the helpers: a hand-made Call gets a Reply, in order."""
-    r, w = await dial(echo._addrs[0])
+    r, w = await dial(process_address(echo, 0))
     try:
-        w.write(frame(M.Call(1, echo._target, "echo", raw_args(x=5)))
-                + frame(M.Call(2, echo._target, "echo", raw_args(x=6))))
+        w.write(frame(M.Call(1, actor_target(echo), "echo", raw_args(x=5)))
+                + frame(M.Call(2, actor_target(echo), "echo", raw_args(x=6))))
         for req, x in ((1, 5), (2, 6)):
             msg, bufs = await asyncio.wait_for(read_frame(r), DEADLINE)
             assert msg == M.Reply(req, msgspec.Raw(msgspec.msgpack.encode(x)))
             assert bufs == []
         # out-of-band buffers made by hand are accepted too
         data = b"z" * 100_000
-        w.write(frame(M.Call(3, echo._target, "total", msgspec.Raw(
+        w.write(frame(M.Call(3, actor_target(echo), "total", msgspec.Raw(
             msgspec.msgpack.encode({"data": msgspec.msgpack.Ext(2, msgspec.msgpack.encode(
                 (0, 0)))}))), [(data, KIND_BYTES)]))
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
@@ -115,7 +116,7 @@ async def test_raw_client_speaks_the_protocol(echo: ActorMesh[Echo]) -> None:
 ])
 async def test_absurd_header_gets_protocol_error_and_drop(
         echo: ActorMesh[Echo], header: bytes) -> None:
-    r, w = await dial(echo._addrs[0])
+    r, w = await dial(process_address(echo, 0))
     try:
         w.write(header)
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
@@ -138,7 +139,7 @@ async def test_absurd_header_gets_protocol_error_and_drop(
     pytest.param(b"", id="empty-body"),
 ])
 async def test_garbage_body_gets_protocol_fail(echo: ActorMesh[Echo], body: bytes) -> None:
-    r, w = await dial(echo._addrs[1])
+    r, w = await dial(process_address(echo, 1))
     try:
         w.write(frame_header(len(body), []) + body)
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
@@ -159,7 +160,7 @@ async def test_garbage_body_gets_protocol_fail(echo: ActorMesh[Echo], body: byte
                  id="partial-buffer"),
 ])
 async def test_truncated_frame_then_close(echo: ActorMesh[Echo], chunk: bytes) -> None:
-    r, w = await dial(echo._addrs[0])
+    r, w = await dial(process_address(echo, 0))
     w.write(chunk)
     await w.drain()
     await assert_serving(echo, 19)  # a stalled half frame blocks nobody else
@@ -170,7 +171,7 @@ async def test_truncated_frame_then_close(echo: ActorMesh[Echo], chunk: bytes) -
 
 
 async def test_unknown_actor_raw(echo: ActorMesh[Echo]) -> None:
-    r, w = await dial(echo._addrs[0])
+    r, w = await dial(process_address(echo, 0))
     try:
         w.write(frame(M.Call(41, "nobody/here", "echo", raw_args(x=1))))
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
@@ -178,7 +179,7 @@ async def test_unknown_actor_raw(echo: ActorMesh[Echo]) -> None:
         assert msg.error.kind == "unknown_actor"
         assert "nobody/here" in msg.error.message
         # the connection stays usable after a well-formed but unroutable call
-        w.write(frame(M.Call(42, echo._target, "echo", raw_args(x=3))))
+        w.write(frame(M.Call(42, actor_target(echo), "echo", raw_args(x=3))))
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
         assert msg == M.Reply(42, msgspec.Raw(msgspec.msgpack.encode(3)))
     finally:
@@ -186,9 +187,9 @@ async def test_unknown_actor_raw(echo: ActorMesh[Echo]) -> None:
 
 
 async def test_unknown_endpoint_raw(echo: ActorMesh[Echo]) -> None:
-    r, w = await dial(echo._addrs[1])
+    r, w = await dial(process_address(echo, 1))
     try:
-        w.write(frame(M.Call(9, echo._target, "nope", raw_args())))
+        w.write(frame(M.Call(9, actor_target(echo), "nope", raw_args())))
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
         assert isinstance(msg, M.Fail) and msg.req == 9, msg
         assert msg.error.kind == "unknown_endpoint"
@@ -200,12 +201,12 @@ async def test_unknown_endpoint_raw(echo: ActorMesh[Echo]) -> None:
 
 
 async def test_bad_arguments_raw_are_schema_errors(echo: ActorMesh[Echo]) -> None:
-    r, w = await dial(echo._addrs[0])
+    r, w = await dial(process_address(echo, 0))
     try:
         not_a_map = msgspec.Raw(msgspec.msgpack.encode([1, 2]))
         for req, args in ((1, not_a_map), (2, raw_args(x="seven")), (3, raw_args(y=1)),
                           (4, raw_args())):
-            w.write(frame(M.Call(req, echo._target, "echo", args)))
+            w.write(frame(M.Call(req, actor_target(echo), "echo", args)))
             msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
             assert isinstance(msg, M.Fail) and msg.req == req, msg
             assert msg.error.kind == "schema", msg
@@ -227,7 +228,7 @@ async def test_unknown_actor_via_controller(echo: ActorMesh[Echo]) -> None:
 
 
 async def test_unknown_endpoint_via_controller(echo: ActorMesh[Echo]) -> None:
-    wrong: ActorMesh[EchoPlus] = ActorMesh(echo._target, echo._name, EchoPlus, echo._region,
+    wrong: ActorMesh[EchoPlus] = ActorMesh(actor_target(echo), echo._name, EchoPlus, echo._region,
                                            echo._addrs)
     with pytest.raises(meshio.UnknownEndpointError) as info:
         await asyncio.wait_for(wrong.slice(procs=0).missing.call_one(), DEADLINE)

@@ -29,6 +29,7 @@ from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._runtime import runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
+from meshio.testing import actor_target, process_address
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -232,11 +233,11 @@ async def test_undecodable_result_fails_the_call_connection_stays(
     fails that call with a SchemaError; the connection to the worker stays up
     and serves the next call."""
     await serving(store, 7)
-    conn = runtime().conns[store._addrs[0]]
+    conn = runtime().conns[process_address(store, 0)]
     with pytest.raises(SchemaError, match=r"Store\.give_bomb.*cannot be rebuilt"):
         await asyncio.wait_for(store.give_bomb.call_one(), DEADLINE)
     await serving(store, 8)
-    assert runtime().conns[store._addrs[0]] is conn and not conn.closed
+    assert runtime().conns[process_address(store, 0)] is conn and not conn.closed
 
 
 async def test_undecodable_port_value_is_an_error_from_recv(store: ActorMesh[Store]) -> None:
@@ -282,10 +283,10 @@ async def test_deep_nesting_is_a_schema_error_on_send(store: ActorMesh[Store]) -
 async def test_deep_nesting_is_a_schema_error_on_receive(store: ActorMesh[Store]) -> None:
     """issue 7 item 20: arguments nested too deeply to decode are a schema
     failure for that call; the actor keeps serving."""
-    r, w = await dial(store._addrs[0])
+    r, w = await dial(process_address(store, 0))
     try:
         args = b"\x81\xa5value" + b"\x91" * 100_000 + b"\x01"
-        w.write(frame(M.Call(1, store._target, "echo", msgspec.Raw(args))))
+        w.write(frame(M.Call(1, actor_target(store), "echo", msgspec.Raw(args))))
         msg, _ = await asyncio.wait_for(read_frame(r), DEADLINE)
         assert isinstance(msg, M.Fail) and msg.req == 1, msg
         assert msg.error.kind == "schema" and "nested too deeply" in msg.error.message
@@ -357,7 +358,7 @@ async def test_receiver_enforces_its_limit_without_dropping(restore_limits: None
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="small") as pm:
         mesh = await pm.spawn("store", Store)
         meshio.set_limits(max_message=8 * MiB)  # the controller's own
-        conn = runtime().conns[mesh._addrs[0]]
+        conn = runtime().conns[process_address(mesh, 0)]
         with pytest.raises(SchemaError, match=f"over the message size limit of {2 * MiB}"):
             await asyncio.wait_for(mesh.length.call_one(data="x" * (3 * MiB)), DEADLINE)
         assert await asyncio.wait_for(mesh.length.call_one(data="ok"), DEADLINE) == 2
@@ -371,7 +372,7 @@ async def test_receiver_enforces_its_limit_without_dropping(restore_limits: None
             await asyncio.wait_for(receiver.recv(), DEADLINE)
         assert [v async for v in receiver] == [3]
         assert await asyncio.wait_for(mesh.text.call_one(n=3), DEADLINE) == "rrr"
-        assert runtime().conns[mesh._addrs[0]] is conn and not conn.closed
+        assert runtime().conns[process_address(mesh, 0)] is conn and not conn.closed
 
 
 # ----------------------------------------- item 4: headers are not trusted
@@ -383,7 +384,7 @@ async def test_incomplete_frame_times_out(restore_limits: None) -> None:
     meshio.set_limits(frame_timeout=0.5)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="stall") as pm:
         mesh = await pm.spawn("store", Store)
-        r, w = await dial(mesh._addrs[0])
+        r, w = await dial(process_address(mesh, 0))
         try:
             w.write(struct.pack("<IIQ", 16, 1, (KIND_BYTEARRAY << 56) | (512 * MiB)) + b"abc")
             await serving(mesh, 1)
@@ -401,11 +402,11 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
     meshio.set_limits(receive_budget=8 * MiB, frame_timeout=1.0)
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="budget") as pm:
         mesh = await pm.spawn("store", Store)
-        ra, wa = await dial(mesh._addrs[0])
-        rb, wb = await dial(mesh._addrs[0])
+        ra, wa = await dial(process_address(mesh, 0))
+        rb, wb = await dial(process_address(mesh, 0))
         try:
             # A: a small call, then the header of a 6 MiB frame that never ends
-            small = frame(M.Call(1, mesh._target, "take", msgspec.Raw(
+            small = frame(M.Call(1, actor_target(mesh), "take", msgspec.Raw(
                 msgspec.msgpack.encode({"x": 1}))))
             stalled = struct.pack("<IIQ", 4, 1, (KIND_BYTES << 56) | (6 * MiB)) + b"\x90" * 8
             wa.write(small + stalled)
@@ -414,7 +415,7 @@ async def test_receive_budget_is_shared_by_connections(restore_limits: None) -> 
             # B: a whole 6 MiB call; it cannot be taken in beside A's claim
             args = msgspec.msgpack.encode({"value": msgspec.msgpack.Ext(
                 2, msgspec.msgpack.encode((0, 0)))})  # the frame's buffer 0, as bytes
-            wb.write(frame(M.Call(2, mesh._target, "echo", msgspec.Raw(args)),
+            wb.write(frame(M.Call(2, actor_target(mesh), "echo", msgspec.Raw(args)),
                            [(b"d" * (6 * MiB), KIND_BYTES)]))
             beats: list[M.Pong] = []
 
@@ -457,13 +458,13 @@ async def test_idle_connections_commit_little_memory() -> None:
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="idle") as pm:
         mesh = await pm.spawn("store", Store)
         pid = await asyncio.wait_for(mesh.pid.call_one(), DEADLINE)
-        call = frame(M.Call(1, mesh._target, "take", msgspec.Raw(
+        call = frame(M.Call(1, actor_target(mesh), "take", msgspec.Raw(
             msgspec.msgpack.encode({"x": 1}))))
         before = _rss(pid)
         peers = []
         try:
             for _ in range(n):
-                r, w = await dial(mesh._addrs[0])
+                r, w = await dial(process_address(mesh, 0))
                 peers.append(w)
                 w.write(call)
                 reply, _ = await asyncio.wait_for(read_frame(r), DEADLINE)

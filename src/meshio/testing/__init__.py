@@ -11,13 +11,16 @@ point) gives the fixtures ``meshio_procs``, ``meshio_host``,
 """
 
 from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._helpers import actor_target as actor_target
 from ._helpers import child_pids as child_pids
+from ._helpers import process_address as process_address
 from ._helpers import wait_exited as wait_exited
 from ._inprocess import TRANSPORTS as TRANSPORTS
 from ._inprocess import Transport as Transport
 from ._inprocess import in_process_host as in_process_host
 from ._leaks import open_fds as open_fds
 
-__all__ = ("TRANSPORTS", "Transport", "child_pids", "in_process_host", "open_fds", "wait_exited")
+__all__ = ("TRANSPORTS", "Transport", "actor_target", "child_pids", "in_process_host",
+           "open_fds", "process_address", "wait_exited")
 
 _fixup_module_metadata(__name__, globals())

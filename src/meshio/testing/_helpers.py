@@ -5,11 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
+from .._actor import Actor
+from .._actor_mesh import ActorMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime, sockaddr
 
 __all__ = ("child_pids", "open_job_connection", "wait_exited")
+
+
+def process_address(mesh: Actor | ActorMesh[Any], index: int = 0) -> str:
+    """The address of the worker process hosting the actor at ``index`` of
+    ``mesh`` (a mesh or a view of one): what a test that speaks meshio's
+    wire protocol dials (see ``open_job_connection``)."""
+    if not isinstance(mesh, ActorMesh):
+        raise TypeError(f"process_address: an actor mesh, got {type(mesh).__name__}")
+    return mesh._addrs[mesh._region.ranks[index]]
+
+
+def actor_target(mesh: Actor | ActorMesh[Any]) -> str:
+    """The id a raw ``Call`` frame names to reach the actors of ``mesh``."""
+    if not isinstance(mesh, ActorMesh):
+        raise TypeError(f"actor_target: an actor mesh, got {type(mesh).__name__}")
+    return mesh._target
 
 
 def child_pids() -> set[int]:
