@@ -158,7 +158,9 @@ async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(
     held = asyncio.ensure_future(p.hold.call_one())
     late = asyncio.ensure_future(p.work.options(timeout=0.3).call_one())
     (before,) = (await asyncio.wait_for(p.stacks(), GUARD)).actors  # (sent after both)
-    assert (before.endpoint, before.queued, before.expired) == ("Probe.hold", 1, 0)
+    assert before.endpoint == "Probe.hold"
+    # queued, unless a loaded machine took longer than its 0.3 s to answer this
+    assert (before.queued, before.expired) in ((1, 0), (0, 1))
     with pytest.raises(CallTimeout, match=r"no answer within 0\.3s"):
         await asyncio.wait_for(late, GUARD)
     (after,) = (await asyncio.wait_for(p.stacks(), GUARD)).actors  # (after the Cancel)
