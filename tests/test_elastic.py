@@ -34,7 +34,7 @@ class Counter(Actor):
     async def add(self, k: int) -> None:
         self.value += k
 
-    @endpoint
+    @endpoint(concurrent=True)  # (an actor calling its whole mesh calls itself too)
     async def get(self) -> tuple[int, int]:
         """(value, pid)"""
         return self.value, os.getpid()
@@ -52,6 +52,12 @@ class Counter(Actor):
         """(rank, point, sizes of the mesh) as this actor sees them"""
         point = meshio.current_rank()
         return point.rank, dict(point), dict(point.extent)
+
+    @endpoint
+    async def peer_values(self) -> list[int]:
+        """The values of every actor of its mesh, called through its context."""
+        mesh = meshio.context(Counter).mesh
+        return [v for v, _ in (await mesh.get.call()).values()]
 
 
 @asynccontextmanager
@@ -206,6 +212,9 @@ async def test_grow_then_call_answers_from_every_point() -> None:
         assert [v for v, _ in values.values()] == [11, 11, 10, 10]
         assert [pid for _, pid in values.values()] == procs.pids
         assert await c.slice(gpus=3).where.call_one() == (3, {"gpus": 3}, {"gpus": 4})
+        # the actors there before see the new shape too, and reach the new peers
+        assert await c.slice(gpus=0).where.call_one() == (0, {"gpus": 0}, {"gpus": 4})
+        assert await c.slice(gpus=1).peer_values.call_one() == [11, 11, 10, 10]
         assert half.sizes == {"gpus": 2}  # a slice keeps its points
         # an actor mesh spawned after the grow spans the new shape
         more = await procs.spawn("more", Counter, 7)
@@ -226,6 +235,7 @@ async def test_shrink_stops_the_removed_processes() -> None:
                 os.close(fd)
         assert procs.sizes == {"gpus": 2} and procs.pids == old[:2]
         assert c.sizes == {"gpus": 2}
+        assert await c.slice(gpus=1).where.call_one() == (1, {"gpus": 1}, {"gpus": 2})
         values = await c.get.call()
         assert values.holes == [] and [pid for _, pid in values.values()] == old[:2]
         with pytest.raises(meshio.SupervisionError) as ei:  # a view of a removed point

@@ -29,6 +29,7 @@ from ._transport._messages import (
     PeerDown,
     PeerUp,
     Ping,
+    Reshaped,
     Restored,
     Shutdown,
     SpawnActor,
@@ -881,6 +882,7 @@ class ProcState:
             for (a, mesh), b in zip(following, built):
                 a.labels, a.sizes, a.ranks, a.mesh_blob = b.labels, b.sizes, b.ranks, b.mesh_blob
                 mesh._reshape(region, addrs, region.ranks, n)
+            self._tell_reshaped(old_n)
             for w in added:
                 w.ready.set_result(None)
 
@@ -911,6 +913,7 @@ class ProcState:
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
                                                   per_host=n), None)
                     a.mesh._reshape(region, addrs, region.ranks, n)
+            self._tell_reshaped(n)
             for w in removed:
                 self.failures.pop(w.rank, None)
                 self.holes.discard(w.rank)
@@ -921,6 +924,17 @@ class ProcState:
                 for w in reversed(removed):
                     self.supervisor.event("stopped", self.name, w.rank, "shrink",
                                           w.handle.pid, w.handle.host)
+
+    def _tell_reshaped(self, n: int) -> None:
+        """Tell the actors of the meshes that follow the whole mesh, in its
+        first ``n`` processes, their mesh's new shape (their context's)."""
+        for a in self.actors:
+            if a.mesh is None:
+                continue
+            for w in self.workers[:n]:
+                if w.conn is not None and not w.conn.closed and w.rank in a.ranks:
+                    w.conn.send_message(Reshaped(a.target, a.ranks.index(w.rank), a.labels,
+                                                 a.sizes, a.mesh_blob))
 
     async def _remove(self, workers: Sequence[_Worker], cause: str) -> None:
         """Stop ``workers`` for good, on purpose (not failures: nothing

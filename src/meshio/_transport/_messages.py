@@ -35,6 +35,7 @@ __all__ = (
     "RdmaOpName",
     "Release",
     "Reply",
+    "Reshaped",
     "Restored",
     "Shutdown",
     "SignalWorker",
@@ -390,10 +391,22 @@ class Stalled(_Msg, frozen=True, tag=28):
     stack: str
 
 
+class Reshaped(_Msg, frozen=True, tag=29):
+    """The actor mesh ``target`` grew or shrank (its proc mesh did): the
+    actor in the receiving process is now at ``rank`` of a mesh shaped
+    ``labels``/``sizes``; ``mesh`` is the pickled full-mesh reference."""
+
+    target: str
+    rank: int
+    labels: list[str]
+    sizes: list[int]
+    mesh: bytes
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks | JobStacks | Stalled)
+           | StoreOp | GetStacks | JobStacks | Stalled | Reshaped)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
