@@ -704,7 +704,8 @@ def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) ->
     ctx = replace(old, point=Region.full(msg.labels, msg.sizes).point(msg.rank),
                   mesh=loads(msg.mesh, [], 0))
     object.__setattr__(ctx, "_owned", old._owned)  # (not an init field: the same list)
-    cell.ctx = cell.instance._meshio_context = ctx
+    instance: Any = cell.instance
+    cell.ctx = instance._meshio_context = ctx
 
 
 register_handler(Reshaped, _on_reshaped)

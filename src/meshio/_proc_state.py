@@ -865,7 +865,7 @@ class ProcState:
                          for a, mesh in following]
                 futs = [[b.spawn(w, w.rank, False) for w in added] for b in built]
                 await asyncio.gather(*(f for fs in futs for f in fs), return_exceptions=True)
-                for (a, mesh), fs in zip(following, futs):
+                for (_, mesh), fs in zip(following, futs):
                     errors = [(region.point(w.rank), e) for w, f in zip(added, fs)
                               if (e := f.exception()) is not None]
                     if errors:

@@ -1,8 +1,7 @@
-"""Type inference of elastic meshes: holes, ``replace``, ``grow``/``shrink``.
-
-Checked by ``mypy --strict tests/typing/`` and ``pyright`` (strict), never
-run.  Each ``assert_type`` line is a claim about what the checker infers;
-each ``# type: ignore[code]`` line is an error it must report.
+"""What checkers infer for elastic meshes (holes, ``replace``, ``grow``,
+``shrink``); mypy --strict and pyright (strict) check this file, nothing
+runs it.  ``assert_type``: an inferred type; ``# type: ignore[code]``: an
+error the checker must report.
 """
 
 # pyright: reportUnnecessaryTypeIgnoreComment=error
@@ -16,16 +15,13 @@ from meshio import Actor, Point, ValueMesh, endpoint
 
 
 class Trainer(Actor):
-    def __init__(self, lr: float) -> None:
-        self.lr = lr
-
     @endpoint
-    async def step(self, n: int) -> float:
-        return self.lr * n
+    def step(self, n: int) -> float:
+        return 0.1 * n
 
 
 async def use(procs: meshio.ProcMesh) -> None:
-    trainers = await procs.spawn("trainers", Trainer, lr=0.1)
+    trainers = await procs.spawn("trainers", Trainer)
     losses = await trainers.step.call(n=1)
     assert_type(losses, ValueMesh[float])
     assert_type(losses.holes, list[Point])
