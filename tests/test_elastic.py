@@ -21,7 +21,7 @@ from supervision_helpers import DEADLINE, Events, manual_sup
 
 import meshio
 from meshio import Actor, endpoint
-from meshio.testing import wait_exited
+from meshio.testing import child_pids, wait_exited
 
 
 class Counter(Actor):
@@ -272,6 +272,32 @@ async def test_grow_the_first_dimension_of_a_2d_mesh() -> None:
             3, {"dp": 1, "tp": 1}, {"dp": 2, "tp": 2})
         with pytest.raises(ValueError, match="renumber"):
             await procs.grow(tp=1)
+
+
+class SmallWorld(Actor):
+    """Refuses to be built at a rank >= ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        if meshio.current_rank().rank >= limit:
+            raise ValueError(f"rank {meshio.current_rank().rank} is past {limit}")
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_grow_is_all_or_nothing() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        small = await procs.spawn("small", SmallWorld, 3)
+        before = child_pids()
+        with pytest.raises(meshio.ActorError, match="past 3") as ei:
+            await asyncio.wait_for(procs.grow(gpus=2), DEADLINE)  # rank 3 refuses
+        assert ei.value.remote_type == "ValueError"
+        assert child_pids() == before  # the new processes were stopped
+        assert procs.sizes == {"gpus": 2} and small.sizes == {"gpus": 2}
+        assert (await small.pid.call()).values() == procs.pids
+        await procs.grow(gpus=1)  # rank 2 is fine
+        assert (await small.pid.call()).values() == procs.pids and len(procs.pids) == 3
 
 
 # ------------------------------------------------------------ bad arguments

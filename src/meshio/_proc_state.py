@@ -762,6 +762,10 @@ class ProcState:
                 a constructor raised: the point is a hole (again).
         """
         async with self.reshaping:
+            if grank >= len(self.region.ranks):  # (through a slice taken before a shrink)
+                raise IndexError(f"replace: rank {grank} of proc mesh {self.name!r} was "
+                                 f"removed by a shrink; it has {len(self.region.ranks)} "
+                                 f"processes now")
             w = self.worker(grank)
             while not w.ready.done() and not self.stopped:  # a restart (or its verdict)
                 await asyncio.wait([asyncio.shield(w.ready)])
@@ -871,6 +875,7 @@ class ProcState:
                     if errors:
                         raise combine_failures(f"{mesh._cls.__qualname__}.__init__", mesh,
                                                errors)
+                self._check_open("grow")  # stopped meanwhile: the new processes go too
             except BaseException:
                 for hello in hellos:
                     hello.close()  # never awaited when a later launch failed
