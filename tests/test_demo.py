@@ -126,6 +126,14 @@ def test_rl_grpo_example() -> None:
     assert out.endswith("newest version 24\n")
 
 
+def test_elastic_example() -> None:
+    out = _run(sys.executable, "examples/elastic.py")
+    assert "steps [2, 2] holes [{'gpus': 1}]\n" in out
+    assert "after replace [3, 1, 3]\n" in out  # rank 1 rebuilt from step=0
+    assert "after grow {'gpus': 5} [4, 2, 4, 1, 1] world [5, 5, 5, 5, 5]\n" in out
+    assert "after shrink {'gpus': 2} [5, 3]" in out
+
+
 def test_meshio_bench_prints_its_measurements() -> None:
     out = _run(sys.executable, "-m", "meshio._cli", "bench", "--calls", "300",
                "--inflight", "200", "--procs", "2")

@@ -280,8 +280,10 @@ async def test_a_killed_relay_fails_its_part_of_the_call_and_the_rest_answer(
     with pytest.raises(SupervisionError):
         await asyncio.wait_for(first, 60)
     await stream.aclose()  # cancels the calls still hanging on hosts 0-2
+    values = await mesh.point.call(0)  # nothing restarts it: a hole
+    assert [p.rank for p in values.holes] == [3 * PER_HOST]
     with pytest.raises(SupervisionError) as info:
-        await mesh.point.call(0)
+        values.item(**dict(values.holes[0]))
     assert info.value.rank == 3 * PER_HOST
     result = await mesh.slice(hosts=slice(3, 5), procs=1).point.call(0)
     assert [r for r, _, _ in result.values()] == [7, 9]

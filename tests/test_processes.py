@@ -158,8 +158,12 @@ async def check_dead_rank(mesh: Victim, pm: meshio.ProcMesh, rank: int, pid: int
         with pytest.raises(meshio.SupervisionError) as again:
             await asyncio.wait_for(getattr(mesh.slice(procs=rank).echo, adverb)(x=2), DEADLINE)
         assert str(pid) in str(again.value)
+    # nothing restarts it: a call to the whole mesh has it as a hole (its
+    # value raises the error), the other rank's value is there
+    values = await asyncio.wait_for(mesh.echo.call(x=3), DEADLINE)
+    assert [p.rank for p in values.holes] == [rank] and values.values() == [3]
     with pytest.raises(meshio.SupervisionError) as whole:
-        await asyncio.wait_for(mesh.echo.call(x=3), DEADLINE)
+        values.item(procs=rank)
     assert whole.value.rank == rank and str(pid) in str(whole.value)
     assert time.monotonic() - t0 < PROMPT
     # the other rank is unaffected
@@ -210,9 +214,9 @@ async def test_segfault_inside_endpoint(victims: tuple[meshio.ProcMesh, Victim])
 
 async def test_death_fails_every_call_in_flight_on_that_rank(
         victims: tuple[meshio.ProcMesh, Victim], watch: list[PidWatch]) -> None:
-    """A whole-mesh call whose ranks die one after the other: one
-    SupervisionError listing both, each with its own cause; calls queued
-    behind a hang on a dying rank fail too."""
+    """A whole-mesh call whose ranks die one after the other (nothing
+    restarts them): both are holes of its ValueMesh, each value raising its
+    own cause; calls queued behind a hang on a dying rank fail."""
     pm, mesh = victims
     w = watch_pids(watch, pm.pids)
     hang = await start_hang(mesh, 1)
@@ -222,13 +226,11 @@ async def test_death_fails_every_call_in_flight_on_that_rank(
     await w.wait_one(pm.pids[0])  # rank 0 exits by itself...
     assert not whole.done()  # ...rank 1 cannot: its exit is queued behind the hang
     os.kill(pm.pids[1], signal.SIGKILL)
-    with pytest.raises(meshio.SupervisionError) as info:
-        await asyncio.wait_for(whole, DEADLINE)
-    failures = {p.rank: e for p, e in info.value.failures}
-    assert sorted(failures) == [0, 1], str(info.value)
-    assert "exited with code 7" in str(failures[0])
-    assert "SIGKILL" in str(failures[1])
-    assert "exited with code 7" in str(info.value) and "SIGKILL" in str(info.value)
+    values = await asyncio.wait_for(whole, DEADLINE)
+    assert [p.rank for p in values.holes] == [0, 1] and values.values() == []
+    for rank, cause in ((0, "exited with code 7"), (1, "SIGKILL")):
+        with pytest.raises(meshio.SupervisionError, match=cause):
+            values.item(procs=rank)
     for f in [hang, *queued]:
         with pytest.raises(meshio.SupervisionError) as each:
             await asyncio.wait_for(f, DEADLINE)
@@ -276,13 +278,12 @@ async def test_death_in_constructor_fails_spawn(watch: list[PidWatch]) -> None:
 
 
 async def test_stream_with_dying_rank(victims: tuple[meshio.ProcMesh, Victim]) -> None:
-    _, mesh = victims
-    got = []
-    with pytest.raises(meshio.SupervisionError) as info:
-        async for point, _ in mesh.exit.stream(code=9):
-            got.append(point.rank)
-    assert "exited with code 9" in str(info.value)
-    assert got == []
+    """Ranks dying mid-call with nothing to restart them are holes: the
+    stream skips them; a later stream has nothing to yield."""
+    pm, mesh = victims
+    got = [point.rank async for point, _ in mesh.exit.stream(code=9)]
+    assert got == [] and [p.rank for p in pm.holes] == [0, 1]
+    assert [point async for point, _ in mesh.echo.stream(x=1)] == []
 
 
 async def test_large_payload_to_dying_worker(watch: list[PidWatch]) -> None:

@@ -61,11 +61,20 @@ class ActorMesh(MeshShape, Generic[A]):
         self._target = target
         self._name = name
         self._cls = cls
+        self._procs = procs
+        self._rt: Runtime | None = None
+        self._inflight: list[int] = []
+        self._rr = 0
+        self._reshape(region, addrs, region.ranks if base is None else base, per_host)
+
+    def _reshape(self, region: Region, addrs: Sequence[str], base: Sequence[int],
+                 per_host: int) -> None:
+        """Take the shape ``region`` (at creation, and when the proc mesh of a
+        whole mesh grows or shrinks in place)."""
         self._region = region
         #: global ranks of the mesh as spawned: an actor's rank is its index here
-        self._base = tuple(region.ranks if base is None else base)
+        self._base = tuple(base)
         self._addrs = tuple(addrs)
-        self._procs = procs
         #: processes per host (global rank // per_host: the host); 0: one host
         self._per_host = per_host
         #: calls are numbered (``Call.seq``) when the mesh spans hosts: a
@@ -78,9 +87,9 @@ class ActorMesh(MeshShape, Generic[A]):
             for index, grank in enumerate(region.ranks):
                 hosts.setdefault(grank // per_host, []).append(index)
             self._hosts = sorted(hosts.items())
-        self._rt: Runtime | None = None
-        self._inflight = [0] * len(region.ranks)
-        self._rr = 0
+        # calls in flight by index; the list only grows (a call in flight to
+        # an index a shrink removed still counts itself out of it)
+        self._inflight.extend([0] * (len(region.ranks) - len(self._inflight)))
         self._sites: list[_CallSite] | None = None
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
@@ -195,6 +204,14 @@ class ActorMesh(MeshShape, Generic[A]):
         if dead is None and self._procs is not None and self._procs._state.stopped:
             dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
         return dead
+
+    def _hole(self, index: int, error: BaseException) -> bool:
+        """Whether the actor at ``index`` is a hole (see ``ProcState.hole``);
+        known only where its proc mesh is owned: through a reference held
+        elsewhere, a dead actor's call fails as any other failure."""
+        procs = self._procs
+        return (procs is not None and isinstance(error, SupervisionError)
+                and procs._state.hole(self._region.ranks[index], self._target))
 
     def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
               answer: Settle | None) -> bool:
@@ -413,8 +430,8 @@ class ActorMesh(MeshShape, Generic[A]):
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""
         inflight = self._inflight
-        n = len(inflight)
-        start = best = self._rr
+        n = len(self._region.ranks)
+        start = best = self._rr % n
         self._rr = (start + 1) % n
         for k in range(1, n):
             i = (start + k) % n

@@ -23,6 +23,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -42,6 +43,7 @@ from ._transport._messages import (
     Fail,
     GetStacks,
     Reply,
+    Reshaped,
     SpawnActor,
     Stalled,
     Started,
@@ -494,6 +496,7 @@ class ActorCell:
             self.serving = desc
             self.since = time.monotonic()
             _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
+            _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
             try:
                 await self._run(conn, msg.req, desc, args, kwargs, deadline)
             finally:
@@ -713,6 +716,23 @@ def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> 
 
 
 register_handler(SpawnActor, _on_spawn)
+
+
+def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) -> None:
+    """The actor's mesh grew or shrank: its context (``point``, its extent,
+    ``mesh``) says so from its next message on."""
+    cell = cell_of(rt, msg.target)
+    if cell is None:  # stopped meanwhile
+        return
+    old = cell.ctx
+    ctx = replace(old, point=Region.full(msg.labels, msg.sizes).point(msg.rank),
+                  mesh=loads(msg.mesh, [], 0))
+    object.__setattr__(ctx, "_owned", old._owned)  # (not an init field: the same list)
+    instance: Any = cell.instance
+    cell.ctx = instance._meshio_context = ctx
+
+
+register_handler(Reshaped, _on_reshaped)
 
 
 def _on_stacks(rt: Runtime, conn: Connection, msg: GetStacks, bufs: Buffers) -> None:

@@ -16,7 +16,7 @@ from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError
-from ._extent import Extent, MeshShape, Region
+from ._extent import Extent, MeshShape, Point, Region
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -44,17 +44,22 @@ class ProcMesh(MeshShape):
     ``async with ... as procs`` (stopped on exit, error or cancellation).
     """
 
-    def __init__(self, state: ProcState, region: Region,
+    def __init__(self, state: ProcState, region: Region | None,
                  options: SpawnOptions = DEFAULT_OPTIONS) -> None:
         self._state = state
-        self._region = region
+        #: the points of a slice (None: the whole mesh, whatever its shape now)
+        self._view = region
         self._options = options
+
+    @property
+    def _region(self) -> Region:  # type: ignore[override]  # (read-only here)
+        return self._state.region if self._view is None else self._view
 
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._state, region, self._options)
 
     def _with_options(self, options: SpawnOptions) -> ProcMesh:
-        return ProcMesh(self._state, self._region, options)
+        return ProcMesh(self._state, self._view, options)
 
     def options(self, *, restart: RestartType | None = None,
                 stall_after: float | None = None) -> ProcMesh:
@@ -196,6 +201,7 @@ class ProcMesh(MeshShape):
             addrs[w.rank] = w.addr
         mesh: ActorMesh[A] = ActorMesh(target, name, cls, self._region, addrs, self,
                                        per_host=state.per_host)
+        # (spawned on the whole mesh, it grows and shrinks with it)
         cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)
@@ -218,7 +224,7 @@ class ProcMesh(MeshShape):
             state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, out,
                                          labels, sizes, self._region.ranks,
-                                         self._options))
+                                         self._options, mesh if self._view is None else None))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
@@ -307,6 +313,136 @@ class ProcMesh(MeshShape):
             await asyncio.shield(state._failed)
 
 
+    # ------------------------------------------------------------ elastic
+
+    @property
+    def holes(self) -> list[Point]:
+        """The points of this mesh (or slice) that are holes: their process
+        died and nothing restarts it (no supervisor, or restart type
+        ``temporary``; ``transient`` after a normal exit).  Calls skip them
+        (``call()`` lists them in ``ValueMesh.holes``) until
+        :meth:`replace` fills them.  A process its supervisor is restarting
+        is not a hole."""
+        state = self._state
+        if state.stopped or not state.holes:
+            return []
+        return [p for p, r in zip(self._region.points(), self._region.ranks)
+                if r in state.holes]
+
+    async def replace(self, rank_or_point: int | Mapping[str, int], /) -> None:
+        """Start a fresh process for one point and rebuild its actors there
+        (same names, same constructor arguments, at the same coordinates;
+        temporary ones too).  A hole is filled; a live process is stopped
+        first (by the mesh's shutdown policy; its calls in flight fail with
+        :class:`SupervisionError`); a restart under way is waited for.
+
+        Args:
+            rank_or_point: the point's index in this mesh (or slice), or its
+                coordinates: a :class:`Point` (e.g. from :attr:`holes` or
+                ``ValueMesh.holes``) or a ``{dim: index}`` mapping.
+
+        Raises:
+            IndexError: the rank or a coordinate is out of range.
+            KeyError: the coordinates name an unknown dimension or miss one.
+            TypeError: neither an int nor a mapping of coordinates.
+            SupervisionError: the mesh was stopped (or its supervisor gave up).
+            ProcessStartError: the new process did not start (the point is a
+                hole then).
+            ActorError: a constructor raised (the point is a hole then).
+        """
+        region = self._region
+        if isinstance(rank_or_point, Mapping):
+            index = region.index(rank_or_point)
+        elif isinstance(rank_or_point, int) and not isinstance(rank_or_point, bool):
+            index = rank_or_point
+            if not 0 <= index < len(region.ranks):
+                raise IndexError(f"replace({index}): proc mesh {self._state.name!r} "
+                                 f"{self.sizes} has ranks 0-{len(region.ranks) - 1}")
+        else:
+            raise TypeError(f"replace: expected a rank (int) or a point's coordinates, got "
+                            f"{type(rank_or_point).__name__} {rank_or_point!r}")
+        await self
+        await self._state.replace(region.ranks[index])
+
+    async def grow(self, **dim: int) -> None:
+        """Add points along one dimension, in place: ``await procs.grow(gpus=2)``
+        on ``{"gpus": 4}`` gives ``{"gpus": 6}``.  The new processes start
+        as the others did (env, bootstrap, supervisor); every actor mesh
+        spawned on the whole proc mesh gets an actor on each, built with its
+        constructor arguments, and then takes the new shape (calls made
+        after ``grow`` returns reach every point).  All or nothing: if a
+        process does not start or a constructor raises, the new processes
+        are stopped and the shape stays.  Existing processes and actors keep
+        their ranks and coordinates.
+
+        Only a dimension whose points come last in row-major order (every
+        dimension before it of size 1), on a mesh on one host, can change
+        size: the processes keep their ranks.
+
+        Raises:
+            TypeError: not exactly one dimension, or a count that is not an int.
+            KeyError: an unknown dimension.
+            ValueError: a count < 1, a slice (grow the whole mesh), or a
+                dimension that cannot change size (the message says why).
+            SupervisionError: the mesh was stopped.
+            ProcessStartError: a new process did not start.
+            ActorError: a constructor raised on a new process.
+        """
+        name, by = self._resize_arg("grow", dim)
+        await self
+        await self._state.grow(name, by)
+
+    async def shrink(self, **dim: int) -> None:
+        """Remove points along one dimension, in place, from its end:
+        ``await procs.shrink(gpus=2)`` on ``{"gpus": 6}`` gives
+        ``{"gpus": 4}``.  The actor meshes spawned on the whole proc mesh
+        take the new shape at once, then the processes removed are stopped
+        (by the shutdown policy) and exit.  A supervisor treats this as a
+        stop: nothing is restarted, no failure is counted, it reports a
+        ``"stopped"`` event (cause ``"shrink"``) per process.
+
+        Same dimensions as :meth:`grow`.
+
+        Raises:
+            TypeError: not exactly one dimension, or a count that is not an int.
+            KeyError: an unknown dimension.
+            ValueError: a count < 1 or that would leave the dimension below
+                size 1, a slice, or a dimension that cannot change size.
+            SupervisionError: the mesh was stopped.
+        """
+        name, by = self._resize_arg("shrink", dim)
+        if by >= self._region.extent[name]:
+            raise ValueError(f"shrink({name}={by}): proc mesh {self._state.name!r} has "
+                             f"{name}={self._region.extent[name]}; a dimension keeps at least "
+                             f"1 point (stop the mesh to remove every process)")
+        await self
+        await self._state.shrink(name, by)
+
+    def _resize_arg(self, what: str, dims: Mapping[str, int]) -> tuple[str, int]:
+        """The dimension and count of ``grow``/``shrink``, checked."""
+        state = self._state
+        if len(dims) != 1:
+            raise TypeError(f"{what}: give one dimension and a count, e.g. "
+                            f"{what}({next(iter(self.sizes), 'gpus')}=2); got {dict(dims)}")
+        ((name, by),) = dims.items()
+        if name not in self._region.extent:
+            raise KeyError(f"{what}: proc mesh {state.name!r} has no dimension {name!r} "
+                           f"(dims {self.sizes})")
+        if not isinstance(by, int) or isinstance(by, bool):
+            raise TypeError(f"{what}({name}=...): expected an int, got {type(by).__name__} "
+                            f"{by!r}")
+        if by < 1:
+            raise ValueError(f"{what}({name}={by}): the count must be >= 1")
+        if self._view is not None:
+            raise ValueError(f"{what}(): this is a slice of proc mesh {state.name!r} "
+                             f"{self.sizes}; a proc mesh changes size as a whole: call "
+                             f"{what}() on the mesh returned by spawn_procs")
+        why = state.resizable(name)
+        if why is not None:
+            raise ValueError(f"{what}({name}={by}) on proc mesh {state.name!r} {self.sizes}: "
+                             f"{why}")
+        return name, by
+
 def _check_whole(region: Region, whole: Region, name: str) -> None:
     """Stopping is for a whole proc mesh, never a slice."""
     if sorted(region.ranks) != sorted(whole.ranks):
@@ -348,7 +484,9 @@ class _ProcService(Actor):
         if state is None:
             raise SupervisionError(f"proc mesh {name!r} was stopped by its owner; ask it for a "
                                    f"new one", actor=name, cause="proc mesh stopped")
-        return ProcMesh(state, Region(Extent(labels, sizes), ranks))
+        region = Region(Extent(labels, sizes), ranks)
+        whole = region.extent == state.region.extent and region.ranks == state.region.ranks
+        return ProcMesh(state, None if whole else region)
 
     @endpoint(concurrent=True)
     async def spawn_on(self, where: tuple[str, str, list[str], list[int], list[int]],
@@ -388,7 +526,7 @@ class _ProcMeshRef(ProcMesh):
         self._service = service
         self._id = mesh_id
         self._name = name
-        self._region = Region(Extent(labels, sizes), ranks)
+        self._view = Region(Extent(labels, sizes), ranks)
         self._options = options
 
     def _with_region(self, region: Region) -> _ProcMeshRef:
@@ -456,6 +594,23 @@ class _ProcMeshRef(ProcMesh):
 
     async def wait_failed(self) -> SupervisionError:
         raise RuntimeError(f"proc mesh {self._name!r}: wait_failed() is available in the "
+                           "controller that started the processes")
+
+    @property
+    def holes(self) -> list[Point]:
+        raise RuntimeError(f"proc mesh {self._name!r}: its holes are known only to the "
+                           "controller that started the processes")
+
+    async def replace(self, rank_or_point: int | Mapping[str, int], /) -> None:
+        raise RuntimeError(f"proc mesh {self._name!r}: replace() is available in the "
+                           "controller that started the processes")
+
+    async def grow(self, **dim: int) -> None:
+        raise RuntimeError(f"proc mesh {self._name!r}: grow() is available in the "
+                           "controller that started the processes")
+
+    async def shrink(self, **dim: int) -> None:
+        raise RuntimeError(f"proc mesh {self._name!r}: shrink() is available in the "
                            "controller that started the processes")
 
 
@@ -586,8 +741,8 @@ class HostMesh(MeshShape):
                              [*self.extent.sizes, *per_host.values()])
         state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
             ProcState, name, launchers, region, n, supervisor, restart, shutdown,
-            (heartbeat_interval, heartbeat_timeout), env, blob)
-        return ProcMesh(state, region)
+            (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels)
+        return ProcMesh(state, None)
 
 
 def this_host() -> HostMesh:

@@ -29,6 +29,7 @@ from ._transport._messages import (
     PeerDown,
     PeerUp,
     Ping,
+    Reshaped,
     Restored,
     Shutdown,
     SpawnActor,
@@ -41,8 +42,8 @@ from ._transport._runtime import (
     runtime,
     tcp_endpoint,
 )
-from ._transport._serial import Buffers
-from .endpoints._endpoint import rank_ranges
+from ._transport._serial import Buffers, dumps
+from .endpoints._endpoint import combine_failures, rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
@@ -118,17 +119,38 @@ class SpawnOptions:
 
 
 class _ActorRecord:
-    """What it takes to rebuild an actor mesh's actors after a restart."""
+    """What it takes to rebuild an actor mesh's actors after a restart (or
+    to build them on the processes a ``grow`` adds)."""
 
-    __slots__ = ("body", "cls_blob", "labels", "mesh_blob", "name", "options", "out", "ranks",
-                 "sizes", "target")
+    __slots__ = ("body", "cls_blob", "labels", "mesh", "mesh_blob", "name", "options", "out",
+                 "ranks", "sizes", "target")
 
     def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
                  out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
-                 options: SpawnOptions) -> None:
+                 options: SpawnOptions, mesh: ActorMesh[Any] | None = None) -> None:
         self.name, self.target = name, target
         self.cls_blob, self.mesh_blob, self.body, self.out = cls_blob, mesh_blob, body, out
         self.labels, self.sizes, self.ranks, self.options = labels, sizes, tuple(ranks), options
+        #: the actor mesh as spawned on the whole proc mesh, which grows and
+        #: shrinks with it (None: spawned on a slice, its points stay as they are)
+        self.mesh = mesh
+
+    def spawn(self, w: _Worker, grank: int, restart: bool) -> asyncio.Future[Any]:
+        """Build this mesh's actor at ``grank`` in ``w``'s process (its
+        current incarnation); the future of its constructor's answer."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        index = self.ranks.index(grank)
+        assert w.conn is not None
+        req = w.conn.next_req(Pending(fut, ignore_result, f"{self.name}.__init__", self.name,
+                                      Region(Extent(self.labels, self.sizes), self.ranks)
+                                      .point(index)))
+        w.conn.send_message(SpawnActor(req, self.target, self.name, self.cls_blob, index,
+                                       self.labels, self.sizes, self.mesh_blob,
+                                       msgspec.Raw(self.body), restart, grank,
+                                       self.options.stall_after),
+                            self.out)
+        w.construct(fut)
+        return fut
 
 
 class ProcState:
@@ -139,8 +161,11 @@ class ProcState:
                  restart: RestartType | None = None,
                  shutdown: ShutdownPolicy = STOP_GRACE,
                  heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT),
-                 env: Mapping[str, str] | None = None, bootstrap: bytes = b"") -> None:
+                 env: Mapping[str, str] | None = None, bootstrap: bytes = b"",
+                 host_dims: Sequence[str] = ()) -> None:
         self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
+        #: the dims that come from the host mesh (the others are per host)
+        self.host_dims: tuple[str, ...] = tuple(host_dims)
         #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
         self.env: Mapping[str, str] = env or {}
         self.bootstrap: bytes = bootstrap
@@ -173,6 +198,16 @@ class ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
+        #: the ranks that are holes (see :meth:`hole`), and per actor mesh
+        #: (target) the ranks where its temporary actors were not rebuilt
+        self.holes: set[int] = set()
+        self.not_rebuilt: dict[str, set[int]] = {}
+        #: replace/grow/shrink, one at a time
+        self.reshaping: asyncio.Lock = asyncio.Lock()
+        #: how many times the mesh grew: the processes of a grow get new worker ids
+        self.generation: int = 0
+        #: addresses of the processes shrinks removed (their callers' errors)
+        self.removed: list[str] = []
         #: rank → redeliveries in flight of calls that killed its process
         #: (a death meanwhile does not count against the supervisor's intensity)
         self.redelivering: dict[int, int] = {}
@@ -206,8 +241,18 @@ class ProcState:
                 return kind
         return "permanent"
 
+    def hole(self, grank: int, target: str) -> bool:
+        """Whether the actor of ``target`` at ``grank`` is a hole: its process
+        died and nothing restarts it by design (no supervisor; restart type
+        ``temporary``, or ``transient`` and it exited normally), or it is a
+        temporary actor a restart did not rebuild.  A process being
+        restarted, or given up on by its supervisor (which then stops the
+        mesh), is not a hole; nor is anything of a stopped mesh."""
+        return not self.stopped and (grank in self.holes
+                                     or grank in self.not_rebuilt.get(target, ()))
+
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
-        worker_id = f"{self.id}-{grank}"
+        worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
         env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
         if "gpus" in self.region.extent.labels:
             env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
@@ -382,16 +427,19 @@ class ProcState:
                 f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
+        hole = False
         if restarting:
             what_now = ("its supervisor is restarting it: call again once it is back "
                         "(a retryable endpoint waits for it)")
         elif self.supervisor is None:
-            what_now = "nothing restarts it (no supervisor)"
+            what_now, hole = "nothing restarts it (no supervisor)", True
         elif (kind := self.restart_type) == "temporary" or (kind == "transient"
                                                              and handle.returncode == 0):
-            what_now = f"it is not restarted (restart={kind!r})"
+            what_now, hole = f"it is not restarted (restart={kind!r})", True
         else:
             what_now = f"its supervisor {self.supervisor.name!r} gave up on it"
+        if hole:
+            what_now += f"; it is a hole until procs.replace({worker.rank})"
 
         def error_after(p: Pending) -> SupervisionError:  # a call made after it died
             return SupervisionError(
@@ -421,6 +469,8 @@ class ProcState:
                 pid=handle.pid, cause=cause)
             self._no_restart(worker, failure)
             if not self.stopped:
+                if hole:
+                    self.holes.add(worker.rank)
                 self._report_failure(worker, failure)
 
     def _report_failure(self, worker: _Worker, failure: SupervisionError) -> None:
@@ -583,12 +633,13 @@ class ProcState:
                 w.ready = self.rt.loop.create_future()
         await _shutdown(workers, self.shutdown)
 
-    async def restart_ranks(self, granks: Sequence[int]
+    async def restart_ranks(self, granks: Sequence[int], everything: bool = False
                             ) -> list[tuple[int, str] | Exception | None]:
         """Replace processes, all at once: each at the same rank and address
         with what its predecessor had (``env``, ``bootstrap``, what
         :attr:`restart_env` adds), actors rebuilt with their constructor
-        arguments at the same coordinates.
+        arguments at the same coordinates (``everything``: temporary actors
+        too, as :meth:`replace` does).
 
         Returns:
             Per rank: its new pid and host; or why it did not come back, a
@@ -603,7 +654,7 @@ class ProcState:
                 extra[grank].update(env)
         results: list[tuple[int, str] | Exception | None] = []
         for result in await asyncio.gather(
-                *(self._restart_rank(grank, extra[grank]) for grank in granks),
+                *(self._restart_rank(grank, extra[grank], everything) for grank in granks),
                 return_exceptions=True):
             if isinstance(result, Exception) or not isinstance(result, BaseException):
                 results.append(result)
@@ -611,7 +662,8 @@ class ProcState:
                 raise result  # cancelled (and so were the others), interrupted
         return results
 
-    async def _restart_rank(self, grank: int, env: Mapping[str, str]) -> tuple[int, str] | None:
+    async def _restart_rank(self, grank: int, env: Mapping[str, str],
+                            everything: bool) -> tuple[int, str] | None:
         w = self.worker(grank)
         w.stopping = True
         if w.handle.returncode is None:
@@ -654,24 +706,9 @@ class ProcState:
         if self.stopped:
             return None
         rt = self.rt
-        lost = [a.target for a in self.actors
-                if grank in a.ranks and a.options.restart == "temporary"]
-        futs: list[asyncio.Future[Any]] = []
-        for a in self.actors:
-            if grank not in a.ranks or a.options.restart == "temporary":
-                continue
-            fut: asyncio.Future[Any] = rt.loop.create_future()
-            assert w.conn is not None
-            req = w.conn.next_req(Pending(fut, ignore_result, f"{a.name}.__init__", a.name,
-                                          Region(Extent(a.labels, a.sizes), a.ranks)
-                                          .point(a.ranks.index(grank))))
-            w.conn.send_message(SpawnActor(req, a.target, a.name, a.cls_blob,
-                                           a.ranks.index(grank), a.labels, a.sizes,
-                                           a.mesh_blob, msgspec.Raw(a.body), True, grank,
-                                           a.options.stall_after),
-                                a.out)
-            w.construct(fut)
-            futs.append(fut)
+        mine = [a for a in self.actors if grank in a.ranks]
+        lost = [a.target for a in mine if a.options.restart == "temporary" and not everything]
+        futs = [a.spawn(w, grank, True) for a in mine if a.target not in lost]
         try:
             await asyncio.gather(*futs)
         except SupervisionError:  # lost while rebuilt (its loss was reported), or stopped
@@ -680,6 +717,12 @@ class ProcState:
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)
         self.failures.pop(grank, None)  # restarted after all (by a parent supervisor)
+        self.holes.discard(grank)
+        for a in mine:
+            if a.target in lost:
+                self.not_rebuilt.setdefault(a.target, set()).add(grank)
+            else:
+                self.not_rebuilt.get(a.target, set()).discard(grank)
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
         w.ready.set_result(None)
@@ -705,6 +748,225 @@ class ProcState:
         """Wait until the process at ``grank`` serves calls again (after a
         restart); raises SupervisionError if it will not."""
         await asyncio.shield(self.worker(grank).ready)
+
+    # ------------------------------------------------- elastic (replace, grow, shrink)
+
+    async def replace(self, grank: int) -> tuple[int, str]:
+        """A fresh process at ``grank`` (a hole, or a live one, stopped first
+        by the shutdown policy) with all its actors rebuilt, temporary ones
+        too; a restart under way is waited for first.  Its new pid and host.
+
+        Raises:
+            SupervisionError: the mesh was stopped.
+            ProcessStartError, ActorError: the new process did not start, or
+                a constructor raised: the point is a hole (again).
+        """
+        async with self.reshaping:
+            if grank >= len(self.region.ranks):  # (through a slice taken before a shrink)
+                raise IndexError(f"replace: rank {grank} of proc mesh {self.name!r} was "
+                                 f"removed by a shrink; it has {len(self.region.ranks)} "
+                                 f"processes now")
+            w = self.worker(grank)
+            while not w.ready.done() and not self.stopped:  # a restart (or its verdict)
+                await asyncio.wait([asyncio.shield(w.ready)])
+            self._check_open("replace")
+            if grank not in self.holes and grank in self.failures:  # not a hole: given up
+                raise self.failures[grank]
+            if grank not in self.holes:
+                await self.stop_ranks([grank])
+            (result,) = await self.restart_ranks([grank], everything=True)
+            if isinstance(result, tuple):
+                if self.supervisor is not None:
+                    self.supervisor.event("restart", self.name, grank, "procs.replace()",
+                                          *result)
+                return result
+            self._check_open("replace")
+            assert result is not None  # (None: stopped)
+            await self._failed_replace(w, result)
+            raise result
+
+    async def _failed_replace(self, w: _Worker, e: Exception) -> None:
+        """Make ``w``'s rank a hole again after :meth:`replace` failed with
+        ``e`` (its new process, if it started, is killed)."""
+        conn, w.conn = w.conn, None  # its loss is then not a failure to report
+        w.stopping = True
+        if w.handle.returncode is None:
+            w.handle.send_signal(signal.SIGKILL)
+            await asyncio.wait([asyncio.ensure_future(w.handle.wait())], timeout=KILL_WAIT)
+        if conn is not None:
+            conn.abort()
+        handle, cause = w.handle, f"replace failed: {type(e).__name__}: {e}"
+        failure = SupervisionError(
+            f"proc mesh {self.name!r} rank {w.rank}: {cause}", actor=self.name, rank=w.rank,
+            host=handle.host, pid=handle.pid, cause=cause)
+        self.rt.dead[w.addr] = lambda p: SupervisionError(
+            f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {w.rank}: {cause}; "
+            f"{p.endpoint} was not sent: it is a hole until procs.replace({w.rank})",
+            actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
+        self.holes.add(w.rank)
+        self.failures[w.rank] = failure
+        if w.ready.done():
+            w.ready = self.rt.loop.create_future()
+        self._no_restart(w, failure)
+
+    def _check_open(self, what: str) -> None:
+        if self.stopped:
+            raise SupervisionError(f"{what}: proc mesh {self.name!r} was stopped; spawn a new "
+                                   f"one", actor=self.name, cause="proc mesh stopped")
+
+    def resizable(self, dim: str) -> str | None:
+        """Why dimension ``dim`` cannot change size in place (None: it can).
+
+        The processes keep their ranks: only a dim whose points come last in
+        row-major order (every dim before it of size 1) can grow or shrink,
+        and only on one host (more hosts: resize the host mesh's job)."""
+        labels, sizes = self.region.extent.labels, self.region.extent.sizes
+        if dim in self.host_dims:
+            return (f"{dim!r} is a dimension of the host mesh: the processes of a host "
+                    f"cannot be added or removed this way (resize the job)")
+        if len(self.launchers) > 1:
+            return (f"proc mesh {self.name!r} spans {len(self.launchers)} hosts; only a "
+                    f"mesh on one host grows or shrinks in place")
+        before = [k for k, n in zip(labels, sizes) if k != dim and n != 1][:1]
+        if before and labels.index(before[0]) < labels.index(dim):
+            return (f"dimension {before[0]!r} comes before {dim!r} and has size "
+                    f"{sizes[labels.index(before[0])]}: changing {dim!r} would renumber the "
+                    f"processes; only the first dimension of size > 1 can change size")
+        return None
+
+    async def grow(self, dim: str, by: int) -> None:
+        """``by`` more points along ``dim`` (checked by :meth:`resizable`):
+        new processes, the actors of the meshes spawned on the whole mesh
+        built on them, then those meshes take the new shape.  All or nothing:
+        if a process does not start or a constructor raises, the new
+        processes are stopped and the shape stays."""
+        async with self.reshaping:
+            self._check_open("grow")
+            await self.ready
+            labels, sizes = self.region.extent.labels, list(self.region.extent.sizes)
+            sizes[labels.index(dim)] += by
+            region = Region.full(labels, sizes)
+            old_n, n = len(self.region.ranks), region.extent.nelem
+            self.generation += 1
+            old_per_host, self.per_host = self.per_host, n
+            added: list[_Worker] = []
+            hellos: list[Coroutine[Any, Any, None]] = []
+            try:
+                for grank in range(old_n, n):
+                    spec = self._spec(grank, region.point(grank))
+                    handle, waiter = await self._launch(grank, spec)
+                    w = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
+                    added.append(w)
+                    hellos.append(self._hello(w, waiter))
+                await asyncio.gather(*hellos)
+                addrs = [w.addr for w in self.workers] + [w.addr for w in added]
+                following = [(a, a.mesh) for a in self.actors if a.mesh is not None]
+                built = [_ActorRecord(a.name, a.target, a.cls_blob,
+                                      dumps(ActorMesh(a.target, a.name, mesh._cls, region, addrs,
+                                                      per_host=n), None),
+                                      a.body, a.out, list(labels), sizes, region.ranks,
+                                      a.options)
+                         for a, mesh in following]
+                futs = [[b.spawn(w, w.rank, False) for w in added] for b in built]
+                await asyncio.gather(*(f for fs in futs for f in fs), return_exceptions=True)
+                for (_, mesh), fs in zip(following, futs):
+                    errors = [(region.point(w.rank), e) for w, f in zip(added, fs)
+                              if (e := f.exception()) is not None]
+                    if errors:
+                        raise combine_failures(f"{mesh._cls.__qualname__}.__init__", mesh,
+                                               errors)
+                self._check_open("grow")  # stopped meanwhile: the new processes go too
+            except BaseException:
+                for hello in hellos:
+                    hello.close()  # never awaited when a later launch failed
+                self.per_host = old_per_host
+                await self._remove(added, "grow failed")
+                raise
+            self.workers.extend(added)
+            self.region = region
+            for (a, mesh), b in zip(following, built):
+                a.labels, a.sizes, a.ranks, a.mesh_blob = b.labels, b.sizes, b.ranks, b.mesh_blob
+                mesh._reshape(region, addrs, region.ranks, n)
+            self._tell_reshaped(old_n)
+            for w in added:
+                w.ready.set_result(None)
+
+    async def shrink(self, dim: str, by: int) -> None:
+        """``by`` fewer points along ``dim`` (checked by :meth:`resizable`):
+        the meshes spawned on the whole mesh take the new shape first, then
+        the processes of the points removed are stopped by the shutdown
+        policy; a supervisor sees a ``"stopped"`` event for each, not a
+        failure.  Restarts under way are waited for first."""
+        async with self.reshaping:
+            self._check_open("shrink")
+            await self.ready
+            labels, sizes = self.region.extent.labels, list(self.region.extent.sizes)
+            sizes[labels.index(dim)] -= by
+            region = Region.full(labels, sizes)
+            n = region.extent.nelem
+            removed = [w for w in self.workers if w.rank >= n]
+            waits = [asyncio.shield(w.ready) for w in removed if not w.ready.done()]
+            if waits:  # each comes back, or is a hole
+                await asyncio.wait(waits)
+            self._check_open("shrink")
+            self.workers = [w for w in self.workers if w.rank < n]
+            self.region, self.per_host = region, n
+            addrs = [w.addr for w in self.workers]
+            for a in self.actors:
+                if a.mesh is not None:
+                    a.labels, a.sizes, a.ranks = list(labels), sizes, region.ranks
+                    a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
+                                                  per_host=n), None)
+                    a.mesh._reshape(region, addrs, region.ranks, n)
+            self._tell_reshaped(n)
+            for w in removed:
+                self.failures.pop(w.rank, None)
+                self.holes.discard(w.rank)
+                for ranks in self.not_rebuilt.values():
+                    ranks.discard(w.rank)
+            await self._remove(removed, f"removed by procs.shrink({dim}={by})")
+            if self.supervisor is not None:
+                for w in reversed(removed):
+                    self.supervisor.event("stopped", self.name, w.rank, "shrink",
+                                          w.handle.pid, w.handle.host)
+
+    def _tell_reshaped(self, n: int) -> None:
+        """Tell the actors of the meshes that follow the whole mesh, in its
+        first ``n`` processes, their mesh's new shape (their context's)."""
+        for a in self.actors:
+            if a.mesh is None:
+                continue
+            for w in self.workers[:n]:
+                if w.conn is not None and not w.conn.closed and w.rank in a.ranks:
+                    w.conn.send_message(Reshaped(a.target, a.ranks.index(w.rank), a.labels,
+                                                 a.sizes, a.mesh_blob))
+
+    async def _remove(self, workers: Sequence[_Worker], cause: str) -> None:
+        """Stop ``workers`` for good, on purpose (not failures: nothing
+        restarts them), and forget them; calls still addressed to them (a
+        slice, or a reference held elsewhere) fail with ``cause``."""
+        rt = self.rt
+        for w in workers:
+            w.stopping = True
+            for table in (rt.on_lost, rt.on_fault_from, rt.on_pong):
+                table.pop(w.addr, None)
+            if rt.has_state(_StallReports):
+                rt.state(_StallReports).by_addr.pop(w.addr, None)
+            self._responds(w)
+            rt.dead[w.addr] = _removed_error(self.name, w, cause)
+            self.removed.append(w.addr)
+            self._no_restart(w, SupervisionError(
+                f"proc mesh {self.name!r} rank {w.rank}: {cause}", actor=self.name,
+                rank=w.rank, host=w.handle.host, pid=w.handle.pid, cause=cause))
+        try:
+            await _shutdown(workers, self.shutdown)
+        finally:
+            for w in workers:
+                rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
+                for conn in (rt.conns.pop(w.addr, None), w.conn):
+                    if conn is not None:
+                        conn.abort()
+                w.conn = None
 
     # ----------------------------------------------------------------- stop
 
@@ -754,6 +1016,8 @@ class ProcState:
         rt = self.rt
         for grank in self.region.ranks:
             rt.hello_waiters.pop(f"{self.id}-{grank}", None)
+        for addr in self.removed:
+            rt.dead.pop(addr, None)
         for w in self.workers:
             rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
             for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
@@ -791,6 +1055,18 @@ class ProcState:
                 f"one", actor=p.mesh, rank=p.rank, host="" if w is None else w.handle.host,
                 pid=-1 if w is None else w.handle.pid, cause=cause)
         return error
+
+
+def _removed_error(name: str, w: _Worker, cause: str) -> Callable[[Pending], SupervisionError]:
+    """The error of a call to a process a shrink removed."""
+    host, pid = w.handle.host, w.handle.pid
+
+    def error(p: Pending) -> SupervisionError:
+        return SupervisionError(
+            f"{p.mesh} {p.point!r} on proc mesh {name!r} rank {w.rank}: process {pid} on "
+            f"{host} was {cause}; {p.endpoint} was not sent", actor=p.mesh, rank=p.rank,
+            host=host, pid=pid, cause=cause)
+    return error
 
 
 def _moved(w: _Worker, conn: Connection) -> bool:

@@ -490,6 +490,9 @@ class Service(MeshShape):
         live = [r for r in self._replicas if r.up()]
         return self._replicas.index(self._least_loaded_of(live or self._replicas))
 
+    def _hole(self, index: int, error: BaseException) -> bool:
+        return self._replicas[index].mesh._hole(0, error)
+
 
 async def _retire(r: _Replica) -> None:
     """Stop a replica taken out of rotation once its routed calls are answered."""

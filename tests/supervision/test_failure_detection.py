@@ -118,8 +118,10 @@ async def test_without_supervisor_nothing_restarts() -> None:
         fd = os.pidfd_open(old[1])
         os.kill(old[1], signal.SIGKILL)
         await wait_pidfds([fd])
+        values = await asyncio.wait_for(in_flight, DEADLINE)  # rank 1 is a hole
+        assert [p.rank for p in values.holes] == [1] and values.values() == [old[0]]
         with pytest.raises(meshio.SupervisionError) as ei:
-            await asyncio.wait_for(in_flight, DEADLINE)
+            values.item(procs=1)
         assert "SIGKILL" in ei.value.cause
         # nothing waits for a restart that will not come, retryable or not (a
         # retryable call would wait up to a minute, past DEADLINE)

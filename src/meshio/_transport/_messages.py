@@ -35,6 +35,7 @@ __all__ = (
     "RdmaOpName",
     "Release",
     "Reply",
+    "Reshaped",
     "Restored",
     "Shutdown",
     "SignalWorker",
@@ -403,10 +404,22 @@ class Started(_Msg, frozen=True, tag=31):
     req: int
 
 
+class Reshaped(_Msg, frozen=True, tag=32):
+    """The actor mesh ``target`` grew or shrank (its proc mesh did): the
+    actor in the receiving process is now at ``rank`` of a mesh shaped
+    ``labels``/``sizes``; ``mesh`` is the pickled full-mesh reference."""
+
+    target: str
+    rank: int
+    labels: list[str]
+    sizes: list[int]
+    mesh: bytes
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks | JobStacks | Stalled | Started)
+           | StoreOp | GetStacks | JobStacks | Stalled | Started | Reshaped)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

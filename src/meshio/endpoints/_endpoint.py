@@ -23,7 +23,7 @@ from collections.abc import (
     Iterable,
     Iterator,
 )
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
 from .._context import _scope
 from .._exceptions import (
@@ -135,6 +135,12 @@ class CallTarget(Protocol):
 
     def _least_loaded(self) -> int:
         """The index of the actor with the fewest calls in flight from this caller."""
+        ...
+
+    def _hole(self, index: int, error: BaseException) -> bool:
+        """Whether the actor at ``index``, whose call failed with ``error``,
+        is a hole: its process died (or it was not rebuilt) and nothing
+        will restart it.  Its call then has no value rather than failing."""
         ...
 
 
@@ -327,7 +333,12 @@ class Endpoint(Generic[P, R]):
     # ------------------------------------------------------------ adverbs
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
-        """Call every actor of the mesh; a ValueMesh of the results."""
+        """Call every actor of the mesh; a ValueMesh of the results.
+
+        An actor whose process died with nothing to restart it (no
+        supervisor, or restart type ``temporary``) is a hole: the call
+        does not fail for it, the ValueMesh lists it in ``holes``.  Other
+        failures raise (one error for all the failing ranks)."""
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         deadline = self._deadline()
@@ -346,14 +357,9 @@ class Endpoint(Generic[P, R]):
             if pending:
                 self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending,
                                     deadline)
-        failures: list[tuple[Point, BaseException]] = []
-        for point, f in zip(self._mesh, futs):
-            exc = f.exception()
-            if exc is not None:
-                failures.append((point, exc))
-        if failures:
-            raise combine_failures(self._qualname, self._mesh, failures)
-        return ValueMesh(self._mesh._region, [f.result() for f in futs])
+        errors = {i: e for i, f in enumerate(futs) if (e := f.exception()) is not None}
+        return self._value_mesh([None if i in errors else f.result()
+                                 for i, f in enumerate(futs)], errors)
 
     async def _gathered(self, g: Gathering, deadline: float | None) -> ValueMesh[R]:
         if deadline is None:
@@ -364,11 +370,23 @@ class Endpoint(Generic[P, R]):
                 late = g.unsettled()
                 g.abandon(DEADLINE)
                 self._raise_timeout(late, (), deadline)
-        if g.errors:
-            points = list(self._mesh)
-            raise combine_failures(self._qualname, self._mesh,
-                                   [(points[i], e) for i, e in sorted(g.errors.items())])
-        return ValueMesh(self._mesh._region, g.values)
+        return self._value_mesh(g.values, g.errors)
+
+    def _value_mesh(self, values: list[Any], errors: dict[int, BaseException]) -> ValueMesh[R]:
+        """The results of a call to every actor (``errors`` by index): a
+        ValueMesh where only holes failed, with them as its holes; else
+        the failures of the others, combined."""
+        mesh = self._mesh
+        if not errors:
+            return ValueMesh(mesh._region, values)
+        holes = {i: e for i, e in errors.items() if mesh._hole(i, e)}
+        if len(holes) < len(errors):
+            points = list(mesh)
+            raise combine_failures(self._qualname, mesh, [
+                (points[i], e) for i, e in sorted(errors.items()) if i not in holes])
+        ranks = mesh._region.ranks
+        return ValueMesh(mesh._region, values, {
+            ranks[i]: cast(SupervisionError, e) for i, e in holes.items()})
 
     def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]],
                        deadline: float | None) -> None:
@@ -392,7 +410,12 @@ class Endpoint(Generic[P, R]):
         raise error
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
-        """Call the only actor of a one-actor mesh (e.g. a slice) and return its result."""
+        """Call the only actor of a one-actor mesh (e.g. a slice) and return its result.
+
+        Raises:
+            SupervisionError: its process is dead (a hole too: it names the
+                rank and the cause).
+        """
         mesh = self._mesh
         if len(mesh) != 1:
             raise MeshShapeError(
@@ -433,7 +456,8 @@ class Endpoint(Generic[P, R]):
     async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[tuple[Point, R]]:
         """Call every actor; yield ``(point, result)`` in arrival order.
 
-        A failing rank raises its error when its turn comes; the iterator then ends.
+        A failing rank raises its error when its turn comes; the iterator then
+        ends.  Holes (processes dead with nothing to restart them) are skipped.
         """
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
@@ -450,7 +474,12 @@ class Endpoint(Generic[P, R]):
                     self._raise_timeout([i for i, f in enumerate(futs) if f in remaining],
                                         remaining, deadline)
                 for f in sorted(done, key=lambda f: where[f].rank):
-                    yield where[f], f.result()
+                    point = where[f]
+                    exc = f.exception()
+                    if exc is None:
+                        yield point, f.result()
+                    elif not mesh._hole(point.rank, exc):
+                        raise exc
         finally:
             for f in remaining:
                 f.cancel()
@@ -478,7 +507,8 @@ class Endpoint(Generic[P, R]):
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting; an exception in the endpoint
-        is reported as a supervision event, not to the caller."""
+        is reported as a supervision event, not to the caller.  Actors whose
+        process is known dead (holes, processes being restarted) are skipped."""
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: large values are copied now, so that
         # changing them in place afterwards cannot reach an actor

@@ -1,0 +1,328 @@
+"""Elastic meshes with real worker processes: holes (ranks SIGKILLed with
+nothing to restart them) in ``call``/``stream``/``broadcast``/``call_one``,
+``procs.replace`` filling a hole or renewing a live process, ``grow`` and
+``shrink`` in place (the actor meshes follow; removed processes exit; a
+supervisor sees stops, not failures), and bad arguments.
+
+Nothing sleeps to wait: tests wait on ``procs.wait_failed()``, pidfds and
+the supervisor's events, each under a generous guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from supervision_helpers import DEADLINE, Events, manual_sup
+
+import meshio
+from meshio import Actor, endpoint
+from meshio.testing import child_pids, wait_exited
+
+
+class Counter(Actor):
+    """Starts at ``start``; ``add`` changes it (state a fresh process has not)."""
+
+    def __init__(self, start: int) -> None:
+        self.value = start
+
+    @endpoint
+    async def add(self, k: int) -> None:
+        self.value += k
+
+    @endpoint(concurrent=True)  # (an actor calling its whole mesh calls itself too)
+    async def get(self) -> tuple[int, int]:
+        """(value, pid)"""
+        return self.value, os.getpid()
+
+    @endpoint
+    async def fail(self) -> None:
+        raise ValueError(f"fails at {self.value}")
+
+    @endpoint(retryable=True)
+    async def get_retryable(self) -> int:
+        return self.value
+
+    @endpoint
+    async def where(self) -> tuple[int, dict[str, int], dict[str, int]]:
+        """(rank, point, sizes of the mesh) as this actor sees them"""
+        point = meshio.current_rank()
+        return point.rank, dict(point), dict(point.extent)
+
+    @endpoint
+    async def peer_values(self) -> list[int]:
+        """The values of every actor of its mesh, called through its context."""
+        mesh = meshio.context(Counter).mesh
+        return [v for v, _ in (await mesh.get.call()).values()]
+
+
+@asynccontextmanager
+async def counters(n: int = 3, **spawn_kw: object) -> AsyncIterator[
+        tuple[meshio.ProcMesh, Counter]]:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": n}, **spawn_kw) as procs:
+        yield procs, await procs.spawn("counters", Counter, 10)
+
+
+async def kill_and_wait(procs: meshio.ProcMesh, rank: int) -> None:
+    """SIGKILL ``rank`` and wait until it is known to be a hole."""
+    os.kill(procs.pids[rank], signal.SIGKILL)
+    failure = await asyncio.wait_for(procs.wait_failed(), DEADLINE)
+    assert failure.rank == rank
+
+
+# ------------------------------------------------------------------ holes
+
+
+async def test_call_returns_a_value_mesh_with_holes() -> None:
+    async with counters() as (procs, c):
+        await c.slice(gpus=0).add.call_one(5)
+        await kill_and_wait(procs, 1)
+        assert [dict(p) for p in procs.holes] == [{"gpus": 1}]
+        values = await asyncio.wait_for(c.get.call(), DEADLINE)
+        assert [dict(p) for p in values.holes] == [{"gpus": 1}]
+        assert [v for v, _ in values.values()] == [15, 10]
+        assert [dict(p) for p, _ in values.items()] == [{"gpus": 0}, {"gpus": 2}]
+        assert values.item(gpus=2)[0] == 10
+        with pytest.raises(meshio.SupervisionError) as ei:
+            values.item(gpus=1)
+        assert ei.value.rank == 1 and "SIGKILL" in ei.value.cause
+        assert "procs.replace(1)" in str(ei.value)
+        assert values.slice(gpus=slice(1, 3)).holes[0]["gpus"] == 0
+        assert values.slice(gpus=0).holes == []
+        assert "<hole>" in repr(values)
+        # a retryable endpoint does not wait for a restart that never comes
+        retried = await asyncio.wait_for(c.get_retryable.call(), DEADLINE)
+        assert retried.values() == [15, 10]
+        assert [dict(p) for p in retried.holes] == [{"gpus": 1}]
+
+
+async def test_other_failures_still_raise_beside_holes() -> None:
+    async with counters() as (procs, c):
+        await kill_and_wait(procs, 0)
+        with pytest.raises(meshio.ActorError) as ei:
+            await asyncio.wait_for(c.fail.call(), DEADLINE)
+        assert ei.value.remote_type == "ValueError"
+        assert "ranks 1-2" in str(ei.value) and "rank 0" not in str(ei.value)
+
+
+async def test_broadcast_and_stream_skip_holes() -> None:
+    async with counters() as (procs, c):
+        await kill_and_wait(procs, 2)
+        c.add.broadcast(1)  # no error anywhere for the hole
+        seen = sorted([(p.rank, v) async for p, (v, _) in c.get.stream()])
+        assert seen == [(0, 11), (1, 11)]  # (arrival order: sorted)
+
+
+async def test_call_one_on_a_hole_raises_supervision_error() -> None:
+    async with counters() as (procs, c):
+        await kill_and_wait(procs, 1)
+        for call in (c.slice(gpus=1).get.call_one, c.slice(gpus=1).get_retryable.call_one):
+            with pytest.raises(meshio.SupervisionError) as ei:
+                await asyncio.wait_for(call(), DEADLINE)
+            assert ei.value.rank == 1 and "SIGKILL" in ei.value.cause  # rank as spawned
+            assert "rank 1" in str(ei.value)
+
+
+async def test_temporary_under_a_supervisor_is_a_hole_a_restart_is_not() -> None:
+    sup, _ = manual_sup()
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"gpus": 2}, supervisor=sup) as procs:
+        keep = await procs.spawn("keep", Counter, 1)
+        temp = await procs.options(restart="temporary").spawn("temp", Counter, 2)
+        os.kill(procs.pids[0], signal.SIGKILL)  # restarted: the process is permanent
+        await events.next("restart", rank=0)
+        assert procs.holes == []
+        assert (await keep.get.call()).holes == []
+        # the temporary actor was not rebuilt on the new process: a hole
+        values = await asyncio.wait_for(temp.get.call(), DEADLINE)
+        assert [dict(p) for p in values.holes] == [{"gpus": 0}]
+        await procs.replace(0)  # rebuilds temporary actors too
+        assert [v for v, _ in (await temp.get.call()).values()] == [2, 2]
+
+
+async def test_temporary_process_is_a_hole_under_a_supervisor() -> None:
+    sup, _ = manual_sup()
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"gpus": 2}, supervisor=sup, restart="temporary") as procs:
+        c = await procs.spawn("c", Counter, 1)
+        os.kill(procs.pids[1], signal.SIGKILL)
+        await events.next("failure", rank=1)
+        values = await asyncio.wait_for(c.get.call(), DEADLINE)
+        assert [dict(p) for p in values.holes] == [{"gpus": 1}]
+        assert "restart='temporary'" in str(values.holes and _hole_error(values))
+        assert events.kinds() == [("failure", "procs", 1)]
+
+
+def _hole_error(values: meshio.ValueMesh[tuple[int, int]]) -> meshio.SupervisionError:
+    try:
+        values.item(**dict(values.holes[0]))
+    except meshio.SupervisionError as e:
+        return e
+    raise AssertionError("a hole gave a value")
+
+
+# ---------------------------------------------------------------- replace
+
+
+async def test_replace_fills_a_hole_with_fresh_state() -> None:
+    async with counters() as (procs, c):
+        c.add.broadcast(5)
+        old = procs.pids
+        await kill_and_wait(procs, 1)
+        await asyncio.wait_for(procs.replace(procs.holes[0]), DEADLINE)
+        assert procs.holes == []
+        values = await c.get.call()
+        assert values.holes == []
+        assert [v for v, _ in values.values()] == [15, 10, 15]  # rebuilt from its arguments
+        assert values.item(gpus=1)[1] == procs.pids[1] != old[1]
+        assert procs.pids[0::2] == old[0::2]
+        assert await c.slice(gpus=1).where.call_one() == (1, {"gpus": 1}, {"gpus": 3})
+
+
+async def test_replace_a_live_process_stops_it_first() -> None:
+    async with counters(2) as (procs, c):
+        await c.add.call(3)
+        old = procs.pids[0]
+        fd = os.pidfd_open(old)
+        try:
+            await asyncio.wait_for(procs.replace({"gpus": 0}), DEADLINE)
+            await wait_exited(fd, DEADLINE)
+        finally:
+            os.close(fd)
+        values = await c.get.call()
+        assert [v for v, _ in values.values()] == [10, 13]
+        assert procs.pids[0] != old
+
+
+# ------------------------------------------------------------ grow, shrink
+
+
+async def test_grow_then_call_answers_from_every_point() -> None:
+    async with counters(2) as (procs, c):
+        await c.add.call(1)
+        half = c.slice(gpus=slice(0, 2))
+        await asyncio.wait_for(procs.grow(gpus=2), DEADLINE)
+        assert procs.sizes == {"gpus": 4} and len(set(procs.pids)) == 4
+        assert c.sizes == {"gpus": 4}
+        values = await c.get.call()
+        assert [v for v, _ in values.values()] == [11, 11, 10, 10]
+        assert [pid for _, pid in values.values()] == procs.pids
+        assert await c.slice(gpus=3).where.call_one() == (3, {"gpus": 3}, {"gpus": 4})
+        # the actors there before see the new shape too, and reach the new peers
+        assert await c.slice(gpus=0).where.call_one() == (0, {"gpus": 0}, {"gpus": 4})
+        assert await c.slice(gpus=1).peer_values.call_one() == [11, 11, 10, 10]
+        assert half.sizes == {"gpus": 2}  # a slice keeps its points
+        # an actor mesh spawned after the grow spans the new shape
+        more = await procs.spawn("more", Counter, 7)
+        assert len(await more.get.call()) == 4
+
+
+async def test_shrink_stops_the_removed_processes() -> None:
+    async with counters(4) as (procs, c):
+        old = procs.pids
+        tail = c.slice(gpus=3)
+        fds = [os.pidfd_open(pid) for pid in old[2:]]
+        try:
+            await asyncio.wait_for(procs.shrink(gpus=2), DEADLINE)
+            for fd in fds:
+                await wait_exited(fd, DEADLINE)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert procs.sizes == {"gpus": 2} and procs.pids == old[:2]
+        assert c.sizes == {"gpus": 2}
+        assert await c.slice(gpus=1).where.call_one() == (1, {"gpus": 1}, {"gpus": 2})
+        values = await c.get.call()
+        assert values.holes == [] and [pid for _, pid in values.values()] == old[:2]
+        with pytest.raises(meshio.SupervisionError) as ei:  # a view of a removed point
+            await asyncio.wait_for(tail.get.call_one(), DEADLINE)
+        assert "shrink" in ei.value.cause
+        await procs.grow(gpus=1)  # grows again, from a fresh process
+        assert [v for v, _ in (await c.get.call()).values()] == [10, 10, 10]
+
+
+async def test_a_supervisor_treats_a_shrink_as_a_stop() -> None:
+    sup, _ = manual_sup()
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"gpus": 3}, supervisor=sup) as procs:
+        c = await procs.spawn("c", Counter, 1)
+        await procs.shrink(gpus=2)
+        stopped = await events.next("stopped")
+        assert stopped.cause == "shrink" and stopped.rank == 2
+        await events.next("stopped")
+        assert events.kinds() == [("stopped", "procs", 2), ("stopped", "procs", 1)]
+        assert sup.failure is None
+        os.kill(procs.pids[0], signal.SIGKILL)  # the next event is its failure: nothing else
+        failure = await events.next("failure")
+        assert failure.rank == 0
+        await events.next("restart", rank=0)
+        assert [v for v, _ in (await c.get.call()).values()] == [1]
+
+
+async def test_grow_the_first_dimension_of_a_2d_mesh() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"dp": 1, "tp": 2}) as procs:
+        c = await procs.spawn("c", Counter, 4)
+        await procs.grow(dp=1)
+        assert c.sizes == {"dp": 2, "tp": 2}
+        assert await c.slice(dp=1, tp=1).where.call_one() == (
+            3, {"dp": 1, "tp": 1}, {"dp": 2, "tp": 2})
+        with pytest.raises(ValueError, match="renumber"):
+            await procs.grow(tp=1)
+
+
+class SmallWorld(Actor):
+    """Refuses to be built at a rank >= ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        if meshio.current_rank().rank >= limit:
+            raise ValueError(f"rank {meshio.current_rank().rank} is past {limit}")
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_grow_is_all_or_nothing() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        small = await procs.spawn("small", SmallWorld, 3)
+        before = child_pids()
+        with pytest.raises(meshio.ActorError, match="past 3") as ei:
+            await asyncio.wait_for(procs.grow(gpus=2), DEADLINE)  # rank 3 refuses
+        assert ei.value.remote_type == "ValueError"
+        assert child_pids() == before  # the new processes were stopped
+        assert procs.sizes == {"gpus": 2} and small.sizes == {"gpus": 2}
+        assert (await small.pid.call()).values() == procs.pids
+        await procs.grow(gpus=1)  # rank 2 is fine
+        assert (await small.pid.call()).values() == procs.pids and len(procs.pids) == 3
+
+
+# ------------------------------------------------------------ bad arguments
+
+
+async def test_bad_arguments_get_clear_errors() -> None:
+    async with counters(2) as (procs, _):
+        with pytest.raises(KeyError, match="no dimension 'hosts'"):
+            await procs.grow(hosts=1)
+        with pytest.raises(ValueError, match="at least 1 point"):
+            await procs.shrink(gpus=2)
+        with pytest.raises(ValueError, match="slice"):
+            await procs.slice(gpus=slice(0, 1)).grow(gpus=1)
+        with pytest.raises(ValueError, match=">= 1"):
+            await procs.grow(gpus=0)
+        with pytest.raises(TypeError, match="one dimension"):
+            await procs.grow()
+        with pytest.raises(TypeError, match="expected an int"):
+            await procs.grow(gpus=1.5)  # type: ignore[arg-type]
+        with pytest.raises(IndexError, match="ranks 0-1"):
+            await procs.replace(2)
+        with pytest.raises(IndexError):
+            await procs.replace({"gpus": 5})
+        with pytest.raises(TypeError, match="rank"):
+            await procs.replace("0")  # type: ignore[arg-type]
+        assert procs.sizes == {"gpus": 2} and len(procs.pids) == 2
+    with pytest.raises(meshio.SupervisionError, match="stopped"):
+        await procs.grow(gpus=1)

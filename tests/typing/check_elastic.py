@@ -1,0 +1,41 @@
+"""What checkers infer for elastic meshes (holes, ``replace``, ``grow``,
+``shrink``); mypy --strict and pyright (strict) check this file, nothing
+runs it.  ``assert_type``: an inferred type; ``# type: ignore[code]``: an
+error the checker must report.
+"""
+
+# pyright: reportUnnecessaryTypeIgnoreComment=error
+
+from __future__ import annotations
+
+from typing import assert_type
+
+import meshio
+from meshio import Actor, Point, ValueMesh, endpoint
+
+
+class Trainer(Actor):
+    @endpoint
+    def step(self, n: int) -> float:
+        return 0.1 * n
+
+
+async def use(procs: meshio.ProcMesh) -> None:
+    trainers = await procs.spawn("trainers", Trainer)
+    losses = await trainers.step.call(n=1)
+    assert_type(losses, ValueMesh[float])
+    assert_type(losses.holes, list[Point])
+    assert_type(losses.values(), list[float])
+    assert_type(losses.item(gpus=0), float)
+    assert_type(procs.holes, list[Point])
+
+    assert_type(await procs.replace(1), None)
+    assert_type(await procs.replace(losses.holes[0]), None)
+    assert_type(await procs.replace({"gpus": 1}), None)
+    assert_type(await procs.grow(gpus=2), None)
+    assert_type(await procs.shrink(gpus=2), None)
+
+    await procs.replace("1")  # type: ignore[arg-type]
+    await procs.grow(gpus=1.5)  # type: ignore[arg-type]
+    await procs.shrink(gpus="2")  # type: ignore[arg-type]
+    losses.holes = []  # type: ignore[misc]
