@@ -35,7 +35,8 @@ from meshio.store import WeightStore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "examples"), os.path.join(HERE, "peers")]
-from rl_grpo import ROLLOUTS, Generator, Learner, Reward  # noqa: E402
+from grpo import ROLLOUTS  # noqa: E402
+from rl_grpo import rl_system  # noqa: E402
 from run import VENVS, ensure_venv  # noqa: E402
 
 MiB = 1 << 20
@@ -76,14 +77,7 @@ class Reader(Actor):
 async def measure_meshio(steps: int, kill_at: int, sync_mib: list[int], reps: int
                          ) -> dict[str, object]:
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
-    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="core") as core, \
-            meshio.this_host().spawn_procs(per_host={"procs": 2}, name="generators",
-                                           supervisor=sup) as gen_procs:
-        learner = await core.slice(procs=0).spawn("learner", Learner, lr=0.5)
-        reward = await core.slice(procs=1).spawn("reward", Reward)
-        store = await learner.start.call_one()
-        generators = await gen_procs.spawn("generators", Generator, store, learner, reward)
-        svc = meshio.Service(generators, routing="least_loaded")
+    async with rl_system(sup) as (gen_procs, svc, _):
         times: list[float] = []
         rewards: list[float] = []
         failure_ms = 0.0
@@ -102,18 +96,18 @@ async def measure_meshio(steps: int, kill_at: int, sync_mib: list[int], reps: in
                 times.append(dt)
             rewards.append(statistics.fmean(r for _, _, r in done))
         await gen_procs.ready()  # (the killed replica is back before the sync)
-        big = await core.slice(procs=0).spawn("big", Big)
-        readers = await gen_procs.spawn("readers", Reader)
-        sync: dict[str, float] = {}
-        for mib in sync_mib:
-            samples = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                handle, version = await big.publish.call_one(mib)
-                await readers.pull.call(handle, version, mib * MiB // 4)
-                samples.append((time.perf_counter() - t0) * 1e3)
-            sync[str(mib)] = statistics.median(samples)
-        await svc.stop()
+        async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="big") as one:
+            big = await one.spawn("big", Big)
+            readers = await gen_procs.spawn("readers", Reader)
+            sync: dict[str, float] = {}
+            for mib in sync_mib:
+                samples = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    handle, version = await big.publish.call_one(mib)
+                    await readers.pull.call(handle, version, mib * MiB // 4)
+                    samples.append((time.perf_counter() - t0) * 1e3)
+                sync[str(mib)] = statistics.median(samples)
     median = statistics.median(times)
     return {"step_ms": median, "failure_ms": failure_ms - median, "sync_ms": sync,
             "reward_first5": statistics.fmean(rewards[:5]),

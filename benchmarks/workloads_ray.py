@@ -12,20 +12,25 @@ import json
 import os
 import signal
 import statistics
+import sys
 import time
 from typing import Any
 
 import ray
 import torch
 
-ACTIONS, TARGET, SAMPLES, ROLLOUTS = 8, 5, 16, 2
+EXAMPLES = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                         "examples"))
+sys.path.insert(0, EXAMPLES)
+from grpo import ACTIONS, ROLLOUTS, Rollouts, grpo_loss, reward, sample  # noqa: E402
+
 MiB = 1 << 20
 
 
 @ray.remote(num_cpus=0)
 class Reward:
     def score(self, actions: list[int]) -> list[float]:
-        return [1.0 if a == TARGET else 0.0 for a in actions]
+        return reward(actions)
 
 
 @ray.remote(num_cpus=0)
@@ -33,31 +38,21 @@ class Learner:
     def __init__(self, lr: float) -> None:
         self.logits = torch.nn.Parameter(torch.zeros(ACTIONS))
         self.opt = torch.optim.SGD([self.logits], lr=lr)
-        self.version = 0
+        self.rollouts = Rollouts()
         self.ref = ray.put({"logits": self.logits.detach().clone()})
-        self.pending: dict[int, dict[int, tuple[list[int], list[float]]]] = {}
         self.big: dict[str, torch.Tensor] = {}
 
     def latest(self) -> tuple[int, list[Any]]:
-        return self.version, [self.ref]  # (in a list: the reference, not its value)
+        return self.rollouts.version, [self.ref]  # (in a list: the reference, not its value)
 
     def submit(self, step: int, rollout: int, actions: list[int], rewards: list[float]) -> None:
-        if step < self.version:
+        group = self.rollouts.add(step, rollout, actions, rewards)
+        if group is None:
             return
-        group = self.pending.setdefault(step, {})
-        group[rollout] = (actions, rewards)
-        if len(group) < ROLLOUTS:
-            return
-        del self.pending[step]
-        loss = torch.zeros(())
-        for acts, rews in group.values():
-            r = torch.tensor(rews)
-            adv = (r - r.mean()) / (r.std() + 1e-6)
-            loss = loss - (adv * torch.log_softmax(self.logits, 0)[torch.tensor(acts)]).mean()
+        loss = grpo_loss(self.logits, group)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
-        self.version = step + 1
         self.ref = ray.put({"logits": self.logits.detach().clone()})
 
     def publish_big(self, mib: int) -> list[Any]:
@@ -80,10 +75,7 @@ class Generator:
     def rollout(self, step: int, rollout: int) -> tuple[int, int, float]:
         version, (ref,) = ray.get(self.learner.latest.remote())
         self.logits.copy_(ray.get(ref)["logits"])
-        seed = torch.Generator().manual_seed(1000 * step + rollout)
-        drawn = torch.multinomial(torch.softmax(self.logits, 0), SAMPLES, replacement=True,
-                                  generator=seed)
-        actions = [int(a) for a in drawn]
+        actions = sample(self.logits, step, rollout)
         rewards = ray.get(self.reward.score.remote(actions))
         ray.get(self.learner.submit.remote(step, rollout, actions, rewards))
         return os.getpid(), version, statistics.fmean(rewards)
@@ -104,6 +96,7 @@ def main() -> None:
     ap.add_argument("--sync-reps", type=int, default=5)
     args = ap.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": EXAMPLES}},  # (grpo, for its actors)
              _temp_dir=os.path.join("/tmp", f"rayw-{os.getpid()}"))
     learner = Learner.remote(0.5)
     reward = Reward.remote()

@@ -22,17 +22,15 @@ import asyncio
 import os
 import signal
 import statistics
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
 
 import torch
+from grpo import ACTIONS, ROLLOUTS, Rollouts, grpo_loss, reward, sample
 
 import meshio
 from meshio import Actor, endpoint
 from meshio.store import WeightStore
-
-ACTIONS = 8  # the policy picks one of 8 actions
-TARGET = 5  # the one the reward actor pays for
-SAMPLES = 16  # actions per rollout (a GRPO group)
-ROLLOUTS = 2  # rollouts per step
 
 
 class Policy(torch.nn.Module):
@@ -44,7 +42,7 @@ class Policy(torch.nn.Module):
 class Reward(Actor):
     @endpoint
     async def score(self, actions: list[int]) -> list[float]:
-        return [1.0 if a == TARGET else 0.0 for a in actions]
+        return reward(actions)
 
 
 class Learner(Actor):
@@ -52,9 +50,7 @@ class Learner(Actor):
         self.policy = Policy()
         self.opt = torch.optim.SGD(self.policy.parameters(), lr=lr)
         self.store = WeightStore("policy")
-        self.version = 0
-        #: step → rollout id → (actions, rewards), until the step is trained
-        self.pending: dict[int, dict[int, tuple[list[int], list[float]]]] = {}
+        self.rollouts = Rollouts()
 
     @endpoint
     async def start(self) -> WeightStore:
@@ -64,24 +60,14 @@ class Learner(Actor):
     @endpoint(retryable=True)  # a rollout handed in twice (a failover) is taken once
     async def submit(self, step: int, rollout: int, actions: list[int],
                      rewards: list[float]) -> None:
-        if step < self.version:
-            return  # that step is trained already
-        group = self.pending.setdefault(step, {})
-        group[rollout] = (actions, rewards)
-        if len(group) < ROLLOUTS:
-            return
-        del self.pending[step]
-        loss = torch.zeros(())
-        for acts, rews in group.values():
-            r = torch.tensor(rews)
-            advantages = (r - r.mean()) / (r.std() + 1e-6)
-            logp = torch.log_softmax(self.policy.logits, 0)[torch.tensor(acts)]
-            loss = loss - (advantages * logp).mean()
+        group = self.rollouts.add(step, rollout, actions, rewards)
+        if group is None:
+            return  # the step waits for its other rollouts (or was trained already)
+        loss = grpo_loss(self.policy.logits, group)
         self.opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         self.opt.step()  # pyright: ignore[reportUnknownMemberType]
-        self.version = step + 1
-        await self.store.publish(self.policy.state_dict(), version=self.version)
+        await self.store.publish(self.policy.state_dict(), version=self.rollouts.version)
 
 
 class Generator(Actor):
@@ -97,26 +83,36 @@ class Generator(Actor):
         used, the mean reward)."""
         version = await self.store.read_into(self.policy.state_dict(), at_least=step,
                                              timeout=60.0)
-        seed = torch.Generator().manual_seed(1000 * step + rollout)
-        with torch.no_grad():
-            probs = torch.softmax(self.policy.logits, 0)
-            drawn = torch.multinomial(probs, SAMPLES, replacement=True, generator=seed)
-        actions = [int(a) for a in drawn]
+        actions = sample(self.policy.logits, step, rollout)
         rewards = await self.reward.score.call_one(actions)
         await self.learner.submit.call_one(step, rollout, actions, rewards)
         return os.getpid(), version, statistics.fmean(rewards)
 
 
-async def main(steps: int, kill_at: int) -> None:
-    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
+@asynccontextmanager
+async def rl_system(sup: meshio.Supervisor) -> AsyncGenerator[tuple[meshio.ProcMesh, Generator,
+                                                                   WeightStore]]:
+    """The learner and reward actor (one process each) and the generator
+    Service (two processes under ``sup``): (the generators' proc mesh, the
+    service, the learner's store)."""
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}, name="core") as core, \
             meshio.this_host().spawn_procs(per_host={"procs": 2}, name="generators",
                                            supervisor=sup) as gen_procs:
         learner = await core.slice(procs=0).spawn("learner", Learner, lr=0.5)
-        reward = await core.slice(procs=1).spawn("reward", Reward)
+        reward_actor = await core.slice(procs=1).spawn("reward", Reward)
         store = await learner.start.call_one()
-        generators = await gen_procs.spawn("generators", Generator, store, learner, reward)
+        generators = await gen_procs.spawn("generators", Generator, store, learner,
+                                           reward_actor)
         svc = meshio.Service(generators, routing="least_loaded")
+        try:
+            yield gen_procs, svc, store
+        finally:
+            await svc.stop()
+
+
+async def main(steps: int, kill_at: int) -> None:
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
+    async with rl_system(sup) as (gen_procs, svc, store):
         events = sup.events()
         for step in range(steps):
             rollouts = [asyncio.ensure_future(svc.rollout.route(step, r))
@@ -138,7 +134,6 @@ async def main(steps: int, kill_at: int) -> None:
                         break
         await events.aclose()
         print(f"newest version {store.latest}")
-        await svc.stop()
 
 
 if __name__ == "__main__":
