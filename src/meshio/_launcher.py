@@ -273,7 +273,7 @@ class Forward(asyncio.Protocol):
 
     def __init__(self, label: str, stream: Stream) -> None:
         self._prefix = f"{label} ".encode()
-        self._stream = stream
+        self._stream: Stream = stream
         self._partial = b""
         _LineGate.install(stream)
         _watch_cells()

@@ -35,7 +35,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ._context import _context
 from ._exceptions import ClosedResourceError
@@ -208,10 +208,13 @@ class _Forwarder(logging.Handler):
         if transport is not None and transport.get_write_buffer_size() > SEND_BUFFER:
             self.rt.loop.call_later(RETRY, self.ship)
             return
-        with self.lock:  # (emit holds it: the batch is taken whole)
+        self.acquire()  # (emit holds it: the batch is taken whole)
+        try:
             batch, self.pending = self.pending, []
             dropped, self.dropped = self.dropped, 0
             self.scheduled = False
+        finally:
+            self.release()
         if batch or dropped:
             self.shipping = True
             try:
@@ -247,6 +250,12 @@ class _FileFormatter(logging.Formatter):
                f"{record.message}"
 
 
+def _writes_to_std_streams(h: logging.Handler) -> bool:
+    """``h`` is a plain ``StreamHandler`` of ``sys.stderr`` or ``sys.stdout``."""
+    stream: object = getattr(h, "stream", None)
+    return type(h) is logging.StreamHandler and stream in (sys.stderr, sys.stdout)
+
+
 def install(rt: Runtime, controller: str, env: Mapping[str, str] = os.environ
             ) -> _Forwarder | None:
     """In a worker process: handle its ``logging`` records as the
@@ -262,7 +271,7 @@ def install(rt: Runtime, controller: str, env: Mapping[str, str] = os.environ
     stamp = _Stamp(str(config["mesh"]), int(config["rank"]), rt.host)
     root = logging.getLogger()
     for h in list(root.handlers):  # (basicConfig in a bootstrap): not twice as text
-        if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.stdout):
+        if _writes_to_std_streams(h):
             root.removeHandler(h)
     if config["mode"] == "file":
         path = str(config["file"])
@@ -289,14 +298,14 @@ def _rebuild(entry: LogEntry) -> logging.LogRecord:
     """The record of ``entry``; if it cannot be unpickled here (a class
     this process cannot import), one with its text as message."""
     try:
-        d = pickle.loads(entry.record) if entry.record else None
+        d: Any = pickle.loads(entry.record) if entry.record else None
     except Exception:
         d = None
-    if not isinstance(d, dict):
-        d = {"name": entry.name, "levelno": entry.levelno,
-             "levelname": logging.getLevelName(entry.levelno), "msg": entry.message,
-             "args": None}
-    return logging.makeLogRecord(d)
+    if isinstance(d, dict):
+        return logging.makeLogRecord(cast(dict[str, Any], d))
+    return logging.makeLogRecord({"name": entry.name, "levelno": entry.levelno,
+                                  "levelname": logging.getLevelName(entry.levelno),
+                                  "msg": entry.message, "args": None})
 
 
 class _DropWarnings:

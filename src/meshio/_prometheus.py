@@ -31,7 +31,7 @@ import socket
 from collections.abc import Iterable
 from types import TracebackType
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -45,6 +45,9 @@ SCRAPE_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 10.0
 #: bytes of a request's head at most
 MAX_REQUEST = 1 << 16
+#: what ``generate_latest`` writes (metric names meshio picks need no
+#: escaping): the text format every Prometheus reads
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _PROC = ["mesh", "proc", "host"]
 _ENDPOINT = [*_PROC, "actor", "rank", "endpoint"]
@@ -123,6 +126,7 @@ class MetricsServer:
     def __init__(self, sock: socket.socket) -> None:
         self.host: str = sock.getsockname()[0]
         self.port: int = sock.getsockname()[1]
+        self._sock = sock
         self._closed = False
         #: the requests being answered (cancelled by aclose)
         self._answering: set[asyncio.Task[None]] = set()
@@ -151,6 +155,7 @@ class MetricsServer:
         except asyncio.CancelledError:
             if not self._starting.cancelled():  # (we are cancelled ourselves)
                 raise
+            self._sock.close()  # closed before the server took it
         else:
             server.close()
             await server.wait_closed()
@@ -176,7 +181,7 @@ class MetricsServer:
             elif target.split("?", 1)[0] != "/metrics":
                 status, ctype, body = "404 Not Found", "text/plain", b"see /metrics\n"
             else:
-                status, ctype = "200 OK", CONTENT_TYPE_LATEST
+                status, ctype = "200 OK", CONTENT_TYPE
                 body = prometheus_text(await stats(timeout=SCRAPE_TIMEOUT))
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
                          f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
