@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import logging
 import os
 import secrets
 import signal
@@ -19,7 +20,7 @@ import socket
 import struct
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,7 +32,6 @@ import meshio
 import meshio._transport._runtime
 from log_watch import LogWatch
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
-from meshio._launcher import Forward
 from meshio._transport import _messages as M
 from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
@@ -75,16 +75,19 @@ def pids(mesh: ActorMesh[Any]) -> list[int]:
     return mesh._procs.pids
 
 
-class StderrWatch:
-    """Sees the workers' output lines as the controller forwards them, and
-    wakes whoever waits for a text to appear."""
+class WorkerLog(logging.Handler):
+    """Sees the workers' ``meshio`` log records as they reach the
+    controller's ``logging`` (issue 19: records, not text), and wakes
+    whoever waits for a text to appear."""
 
     def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.addFilter(lambda r: hasattr(r, "mesh"))  # a worker's, not the controller's own
         self.text = ""
         self.waiters: list[tuple[str, asyncio.Event]] = []
 
-    def write(self, s: str) -> None:
-        self.text += s
+    def emit(self, record: logging.LogRecord) -> None:
+        self.text += record.getMessage() + "\n"
         for want, event in self.waiters:
             if want in self.text:
                 event.set()
@@ -93,23 +96,20 @@ class StderrWatch:
         """All text so far, once ``text`` is in it."""
         event = asyncio.Event()
         self.waiters.append((text, event))
-        self.write("")
+        if text in self.text:
+            event.set()
         await asyncio.wait_for(event.wait(), DEADLINE)
         self.waiters.remove((text, event))
         return self.text
 
 
 @pytest.fixture
-def stderr(monkeypatch: pytest.MonkeyPatch) -> StderrWatch:
-    watch = StderrWatch()
-    forward = Forward._write
-
-    def write(self: Forward, data: bytes) -> None:
-        watch.write(data.decode(errors="replace"))
-        forward(self, data)
-
-    monkeypatch.setattr(Forward, "_write", write)
-    return watch
+def worker_log() -> Iterator[WorkerLog]:
+    watch = WorkerLog()
+    logger = logging.getLogger("meshio")
+    logger.addHandler(watch)
+    yield watch
+    logger.removeHandler(watch)
 
 
 # ----------------------------------------------------------------- helpers
@@ -149,7 +149,7 @@ async def assert_serving(mesh: ActorMesh[Target], x: int) -> None:
 
 
 async def test_frames_without_handshake_are_refused(
-        targets: ActorMesh[Target], tmp_path: Path, stderr: StderrWatch) -> None:
+        targets: ActorMesh[Target], tmp_path: Path, worker_log: WorkerLog) -> None:
     """issue 7 item 11: a same-user process that connects to a worker and
     sends frames without the handshake (a SpawnActor whose constructor would
     create a file, a Call) is dropped before anything is decoded; the
@@ -164,7 +164,7 @@ async def test_frames_without_handshake_are_refused(
         r, w = await raw(targets._addrs[0])
         w.write(forged)
         await expect_dropped(r, w)
-    text = await stderr.wait_for("not a meshio handshake")
+    text = await worker_log.wait_for("not a meshio handshake")
     assert f"refused a connection to {targets._addrs[0]}" in text
     assert f"(uid {os.getuid()})" in text  # the peer is described
     assert not marker.exists()
@@ -200,7 +200,7 @@ async def test_forged_fault_does_not_kill_a_supervised_worker(
 
 
 async def test_wrong_secret_and_replayed_handshake_are_refused(
-        targets: ActorMesh[Target], stderr: StderrWatch) -> None:
+        targets: ActorMesh[Target], worker_log: WorkerLog) -> None:
     """issue 7 item 11: a dialler with a wrong secret, and one replaying the
     bytes of a real handshake recorded earlier, are refused after the
     challenge and their frames never run; both are logged."""
@@ -222,7 +222,7 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     await asyncio.wait_for(r.readexactly(CHALLENGE_SIZE), DEADLINE)
     w.write(proof + ping_frame(targets, 2, 6))
     await expect_dropped(r, w)
-    await stderr.wait_for("the dialler does not hold this job's secret")
+    await worker_log.wait_for("the dialler does not hold this job's secret")
     # a wrong secret: the listener's challenge does not verify with it, and
     # a proof made with it is refused
     wrong = secrets.token_bytes(32)
@@ -235,10 +235,10 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     nl = challenge[len(MAGIC):len(MAGIC) + 32]
     forged = hmac.digest(wrong, b"meshio-auth-v2 dialler\x00" + MAGIC + nonce + nl
                          + addr.encode(), "sha256")
-    stderr.text = ""
+    worker_log.text = ""
     w.write(forged + ping_frame(targets, 3, 7))
     await expect_dropped(r, w)
-    await stderr.wait_for("the dialler does not hold this job's secret")
+    await worker_log.wait_for("the dialler does not hold this job's secret")
     await assert_serving(targets, 2)
 
 
@@ -248,14 +248,14 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     pytest.param(b"GET / HTTP/1.1\r\n\r\n", id="http"),
 ])
 async def test_garbage_before_the_handshake_is_refused(
-        targets: ActorMesh[Target], stderr: StderrWatch, junk: bytes) -> None:
+        targets: ActorMesh[Target], worker_log: WorkerLog, junk: bytes) -> None:
     """issue 7 item 11: garbage, or a hello followed by more than the
     handshake allows, is dropped at once (the pre-auth buffer never grows
     past one read), logged, and the worker keeps serving."""
     r, w = await raw(targets._addrs[0])
     w.write(junk)
     await expect_dropped(r, w, challenge=True)
-    await stderr.wait_for(f"refused a connection to {targets._addrs[0]}")
+    await worker_log.wait_for(f"refused a connection to {targets._addrs[0]}")
     await assert_serving(targets, 4)
 
 
@@ -336,7 +336,7 @@ print(repr(data), flush=True)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user")
-async def test_other_user_is_refused(targets: ActorMesh[Target], stderr: StderrWatch) -> None:
+async def test_other_user_is_refused(targets: ActorMesh[Target], worker_log: WorkerLog) -> None:
     """issue 7 item 11: a process of another user (uid 65534) that connects
     to a worker's abstract socket is refused on its peer credentials before
     the handshake starts (abstract sockets have no file permissions)."""
@@ -345,7 +345,7 @@ async def test_other_user_is_refused(targets: ActorMesh[Target], stderr: StderrW
         stdout=asyncio.subprocess.PIPE, cwd="/")
     out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
     assert out.strip() == b"b''", out  # no challenge: dropped at once
-    await stderr.wait_for("peer runs as uid 65534")
+    await worker_log.wait_for("peer runs as uid 65534")
     await assert_serving(targets, 6)
 
 
