@@ -53,11 +53,10 @@ log = logging.getLogger("meshio")
 LOGS_ENV: Final = "MESHIO_LOGS"
 #: records a worker keeps waiting to be sent at most; later ones are dropped
 LOG_BACKLOG: Final = 10_000
-#: bytes waiting to be written to the controller above which a worker's
-#: records wait (and, past LOG_BACKLOG of them, are dropped)
-SEND_BUFFER: Final = 1 << 22
 #: seconds before a worker looks again whether it may send its records
 RETRY: Final = 0.05
+#: records per message at most (a flood goes in several)
+LOG_BATCH: Final = 1000
 
 #: the record attributes meshio adds
 STAMPS: Final = ("actor", "rank", "mesh", "host", "pid")
@@ -150,10 +149,13 @@ class _Forwarder(logging.Handler):
     controller at ``controller``.  :meth:`emit` runs in whichever thread
     logs (under the handler's lock): it queues the record and, once per
     batch, schedules :meth:`ship` on the loop, which sends what waits in
-    one :class:`LogRecords` message, unless the connection has more than
-    :data:`SEND_BUFFER` bytes to write already (then it looks again after
-    :data:`RETRY` seconds).  After :meth:`finish`, or while it is sending
-    (a record meshio logs meanwhile), records go to stderr as text."""
+    :class:`LogRecords` messages of up to :data:`LOG_BATCH` records (the
+    drops, which only a full backlog makes, with the first), unless the
+    connection's writing is paused (the controller reads slower than this
+    worker logs; then it looks again after :data:`RETRY` seconds, and
+    past :data:`LOG_BACKLOG` waiting records they are dropped).  After
+    :meth:`finish`, or while it is sending (a record meshio logs
+    meanwhile), records go to stderr as text."""
 
     def __init__(self, rt: Runtime, controller: str, label: str, stamp: _Stamp) -> None:
         super().__init__()
@@ -204,8 +206,7 @@ class _Forwarder(logging.Handler):
         except ClosedResourceError:  # the runtime closed before finish(): nowhere to send
             self.finished = True
             return
-        transport = conn.transport
-        if transport is not None and transport.get_write_buffer_size() > SEND_BUFFER:
+        if conn.writing_paused:  # the controller reads slower: no more piles up here
             self.rt.loop.call_later(RETRY, self.ship)
             return
         self.acquire()  # (emit holds it: the batch is taken whole)
@@ -215,12 +216,13 @@ class _Forwarder(logging.Handler):
             self.scheduled = False
         finally:
             self.release()
-        if batch or dropped:
-            self.shipping = True
-            try:
-                conn.send_message(LogRecords(self.label, batch, dropped))
-            finally:
-                self.shipping = False
+        self.shipping = True
+        try:
+            for i in range(0, len(batch), LOG_BATCH):
+                conn.send_message(LogRecords(self.label, batch[i:i + LOG_BATCH],
+                                             dropped if i == 0 else 0))
+        finally:
+            self.shipping = False
 
     def finish(self) -> None:
         """Send what waits now; from now on records go to stderr (the
@@ -323,10 +325,10 @@ def _on_log_records(rt: Runtime, conn: Connection, msg: LogRecords, bufs: Buffer
         told = rt.state(_DropWarnings).told
         if conn not in told:
             told.add(conn)
-            log.warning("meshio: %s (pid %d on %s) dropped %d logging records: more than %d "
+            log.warning("meshio: %s (pid %d) dropped %d logging records: more than %d "
                         "waited to be sent to the controller; later drops are only counted "
                         "(meshio.stats(): log_records_dropped)", msg.label, conn.peer_pid,
-                        conn.peer or "?", msg.dropped, LOG_BACKLOG)
+                        msg.dropped, LOG_BACKLOG)
     for entry in msg.records:
         logger = logging.getLogger(entry.name)
         if not logger.isEnabledFor(entry.levelno):
