@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
-import logging
 import os
 import secrets
 import signal
@@ -20,7 +19,7 @@ import socket
 import struct
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -75,43 +74,6 @@ def pids(mesh: ActorMesh[Any]) -> list[int]:
     return mesh._procs.pids
 
 
-class WorkerLog(logging.Handler):
-    """Sees the workers' ``meshio`` log records as they reach the
-    controller's ``logging`` (issue 19: records, not text), and wakes
-    whoever waits for a text to appear."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.addFilter(lambda r: hasattr(r, "mesh"))  # a worker's, not the controller's own
-        self.text = ""
-        self.waiters: list[tuple[str, asyncio.Event]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.text += record.getMessage() + "\n"
-        for want, event in self.waiters:
-            if want in self.text:
-                event.set()
-
-    async def wait_for(self, text: str) -> str:
-        """All text so far, once ``text`` is in it."""
-        event = asyncio.Event()
-        self.waiters.append((text, event))
-        if text in self.text:
-            event.set()
-        await asyncio.wait_for(event.wait(), DEADLINE)
-        self.waiters.remove((text, event))
-        return self.text
-
-
-@pytest.fixture
-def worker_log() -> Iterator[WorkerLog]:
-    watch = WorkerLog()
-    logger = logging.getLogger("meshio")
-    logger.addHandler(watch)
-    yield watch
-    logger.removeHandler(watch)
-
-
 # ----------------------------------------------------------------- helpers
 
 
@@ -149,7 +111,7 @@ async def assert_serving(mesh: ActorMesh[Target], x: int) -> None:
 
 
 async def test_frames_without_handshake_are_refused(
-        targets: ActorMesh[Target], tmp_path: Path, worker_log: WorkerLog) -> None:
+        targets: ActorMesh[Target], tmp_path: Path, controller_log: LogWatch) -> None:
     """issue 7 item 11: a same-user process that connects to a worker and
     sends frames without the handshake (a SpawnActor whose constructor would
     create a file, a Call) is dropped before anything is decoded; the
@@ -164,7 +126,7 @@ async def test_frames_without_handshake_are_refused(
         r, w = await raw(targets._addrs[0])
         w.write(forged)
         await expect_dropped(r, w)
-    text = await worker_log.wait_for("not a meshio handshake")
+    text = await controller_log.wait_for("not a meshio handshake")
     assert f"refused a connection to {targets._addrs[0]}" in text
     assert f"(uid {os.getuid()})" in text  # the peer is described
     assert not marker.exists()
@@ -200,7 +162,7 @@ async def test_forged_fault_does_not_kill_a_supervised_worker(
 
 
 async def test_wrong_secret_and_replayed_handshake_are_refused(
-        targets: ActorMesh[Target], worker_log: WorkerLog) -> None:
+        targets: ActorMesh[Target], controller_log: LogWatch) -> None:
     """issue 7 item 11: a dialler with a wrong secret, and one replaying the
     bytes of a real handshake recorded earlier, are refused after the
     challenge and their frames never run; both are logged."""
@@ -222,7 +184,7 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     await asyncio.wait_for(r.readexactly(CHALLENGE_SIZE), DEADLINE)
     w.write(proof + ping_frame(targets, 2, 6))
     await expect_dropped(r, w)
-    await worker_log.wait_for("the dialler does not hold this job's secret")
+    await controller_log.wait_for("the dialler does not hold this job's secret")
     # a wrong secret: the listener's challenge does not verify with it, and
     # a proof made with it is refused
     wrong = secrets.token_bytes(32)
@@ -235,10 +197,10 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     nl = challenge[len(MAGIC):len(MAGIC) + 32]
     forged = hmac.digest(wrong, b"meshio-auth-v2 dialler\x00" + MAGIC + nonce + nl
                          + addr.encode(), "sha256")
-    worker_log.text = ""
+    controller_log.messages.clear()  # (a worker's records reach it: issue 19)
     w.write(forged + ping_frame(targets, 3, 7))
     await expect_dropped(r, w)
-    await worker_log.wait_for("the dialler does not hold this job's secret")
+    await controller_log.wait_for("the dialler does not hold this job's secret")
     await assert_serving(targets, 2)
 
 
@@ -248,14 +210,14 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     pytest.param(b"GET / HTTP/1.1\r\n\r\n", id="http"),
 ])
 async def test_garbage_before_the_handshake_is_refused(
-        targets: ActorMesh[Target], worker_log: WorkerLog, junk: bytes) -> None:
+        targets: ActorMesh[Target], controller_log: LogWatch, junk: bytes) -> None:
     """issue 7 item 11: garbage, or a hello followed by more than the
     handshake allows, is dropped at once (the pre-auth buffer never grows
     past one read), logged, and the worker keeps serving."""
     r, w = await raw(targets._addrs[0])
     w.write(junk)
     await expect_dropped(r, w, challenge=True)
-    await worker_log.wait_for(f"refused a connection to {targets._addrs[0]}")
+    await controller_log.wait_for(f"refused a connection to {targets._addrs[0]}")
     await assert_serving(targets, 4)
 
 
@@ -336,7 +298,7 @@ print(repr(data), flush=True)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user")
-async def test_other_user_is_refused(targets: ActorMesh[Target], worker_log: WorkerLog) -> None:
+async def test_other_user_is_refused(targets: ActorMesh[Target], controller_log: LogWatch) -> None:
     """issue 7 item 11: a process of another user (uid 65534) that connects
     to a worker's abstract socket is refused on its peer credentials before
     the handshake starts (abstract sockets have no file permissions)."""
@@ -345,7 +307,7 @@ async def test_other_user_is_refused(targets: ActorMesh[Target], worker_log: Wor
         stdout=asyncio.subprocess.PIPE, cwd="/")
     out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
     assert out.strip() == b"b''", out  # no challenge: dropped at once
-    await worker_log.wait_for("peer runs as uid 65534")
+    await controller_log.wait_for("peer runs as uid 65534")
     await assert_serving(targets, 6)
 
 
