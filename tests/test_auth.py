@@ -31,7 +31,6 @@ import meshio
 import meshio._transport._runtime
 from log_watch import LogWatch
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
-from meshio._launcher import Forward
 from meshio._transport import _messages as M
 from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
@@ -76,43 +75,6 @@ def pids(mesh: ActorMesh[Any]) -> list[int]:
     return mesh._procs.pids
 
 
-class StderrWatch:
-    """Sees the workers' output lines as the controller forwards them, and
-    wakes whoever waits for a text to appear."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.waiters: list[tuple[str, asyncio.Event]] = []
-
-    def write(self, s: str) -> None:
-        self.text += s
-        for want, event in self.waiters:
-            if want in self.text:
-                event.set()
-
-    async def wait_for(self, text: str) -> str:
-        """All text so far, once ``text`` is in it."""
-        event = asyncio.Event()
-        self.waiters.append((text, event))
-        self.write("")
-        await asyncio.wait_for(event.wait(), DEADLINE)
-        self.waiters.remove((text, event))
-        return self.text
-
-
-@pytest.fixture
-def stderr(monkeypatch: pytest.MonkeyPatch) -> StderrWatch:
-    watch = StderrWatch()
-    forward = Forward._write
-
-    def write(self: Forward, data: bytes) -> None:
-        watch.write(data.decode(errors="replace"))
-        forward(self, data)
-
-    monkeypatch.setattr(Forward, "_write", write)
-    return watch
-
-
 # ----------------------------------------------------------------- helpers
 
 
@@ -151,7 +113,7 @@ async def assert_serving(mesh: ActorMesh[Target], x: int) -> None:
 
 
 async def test_frames_without_handshake_are_refused(
-        targets: ActorMesh[Target], tmp_path: Path, stderr: StderrWatch) -> None:
+        targets: ActorMesh[Target], tmp_path: Path, controller_log: LogWatch) -> None:
     """issue 7 item 11: a same-user process that connects to a worker and
     sends frames without the handshake (a SpawnActor whose constructor would
     create a file, a Call) is dropped before anything is decoded; the
@@ -166,7 +128,7 @@ async def test_frames_without_handshake_are_refused(
         r, w = await raw(process_address(targets, 0))
         w.write(forged)
         await expect_dropped(r, w)
-    text = await stderr.wait_for("not a meshio handshake")
+    text = await controller_log.wait_for("not a meshio handshake")
     assert f"refused a connection to {process_address(targets, 0)}" in text
     assert f"(uid {os.getuid()})" in text  # the peer is described
     assert not marker.exists()
@@ -202,7 +164,7 @@ async def test_forged_fault_does_not_kill_a_supervised_worker(
 
 
 async def test_wrong_secret_and_replayed_handshake_are_refused(
-        targets: ActorMesh[Target], stderr: StderrWatch) -> None:
+        targets: ActorMesh[Target], controller_log: LogWatch) -> None:
     """issue 7 item 11: a dialler with a wrong secret, and one replaying the
     bytes of a real handshake recorded earlier, are refused after the
     challenge and their frames never run; both are logged."""
@@ -224,7 +186,7 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     await asyncio.wait_for(r.readexactly(CHALLENGE_SIZE), DEADLINE)
     w.write(proof + ping_frame(targets, 2, 6))
     await expect_dropped(r, w)
-    await stderr.wait_for("the dialler does not hold this job's secret")
+    await controller_log.wait_for("the dialler does not hold this job's secret")
     # a wrong secret: the listener's challenge does not verify with it, and
     # a proof made with it is refused
     wrong = secrets.token_bytes(32)
@@ -237,10 +199,10 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     nl = challenge[len(MAGIC):len(MAGIC) + 32]
     forged = hmac.digest(wrong, b"meshio-auth-v2 dialler\x00" + MAGIC + nonce + nl
                          + addr.encode(), "sha256")
-    stderr.text = ""
+    controller_log.messages.clear()  # (a worker's records reach it: issue 19)
     w.write(forged + ping_frame(targets, 3, 7))
     await expect_dropped(r, w)
-    await stderr.wait_for("the dialler does not hold this job's secret")
+    await controller_log.wait_for("the dialler does not hold this job's secret")
     await assert_serving(targets, 2)
 
 
@@ -250,14 +212,14 @@ async def test_wrong_secret_and_replayed_handshake_are_refused(
     pytest.param(b"GET / HTTP/1.1\r\n\r\n", id="http"),
 ])
 async def test_garbage_before_the_handshake_is_refused(
-        targets: ActorMesh[Target], stderr: StderrWatch, junk: bytes) -> None:
+        targets: ActorMesh[Target], controller_log: LogWatch, junk: bytes) -> None:
     """issue 7 item 11: garbage, or a hello followed by more than the
     handshake allows, is dropped at once (the pre-auth buffer never grows
     past one read), logged, and the worker keeps serving."""
     r, w = await raw(process_address(targets, 0))
     w.write(junk)
     await expect_dropped(r, w, challenge=True)
-    await stderr.wait_for(f"refused a connection to {process_address(targets, 0)}")
+    await controller_log.wait_for(f"refused a connection to {process_address(targets, 0)}")
     await assert_serving(targets, 4)
 
 
@@ -338,7 +300,7 @@ print(repr(data), flush=True)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user")
-async def test_other_user_is_refused(targets: ActorMesh[Target], stderr: StderrWatch) -> None:
+async def test_other_user_is_refused(targets: ActorMesh[Target], controller_log: LogWatch) -> None:
     """issue 7 item 11: a process of another user (uid 65534) that connects
     to a worker's abstract socket is refused on its peer credentials before
     the handshake starts (abstract sockets have no file permissions)."""
@@ -347,7 +309,7 @@ async def test_other_user_is_refused(targets: ActorMesh[Target], stderr: StderrW
         stdout=asyncio.subprocess.PIPE, cwd="/")
     out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
     assert out.strip() == b"b''", out  # no challenge: dropped at once
-    await stderr.wait_for("peer runs as uid 65534")
+    await controller_log.wait_for("peer runs as uid 65534")
     await assert_serving(targets, 6)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,22 @@ def test_quickstart_example() -> None:
 def test_rl_loop_example() -> None:
     out = _run(sys.executable, "examples/rl_loop.py")
     assert "progress [1, 2, 3, 4, 5] final version 5" in out
+
+
+def test_observe_example() -> None:
+    """issue 19 §2: worker log records filtered by rank on the controller,
+    stats() and a Prometheus scrape of the same numbers."""
+    out = _run(sys.executable, "examples/observe.py")
+    records = [line for line in out.splitlines() if line.startswith("record")]
+    assert records == ["record  train trainers rank 1: loss 1.000 at step 1",
+                       "record  train trainers rank 1: loss 0.500 at step 2"]
+    assert out.count("failed   ValueError") == 1
+    for rank in (0, 1):
+        assert (f"stats    train proc {rank} trainers[{rank}] Trainer.step: calls 3 errors 1 "
+                "p50 ok; restarts 0, cpu>0 True, rss>0 True") in out
+        assert (f'scraped  meshio_endpoint_calls_total{{actor="trainers",'
+                f'endpoint="Trainer.step",host="{socket.gethostname()}",mesh="train",'
+                f'proc="{rank}",rank="{rank}"}} 3.0') in out
 
 
 def test_supervised_example() -> None:

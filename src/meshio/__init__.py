@@ -39,6 +39,12 @@ from ._exceptions import UnknownActorError as UnknownActorError
 from ._exceptions import UnknownEndpointError as UnknownEndpointError
 from ._extent import Extent as Extent
 from ._extent import Point as Point
+from ._metrics import ActorStats as ActorStats
+from ._metrics import EndpointStats as EndpointStats
+from ._metrics import ProcessStats as ProcessStats
+from ._metrics import ProcMeshStats as ProcMeshStats
+from ._metrics import Stats as Stats
+from ._metrics import stats as stats
 from ._monitor import ActorDown as ActorDown
 from ._monitor import Monitor as Monitor
 from ._monitor import monitor as monitor
@@ -48,6 +54,8 @@ from ._port import PortReceiver as PortReceiver
 from ._proc_mesh import HostMesh as HostMesh
 from ._proc_mesh import ProcMesh as ProcMesh
 from ._proc_mesh import this_host as this_host
+from ._prometheus import MetricsServer as MetricsServer
+from ._prometheus import serve_metrics as serve_metrics
 from ._run import run as run
 from ._service import ReplicaStats as ReplicaStats
 from ._service import Service as Service
@@ -75,6 +83,7 @@ __all__ = (
     "ActorError",
     "ActorMesh",
     "ActorStacks",
+    "ActorStats",
     "AuthenticationError",
     "CallTimeout",
     "Channel",
@@ -84,10 +93,12 @@ __all__ = (
     "DoctorCheck",
     "Endpoint",
     "EndpointDescriptor",
+    "EndpointStats",
     "Extent",
     "HostMesh",
     "MeshShapeError",
     "MeshioError",
+    "MetricsServer",
     "Monitor",
     "NotInActorError",
     "Point",
@@ -96,7 +107,9 @@ __all__ = (
     "PortReceiver",
     "ProcInfo",
     "ProcMesh",
+    "ProcMeshStats",
     "ProcessStartError",
+    "ProcessStats",
     "ProtocolError",
     "RDMABuffer",
     "RDMAError",
@@ -108,6 +121,7 @@ __all__ = (
     "Service",
     "StackFrame",
     "Stacks",
+    "Stats",
     "SupervisionError",
     "SupervisionEvent",
     "Supervisor",
@@ -123,8 +137,10 @@ __all__ = (
     "endpoint",
     "monitor",
     "run",
+    "serve_metrics",
     "set_limits",
     "setup_torch_distributed",
+    "stats",
     "this_host",
 )
 

@@ -34,6 +34,8 @@ from ._constants import MSGPACK_NIL
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
+from ._logs import records_dropped
+from ._metrics import Meter, encode_report, process_report
 from ._stacks import Stacks, capture, encode_actors
 from ._transport._connection import Connection
 from ._transport._messages import (
@@ -42,6 +44,7 @@ from ._transport._messages import (
     ErrorKind,
     Fail,
     GetStacks,
+    GetStats,
     Reply,
     Reshaped,
     SpawnActor,
@@ -282,6 +285,8 @@ class ActorCell:
         #: once stopped (no more calls are taken): the task finishing the stop
         self.stopping: asyncio.Task[None] | None = None
         self.waiter: asyncio.Future[None] | None = None
+        #: by endpoint name: its calls so far (``meshio.stats()``)
+        self.meters: dict[str, Meter] = {name: Meter() for name in self.endpoints}
         self.task = rt.loop.create_task(self._pump(), name="mailbox")
 
     @property
@@ -527,12 +532,15 @@ class ActorCell:
             self.scopes[key] = scope
             if desc.is_async:
                 self.running[key] = task
+        meter = self.meters[desc.name]
+        start = time.perf_counter()
         try:
             if desc.is_async:
                 result = await desc.fn(self.instance, *args, **kwargs)
             else:
                 result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
         except BaseException as e:
+            meter.record(time.perf_counter() - start, not isinstance(e, asyncio.CancelledError))
             by_caller = self._done(key, task)
             if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
                 if task.cancelling():  # the actor is stopping
@@ -543,6 +551,7 @@ class ActorCell:
                 return  # its caller gave up: nobody to answer
             self._error(conn, req, e)
             return
+        meter.record(time.perf_counter() - start, False)
         self._done(key, task)
         if not req:
             return
@@ -735,21 +744,43 @@ def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) ->
 register_handler(Reshaped, _on_reshaped)
 
 
+def _answer(rt: Runtime, conn: Connection, req: int, what: str,
+            body: Callable[[], msgspec.Raw]) -> None:
+    """Answer request ``req`` with ``body()``, made now on the loop (what
+    ``what`` says it does); if that fails (a bug), the asker hears of it
+    rather than waiting."""
+    try:
+        raw = body()
+    except Exception as e:
+        log.exception("meshio: %s failed", what)
+        conn.send_message(Fail(req, ErrorInfo(
+            "protocol", "ProtocolError", f"{what} in pid {os.getpid()} on {rt.host} failed "
+            f"({type(e).__name__}: {e}); please report this")))
+        return
+    conn.send_message(Reply(req, raw))
+
+
+def _cells(rt: Runtime, target: str = "") -> list[ActorCell]:
+    """The actor cells of ``rt`` (of actor mesh ``target``; empty: all)."""
+    return [cell for t, cell in list(rt.actors.items())
+            if isinstance(cell, ActorCell) and target in ("", t)]
+
+
 def _on_stacks(rt: Runtime, conn: Connection, msg: GetStacks, bufs: Buffers) -> None:
     """Answer a :class:`GetStacks` with the stacks of the actors of this
     process (of ``msg.target``, or all), on the loop: no mailbox is involved."""
-    try:
-        cells = [cell for target, cell in list(rt.actors.items())
-                 if isinstance(cell, ActorCell) and msg.target in ("", target)]
-        body = encode_actors([capture(cell) for cell in cells])
-    except Exception as e:  # a bug here: the asker hears of it, not a hang
-        log.exception("meshio: capturing the actors' stacks failed")
-        conn.send_message(Fail(msg.req, ErrorInfo(
-            "protocol", "ProtocolError",
-            f"capturing the stacks in pid {os.getpid()} on {rt.host} failed "
-            f"({type(e).__name__}: {e}); please report this")))
-        return
-    conn.send_message(Reply(msg.req, body))
+    _answer(rt, conn, msg.req, "capturing the actors' stacks",
+            lambda: encode_actors([capture(cell) for cell in _cells(rt, msg.target)]))
 
 
 register_handler(GetStacks, _on_stacks)
+
+
+def _on_stats(rt: Runtime, conn: Connection, msg: GetStats, bufs: Buffers) -> None:
+    """Answer a :class:`GetStats` with this process's numbers and its
+    actors' (:mod:`meshio._metrics`), on the loop: no mailbox is involved."""
+    _answer(rt, conn, msg.req, "gathering the process's stats",
+            lambda: encode_report(process_report(rt.host, _cells(rt), records_dropped())))
+
+
+register_handler(GetStats, _on_stats)

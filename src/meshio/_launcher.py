@@ -37,7 +37,7 @@ from ._transport._tls import TLSConfig
 
 __all__ = ("BOOTSTRAP_FAILED", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
-           "check_env", "describe_exit", "start_payload")
+           "check_env", "describe_exit", "forward_text", "start_payload")
 
 #: exit status of a worker whose ``bootstrap`` raised (sysexits' EX_CONFIG)
 BOOTSTRAP_FAILED = 78
@@ -273,7 +273,7 @@ class Forward(asyncio.Protocol):
 
     def __init__(self, label: str, stream: Stream) -> None:
         self._prefix = f"{label} ".encode()
-        self._stream = stream
+        self._stream: Stream = stream
         self._partial = b""
         _LineGate.install(stream)
         _watch_cells()
@@ -290,16 +290,23 @@ class Forward(asyncio.Protocol):
         return None
 
     def _write(self, data: bytes) -> None:
-        out = getattr(sys, self._stream)  # looked up each time: follows redirection
-        try:
-            # Worker output belongs to no task of the controller, so it is
-            # written from an empty context: a context-local redirection made
-            # by whichever task started this reader (Jupyter's per-cell output
-            # target) falls back to the stream's global one (in Jupyter: the
-            # request being handled, the running cell; see _to_last_cell).
-            contextvars.Context().run(_emit, out, data.decode(errors="replace"))
-        except (OSError, ValueError):  # the controller's stream is closed: drop it
-            pass
+        forward_text(self._stream, data.decode(errors="replace"))
+
+
+def forward_text(stream: Stream, text: str) -> None:
+    """Write whole lines of a worker's output (``text``, ending in a
+    newline) to the controller's ``stream``: between the controller's own
+    lines (:class:`_LineGate`), in a Jupyter kernel to the last cell run."""
+    out = getattr(sys, stream)  # looked up each time: follows redirection
+    try:
+        # Worker output belongs to no task of the controller, so it is
+        # written from an empty context: a context-local redirection made
+        # by whichever task started this reader (Jupyter's per-cell output
+        # target) falls back to the stream's global one (in Jupyter: the
+        # request being handled, the running cell; see _to_last_cell).
+        contextvars.Context().run(_emit, out, text)
+    except (OSError, ValueError):  # the controller's stream is closed: drop it
+        pass
 
 
 def _emit(out: Any, text: str) -> None:

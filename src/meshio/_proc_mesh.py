@@ -651,7 +651,9 @@ class HostMesh(MeshShape):
                     heartbeat_interval: float = HEARTBEAT_INTERVAL,
                     heartbeat_timeout: float | None = None,
                     env: Mapping[str, str] | None = None,
-                    bootstrap: Callable[[], object] | None = None) -> ProcMesh:
+                    bootstrap: Callable[[], object] | None = None,
+                    log_records: bool = True,
+                    log_dir: str | os.PathLike[str] | None = None) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
@@ -686,13 +688,26 @@ class HostMesh(MeshShape):
                 heartbeat unanswered this long (default 3 intervals) is not
                 responding: calls to it fail with :class:`SupervisionError`
                 until it answers again; it is not killed.
+            log_records: the processes' ``logging`` records (any logger, at
+                the levels their logging lets through: WARNING and up
+                unless configured, e.g. in ``bootstrap``) reach the
+                controller's ``logging`` as records, re-emitted through the
+                logger of the same name with the attributes ``actor``,
+                ``rank``, ``mesh``, ``host`` and ``pid`` (the default).
+                False: their logging is left alone (it writes to their
+                stderr, forwarded as text like any output).
+            log_dir: instead of sending them, each process writes its
+                records to ``<log_dir>/<name>-<rank>.log`` on its own host
+                (the directory is made if missing; a restarted process
+                appends to its predecessor's file).
 
         Raises:
             TypeError: an argument has the wrong type, e.g. an ``env`` value
                 that is not a ``str``, or ``bootstrap`` is not callable or
                 cannot be pickled.
             ValueError: an argument has a wrong value, e.g. an ``env`` key
-                that is empty, has ``=`` or starts with ``MESHIO_``.
+                that is empty, has ``=`` or starts with ``MESHIO_``, or
+                ``log_dir`` with ``log_records=False``.
         """
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
@@ -713,6 +728,18 @@ class HostMesh(MeshShape):
             raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
         env = check_env({} if env is None else env)
+        if not isinstance(log_records, bool):
+            raise TypeError(f"spawn_procs: log_records must be True or False, got "
+                            f"{type(log_records).__name__} {log_records!r}")
+        if log_dir is not None:
+            if not isinstance(log_dir, (str, os.PathLike)):
+                raise TypeError(f"spawn_procs: log_dir must be a path (str or os.PathLike), "
+                                f"got {type(log_dir).__name__} {log_dir!r}")
+            if not log_records:
+                raise ValueError("spawn_procs: log_dir=... writes the log records to files; "
+                                 "it cannot go with log_records=False (which leaves the "
+                                 "processes' logging alone)")
+            log_dir = os.path.abspath(os.fspath(log_dir))
         blob = b""
         if bootstrap is not None:
             if not callable(bootstrap):
@@ -741,7 +768,8 @@ class HostMesh(MeshShape):
                              [*self.extent.sizes, *per_host.values()])
         state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
             ProcState, name, launchers, region, n, supervisor, restart, shutdown,
-            (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels)
+            (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels,
+            log_records, log_dir)
         return ProcMesh(state, None)
 
 

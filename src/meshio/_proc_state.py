@@ -22,6 +22,7 @@ from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._messages import (
     ErrorInfo,
@@ -162,13 +163,18 @@ class ProcState:
                  shutdown: ShutdownPolicy = STOP_GRACE,
                  heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT),
                  env: Mapping[str, str] | None = None, bootstrap: bytes = b"",
-                 host_dims: Sequence[str] = ()) -> None:
+                 host_dims: Sequence[str] = (), log_records: bool = True,
+                 log_dir: str | None = None) -> None:
         self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
         #: the dims that come from the host mesh (the others are per host)
         self.host_dims: tuple[str, ...] = tuple(host_dims)
         #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
         self.env: Mapping[str, str] = env or {}
         self.bootstrap: bytes = bootstrap
+        #: ``spawn_procs(log_records=..., log_dir=...)``: where its processes'
+        #: ``logging`` records go (:mod:`._logs`)
+        self.log_records: bool = log_records
+        self.log_dir: str | None = log_dir
         #: called with the ranks a supervisor restarts together: environment
         #: variables their replacements get on top of ``env``, per rank
         #: (``setup_torch_distributed``'s settings)
@@ -257,9 +263,10 @@ class ProcState:
         if "gpus" in self.region.extent.labels:
             env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
         coords = " ".join(f"{k}={v}" for k, v in point.items())
+        label = f"[{self.name} {coords}]".replace(" ]", "]")
+        env[LOGS_ENV] = logs_env(self.log_records, self.log_dir, self.name, grank, label)
         return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
-                          label=f"[{self.name} {coords}]".replace(" ]", "]"),
-                          secret=self.rt.secret, bootstrap=self.bootstrap)
+                          label=label, secret=self.rt.secret, bootstrap=self.bootstrap)
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -738,11 +745,12 @@ class ProcState:
     def like(self, name: str, host: int, dim: str) -> ProcState:
         """A new proc mesh ``name`` of one process (dim ``dim`` of size 1) on
         host ``host`` of this one, started with this one's options: its
-        supervisor, restart type, shutdown, heartbeats, env and bootstrap."""
+        supervisor, restart type, shutdown, heartbeats, env, bootstrap and
+        where its log records go."""
         return ProcState(name, [self.launchers[host]], Region.full((dim,), (1,)), 1,
                          self.supervisor, self.restart, self.shutdown,
                          (self.heartbeat_interval, self.heartbeat_timeout), self.env,
-                         self.bootstrap)
+                         self.bootstrap, log_records=self.log_records, log_dir=self.log_dir)
 
     async def wait_ready(self, grank: int) -> None:
         """Wait until the process at ``grank`` serves calls again (after a

@@ -18,7 +18,7 @@ printable grouped (``Stacks.text()``) and as JSON (``Stacks.json()``).
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import linecache
 import os
 import sys
@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._exceptions import MeshioError
-from ._transport._connection import Connection, Pending
 from ._transport._messages import GetStacks
-from ._transport._runtime import Runtime
+from ._transport._runtime import Runtime, ask_each
 from ._transport._serial import Buffers
 
 if TYPE_CHECKING:
@@ -300,44 +298,16 @@ async def gather(rt: Runtime, asks: Sequence[tuple[str, str, str, Any]],
     Raises:
         ValueError: ``timeout`` is not a positive number.
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"stacks(timeout=...) must be seconds > 0, got {timeout!r}")
-    futs: list[asyncio.Future[list[ActorStacks]]] = []
-    sent: list[tuple[Connection, int]] = []
-    for addr, target, mesh, point in asks:
-        fut: asyncio.Future[list[ActorStacks]] = rt.loop.create_future()
-        futs.append(fut)
-        pending = Pending(fut, decode_actors, "stacks()", mesh, point)
-        dead = rt.dead.get(addr)
-        if dead is not None:
-            fut.set_exception(dead(pending))
-            continue
-        conn = rt.connect(addr)
-        req = conn.next_req(pending)
-        sent.append((conn, req))
-        conn.send_message(GetStacks(req, target))
-    try:
-        if futs:
-            await asyncio.wait(futs, timeout=timeout)
-    finally:  # (also when cancelled) an answer still to come is not waited for
-        for conn, req in sent:
-            conn.pending.pop(req, None)
-        for fut in futs:
-            if not fut.cancel() and not fut.cancelled():  # done: its error counts as seen
-                fut.exception()
+    answers = await ask_each(
+        rt, [(addr, functools.partial(GetStacks, target=target), mesh, point)
+             for addr, target, mesh, point in asks], decode_actors, "stacks()", timeout)
     actors: list[ActorStacks] = []
     errors: list[str] = []
-    for (addr, _, mesh, point), fut in zip(asks, futs):
-        if fut.cancelled():
-            errors.append(f"{mesh} {point!r} at {addr} did not answer within {timeout:g} s: "
-                          "its process is stopped or hung, or an async endpoint blocks its "
-                          "event loop")
-        elif isinstance(fut.exception(), MeshioError):
-            errors.append(str(fut.exception()))
-        elif isinstance(fut.exception(), ValueError):  # a malformed answer
-            errors.append(f"{mesh} {point!r} at {addr}: bad answer: {fut.exception()}")
+    for answer in answers:
+        if isinstance(answer, str):
+            errors.append(answer)
         else:
-            actors.extend(fut.result())
+            actors.extend(answer)
     actors.sort(key=lambda a: (a.actor, a.rank))
     return Stacks(tuple(actors), tuple(errors))
 

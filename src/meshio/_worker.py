@@ -6,6 +6,7 @@ the in-process transport (:mod:`meshio.testing`) on the test's."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from ._exceptions import SupervisionError
 from ._transport._runtime import Runtime
@@ -13,11 +14,12 @@ from ._transport._runtime import Runtime
 __all__ = ("serve",)
 
 
-async def serve(rt: Runtime, controller: str) -> int:
+async def serve(rt: Runtime, controller: str,
+                before_close: Callable[[], None] | None = None) -> int:
     """Be a worker on ``rt`` until the controller at ``controller`` shuts
     it down (0) or its connection is lost (1); then stop its actors (each
-    ``__cleanup__``, in reverse spawn order, each one bounded) and close
-    ``rt``."""
+    ``__cleanup__``, in reverse spawn order, each one bounded), call
+    ``before_close`` (the last messages out) and close ``rt``."""
     rt.controller = controller
     done: asyncio.Future[int] = rt.loop.create_future()
 
@@ -35,5 +37,7 @@ async def serve(rt: Runtime, controller: str) -> int:
     for target, cell in reversed(list(rt.actors.items())):
         del rt.actors[target]
         await cell.stop(exc)
+    if before_close is not None:
+        before_close()
     rt.close()
     return code

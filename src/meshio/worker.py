@@ -38,6 +38,7 @@ from typing import Any
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
 from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER
+from ._logs import install as install_log_records
 from ._transport._runtime import Runtime, _runtimes
 from ._transport._serial import loads
 from ._transport._tls import TLSConfig
@@ -133,7 +134,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     _runtimes[loop] = rt
     rt.restoring = args.restart
     rt.replacement = args.restart
-    return await serve(rt, args.controller)
+    forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
+    return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None)
 
 
 def main(argv: list[str] | None = None) -> None:

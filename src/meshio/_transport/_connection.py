@@ -451,6 +451,12 @@ class Connection(asyncio.BufferedProtocol):
         if not queue:
             self._queue = None
 
+    @property
+    def writing_paused(self) -> bool:
+        """The transport asked us to stop writing (the peer reads slower
+        than we send): what is sent now waits in this process's memory."""
+        return self._paused
+
     def pause_writing(self) -> None:
         self._paused = True
 

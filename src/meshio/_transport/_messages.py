@@ -21,9 +21,12 @@ __all__ = (
     "Fanout",
     "Fault",
     "GetStacks",
+    "GetStats",
     "Hello",
     "JobStacks",
     "LaunchWorker",
+    "LogEntry",
+    "LogRecords",
     "Message",
     "Moved",
     "PeerDown",
@@ -395,6 +398,16 @@ class Stalled(_Msg, frozen=True, tag=28):
     stack: str
 
 
+class GetStats(_Msg, frozen=True, tag=29):
+    """A request for the metrics of the receiver's process and of the
+    actors it hosts (CPU, memory, per endpoint calls, errors, queue and
+    latency), served by its runtime on its loop like :class:`GetStacks`:
+    a busy actor answers too (:mod:`meshio._metrics`).  Answered with a
+    :class:`Reply` holding a ``meshio._metrics.ProcessReport``."""
+
+    req: int
+
+
 class Started(_Msg, frozen=True, tag=31):
     """Call ``req`` (on this connection) has started running in its actor:
     sent for calls of endpoints with a retry policy, so that a caller whose
@@ -416,10 +429,36 @@ class Reshaped(_Msg, frozen=True, tag=32):
     mesh: bytes
 
 
+class LogEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One ``logging`` record of a worker: its logger ``name`` and level,
+    its ``message`` as text (``getMessage()`` and the formatted traceback:
+    what is shown if ``record`` cannot be rebuilt), and ``record``, the
+    pickled ``__dict__`` of the ``LogRecord`` (its ``msg``/``args`` formatted
+    to text first when they cannot be pickled; empty when nothing could)."""
+
+    name: str
+    levelno: int
+    message: str
+    record: bytes
+
+
+class LogRecords(_Msg, frozen=True, tag=30):
+    """From a worker to the controller that started it: ``logging`` records
+    emitted in it, in order (:mod:`meshio._logs`); ``label`` names the
+    worker as its forwarded output does (``[trainers gpus=1]``);
+    ``dropped``: records it dropped since its last batch because too many
+    waited to be sent."""
+
+    label: str
+    records: list[LogEntry]
+    dropped: int = 0
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
-           | StoreOp | GetStacks | JobStacks | Stalled | Started | Reshaped)
+           | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
+           | Reshaped)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

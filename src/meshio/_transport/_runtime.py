@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from .._constants import MSGPACK_NIL
@@ -58,8 +58,8 @@ from ._messages import (
 from ._serial import Buffers
 from ._tls import TLSConfig
 
-__all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "close_runtime", "ignore_result",
-           "print_fault", "runtime", "tcp_address")
+__all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "close_runtime",
+           "ignore_result", "print_fault", "runtime", "tcp_address")
 
 log = logging.getLogger("meshio")
 
@@ -913,6 +913,61 @@ def close_runtime() -> None:
     rt = _runtimes.get(asyncio.get_running_loop())
     if rt is not None:
         rt.close()
+
+
+async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Message], str, Any]],
+                   decode: Callable[[Any, Buffers], _T], what: str,
+                   timeout: float) -> list[_T | str]:
+    """Ask several processes at once, each on its runtime (not an actor):
+    ``asks`` holds, per process, its address, the request to send it
+    (made from its request number), and how to name it in an error: a mesh
+    (``proc mesh 'p'``) and a point in it (as for a call: :class:`Pending`).
+    Per ask, in order: its answer (``decode``), or a line saying why there
+    is none (the process is gone, failed, or has not answered within
+    ``timeout`` seconds).  ``what`` names the request (``"stacks()"``).
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"{what.removesuffix('()')}(timeout=...) must be seconds > 0, "
+                         f"got {timeout!r}")
+    futs: list[asyncio.Future[_T]] = []
+    sent: list[tuple[Connection, int]] = []
+    for addr, request, mesh, point in asks:
+        fut: asyncio.Future[_T] = rt.loop.create_future()
+        futs.append(fut)
+        pending = Pending(fut, decode, what, mesh, point)
+        dead = rt.dead.get(addr)
+        if dead is not None:
+            fut.set_exception(dead(pending))
+            continue
+        conn = rt.connect(addr)
+        req = conn.next_req(pending)
+        sent.append((conn, req))
+        conn.send_message(request(req))
+    try:
+        if futs:
+            await asyncio.wait(futs, timeout=timeout)
+    finally:  # (also when cancelled) an answer still to come is not waited for
+        for conn, req in sent:
+            conn.pending.pop(req, None)
+        for fut in futs:
+            if not fut.cancel() and not fut.cancelled():  # done: its error counts as seen
+                fut.exception()
+    answers: list[_T | str] = []
+    for (addr, _, mesh, point), fut in zip(asks, futs):
+        if fut.cancelled():
+            answers.append(f"{mesh} {point!r} at {addr} did not answer within {timeout:g} s: "
+                           "its process is stopped or hung, or an async endpoint blocks its "
+                           "event loop")
+        elif isinstance(fut.exception(), MeshioError):
+            answers.append(str(fut.exception()))
+        elif isinstance(fut.exception(), ValueError):  # a malformed answer
+            answers.append(f"{mesh} {point!r} at {addr}: bad answer: {fut.exception()}")
+        else:
+            answers.append(fut.result())
+    return answers
 
 
 def print_fault(info: ErrorInfo, pid: int, what_now: str) -> None:

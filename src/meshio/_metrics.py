@@ -1,0 +1,297 @@
+"""What a running job has done and costs, as numbers: ``await meshio.stats()``.
+
+Each actor cell counts its calls as they end (:class:`Meter`, one per
+endpoint: calls, errors, run time, the run times of the last
+:data:`WINDOW` calls), on its loop, without a lock or an allocation beyond
+the call's run time.  A worker's runtime answers a
+:class:`~meshio._transport._messages.GetStats` request on its event loop,
+not through the actors' mailboxes (as for stacks), with a
+:class:`ProcessReport`: its CPU time and resident memory, and per actor
+its meters and what waits in its mailbox.  The controller adds what only
+it knows (each process's rank and restarts) and builds one
+:class:`Stats` tree: proc mesh → process → actor → endpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from ._inspect import Inspection
+from ._transport._messages import GetStats
+from ._transport._runtime import ask_each, runtime
+from ._transport._serial import Buffers
+
+if TYPE_CHECKING:
+    from ._cell import ActorCell
+
+__all__ = ("STATS_TIMEOUT", "WINDOW", "ActorStats", "EndpointStats", "Meter", "ProcMeshStats",
+           "ProcessReport", "ProcessStats", "Stats", "actor_stats", "decode_report",
+           "encode_report", "process_report", "stats")
+
+#: seconds ``stats()`` waits for a process's answer by default
+STATS_TIMEOUT = 10.0
+#: the latency percentiles are over the run times of this many last calls
+#: of an endpoint (a power of two: the ring's index is masked)
+WINDOW: Final = 1024
+_MASK: Final = WINDOW - 1
+
+
+class Meter:
+    """One endpoint of one actor: its calls so far, counted on the actor's
+    loop as each ends (:meth:`record`)."""
+
+    __slots__ = ("calls", "errors", "seconds", "window")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.errors = 0
+        self.seconds = 0.0
+        #: run times of the last WINDOW calls, a ring indexed by ``calls``
+        self.window: list[float] = [0.0] * WINDOW
+
+    def record(self, seconds: float, error: bool) -> None:
+        """A call ran ``seconds`` and ended (``error``: it raised)."""
+        n = self.calls
+        self.window[n & _MASK] = seconds
+        self.calls = n + 1
+        self.errors += error
+        self.seconds += seconds
+
+    def percentiles(self) -> tuple[float, float, float] | None:
+        """p50, p90, p99 of the last calls' run times (None: no call yet)."""
+        times = sorted(self.window[:min(self.calls, WINDOW)])
+        if not times:
+            return None
+        n = len(times)
+
+        def at(q: float) -> float:  # nearest rank
+            return times[max(math.ceil(q * n) - 1, 0)]
+
+        return at(0.5), at(0.9), at(0.99)
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """One endpoint of one actor.
+
+    Attributes:
+        endpoint: its qualified name (``Trainer.step``).
+        calls: calls that ended so far (returned or raised).
+        errors: those of them that raised (a cancelled call is not an error).
+        queued: calls of it waiting in the actor's mailbox now.
+        running: calls of it under way now.
+        seconds: the run time of all ended calls, in seconds.
+        p50: median run time in seconds over the last :data:`WINDOW` calls
+            (None: no call has ended yet); ``p90`` and ``p99`` likewise.
+    """
+
+    endpoint: str
+    calls: int
+    errors: int
+    queued: int
+    running: int
+    seconds: float
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class ActorStats:
+    """One actor.
+
+    Attributes:
+        actor: the actor mesh's name (given to ``procs.spawn``).
+        rank: the actor's rank in that mesh; ``point`` its coordinates.
+        queued: calls waiting in its mailbox now (all endpoints).
+        expired: calls dropped so far without running because their
+            deadline passed while they waited.
+        endpoints: one entry per endpoint of its class, by name.
+    """
+
+    actor: str
+    rank: int
+    point: dict[str, int]
+    queued: int
+    expired: int
+    endpoints: tuple[EndpointStats, ...]
+
+
+@dataclass(frozen=True)
+class ProcessStats:
+    """One process of a proc mesh.
+
+    Attributes:
+        rank: its rank in the proc mesh; ``point`` its coordinates.
+        host: its host; ``pid`` its process id (the current incarnation's).
+        restarts: how many times a supervisor replaced it.
+        cpu_user: CPU seconds it has run in user mode (all its threads);
+            ``cpu_system`` in the kernel on its behalf.
+        rss: its resident memory in bytes.
+        log_records_dropped: ``logging`` records it dropped because more
+            than the forwarding backlog waited to be sent.
+        actors: its actors, by actor mesh name then rank.
+        error: why it did not answer (gone, hung, its loop blocked); the
+            numbers it would have told are then 0 and ``actors`` empty.
+    """
+
+    rank: int
+    point: dict[str, int]
+    host: str
+    pid: int
+    restarts: int
+    cpu_user: float
+    cpu_system: float
+    rss: int
+    log_records_dropped: int
+    actors: tuple[ActorStats, ...]
+    error: str | None = None
+
+    @property
+    def cpu_seconds(self) -> float:
+        """User plus system CPU seconds."""
+        return self.cpu_user + self.cpu_system
+
+
+@dataclass(frozen=True)
+class ProcMeshStats:
+    """One proc mesh: its ``name`` and its processes, by rank."""
+
+    name: str
+    processes: tuple[ProcessStats, ...]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Every process of every proc mesh this controller started:
+    ``await meshio.stats()``.
+
+    Attributes:
+        proc_meshes: by start order.
+    """
+
+    proc_meshes: tuple[ProcMeshStats, ...]
+
+    def endpoints(self) -> Iterator[tuple[ProcMeshStats, ProcessStats, ActorStats,
+                                          EndpointStats]]:
+        """Every endpoint of every actor, with where it is."""
+        for pm in self.proc_meshes:
+            for p in pm.processes:
+                for a in p.actors:
+                    for e in a.endpoints:
+                        yield pm, p, a, e
+
+    def json(self) -> str:
+        """The tree as JSON (the fields of the dataclasses)."""
+        return msgspec.json.encode(self).decode()
+
+
+class ProcessReport(msgspec.Struct, frozen=True, array_like=True):
+    """What a worker answers to ``GetStats``: its own numbers and its actors'."""
+
+    pid: int
+    host: str
+    cpu_user: float
+    cpu_system: float
+    rss: int
+    log_records_dropped: int
+    actors: list[ActorStats]
+
+
+def _rss() -> int:
+    """This process's resident memory in bytes (its peak where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def actor_stats(cell: ActorCell) -> ActorStats:
+    """The numbers of the actor of ``cell``, on its process's loop."""
+    queued: dict[str, int] = {}
+    for conn, msg, _, _ in cell.mailbox:
+        if not msg.req or (conn, msg.req) in cell.queued:
+            queued[msg.method] = queued.get(msg.method, 0) + 1
+    running: dict[str, int] = {}
+    if cell.serving is not None:
+        running[cell.serving.qualname] = 1
+    for task in cell.tasks:  # concurrent calls under way, named by their endpoint
+        if not task.done():
+            running[task.get_name()] = running.get(task.get_name(), 0) + 1
+    endpoints: list[EndpointStats] = []
+    for name, meter in sorted(cell.meters.items()):
+        qualname = cell.endpoints[name].qualname
+        p = meter.percentiles()
+        endpoints.append(EndpointStats(
+            qualname, meter.calls, meter.errors, queued.get(name, 0), running.get(qualname, 0),
+            meter.seconds, *(p if p is not None else (None, None, None))))
+    ctx = cell.ctx
+    return ActorStats(ctx.actor_name, ctx.point.rank, dict(ctx.point), sum(queued.values()),
+                      cell.expired, tuple(endpoints))
+
+
+def process_report(host: str, cells: list[ActorCell], dropped: int) -> ProcessReport:
+    """This process's answer to ``GetStats`` (``dropped``: its log records dropped)."""
+    times = os.times()
+    return ProcessReport(os.getpid(), host, times.user, times.system, _rss(), dropped,
+                         sorted((actor_stats(c) for c in cells), key=lambda a: (a.actor, a.rank)))
+
+
+_encoder = msgspec.msgpack.Encoder()
+_report_decoder = msgspec.msgpack.Decoder(ProcessReport)
+
+
+def encode_report(report: ProcessReport) -> msgspec.Raw:
+    """The body of the reply to a ``GetStats``."""
+    return msgspec.Raw(_encoder.encode(report))
+
+
+def decode_report(raw: Any, bufs: Buffers) -> ProcessReport:
+    """The report of a reply to ``GetStats`` (a malformed one raises
+    ``msgspec.DecodeError``, a ``ValueError``)."""
+    return _report_decoder.decode(raw)
+
+
+async def stats(*, timeout: float = STATS_TIMEOUT) -> Stats:
+    """What every process of every proc mesh this controller started has
+    done and costs, now: per process its CPU time, resident memory and
+    restarts; per actor, per endpoint, its calls, errors, queue and run-time
+    percentiles.  Each process answers on its event loop, not through the
+    actors' mailboxes, so a busy actor is counted too.
+
+    Args:
+        timeout: seconds to wait for each process; one that has not
+            answered by then, or is gone, has its ``ProcessStats.error`` set.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number.
+    """
+    rt = runtime()
+    states = [state for state in (rt.state(Inspection).procs if rt.has_state(Inspection) else [])
+              if state.ready.done() and not state.stopped]
+    workers = [(state, w) for state in states for w in state.workers]
+    answers = await ask_each(rt, [(w.addr, GetStats, f"proc mesh {state.name!r}",
+                                   state.region.point(w.rank)) for state, w in workers],
+                             decode_report, "stats()", timeout)
+    processes: dict[str, list[ProcessStats]] = {state.id: [] for state in states}
+    for (state, w), answer in zip(workers, answers):
+        point = dict(state.region.point(w.rank))
+        if isinstance(answer, str):
+            p = ProcessStats(w.rank, point, w.handle.host, w.handle.pid, w.incarnation,
+                             0.0, 0.0, 0, 0, (), answer)
+        else:
+            p = ProcessStats(w.rank, point, answer.host, answer.pid, w.incarnation,
+                             answer.cpu_user, answer.cpu_system, answer.rss,
+                             answer.log_records_dropped, tuple(answer.actors))
+        processes[state.id].append(p)
+    return Stats(tuple(ProcMeshStats(state.name, tuple(sorted(processes[state.id],
+                                                                key=lambda p: p.rank)))
+                       for state in states))

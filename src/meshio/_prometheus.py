@@ -1,0 +1,231 @@
+"""``meshio.serve_metrics``: :func:`meshio.stats` as Prometheus metrics.
+
+A small HTTP server on the controller's loop answers ``GET /metrics`` by
+gathering :func:`~meshio.stats` from every process (each scrape asks them
+afresh, each given :data:`SCRAPE_TIMEOUT` seconds) and writing it in the
+Prometheus text format (``prometheus_client`` renders it).  The metrics
+(labels: ``mesh``, the proc mesh; ``proc``, the process's rank in it;
+``host``; and for actors ``actor``, the actor mesh, ``rank``, the actor's
+rank, and ``endpoint``, its qualified name):
+
+=============================================  =======  =======================================
+``meshio_endpoint_calls_total``                counter  calls that ended
+``meshio_endpoint_errors_total``               counter  calls that raised
+``meshio_endpoint_queued``                     gauge    calls waiting in the mailbox
+``meshio_endpoint_running``                    gauge    calls under way
+``meshio_endpoint_latency_seconds``            summary  run time: ``quantile`` 0.5, 0.9, 0.99
+                                                        of the last 1024 calls; ``_sum``,
+                                                        ``_count`` of all
+``meshio_process_up``                          gauge    1 if the process answered, else 0
+``meshio_process_cpu_seconds_total``           counter  CPU time, ``mode`` "user" or "system"
+``meshio_process_resident_memory_bytes``       gauge    resident memory
+``meshio_process_restarts_total``              counter  replacements by a supervisor
+``meshio_process_log_records_dropped_total``   counter  ``logging`` records dropped (a flood)
+=============================================  =======  =======================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterable
+from types import TracebackType
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from ._metrics import Stats, stats
+
+__all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics")
+
+#: seconds each process has to answer a scrape
+SCRAPE_TIMEOUT = 5.0
+#: seconds a client has to send its request
+REQUEST_TIMEOUT = 10.0
+#: bytes of a request's head at most
+MAX_REQUEST = 1 << 16
+#: what ``generate_latest`` writes (metric names meshio picks need no
+#: escaping): the text format every Prometheus reads
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_PROC = ["mesh", "proc", "host"]
+_ENDPOINT = [*_PROC, "actor", "rank", "endpoint"]
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def prometheus_text(snapshot: Stats) -> bytes:
+    """``snapshot`` in the Prometheus text format (see the module's docstring)."""
+    calls = CounterMetricFamily("meshio_endpoint_calls", "Calls of the endpoint that ended.",
+                                labels=_ENDPOINT)
+    errors = CounterMetricFamily("meshio_endpoint_errors", "Calls of the endpoint that raised.",
+                                 labels=_ENDPOINT)
+    queued = GaugeMetricFamily("meshio_endpoint_queued",
+                               "Calls of the endpoint waiting in the actor's mailbox.",
+                               labels=_ENDPOINT)
+    running = GaugeMetricFamily("meshio_endpoint_running", "Calls of the endpoint under way.",
+                                labels=_ENDPOINT)
+    latency = Metric("meshio_endpoint_latency_seconds",
+                     "Run time of the endpoint's calls (quantiles over the last 1024).",
+                     "summary")
+    for pm, p, a, e in snapshot.endpoints():
+        values = [pm.name, str(p.rank), p.host, a.actor, str(a.rank), e.endpoint]
+        calls.add_metric(values, e.calls)
+        errors.add_metric(values, e.errors)
+        queued.add_metric(values, e.queued)
+        running.add_metric(values, e.running)
+        labels = dict(zip(_ENDPOINT, values))
+        for q, v in (("0.5", e.p50), ("0.9", e.p90), ("0.99", e.p99)):
+            if v is not None:
+                latency.add_sample(latency.name, {**labels, "quantile": q}, v)
+        latency.add_sample(f"{latency.name}_sum", labels, e.seconds)
+        latency.add_sample(f"{latency.name}_count", labels, e.calls)
+    up = GaugeMetricFamily("meshio_process_up", "1 if the process answered, else 0.",
+                           labels=_PROC)
+    cpu = CounterMetricFamily("meshio_process_cpu_seconds", "CPU time of the process.",
+                              labels=[*_PROC, "mode"])
+    rss = GaugeMetricFamily("meshio_process_resident_memory_bytes",
+                            "Resident memory of the process.", labels=_PROC)
+    restarts = CounterMetricFamily("meshio_process_restarts",
+                                   "Times a supervisor replaced the process.", labels=_PROC)
+    dropped = CounterMetricFamily("meshio_process_log_records_dropped",
+                                  "Logging records the process dropped (too many waited).",
+                                  labels=_PROC)
+    for pm in snapshot.proc_meshes:
+        for p in pm.processes:
+            values = [pm.name, str(p.rank), p.host]
+            up.add_metric(values, 1 if p.error is None else 0)
+            restarts.add_metric(values, p.restarts)
+            if p.error is None:
+                cpu.add_metric([*values, "user"], p.cpu_user)
+                cpu.add_metric([*values, "system"], p.cpu_system)
+                rss.add_metric(values, p.rss)
+                dropped.add_metric(values, p.log_records_dropped)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([calls, errors, queued, running, latency, up, cpu, rss,
+                                 restarts, dropped]))
+    return generate_latest(registry)
+
+
+class MetricsServer:
+    """The HTTP server of :func:`serve_metrics`, listening from its start.
+    Stop it with :meth:`aclose`, or use it as ``async with``.
+
+    Attributes:
+        host: the address it listens on.
+        port: the port it listens on (the one picked, if asked for 0).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.host: str = sock.getsockname()[0]
+        self.port: int = sock.getsockname()[1]
+        self._sock = sock
+        self._closed = False
+        #: the requests being answered (cancelled by aclose)
+        self._answering: set[asyncio.Task[None]] = set()
+        self._starting: asyncio.Task[asyncio.Server] = asyncio.get_running_loop().create_task(
+            asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/metrics``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def __repr__(self) -> str:
+        return f"<MetricsServer {self.url}{' closed' if self._closed else ''}>"
+
+    async def aclose(self) -> None:
+        """Stop listening and end the requests being answered.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._starting.cancel()
+        for task in self._answering:
+            task.cancel()
+        try:
+            server = await self._starting
+        except asyncio.CancelledError:
+            if not self._starting.cancelled():  # (we are cancelled ourselves)
+                raise
+            self._sock.close()  # closed before the server took it
+        else:
+            server.close()
+            await server.wait_closed()
+        if self._answering:
+            await asyncio.wait(self._answering)
+
+    async def __aenter__(self) -> MetricsServer:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._answering.add(task)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+            if method != "GET":
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            elif target.split("?", 1)[0] != "/metrics":
+                status, ctype, body = "404 Not Found", "text/plain", b"see /metrics\n"
+            else:
+                status, ctype = "200 OK", CONTENT_TYPE
+                body = prometheus_text(await stats(timeout=SCRAPE_TIMEOUT))
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
+                         f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+            pass  # a client that went away or sent no HTTP request: nothing to answer
+        finally:
+            self._answering.discard(task)
+            writer.close()
+
+
+def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve :func:`meshio.stats` as Prometheus metrics at
+    ``http://host:port/metrics``, from this controller's event loop (call it
+    there), each scrape gathering them afresh; the metric names are in the
+    README ("Metrics").  Listens on loopback by default.
+
+    Args:
+        port: the TCP port (0: any free one, see :attr:`MetricsServer.port`).
+        host: the address to listen on.
+
+    Raises:
+        TypeError: ``port`` is not an int or ``host`` not a str.
+        ValueError: ``port`` is not in 0..65535.
+        OSError: the address cannot be listened on (in use, not this host's).
+        RuntimeError: no event loop is running here.
+    """
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"serve_metrics: port must be an int, got {type(port).__name__} "
+                        f"{port!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"serve_metrics: port must be in 0..65535, got {port}")
+    if not isinstance(host, str):
+        raise TypeError(f"serve_metrics: host must be a str, got {type(host).__name__} "
+                        f"{host!r}")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("serve_metrics() serves from the controller's event loop: call it "
+                           "in async code (inside meshio.run)") from None
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                else socket.AF_INET)
+    try:
+        return MetricsServer(sock)
+    except BaseException:
+        sock.close()
+        raise
