@@ -2,7 +2,9 @@
 docstrings cross-reference with Sphinx roles (``:class:`~meshio.ActorError```),
 which Markdown would show as they are typed. Each role becomes inline code,
 linked to its entry in the API reference when there is one (an optional
-``autoref``: a name the reference does not document stays plain code)."""
+``autoref``: a name the reference does not document stays plain code); a
+reST literal block's ``::`` becomes ``:`` (the indented block after it is
+already a Markdown code block)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import griffe
 
 ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|exc|data|mod|obj):`(?P<short>~?)"
                   r"(?P<target>[\w.]+)(?P<call>\(\))?`")
+LITERAL = re.compile(r"(?<=\S)::(?=\n\s*\n)")
 
 
 def _identifier(target: str, obj: griffe.Object) -> str:
@@ -30,7 +33,7 @@ def convert(text: str, obj: griffe.Object) -> str:
         shown = (target.rsplit(".", 1)[-1] if m["short"] else target) + (m["call"] or "")
         return (f'<autoref identifier="{_identifier(target, obj)}" optional>'
                 f"<code>{shown}</code></autoref>")
-    return ROLE.sub(replace, text)
+    return LITERAL.sub(":", ROLE.sub(replace, text))
 
 
 class SphinxRoles(griffe.Extension):
