@@ -10,6 +10,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import nbclient
+import nbformat
 import pytest
 
 from kernels import KERNEL, kernelspec
@@ -41,13 +43,11 @@ def tour(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     cell awaits its call, once the worker's line has reached that cell, the
     kernel is interrupted as Jupyter's button does. Each code cell's output
     as text, in order."""
-    nbclient = pytest.importorskip("nbclient")
-    nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("ipykernel")
     tmp = tmp_path_factory.mktemp("tour")
     nb = nbformat.read(TOUR, as_version=4)
 
-    class Client(nbclient.NotebookClient):  # type: ignore[misc]
+    class Client(nbclient.NotebookClient):
         """Sets ``napping`` when the nap call's forwarded line arrives."""
 
         napping: asyncio.Event
@@ -104,7 +104,6 @@ def test_tour_cells(tour: list[str]) -> None:
 def test_tour_is_stored_without_outputs() -> None:
     """The notebook is kept clean: no outputs or execution counts from
     someone's machine (the tests make them)."""
-    nbformat = pytest.importorskip("nbformat")
     nb = nbformat.read(TOUR, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
