@@ -15,10 +15,14 @@ How a page's blocks are run (the conventions a page author follows):
   snippets); ``<!-- file: NAME -->`` writes the block to ``NAME`` in the
   page's working directory instead of running it (a test module, a
   ``pytest.ini``), for later blocks to use.
+
+The other pages (the user guide, the design notes, the topic pages) show
+fragments; their python blocks must compile.
 """
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import json
@@ -176,6 +180,17 @@ def test_parse_blocks_markers_and_outputs() -> None:
     with pytest.raises(ValueError, match=r"page:5: an Output block"):
         parse_blocks("```python\nx\n```\nprose\n```text title=\"Output\"\nx\n```\n")
 
+
+
+def test_every_python_block_of_the_site_compiles() -> None:
+    """The pages whose blocks do not run (the user guide, the design notes,
+    the topic pages: fragments that use names defined elsewhere) still hold
+    Python that compiles, top-level ``await`` allowed."""
+    for page in sorted(DOCS.rglob("*.md")):
+        for b in parse_blocks(page.read_text(), page.name):
+            if b.lang == "python":
+                compile(b.code, f"{page.relative_to(ROOT)}:{b.line}", "exec",
+                        flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
 
 # ------------------------------------------------------------ the site
 
