@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from kernels import KERNEL, kernelspec
+
 #: generous: a fresh interpreter, IPython, two workers
 DEADLINE = 120
 
@@ -413,21 +415,6 @@ print("STOPPED")
 ]
 
 
-def _kernelspec(mp: pytest.MonkeyPatch, tmp: Path) -> None:
-    """A kernelspec "meshio-test" for this interpreter, found through
-    JUPYTER_PATH: whatever kernels the machine has installed (or none, in a
-    fresh virtualenv), the kernel runs in this virtualenv."""
-    spec = tmp / "jupyter" / "kernels" / "meshio-test"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "meshio test", "language": "python"}))
-    mp.setenv("JUPYTER_PATH", str(tmp / "jupyter"))
-    mp.setenv("JUPYTER_PLATFORM_DIRS", "1")  # no migration warning
-    mp.setenv("IPYTHONDIR", str(tmp / "ipython"))
-    mp.delenv("PYTHONSTARTUP", raising=False)
-
-
 @pytest.fixture(scope="module")
 def kernel_notebook(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Runs KERNEL_CELLS as a notebook in a real ipykernel (through nbclient,
@@ -439,8 +426,8 @@ def kernel_notebook(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in KERNEL_CELLS])
     with pytest.MonkeyPatch.context() as mp:
-        _kernelspec(mp, tmp)
-        nbclient.NotebookClient(nb, kernel_name="meshio-test", timeout=DEADLINE,
+        kernelspec(mp, tmp)
+        nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=DEADLINE,
                                 allow_errors=True, resources={"metadata": {"path": str(tmp)}}
                                 ).execute()
 
@@ -512,8 +499,8 @@ def test_kernel_late_worker_output_goes_to_the_last_cell(tmp_path: Path,
     (which no frontend shows)."""
     pytest.importorskip("ipykernel")
     manager = pytest.importorskip("jupyter_client.manager")
-    _kernelspec(monkeypatch, tmp_path)
-    km = manager.KernelManager(kernel_name="meshio-test")
+    kernelspec(monkeypatch, tmp_path)
+    km = manager.KernelManager(kernel_name=KERNEL)
     km.start_kernel(cwd=str(tmp_path))
     kc = km.client()
     kc.start_channels()
