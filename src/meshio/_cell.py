@@ -30,7 +30,7 @@ import msgspec
 
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, _chain
-from ._constants import MSGPACK_NIL
+from ._constants import MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
@@ -249,7 +249,7 @@ class ActorCell:
     where its constructor ran (None: one is made)."""
 
     def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor,
-                 thread: ActorThread | None = None, stall_after: float = 60.0) -> None:
+                 thread: ActorThread | None = None, stall_after: float = STALL_AFTER) -> None:
         self.rt = rt
         self.target = target
         self.ctx = ctx
@@ -494,9 +494,7 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 continue
-            if msg.req and desc.retry is not None:  # its caller counts crashes it was in
-                conn.send_message(Started(msg.req))
-                await conn.flushed(STARTED_FLUSH)
+            await _started(conn, msg.req, desc)
             self.seq += 1
             self.serving = desc
             self.since = time.monotonic()
@@ -515,9 +513,7 @@ class ActorCell:
                               chain: tuple[str, ...], deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
         _chain.set((*chain, self.identity))
-        if req and desc.retry is not None:  # its caller counts crashes it was in
-            conn.send_message(Started(req))
-            await conn.flushed(STARTED_FLUSH)
+        await _started(conn, req, desc)
         await self._run(conn, req, desc, args, kwargs, deadline)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
@@ -604,6 +600,15 @@ class ActorCell:
         return True
 
 
+async def _started(conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any]) -> None:
+    """Before a call of an endpoint with a retry policy runs: tell its caller
+    (which counts the process deaths a call was running in, for
+    ``poison_after``) and wait until that is written."""
+    if req and desc.retry is not None:
+        conn.send_message(Started(req))
+        await conn.flushed(STARTED_FLUSH)
+
+
 def _deadline(budget: float | None) -> float | None:
     """The deadline (``time.monotonic()``) of a call that arrived with
     ``budget`` seconds left; a budget that is not a finite number (only a
@@ -663,7 +668,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         conn.send_message(Fail(msg.req, info))
         return
     rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread,
-                                      msg.stall_after if msg.stall_after > 0 else 60.0)
+                                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER)
     rt.state(StallWatch)  # (started with the first actor)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
@@ -683,7 +688,7 @@ class StallWatch:
     async def _watch(self) -> None:
         while True:
             cells = [c for c in list(self.rt.actors.values()) if isinstance(c, ActorCell)]
-            shortest = min((c.stall_after for c in cells), default=60.0)
+            shortest = min((c.stall_after for c in cells), default=STALL_AFTER)
             await asyncio.sleep(min(max(shortest / 4, 0.05), 1.0))
             now = time.monotonic()
             for cell in cells:

@@ -17,6 +17,7 @@ import msgspec
 
 from ._actor_mesh import ActorMesh
 from ._cell import stall_line
+from ._constants import STALL_AFTER
 from ._context import Context, _context
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
@@ -116,7 +117,7 @@ class SpawnOptions:
     stalled."""
 
     restart: RestartType = "permanent"
-    stall_after: float = 60.0
+    stall_after: float = STALL_AFTER
 
 
 class _ActorRecord:

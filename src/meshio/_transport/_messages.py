@@ -11,6 +11,8 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from .._constants import STALL_AFTER
+
 __all__ = (
     "Answers",
     "Call",
@@ -148,7 +150,7 @@ class SpawnActor(_Msg, frozen=True, tag=5):
     #: -1: same as ``rank``
     proc_rank: int = -1
     #: seconds a call may run before the actor reports it stalled
-    stall_after: float = 60.0
+    stall_after: float = STALL_AFTER
 
 
 class StopActor(_Msg, frozen=True, tag=6):
