@@ -387,8 +387,7 @@ class ActorMesh(MeshShape, Generic[A]):
                         and state.supervisor is not None \
                         and crashes >= state.supervisor.poison_after:
                     raise self._poisoned(state, index, desc, crashes, e) from e
-                if attempt >= policy.attempts or not policy.matches(e) or (
-                        deadline is not None and time.monotonic() >= deadline):
+                if not policy.sends_again(e, attempt, deadline):
                     raise
                 if isinstance(e, SupervisionError) and state is not None:
                     # the owner knows when the restart is done (or that none comes)

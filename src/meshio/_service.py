@@ -399,8 +399,7 @@ class Service(MeshShape):
             try:
                 return await fut
             except SupervisionError as e:
-                if policy is None or attempt >= policy.attempts or not policy.matches(e) or (
-                        deadline is not None and time.monotonic() >= deadline):
+                if policy is None or not policy.sends_again(e, attempt, deadline):
                     raise
                 # its process died with the call in flight: it is out of
                 # rotation now, and the call goes to another replica

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from .._exceptions import ActorError, SupervisionError
@@ -58,6 +59,13 @@ class Retry:
         return isinstance(error, ActorError) and any(
             error.remote_type in (t.__qualname__, f"{t.__module__}.{t.__qualname__}")
             for t in self.on)
+
+    def sends_again(self, error: BaseException, attempt: int, deadline: float | None) -> bool:
+        """Whether a call whose ``attempt``-th send (from 1) failed with
+        ``error`` is sent again: attempts are left, ``error`` matches and its
+        deadline (``time.monotonic()``; None: none) has not passed."""
+        return attempt < self.attempts and self.matches(error) and (
+            deadline is None or time.monotonic() < deadline)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
