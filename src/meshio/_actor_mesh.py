@@ -18,6 +18,8 @@ import msgspec
 from ._exceptions import PoisonMessageError, SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
+from ._tracing import ENABLED as TRACING
+from ._tracing import current as current_trace
 from ._transport._connection import (
     DEADLINE,
     Connection,
@@ -193,7 +195,8 @@ class ActorMesh(MeshShape, Generic[A]):
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq, "", _budget(deadline))), out)
+                                      _chain.get(), seq, "", _budget(deadline),
+                                      current_trace() if TRACING else "")), out)
 
     def _down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
         """The error of a call to ``index`` if its process is known dead (or
@@ -334,7 +337,8 @@ class ActorMesh(MeshShape, Generic[A]):
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
-                                            _budget(deadline))), out)
+                                            _budget(deadline),
+                                            current_trace() if TRACING else "")), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:

@@ -37,6 +37,8 @@ from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import Meter, encode_report, process_report
 from ._stacks import Stacks, capture, encode_actors
+from ._tracing import ENABLED as TRACING
+from ._tracing import failed, served
 from ._transport._connection import Connection
 from ._transport._messages import (
     Call,
@@ -304,7 +306,7 @@ class ActorCell:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
             task = self.rt.loop.create_task(
-                self._run_concurrent(conn, msg.req, desc, args, kwargs, msg.chain, deadline),
+                self._run_concurrent(conn, msg, desc, args, kwargs, deadline),
                 name=desc.qualname)
             self.tasks.add(task)
             if msg.req:  # cancellable from now on, not only once the task has started
@@ -501,20 +503,22 @@ class ActorCell:
             _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
             _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
             try:
-                await self._run(conn, msg.req, desc, args, kwargs, deadline)
+                run = self._run(conn, msg.req, desc, args, kwargs, deadline)
+                await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
             finally:
                 self.serving = None
                 _scope.set(None)
             del bufs, args, kwargs  # an idle actor keeps no value of its last call
 
-    async def _run_concurrent(self, conn: Connection, req: int,
+    async def _run_concurrent(self, conn: Connection, msg: Call,
                               desc: EndpointDescriptor[Any, Any, Any],
                               args: tuple[Any, ...], kwargs: dict[str, Any],
-                              chain: tuple[str, ...], deadline: float | None) -> None:
+                              deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
-        _chain.set((*chain, self.identity))
-        await _started(conn, req, desc)
-        await self._run(conn, req, desc, args, kwargs, deadline)
+        _chain.set((*msg.chain, self.identity))
+        await _started(conn, msg.req, desc)
+        run = self._run(conn, msg.req, desc, args, kwargs, deadline)
+        await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -536,7 +540,10 @@ class ActorCell:
             else:
                 result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
         except BaseException as e:
-            meter.record(time.perf_counter() - start, not isinstance(e, asyncio.CancelledError))
+            error = not isinstance(e, asyncio.CancelledError)
+            meter.record(time.perf_counter() - start, error)
+            if TRACING and error:
+                failed(e)
             by_caller = self._done(key, task)
             if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
                 if task.cancelling():  # the actor is stopping

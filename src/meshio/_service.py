@@ -25,6 +25,7 @@ from ._exceptions import CallTimeout, SupervisionError
 from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
 from ._proc_state import ProcState, _ActorRecord
+from ._tracing import traced
 from ._transport._connection import Gathering
 from ._transport._serial import OutBuffers
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, Site
@@ -550,6 +551,7 @@ class _ServiceEndpoint(Endpoint[P, R]):
         self._service = service
         self._takes_session = "session" in inspect.signature(desc.fn).parameters
 
+    @traced
     async def route(self, *args: Any, session: Hashable | None = None, **kwargs: Any) -> R:
         """Call one replica, chosen by the service's routing (see
         :class:`Service`); ``session``: the sticky-session key."""

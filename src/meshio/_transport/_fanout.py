@@ -265,8 +265,9 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         return msg.first_req + k if msg.first_req else 0
 
     def call(req: int, seq: int) -> Call:
+        # (the deadline as it came: this relay's own delay is microseconds)
         return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin,
-                    deadline=msg.deadline)  # (this relay's own delay is microseconds)
+                    deadline=msg.deadline, trace=msg.trace)
 
     for host, calls in msg.groups:
         if host != own:
@@ -295,7 +296,8 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             first = first or req
         conn.send(encode_message(Fanout(
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
-            relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline)), out)
+            relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline,
+            msg.trace)), out)
 
 
 def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,

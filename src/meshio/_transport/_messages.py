@@ -88,6 +88,9 @@ class Call(_Msg, frozen=True, tag=2):
     ``deadline``: seconds the caller still waits for the answer, as sent
     (None: no deadline); a duration, not a time, so hosts need no common
     clock.  The callee drops the call if that passed before it ran.
+
+    ``trace``: the caller's span as a W3C ``traceparent`` ("" : none; see
+    :mod:`meshio._tracing`, the ``otel`` extra).
     """
 
     req: int
@@ -98,6 +101,7 @@ class Call(_Msg, frozen=True, tag=2):
     seq: int = 0
     origin: str = ""
     deadline: float | None = None
+    trace: str = ""
 
 
 class Reply(_Msg, frozen=True, tag=3):
@@ -300,7 +304,7 @@ class Fanout(_Msg, frozen=True, tag=21):
     (empty: the connection's peer); ``width`` bounds the messages each relay
     sends on.  The answers go back up in :class:`Answers`: all of a relay's
     at once when ``gather`` (a ``call``), else as they come (a ``stream``).
-    ``deadline``: as in :class:`Call`."""
+    ``deadline`` and ``trace``: as in :class:`Call`."""
 
     target: str
     method: str
@@ -314,6 +318,7 @@ class Fanout(_Msg, frozen=True, tag=21):
     width: int
     gather: bool
     deadline: float | None = None
+    trace: str = ""
 
 
 class Answers(_Msg, frozen=True, tag=22):

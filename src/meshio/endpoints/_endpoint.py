@@ -34,6 +34,7 @@ from .._exceptions import (
     SupervisionError,
     rebuild_error,
 )
+from .._tracing import traced
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
 from .._transport._runtime import on_loop
@@ -332,6 +333,7 @@ class Endpoint(Generic[P, R]):
 
     # ------------------------------------------------------------ adverbs
 
+    @traced
     def call(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """Call every actor of the mesh; a ValueMesh of the results.
 
@@ -409,6 +411,7 @@ class Endpoint(Generic[P, R]):
         error.inherited = inherited
         raise error
 
+    @traced
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call the only actor of a one-actor mesh (e.g. a slice) and return its result.
 
@@ -426,6 +429,7 @@ class Endpoint(Generic[P, R]):
         return self._single(mesh._request(0, self._desc, body, packer.out, deadline), 0,
                             deadline)
 
+    @traced
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller."""
         mesh = self._mesh
@@ -453,6 +457,7 @@ class Endpoint(Generic[P, R]):
         result: R = fut.result()
         return result
 
+    @traced
     async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[tuple[Point, R]]:
         """Call every actor; yield ``(point, result)`` in arrival order.
 
@@ -505,6 +510,7 @@ class Endpoint(Generic[P, R]):
             f"service's adverb; make a service of the mesh (meshio.Service(mesh)) or call "
             f"one actor with choose()")
 
+    @traced
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting; an exception in the endpoint
         is reported as a supervision event, not to the caller.  Actors whose

@@ -1,0 +1,172 @@
+"""OpenTelemetry spans for calls: the optional ``otel`` extra
+(``pip install 'meshio[otel]'``).
+
+When the ``opentelemetry`` package is importable, every call gets a span on
+both sides: a ``CLIENT`` span where an adverb sends it (``call``,
+``call_one``, ``choose``, ``stream``, ``broadcast``), current while it
+sends, and a ``SERVER`` span where the endpoint runs, child of the caller's
+(its W3C ``traceparent`` travels in the call message, :class:`Call.trace
+<meshio._transport._messages.Call>`), current while the endpoint runs, so
+the calls an endpoint makes are its children: a trace shows controller →
+actor → actor, across processes and hosts.  Spans go to the global tracer
+provider of each process (``opentelemetry.trace.set_tracer_provider``);
+without one they are OpenTelemetry's no-op spans.
+
+Without the package nothing of it is imported and nothing is paid per call:
+:data:`ENABLED` is decided once, at import, and the adverbs are then not
+wrapped at all (:func:`traced` returns them as they are); the call path
+checks one module constant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+__all__ = ("ENABLED", "current", "failed", "parent", "served", "traced")
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+#: a W3C ``traceparent`` of version 00: trace id, span id, flags
+_TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
+#: whether the ``otel`` extra is installed (decided once, at import)
+ENABLED: Final = find_spec("opentelemetry") is not None
+
+if ENABLED or TYPE_CHECKING:  # (type checkers see the extra: it is in the dev one)
+    from opentelemetry import context as _otel_context
+    from opentelemetry import trace as _trace
+
+    _tracer = _trace.get_tracer("meshio")
+    _CLIENT = _trace.SpanKind.CLIENT
+    _SERVER = _trace.SpanKind.SERVER
+    _ERROR = _trace.Status(_trace.StatusCode.ERROR)
+
+
+def current() -> str:
+    """The W3C ``traceparent`` of the current span, for the call being
+    sent ("" when there is none)."""
+    ctx = _trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return ""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+
+
+def _fail(span: Any, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_status(_ERROR)
+
+
+def _end_with_result(span: Any, fut: asyncio.Future[Any]) -> None:
+    """End ``span`` when ``fut`` is done, failed if it failed."""
+    def end(_: object) -> None:
+        if not fut.cancelled() and (error := fut.exception()) is not None:
+            _fail(span, error)
+        span.end()
+    fut.add_done_callback(end)
+
+
+def traced(adverb: F) -> F:
+    """``adverb`` (a method of an endpoint handle) with a ``CLIENT`` span
+    per use, named ``"<Actor.endpoint> <adverb>"``; ``adverb`` itself when
+    the extra is absent.  The span is current while the adverb sends (and
+    in the tasks it starts, e.g. a retry's), and ends when what it returns
+    is done: a future's result, a coroutine's or a stream's end; at once
+    for anything else (``broadcast``)."""
+    if not ENABLED:
+        return adverb
+    name = adverb.__name__
+
+    def start(handle: Any) -> Any:
+        return _tracer.start_span(f"{handle._qualname} {name}", kind=_CLIENT, attributes={
+            "meshio.mesh": handle._mesh._name, "meshio.adverb": name})
+
+    if inspect.isasyncgenfunction(adverb):
+        @functools.wraps(adverb)
+        async def stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            span = start(handle)
+            items = adverb(handle, *args, **kwargs)
+            try:
+                while True:
+                    token = _otel_context.attach(_trace.set_span_in_context(span))
+                    try:
+                        item = await items.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    finally:
+                        _otel_context.detach(token)
+                    yield item
+            except BaseException as e:
+                _fail(span, e)
+                raise
+            finally:
+                await items.aclose()
+                span.end()
+        return stream  # type: ignore[return-value]
+
+    if inspect.iscoroutinefunction(adverb):
+        @functools.wraps(adverb)
+        async def coroutine(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            with _tracer.start_as_current_span(f"{handle._qualname} {name}", kind=_CLIENT,
+                                               attributes={"meshio.mesh": handle._mesh._name,
+                                                           "meshio.adverb": name}):
+                return await adverb(handle, *args, **kwargs)
+        return coroutine  # type: ignore[return-value]
+
+    @functools.wraps(adverb)
+    def sends(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        span = start(handle)
+        token = _otel_context.attach(_trace.set_span_in_context(span))
+        try:
+            result: object = adverb(handle, *args, **kwargs)
+        except BaseException as e:
+            _fail(span, e)
+            span.end()
+            raise
+        finally:
+            _otel_context.detach(token)
+        if isinstance(result, asyncio.Future):
+            _end_with_result(span, result)  # pyright: ignore[reportUnknownArgumentType]
+        else:
+            span.end()
+        return cast(Any, result)
+    return sends  # type: ignore[return-value]
+
+
+def parent(traceparent: str) -> Any:
+    """The context of a caller's span sent as a W3C ``traceparent``
+    (``00-<trace id>-<span id>-<flags>``, lower-case hex); None when it is
+    not one (a peer's bytes are not trusted: anything malformed is no
+    parent, never an error)."""
+    m = _TRACEPARENT.match(traceparent)
+    if m is None:
+        return None
+    ids = [int(part, 16) for part in m.groups()]
+    ctx = _trace.SpanContext(ids[0], ids[1], is_remote=True,
+                             trace_flags=_trace.TraceFlags(ids[2] & 0xFF))
+    return _trace.set_span_in_context(_trace.NonRecordingSpan(ctx)) if ctx.is_valid else None
+
+
+async def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> T:
+    """Await ``run`` (an endpoint's call being served) in a ``SERVER`` span,
+    child of the caller's span ``traceparent`` ("" : a trace of its own),
+    current meanwhile so that the calls it makes are its children."""
+    span = _tracer.start_span(endpoint, context=parent(traceparent) if traceparent else None,
+                              kind=_SERVER, attributes={"meshio.actor": where})
+    token = _otel_context.attach(_trace.set_span_in_context(span))
+    try:
+        return await run
+    finally:
+        _otel_context.detach(token)
+        span.end()
+
+
+def failed(error: BaseException) -> None:
+    """The endpoint being served raised ``error``: its span says so (the
+    error itself goes to the caller, not through the span's ``with``)."""
+    _fail(_trace.get_current_span(), error)
