@@ -33,6 +33,7 @@ from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
 from ._transport._serial import OutBuffers, limits
+from ._transport._tasks import awaited
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
 
 if TYPE_CHECKING:
@@ -282,7 +283,7 @@ class ActorMesh(MeshShape, Generic[A]):
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retry is not None:
-            return [cancels(asyncio.ensure_future(
+            return [cancels(awaited(
                 self._retry(i, desc, body, out, f, deadline, None)), [f])
                 for i, f in enumerate(futs)]
         return futs
@@ -347,7 +348,7 @@ class ActorMesh(MeshShape, Generic[A]):
         fut = self._request_once(index, desc, body, out, deadline)
         if desc.retry is None:
             return fut
-        return cancels(asyncio.ensure_future(
+        return cancels(awaited(
             self._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
 
     def _request_once(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,

@@ -55,6 +55,7 @@ from ._transport._messages import (
 )
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
+from ._transport._tasks import awaited
 from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import Registry
 
@@ -155,7 +156,7 @@ async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -
     """Run ``work`` for at most ``timeout`` seconds (a step of a stop); if it
     raises, is cancelled or overruns (it is then cancelled), that is logged
     to stderr and the stop goes on."""
-    task = asyncio.get_running_loop().create_task(_guarded(work, what))
+    task = awaited(_guarded(work, what))
     try:  # (not wait_for: it would wait for work that ignores its cancellation)
         await asyncio.wait([task], timeout=timeout)
     except BaseException:  # this stop is cancelled (the worker is exiting)
@@ -289,7 +290,7 @@ class ActorCell:
         self.waiter: asyncio.Future[None] | None = None
         #: by endpoint name: its calls so far (``meshio.stats()``)
         self.meters: dict[str, Meter] = {name: Meter() for name in self.endpoints}
-        self.task = rt.loop.create_task(self._pump(), name="mailbox")
+        self.task = rt.tasks.start(self._pump(), name="mailbox")
 
     @property
     def where(self) -> str:
@@ -305,7 +306,7 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
-            task = self.rt.loop.create_task(
+            task = self.rt.tasks.start(
                 self._run_concurrent(conn, msg, desc, args, kwargs, deadline),
                 name=desc.qualname)
             self.tasks.add(task)
@@ -386,7 +387,7 @@ class ActorCell:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "unknown_actor", "UnknownActorError", "before handling this call")))
         self.queued.clear()
-        self.stopping = self.rt.loop.create_task(self._finish_stop(tasks, exc))
+        self.stopping = self.rt.tasks.start(self._finish_stop(tasks, exc))
         return self.stopping
 
     async def _finish_stop(self, tasks: list[asyncio.Task[Any]],
@@ -687,7 +688,7 @@ class StallWatch:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.task = rt.loop.create_task(self._watch(), name="meshio stall watch")
+        self.task = rt.tasks.start(self._watch(), name="meshio stall watch")
 
     def close(self) -> None:
         self.task.cancel()
@@ -733,7 +734,7 @@ def cell_of(rt: Runtime, target: str) -> ActorCell | None:
 
 
 def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
-    rt.loop.create_task(spawn_cell(rt, conn, msg, bufs))
+    rt.tasks.start(spawn_cell(rt, conn, msg, bufs))
 
 
 register_handler(SpawnActor, _on_spawn)

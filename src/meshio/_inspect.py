@@ -35,6 +35,7 @@ from ._transport._handshake import new_secret
 from ._transport._messages import ErrorInfo, Fail, JobStacks, Reply
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
+from ._transport._tasks import TaskOwner
 
 if TYPE_CHECKING:
     from ._proc_state import ProcState
@@ -80,7 +81,7 @@ class Inspection:
         self.rt = rt
         self.procs: list[ProcState] = []
         #: answers under way (cancelled when the runtime closes)
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskOwner("the inspection server", rt.loop)
         secret = new_secret()
         addr = rt.listen_inspection(secret)
         self.path: Path | None = None
@@ -95,9 +96,7 @@ class Inspection:
         state.on_release.append(lambda: self.procs.remove(state))
 
     def answer(self, conn: Connection, msg: JobStacks) -> None:
-        task = self.rt.loop.create_task(self._answer(conn, msg))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks.start(self._answer(conn, msg))
 
     async def _answer(self, conn: Connection, msg: JobStacks) -> None:
         asks = [(w.addr, "", f"proc mesh {state.name!r}", state.region.point(w.rank))
@@ -110,8 +109,7 @@ class Inspection:
         conn.send_message(Reply(msg.req, msgspec.Raw(_encode(stacks))))
 
     def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+        self.tasks.cancel()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 

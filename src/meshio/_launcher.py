@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 from ._transport._messages import Stream
+from ._transport._tasks import TaskOwner
 from ._transport._tls import TLSConfig
 
 __all__ = ("BOOTSTRAP_FAILED", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX", "Forward",
@@ -173,19 +174,21 @@ class LocalProc:
                  label: str, stdin: socket.socket, payload: bytes,
                  output: Output | None = None, worker: str = "") -> None:
         self._popen = popen
+        #: connecting its output pipes, handing the payload over its stdin
+        self._tasks = TaskOwner(f"the launch of {label}", loop)
         streams: tuple[tuple[Any, Stream], ...] = ((popen.stdout, "stdout"),
                                                    (popen.stderr, "stderr"))
         for pipe, name in streams:
             if pipe is not None:
                 factory: Any = (functools.partial(Forward, label, name) if output is None
                                 else functools.partial(_Relay, worker, name, output))
-                loop.create_task(loop.connect_read_pipe(factory, pipe))
+                self._tasks.start(loop.connect_read_pipe(factory, pipe))
         self.pid = popen.pid
         self.host = socket.gethostname()
         self.start_failure: str | None = None
         self._loop = loop
         self._stdin = stdin
-        self._handing_over = loop.create_task(self._hand_over(payload))
+        self._handing_over = self._tasks.start(self._hand_over(payload))
         self._exit: asyncio.Future[int] = loop.create_future()
         try:
             self._fd = os.pidfd_open(popen.pid)

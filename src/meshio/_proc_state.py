@@ -45,6 +45,7 @@ from ._transport._runtime import (
     tcp_endpoint,
 )
 from ._transport._serial import Buffers, dumps
+from ._transport._tasks import awaited
 from .endpoints._endpoint import combine_failures, rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -235,7 +236,7 @@ class ProcState:
             self.owner._owned.append(self)
         if self.rt.controller is None:  # a controller's (not a worker's): `meshio stacks` sees it
             self.rt.state(Inspection).watch(self)
-        self.ready: asyncio.Task[None] = self.rt.loop.create_task(self._start())
+        self.ready: asyncio.Task[None] = self.rt.tasks.start(self._start())
 
     @property
     def restart_type(self) -> RestartType:
@@ -304,7 +305,7 @@ class ProcState:
             raise
         for worker in self.workers:
             worker.ready.set_result(None)
-        self._beating = self.rt.loop.create_task(self._heartbeats())
+        self._beating = self.rt.tasks.start(self._heartbeats())
 
     def reopen(self) -> None:
         """Undo :meth:`stop` before a parent supervisor restarts this mesh's
@@ -313,10 +314,10 @@ class ProcState:
             self.stopped = False
             if self._beating is not None:
                 self._beating.cancel()
-            self._beating = self.rt.loop.create_task(self._heartbeats())
+            self._beating = self.rt.tasks.start(self._heartbeats())
 
     async def _hello(self, worker: _Worker, waiter: asyncio.Future[Connection]) -> None:
-        exited = asyncio.ensure_future(worker.handle.wait())
+        exited = awaited(worker.handle.wait())
         racers: list[asyncio.Future[Any]] = [waiter, exited]
         done, _ = await asyncio.wait(racers, timeout=START_TIMEOUT,
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -393,7 +394,7 @@ class ProcState:
             self.rt.dead[worker.addr] = error
             if worker.ready.done():  # retryable calls wait for the restart, not spin
                 worker.ready = self.rt.loop.create_future()
-        self.rt.loop.create_task(self._fail_calls(worker, conn, handle))
+        self.rt.tasks.start(self._fail_calls(worker, conn, handle))
 
     async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle) -> None:
         try:
@@ -801,7 +802,7 @@ class ProcState:
         w.stopping = True
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
-            await asyncio.wait([asyncio.ensure_future(w.handle.wait())], timeout=KILL_WAIT)
+            await asyncio.wait([awaited(w.handle.wait())], timeout=KILL_WAIT)
         if conn is not None:
             conn.abort()
         handle, cause = w.handle, f"replace failed: {type(e).__name__}: {e}"
@@ -1098,7 +1099,7 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         for w in workers:
             if w.conn is not None and not w.conn.closed:
                 w.conn.send_message(Shutdown())
-    waits = [asyncio.ensure_future(w.handle.wait()) for w in workers]
+    waits = [awaited(w.handle.wait()) for w in workers]
     if not waits:
         return
     _, pending = await asyncio.wait(waits, timeout=KILL_WAIT if policy == "brutal_kill"

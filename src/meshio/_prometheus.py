@@ -36,6 +36,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ._metrics import Stats, stats
+from ._transport._tasks import awaited
 
 __all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics")
 
@@ -130,7 +131,7 @@ class MetricsServer:
         self._closed = False
         #: the requests being answered (cancelled by aclose)
         self._answering: set[asyncio.Task[None]] = set()
-        self._starting: asyncio.Task[asyncio.Server] = asyncio.get_running_loop().create_task(
+        self._starting: asyncio.Future[asyncio.Server] = awaited(
             asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
 
     @property

@@ -56,6 +56,7 @@ from ._messages import (
     _Msg,
 )
 from ._serial import Buffers
+from ._tasks import TaskOwner
 from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "close_runtime",
@@ -340,9 +341,10 @@ class Runtime:
         #: this runtime's own (learned from its ``Hello``; what dialling it proves)
         self.tcp_jobs: dict[str, Credentials] = {}
         self._socks: list[socket.socket] = []
-        self._serving: list[asyncio.Task[None]] = []
+        #: its tasks: serving each listener, TLS handshakes, dialling, and
+        #: what the layers start on its behalf (cancelled by :meth:`close`)
+        self.tasks = TaskOwner(f"the runtime at {addr}", self.loop)
         self._servers: list[asyncio.Server] = []
-        self._tls_accepts: set[asyncio.Task[None]] = set()  # TLS handshakes under way
         #: connections being dialled → done once dialling ended (:meth:`dialled`)
         self._dialling: dict[Connection, asyncio.Task[None]] = {}
         endpoint = None if in_process else tcp_endpoint(addr)
@@ -425,8 +427,7 @@ class Runtime:
         sock = _listen_unix(addr)
         self._socks.append(sock)
         self.inspection = creds = Credentials(secret)
-        self._serving.append(self.loop.create_task(self._serve(
-            sock, functools.partial(self._handshake_in, addr, creds))))
+        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, creds)))
         self.inspection_addr = addr
         return addr
 
@@ -451,13 +452,12 @@ class Runtime:
         names the host."""
         self._socks.append(sock)
         if job is None:
-            self._serving.append(self.loop.create_task(self._serve(
-                sock, functools.partial(self._handshake_in, self.addr, None))))
+            self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, self.addr,
+                                                                 None)))
             return self.addr
         addr = tcp_address(advertise, sock.getsockname()[1])
-        self._serving.append(self.loop.create_task(
-            self._serve(sock, functools.partial(self._handshake_in, addr, job))
-            if job.server_context is None else self._serve_tls(sock, addr, job)))
+        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job))
+                         if job.server_context is None else self._serve_tls(sock, addr, job))
         return addr
 
     async def _serve(self, sock: socket.socket,
@@ -476,9 +476,7 @@ class Runtime:
         sock.setblocking(False)
         while True:
             conn, peer = await self.loop.sock_accept(sock)
-            task = self.loop.create_task(self._accept_tls(conn, peer, addr, job))
-            self._tls_accepts.add(task)
-            task.add_done_callback(self._tls_accepts.discard)
+            self.tasks.start(self._accept_tls(conn, peer, addr, job))
 
     async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
                           job: Credentials) -> None:
@@ -562,7 +560,7 @@ class Runtime:
             memory_pipe(self.loop, conn, self.context, self.addr,
                         accepted, peer.context, addr)
         else:
-            task = self._dialling[conn] = self.loop.create_task(self._dial(conn, addr))
+            task = self._dialling[conn] = self.tasks.start(self._dial(conn, addr))
             task.add_done_callback(lambda _: self._dialling.pop(conn, None))
         return conn
 
@@ -888,8 +886,7 @@ class Runtime:
         self._closed = True
         if _local.get(self.addr) is self:
             del _local[self.addr]
-        for task in [*self._serving, *self._tls_accepts]:
-            task.cancel()
+        self.tasks.cancel()
         for server in self._servers:
             server.close()
         for hs in list(self._handshakes):

@@ -39,6 +39,7 @@ from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
 from .._transport._runtime import on_loop
 from .._transport._serial import OutBuffers, Packer
+from .._transport._tasks import awaited
 from .._value_mesh import ValueMesh
 from ._retry import PROCESS_DEATH, Retry
 from ._schema import Schema
@@ -346,9 +347,9 @@ class Endpoint(Generic[P, R]):
         deadline = self._deadline()
         if self._desc.retry is not None:  # each actor's call retried on its own
             futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
-            return cancels(asyncio.ensure_future(self._gather(futs, deadline)), futs)
+            return cancels(awaited(self._gather(futs, deadline)), futs)
         g = mesh._gather_all(self._desc, body, packer.out, deadline)
-        task = asyncio.ensure_future(self._gathered(g, deadline))
+        task = awaited(self._gathered(g, deadline))
         task.add_done_callback(lambda _: g.abandon())
         return task
 
@@ -446,7 +447,7 @@ class Endpoint(Generic[P, R]):
                 ) -> asyncio.Future[R]:
         if deadline is None:
             return fut
-        return cancels(asyncio.ensure_future(self._single_timeout(fut, index, deadline)),
+        return cancels(awaited(self._single_timeout(fut, index, deadline)),
                        [fut])
 
     async def _single_timeout(self, fut: asyncio.Future[Any], index: int,

@@ -120,7 +120,7 @@ def _on_launch(rt: Runtime, conn: Connection, msg: LaunchWorker, bufs: Buffers) 
     if not rt.has_state(Agent):
         _not_an_agent(rt, conn, msg.req)
         return
-    rt.loop.create_task(rt.state(Agent).launch(conn, msg))
+    rt.tasks.start(rt.state(Agent).launch(conn, msg))
 
 
 def _on_signal(rt: Runtime, conn: Connection, msg: SignalWorker, bufs: Buffers) -> None:

@@ -31,6 +31,7 @@ from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
 from .._transport._runtime import runtime
+from .._transport._tasks import TaskOwner
 from ._clocks import Clock, MonotonicClock
 from ._events import EventKind, SupervisionEvent
 
@@ -180,6 +181,8 @@ class Supervisor:
         self._restarts: list[float] = []
         #: (id(child), rank) of units a pending restart will start again
         self._scheduled: set[tuple[int, int]] = set()
+        #: its restarts and escalations under way
+        self._tasks = TaskOwner(f"supervisor {name!r}")
         self._events: list[SupervisionEvent] = []
         self._listeners: list[asyncio.Queue[SupervisionEvent]] = []
         self._failed: asyncio.Future[SupervisionError] | None = None
@@ -278,7 +281,7 @@ class Supervisor:
         self._restarts = [t for t in self._restarts if now - t < self.within]
         done = len(self._restarts)  # restarts begun within the period (a failed one too)
         if counted and done >= self.max_restarts:
-            asyncio.get_running_loop().create_task(self._escalate(
+            self._tasks.start(self._escalate(
                 f"{_who(child, rank)} failed ({cause}) after {done} "
                 f"restart{'' if done == 1 else 's'} in the last {self.within}s; "
                 f"max_restarts={self.max_restarts} within {self.within}s allows no more",
@@ -296,7 +299,7 @@ class Supervisor:
             case _:
                 targets = units[me:]
         self._scheduled.update((id(u), r) for u, r in targets)
-        asyncio.get_running_loop().create_task(self._restart(targets, (child, rank)))
+        self._tasks.start(self._restart(targets, (child, rank)))
         return True
 
     async def _restart(self, targets: list[tuple[Supervised | Supervisor, int]],

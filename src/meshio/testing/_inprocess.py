@@ -47,8 +47,7 @@ class InProcessWorker:
         self.start_failure: str | None = None
         self._rt = rt
         # served in the runtime's own context: its actors see it as runtime()
-        self._task: asyncio.Task[int] = rt.context.run(rt.loop.create_task,
-                                                       serve(rt, controller))
+        self._task: asyncio.Task[int] = rt.context.run(rt.tasks.start, serve(rt, controller))
         self._signal: int | None = None
 
     @property

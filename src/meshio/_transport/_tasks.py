@@ -1,0 +1,76 @@
+"""Every task has an owner (as in trio's nurseries and anyio's task groups).
+
+A :class:`TaskOwner` belongs to one object that lives as long as its tasks
+may (a runtime, an actor cell, a proc mesh's state, a supervisor, a
+launcher, an inspection server): it starts them (:meth:`TaskOwner.start`),
+keeps them until they end, and cancels and awaits them all when its object closes
+(:meth:`TaskOwner.aclose`, or :meth:`TaskOwner.cancel` where closing is
+synchronous).  :func:`awaited` is the one other way to make a task: one
+its caller awaits itself (the future an adverb returns, a wait with a
+timeout), so the caller owns it.
+
+These two are the only places in meshio that call ``create_task`` or
+``ensure_future`` (``tests/test_task_owners.py`` keeps it so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = ("TaskOwner", "awaited")
+
+T = TypeVar("T")
+
+
+class TaskOwner:
+    """The tasks of one object (``what`` names it), on ``loop``."""
+
+    __slots__ = ("_loop", "_tasks", "what")
+
+    def __init__(self, what: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.what = what
+        self._loop = loop
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"<TaskOwner of {self.what}: {len(self._tasks)} tasks>"
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Any:
+        return iter(list(self._tasks))
+
+    def start(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+        """Run ``coro`` as a task of this owner's, on its loop (the running
+        one when none was given)."""
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        # (an error nobody retrieves is reported by asyncio, as for any task)
+        self._tasks.discard(task)
+
+    def cancel(self) -> None:
+        """Cancel every task still running (closing synchronously)."""
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Cancel every task still running and wait until all have ended."""
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+
+def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
+    """``aw`` as a future its caller awaits (or hands to the user, who
+    awaits it): the caller owns it, and cancelling it cancels ``aw``."""
+    return asyncio.ensure_future(aw)
