@@ -15,9 +15,11 @@ two processes:
   the owner's runtime (not its actors); a :class:`RDMAFallbackWarning` is
   emitted once.
 
-This module is the front: :class:`RDMABuffer` and the choice of backend.
-The backends below it (and :mod:`._memory`, :mod:`._registry`) never import
-it.
+Each backend module implements one Protocol (:class:`._registry.RdmaBackend`:
+its status, the holder's transfer, the owner's side of the requests it
+serves); :mod:`._backends` names them and serves the owner's side.  This
+module is the front: :class:`RDMABuffer` and the choice of backend.  The
+backends below it (and :mod:`._memory`, :mod:`._registry`) never import it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import asyncio
 import functools
 import importlib.util
 import os
-from collections.abc import Awaitable
 from typing import Any
 
 import msgspec
@@ -35,7 +36,7 @@ from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
 from .._transport._runtime import runtime
-from . import _same_host, _tcp
+from . import _backends, _same_host
 from ._memory import BufferLike, Memory, memory_of
 from ._registry import BACKENDS, Backend, Handle, Registration, Registry, _ids, _request
 
@@ -47,22 +48,18 @@ __all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_f
 def backend_status() -> dict[Backend, tuple[bool, str]]:
     """For each backend, in order of preference: whether this process can
     use it, and what it found or why not (``meshio doctor`` shows these)."""
-    status: dict[Backend, tuple[bool, str]] = {"same_host": _same_host.status()}
-    try:
-        # deferred: imports the cffi module (absent without libibverbs)
-        from ._ibverbs_device import status as ibverbs_status
-    except ImportError as e:
-        if importlib.util.find_spec("meshio._ibverbs_ffi") is None:
-            status["ibverbs"] = (False, (
-                "meshio was installed without its ibverbs binding (no "
-                "/usr/include/infiniband/verbs.h at build time): install libibverbs-dev "
-                "(Debian) or rdma-core-devel, then reinstall meshio"))
-        else:
-            status["ibverbs"] = (False, f"meshio's ibverbs binding does not load: {e}")
-    else:
-        status["ibverbs"] = ibverbs_status()
-    status["tcp"] = (True, "chunks over meshio's connections, served by the owner's runtime "
-                           "(a fallback: RDMAFallbackWarning once when used)")
+    status: dict[Backend, tuple[bool, str]] = {}
+    for name in BACKENDS:
+        try:
+            status[name] = _backends.backend(name).status()
+        except ImportError as e:  # ibverbs
+            if importlib.util.find_spec("meshio._ibverbs_ffi") is None:
+                status[name] = (False, (
+                    "meshio was installed without its ibverbs binding (no "
+                    "/usr/include/infiniband/verbs.h at build time): install libibverbs-dev "
+                    "(Debian) or rdma-core-devel, then reinstall meshio"))
+            else:
+                status[name] = (False, f"meshio's ibverbs binding does not load: {e}")
     return status
 
 
@@ -241,20 +238,10 @@ class RDMABuffer:
             pass  # the owner is gone: so is the registration
 
     async def _run(self, op: Transfer, local: Memory, offset: int, length: int) -> None:
-        backend = backend_for(self._handle)
+        name = backend_for(self._handle)
         if length == 0:
             return
-        coro: Awaitable[None]
-        match backend:
-            case "same_host":
-                coro = _same_host.transfer(self._handle, op, local, offset, length)
-            case "ibverbs":
-                # deferred: imports the cffi module (absent without libibverbs)
-                from ._ibverbs_qp import transfer
-
-                coro = transfer(runtime(), self._handle, op, local.addr, offset, length)
-            case "tcp":
-                coro = _tcp.transfer(self._handle, op, local, offset, length)
+        coro = _backends.backend(name).transfer(self._handle, op, local, offset, length)
         if self._timeout is None:
             await coro
             return
@@ -262,5 +249,5 @@ class RDMABuffer:
             await asyncio.wait_for(coro, self._timeout)
         except TimeoutError:
             raise CallTimeout(
-                f"RDMA {op} of {length} bytes on {self!r} ({backend}) took longer than "
+                f"RDMA {op} of {length} bytes on {self!r} ({name}) took longer than "
                 f"{self._timeout}s", endpoint=f"RDMABuffer.{op}") from None

@@ -31,21 +31,26 @@ import itertools
 import os
 import secrets
 import struct
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from .._constants import MSGPACK_NIL
 from .._exceptions import RDMAError
-from .._transport._messages import RdmaOp, Transfer
+from .._transport._messages import RdmaOp, RdmaOpName, Reply, Transfer
+from .._transport._runtime import runtime
+from .._transport._serial import KIND_BYTEARRAY, Buffers
 from ._ibverbs_cffi import CData, QueuePair, _check, _ptr, _raise, ffi, lib
-from ._ibverbs_device import REMOTE_ACCESS, IbRegistration, Remote, acquire, release
-from ._registry import Handle, Registry, _request
+from ._ibverbs_device import REMOTE_ACCESS, IbRegistration, Remote, acquire, release, status
+from ._memory import Memory
+from ._registry import Handle, OwnerSide, Registration, Registry, _request
 
 if TYPE_CHECKING:
     from .._transport._connection import Connection
     from .._transport._runtime import Runtime
 
-__all__ = ("IbEndpoint", "accept", "transfer")
+__all__ = ("SERVES", "IbEndpoint", "accept", "status", "transfer")
 
 #: IB local ACK timeout exponent and transport retries: a dead peer fails
 #: after about 4.096 µs · 2^TIMEOUT · (RETRY_CNT + 1)
@@ -428,6 +433,15 @@ class IbEndpoint:
 
 # -------------------------------------------------------------- the backend
 
+def _serve_connect(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers,
+                   reg: Registration) -> None:
+    conn.send_message(Reply(msg.req, MSGPACK_NIL), [(accept(rt, conn, msg.info), KIND_BYTEARRAY)])
+
+
+#: the owner's side of a holder's queue-pair set-up
+SERVES: Final[Mapping[RdmaOpName, OwnerSide]] = {"connect": _serve_connect}
+
+
 def accept(rt: Runtime, conn: Connection, info: bytes) -> bytes:
     """Owner side of a holder's queue-pair set-up (served by the runtime).
 
@@ -440,10 +454,11 @@ def accept(rt: Runtime, conn: Connection, info: bytes) -> bytes:
         return b"\0" + f"the owner (pid {os.getpid()}) could not connect: {e}".encode()
 
 
-async def transfer(rt: Runtime, h: Handle, op: Transfer, local_addr: int, offset: int,
-                   length: int) -> None:
+async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: int) -> None:
     """RDMA ``op`` ("read": owner → local, "write": local → owner) of
     ``length`` bytes at ``offset`` of ``h``'s buffer, one-sidedly."""
+    rt = runtime()
+    local_addr = local.addr
     where = (f"RDMA {op} on buffer {h.buf} of pid {h.pid} on {h.host.split('/')[0]} "
              "(ibverbs)")
     remote = Remote.unpack(h.ib, where)

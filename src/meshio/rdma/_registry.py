@@ -1,8 +1,9 @@
 """What both sides of an RDMA buffer share, below the backends: the owner's
 :class:`Registry` of registered memory (a state of its runtime), the
-:class:`Handle` that travels, and a request served by the owner's runtime
+:class:`Handle` that travels, a request served by the owner's runtime
 (``tcp`` transfers, ``drop``, the ``ibverbs`` connection set-up; the owner's
-side is :func:`._tcp.serve_op`)."""
+side is :func:`._backends.serve_op`), and :class:`RdmaBackend`, what each
+backend module provides."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import asyncio
 import ctypes
 import itertools
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
 import msgspec
 
 from .._exceptions import CallTimeout, RDMAError, SupervisionError
-from .._transport._connection import Pending
-from .._transport._messages import RdmaOp
+from .._transport._connection import Connection, Pending
+from .._transport._messages import RdmaOp, RdmaOpName, Transfer
 from .._transport._runtime import Runtime
 from .._transport._serial import Buffers
 from ._memory import Memory
@@ -29,6 +31,36 @@ if TYPE_CHECKING:
 Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
 #: every backend meshio knows, fastest first where they compete
 BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
+
+
+#: the owner's side of one kind of request (:class:`RdmaOp`) on a registered
+#: buffer, run by its runtime once the request is known valid (its buffer
+#: registered, its token right, its range inside the buffer)
+OwnerSide: TypeAlias = Callable[[Runtime, Connection, RdmaOp, Buffers, "Registration"], None]
+
+
+class RdmaBackend(Protocol):
+    """One way to reach another process's registered memory: what each
+    backend module (``_same_host``, ``_ibverbs_qp``, ``_tcp``) provides.
+
+    A holder's side is :func:`transfer`; the owner's side, where the owner's
+    runtime must act, is in :attr:`SERVES` (by request kind), run by
+    :func:`._backends.serve_op`."""
+
+    @property
+    def SERVES(self) -> Mapping[RdmaOpName, OwnerSide]:
+        """The requests whose owner's side this backend is."""
+        ...
+
+    def status(self) -> tuple[bool, str]:
+        """Whether this process can use the backend; what allows it or why not."""
+        ...
+
+    async def transfer(self, h: Handle, op: Transfer, local: Memory, offset: int,
+                       length: int) -> None:
+        """``op`` ("read": owner → ``local``, "write": ``local`` → owner) of
+        ``length`` bytes at ``offset`` of ``h``'s buffer."""
+        ...
 
 
 # ------------------------------------------------------ owner's registry

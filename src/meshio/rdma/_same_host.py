@@ -10,14 +10,19 @@ import asyncio
 import ctypes
 import errno
 import sys
+from collections.abc import Mapping
+from typing import Final
 
 from .._exceptions import RDMAError
 from .._transport._bulk import CAP_SYS_PTRACE, HOST_ID, capable, cma, executor, halves, ptrace_scope
-from .._transport._messages import Transfer
+from .._transport._messages import RdmaOpName, Transfer
 from ._memory import Memory
-from ._registry import Handle
+from ._registry import Handle, OwnerSide
 
-__all__ = ("HOST_ID", "status", "transfer")
+__all__ = ("HOST_ID", "SERVES", "status", "transfer")
+
+#: nothing: the owner's code does not run
+SERVES: Final[Mapping[RdmaOpName, OwnerSide]] = {}
 
 
 def status() -> tuple[bool, str]:
