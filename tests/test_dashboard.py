@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -21,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import stacks_controller
 from prometheus_client.parser import text_string_to_metric_families
 from supervision_helpers import W, supervised
 
@@ -29,9 +26,9 @@ import meshio
 from meshio import Actor, endpoint
 from meshio._dashboard import token
 from meshio._transport._runtime import runtime
+from stacks_controller import meshio_cli, running
 
 GUARD = 30.0
-CONTROLLER = Path(stacks_controller.__file__).resolve()
 
 
 class Echo(Actor):
@@ -204,44 +201,32 @@ def test_serve_dashboard_needs_a_running_loop() -> None:
         meshio.serve_dashboard()
 
 
-def meshio_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
-                          capture_output=True, timeout=GUARD)
-
-
 def test_meshio_dashboard_has_a_running_controller_serve_it(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
     assert "dashboard" in meshio_cli("--help", env=env).stdout
     none = meshio_cli("dashboard", env=env)
     assert none.returncode == 1 and none.stdout == ""
     assert "no running meshio controller of yours found" in none.stderr
-    with subprocess.Popen([sys.executable, str(CONTROLLER)], env=env, text=True,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
-        assert controller.stdin is not None and controller.stdout is not None
-        try:
-            assert controller.stdout.readline() == "ready\n"
-            asked = meshio_cli("dashboard", "--pid", str(controller.pid), env=env)
-            assert asked.returncode == 0, asked.stderr
-            url = asked.stdout.strip()
-            assert url.startswith("http://127.0.0.1:") and "/?token=" in url
-            status, _, page = get(url)
-            assert status == 200 and b"meshio dashboard" in page
-            state = json.loads(get(url.replace("/?", "/api/state?"))[2])
-            assert state["job"]["pid"] == controller.pid
-            [pm] = state["proc_meshes"]
-            assert len(pm["processes"]) == 4 and state["meshes"][pm["name"]]["actor_meshes"] \
-                == ["busy"]
-            stacks = json.loads(get(url.replace("/?", "/api/stacks?"))[2])["text"]
-            assert "busy ranks 0-1: in Busy.block at stacks_controller.py" in stacks
-            again = meshio_cli("dashboard", env=env)  # the one controller: no --pid needed
-            assert again.returncode == 0 and again.stdout.strip() == url  # the same one
-            port = url.split(":")[2].split("/")[0]
-            busy = meshio_cli("dashboard", "--host", "0.0.0.0", "--port", port, env=env)
-            assert busy.returncode == 1 and "cannot serve the dashboard on 0.0.0.0" in busy.stderr
-            bad = meshio_cli("dashboard", "--port", "70000", env=env)
-            assert bad.returncode == 2 and "--port must be in 0..65535" in bad.stderr
-        finally:
-            controller.stdin.close()
-            assert controller.wait(GUARD) == 0
+    with running(env) as controller:
+        asked = meshio_cli("dashboard", "--pid", str(controller.pid), env=env)
+        assert asked.returncode == 0, asked.stderr
+        url = asked.stdout.strip()
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        status, _, page = get(url)
+        assert status == 200 and b"meshio dashboard" in page
+        state = json.loads(get(url.replace("/?", "/api/state?"))[2])
+        assert state["job"]["pid"] == controller.pid
+        [pm] = state["proc_meshes"]
+        assert len(pm["processes"]) == 4 and state["meshes"][pm["name"]]["actor_meshes"] \
+            == ["busy"]
+        stacks = json.loads(get(url.replace("/?", "/api/stacks?"))[2])["text"]
+        assert "busy ranks 0-1: in Busy.block at stacks_controller.py" in stacks
+        again = meshio_cli("dashboard", env=env)  # the one controller: no --pid needed
+        assert again.returncode == 0 and again.stdout.strip() == url  # the same one
+        port = url.split(":")[2].split("/")[0]
+        busy = meshio_cli("dashboard", "--host", "0.0.0.0", "--port", port, env=env)
+        assert busy.returncode == 1 and "cannot serve the dashboard on 0.0.0.0" in busy.stderr
+        bad = meshio_cli("dashboard", "--port", "70000", env=env)
+        assert bad.returncode == 2 and "--port must be in 0..65535" in bad.stderr
     with pytest.raises(urllib.error.URLError):  # served until the controller ended
         get(url)

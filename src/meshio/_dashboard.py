@@ -38,7 +38,7 @@ from importlib.resources import files
 
 import msgspec
 
-from ._http import HTTPServer, Request, listen, response_head
+from ._http import HTTPServer, Request, response_head, start
 from ._inspect import Controller, Inspection, ask, from_inspection
 from ._metrics import stats
 from ._prometheus import SCRAPE_TIMEOUT, write_metrics
@@ -250,21 +250,16 @@ def serve_dashboard(port: int = 0, host: str = "127.0.0.1") -> DashboardServer:
     (``?token=`` or ``Authorization: Bearer``) gets 401, with a wrong one 403.
 
     Args:
-        port: the TCP port (0: any free one, see :attr:`DashboardServer.port`).
-        host: the address to listen on.
+        port: the TCP port; 0 picks a free one (:attr:`DashboardServer.port`).
+        host: the address to listen on (a loopback one needs no token).
 
     Raises:
-        TypeError: ``port`` is not an int or ``host`` not a str.
-        ValueError: ``port`` is not in 0..65535.
-        OSError: the address cannot be listened on (in use, not this host's).
-        RuntimeError: no event loop is running here.
+        TypeError: ``port`` is not an int, or ``host`` not a str.
+        ValueError: ``port`` is outside 0..65535.
+        OSError: nothing can listen at that address (in use, or not this host's).
+        RuntimeError: called outside the controller's event loop.
     """
-    sock = listen(port, host, "serve_dashboard")
-    try:
-        server = DashboardServer(sock)
-    except BaseException:
-        sock.close()
-        raise
+    server = start(DashboardServer, port, host, "serve_dashboard")
     print(f"meshio: dashboard at {server.url}", file=sys.stderr, flush=True)
     return server
 

@@ -14,10 +14,12 @@ import asyncio
 import socket
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ("HTTPServer", "Request", "listen", "response_head")
+__all__ = ("HTTPServer", "Request", "response_head", "start")
+
+_S = TypeVar("_S", bound="HTTPServer")
 
 #: seconds a client has to send its request
 REQUEST_TIMEOUT = 10.0
@@ -64,9 +66,9 @@ def response_head(status: str, content_type: str, length: int | None = None,
             f"Cache-Control: no-store\r\n{extra}Connection: close\r\n\r\n").encode()
 
 
-def listen(port: int, host: str, who: str) -> socket.socket:
-    """A listening TCP socket on ``host``:``port`` for ``who`` (the public
-    function, named in errors), on the running loop's thread.
+def start(cls: type[_S], port: int, host: str, who: str) -> _S:
+    """A ``cls`` server listening on ``host``:``port``, for ``who`` (the
+    public function, named in errors), on the running loop.
 
     Raises:
         TypeError: ``port`` is not an int or ``host`` not a str.
@@ -85,8 +87,13 @@ def listen(port: int, host: str, who: str) -> socket.socket:
     except RuntimeError:
         raise RuntimeError(f"{who}() serves from the controller's event loop: call it in async "
                            "code (inside meshio.run)") from None
-    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
                                 else socket.AF_INET)
+    try:
+        return cls(sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 class HTTPServer:

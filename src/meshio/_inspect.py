@@ -24,9 +24,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -34,7 +34,7 @@ import msgspec
 from ._stacks import Stacks, gather
 from ._transport._connection import Connection, Pending
 from ._transport._handshake import new_secret
-from ._transport._messages import ErrorInfo, Fail, JobStacks, Reply, ServeDashboard, _Msg
+from ._transport._messages import ErrorInfo, Fail, JobStacks, Message, Reply, ServeDashboard
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
 
@@ -201,7 +201,7 @@ def controllers() -> list[Controller]:
     return sorted(found, key=lambda c: c.started)
 
 
-async def ask(controller: Controller, message: Callable[[int], _Msg],
+async def ask(controller: Controller, message: Callable[[int], Message],
               decode: Callable[[Any, Buffers], _T], what: str, timeout: float) -> _T:
     """Send ``controller`` the inspection message ``message(req)``; its
     answer, decoded by ``decode`` (``what`` names the request in errors).

@@ -33,7 +33,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ._http import HTTPServer, Request, listen, response_head
+from ._http import HTTPServer, Request, response_head, start
 from ._metrics import Stats, stats
 
 __all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics", "write_metrics")
@@ -156,9 +156,4 @@ def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
         OSError: the address cannot be listened on (in use, not this host's).
         RuntimeError: no event loop is running here.
     """
-    sock = listen(port, host, "serve_metrics")
-    try:
-        return MetricsServer(sock)
-    except BaseException:
-        sock.close()
-        raise
+    return start(MetricsServer, port, host, "serve_metrics")
