@@ -56,7 +56,7 @@ async def events(port: int, query: str = "") -> AsyncIterator[tuple[str, Any]]:
     """The server-sent events of ``/events``: (kind, decoded data)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(f"GET /events{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        writer.write(f"GET /events{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
         assert b"Content-Type: text/event-stream" in head
@@ -82,6 +82,11 @@ async def test_page_state_stacks_metrics_and_stream_on_loopback(
         status, headers, page = await aget(base + "/")  # loopback: no token needed
         assert status == 200 and headers["Content-Type"].startswith("text/html")
         assert b"<title>meshio dashboard</title>" in page and b'id="stacks-button"' in page
+        assert (await aget(base + "/", {"Host": f"localhost:{server.port}"}))[0] == 200
+        # a page of another site whose name now points here (DNS rebinding): token needed
+        rebound = {"Host": f"evil.example:{server.port}"}
+        assert (await aget(base + "/api/state", rebound))[0] == 401
+        assert (await aget(f"{base}/api/state?token={server.token}", rebound))[0] == 200
         status, _, body = await aget(base + "/api/state")
         assert status == 200
         state = json.loads(body)

@@ -101,6 +101,7 @@ def shows_the_stacks(driver: WebDriver) -> str:
     return text
 
 
+@pytest.mark.timeout(180)  # a browser to start besides four processes, on a loaded machine
 async def test_the_dashboard_in_a_browser(tmp_path: Path) -> None:
     async with supervised(4) as s:
         workers = await s.procs.spawn("w", W, 1)

@@ -15,8 +15,9 @@ what it reads, all from the controller's loop (:class:`~._http.HTTPServer`):
 ``/metrics``        the Prometheus text of ``meshio.serve_metrics``
 ==================  ===========================================================
 
-On loopback (the default) any local client is answered; on any other
-address every request must carry the job's dashboard token
+On loopback (the default) any local client is answered (a request naming
+another host, a web page's DNS-rebinding trick, needs the token); on any
+other address every request must carry the job's dashboard token
 (:func:`token`: an HMAC of the job's secret), as ``?token=`` or
 ``Authorization: Bearer``: without it the answer is 401, with a wrong one
 403.  ``meshio dashboard`` asks a running controller, through its
@@ -71,10 +72,20 @@ def token(secret: bytes) -> str:
 
 
 def _loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: the address it was bound to decides (HTTPServer.host)
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
         return False
+
+
+def _host_name(header: str) -> str:
+    """The host of a ``Host`` header (``127.0.0.1:8265``, ``[::1]:8265``)."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
 async def state(rt: Runtime) -> bytes:
@@ -166,8 +177,10 @@ class DashboardServer(HTTPServer):
     # ------------------------------------------------------------ requests
 
     def _refused(self, request: Request) -> str | None:
-        """Why ``request`` is refused (a status), or None."""
-        if self._open:
+        """Why ``request`` is refused (a status), or None.  On loopback a
+        request that names a loopback host needs no token (one naming
+        another host is a web page's trick, DNS rebinding: it needs one)."""
+        if self._open and _loopback(_host_name(request.headers.get("host", ""))):
             return None
         given = request.query.get("token")
         auth = request.headers.get("authorization", "")
