@@ -56,6 +56,8 @@ __all__ = ("INTERVAL", "DashboardServer", "ask_dashboard", "serve_dashboard", "s
 INTERVAL = 1.0
 #: supervision events kept for a page that opens later
 FEED = 1000
+#: events a live stream's client may leave unread before it is dropped
+BACKLOG = 1000
 #: seconds a ``meshio dashboard`` client waits for the controller's answer
 ASK_TIMEOUT = 10.0
 
@@ -128,8 +130,10 @@ class DashboardServer(HTTPServer):
         self._page = files("meshio").joinpath(_PAGE).read_bytes()
         #: the supervision events seen (JSON), the last FEED
         self._feed: list[bytes] = []
-        #: one queue per live stream, for the events as they come
-        self._listeners: set[asyncio.Queue[bytes]] = set()
+        #: per live stream, its queue of what to send and the task sending it
+        self._listeners: dict[asyncio.Queue[bytes], asyncio.Task[None]] = {}
+        #: what sends the live streams their states, while there are any
+        self._ticking: asyncio.Task[None] | None = None
         #: one task per supervisor, reading its events (cancelled by aclose)
         self._watching: dict[Supervisor, asyncio.Task[None]] = {}
 
@@ -146,11 +150,14 @@ class DashboardServer(HTTPServer):
     async def aclose(self) -> None:
         """Stop listening, end the requests being answered and stop reading
         supervision events.  Idempotent."""
-        for task in self._watching.values():
-            task.cancel()
         try:
-            await super().aclose()
+            await super().aclose()  # (no request runs after it: nothing starts a task)
         finally:
+            if self._ticking is not None:  # (it may find a supervisor: first)
+                self._ticking.cancel()
+                await asyncio.wait([self._ticking])
+            for task in self._watching.values():
+                task.cancel()
             if self._watching:
                 await asyncio.wait(self._watching.values())
 
@@ -171,8 +178,7 @@ class DashboardServer(HTTPServer):
             data = _encode(event)
             self._feed.append(data)
             del self._feed[:-FEED]
-            for queue in self._listeners:
-                queue.put_nowait(data)
+            self._offer(_sse("supervision", data))
 
     # ------------------------------------------------------------ requests
 
@@ -224,29 +230,46 @@ class DashboardServer(HTTPServer):
         writer.write(response_head("200 OK", "application/json", len(body)) + body)
 
     async def _stream(self, writer: asyncio.StreamWriter) -> None:
-        """The live stream: the events so far, then a ``state`` every
-        :data:`INTERVAL` seconds and each supervision event as it comes,
-        until the client goes away (a write fails) or the server closes."""
-        queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self._listeners.add(queue)
+        """The live stream: the events so far and the state now, then what
+        :meth:`_offer` queues (a ``state`` every :data:`INTERVAL` seconds,
+        each supervision event as it comes), until the client goes away (a
+        write fails), reads too slowly, or the server closes."""
+        task = asyncio.current_task()
+        assert task is not None
+        queue: asyncio.Queue[bytes] = asyncio.Queue(BACKLOG)
+        self._listeners[queue] = task
+        if self._ticking is None:
+            self._ticking = self._rt.loop.create_task(self._tick())
         try:
             writer.write(response_head("200 OK", "text/event-stream")
-                         + b"".join(_sse("supervision", e) for e in self._feed))
-            loop = self._rt.loop
+                         + b"".join(_sse("supervision", e) for e in self._feed)
+                         + _sse("state", await state(self._rt)))
             while True:
-                writer.write(_sse("state", await state(self._rt)))
                 await writer.drain()
-                deadline = loop.time() + INTERVAL
-                while (left := deadline - loop.time()) > 0:
-                    try:
-                        data = await asyncio.wait_for(queue.get(), left)
-                    except TimeoutError:
-                        break
-                    writer.write(_sse("supervision", data))
-                    await writer.drain()
-                self._discover()
+                writer.write(await queue.get())
         finally:
-            self._listeners.discard(queue)
+            del self._listeners[queue]
+
+    def _offer(self, data: bytes) -> None:
+        """Queue ``data`` for every live stream; a stream whose client has
+        not read :data:`BACKLOG` of them is ended."""
+        for queue, task in self._listeners.items():
+            try:
+                queue.put_nowait(data)
+            except asyncio.QueueFull:
+                task.cancel()
+
+    async def _tick(self) -> None:
+        """A ``state`` for the live streams every :data:`INTERVAL` seconds
+        (one :func:`meshio.stats` for them all), while there are any."""
+        try:
+            while self._listeners:
+                await asyncio.sleep(INTERVAL)  # a period, not a wait for an event
+                data = _sse("state", await state(self._rt))
+                self._discover()
+                self._offer(data)
+        finally:
+            self._ticking = None
 
 
 def serve_dashboard(port: int = 0, host: str = "127.0.0.1") -> DashboardServer:
