@@ -118,8 +118,9 @@ class DashboardServer(HTTPServer):
     Attributes:
         host: the address it listens on.
         port: the port it listens on (the one picked, if asked for 0).
-        token: the job's dashboard token; required of every request unless
-            ``host`` is a loopback address.
+        token: the job's dashboard token (:attr:`url` includes it); every
+            request needs it unless ``host`` is a loopback address and the
+            request names a loopback host.
     """
 
     def __init__(self, sock: socket.socket) -> None:
