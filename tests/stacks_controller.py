@@ -1,13 +1,17 @@
 """Busy actors for ``tests/test_stacks.py``, and, run as a script, a
-controller for ``meshio stacks`` to look at: four actors kept busy (ranks
-0-1 in a ``def`` endpoint, 2-3 in an ``async`` one) until stdin closes; it
-prints ``ready`` once they all are."""
+controller for ``meshio stacks`` and ``meshio dashboard`` to look at
+(:func:`running`): four actors kept busy (ranks 0-1 in a ``def`` endpoint,
+2-3 in an ``async`` one) until stdin closes; it prints ``ready`` once they
+all are."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import meshio
@@ -84,6 +88,28 @@ async def main() -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await busy.release.call()
         await calls
+
+
+def meshio_cli(*args: str, env: dict[str, str],
+               timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``meshio ARGS`` run to its end, its output captured."""
+    return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@contextmanager
+def running(env: dict[str, str], timeout: float = 30.0) -> Iterator[subprocess.Popen[str]]:
+    """This script running as a controller (its actors busy: it printed
+    ``ready``); on exit its stdin is closed and it must end well."""
+    with subprocess.Popen([sys.executable, __file__], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
+        assert controller.stdin is not None and controller.stdout is not None
+        try:
+            assert controller.stdout.readline() == "ready\n"
+            yield controller
+        finally:
+            controller.stdin.close()
+        assert controller.wait(timeout) == 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from meshio._stacks import _ranks, decode_actors, encode_actors
 from meshio._transport._connection import Pending
 from meshio._transport._messages import GetStacks, JobStacks, decode_message, encode_message
 from meshio._transport._runtime import Runtime, close_runtime, runtime
-from stacks_controller import BLOCK_LINE, HANG_LINE, SPIN_LINE, Busy, until_blocked
+from stacks_controller import BLOCK_LINE, HANG_LINE, SPIN_LINE, Busy, meshio_cli, until_blocked
 
 GUARD = 30.0
 #: the busy actors' module, also a controller script for ``meshio stacks``
@@ -254,11 +254,6 @@ def test_stacks_reply_decoder_takes_any_bytes(body: bytes) -> None:
 
 
 # ------------------------------------------------------------------- CLI
-
-def meshio_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
-                          capture_output=True, timeout=GUARD)
-
 
 def test_meshio_stacks_reads_a_running_controller(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}

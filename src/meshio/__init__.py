@@ -17,6 +17,8 @@ from ._actor import current_rank as current_rank
 from ._actor_mesh import ActorMesh as ActorMesh
 from ._context import Context as Context
 from ._context import ProcInfo as ProcInfo
+from ._dashboard import DashboardServer as DashboardServer
+from ._dashboard import serve_dashboard as serve_dashboard
 from ._doctor import DoctorCheck as DoctorCheck
 from ._doctor import doctor as doctor
 from ._exceptions import ActorError as ActorError
@@ -89,6 +91,7 @@ __all__ = (
     "Channel",
     "ClosedResourceError",
     "Context",
+    "DashboardServer",
     "DeadlockError",
     "DoctorCheck",
     "Endpoint",
@@ -137,6 +140,7 @@ __all__ = (
     "endpoint",
     "monitor",
     "run",
+    "serve_dashboard",
     "serve_metrics",
     "set_limits",
     "setup_torch_distributed",

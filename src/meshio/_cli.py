@@ -7,10 +7,11 @@ import sys
 from importlib.metadata import version
 
 from ._bench import bench as run_bench
+from ._dashboard import ask_dashboard
 from ._demo import demo as run_demo
 from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
-from ._inspect import ask_stacks, controllers, inspection_dir
+from ._inspect import Controller, ask_stacks, controllers, inspection_dir
 from ._run import run
 from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
@@ -44,6 +45,17 @@ def main(argv: list[str] | None = None) -> None:
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
+    dash = sub.add_parser(
+        "dashboard", help="have a running controller serve its live dashboard and print its URL",
+        description="Ask a running meshio controller of this user (a process that started a "
+                    "proc mesh) to serve its live dashboard (meshio.serve_dashboard) and print "
+                    "the page's URL, the job's token included.  It is served until that "
+                    "controller ends.")
+    dash.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    dash.add_argument("--port", type=int, default=0, help="the TCP port (default: any free one)")
+    dash.add_argument("--host", default="127.0.0.1",
+                      help="the address to listen on (default 127.0.0.1; any other address "
+                           "requires the token of the printed URL)")
     check = sub.add_parser("doctor", help="say what this machine gives meshio (uvloop, torch, "
                                           "CUDA, RDMA backends, Slurm, Kubernetes, limits) "
                                           "and why anything is missing")
@@ -67,32 +79,61 @@ def main(argv: list[str] | None = None) -> None:
         if not args.timeout > 0:
             ap.error(f"--timeout must be seconds > 0, got {args.timeout:g}")
         sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
+    elif args.command == "dashboard":
+        if not 0 <= args.port <= 65535:
+            ap.error(f"--port must be in 0..65535, got {args.port}")
+        sys.exit(run(_dashboard(args.pid, args.port, args.host)))
+
+
+def _choose(command: str, pid: int | None) -> Controller | None:
+    """The running controller ``meshio COMMAND`` is about (None: it said
+    on stderr why there is none)."""
+    found = controllers()
+    chosen = [c for c in found if pid is None or c.pid == pid]
+    if len(chosen) == 1:
+        return chosen[0]
+    where = inspection_dir()
+    if pid is not None:
+        why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
+    elif not chosen:
+        why = (f"no running meshio controller of yours found in {where} (a controller "
+               "publishes itself there once it starts a proc mesh")
+    else:
+        why = f"several meshio controllers run; choose one with --pid (found in {where}:"
+    listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
+    print(f"meshio {command}: {why}){listing}", file=sys.stderr)
+    return None
 
 
 async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
     """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
     controller answered."""
-    found = controllers()
-    chosen = [c for c in found if pid is None or c.pid == pid]
-    if len(chosen) != 1:
-        where = inspection_dir()
-        if pid is not None:
-            why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
-        elif not chosen:
-            why = (f"no running meshio controller of yours found in {where} (a controller "
-                   "publishes itself there once it starts a proc mesh")
-        else:
-            why = f"several meshio controllers run; choose one with --pid (found in {where}:"
-        listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
-        print(f"meshio stacks: {why}){listing}", file=sys.stderr)
+    controller = _choose("stacks", pid)
+    if controller is None:
         return 1
     try:
-        stacks = await ask_stacks(chosen[0], timeout)
+        stacks = await ask_stacks(controller, timeout)
     except (MeshioError, TimeoutError) as e:
-        print(f"meshio stacks: controller {chosen[0].describe()} did not answer: "
+        print(f"meshio stacks: controller {controller.describe()} did not answer: "
               f"{str(e) or type(e).__name__}", file=sys.stderr)
         return 1
     print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")
+    return 0
+
+
+async def _dashboard(pid: int | None, port: int, host: str) -> int:
+    """``meshio dashboard``: 0 once the URL is printed, 1 (with why, on
+    stderr) when no controller serves it."""
+    controller = _choose("dashboard", pid)
+    if controller is None:
+        return 1
+    try:
+        url = await ask_dashboard(controller, port, host)
+    except (MeshioError, TimeoutError) as e:
+        print(f"meshio dashboard: controller {controller.describe()} did not serve it: "
+              f"{str(e) or type(e).__name__}", file=sys.stderr)
+        return 1
+    print(url)
     return 0
 
 

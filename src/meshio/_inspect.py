@@ -8,8 +8,9 @@ only: ``$XDG_RUNTIME_DIR/meshio/<pid>.json``, or
 ``/tmp/meshio-<uid>/<pid>.json`` without ``XDG_RUNTIME_DIR`` (the
 directory mode 0700, the file 0600; removed when the controller's loop
 ends).  An inspection client proves that secret, not the job's, and may
-only ask what inspection messages ask (:class:`JobStacks`): it can read
-stacks, never call an actor, spawn, or pose as a worker.  Other users are
+only ask what inspection messages ask (:class:`JobStacks`,
+:class:`ServeDashboard`): it can read stacks and have the dashboard
+served, never call an actor, spawn, or pose as a worker.  Other users are
 refused by the file's and the directory's modes and by the handshake's
 peer-uid check.
 """
@@ -23,16 +24,17 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from ._stacks import Stacks, gather
 from ._transport._connection import Connection, Pending
 from ._transport._handshake import new_secret
-from ._transport._messages import ErrorInfo, Fail, JobStacks, Reply
+from ._transport._messages import ErrorInfo, Fail, JobStacks, Message, Reply, ServeDashboard
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
 from ._transport._tasks import TaskOwner
@@ -40,7 +42,10 @@ from ._transport._tasks import TaskOwner
 if TYPE_CHECKING:
     from ._proc_state import ProcState
 
-__all__ = ("Controller", "Inspection", "ask_stacks", "controllers", "inspection_dir")
+__all__ = ("Controller", "Inspection", "ask", "ask_stacks", "controllers", "from_inspection",
+           "inspection_dir")
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("meshio")
 
@@ -98,11 +103,19 @@ class Inspection:
     def answer(self, conn: Connection, msg: JobStacks) -> None:
         self.tasks.start(self._answer(conn, msg))
 
-    async def _answer(self, conn: Connection, msg: JobStacks) -> None:
+    async def stacks(self, timeout: float) -> Stacks:
+        """The stacks of every actor of the proc meshes answered for.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number.
+        """
         asks = [(w.addr, "", f"proc mesh {state.name!r}", state.region.point(w.rank))
                 for state in self.procs if not state.stopped for w in state.workers]
+        return await gather(self.rt, asks, timeout)
+
+    async def _answer(self, conn: Connection, msg: JobStacks) -> None:
         try:
-            stacks = await gather(self.rt, asks, msg.timeout)
+            stacks = await self.stacks(msg.timeout)
         except ValueError as e:
             conn.send_message(Fail(msg.req, ErrorInfo("schema", "ValueError", str(e))))
             return
@@ -126,13 +139,20 @@ def _publish(addr: str, secret: bytes) -> Path:
     return path
 
 
+def from_inspection(rt: Runtime, conn: Connection, msg: JobStacks | ServeDashboard) -> bool:
+    """Whether ``msg`` came from an inspection client; if not (a peer of
+    the job: not for it), its sender is told so."""
+    if conn.job is not None and conn.job is rt.inspection:
+        return True
+    conn.send_message(Fail(msg.req, ErrorInfo(
+        "protocol", "ProtocolError", f"{type(msg).__name__} is asked on a controller's "
+        "inspection listener only (meshio stacks, meshio dashboard)")))
+    return False
+
+
 def _on_job_stacks(rt: Runtime, conn: Connection, msg: JobStacks, bufs: Buffers) -> None:
-    if conn.job is None or conn.job is not rt.inspection:  # a peer of the job: not for it
-        conn.send_message(Fail(msg.req, ErrorInfo(
-            "protocol", "ProtocolError", "JobStacks is asked on a controller's inspection "
-            "listener only (meshio stacks)")))
-        return
-    rt.state(Inspection).answer(conn, msg)
+    if from_inspection(rt, conn, msg):
+        rt.state(Inspection).answer(conn, msg)
 
 
 register_handler(JobStacks, _on_job_stacks, inspection=True)
@@ -179,6 +199,30 @@ def controllers() -> list[Controller]:
     return sorted(found, key=lambda c: c.started)
 
 
+async def ask(controller: Controller, message: Callable[[int], Message],
+              decode: Callable[[Any, Buffers], _T], what: str, timeout: float) -> _T:
+    """Send ``controller`` the inspection message ``message(req)``; its
+    answer, decoded by ``decode`` (``what`` names the request in errors).
+
+    Raises:
+        MeshioError: the controller could not be reached or refused us.
+        TimeoutError: it did not answer in ``timeout`` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    rt = Runtime(loop, secret=controller.secret)
+    try:
+        rt.pids[controller.address] = controller.pid  # the listener proves it is that process
+        conn = rt.connect(controller.address)
+        fut: asyncio.Future[_T] = loop.create_future()
+        req = conn.next_req(Pending(fut, decode, what, f"controller pid {controller.pid}",
+                                    controller.address))
+        conn.send_message(message(req))
+        async with asyncio.timeout(timeout):
+            return await fut
+    finally:
+        rt.close()
+
+
 async def ask_stacks(controller: Controller, timeout: float) -> Stacks:
     """The stacks of every actor of ``controller``'s proc meshes.
 
@@ -186,17 +230,6 @@ async def ask_stacks(controller: Controller, timeout: float) -> Stacks:
         MeshioError: the controller could not be reached or refused us.
         TimeoutError: it did not answer in ``timeout`` + :data:`ANSWER_GRACE`.
     """
-    loop = asyncio.get_running_loop()
-    rt = Runtime(loop, secret=controller.secret)
-    try:
-        rt.pids[controller.address] = controller.pid  # the listener proves it is that process
-        conn = rt.connect(controller.address)
-        fut: asyncio.Future[Stacks] = loop.create_future()
-        req = conn.next_req(Pending(fut, lambda raw, bufs: _stacks_decoder.decode(raw),
-                                    "stacks", f"controller pid {controller.pid}",
-                                    controller.address))
-        conn.send_message(JobStacks(req, timeout))
-        async with asyncio.timeout(timeout + ANSWER_GRACE):
-            return await fut
-    finally:
-        rt.close()
+    return await ask(controller, lambda req: JobStacks(req, timeout),
+                     lambda raw, bufs: _stacks_decoder.decode(raw), "stacks",
+                     timeout + ANSWER_GRACE)

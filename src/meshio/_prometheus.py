@@ -27,25 +27,19 @@ rank, and ``endpoint``, its qualified name):
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterable
-from types import TracebackType
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ._http import HTTPServer, Request, response_head, start
 from ._metrics import Stats, stats
-from ._transport._tasks import awaited
 
-__all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics")
+__all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics", "write_metrics")
 
 #: seconds each process has to answer a scrape
 SCRAPE_TIMEOUT = 5.0
-#: seconds a client has to send its request
-REQUEST_TIMEOUT = 10.0
-#: bytes of a request's head at most
-MAX_REQUEST = 1 << 16
 #: what ``generate_latest`` writes (metric names meshio picks need no
 #: escaping): the text format every Prometheus reads
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -115,7 +109,7 @@ def prometheus_text(snapshot: Stats) -> bytes:
     return generate_latest(registry)
 
 
-class MetricsServer:
+class MetricsServer(HTTPServer):
     """The HTTP server of :func:`serve_metrics`, listening from its start.
     Stop it with :meth:`aclose`, or use it as ``async with``.
 
@@ -124,74 +118,26 @@ class MetricsServer:
         port: the port it listens on (the one picked, if asked for 0).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.host: str = sock.getsockname()[0]
-        self.port: int = sock.getsockname()[1]
-        self._sock = sock
-        self._closed = False
-        #: the requests being answered (cancelled by aclose)
-        self._answering: set[asyncio.Task[None]] = set()
-        self._starting: asyncio.Future[asyncio.Server] = awaited(
-            asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
-
     @property
     def url(self) -> str:
         """``http://HOST:PORT/metrics``."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self._base()}/metrics"
 
     def __repr__(self) -> str:
         return f"<MetricsServer {self.url}{' closed' if self._closed else ''}>"
 
-    async def aclose(self) -> None:
-        """Stop listening and end the requests being answered.  Idempotent."""
-        if self._closed:
+    async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        if request.path != "/metrics":
+            writer.write(response_head("404 Not Found", "text/plain", 13) + b"see /metrics\n")
             return
-        self._closed = True
-        self._starting.cancel()
-        for task in self._answering:
-            task.cancel()
-        try:
-            server = await self._starting
-        except asyncio.CancelledError:
-            if not self._starting.cancelled():  # (we are cancelled ourselves)
-                raise
-            self._sock.close()  # closed before the server took it
-        else:
-            server.close()
-            await server.wait_closed()
-        if self._answering:
-            await asyncio.wait(self._answering)
+        await write_metrics(writer)
 
-    async def __aenter__(self) -> MetricsServer:
-        return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._answering.add(task)
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
-            method, target, *_ = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-            if method != "GET":
-                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
-            elif target.split("?", 1)[0] != "/metrics":
-                status, ctype, body = "404 Not Found", "text/plain", b"see /metrics\n"
-            else:
-                status, ctype = "200 OK", CONTENT_TYPE
-                body = prometheus_text(await stats(timeout=SCRAPE_TIMEOUT))
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
-                         f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            await writer.drain()
-        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-            pass  # a client that went away or sent no HTTP request: nothing to answer
-        finally:
-            self._answering.discard(task)
-            writer.close()
+async def write_metrics(writer: asyncio.StreamWriter) -> None:
+    """Answer a ``GET /metrics``: :func:`~meshio.stats` gathered afresh, as
+    Prometheus text."""
+    body = prometheus_text(await stats(timeout=SCRAPE_TIMEOUT))
+    writer.write(response_head("200 OK", CONTENT_TYPE, len(body)) + body)
 
 
 def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
@@ -210,23 +156,4 @@ def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
         OSError: the address cannot be listened on (in use, not this host's).
         RuntimeError: no event loop is running here.
     """
-    if isinstance(port, bool) or not isinstance(port, int):
-        raise TypeError(f"serve_metrics: port must be an int, got {type(port).__name__} "
-                        f"{port!r}")
-    if not 0 <= port <= 65535:
-        raise ValueError(f"serve_metrics: port must be in 0..65535, got {port}")
-    if not isinstance(host, str):
-        raise TypeError(f"serve_metrics: host must be a str, got {type(host).__name__} "
-                        f"{host!r}")
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError("serve_metrics() serves from the controller's event loop: call it "
-                           "in async code (inside meshio.run)") from None
-    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                else socket.AF_INET)
-    try:
-        return MetricsServer(sock)
-    except BaseException:
-        sock.close()
-        raise
+    return start(MetricsServer, port, host, "serve_metrics")

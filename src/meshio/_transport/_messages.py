@@ -41,6 +41,7 @@ __all__ = (
     "Release",
     "Reply",
     "Reshaped",
+    "ServeDashboard",
     "Restored",
     "Shutdown",
     "SignalWorker",
@@ -461,11 +462,23 @@ class LogRecords(_Msg, frozen=True, tag=30):
     dropped: int = 0
 
 
+class ServeDashboard(_Msg, frozen=True, tag=42):
+    """From a ``meshio dashboard`` client, on a controller's inspection
+    listener: serve the controller's dashboard on ``host``:``port`` (0: any
+    free port; one served already there for such a client is reused).
+    Answered with a :class:`Reply` holding its URL, token included
+    (:mod:`meshio._dashboard`)."""
+
+    req: int
+    port: int
+    host: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped)
+           | Reshaped | ServeDashboard)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,364 @@
+"""``meshio.serve_dashboard``: a live page of the running job, served by its controller.
+
+One static page (``meshio/dashboard.html``, shipped in the package) and
+what it reads, all from the controller's loop (:class:`~._http.HTTPServer`):
+
+==================  ===========================================================
+``/``               the page
+``/events``         server-sent events: ``state`` (the :func:`state` JSON,
+                    every :data:`INTERVAL` seconds) and ``supervision`` (each
+                    :class:`~meshio.SupervisionEvent` of the supervisors of the
+                    controller's proc meshes, the past ones first, then live)
+``/api/state``      the :func:`state` JSON, once
+``/api/stacks``     every actor's stacks (``await proc_mesh.stacks()`` over all
+                    proc meshes): ``{"text": ..., "stacks": ...}``
+``/metrics``        the Prometheus text of ``meshio.serve_metrics``
+==================  ===========================================================
+
+On loopback (the default) any local client is answered (a request naming
+another host, a web page's DNS-rebinding trick, needs the token); on any
+other address every request must carry the job's dashboard token
+(:func:`token`: an HMAC of the job's secret), as ``?token=`` or
+``Authorization: Bearer``: without it the answer is 401, with a wrong one
+403.  ``meshio dashboard`` asks a running controller, through its
+inspection listener (:mod:`meshio._inspect`), to serve it
+(:class:`~._transport._messages.ServeDashboard`), and prints its URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import os
+import socket
+import sys
+import time
+from importlib.resources import files
+
+import msgspec
+
+from ._http import HTTPServer, Request, response_head, start
+from ._inspect import Controller, Inspection, ask, from_inspection
+from ._metrics import stats
+from ._prometheus import SCRAPE_TIMEOUT, write_metrics
+from ._stacks import STACKS_TIMEOUT, Stacks
+from ._transport._connection import Connection
+from ._transport._messages import ErrorInfo, Fail, Reply, ServeDashboard
+from ._transport._runtime import Runtime, register_handler, runtime
+from ._transport._serial import Buffers
+from ._transport._tasks import TaskOwner
+from .supervision._supervisor import Supervisor
+
+__all__ = ("INTERVAL", "DashboardServer", "ask_dashboard", "serve_dashboard", "state", "token")
+
+#: seconds between two ``state`` events of the live stream
+INTERVAL = 1.0
+#: supervision events kept for a page that opens later
+FEED = 1000
+#: events a live stream's client may leave unread before it is dropped
+BACKLOG = 1000
+#: seconds a ``meshio dashboard`` client waits for the controller's answer
+ASK_TIMEOUT = 10.0
+
+_encode = msgspec.json.Encoder().encode
+_encode_msgpack = msgspec.msgpack.Encoder().encode
+_url_decoder = msgspec.msgpack.Decoder(str)
+_PAGE = "dashboard.html"
+
+
+def token(secret: bytes) -> str:
+    """The dashboard token of the job whose secret is ``secret``: it
+    proves a request comes from someone the job's owner told."""
+    return hmac.new(secret, b"meshio dashboard", hashlib.sha256).hexdigest()[:32]
+
+
+def _loopback(host: str) -> bool:
+    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The host of a ``Host`` header (``127.0.0.1:8265``, ``[::1]:8265``)."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+async def state(rt: Runtime) -> bytes:
+    """What the page shows, as JSON: ``job`` (the controller: pid, host,
+    argv), ``time``, ``proc_meshes`` (:func:`meshio.stats`) and ``meshes``
+    (per proc mesh name: its supervisor, strategy and actor meshes)."""
+    snapshot = await stats(timeout=SCRAPE_TIMEOUT)
+    procs = rt.state(Inspection).procs if rt.has_state(Inspection) else []
+    meshes = {s.name: {"supervisor": None if s.supervisor is None else s.supervisor.name,
+                       "strategy": None if s.supervisor is None else s.supervisor.strategy,
+                       "extent": dict(s.region.extent),
+                       "actor_meshes": [a.name for a in s.actors]}
+              for s in procs}
+    return _encode({"job": {"pid": os.getpid(), "host": socket.gethostname(),
+                            "argv": sys.argv},
+                    "time": time.time(), "proc_meshes": snapshot.proc_meshes,
+                    "meshes": meshes})
+
+
+def _sse(kind: str, data: bytes) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+class DashboardServer(HTTPServer):
+    """The HTTP server of :func:`serve_dashboard`, listening from its start.
+    Stop it with :meth:`aclose`, or use it as ``async with``.
+
+    Attributes:
+        host: the address it listens on.
+        port: the port it listens on (the one picked, if asked for 0).
+        token: the job's dashboard token (:attr:`url` includes it); every
+            request needs it unless ``host`` is a loopback address and the
+            request names a loopback host.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self._rt = runtime()
+        self.token: str = token(self._rt.secret)
+        self._open = _loopback(self.host)
+        self._page = files("meshio").joinpath(_PAGE).read_bytes()
+        #: the supervision events seen (JSON), the last FEED
+        self._feed: list[bytes] = []
+        #: per live stream, its queue of what to send and the task sending it
+        self._listeners: dict[asyncio.Queue[bytes], asyncio.Task[None]] = {}
+        #: what sends the live streams their states, while there are any
+        self._ticking: asyncio.Task[None] | None = None
+        #: one task per supervisor, reading its events (cancelled by aclose)
+        self._watching: dict[Supervisor, asyncio.Task[None]] = {}
+
+    @property
+    def url(self) -> str:
+        """The page's address, token included: ``http://HOST:PORT/?token=...``."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::") else None
+        base = self._base() if host is None else f"http://{host}:{self.port}"
+        return f"{base}/?token={self.token}"
+
+    def __repr__(self) -> str:
+        return f"<DashboardServer {self._base()}/{' closed' if self._closed else ''}>"
+
+    async def aclose(self) -> None:
+        """Stop listening, end the requests being answered and stop reading
+        supervision events.  Idempotent."""
+        try:
+            await super().aclose()  # (no request runs after it: nothing starts a task)
+        finally:
+            if self._ticking is not None:  # (it may find a supervisor: first)
+                self._ticking.cancel()
+                await asyncio.wait([self._ticking])
+            for task in self._watching.values():
+                task.cancel()
+            if self._watching:
+                await asyncio.wait(self._watching.values())
+
+    # ------------------------------------------------------------ events
+
+    def _discover(self) -> None:
+        """Read the events of every supervisor of the proc meshes (and its
+        parents) not read yet."""
+        procs = self._rt.state(Inspection).procs if self._rt.has_state(Inspection) else []
+        for proc in procs:
+            sup = proc.supervisor
+            while sup is not None and sup not in self._watching and not self._closed:
+                self._watching[sup] = self._rt.tasks.start(self._watch(sup))
+                sup = sup.parent
+
+    async def _watch(self, sup: Supervisor) -> None:
+        async for event in sup.events():
+            data = _encode(event)
+            self._feed.append(data)
+            del self._feed[:-FEED]
+            self._offer(_sse("supervision", data))
+
+    # ------------------------------------------------------------ requests
+
+    def _refused(self, request: Request) -> str | None:
+        """Why ``request`` is refused (a status), or None.  On loopback a
+        request that names a loopback host needs no token (one naming
+        another host is a web page's trick, DNS rebinding: it needs one)."""
+        if self._open and _loopback(_host_name(request.headers.get("host", ""))):
+            return None
+        given = request.query.get("token")
+        auth = request.headers.get("authorization", "")
+        if given is None and auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        if given is None:
+            return "401 Unauthorized"
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return "403 Forbidden"
+        return None
+
+    async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        refused = self._refused(request)
+        if refused is not None:
+            body = (b"this dashboard needs the job's token: ?token=... or Authorization: "
+                    b"Bearer ... (the URL serve_dashboard and meshio dashboard print)\n")
+            writer.write(response_head(refused, "text/plain", len(body),
+                                       'WWW-Authenticate: Bearer realm="meshio"\r\n') + body)
+            return
+        self._discover()
+        match request.path:
+            case "/":
+                writer.write(response_head("200 OK", "text/html; charset=utf-8",
+                                           len(self._page)) + self._page)
+            case "/events":
+                await self._stream(writer)
+            case "/api/state":
+                self._json(writer, await state(self._rt))
+            case "/api/stacks":
+                stacks = (await self._rt.state(Inspection).stacks(STACKS_TIMEOUT)
+                          if self._rt.has_state(Inspection) else Stacks(()))
+                self._json(writer, _encode({"text": stacks.text(), "stacks": stacks}))
+            case "/metrics":
+                await write_metrics(writer)
+            case _:
+                body = b"see /\n"
+                writer.write(response_head("404 Not Found", "text/plain", len(body)) + body)
+
+    @staticmethod
+    def _json(writer: asyncio.StreamWriter, body: bytes) -> None:
+        writer.write(response_head("200 OK", "application/json", len(body)) + body)
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        """The live stream: the events so far and the state now, then what
+        :meth:`_offer` queues (a ``state`` every :data:`INTERVAL` seconds,
+        each supervision event as it comes), until the client goes away (a
+        write fails), reads too slowly, or the server closes."""
+        task = asyncio.current_task()
+        assert task is not None
+        queue: asyncio.Queue[bytes] = asyncio.Queue(BACKLOG)
+        self._listeners[queue] = task
+        if self._ticking is None:
+            self._ticking = self._rt.tasks.start(self._tick())
+        try:
+            writer.write(response_head("200 OK", "text/event-stream")
+                         + b"".join(_sse("supervision", e) for e in self._feed)
+                         + _sse("state", await state(self._rt)))
+            while True:
+                await writer.drain()
+                writer.write(await queue.get())
+        finally:
+            del self._listeners[queue]
+
+    def _offer(self, data: bytes) -> None:
+        """Queue ``data`` for every live stream; a stream whose client has
+        not read :data:`BACKLOG` of them is ended."""
+        for queue, task in self._listeners.items():
+            try:
+                queue.put_nowait(data)
+            except asyncio.QueueFull:
+                task.cancel()
+
+    async def _tick(self) -> None:
+        """A ``state`` for the live streams every :data:`INTERVAL` seconds
+        (one :func:`meshio.stats` for them all), while there are any."""
+        try:
+            while self._listeners:
+                await asyncio.sleep(INTERVAL)  # a period, not a wait for an event
+                data = _sse("state", await state(self._rt))
+                self._discover()
+                self._offer(data)
+        finally:
+            self._ticking = None
+
+
+def serve_dashboard(port: int = 0, host: str = "127.0.0.1") -> DashboardServer:
+    """Serve the job's live dashboard from this controller's event loop
+    (call it there): its hosts, proc meshes and actor meshes as a tree,
+    per-endpoint rates and latency, per-process CPU and memory, the
+    supervision events as they happen, a button that fetches every actor's
+    stacks, and ``/metrics`` (as :func:`meshio.serve_metrics`).  Its URL
+    (:attr:`DashboardServer.url`, with the job's token) is printed once,
+    on stderr.
+
+    On loopback (the default) any local client is answered; on any other
+    address (``host="0.0.0.0"``) every request without the job's token
+    (``?token=`` or ``Authorization: Bearer``) gets 401, with a wrong one 403.
+
+    Args:
+        port: the TCP port; 0 picks a free one (:attr:`DashboardServer.port`).
+        host: the address to listen on (a loopback one needs no token).
+
+    Raises:
+        TypeError: ``port`` is not an int, or ``host`` not a str.
+        ValueError: ``port`` is outside 0..65535.
+        OSError: nothing can listen at that address (in use, or not this host's).
+        RuntimeError: called outside the controller's event loop.
+    """
+    server = start(DashboardServer, port, host, "serve_dashboard")
+    print(f"meshio: dashboard at {server.url}", file=sys.stderr, flush=True)
+    return server
+
+
+# ------------------------------------------------------- meshio dashboard
+
+class _Served:
+    """The dashboards a controller serves for ``meshio dashboard`` clients
+    (``rt.state(_Served)``), each kept by a task that closes it when
+    cancelled (when the runtime closes)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.servers: dict[tuple[str, int], DashboardServer] = {}
+        self.tasks = TaskOwner("the dashboards served for `meshio dashboard`", rt.loop)
+
+    def serve(self, port: int, host: str) -> DashboardServer:
+        """The dashboard served on ``host``:``port`` for such a client
+        (port 0: any one served on ``host``), started if there is none."""
+        for (h, p), server in self.servers.items():
+            if h == host and port in (0, p):
+                return server
+        server = serve_dashboard(port, host)
+        self.servers[host, server.port] = server
+        self.tasks.start(self._keep(server))
+        return server
+
+    async def _keep(self, server: DashboardServer) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.aclose()
+
+    def close(self) -> None:
+        self.tasks.cancel()
+
+
+def _on_serve_dashboard(rt: Runtime, conn: Connection, msg: ServeDashboard,
+                        bufs: Buffers) -> None:
+    if not from_inspection(rt, conn, msg):
+        return
+    try:
+        server = rt.state(_Served).serve(msg.port, msg.host)
+    except (OSError, ValueError) as e:
+        conn.send_message(Fail(msg.req, ErrorInfo(
+            "schema", type(e).__name__, f"cannot serve the dashboard on {msg.host}:{msg.port}: "
+                                        f"{e}")))
+        return
+    conn.send_message(Reply(msg.req, msgspec.Raw(_encode_msgpack(server.url))))
+
+
+register_handler(ServeDashboard, _on_serve_dashboard, inspection=True)
+
+
+async def ask_dashboard(controller: Controller, port: int, host: str) -> str:
+    """Have ``controller`` serve its dashboard on ``host``:``port``; its URL.
+
+    Raises:
+        MeshioError: the controller could not be reached, refused us, or
+            could not listen there (the message says why).
+        TimeoutError: it did not answer in :data:`ASK_TIMEOUT` seconds.
+    """
+    return await ask(controller, lambda req: ServeDashboard(req, port, host),
+                     lambda raw, bufs: _url_decoder.decode(raw), "dashboard", ASK_TIMEOUT)

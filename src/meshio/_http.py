@@ -1,0 +1,174 @@
+"""The small HTTP/1.1 server under ``serve_metrics`` and ``serve_dashboard``.
+
+An :class:`HTTPServer` listens on the controller's loop from its start
+(asyncio streams: each request is one ``GET`` read by its head, answered,
+and the connection closed), answers each request in a task it owns, and
+on :meth:`~HTTPServer.aclose` stops listening and cancels and awaits the
+requests being answered (a server-sent event stream among them).
+Subclasses say what each request gets (``_respond``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from ._transport._tasks import awaited
+
+__all__ = ("HTTPServer", "Request", "response_head", "start")
+
+_S = TypeVar("_S", bound="HTTPServer")
+
+#: seconds a client has to send its request
+REQUEST_TIMEOUT = 10.0
+#: bytes of a request's head at most
+MAX_REQUEST = 1 << 16
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: its ``method``, ``path`` (without the query), the
+    query's parameters (the first value of each) and its headers (names
+    lowercased)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+
+
+def _parse(head: bytes) -> Request:
+    """The request of ``head`` (up to its blank line).
+
+    Raises:
+        ValueError: it is no HTTP request.
+    """
+    first, *lines = head.decode("latin-1").split("\r\n")
+    method, target, _version = first.split()
+    headers: dict[str, str] = {}
+    for line in lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    url = urlsplit(target)
+    return Request(method, url.path, {k: v[0] for k, v in parse_qs(url.query).items()},
+                   headers)
+
+
+def response_head(status: str, content_type: str, length: int | None = None,
+                  extra: str = "") -> bytes:
+    """The status line and headers of a response (``length`` None: the body
+    runs until the connection closes, as a server-sent event stream's)."""
+    size = "" if length is None else f"Content-Length: {length}\r\n"
+    return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{size}"
+            f"Cache-Control: no-store\r\n{extra}Connection: close\r\n\r\n").encode()
+
+
+def start(cls: type[_S], port: int, host: str, who: str) -> _S:
+    """A ``cls`` server listening on ``host``:``port``, for ``who`` (the
+    public function, named in errors), on the running loop.
+
+    Raises:
+        TypeError: ``port`` is not an int or ``host`` not a str.
+        ValueError: ``port`` is not in 0..65535.
+        OSError: the address cannot be listened on (in use, not this host's).
+        RuntimeError: no event loop is running here.
+    """
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise TypeError(f"{who}: port must be an int, got {type(port).__name__} {port!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{who}: port must be in 0..65535, got {port}")
+    if not isinstance(host, str):
+        raise TypeError(f"{who}: host must be a str, got {type(host).__name__} {host!r}")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(f"{who}() serves from the controller's event loop: call it in async "
+                           "code (inside meshio.run)") from None
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                else socket.AF_INET)
+    try:
+        return cls(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+class HTTPServer:
+    """Listens on ``sock`` from its start; :meth:`_respond` answers each
+    request.  Stop it with :meth:`aclose`, or use it as ``async with``.
+
+    Attributes:
+        host: the address it listens on.
+        port: the port it listens on (the one picked, if asked for 0).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.host: str = sock.getsockname()[0]
+        self.port: int = sock.getsockname()[1]
+        self._sock = sock
+        self._closed = False
+        #: the requests being answered (cancelled by aclose)
+        self._answering: set[asyncio.Task[None]] = set()
+        self._starting: asyncio.Future[asyncio.Server] = awaited(
+            asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
+
+    def _base(self) -> str:
+        """``http://HOST:PORT``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def aclose(self) -> None:
+        """Stop listening and end the requests being answered.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._starting.cancel()
+        for task in self._answering:
+            task.cancel()
+        try:
+            server = await self._starting
+        except asyncio.CancelledError:
+            if not self._starting.cancelled():  # (we are cancelled ourselves)
+                raise
+            self._sock.close()  # closed before the server took it
+        else:
+            server.close()
+            await server.wait_closed()
+        if self._answering:
+            await asyncio.wait(self._answering)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        """Write the response to ``request`` (the connection is closed after)."""
+        raise NotImplementedError
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._answering.add(task)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            request = _parse(head)
+            if request.method != "GET":
+                body = b"GET only\n"
+                writer.write(response_head("405 Method Not Allowed", "text/plain", len(body))
+                             + body)
+            else:
+                await self._respond(request, writer)
+            await writer.drain()
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+            pass  # a client that went away or sent no HTTP request: nothing to answer
+        finally:
+            self._answering.discard(task)
+            writer.close()

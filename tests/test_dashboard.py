@@ -1,0 +1,237 @@
+"""The live dashboard over plain HTTP (issue 19 §3): ``meshio.serve_dashboard``
+serves the page, its state, a server-sent event stream with supervision
+events as they happen, every actor's stacks and ``/metrics``; off loopback
+every request needs the job's token; ``meshio dashboard`` has a running
+controller serve it.  The page itself, in a real browser:
+``tests/test_dashboard_browser.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from supervision_helpers import W, supervised
+
+import meshio
+from meshio import Actor, endpoint
+from meshio._dashboard import token
+from meshio._transport._runtime import runtime
+from stacks_controller import meshio_cli, running
+
+GUARD = 30.0
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET ``url`` (blocking): status, headers, body (also of an error status)."""
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=GUARD) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+async def aget(url: str, headers: dict[str, str] | None = None
+               ) -> tuple[int, dict[str, str], bytes]:
+    return await asyncio.to_thread(get, url, headers)
+
+
+async def events(port: int, query: str = "") -> AsyncIterator[tuple[str, Any]]:
+    """The server-sent events of ``/events``: (kind, decoded data)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET /events{query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+        assert b"Content-Type: text/event-stream" in head
+        while True:
+            block = (await reader.readuntil(b"\n\n")).decode()
+            fields = dict(line.split(": ", 1) for line in block.strip().split("\n"))
+            yield fields["event"], json.loads(fields["data"])
+    finally:
+        writer.close()
+
+
+async def test_page_state_stacks_metrics_and_stream_on_loopback(
+        procs: meshio.ProcMesh) -> None:
+    echo = await procs.spawn("echo", Echo)
+    for i in range(3):
+        assert await echo.slice(procs=0).echo.call_one(i) == i
+    async with meshio.serve_dashboard() as server:
+        assert isinstance(server, meshio.DashboardServer)
+        assert server.host == "127.0.0.1" and server.port > 0
+        assert server.url == f"http://127.0.0.1:{server.port}/?token={server.token}"
+        assert server.token == token(runtime().secret)
+        base = f"http://127.0.0.1:{server.port}"
+        status, headers, page = await aget(base + "/")  # loopback: no token needed
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+        assert b"<title>meshio dashboard</title>" in page and b'id="stacks-button"' in page
+        assert (await aget(base + "/", {"Host": f"localhost:{server.port}"}))[0] == 200
+        # a page of another site whose name now points here (DNS rebinding): token needed
+        rebound = {"Host": f"evil.example:{server.port}"}
+        assert (await aget(base + "/api/state", rebound))[0] == 401
+        assert (await aget(f"{base}/api/state?token={server.token}", rebound))[0] == 200
+        status, _, body = await aget(base + "/api/state")
+        assert status == 200
+        state = json.loads(body)
+        assert state["job"]["pid"] == os.getpid()
+        [pm] = state["proc_meshes"]
+        assert pm["name"] == "procs" and [p["rank"] for p in pm["processes"]] == [0, 1]
+        assert [p["pid"] for p in pm["processes"]] == procs.pids
+        assert all(p["rss"] > 1 << 20 and p["cpu_user"] > 0 for p in pm["processes"])
+        [actor] = pm["processes"][0]["actors"]
+        [ep] = actor["endpoints"]
+        assert (actor["actor"], ep["endpoint"], ep["calls"]) == ("echo", "Echo.echo", 3)
+        assert state["meshes"]["procs"] == {"supervisor": None, "strategy": None,
+                                            "extent": {"procs": 2}, "actor_meshes": ["echo"]}
+        status, headers, body = await aget(base + "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        calls = {s.labels["rank"]: s.value
+                 for f in text_string_to_metric_families(body.decode())
+                 if f.name == "meshio_endpoint_calls" for s in f.samples}
+        assert calls == {"0": 3.0, "1": 0.0}
+        status, _, body = await aget(base + "/api/stacks")
+        stacks = json.loads(body)
+        assert status == 200 and stacks["text"] == "echo ranks 0-1: idle\n"
+        assert [a["rank"] for a in stacks["stacks"]["actors"]] == [0, 1]
+        assert (await aget(base + "/nowhere"))[0] == 404
+        stream = events(server.port)
+        try:
+            async with asyncio.timeout(GUARD):
+                kind, first = await anext(stream)
+                assert kind == "state" and first["proc_meshes"][0]["name"] == "procs"
+                assert await echo.slice(procs=1).echo.call_one(7) == 7
+                while True:  # the next states count the new call
+                    kind, later = await anext(stream)
+                    assert kind == "state" and later["time"] >= first["time"]
+                    ranks = later["proc_meshes"][0]["processes"]
+                    if ranks[1]["actors"][0]["endpoints"][0]["calls"] == 1:
+                        break
+        finally:
+            await stream.aclose()
+    assert "closed" in repr(server)
+    with pytest.raises(urllib.error.URLError):
+        get(base + "/")
+
+
+async def test_supervision_events_stream_live() -> None:
+    async with supervised(2) as s:
+        await s.procs.spawn("w", W, 1)
+        async with meshio.serve_dashboard() as server:
+            stream = events(server.port)
+            try:
+                async with asyncio.timeout(GUARD):
+                    assert (await anext(stream))[0] == "state"
+                    os.kill(s.old[1], signal.SIGKILL)
+                    seen: list[tuple[str, int, int]] = []
+                    while ("restart", 1) not in [(k, r) for k, r, _ in seen]:
+                        kind, data = await anext(stream)
+                        if kind == "supervision":
+                            assert data["supervisor"] == s.sup.name and data["mesh"] == "procs"
+                            seen.append((data["kind"], data["rank"], data["pid"]))
+                    assert seen[0] == ("failure", 1, s.old[1])
+                    [(_, _, new_pid)] = [e for e in seen if e[0] == "restart"]
+                    assert new_pid == s.procs.pids[1] != s.old[1]
+                    while True:  # the state shows the restart too
+                        kind, data = await anext(stream)
+                        if kind == "state":
+                            break
+                    assert [p["restarts"] for p in data["proc_meshes"][0]["processes"]] == [0, 1]
+                    assert data["meshes"]["procs"]["supervisor"] == s.sup.name
+            finally:
+                await stream.aclose()
+            # a page opened later is told the past events first
+            late = events(server.port)
+            try:
+                async with asyncio.timeout(GUARD):
+                    kind, data = await anext(late)
+                    assert (kind, data["kind"], data["rank"]) == ("supervision", "failure", 1)
+            finally:
+                await late.aclose()
+
+
+async def test_off_loopback_every_request_needs_the_token(procs: meshio.ProcMesh) -> None:
+    await procs.spawn("echo", Echo)
+    async with meshio.serve_dashboard(host="0.0.0.0") as server:
+        assert server.url == (f"http://{socket.gethostname()}:{server.port}/"
+                              f"?token={server.token}")
+        assert len(server.token) == 32 and server.token == token(runtime().secret)
+        assert server.token != token(b"another job's secret")
+        base = f"http://127.0.0.1:{server.port}"
+        for path in ("/", "/api/state", "/api/stacks", "/metrics", "/events", "/nowhere"):
+            status, headers, body = await aget(base + path)
+            assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer"), path
+            assert b"token" in body and b"meshio_" not in body
+            assert (await aget(f"{base}{path}?token=0{server.token[1:]}"))[0] == 403, path
+            assert (await aget(base + path, {"Authorization": "Bearer nope"}))[0] == 403, path
+        for path in ("/", "/api/state", "/api/stacks", "/metrics"):
+            assert (await aget(f"{base}{path}?token={server.token}"))[0] == 200, path
+            assert (await aget(base + path,
+                               {"Authorization": f"Bearer {server.token}"}))[0] == 200, path
+        stream = events(server.port, f"?token={server.token}")
+        try:
+            async with asyncio.timeout(GUARD):
+                assert (await anext(stream))[0] == "state"
+        finally:
+            await stream.aclose()
+
+
+async def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(TypeError, match="serve_dashboard: port must be an int, got str"):
+        meshio.serve_dashboard("80")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"serve_dashboard: port must be in 0\.\.65535"):
+        meshio.serve_dashboard(70000)
+    with pytest.raises(TypeError, match="serve_dashboard: host must be a str"):
+        meshio.serve_dashboard(0, host=None)  # type: ignore[arg-type]
+
+
+def test_serve_dashboard_needs_a_running_loop() -> None:
+    with pytest.raises(RuntimeError, match="call it in async code"):
+        meshio.serve_dashboard()
+
+
+def test_meshio_dashboard_has_a_running_controller_serve_it(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    assert "dashboard" in meshio_cli("--help", env=env).stdout
+    none = meshio_cli("dashboard", env=env)
+    assert none.returncode == 1 and none.stdout == ""
+    assert "no running meshio controller of yours found" in none.stderr
+    with running(env) as controller:
+        asked = meshio_cli("dashboard", "--pid", str(controller.pid), env=env)
+        assert asked.returncode == 0, asked.stderr
+        url = asked.stdout.strip()
+        assert url.startswith("http://127.0.0.1:") and "/?token=" in url
+        status, _, page = get(url)
+        assert status == 200 and b"meshio dashboard" in page
+        state = json.loads(get(url.replace("/?", "/api/state?"))[2])
+        assert state["job"]["pid"] == controller.pid
+        [pm] = state["proc_meshes"]
+        assert len(pm["processes"]) == 4 and state["meshes"][pm["name"]]["actor_meshes"] \
+            == ["busy"]
+        stacks = json.loads(get(url.replace("/?", "/api/stacks?"))[2])["text"]
+        assert "busy ranks 0-1: in Busy.block at stacks_controller.py" in stacks
+        again = meshio_cli("dashboard", env=env)  # the one controller: no --pid needed
+        assert again.returncode == 0 and again.stdout.strip() == url  # the same one
+        port = url.split(":")[2].split("/")[0]
+        busy = meshio_cli("dashboard", "--host", "0.0.0.0", "--port", port, env=env)
+        assert busy.returncode == 1 and "cannot serve the dashboard on 0.0.0.0" in busy.stderr
+        bad = meshio_cli("dashboard", "--port", "70000", env=env)
+        assert bad.returncode == 2 and "--port must be in 0..65535" in bad.stderr
+    with pytest.raises(urllib.error.URLError):  # served until the controller ended
+        get(url)
