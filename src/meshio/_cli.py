@@ -7,10 +7,11 @@ import sys
 from importlib.metadata import version
 
 from ._bench import bench as run_bench
+from ._debug import debug_client
 from ._demo import demo as run_demo
 from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
-from ._inspect import ask_stacks, controllers, inspection_dir
+from ._inspect import Controller, ask_stacks, controllers, inspection_dir
 from ._run import run
 from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
@@ -44,6 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
+    debug = sub.add_parser(
+        "debug", help="attach to the actors of a running controller paused in breakpoint() "
+                      "and drive their pdb sessions",
+        description="Attach to a running meshio controller of this user: list the actors "
+                    "paused in breakpoint() or pdb.set_trace(), `attach <actor> <rank>` to run "
+                    "one's pdb session (p, n, s, bt, c, ...), `detach`, `continue all`.")
+    debug.add_argument("--pid", type=int, help="the controller's pid, when several run")
     check = sub.add_parser("doctor", help="say what this machine gives meshio (uvloop, torch, "
                                           "CUDA, RDMA backends, Slurm, Kubernetes, limits) "
                                           "and why anything is missing")
@@ -67,11 +75,21 @@ def main(argv: list[str] | None = None) -> None:
         if not args.timeout > 0:
             ap.error(f"--timeout must be seconds > 0, got {args.timeout:g}")
         sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
+    elif args.command == "debug":
+        sys.exit(run(_debug(args.pid)))
 
 
-async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
-    """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
-    controller answered."""
+async def _debug(pid: int | None) -> int:
+    """``meshio debug``: 0 once the user quits, 1 (with why, on stderr)
+    when no controller was found or it went away."""
+    chosen = _choose("debug", pid)
+    return 1 if chosen is None else await debug_client(chosen)
+
+
+def _choose(command: str, pid: int | None) -> Controller | None:
+    """The running controller ``meshio <command>`` talks to: the one of
+    this user (with ``pid``, when given); None, with why on stderr, when
+    there is none or several."""
     found = controllers()
     chosen = [c for c in found if pid is None or c.pid == pid]
     if len(chosen) != 1:
@@ -84,12 +102,21 @@ async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
         else:
             why = f"several meshio controllers run; choose one with --pid (found in {where}:"
         listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
-        print(f"meshio stacks: {why}){listing}", file=sys.stderr)
+        print(f"meshio {command}: {why}){listing}", file=sys.stderr)
+        return None
+    return chosen[0]
+
+
+async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
+    """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
+    controller answered."""
+    chosen = _choose("stacks", pid)
+    if chosen is None:
         return 1
     try:
-        stacks = await ask_stacks(chosen[0], timeout)
+        stacks = await ask_stacks(chosen, timeout)
     except (MeshioError, TimeoutError) as e:
-        print(f"meshio stacks: controller {chosen[0].describe()} did not answer: "
+        print(f"meshio stacks: controller {chosen.describe()} did not answer: "
               f"{str(e) or type(e).__name__}", file=sys.stderr)
         return 1
     print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")

@@ -1,0 +1,159 @@
+"""``breakpoint()`` in actors and ``meshio debug``, driven through
+pseudo-terminals (``pexpect``): a controller script (``debug_controller.py``)
+in one, ``meshio debug`` in another, as a user would type."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+import debug_controller
+
+CONTROLLER = Path(debug_controller.__file__).resolve()
+#: generous bound on one expected answer (a loaded 2-core machine)
+EXPECT_TIMEOUT = 60
+PROMPT = "(meshio debug) "
+PDB = "(Pdb) "
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def line_of(text: str) -> int:
+    """The line of ``debug_controller.py`` holding ``text``, 1-based."""
+    lines = CONTROLLER.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def spawn(*args: str, env: dict[str, str]) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, list(args), env=env, encoding="utf-8",
+                          timeout=EXPECT_TIMEOUT, dimensions=(50, 200))
+    return child
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of a controller and its ``meshio debug``: a
+    directory of published controllers of their own."""
+    yield {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+
+
+def close(*children: pexpect.spawn) -> None:
+    for child in children:
+        if child.isalive():
+            child.terminate(force=True)
+
+
+def test_attach_print_step_continue(env: dict[str, str]) -> None:
+    """Two ranks paused (an ``async`` endpoint in ``breakpoint()``, a
+    ``def`` one in ``pdb.set_trace()``), each announced once with actor,
+    rank, host and file:line; ``meshio debug`` lists both, attaches to
+    one, prints a local, steps, detaches, attaches to the other, continues
+    it, then ``continue all``: the controller's calls return."""
+    controller = spawn(str(CONTROLLER), "pair", env=env)
+    debug = None
+    try:
+        host = os.uname().nodename
+        seen = set()
+        for _ in range(2):
+            controller.expect(r"meshio: steppers rank (\d) paused at (\S+):(\d+) in (\S+) "
+                              r"\(pid \d+ on (\S+)\); attach with `meshio debug`")
+            rank, file, line, function, where = controller.match.groups()
+            seen.add(rank)
+            assert (file, where) == (str(CONTROLLER), host)
+            expected = ("step", "# async breakpoint") if rank == "0" else \
+                       ("step_sync", "# def breakpoint")
+            assert function == f"Paused.{expected[0]}"
+            assert int(line) == line_of(expected[1]) + 1  # pdb stops at the next line
+        assert seen == {"0", "1"}
+
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
+        listing = debug.match.group(1)
+        assert "steppers rank 0: " in listing and "steppers rank 1: " in listing
+
+        debug.sendline("attach steppers 0")
+        debug.expect_exact(PDB)
+        assert "attached to steppers rank 0" in debug.before
+        assert "-> shifted = doubled + 1" in debug.before
+        debug.sendline("p doubled")
+        debug.expect_exact(PDB)
+        assert debug.before.splitlines()[1:] == ["20"]
+        debug.sendline("n")
+        debug.expect_exact(PDB)
+        assert "-> return shifted" in debug.before
+        debug.sendline("p shifted")
+        debug.expect_exact(PDB)
+        assert debug.before.splitlines()[1:] == ["21"]
+        debug.sendline("bt")
+        debug.expect_exact(PDB)
+        assert f"{CONTROLLER}({line_of('return shifted  # async')})step()" in debug.before
+        debug.sendline("detach")
+        debug.expect_exact(PROMPT)
+        assert "detached from steppers rank 0 (it stays paused)" in debug.before
+
+        debug.sendline("attach steppers 1")
+        debug.expect_exact(PDB)
+        debug.sendline("p doubled")
+        debug.expect_exact(PDB)
+        assert debug.before.splitlines()[1:] == ["60"]
+        debug.sendline("c")
+        debug.expect_exact(PROMPT)
+        assert "steppers rank 1 continued" in debug.before
+        debug.sendline("list")
+        debug.expect_exact(PROMPT)
+        assert "steppers rank 0: " in debug.before and "steppers rank 1" not in debug.before
+
+        debug.sendline("continue all")
+        controller.expect(r"results \[21, 61\]")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+        assert controller.before.count("paused at") == 0  # each pause announced once
+        debug.expect(pexpect.EOF)
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
+    """An ``async`` endpoint paused in ``breakpoint()`` holds its worker's
+    loop, yet its process answers heartbeats (through its debug link) for
+    three heartbeat timeouts: the controller does not call it not
+    responding, the actor of another process answers calls meanwhile, and
+    the paused call returns once continued."""
+    controller = spawn(str(CONTROLLER), "heartbeats", env=env)
+    debug = None
+    try:
+        controller.expect("meshio: steppers rank 0 paused at ")
+        controller.expect(r"other process answered (\d+) calls")
+        assert int(controller.match.group(1)) > 0
+        assert "not responding" not in controller.before
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        debug.sendline("continue all")
+        controller.expect(r"result (\d+)")
+        assert controller.match.group(1) == "11"
+        assert "not responding" not in controller.before
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_cli(env: dict[str, str]) -> None:
+    """``meshio --help`` lists ``debug``; without a controller it says
+    where it looked and exits 1."""
+    helped = subprocess.run([sys.executable, "-m", "meshio", "--help"], env=env, text=True,
+                            capture_output=True, check=True)
+    assert re.search(r"^\s+debug\s+attach to the actors", helped.stdout, re.M)
+    none = subprocess.run([sys.executable, "-m", "meshio", "debug"], env=env, text=True,
+                          capture_output=True, stdin=subprocess.DEVNULL)
+    assert none.returncode == 1
+    assert none.stderr.startswith("meshio debug: no running meshio controller of yours found")
