@@ -44,10 +44,17 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
 
 
+def ask(debug: pexpect.spawn, line: str, until: str = PDB) -> list[str]:
+    """Type ``line`` in ``debug``; the lines it shows before ``until``."""
+    debug.sendline(line)
+    debug.expect_exact(until)
+    return debug.before.splitlines()[1:]  # (after the echo of what was typed)
+
+
 def close(*children: pexpect.spawn) -> None:
+    """End ``children`` if still running, and close their terminals."""
     for child in children:
-        if child.isalive():
-            child.terminate(force=True)
+        child.close(force=True)
 
 
 def test_attach_print_step_continue(env: dict[str, str]) -> None:
@@ -78,37 +85,22 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         listing = debug.match.group(1)
         assert "steppers rank 0: " in listing and "steppers rank 1: " in listing
 
-        debug.sendline("attach steppers 0")
-        debug.expect_exact(PDB)
-        assert "attached to steppers rank 0" in debug.before
-        assert "-> shifted = doubled + 1" in debug.before
-        debug.sendline("p doubled")
-        debug.expect_exact(PDB)
-        assert debug.before.splitlines()[1:] == ["20"]
-        debug.sendline("n")
-        debug.expect_exact(PDB)
-        assert "-> return shifted" in debug.before
-        debug.sendline("p shifted")
-        debug.expect_exact(PDB)
-        assert debug.before.splitlines()[1:] == ["21"]
-        debug.sendline("bt")
-        debug.expect_exact(PDB)
-        assert f"{CONTROLLER}({line_of('return shifted  # async')})step()" in debug.before
-        debug.sendline("detach")
-        debug.expect_exact(PROMPT)
-        assert "detached from steppers rank 0 (it stays paused)" in debug.before
+        shown = "\n".join(ask(debug, "attach steppers 0"))
+        assert "attached to steppers rank 0" in shown
+        assert "-> shifted = doubled + 1" in shown
+        assert ask(debug, "p doubled") == ["20"]
+        assert "-> return shifted  # async" in ask(debug, "n")
+        assert ask(debug, "p shifted") == ["21"]
+        innermost = ask(debug, "bt")[-2]  # (then its line of code)
+        assert innermost == f"> {CONTROLLER}({line_of('return shifted  # async')})step()"
+        assert ask(debug, "detach", PROMPT) == [
+            "meshio: detached from steppers rank 0 (it stays paused)"]
 
-        debug.sendline("attach steppers 1")
-        debug.expect_exact(PDB)
-        debug.sendline("p doubled")
-        debug.expect_exact(PDB)
-        assert debug.before.splitlines()[1:] == ["60"]
-        debug.sendline("c")
-        debug.expect_exact(PROMPT)
-        assert "steppers rank 1 continued" in debug.before
-        debug.sendline("list")
-        debug.expect_exact(PROMPT)
-        assert "steppers rank 0: " in debug.before and "steppers rank 1" not in debug.before
+        ask(debug, "attach steppers 1")
+        assert ask(debug, "p doubled") == ["60"]
+        assert ask(debug, "c", PROMPT) == ["meshio: steppers rank 1 continued"]
+        listing = "\n".join(ask(debug, "list", PROMPT))
+        assert "steppers rank 0: " in listing and "steppers rank 1" not in listing
 
         debug.sendline("continue all")
         controller.expect(r"results \[21, 61\]")

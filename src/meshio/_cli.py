@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import version
+from typing import Any
 
 from ._bench import bench as run_bench
 from ._debug import debug_client
@@ -35,23 +36,20 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     sub.add_parser("agent", help="serve this host's workers to a controller on another host "
                                  "(meshio agent --help)")
-    stacks = sub.add_parser(
-        "stacks", help="print what every actor of a running controller is doing: its Python "
+    stacks = _asking(
+        sub, "stacks", "print what every actor of a running controller is doing: its Python "
                        "stacks, grouped when identical",
-        description="Ask a running meshio controller of this user (a process that started "
-                    "a proc mesh) for the current Python stacks of every actor of its proc "
-                    "meshes, and print them grouped when identical.")
-    stacks.add_argument("--pid", type=int, help="the controller's pid, when several run")
+        "Ask a running meshio controller of this user (a process that started a proc mesh) "
+        "for the current Python stacks of every actor of its proc meshes, and print them "
+        "grouped when identical.")
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
-    debug = sub.add_parser(
-        "debug", help="attach to the actors of a running controller paused in breakpoint() "
-                      "and drive their pdb sessions",
-        description="Attach to a running meshio controller of this user: list the actors "
-                    "paused in breakpoint() or pdb.set_trace(), `attach <actor> <rank>` to run "
-                    "one's pdb session (p, n, s, bt, c, ...), `detach`, `continue all`.")
-    debug.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    _asking(sub, "debug", "attach to the actors of a running controller paused in "
+                          "breakpoint() and drive their pdb sessions",
+            "Attach to a running meshio controller of this user: list the actors paused in "
+            "breakpoint() or pdb.set_trace(), `attach <actor> <rank>` to run one's pdb "
+            "session (p, n, s, bt, c, ...), `detach`, `continue all`.")
     check = sub.add_parser("doctor", help="say what this machine gives meshio (uvloop, torch, "
                                           "CUDA, RDMA backends, Slurm, Kubernetes, limits) "
                                           "and why anything is missing")
@@ -77,6 +75,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
     elif args.command == "debug":
         sys.exit(run(_debug(args.pid)))
+
+
+def _asking(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``meshio <name>``, a client of a running controller
+    (``--pid`` chooses which)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    parser.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    return parser
 
 
 async def _debug(pid: int | None) -> int:

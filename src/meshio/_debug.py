@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from ._context import Context, _context
 from ._transport._connection import Connection
@@ -175,11 +175,18 @@ def _pause(frame: FrameType, otherwise: Callable[[], None]) -> None:
     if link is None or ctx is None or _worker is None:
         otherwise()
         return
-    rt = _worker[0]
-    if asyncio._get_running_loop() is rt.loop:  # paused on the loop: what it batched goes now
-        for conn in list(rt.all_conns):
+    if _on_loop(_worker[0]):  # paused on the loop: what it batched goes now, not after
+        for conn in list(_worker[0].all_conns):
             conn.write_batched()
     _RemotePdb(link, ctx).set_trace(frame)
+
+
+def _on_loop(rt: Runtime) -> bool:
+    """Whether this thread runs ``rt``'s loop (not an actor's thread)."""
+    try:
+        return asyncio.get_running_loop() is rt.loop
+    except RuntimeError:
+        return False
 
 
 class _Terminal:
@@ -216,8 +223,8 @@ class _RemotePdb(pdb.Pdb):
     def __init__(self, link: DebugLink, ctx: Context[Any]) -> None:
         self.terminal = _Terminal(link)
         self.ctx = ctx
-        super().__init__(stdin=self.terminal, stdout=self.terminal, skip=_SKIP, nosigint=True,
-                         readrc=False)
+        io = cast(IO[str], self.terminal)  # (pdb uses write, flush and readline of its files)
+        super().__init__(stdin=io, stdout=io, skip=_SKIP, nosigint=True, readrc=False)
         self.prompt = "(Pdb) "
 
     def interaction(self, frame: FrameType | None, traceback: Any) -> None:
