@@ -57,8 +57,9 @@ _SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "co
 _HELP = """\
 commands:
   list                   the paused actors, oldest first
-  attach <actor> <rank>  run the pdb session of that actor (attach: the oldest);
-                         then pdb's commands (p, n, s, bt, c, ...) and detach
+  attach <actor> <rank>  run the pdb session of that actor (attach: the oldest;
+                         waits for that actor to pause if it has not yet); then
+                         pdb's commands (p, n, s, bt, c, ...) and detach
   continue all           continue every paused actor
   quit                   leave meshio debug (the actors stay paused)
 """
@@ -309,10 +310,16 @@ class Debugger:
         self.clients: dict[Connection, _Session | None] = {}
         #: worker address → its debug link, while it has a paused session
         self.links: dict[str, Connection] = {}
+        #: client → the actor and rank it waits to attach to (``attach`` of
+        #: an actor that has not paused yet)
+        self.waiting: dict[Connection, tuple[str, str]] = {}
 
     def close(self) -> None:
-        for client in self.clients:
-            client.send_message(DebugIO(0, "end", "meshio debug: the controller ended\n"))
+        """The controller ends: its connections are gone (clients see that)."""
+        self.sessions.clear()
+        self.clients.clear()
+        self.links.clear()
+        self.waiting.clear()
 
     # ------------------------------------------------ from the workers
 
@@ -326,8 +333,15 @@ class Debugger:
             # its heartbeats' answers count through its link, and its loss ends its sessions
             self.rt.on_pong[link.peer] = lambda: self._pong(msg.addr)
             self.rt.on_lost[link.peer] = self._link_lost
+        for client, awaited in list(self.waiting.items()):
+            if client.closed or client not in self.clients:
+                del self.waiting[client]
+            elif awaited == (msg.actor, str(msg.rank)):
+                del self.waiting[client]
+                self._attach(client, list(awaited))
+                break
         for client, attached in self.clients.items():
-            if attached is None:
+            if attached is None and client not in self.waiting:
                 self._say(client, f"meshio: {session.name} paused at {session.where()}\n")
 
     def _pong(self, addr: str) -> None:
@@ -380,6 +394,7 @@ class Debugger:
         attached = self.clients[client]
         if msg.kind == "end":  # the client left
             del self.clients[client]
+            self.waiting.pop(client, None)
             if attached is not None:
                 attached.client = None
             return
@@ -403,13 +418,7 @@ class Debugger:
         elif words[0] in ("list", "ls") and len(words) == 1:
             self._list(client)
         elif words[0] == "attach" and len(words) in (1, 3):
-            session = self._find(client, words[1:])
-            if session is not None:
-                session.client = client
-                self.clients[client] = session
-                self._say(client, f"meshio: attached to {session.name} at {session.where()}"
-                                  " (`detach` to leave it paused)\n")
-                self._show(session)
+            if self._attach(client, words[1:]):
                 return
         elif words == ["continue", "all"]:
             for session in self.sessions.values():
@@ -425,17 +434,33 @@ class Debugger:
             self._say(client, f"meshio debug: unknown command {line!r}\n{_HELP}")
         self._prompt(client)
 
-    def _find(self, client: Connection, words: list[str]) -> _Session | None:
-        free = [s for s in self.sessions.values() if s.client is None or s.client.closed]
-        if words:
-            actor, rank = words
-            free = [s for s in free if s.paused.actor == actor and str(s.paused.rank) == rank]
-        if not free:
-            taken = " or attached by another meshio debug" if self.sessions else ""
-            what = f"{words[0]} rank {words[1]}" if words else "actor"
-            self._say(client, f"meshio debug: no paused {what}{taken}; `list` shows them\n")
-            return None
-        return free[0]
+    def _attach(self, client: Connection, words: list[str]) -> bool:
+        """Attach ``client`` to the oldest free session (of actor
+        ``words[0]`` rank ``words[1]`` when given): True once attached, or
+        waiting for that actor to pause; False (having said why) when the
+        client gets its prompt back."""
+        sessions = [s for s in self.sessions.values()
+                    if not words or (s.paused.actor, str(s.paused.rank)) == tuple(words)]
+        free = [s for s in sessions if s.client is None or s.client.closed]
+        if free:
+            session = free[0]
+            session.client = client
+            self.clients[client] = session
+            self._say(client, f"meshio: attached to {session.name} at {session.where()}"
+                              " (`detach` to leave it paused)\n")
+            self._show(session)
+            return True
+        if sessions:
+            self._say(client, f"meshio debug: {sessions[0].name} is attached to another "
+                              "meshio debug\n")
+        elif not words:
+            self._say(client, "meshio debug: no paused actors\n")
+        else:
+            self.waiting[client] = (words[0], words[1])
+            self._say(client, f"meshio: waiting for {words[0]} rank {words[1]} to pause "
+                              "(Ctrl-C to stop)\n")
+            return True
+        return False
 
     def _list(self, client: Connection) -> None:
         if not self.sessions:
