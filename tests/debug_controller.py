@@ -13,6 +13,10 @@ calls the actor of another process for three heartbeat timeouts and
 prints how many calls it answered, then waits for the paused call, which
 returns once ``meshio debug`` continues it (a process declared not
 responding would fail it).
+
+``python debug_controller.py agents CACHE_DIR``: rank 0 of a proc mesh on
+a host agent (``ProcessJob``: its workers reach the controller over TCP)
+stops in ``breakpoint()``; it prints the result once continued.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import pdb
 import sys
+from pathlib import Path
 
 import meshio
 from meshio import Actor, Channel, Port, endpoint
+from meshio.jobs import ProcessJob
 
 #: heartbeat timeout of the ``heartbeats`` run
 TIMEOUT = 1.0
@@ -84,5 +90,18 @@ async def heartbeats() -> None:
             call.cancel()
 
 
+async def agents(cache: str) -> None:
+    job = ProcessJob(meshes={"hosts": 1}, cache_dir=Path(cache))
+    try:
+        state = await job.state()
+        async with state.hosts.spawn_procs(per_host={"gpus": 1}) as procs:
+            paused = await procs.spawn("remote", Paused)
+            print(f"result {await paused.step.call_one(7)}", flush=True)
+    finally:
+        await job.kill()
+
+
 if __name__ == "__main__":
-    meshio.run(pair() if sys.argv[1:] == ["pair"] else heartbeats())
+    mode = sys.argv[1]
+    meshio.run(pair() if mode == "pair" else heartbeats() if mode == "heartbeats"
+               else agents(sys.argv[2]))

@@ -139,6 +139,28 @@ def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
         close(controller, *([debug] if debug is not None else []))
 
 
+def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
+    """An actor on another host (a host agent's worker, whose debug link
+    reaches the controller over TCP with the job's secret) pauses and is
+    driven the same way."""
+    controller = spawn(str(CONTROLLER), "agents", str(tmp_path / ".meshio"), env=env)
+    debug = None
+    try:
+        controller.expect(r"meshio: remote rank 0 paused at \S+:\d+ in Paused.step \(pid \d+")
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        ask(debug, "attach remote 0")
+        assert ask(debug, "p doubled") == ["14"]
+        assert ask(debug, "c", PROMPT) == ["meshio: remote rank 0 continued"]
+        controller.expect(r"result (\d+)")
+        assert controller.match.group(1) == "15"
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
 def test_cli(env: dict[str, str]) -> None:
     """``meshio --help`` lists ``debug``; without a controller it says
     where it looked and exits 1."""
