@@ -14,9 +14,10 @@ prints how many calls it answered, then waits for the paused call, which
 returns once ``meshio debug`` continues it (a process declared not
 responding would fail it).
 
-``python debug_controller.py agents CACHE_DIR``: rank 0 of a proc mesh on
-a host agent (``ProcessJob``: its workers reach the controller over TCP)
-stops in ``breakpoint()``; it prints the result once continued.
+``python debug_controller.py agents CACHE_DIR``: once a line arrives on
+its stdin (after it printed ``spawned``), rank 0 of a proc mesh on a host
+agent (``ProcessJob``: its workers reach the controller over TCP) stops in
+``breakpoint()``; it prints the result, or the type of the remote error.
 """
 
 from __future__ import annotations
@@ -96,7 +97,12 @@ async def agents(cache: str) -> None:
         state = await job.state()
         async with state.hosts.spawn_procs(per_host={"gpus": 1}) as procs:
             paused = await procs.spawn("remote", Paused)
-            print(f"result {await paused.step.call_one(7)}", flush=True)
+            print("spawned", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            try:
+                print(f"result {await paused.step.call_one(7)}", flush=True)
+            except meshio.ActorError as e:
+                print(f"failed: {e.remote_type}", flush=True)
     finally:
         await job.kill()
 

@@ -141,19 +141,24 @@ def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
 
 def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
     """An actor on another host (a host agent's worker, whose debug link
-    reaches the controller over TCP with the job's secret) pauses and is
-    driven the same way."""
+    reaches the controller over TCP with the job's secret) is driven the
+    same way: ``attach`` given before it pauses waits for it; pdb's ``q``
+    makes its endpoint raise ``BdbQuit`` to the caller."""
     controller = spawn(str(CONTROLLER), "agents", str(tmp_path / ".meshio"), env=env)
     debug = None
     try:
-        controller.expect(r"meshio: remote rank 0 paused at \S+:\d+ in Paused.step \(pid \d+")
+        controller.expect_exact("spawned")
         debug = spawn("-m", "meshio", "debug", env=env)
         debug.expect_exact(PROMPT)
-        ask(debug, "attach remote 0")
+        debug.sendline("attach remote 0")
+        debug.expect_exact("meshio: waiting for remote rank 0 to pause (Ctrl-C to stop)")
+        controller.sendline("go")
+        debug.expect_exact(PDB)
+        assert "meshio: attached to remote rank 0 at " in debug.before
         assert ask(debug, "p doubled") == ["14"]
-        assert ask(debug, "c", PROMPT) == ["meshio: remote rank 0 continued"]
-        controller.expect(r"result (\d+)")
-        assert controller.match.group(1) == "15"
+        assert ask(debug, "q", PROMPT)[-1] == \
+            "meshio: remote rank 0 quit (its endpoint raises bdb.BdbQuit)"
+        controller.expect_exact("failed: bdb.BdbQuit")
         controller.expect(pexpect.EOF)
         controller.close()
         assert controller.exitstatus == 0

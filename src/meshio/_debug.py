@@ -104,9 +104,10 @@ class DebugLink:
             lines.put("")
         return number, lines
 
-    def close(self, number: int) -> None:
+    def close(self, number: int, how: str) -> None:
+        """Session ``number`` is over: ``how`` ("continued", "quit")."""
         self.inputs.pop(number, None)
-        self.send(DebugIO(number, "end"))
+        self.send(DebugIO(number, "end", how))
 
     def send(self, msg: DebugPaused | DebugIO) -> None:
         """Send ``msg`` to the controller (from any thread)."""
@@ -241,17 +242,17 @@ class _RemotePdb(pdb.Pdb):
 
     def set_continue(self) -> None:
         super().set_continue()
-        self._end()
+        self._end("continued")
 
     def set_quit(self) -> None:
         super().set_quit()
-        self._end()
+        self._end("quit (its endpoint raises bdb.BdbQuit)")
 
-    def _end(self) -> None:
+    def _end(self, how: str) -> None:
         term = self.terminal
         if term.session:
             term.flush()
-            term.link.close(term.session)
+            term.link.close(term.session, how)
             term.session = 0
 
 
@@ -354,7 +355,7 @@ class Debugger:
         if session is None:
             return
         if msg.kind == "end":
-            self._ended(session, "continued")
+            self._ended(session, msg.text)
             return
         session.pending.append(msg.text)
         session.reading = msg.kind == "read"
@@ -553,4 +554,5 @@ async def debug_client(controller: Controller) -> int:
         client.conn.send_message(DebugIO(0, "open"))
         return await client.done
     finally:
+        del rt.on_lost[controller.address]  # (closing is not losing it)
         rt.close()
