@@ -46,7 +46,7 @@ class Paused(Actor):
     @endpoint
     def step_sync(self, x: int) -> int:
         doubled = x * 3
-        pdb.set_trace()  # def breakpoint
+        pdb.set_trace(header="rank 1 stops here")  # def breakpoint
         shifted = doubled + 1
         return shifted
 

@@ -96,7 +96,7 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         assert ask(debug, "detach", PROMPT) == [
             "meshio: detached from steppers rank 0 (it stays paused)"]
 
-        ask(debug, "attach steppers 1")
+        assert "rank 1 stops here" in ask(debug, "attach steppers 1")
         assert ask(debug, "p doubled") == ["60"]
         assert ask(debug, "c", PROMPT) == ["meshio: steppers rank 1 continued"]
         listing = "\n".join(ask(debug, "list", PROMPT))

@@ -31,7 +31,6 @@ import pdb
 import queue
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, cast
@@ -83,18 +82,10 @@ class DebugLink:
         #: controller is gone: pdb reads end of file and quits)
         self.inputs: dict[int, queue.SimpleQueue[str]] = {}
         self.lost = False
-        ready = threading.Event()
-        self.rt: Runtime | None = None
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.rt = Runtime(self.loop, secret=secret, tls=tls)
-            self.rt.on_lost[controller] = lambda conn: self._lost()
-            ready.set()
-            self.loop.run_forever()
-
-        threading.Thread(target=run, name="meshio debug link", daemon=True).start()
-        ready.wait()
+        self.rt = Runtime(self.loop, secret=secret, tls=tls)
+        self.rt.on_lost[controller] = lambda conn: self._lost()
+        threading.Thread(target=self.loop.run_forever, name="meshio debug link",
+                         daemon=True).start()
 
     def open(self) -> tuple[int, queue.SimpleQueue[str]]:
         """A new session: its number and where its input lines arrive."""
@@ -112,8 +103,7 @@ class DebugLink:
     def send(self, msg: DebugPaused | DebugIO) -> None:
         """Send ``msg`` to the controller (from any thread)."""
         def send() -> None:
-            if self.rt is not None:
-                self.rt.connect(self.controller).send_message(msg)
+            self.rt.connect(self.controller).send_message(msg)
         self.loop.call_soon_threadsafe(send)
 
     def got(self, msg: DebugIO) -> None:
@@ -157,30 +147,25 @@ def _the_link() -> DebugLink | None:
 
 def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` of a worker: pause the calling actor for
-    ``meshio debug`` (outside an actor: Python's own hook)."""
-    _pause(sys._getframe(1), lambda: sys.__breakpointhook__(*args, **kwargs))
+    ``meshio debug`` (outside an actor: plain pdb)."""
+    _pause(sys._getframe(1))
 
 
 def set_trace(*, header: str | None = None) -> None:
     """``pdb.set_trace`` of a worker: as :func:`breakpoint_hook`."""
-    def local() -> None:
-        debugger = pdb.Pdb()
-        if header is not None:
-            debugger.message(header)
-        debugger.set_trace(sys._getframe(2))
-    _pause(sys._getframe(1), local)
+    _pause(sys._getframe(1), header)
 
 
-def _pause(frame: FrameType, otherwise: Callable[[], None]) -> None:
+def _pause(frame: FrameType, header: str | None = None) -> None:
     ctx = _context.get(None)
     link = _the_link() if ctx is not None else None
-    if link is None or ctx is None or _worker is None:
-        otherwise()
-        return
-    if _on_loop(_worker[0]):  # paused on the loop: what it batched goes now, not after
-        for conn in list(_worker[0].all_conns):
+    debugger = pdb.Pdb() if link is None or ctx is None else _RemotePdb(link, ctx)
+    if _worker is not None and _on_loop(_worker[0]):  # paused on the loop: what it
+        for conn in list(_worker[0].all_conns):        # batched goes now, not after
             conn.write_batched()
-    _RemotePdb(link, ctx).set_trace(frame)
+    if header is not None:
+        debugger.message(header)
+    debugger.set_trace(frame)
 
 
 def _on_loop(rt: Runtime) -> bool:
