@@ -167,12 +167,25 @@ def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_cli(env: dict[str, str]) -> None:
-    """``meshio --help`` lists ``debug``; without a controller it says
-    where it looked and exits 1."""
-    helped = subprocess.run([sys.executable, "-m", "meshio", "--help"], env=env, text=True,
-                            capture_output=True, check=True)
-    assert re.search(r"^\s+debug\s+attach to the actors", helped.stdout, re.M)
-    none = subprocess.run([sys.executable, "-m", "meshio", "debug"], env=env, text=True,
-                          capture_output=True, stdin=subprocess.DEVNULL)
+    """``meshio --help`` lists ``debug``, ``meshio debug --help`` its
+    commands' words and ``--pid``; without a controller (or with a pid no
+    controller has) it says where it looked and exits 1."""
+    def meshio(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL)
+    helped = meshio("--help")
+    assert helped.returncode == 0
+    assert re.search(r"^\s+debug\s+attach to the actors of a running controller paused",
+                     helped.stdout, re.M)
+    sub = meshio("debug", "--help")
+    assert sub.returncode == 0
+    assert all(word in " ".join(sub.stdout.split()) for word in (
+        "--pid", "breakpoint()", "pdb.set_trace()", "`attach <actor> <rank>`", "`detach`",
+        "`continue all`"))
+    none = meshio("debug")
     assert none.returncode == 1
     assert none.stderr.startswith("meshio debug: no running meshio controller of yours found")
+    other = meshio("debug", "--pid", "1")
+    assert other.returncode == 1
+    assert other.stderr.startswith("meshio debug: no running meshio controller of yours has "
+                                   "pid 1")

@@ -311,9 +311,10 @@ class Debugger:
 
     def paused(self, link: Connection, msg: DebugPaused) -> None:
         session = self.sessions[(link, msg.session)] = _Session(link, msg)
+        then = ("attach with `meshio debug`" if self.rt.controller is None else
+                "`meshio debug` does not reach it: its proc mesh was started by an actor")
         print(f"meshio: {session.name} paused at {msg.file}:{msg.line} in {msg.function} "
-              f"(pid {msg.pid} on {msg.host}); attach with `meshio debug`",
-              file=sys.stderr, flush=True)
+              f"(pid {msg.pid} on {msg.host}); {then}", file=sys.stderr, flush=True)
         if self.links.get(msg.addr) is not link and link.peer is not None:
             self.links[msg.addr] = link
             # its heartbeats' answers count through its link, and its loss ends its sessions
