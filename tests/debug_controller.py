@@ -41,6 +41,7 @@ class Paused(Actor):
         doubled = x * 2
         breakpoint()  # async breakpoint
         shifted = doubled + 1
+        await asyncio.sleep(0)  # the loop runs other tasks meanwhile
         return shifted  # async
 
     @endpoint

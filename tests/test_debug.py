@@ -89,8 +89,10 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         assert "attached to steppers rank 0" in shown
         assert "-> shifted = doubled + 1" in shown
         assert ask(debug, "p doubled") == ["20"]
-        assert "-> return shifted  # async" in ask(debug, "n")
+        assert "-> await asyncio.sleep(0)  # the loop runs other tasks meanwhile" in \
+            ask(debug, "n")
         assert ask(debug, "p shifted") == ["21"]
+        assert "-> return shifted  # async" in ask(debug, "n")  # over an await
         innermost = ask(debug, "bt")[-2]  # (then its line of code)
         assert innermost == f"> {CONTROLLER}({line_of('return shifted  # async')})step()"
         assert ask(debug, "detach", PROMPT) == [
