@@ -3,8 +3,10 @@
 
 ``python debug_controller.py pair``: two ranks (two processes) of
 ``Paused``; rank 0 runs the ``async`` endpoint ``step``, which calls ``breakpoint()``,
-rank 1 the ``def`` endpoint ``step_sync``, which calls ``pdb.set_trace()``; it prints the
-results once both calls return.
+rank 1 the ``def`` endpoint ``step_sync``, which calls ``pdb.set_trace()``.
+Once a line arrives on its stdin it calls another actor of rank 1's
+process and prints that it answered; then it prints the results once both
+paused calls return.
 
 ``python debug_controller.py heartbeats``: rank 0 of a proc mesh with
 short heartbeats (0.2 s, timeout 1 s) stops in ``breakpoint()`` inside the
@@ -66,9 +68,16 @@ class Paused(Actor):
 async def pair() -> None:
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         paused = await procs.spawn("steppers", Paused)
-        results = await asyncio.gather(paused.slice(gpus=0).step.call_one(10),
-                                       paused.slice(gpus=1).step_sync.call_one(20))
-        print(f"results {results}", flush=True)
+        bystanders = await procs.spawn("bystanders", Paused)
+        calls = asyncio.gather(paused.slice(gpus=0).step.call_one(10),
+                               paused.slice(gpus=1).step_sync.call_one(20))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            rank = await bystanders.slice(gpus=1).ping.call_one()
+            print(f"bystander {rank} answered", flush=True)
+            print(f"results {await calls}", flush=True)
+        finally:
+            calls.cancel()
 
 
 async def heartbeats() -> None:

@@ -62,7 +62,8 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
     ``def`` one in ``pdb.set_trace()``), each announced once with actor,
     rank, host and file:line; ``meshio debug`` lists both, attaches to
     one, prints a local, steps, detaches, attaches to the other, continues
-    it, then ``continue all``: the controller's calls return."""
+    it, then ``continue all``: the controller's calls return.  Meanwhile
+    another actor of the process paused in the ``def`` endpoint answers."""
     controller = spawn(str(CONTROLLER), "pair", env=env)
     debug = None
     try:
@@ -79,6 +80,8 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
             assert function == f"Paused.{expected[0]}"
             assert int(line) == line_of(expected[1]) + 1  # pdb stops at the next line
         assert seen == {"0", "1"}
+        controller.sendline("go")  # another actor of the process paused in a def endpoint
+        controller.expect_exact("bystander 1 answered")
 
         debug = spawn("-m", "meshio", "debug", env=env)
         debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
