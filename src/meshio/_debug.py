@@ -402,7 +402,7 @@ class Debugger:
             self._say(client, f"meshio: detached from {attached.name} (it stays paused)\n")
         elif not words:
             pass
-        elif words[0] in ("list", "ls") and len(words) == 1:
+        elif words == ["list"]:
             self._list(client)
         elif words[0] == "attach" and len(words) in (1, 3):
             if self._attach(client, words[1:]):
@@ -411,7 +411,7 @@ class Debugger:
             for session in self.sessions.values():
                 session.link.send_message(DebugIO(session.paused.session, "input", "continue"))
             self._say(client, f"meshio: continuing {len(self.sessions)} paused actor(s)\n")
-        elif words[0] in ("quit", "exit") and len(words) == 1:
+        elif words == ["quit"]:
             del self.clients[client]
             client.send_message(DebugIO(0, "end"))
             return
