@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib.metadata import version
+from typing import Any
 
 from ._bench import bench as run_bench
 from ._dashboard import ask_dashboard
+from ._debug import debug_client
 from ._demo import demo as run_demo
 from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
@@ -35,27 +37,29 @@ def main(argv: list[str] | None = None) -> None:
     bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     sub.add_parser("agent", help="serve this host's workers to a controller on another host "
                                  "(meshio agent --help)")
-    stacks = sub.add_parser(
-        "stacks", help="print what every actor of a running controller is doing: its Python "
+    stacks = _asking(
+        sub, "stacks", "print what every actor of a running controller is doing: its Python "
                        "stacks, grouped when identical",
-        description="Ask a running meshio controller of this user (a process that started "
-                    "a proc mesh) for the current Python stacks of every actor of its proc "
-                    "meshes, and print them grouped when identical.")
-    stacks.add_argument("--pid", type=int, help="the controller's pid, when several run")
+        "Ask a running meshio controller of this user (a process that started a proc mesh) "
+        "for the current Python stacks of every actor of its proc meshes, and print them "
+        "grouped when identical.")
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
-    dash = sub.add_parser(
-        "dashboard", help="have a running controller serve its live dashboard and print its URL",
-        description="Ask a running meshio controller of this user (a process that started a "
-                    "proc mesh) to serve its live dashboard (meshio.serve_dashboard) and print "
-                    "the page's URL, the job's token included.  It is served until that "
-                    "controller ends.")
-    dash.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    dash = _asking(
+        sub, "dashboard", "have a running controller serve its live dashboard and print its URL",
+        "Ask a running meshio controller of this user (a process that started a proc mesh) to "
+        "serve its live dashboard (meshio.serve_dashboard) and print the page's URL, the job's "
+        "token included.  It is served until that controller ends.")
     dash.add_argument("--port", type=int, default=0, help="the TCP port (default: any free one)")
     dash.add_argument("--host", default="127.0.0.1",
                       help="the address to listen on (default 127.0.0.1; any other address "
                            "requires the token of the printed URL)")
+    _asking(sub, "debug", "attach to the actors of a running controller paused in "
+                          "breakpoint() and drive their pdb sessions",
+            "Attach to a running meshio controller of this user: list the actors paused in "
+            "breakpoint() or pdb.set_trace(), `attach <actor> <rank>` to run one's pdb "
+            "session (p, n, s, bt, c, ...), `detach`, `continue all`.")
     check = sub.add_parser("doctor", help="say what this machine gives meshio (uvloop, torch, "
                                           "CUDA, RDMA backends, Slurm, Kubernetes, limits) "
                                           "and why anything is missing")
@@ -83,38 +87,56 @@ def main(argv: list[str] | None = None) -> None:
         if not 0 <= args.port <= 65535:
             ap.error(f"--port must be in 0..65535, got {args.port}")
         sys.exit(run(_dashboard(args.pid, args.port, args.host)))
+    elif args.command == "debug":
+        sys.exit(run(_debug(args.pid)))
+
+
+def _asking(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``meshio <name>``, a client of a running controller
+    (``--pid`` chooses which)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    parser.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    return parser
+
+
+async def _debug(pid: int | None) -> int:
+    """``meshio debug``: 0 once the user quits, 1 (with why, on stderr)
+    when no controller was found or it went away."""
+    chosen = _choose("debug", pid)
+    return 1 if chosen is None else await debug_client(chosen)
 
 
 def _choose(command: str, pid: int | None) -> Controller | None:
-    """The running controller ``meshio COMMAND`` is about (None: it said
-    on stderr why there is none)."""
+    """The running controller ``meshio <command>`` talks to: the one of
+    this user (with ``pid``, when given); None, with why on stderr, when
+    there is none or several."""
     found = controllers()
     chosen = [c for c in found if pid is None or c.pid == pid]
-    if len(chosen) == 1:
-        return chosen[0]
-    where = inspection_dir()
-    if pid is not None:
-        why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
-    elif not chosen:
-        why = (f"no running meshio controller of yours found in {where} (a controller "
-               "publishes itself there once it starts a proc mesh")
-    else:
-        why = f"several meshio controllers run; choose one with --pid (found in {where}:"
-    listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
-    print(f"meshio {command}: {why}){listing}", file=sys.stderr)
-    return None
+    if len(chosen) != 1:
+        where = inspection_dir()
+        if pid is not None:
+            why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
+        elif not chosen:
+            why = (f"no running meshio controller of yours found in {where} (a controller "
+                   "publishes itself there once it starts a proc mesh")
+        else:
+            why = f"several meshio controllers run; choose one with --pid (found in {where}:"
+        listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
+        print(f"meshio {command}: {why}){listing}", file=sys.stderr)
+        return None
+    return chosen[0]
 
 
 async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
     """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
     controller answered."""
-    controller = _choose("stacks", pid)
-    if controller is None:
+    chosen = _choose("stacks", pid)
+    if chosen is None:
         return 1
     try:
-        stacks = await ask_stacks(controller, timeout)
+        stacks = await ask_stacks(chosen, timeout)
     except (MeshioError, TimeoutError) as e:
-        print(f"meshio stacks: controller {controller.describe()} did not answer: "
+        print(f"meshio stacks: controller {chosen.describe()} did not answer: "
               f"{str(e) or type(e).__name__}", file=sys.stderr)
         return 1
     print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")

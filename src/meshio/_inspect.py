@@ -8,9 +8,12 @@ only: ``$XDG_RUNTIME_DIR/meshio/<pid>.json``, or
 ``/tmp/meshio-<uid>/<pid>.json`` without ``XDG_RUNTIME_DIR`` (the
 directory mode 0700, the file 0600; removed when the controller's loop
 ends).  An inspection client proves that secret, not the job's, and may
-only ask what inspection messages ask (:class:`JobStacks`,
-:class:`ServeDashboard`): it can read stacks and have the dashboard
-served, never call an actor, spawn, or pose as a worker.  Other users are
+only send inspection messages: :class:`JobStacks` (``meshio stacks``),
+:class:`ServeDashboard` (``meshio dashboard``: the dashboard served) and
+:class:`DebugIO` (``meshio debug``, :mod:`meshio._debug`: it drives the
+pdb sessions of actors paused in ``breakpoint()``, where pdb runs any
+code the user types); it can never call an actor, spawn, or pose as a
+worker.  Other users are
 refused by the file's and the directory's modes and by the handshake's
 peer-uid check.
 """

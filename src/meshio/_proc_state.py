@@ -19,6 +19,7 @@ from ._actor_mesh import ActorMesh
 from ._cell import stall_line
 from ._constants import STALL_AFTER
 from ._context import Context, _context
+from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
@@ -573,6 +574,9 @@ class ProcState:
                     if w.cause is not None:
                         continue
                 conn.send_message(Ping(w.incarnation))
+                link = debug_link(self.rt, w.addr)
+                if link is not None:  # paused in pdb, perhaps holding its loop: it answers there
+                    link.send_message(Ping(w.incarnation))
 
     def _hung(self, w: _Worker, conn: Connection, now: float, silent: float) -> None:
         """``w`` has not answered heartbeats for ``silent`` seconds: a

@@ -37,6 +37,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
+from ._debug import install as install_debugger
 from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER
 from ._logs import install as install_log_records
 from ._transport._runtime import Runtime, _runtimes
@@ -134,6 +135,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     _runtimes[loop] = rt
     rt.restoring = args.restart
     rt.replacement = args.restart
+    install_debugger(rt, args.controller)  # breakpoint() pauses for `meshio debug`
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
     return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None)
 

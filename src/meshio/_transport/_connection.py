@@ -470,12 +470,17 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write(b"".join(batch))
         batch.clear()
 
+    def write_batched(self) -> None:
+        """Write what this turn has batched now: before the loop is held
+        (code paused in a debugger on it), which would keep it unwritten."""
+        if self._batch:
+            self._write_batch(self._batch)
+
     async def flushed(self, timeout: float) -> None:
         """Write what this turn has batched now and wait (up to ``timeout``
         seconds) until everything written is in the kernel: before code that
         may end the process runs, so that the peer gets it anyway."""
-        if self._batch:
-            self._write_batch(self._batch)
+        self.write_batched()
         loop = self.rt.loop
         deadline = loop.time() + timeout
         while (t := self.transport) is not None and (t.get_write_buffer_size()

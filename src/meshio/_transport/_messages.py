@@ -17,6 +17,9 @@ __all__ = (
     "Answers",
     "Call",
     "Cancel",
+    "DebugIO",
+    "DebugIOKind",
+    "DebugPaused",
     "ErrorInfo",
     "ErrorKind",
     "Fail",
@@ -472,13 +475,44 @@ class ServeDashboard(_Msg, frozen=True, tag=42):
     req: int
     port: int
     host: str
+class DebugPaused(_Msg, frozen=True, tag=39):
+    """From a worker's debug link to its controller (:mod:`meshio._debug`):
+    ``breakpoint()`` paused actor ``actor`` rank ``rank`` (pid ``pid`` on
+    ``host``, the process answering to ``addr``) at ``file``:``line`` in
+    ``function``; the pdb session is ``session`` (numbered per process)."""
+
+    session: int
+    actor: str
+    rank: int
+    host: str
+    pid: int
+    addr: str
+    function: str
+    file: str
+    line: int
+
+
+#: what a :class:`DebugIO` carries: "open" (a ``meshio debug`` client
+#: starts), "output" (text to show), "read" (text to show, then a line is
+#: awaited), "input" (that line), "end" (the session or client is over)
+DebugIOKind: TypeAlias = Literal["open", "output", "read", "input", "end"]
+
+
+class DebugIO(_Msg, frozen=True, tag=40):
+    """A pdb session's terminal, between a worker's debug link and the
+    controller (``session``: its number) and between the controller and a
+    ``meshio debug`` client on its inspection listener (``session`` 0)."""
+
+    session: int
+    kind: DebugIOKind
+    text: str = ""
 
 
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped | ServeDashboard)
+           | Reshaped | ServeDashboard | DebugPaused | DebugIO)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,544 @@
+"""Debugging actors from the controller: ``breakpoint()`` in an endpoint,
+``meshio debug`` to drive it.
+
+In a worker, ``breakpoint()`` and ``pdb.set_trace()`` (:func:`install`
+points ``sys.breakpointhook`` and ``pdb.set_trace`` here) start a pdb
+session whose terminal is the controller's: the paused code waits where it
+is (the actor's thread for a ``def`` endpoint, the worker's loop thread for
+an ``async`` one), and pdb reads and writes through the process's *debug
+link* (:class:`DebugLink`), a thread of its own with its own event loop and
+connection to the controller.  So a session talks, and the process answers
+heartbeats (the controller pings a paused process through its link too),
+even while an ``async`` endpoint holds the worker's loop; a paused actor is
+not "hung".  Its other actors go on unless that loop is held.
+
+The controller (:class:`Debugger`) announces each pause once on its stderr
+(actor, rank, host, file:line), keeps the paused sessions in the order they
+paused, and serves ``meshio debug`` clients on its inspection listener
+(:mod:`meshio._inspect`): ``list``, ``attach <actor> <rank>`` (the pdb
+session's output and prompt reach that client only; the others' wait, so
+sessions are queued, never interleaved), ``detach``, ``continue all``.
+The client (:func:`debug_client`) is a plain terminal: it shows what the
+controller sends and sends back the lines typed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pdb
+import queue
+import sys
+import threading
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any, cast
+
+from ._context import Context, _context
+from ._transport._connection import Connection
+from ._transport._messages import DebugIO, DebugIOKind, DebugPaused
+from ._transport._runtime import Runtime, register_handler
+from ._transport._serial import Buffers
+from ._transport._tls import TLSConfig
+
+if TYPE_CHECKING:
+    from ._inspect import Controller
+
+__all__ = ("DebugLink", "Debugger", "breakpoint_hook", "debug_client", "debug_link", "install",
+           "set_trace")
+
+#: the prompt of ``meshio debug`` between pdb sessions
+PROMPT = "(meshio debug) "
+#: modules pdb's ``step``/``next`` do not stop in (meshio's and the loop's own)
+_SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "concurrent.*",
+         "threading", "contextvars", "queue", "pdb", "bdb")
+_HELP = """\
+commands:
+  list                   the paused actors, oldest first
+  attach <actor> <rank>  run the pdb session of that actor (attach: the oldest;
+                         waits for that actor to pause if it has not yet); then
+                         pdb's commands (p, n, s, bt, c, ...) and detach
+  continue all           continue every paused actor
+  quit                   leave meshio debug (the actors stay paused)
+"""
+
+
+# ------------------------------------------------------------------ worker
+
+class DebugLink:
+    """A worker's connection to its controller for pdb sessions: a daemon
+    thread running an event loop and a :class:`Runtime` of its own (the
+    job's secret and TLS), so that a session paused on the worker's loop
+    thread still reaches the controller, and the process still answers the
+    pings the controller sends it there.  Made on the first breakpoint."""
+
+    def __init__(self, controller: str, addr: str, secret: bytes, tls: TLSConfig | None) -> None:
+        self.controller = controller
+        self.addr = addr
+        self.loop = asyncio.new_event_loop()
+        self.numbers = itertools.count(1)
+        #: sessions waiting for input, by number: their lines ("" once the
+        #: controller is gone: pdb reads end of file and quits)
+        self.inputs: dict[int, queue.SimpleQueue[str]] = {}
+        self.lost = False
+        self.rt = Runtime(self.loop, secret=secret, tls=tls)
+        self.rt.on_lost[controller] = lambda conn: self._lost()
+        threading.Thread(target=self.loop.run_forever, name="meshio debug link",
+                         daemon=True).start()
+
+    def open(self) -> tuple[int, queue.SimpleQueue[str]]:
+        """A new session: its number and where its input lines arrive."""
+        number = next(self.numbers)
+        lines = self.inputs[number] = queue.SimpleQueue()
+        if self.lost:
+            lines.put("")
+        return number, lines
+
+    def close(self, number: int, how: str) -> None:
+        """Session ``number`` is over: ``how`` ("continued", "quit")."""
+        self.inputs.pop(number, None)
+        self.send(DebugIO(number, "end", how))
+
+    def send(self, msg: DebugPaused | DebugIO) -> None:
+        """Send ``msg`` to the controller (from any thread)."""
+        def send() -> None:
+            self.rt.connect(self.controller).send_message(msg)
+        self.loop.call_soon_threadsafe(send)
+
+    def got(self, msg: DebugIO) -> None:
+        lines = self.inputs.get(msg.session)
+        if lines is not None and msg.kind == "input":
+            lines.put(msg.text + "\n")
+
+    def _lost(self) -> None:
+        self.lost = True
+        for lines in list(self.inputs.values()):
+            lines.put("")
+
+
+#: this worker's runtime and its controller's address (set by :func:`install`)
+_worker: tuple[Runtime, str] | None = None
+#: its debug link, once made
+_link: DebugLink | None = None
+_link_lock = threading.Lock()
+
+
+def install(rt: Runtime, controller: str) -> None:
+    """Make ``breakpoint()`` and ``pdb.set_trace()`` in this worker's
+    actors pause them for ``meshio debug`` (not when ``PYTHONBREAKPOINT=0``
+    turned breakpoints off)."""
+    global _worker
+    if os.environ.get("PYTHONBREAKPOINT") == "0":
+        return
+    _worker = (rt, controller)
+    sys.breakpointhook = breakpoint_hook
+    pdb.set_trace = set_trace
+
+
+def _the_link() -> DebugLink | None:
+    global _link
+    with _link_lock:
+        if _link is None and _worker is not None:
+            rt, controller = _worker
+            _link = DebugLink(controller, rt.addr, rt.secret, rt.tcp.tls)
+        return _link
+
+
+def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
+    """``sys.breakpointhook`` of a worker: pause the calling actor for
+    ``meshio debug`` (outside an actor: plain pdb)."""
+    _pause(sys._getframe(1))
+
+
+def set_trace(*, header: str | None = None) -> None:
+    """``pdb.set_trace`` of a worker: as :func:`breakpoint_hook`."""
+    _pause(sys._getframe(1), header)
+
+
+def _pause(frame: FrameType, header: str | None = None) -> None:
+    ctx = _context.get(None)
+    link = _the_link() if ctx is not None else None
+    debugger = pdb.Pdb() if link is None or ctx is None else _RemotePdb(link, ctx)
+    if _worker is not None and _on_loop(_worker[0]):  # paused on the loop: what it
+        for conn in list(_worker[0].all_conns):        # batched goes now, not after
+            conn.write_batched()
+    if header is not None:
+        debugger.message(header)
+    debugger.set_trace(frame)
+
+
+def _on_loop(rt: Runtime) -> bool:
+    """Whether this thread runs ``rt``'s loop (not an actor's thread)."""
+    try:
+        return asyncio.get_running_loop() is rt.loop
+    except RuntimeError:
+        return False
+
+
+class _Terminal:
+    """A pdb session's stdin and stdout, over the debug link."""
+
+    def __init__(self, link: DebugLink) -> None:
+        self.link = link
+        self.session = 0
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.out: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.out.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.out and self.session:
+            self._send("output")
+
+    def readline(self) -> str:
+        self._send("read")
+        return self.lines.get()
+
+    def _send(self, kind: DebugIOKind) -> None:
+        text, self.out = "".join(self.out), []
+        self.link.send(DebugIO(self.session, kind, text))
+
+
+class _RemotePdb(pdb.Pdb):
+    """pdb whose terminal is the controller's (``meshio debug``): each time
+    it stops after running freely it announces itself (a new session);
+    ``continue`` or ``quit`` ends that session."""
+
+    def __init__(self, link: DebugLink, ctx: Context[Any]) -> None:
+        self.terminal = _Terminal(link)
+        self.ctx = ctx
+        io = cast(IO[str], self.terminal)  # (pdb uses write, flush and readline of its files)
+        super().__init__(stdin=io, stdout=io, skip=_SKIP, nosigint=True, readrc=False)
+        self.prompt = "(Pdb) "
+
+    def interaction(self, frame: FrameType | None, traceback: Any) -> None:
+        term = self.terminal
+        if not term.session and frame is not None:
+            term.session, term.lines = term.link.open()
+            ctx = self.ctx
+            term.link.send(DebugPaused(
+                term.session, ctx.actor_name, ctx.point.rank, ctx.proc.host, os.getpid(),
+                term.link.addr, frame.f_code.co_qualname, frame.f_code.co_filename,
+                frame.f_lineno))
+        super().interaction(frame, traceback)
+
+    def set_continue(self) -> None:
+        super().set_continue()
+        self._end("continued")
+
+    def set_quit(self) -> None:
+        super().set_quit()
+        self._end("quit (its endpoint raises bdb.BdbQuit)")
+
+    def _end(self, how: str) -> None:
+        term = self.terminal
+        if term.session:
+            term.flush()
+            term.link.close(term.session, how)
+            term.session = 0
+
+
+def _on_debug_io(rt: Runtime, conn: Connection, msg: DebugIO, bufs: Buffers) -> None:
+    if conn.job is not None and conn.job is rt.inspection:
+        rt.state(Debugger).from_client(conn, msg)
+    elif _link is not None and rt is _link.rt:
+        _link.got(msg)
+    elif rt.has_state(_Client):
+        rt.state(_Client).got(msg)
+    else:
+        rt.state(Debugger).from_link(conn, msg)
+
+
+def _on_paused(rt: Runtime, conn: Connection, msg: DebugPaused, bufs: Buffers) -> None:
+    rt.state(Debugger).paused(conn, msg)
+
+
+register_handler(DebugIO, _on_debug_io, inspection=True)
+register_handler(DebugPaused, _on_paused)
+
+
+# -------------------------------------------------------------- controller
+
+@dataclass(eq=False)
+class _Session:
+    """A paused actor's pdb session, as the controller keeps it."""
+
+    link: Connection
+    paused: DebugPaused
+    #: its output not shown yet (no client attached)
+    pending: list[str] = field(default_factory=list[str])
+    #: it waits for a line
+    reading: bool = False
+    client: Connection | None = None
+
+    @property
+    def name(self) -> str:
+        p = self.paused
+        return f"{p.actor} rank {p.rank}"
+
+    def where(self) -> str:
+        p = self.paused
+        return f"{p.file}:{p.line} in {p.function} (pid {p.pid} on {p.host})"
+
+
+class Debugger:
+    """The controller's side of remote debugging (``rt.state(Debugger)``):
+    the paused sessions in the order they paused, and the ``meshio debug``
+    clients, each attached to one session or to none."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.sessions: dict[tuple[Connection, int], _Session] = {}
+        #: client → the session it is attached to (None: at meshio debug's prompt)
+        self.clients: dict[Connection, _Session | None] = {}
+        #: worker address → its debug link, while it has a paused session
+        self.links: dict[str, Connection] = {}
+        #: client → the actor and rank it waits to attach to (``attach`` of
+        #: an actor that has not paused yet)
+        self.waiting: dict[Connection, tuple[str, str]] = {}
+
+    def close(self) -> None:
+        """The controller ends: its connections are gone (clients see that)."""
+        self.sessions.clear()
+        self.clients.clear()
+        self.links.clear()
+        self.waiting.clear()
+
+    # ------------------------------------------------ from the workers
+
+    def paused(self, link: Connection, msg: DebugPaused) -> None:
+        session = self.sessions[(link, msg.session)] = _Session(link, msg)
+        then = ("attach with `meshio debug`" if self.rt.controller is None else
+                "`meshio debug` does not reach it: its proc mesh was started by an actor")
+        print(f"meshio: {session.name} paused at {msg.file}:{msg.line} in {msg.function} "
+              f"(pid {msg.pid} on {msg.host}); {then}", file=sys.stderr, flush=True)
+        if self.links.get(msg.addr) is not link and link.peer is not None:
+            self.links[msg.addr] = link
+            # its heartbeats' answers count through its link, and its loss ends its sessions
+            self.rt.on_pong[link.peer] = lambda: self._pong(msg.addr)
+            self.rt.on_lost[link.peer] = self._link_lost
+        for client, awaited in list(self.waiting.items()):
+            if client.closed or client not in self.clients:
+                del self.waiting[client]
+            elif awaited == (msg.actor, str(msg.rank)):
+                del self.waiting[client]
+                self._attach(client, list(awaited))
+                break
+        for client, attached in self.clients.items():
+            if attached is None and client not in self.waiting:
+                self._say(client, f"meshio: {session.name} paused at {session.where()}\n")
+
+    def _pong(self, addr: str) -> None:
+        pong = self.rt.on_pong.get(addr)
+        if pong is not None:
+            pong()
+
+    def from_link(self, link: Connection, msg: DebugIO) -> None:
+        session = self.sessions.get((link, msg.session))
+        if session is None:
+            return
+        if msg.kind == "end":
+            self._ended(session, msg.text)
+            return
+        session.pending.append(msg.text)
+        session.reading = msg.kind == "read"
+        if session.client is not None:
+            self._show(session)
+
+    def _link_lost(self, link: Connection) -> None:
+        for session in [s for s in self.sessions.values() if s.link is link]:
+            self._ended(session, "is gone (its process ended)")
+
+    def _ended(self, session: _Session, how: str) -> None:
+        del self.sessions[(session.link, session.paused.session)]
+        if not any(s.link is session.link for s in self.sessions.values()):
+            if self.links.get(session.paused.addr) is session.link:
+                del self.links[session.paused.addr]
+            peer = session.link.peer or ""
+            self.rt.on_pong.pop(peer, None)
+            self.rt.on_lost.pop(peer, None)
+        client = session.client
+        if client is not None:
+            self.clients[client] = None
+            session.pending.append(f"meshio: {session.name} {how}\n")
+            self._show(session)
+            self._prompt(client)
+
+    # ------------------------------------------------ from the clients
+
+    def from_client(self, client: Connection, msg: DebugIO) -> None:
+        if msg.kind == "open":
+            self.clients[client] = None
+            self._say(client, "meshio debug: `help` lists the commands\n")
+            self._list(client)
+            self._prompt(client)
+            return
+        if client not in self.clients:
+            return
+        attached = self.clients[client]
+        if msg.kind == "end":  # the client left
+            del self.clients[client]
+            self.waiting.pop(client, None)
+            if attached is not None:
+                attached.client = None
+            return
+        if msg.kind != "input":
+            return
+        line = msg.text.strip()
+        if attached is not None and line != "detach":
+            attached.reading = False
+            attached.link.send_message(DebugIO(attached.paused.session, "input", msg.text))
+            return
+        self._command(client, attached, line)
+
+    def _command(self, client: Connection, attached: _Session | None, line: str) -> None:
+        words = line.split()
+        if words == ["detach"] and attached is not None:
+            attached.client = None
+            self.clients[client] = None
+            self._say(client, f"meshio: detached from {attached.name} (it stays paused)\n")
+        elif not words:
+            pass
+        elif words == ["list"]:
+            self._list(client)
+        elif words[0] == "attach" and len(words) in (1, 3):
+            if self._attach(client, words[1:]):
+                return
+        elif words == ["continue", "all"]:
+            for session in self.sessions.values():
+                session.link.send_message(DebugIO(session.paused.session, "input", "continue"))
+            self._say(client, f"meshio: continuing {len(self.sessions)} paused actor(s)\n")
+        elif words == ["quit"]:
+            del self.clients[client]
+            client.send_message(DebugIO(0, "end"))
+            return
+        elif words == ["help"]:
+            self._say(client, _HELP)
+        else:
+            self._say(client, f"meshio debug: unknown command {line!r}\n{_HELP}")
+        self._prompt(client)
+
+    def _attach(self, client: Connection, words: list[str]) -> bool:
+        """Attach ``client`` to the oldest free session (of actor
+        ``words[0]`` rank ``words[1]`` when given): True once attached, or
+        waiting for that actor to pause; False (having said why) when the
+        client gets its prompt back."""
+        sessions = [s for s in self.sessions.values()
+                    if not words or (s.paused.actor, str(s.paused.rank)) == tuple(words)]
+        free = [s for s in sessions if s.client is None or s.client.closed]
+        if free:
+            session = free[0]
+            session.client = client
+            self.clients[client] = session
+            self._say(client, f"meshio: attached to {session.name} at {session.where()}"
+                              " (`detach` to leave it paused)\n")
+            self._show(session)
+            return True
+        if sessions:
+            self._say(client, f"meshio debug: {sessions[0].name} is attached to another "
+                              "meshio debug\n")
+        elif not words:
+            self._say(client, "meshio debug: no paused actors\n")
+        else:
+            self.waiting[client] = (words[0], words[1])
+            self._say(client, f"meshio: waiting for {words[0]} rank {words[1]} to pause "
+                              "(Ctrl-C to stop)\n")
+            return True
+        return False
+
+    def _list(self, client: Connection) -> None:
+        if not self.sessions:
+            self._say(client, "no paused actors\n")
+            return
+        lines = [f"  {s.name}: {s.where()}{' (attached)' if s.client is not None else ''}\n"
+                 for s in self.sessions.values()]
+        self._say(client, "paused actors, oldest first:\n" + "".join(lines))
+
+    def _show(self, session: _Session) -> None:
+        """Send ``session``'s pending output to its client."""
+        client = session.client
+        if client is None:
+            return
+        text, session.pending = "".join(session.pending), []
+        reading = session.reading and self.clients.get(client) is session
+        if text or reading:
+            client.send_message(DebugIO(0, "read" if reading else "output", text))
+
+    def _say(self, client: Connection, text: str) -> None:
+        client.send_message(DebugIO(0, "output", text))
+
+    def _prompt(self, client: Connection) -> None:
+        client.send_message(DebugIO(0, "read", PROMPT))
+
+
+def debug_link(rt: Runtime, addr: str) -> Connection | None:
+    """The debug link of the process at ``addr`` while it has a paused
+    session (the controller pings it there too), else None."""
+    return rt.state(Debugger).links.get(addr) if rt.has_state(Debugger) else None
+
+
+# ------------------------------------------------------------------ client
+
+class _Client:
+    """``meshio debug``'s side: shows what the controller sends; reads a
+    line from stdin (in a thread of its own) when asked."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.conn: Connection | None = None
+        self.done: asyncio.Future[int] = rt.loop.create_future()
+
+    def close(self) -> None:
+        self._finish(1)
+
+    def got(self, msg: DebugIO) -> None:
+        sys.stdout.write(msg.text)
+        sys.stdout.flush()
+        if msg.kind == "read":
+            threading.Thread(target=self._read, name="meshio debug stdin", daemon=True).start()
+        elif msg.kind == "end":
+            self._finish(0)
+
+    def _read(self) -> None:
+        line = sys.stdin.readline()
+        try:
+            self.rt.loop.call_soon_threadsafe(self._line, line)
+        except RuntimeError:  # the loop is closed: we are leaving
+            pass
+
+    def _line(self, line: str) -> None:
+        if self.conn is None:
+            return
+        if line:
+            self.conn.send_message(DebugIO(0, "input", line.rstrip("\n")))
+        else:  # end of file (Ctrl-D): leave
+            self.conn.send_message(DebugIO(0, "end"))
+            self._finish(0)
+
+    def _finish(self, code: int) -> None:
+        if not self.done.done():
+            self.done.set_result(code)
+
+
+async def debug_client(controller: Controller) -> int:
+    """Run ``meshio debug`` against ``controller`` until the user quits
+    (0) or the controller is gone (1)."""
+    loop = asyncio.get_running_loop()
+    rt = Runtime(loop, secret=controller.secret)
+    try:
+        client = rt.state(_Client)
+        rt.pids[controller.address] = controller.pid  # the listener proves it is that process
+
+        def lost(conn: Connection) -> None:
+            sys.stderr.write(f"\nmeshio debug: lost the controller (pid {controller.pid})\n")
+            client._finish(1)
+        rt.on_lost[controller.address] = lost
+        client.conn = rt.connect(controller.address)
+        client.conn.send_message(DebugIO(0, "open"))
+        return await client.done
+    finally:
+        del rt.on_lost[controller.address]  # (closing is not losing it)
+        rt.close()

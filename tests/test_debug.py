@@ -1,0 +1,196 @@
+"""``breakpoint()`` in actors and ``meshio debug``, driven through
+pseudo-terminals (``pexpect``): a controller script (``debug_controller.py``)
+in one, ``meshio debug`` in another, as a user would type."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+import debug_controller
+
+CONTROLLER = Path(debug_controller.__file__).resolve()
+#: generous bound on one expected answer (a loaded 2-core machine)
+EXPECT_TIMEOUT = 60
+PROMPT = "(meshio debug) "
+PDB = "(Pdb) "
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def line_of(text: str) -> int:
+    """The line of ``debug_controller.py`` holding ``text``, 1-based."""
+    lines = CONTROLLER.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def spawn(*args: str, env: dict[str, str]) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, list(args), env=env, encoding="utf-8",
+                          timeout=EXPECT_TIMEOUT, dimensions=(50, 200))
+    return child
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of a controller and its ``meshio debug``: a
+    directory of published controllers of their own."""
+    yield {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+
+
+def ask(debug: pexpect.spawn, line: str, until: str = PDB) -> list[str]:
+    """Type ``line`` in ``debug``; the lines it shows before ``until``."""
+    debug.sendline(line)
+    debug.expect_exact(until)
+    return debug.before.splitlines()[1:]  # (after the echo of what was typed)
+
+
+def close(*children: pexpect.spawn) -> None:
+    """End ``children`` if still running, and close their terminals."""
+    for child in children:
+        child.close(force=True)
+
+
+def test_attach_print_step_continue(env: dict[str, str]) -> None:
+    """Two ranks paused (an ``async`` endpoint in ``breakpoint()``, a
+    ``def`` one in ``pdb.set_trace()``), each announced once with actor,
+    rank, host and file:line; ``meshio debug`` lists both, attaches to
+    one, prints a local, steps, detaches, attaches to the other, continues
+    it, then ``continue all``: the controller's calls return.  Meanwhile
+    another actor of the process paused in the ``def`` endpoint answers."""
+    controller = spawn(str(CONTROLLER), "pair", env=env)
+    debug = None
+    try:
+        host = os.uname().nodename
+        seen = set()
+        for _ in range(2):
+            controller.expect(r"meshio: steppers rank (\d) paused at (\S+):(\d+) in (\S+) "
+                              r"\(pid \d+ on (\S+)\); attach with `meshio debug`")
+            rank, file, line, function, where = controller.match.groups()
+            seen.add(rank)
+            assert (file, where) == (str(CONTROLLER), host)
+            expected = ("step", "# async breakpoint") if rank == "0" else \
+                       ("step_sync", "# def breakpoint")
+            assert function == f"Paused.{expected[0]}"
+            assert int(line) == line_of(expected[1]) + 1  # pdb stops at the next line
+        assert seen == {"0", "1"}
+        controller.sendline("go")  # another actor of the process paused in a def endpoint
+        controller.expect_exact("bystander 1 answered")
+
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
+        listing = debug.match.group(1)
+        assert "steppers rank 0: " in listing and "steppers rank 1: " in listing
+
+        shown = "\n".join(ask(debug, "attach steppers 0"))
+        assert "attached to steppers rank 0" in shown
+        assert "-> shifted = doubled + 1" in shown
+        assert ask(debug, "p doubled") == ["20"]
+        assert "-> await asyncio.sleep(0)  # the loop runs other tasks meanwhile" in \
+            ask(debug, "n")
+        assert ask(debug, "p shifted") == ["21"]
+        assert "-> return shifted  # async" in ask(debug, "n")  # over an await
+        innermost = ask(debug, "bt")[-2]  # (then its line of code)
+        assert innermost == f"> {CONTROLLER}({line_of('return shifted  # async')})step()"
+        assert ask(debug, "detach", PROMPT) == [
+            "meshio: detached from steppers rank 0 (it stays paused)"]
+
+        assert "rank 1 stops here" in ask(debug, "attach steppers 1")
+        assert ask(debug, "p doubled") == ["60"]
+        assert ask(debug, "c", PROMPT) == ["meshio: steppers rank 1 continued"]
+        listing = "\n".join(ask(debug, "list", PROMPT))
+        assert "steppers rank 0: " in listing and "steppers rank 1" not in listing
+
+        debug.sendline("continue all")
+        controller.expect(r"results \[21, 61\]")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+        assert controller.before.count("paused at") == 0  # each pause announced once
+        debug.expect(pexpect.EOF)
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
+    """An ``async`` endpoint paused in ``breakpoint()`` holds its worker's
+    loop, yet its process answers heartbeats (through its debug link) for
+    three heartbeat timeouts: the controller does not call it not
+    responding, the actor of another process answers calls meanwhile, and
+    the paused call returns once continued."""
+    controller = spawn(str(CONTROLLER), "heartbeats", env=env)
+    debug = None
+    try:
+        controller.expect("meshio: steppers rank 0 paused at ")
+        controller.expect(r"other process answered (\d+) calls")
+        assert int(controller.match.group(1)) > 0
+        assert "not responding" not in controller.before
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        debug.sendline("continue all")
+        controller.expect(r"result (\d+)")
+        assert controller.match.group(1) == "11"
+        assert "not responding" not in controller.before
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
+    """An actor on another host (a host agent's worker, whose debug link
+    reaches the controller over TCP with the job's secret) is driven the
+    same way: ``attach`` given before it pauses waits for it; pdb's ``q``
+    makes its endpoint raise ``BdbQuit`` to the caller."""
+    controller = spawn(str(CONTROLLER), "agents", str(tmp_path / ".meshio"), env=env)
+    debug = None
+    try:
+        controller.expect_exact("spawned")
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        debug.sendline("attach remote 0")
+        debug.expect_exact("meshio: waiting for remote rank 0 to pause (Ctrl-C to stop)")
+        controller.sendline("go")
+        debug.expect_exact(PDB)
+        assert "meshio: attached to remote rank 0 at " in debug.before
+        assert ask(debug, "p doubled") == ["14"]
+        assert ask(debug, "q", PROMPT)[-1] == \
+            "meshio: remote rank 0 quit (its endpoint raises bdb.BdbQuit)"
+        controller.expect_exact("failed: bdb.BdbQuit")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_cli(env: dict[str, str]) -> None:
+    """``meshio --help`` lists ``debug``, ``meshio debug --help`` its
+    commands' words and ``--pid``; without a controller (or with a pid no
+    controller has) it says where it looked and exits 1."""
+    def meshio(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "meshio", *args], env=env, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL)
+    helped = meshio("--help")
+    assert helped.returncode == 0
+    assert re.search(r"^\s+debug\s+attach to the actors of a running controller paused",
+                     helped.stdout, re.M)
+    sub = meshio("debug", "--help")
+    assert sub.returncode == 0
+    assert all(word in " ".join(sub.stdout.split()) for word in (
+        "--pid", "breakpoint()", "pdb.set_trace()", "`attach <actor> <rank>`", "`detach`",
+        "`continue all`"))
+    none = meshio("debug")
+    assert none.returncode == 1
+    assert none.stderr.startswith("meshio debug: no running meshio controller of yours found")
+    other = meshio("debug", "--pid", "1")
+    assert other.returncode == 1
+    assert other.stderr.startswith("meshio debug: no running meshio controller of yours has "
+                                   "pid 1")
