@@ -62,30 +62,40 @@ def alive(pid: int) -> bool:
 
 @requires_netns
 @pytest.mark.timeout(120)
-async def test_a_downed_host_is_fenced_and_its_supervisor_restarts_the_rank_once(
-        cluster: tuple[list[Host], Path]) -> None:
+@pytest.mark.parametrize(("heartbeat_timeout", "partition_timeout", "cause"), [
+    (10 * DEADLINE, PARTITION, "partitioned"),  # heartbeats too slow to judge: the downing
+    (TIMEOUT, 3 * PARTITION, "hung"),  # the usual setting: heartbeats first
+], ids=["downed", "hung-then-downed"])
+async def test_a_cut_off_process_is_fenced_and_its_supervisor_restarts_the_rank_once(
+        cluster: tuple[list[Host], Path], heartbeat_timeout: float, partition_timeout: float,
+        cause: str) -> None:
+    """The cut-off process fails (downed: cause "partitioned"; or hung,
+    heartbeats being faster), and so does its call in flight; its own agent
+    kills it at partition_timeout while the host is still cut off (the
+    supervisor's kill cannot reach it, and its replacement waits until the
+    old process is known dead); after the heal the replacement is the one
+    process answering for the rank."""
     hosts, secret_file = cluster
-    """Heartbeats too slow to judge: the downing fails the cut-off process
-    (cause "partitioned", its call in flight too), its own agent kills it
-    while the host is still cut off, and once the link is back the
-    supervisor's replacement is the one process answering for the rank."""
-    sup = Supervisor(heartbeat_interval=INTERVAL, heartbeat_timeout=10 * DEADLINE,
+    sup = Supervisor(heartbeat_interval=INTERVAL, heartbeat_timeout=heartbeat_timeout,
                      max_restarts=1)
     watch = Watch(sup)
     try:
         async with attach(hosts, secret_file).spawn_procs(
-                supervisor=sup, shutdown="brutal_kill", partition_timeout=PARTITION) as procs:
+                supervisor=sup, shutdown="brutal_kill",
+                partition_timeout=partition_timeout) as procs:
             w = await procs.spawn("w", Where)
             (pid0, addr0), (pid1, addr1) = (await w.where.call()).values()
             hosts[1].partition()
             try:
                 stuck = asyncio.ensure_future(w.slice(hosts=1).where.call_one())
                 failure = await watch.next("failure")
-                assert failure.cause == "partitioned"
+                assert failure.cause.startswith(cause)
                 assert failure.pid == pid1 and failure.host == hosts[1].addr
                 error, _ = await fails_promptly(stuck)
-                assert error.cause == "partitioned" and error.host == hosts[1].addr
-                assert error.pid == pid1 and f"partition_timeout={PARTITION:g} s" in str(error)
+                assert error.cause == failure.cause and error.host == hosts[1].addr
+                assert error.pid == pid1
+                if cause == "partitioned":
+                    assert f"partition_timeout={partition_timeout:g} s" in str(error)
                 await wait_pid_gone(pid1)  # its agent fenced it: the host is still cut off
             finally:
                 hosts[1].heal()
