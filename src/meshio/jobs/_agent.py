@@ -112,6 +112,9 @@ class Agent:
     def beat(self, conn: Connection, msg: AgentBeat) -> None:
         """A controller's beat: answer it, and count contact from the sending
         of the answer it says it heard."""
+        for gone in [c for c in self._answered if c.closed]:  # controllers that left
+            del self._answered[gone]
+            self._contact.pop(gone, None)
         answered = self._answered.setdefault(conn, {})
         answered[msg.seq] = self.rt.loop.time()
         sent = answered.get(msg.heard)
@@ -159,9 +162,6 @@ class Agent:
                         "workers' partition_timeout: killed %s, so that none of them runs "
                         "beside a replacement (self-fencing)", self.rt.addr,
                         conn.peer or "unidentified peer", ", ".join(workers))
-        for conn in [c for c in self._answered if c.closed]:
-            del self._answered[conn]
-            self._contact.pop(conn, None)
         self._arm()
 
     def _relay(self, worker: str, stream: Stream, data: bytes) -> None:
