@@ -10,7 +10,8 @@ from typing import Final
 
 import msgspec
 
-__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "SIOCGIFADDR", "STALL_AFTER")
+__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "PARTITION_TIMEOUT", "SIOCGIFADDR",
+           "STALL_AFTER")
 
 #: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
 #: (a write, a drop, a stop) or whose data travels in the frame's buffers
@@ -19,6 +20,11 @@ MSGPACK_NIL: Final = msgspec.Raw(b"\xc0")
 #: default seconds an actor's call may run before it is reported stalled
 #: (``procs.options(stall_after=...)``)
 STALL_AFTER: Final = 60.0
+
+#: default seconds a host may be unreachable before it is downed: its
+#: processes count as failed, and its agent kills them
+#: (``spawn_procs(partition_timeout=...)``)
+PARTITION_TIMEOUT: Final = 60.0
 
 #: ``prctl(2)`` options (``<linux/prctl.h>``): the signal this process gets
 #: when its parent dies, and the process allowed to ptrace it (Yama)

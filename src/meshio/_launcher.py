@@ -75,6 +75,10 @@ class WorkerSpec:
     #: the address the worker answers to, when it listens elsewhere (a
     #: replacement: its predecessor's; see :meth:`restarted`)
     addr: str = ""
+    #: ``spawn_procs(partition_timeout=...)``: seconds the worker's host
+    #: agent keeps it without contact with the controller before it kills
+    #: it (self-fencing); local launchers, which have no agent, ignore it
+    partition_timeout: float | None = None
 
     def restarted(self, addr: str) -> WorkerSpec:
         """The spec of a replacement for the worker answering to ``addr``: it
@@ -130,6 +134,10 @@ class ProcHandle(Protocol):
     #: ``bootstrap`` raised: ``"bootstrap mod.setup() raised ValueError: ..."``);
     #: None otherwise.  Known once :meth:`wait` has returned.
     start_failure: str | None
+    #: why the process counts as dead though its host never reported its
+    #: exit: its host was downed (unreachable longer than
+    #: ``partition_timeout``; its agent kills its workers itself); None otherwise
+    downed: str | None
 
     @property
     def returncode(self) -> int | None: ...
@@ -186,6 +194,7 @@ class LocalProc:
         self.pid = popen.pid
         self.host = socket.gethostname()
         self.start_failure: str | None = None
+        self.downed: str | None = None  # a local process is never behind a partition
         self._loop = loop
         self._stdin = stdin
         self._handing_over = self._tasks.start(self._hand_over(payload))

@@ -14,6 +14,7 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
+from ._constants import PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError
 from ._extent import Extent, MeshShape, Point, Region
@@ -650,6 +651,7 @@ class HostMesh(MeshShape):
                     shutdown: ShutdownPolicy = STOP_GRACE,
                     heartbeat_interval: float = HEARTBEAT_INTERVAL,
                     heartbeat_timeout: float | None = None,
+                    partition_timeout: float = PARTITION_TIMEOUT,
                     env: Mapping[str, str] | None = None,
                     bootstrap: Callable[[], object] | None = None,
                     log_records: bool = True,
@@ -688,6 +690,16 @@ class HostMesh(MeshShape):
                 heartbeat unanswered this long (default 3 intervals) is not
                 responding: calls to it fail with :class:`SupervisionError`
                 until it answers again; it is not killed.
+            partition_timeout: seconds a host reached through its agent
+                (``meshio.attach``, jobs) may be unreachable before it is
+                *downed*: its processes of this mesh count as failed (cause
+                ``"partitioned"``; a supervisor restarts them once the host
+                is back, or gives up; without one they are holes), and the
+                host's agent, having lost the controller as long, kills
+                them itself, so a healed partition never leaves two
+                incarnations of a rank.  A shorter partition downs nothing.
+                Processes on the controller's own host have no agent and
+                ignore it.
             log_records: the processes' ``logging`` records (any logger, at
                 the levels their logging lets through: WARNING and up
                 unless configured, e.g. in ``bootstrap``) reach the
@@ -727,6 +739,10 @@ class HostMesh(MeshShape):
         if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
             raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
+        if (isinstance(partition_timeout, bool) or not isinstance(partition_timeout, (int, float))
+                or not 0 < partition_timeout < math.inf):
+            raise ValueError(f"spawn_procs: partition_timeout must be seconds > 0, got "
+                             f"{type(partition_timeout).__name__} {partition_timeout!r}")
         env = check_env({} if env is None else env)
         if not isinstance(log_records, bool):
             raise TypeError(f"spawn_procs: log_records must be True or False, got "
@@ -769,7 +785,7 @@ class HostMesh(MeshShape):
         state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
             ProcState, name, launchers, region, n, supervisor, restart, shutdown,
             (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels,
-            log_records, log_dir)
+            log_records, log_dir, float(partition_timeout))
         return ProcMesh(state, None)
 
 

@@ -17,7 +17,7 @@ import msgspec
 
 from ._actor_mesh import ActorMesh
 from ._cell import stall_line
-from ._constants import STALL_AFTER
+from ._constants import PARTITION_TIMEOUT, STALL_AFTER
 from ._context import Context, _context
 from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
@@ -167,7 +167,8 @@ class ProcState:
                  heartbeat: tuple[float, float] = (HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT),
                  env: Mapping[str, str] | None = None, bootstrap: bytes = b"",
                  host_dims: Sequence[str] = (), log_records: bool = True,
-                 log_dir: str | None = None) -> None:
+                 log_dir: str | None = None,
+                 partition_timeout: float = PARTITION_TIMEOUT) -> None:
         self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
         #: the dims that come from the host mesh (the others are per host)
         self.host_dims: tuple[str, ...] = tuple(host_dims)
@@ -178,6 +179,10 @@ class ProcState:
         #: ``logging`` records go (:mod:`._logs`)
         self.log_records: bool = log_records
         self.log_dir: str | None = log_dir
+        #: ``spawn_procs(partition_timeout=...)``: seconds a host may be
+        #: unreachable before its processes are downed (by the launcher and
+        #: the host's agent, :mod:`meshio.jobs._remote`)
+        self.partition_timeout: float = partition_timeout
         #: called with the ranks a supervisor restarts together: environment
         #: variables their replacements get on top of ``env``, per rank
         #: (``setup_torch_distributed``'s settings)
@@ -269,7 +274,8 @@ class ProcState:
         label = f"[{self.name} {coords}]".replace(" ]", "]")
         env[LOGS_ENV] = logs_env(self.log_records, self.log_dir, self.name, grank, label)
         return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
-                          label=label, secret=self.rt.secret, bootstrap=self.bootstrap)
+                          label=label, secret=self.rt.secret, bootstrap=self.bootstrap,
+                          partition_timeout=self.partition_timeout)
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -383,10 +389,10 @@ class ProcState:
         handle = worker.handle
 
         def error(p: Pending) -> SupervisionError:
-            cause = describe_exit(handle.returncode)
+            cause, said = _exit_cause(handle)
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent",
+                f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent",
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
         self._responds(worker)  # gone rather than hung: workers see the lost connection
@@ -412,15 +418,16 @@ class ProcState:
                 await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
             except TimeoutError:
                 pass
+        # ``cause``: the errors' ``.cause``; ``said``: what their messages say
         if self.stopped:
-            cause = "proc mesh stopped"
+            cause = said = "proc mesh stopped"
         elif worker.cause is not None:
-            cause = worker.cause
+            cause = said = worker.cause
         elif handle.returncode is None:
-            cause = "connection lost (process still running; killed)"
+            cause = said = "connection lost (process still running; killed)"
             handle.send_signal(signal.SIGKILL)
         else:
-            cause = describe_exit(handle.returncode)
+            cause, said = _exit_cause(handle)
         # replaced meanwhile, or being stopped by a strategy restart: on purpose
         stale = conn is not worker.conn
         restarting = stale or (worker.stopping and not self.stopped)
@@ -433,7 +440,7 @@ class ProcState:
         def error(p: Pending) -> SupervisionError:  # a call in flight when it died
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} {cause} while {p.endpoint} was in "
+                f"{handle.pid} on {handle.host} {said} while {p.endpoint} was in "
                 f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
@@ -454,7 +461,7 @@ class ProcState:
         def error_after(p: Pending) -> SupervisionError:  # a call made after it died
             return SupervisionError(
                 f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
-                f"{handle.pid} on {handle.host} is down ({cause}); {p.endpoint} was not sent: "
+                f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent: "
                 f"{what_now}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
@@ -466,7 +473,7 @@ class ProcState:
         if not self.stopped:
             down = SupervisionError(
                 f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
-                f"{handle.host} {cause}", actor=self.name, rank=worker.rank, host=handle.host,
+                f"{handle.host} {said}", actor=self.name, rank=worker.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
             for tell in list(self.monitors):
                 tell((worker.rank, worker.incarnation, down))
@@ -475,7 +482,7 @@ class ProcState:
         if not restarting:
             failure = SupervisionError(
                 f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
-                f"{handle.host} {cause}", actor=self.name, rank=worker.rank, host=handle.host,
+                f"{handle.host} {said}", actor=self.name, rank=worker.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
             self._no_restart(worker, failure)
             if not self.stopped:
@@ -681,13 +688,16 @@ class ProcState:
         w.stopping = True
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
+        # On a host cut off, the exit is heard of at the heal, or once the host
+        # is downed (its agent has killed it by then): never two incarnations.
+        wait = KILL_WAIT + self.partition_timeout
         try:
-            await asyncio.wait_for(w.handle.wait(), KILL_WAIT)
+            await asyncio.wait_for(w.handle.wait(), wait)
         except TimeoutError:
             raise TimeoutError(
                 f"proc mesh {self.name!r} rank {grank}: process {w.handle.pid} on "
-                f"{w.handle.host} did not exit within {KILL_WAIT} s of SIGKILL (is its host cut "
-                f"off?); it is not replaced while it may still hold its address") from None
+                f"{w.handle.host} did not exit within {wait:g} s of SIGKILL; it is not "
+                f"replaced while it may still hold its address") from None
         if w.conn is not None and not w.conn.closed:
             w.conn.abort()
         w.conn = None  # what happens on the old connection is the old incarnation's
@@ -756,7 +766,8 @@ class ProcState:
         return ProcState(name, [self.launchers[host]], Region.full((dim,), (1,)), 1,
                          self.supervisor, self.restart, self.shutdown,
                          (self.heartbeat_interval, self.heartbeat_timeout), self.env,
-                         self.bootstrap, log_records=self.log_records, log_dir=self.log_dir)
+                         self.bootstrap, log_records=self.log_records, log_dir=self.log_dir,
+                         partition_timeout=self.partition_timeout)
 
     async def wait_ready(self, grank: int) -> None:
         """Wait until the process at ``grank`` serves calls again (after a
@@ -1081,6 +1092,16 @@ def _removed_error(name: str, w: _Worker, cause: str) -> Callable[[Pending], Sup
             f"{host} was {cause}; {p.endpoint} was not sent", actor=p.mesh, rank=p.rank,
             host=host, pid=pid, cause=cause)
     return error
+
+
+def _exit_cause(handle: ProcHandle) -> tuple[str, str]:
+    """Why a process that has exited is gone: the error's ``cause``, and
+    what its message says (the same, but for a downed host: ``"partitioned"``
+    and how long its host was unreachable)."""
+    if handle.downed is not None:
+        return "partitioned", handle.downed
+    cause = describe_exit(handle.returncode)
+    return cause, cause
 
 
 def _moved(w: _Worker, conn: Connection) -> bool:

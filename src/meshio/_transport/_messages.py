@@ -14,6 +14,8 @@ import msgspec
 from .._constants import STALL_AFTER
 
 __all__ = (
+    "AgentBeat",
+    "AgentBeatAck",
     "Answers",
     "Call",
     "Cancel",
@@ -265,6 +267,10 @@ class LaunchWorker(_Msg, frozen=True, tag=17):
     restart: bool = False
     label: str = ""
     bootstrap: bytes = b""
+    #: seconds the agent keeps the worker while it has no contact with this
+    #: controller (:class:`AgentBeat`) before it kills it (self-fencing);
+    #: None: never (``spawn_procs(partition_timeout=...)``)
+    partition_timeout: float | None = None
 
 
 class SignalWorker(_Msg, frozen=True, tag=18):
@@ -475,6 +481,8 @@ class ServeDashboard(_Msg, frozen=True, tag=42):
     req: int
     port: int
     host: str
+
+
 class DebugPaused(_Msg, frozen=True, tag=39):
     """From a worker's debug link to its controller (:mod:`meshio._debug`):
     ``breakpoint()`` paused actor ``actor`` rank ``rank`` (pid ``pid`` on
@@ -508,11 +516,29 @@ class DebugIO(_Msg, frozen=True, tag=40):
     text: str = ""
 
 
+class AgentBeat(_Msg, frozen=True, tag=37):
+    """Controller → host agent, each beat while it has workers there with a
+    ``partition_timeout``: ``seq`` numbers the beat, ``heard`` is the last
+    :class:`AgentBeatAck` the controller received (0: none yet).  The agent
+    answers at once; it counts its contact with the controller from when it
+    sent the answer now heard (so it fences before the controller downs it,
+    even when only one direction is cut)."""
+
+    seq: int
+    heard: int
+
+
+class AgentBeatAck(_Msg, frozen=True, tag=38):
+    """Host agent → controller: the answer to :class:`AgentBeat` ``seq``."""
+
+    seq: int
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped | ServeDashboard | DebugPaused | DebugIO)
+           | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

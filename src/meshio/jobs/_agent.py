@@ -10,6 +10,14 @@ the workers connect to the controller themselves.  Its workers are its
 children and die with it (``PR_SET_PDEATHSIG``).  With ``--idle-timeout``
 it exits once no controller has been connected for that long, so an
 allocation nobody uses ends instead of leaking.
+
+Self-fencing: a worker launched with a ``partition_timeout`` is killed
+(SIGKILL) by its agent once the agent has had no contact with the
+controller that launched it for that long while their connection stays
+open (a partition, not a controller that exited).  Contact is counted from
+the last :class:`AgentBeatAck` the controller says it heard, so the agent
+kills before the controller downs the host, and a healed partition never
+finds a second incarnation of a rank beside the first.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import msgspec
 from .._launcher import LocalLauncher, LocalProc, WorkerSpec
 from .._transport._connection import Connection
 from .._transport._messages import (
+    AgentBeat,
+    AgentBeatAck,
     ErrorInfo,
     Fail,
     LaunchWorker,
@@ -50,6 +60,9 @@ log = logging.getLogger("meshio")
 
 #: ``SIOCGIFADDR``: an interface's IPv4 address
 _SIOCGIFADDR = 0x8915
+#: answers to beats kept per controller until it says it heard them (an
+#: older one dropped only shortens the time to fencing: the safe side)
+_UNHEARD_KEPT = 4096
 
 
 def host_address() -> str:
@@ -79,10 +92,77 @@ class Agent:
         self.procs: dict[str, LocalProc] = {}
         self.launcher = LocalLauncher(output=self._relay)
         self._conns: dict[str, Connection] = {}
+        #: by controller connection: when the controller last heard this agent
+        #: (the time this agent sent the last answer the controller says it heard)
+        self._contact: dict[Connection, float] = {}
+        #: by controller connection: when each answer not heard of yet was sent, by seq
+        self._answered: dict[Connection, dict[int, float]] = {}
+        #: workers to kill after their partition_timeout without contact with
+        #: their controller: worker → (its controller's connection, the
+        #: timeout, when it was launched)
+        self._fenced: dict[str, tuple[Connection, float, float]] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
     def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         for proc in self.procs.values():
             proc.send_signal(signal.SIGKILL)
+
+    def beat(self, conn: Connection, msg: AgentBeat) -> None:
+        """A controller's beat: answer it, and count contact from the sending
+        of the answer it says it heard."""
+        for gone in [c for c in self._answered if c.closed]:  # controllers that left
+            del self._answered[gone]
+            self._contact.pop(gone, None)
+        answered = self._answered.setdefault(conn, {})
+        answered[msg.seq] = self.rt.loop.time()
+        sent = answered.get(msg.heard)
+        if sent is not None:
+            self._contact[conn] = max(self._contact.get(conn, sent), sent)
+            for seq in [seq for seq in answered if seq <= msg.heard]:
+                del answered[seq]
+        elif len(answered) > _UNHEARD_KEPT:
+            del answered[next(iter(answered))]
+        conn.send_message(AgentBeatAck(msg.seq))
+
+    def _deadline(self, conn: Connection, timeout: float, launched: float) -> float:
+        return max(self._contact.get(conn, launched), launched) + timeout
+
+    def _arm(self) -> None:
+        """Wake at the first moment a fenced worker may be past its deadline."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._fenced:
+            self._timer = self.rt.loop.call_at(
+                min(self._deadline(*f) for f in self._fenced.values()), self._fence)
+
+    def _fence(self) -> None:
+        """Kill the workers whose controller has not heard this agent for their
+        ``partition_timeout`` (it downs them then: their calls fail, a
+        supervisor starts replacements), so no two incarnations ever run."""
+        self._timer = None
+        now = self.rt.loop.time()
+        killed: dict[Connection, list[str]] = {}
+        for worker, (conn, timeout, launched) in list(self._fenced.items()):
+            if conn.closed:  # the controller is gone, not cut off: the usual rules apply
+                del self._fenced[worker]
+            elif self._deadline(conn, timeout, launched) <= now:
+                del self._fenced[worker]
+                proc = self.procs.get(worker)
+                if proc is not None:
+                    proc.send_signal(signal.SIGKILL)
+                    silent = now - max(self._contact.get(conn, launched), launched)
+                    killed.setdefault(conn, []).append(
+                        f"{worker} (pid {proc.pid}; silent {silent:.1f} s, "
+                        f"partition_timeout={timeout:g} s)")
+        for conn, workers in killed.items():
+            log.warning("meshio agent at %s: no contact with the controller at %s for its "
+                        "workers' partition_timeout: killed %s, so that none of them runs "
+                        "beside a replacement (self-fencing)", self.rt.addr,
+                        conn.peer or "unidentified peer", ", ".join(workers))
+        self._arm()
 
     def _relay(self, worker: str, stream: Stream, data: bytes) -> None:
         conn = self._conns.get(worker)
@@ -94,19 +174,26 @@ class Agent:
                           msg.restart, msg.label, secret=self.rt.tcp.secret,
                           bootstrap=msg.bootstrap, tls=self.rt.tcp.tls, addr=msg.addr)
         self._conns[msg.worker] = conn
+        if msg.partition_timeout is not None:  # fenced from now, even before it runs
+            self._fenced[msg.worker] = (conn, msg.partition_timeout, self.rt.loop.time())
+            self._arm()
         try:
             proc = await self.launcher.launch(spec)
         except Exception as e:  # the host could not start it (fork failed, bad python)
             del self._conns[msg.worker]
+            self._fenced.pop(msg.worker, None)
             conn.send_message(Fail(msg.req, ErrorInfo(
                 "supervision", "SupervisionError",
                 f"host agent at {self.rt.addr} could not start worker {msg.worker}: {e!r}")))
             return
         self.procs[msg.worker] = proc
+        if msg.partition_timeout is not None and msg.worker not in self._fenced:
+            proc.send_signal(signal.SIGKILL)  # fenced while it started
         conn.send_message(Reply(msg.req, msgspec.Raw(msgspec.msgpack.encode(proc.pid))))
         code = await proc.wait()
         del self.procs[msg.worker]
         self._conns.pop(msg.worker, None)
+        self._fenced.pop(msg.worker, None)
         if not conn.closed:
             conn.send_message(WorkerExited(msg.worker, code, proc.start_failure or ""))
 
@@ -129,7 +216,13 @@ def _on_signal(rt: Runtime, conn: Connection, msg: SignalWorker, bufs: Buffers) 
         proc.send_signal(msg.sig)
 
 
+def _on_beat(rt: Runtime, conn: Connection, msg: AgentBeat, bufs: Buffers) -> None:
+    if rt.has_state(Agent):  # (beats go to agents only)
+        rt.state(Agent).beat(conn, msg)
+
+
 register_handler(LaunchWorker, _on_launch)
+register_handler(AgentBeat, _on_beat)
 register_handler(SignalWorker, _on_signal)
 
 

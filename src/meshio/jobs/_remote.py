@@ -9,12 +9,22 @@ configured), and so do workers of different hosts to each other.
 :func:`attach` makes a :class:`~meshio.HostMesh` of such hosts.  A
 controller drives the hosts of any number of jobs, each proving its own
 secret and TLS settings (:class:`~meshio._transport._credentials.Credentials`).
+
+Partitions (:class:`_AgentWatch`): while a host runs workers started with a
+``partition_timeout``, the controller beats its agent
+(:class:`~meshio._transport._messages.AgentBeat`); a host whose agent has
+not answered for a worker's ``partition_timeout`` is *downed* for it: the
+worker counts as exited (:attr:`RemoteProc.downed` says why) and its
+connections are dropped, so its proc mesh fails it as any dead process.
+The agent, which has not been heard for as long, has killed it by then
+(self-fencing, :mod:`._agent`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -29,12 +39,25 @@ from .._launcher import Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
 from .._transport._credentials import Credentials
-from .._transport._messages import LaunchWorker, SignalWorker, WorkerExited, WorkerOutput
+from .._transport._messages import (
+    AgentBeat,
+    AgentBeatAck,
+    LaunchWorker,
+    SignalWorker,
+    WorkerExited,
+    WorkerOutput,
+)
 from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime, tcp_endpoint
 from .._transport._serial import Buffers
 from .._transport._tls import TLSConfig
 
 __all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret_file", "route_to")
+
+log = logging.getLogger("meshio")
+
+#: most seconds between two beats to a host agent (a quarter of the
+#: shortest ``partition_timeout`` of its workers when that is shorter)
+AGENT_BEAT = 1.0
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
@@ -67,10 +90,16 @@ class RemoteProc:
     """A worker on a remote host, watched through that host's agent."""
 
     def __init__(self, launcher: RemoteLauncher, conn: Connection, worker: str, pid: int,
-                 label: str, loop: asyncio.AbstractEventLoop) -> None:
+                 label: str, loop: asyncio.AbstractEventLoop,
+                 partition_timeout: float | None = None) -> None:
         self.pid = pid
         self.host = launcher.host
+        self.agent = launcher.agent
         self.start_failure: str | None = None
+        self.downed: str | None = None
+        self.partition_timeout = partition_timeout
+        #: when the controller learned it runs (its host's silence counts from then at most)
+        self.since = loop.time()
         self._conn = conn
         self._worker = worker
         self._exit: asyncio.Future[int] = loop.create_future()
@@ -90,30 +119,115 @@ class RemoteProc:
     def _output(self, stream: str, data: bytes) -> None:
         self._out[stream].data_received(data)
 
-    def _exited(self, code: int, start_failure: str = "") -> None:
+    def _exited(self, code: int, start_failure: str = "", downed: str | None = None) -> None:
         if not self._exit.done():
             for out in self._out.values():
                 out.eof_received()
             self.start_failure = start_failure or None
+            self.downed = downed
             self._exit.set_result(code)
 
 
 class _Remote(RuntimeState):
-    """The controller runtime's remote workers, by worker id."""
+    """The controller runtime's remote workers, by worker id, and its watch
+    over their agents, by agent connection."""
 
     def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         self.procs: dict[str, RemoteProc] = {}
+        self.watches: dict[Connection, _AgentWatch] = {}
+
+    def watch(self, proc: RemoteProc) -> None:
+        """Beat ``proc``'s agent while it runs; down it if its host goes silent."""
+        watch = self.watches.get(proc._conn)
+        if watch is None:
+            watch = self.watches[proc._conn] = _AgentWatch(self, proc._conn)
+        watch.add(proc)
 
     def close(self) -> None:
+        for watch in self.watches.values():
+            watch.close()
+        self.watches.clear()
         for proc in self.procs.values():
             proc._exited(-signal.SIGKILL)  # their agents end them with their controller
         self.procs.clear()
+
+
+class _AgentWatch:
+    """The controller's beats to one host agent, while it runs workers with a
+    ``partition_timeout``; each worker whose host has not answered for its
+    ``partition_timeout`` is downed.  Owns its beating task (cancelled by
+    :meth:`close`)."""
+
+    def __init__(self, remote: _Remote, conn: Connection) -> None:
+        self.remote = remote
+        self.conn = conn
+        self.procs: dict[str, RemoteProc] = {}
+        self.seq = 0
+        #: the last answer heard, and when (loop time)
+        self.heard = 0
+        self.last = remote.rt.loop.time()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, proc: RemoteProc) -> None:
+        self.procs[proc._worker] = proc
+        if self._task is None or self._task.done():
+            self._task = self.remote.rt.tasks.start(self._beat())
+
+    def acked(self, seq: int) -> None:
+        if seq > self.heard:
+            self.heard, self.last = seq, self.remote.rt.loop.time()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _beat(self) -> None:
+        loop = self.remote.rt.loop
+        while not self.conn.closed:
+            for worker, proc in list(self.procs.items()):
+                if proc.returncode is not None:
+                    del self.procs[worker]
+            if not self.procs:
+                return
+            shortest = min(p.partition_timeout or AGENT_BEAT for p in self.procs.values())
+            await asyncio.sleep(min(AGENT_BEAT, shortest / 4))
+            now = loop.time()
+            for proc in list(self.procs.values()):
+                silent = now - max(self.last, proc.since)
+                if proc.partition_timeout is not None and silent > proc.partition_timeout:
+                    self._down(proc, silent)
+            self.seq += 1
+            self.conn.send_message(AgentBeat(self.seq, self.heard))
+
+    def _down(self, proc: RemoteProc, silent: float) -> None:
+        """``proc``'s host has been silent past its ``partition_timeout``: it
+        counts as dead (its agent has killed it), and its connections go, so
+        its proc mesh fails it, and a supervisor may start a replacement."""
+        del self.procs[proc._worker]
+        self.remote.procs.pop(proc._worker, None)
+        why = (f"partitioned: its host {proc.host} was unreachable for {silent:.1f} s "
+               f"(partition_timeout={proc.partition_timeout:g} s), so it counts as dead; its "
+               f"agent {proc.agent} kills its workers itself once cut off that long")
+        log.warning("meshio: host %s unreachable for %.1f s (partition_timeout=%g s): "
+                    "downed; its process %d counts as failed", proc.host, silent,
+                    proc.partition_timeout, proc.pid)
+        proc._exited(-signal.SIGKILL, downed=why)
+        for conn in list(self.remote.rt.all_conns):
+            if conn.worker == proc._worker and not conn.closed:
+                conn.abort()
 
 
 def _on_output(rt: Runtime, conn: Connection, msg: WorkerOutput, bufs: Buffers) -> None:
     proc = rt.state(_Remote).procs.get(msg.worker) if rt.has_state(_Remote) else None
     if proc is not None:
         proc._output(msg.stream, msg.data)
+
+
+def _on_ack(rt: Runtime, conn: Connection, msg: AgentBeatAck, bufs: Buffers) -> None:
+    watch = rt.state(_Remote).watches.get(conn) if rt.has_state(_Remote) else None
+    if watch is not None:
+        watch.acked(msg.seq)
 
 
 def _on_exit(rt: Runtime, conn: Connection, msg: WorkerExited, bufs: Buffers) -> None:
@@ -124,6 +238,7 @@ def _on_exit(rt: Runtime, conn: Connection, msg: WorkerExited, bufs: Buffers) ->
 
 register_handler(WorkerOutput, _on_output)
 register_handler(WorkerExited, _on_exit)
+register_handler(AgentBeatAck, _on_ack)
 
 
 def _pid(raw: msgspec.Raw, bufs: Buffers) -> int:
@@ -155,10 +270,15 @@ class RemoteLauncher:
             # the controller's import path goes first (a shared filesystem has it)
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
             conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
-                                           spec.restart, spec.label, spec.bootstrap))
+                                           spec.restart, spec.label, spec.bootstrap,
+                                           spec.partition_timeout))
         pid = await fut  # a failed dial failed it, before anything listened for the job
-        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
-        rt.state(_Remote).procs[spec.worker] = proc
+        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop,
+                          spec.partition_timeout)
+        remote = rt.state(_Remote)
+        remote.procs[spec.worker] = proc
+        if spec.partition_timeout is not None:
+            remote.watch(proc)
         return proc
 
     def _agent_lost(self, conn: Connection) -> None:
@@ -169,6 +289,9 @@ class RemoteLauncher:
             f"host agent {self.agent} ({self.host}): connection lost while {p.endpoint} for "
             f"{p.point} was in flight", host=self.host, cause="host agent lost"))
         if rt.has_state(_Remote):
+            watch = rt.state(_Remote).watches.pop(conn, None)
+            if watch is not None:
+                watch.close()
             procs = rt.state(_Remote).procs
             for worker, proc in list(procs.items()):
                 if proc._conn is conn:

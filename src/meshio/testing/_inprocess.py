@@ -45,6 +45,7 @@ class InProcessWorker:
         self.pid: int = os.getpid()
         self.host: str = rt.host
         self.start_failure: str | None = None
+        self.downed: str | None = None  # nothing is between it and its controller
         self._rt = rt
         # served in the runtime's own context: its actors see it as runtime()
         self._task: asyncio.Task[int] = rt.context.run(rt.tasks.start, serve(rt, controller))
