@@ -229,8 +229,7 @@ class ProcMesh(MeshShape):
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
             await mesh.stop()
-            state.actors = [a for a in state.actors if a.target != target]
-            state.actor_names.discard(name)  # stopped everywhere: the name is free again
+            state.forget(name)  # stopped everywhere: the name is free again
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
         return cast(A, mesh)

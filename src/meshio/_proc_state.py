@@ -258,6 +258,12 @@ class ProcState:
         return not self.stopped and (grank in self.holes
                                      or grank in self.not_rebuilt.get(target, ()))
 
+    def forget(self, name: str) -> None:
+        """Forget the actor mesh ``name`` (stopped everywhere, or never
+        built): a restart does not rebuild it, and the name is free again."""
+        self.actors = [a for a in self.actors if a.name != name]
+        self.actor_names.discard(name)
+
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
         worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
         env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
