@@ -1,9 +1,10 @@
 """Jobs: hosts from a scheduler, as named host meshes (Monarch's model).
 
-Every job kind has the same three operations (:class:`Job`): ``apply()``
+Every job kind has the same operations (:class:`Job`): ``apply()``
 gets the hosts (allocates, starts ``meshio agent`` on each), ``state()``
 returns them as named :class:`~meshio.HostMesh`\\ es (applying first if
-needed), ``kill()`` gives them back.  A job that outlives its controller
+needed), ``resize(name, hosts=n)`` grows or shrinks one of them while it
+runs, ``kill()`` gives them back.  A job that outlives its controller
 (``ProcessJob``, ``SlurmJob``) is written to a cache file in ``.meshio/``
 so that running the controller script again re-attaches to the same live
 hosts instead of starting new ones; an entry that is stale (its agents are
@@ -25,13 +26,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from .._proc_mesh import HostMesh, this_host
+from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach
 
 __all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
-           "read_cache", "write_cache")
+           "check_resize", "read_cache", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -76,6 +77,12 @@ class Job(Protocol):
         """The job's host meshes by name (``apply()`` first if needed)."""
         ...
 
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Grow or shrink the host mesh ``name`` to ``hosts`` hosts while the
+        job runs: the host mesh from ``state()`` changes in place and the
+        proc meshes spawned on it with ``elastic=True`` follow it."""
+        ...
+
     async def kill(self) -> None:
         """Give the hosts back and forget the cached job."""
         ...
@@ -103,6 +110,25 @@ def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
             raise ValueError(f"meshes[{name!r}] must be at least 1, got {n}")
         checked[name] = n
     return checked
+
+
+def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> None:
+    """The arguments of ``job.resize(name, hosts=n)``, checked.
+
+    Raises:
+        KeyError: the job has no host mesh ``name``.
+        TypeError: ``hosts`` is not an int.
+        ValueError: ``hosts`` < 1.
+    """
+    if name not in meshes:
+        raise KeyError(f"{job}.resize({name!r}): the job has no host mesh {name!r}; it has "
+                       f"{sorted(meshes)}")
+    if isinstance(hosts, bool) or not isinstance(hosts, int):
+        raise TypeError(f"{job}.resize({name!r}, hosts=...): expected an int, got "
+                        f"{type(hosts).__name__} {hosts!r}")
+    if hosts < 1:
+        raise ValueError(f"{job}.resize({name!r}, hosts={hosts}): a host mesh keeps at least "
+                         f"1 host (kill() the job to give every host back)")
 
 
 # ------------------------------------------------------------------ cache
@@ -184,6 +210,19 @@ class LocalJob:
     async def state(self) -> JobState:
         return JobState({name: this_host() for name in self.meshes})
 
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Nothing to do for ``hosts=1``; a LocalJob has one host.
+
+        Raises:
+            ValueError: ``hosts`` is not 1 (use ProcessJob to simulate
+                several hosts on this one).
+            KeyError, TypeError: as for every job (see :meth:`Job.resize`).
+        """
+        check_resize("LocalJob", self.meshes, name, hosts)
+        if hosts != 1:
+            raise ValueError(f"LocalJob.resize({name!r}, hosts={hosts}): a LocalJob has one "
+                             f"host (use ProcessJob to simulate several hosts on this one)")
+
     async def kill(self) -> None:
         pass
 
@@ -213,6 +252,7 @@ class ProcessJob:
         self.idle_timeout: float = idle_timeout
         self.cache: Path = Path(cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
+        self._state: JobState | None = None
 
     async def apply(self) -> None:
         if self._entry is not None:
@@ -287,7 +327,53 @@ class ProcessJob:
     async def state(self) -> JobState:
         await self.apply()
         assert self._entry is not None
-        return attached(self._entry, self.tls)
+        if self._state is None:  # (one per job: resize changes its host meshes)
+            self._state = attached(self._entry, self.tls)
+        return self._state
+
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Start agents for the new hosts, or stop the last ones (once the
+        elastic proc meshes' processes there are stopped); the cache
+        records the new shape.
+
+        Raises:
+            KeyError: the job has no host mesh ``name``.
+            TypeError: ``hosts`` is not an int.
+            ValueError: ``hosts`` < 1.
+            RuntimeError: a new agent did not start (nothing changed).
+            ProcessStartError, ActorError: an elastic proc mesh did not grow
+                onto the new hosts (it keeps its shape; the host mesh grew).
+        """
+        check_resize(f"ProcessJob {self.name!r}", self.meshes, name, hosts)
+        state = await self.state()
+        entry = self._entry
+        assert entry is not None
+        agents: list[dict[str, Any]] = entry["hosts"][name]
+        mesh = state.meshes[name]
+        if hosts > len(agents):
+            added: list[dict[str, Any]] = []
+            try:
+                for _ in range(hosts - len(agents)):
+                    added.append(await self._start_agent(Path(entry["secret_file"])))
+            except BaseException:
+                _kill_agents({"hosts": {name: added}})
+                raise
+            agents.extend(added)
+            self._record(name, hosts)
+            await grow_hosts(mesh, attached({**entry, "hosts": {name: added}}, self.tls)
+                             .meshes[name])
+        elif hosts < len(agents):
+            await shrink_hosts(mesh, len(agents) - hosts)
+            _kill_agents({"hosts": {name: agents[hosts:]}})
+            del agents[hosts:]
+            self._record(name, hosts)
+
+    def _record(self, name: str, hosts: int) -> None:
+        """The job has ``hosts`` hosts in mesh ``name`` now: in the cache too."""
+        assert self._entry is not None
+        self.meshes[name] = hosts
+        self._entry["meshes"] = dict(self.meshes)
+        write_cache(self.cache, self._entry)
 
     async def kill(self) -> None:
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
@@ -296,6 +382,7 @@ class ProcessJob:
             Path(entry["secret_file"]).unlink(missing_ok=True)
         self.cache.unlink(missing_ok=True)
         self._entry = None
+        self._state = None
 
 
 def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:
