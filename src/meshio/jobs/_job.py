@@ -32,7 +32,7 @@ from ._agent import tls_flags
 from ._remote import attach
 
 __all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
-           "check_resize", "read_cache", "write_cache")
+           "check_resize", "read_cache", "record_resize", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -129,6 +129,15 @@ def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> 
     if hosts < 1:
         raise ValueError(f"{job}.resize({name!r}, hosts={hosts}): a host mesh keeps at least "
                          f"1 host (kill() the job to give every host back)")
+
+
+def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], name: str,
+                  hosts: int) -> None:
+    """A job's mesh ``name`` has ``hosts`` hosts now (its agents are in
+    ``entry["hosts"]`` already): in ``meshes`` and in the cache too."""
+    meshes[name] = hosts
+    entry["meshes"] = dict(meshes)
+    write_cache(cache, entry)
 
 
 # ------------------------------------------------------------------ cache
@@ -359,21 +368,14 @@ class ProcessJob:
                 _kill_agents({"hosts": {name: added}})
                 raise
             agents.extend(added)
-            self._record(name, hosts)
+            record_resize(self.cache, entry, self.meshes, name, hosts)
             await grow_hosts(mesh, attached({**entry, "hosts": {name: added}}, self.tls)
                              .meshes[name])
         elif hosts < len(agents):
             await shrink_hosts(mesh, len(agents) - hosts)
             _kill_agents({"hosts": {name: agents[hosts:]}})
             del agents[hosts:]
-            self._record(name, hosts)
-
-    def _record(self, name: str, hosts: int) -> None:
-        """The job has ``hosts`` hosts in mesh ``name`` now: in the cache too."""
-        assert self._entry is not None
-        self.meshes[name] = hosts
-        self._entry["meshes"] = dict(self.meshes)
-        write_cache(self.cache, self._entry)
+            record_resize(self.cache, entry, self.meshes, name, hosts)
 
     async def kill(self) -> None:
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
