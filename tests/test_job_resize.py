@@ -17,9 +17,9 @@ import pytest
 from supervision_helpers import Events
 
 import meshio
+from gone import wait_gone
 from meshio import Actor, context, endpoint
 from meshio.jobs import LocalJob, ProcessJob
-from meshio.testing import wait_exited
 
 DEADLINE = 60.0
 
@@ -47,18 +47,6 @@ async def job(tmp_path: Path) -> AsyncIterator[ProcessJob]:
 def agents(j: ProcessJob, name: str) -> list[int]:
     assert j._entry is not None
     return [a["pid"] for a in j._entry["hosts"][name]]
-
-
-async def wait_gone(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue  # gone already
-        try:
-            await wait_exited(fd, DEADLINE)
-        finally:
-            os.close(fd)
 
 
 async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import trustme
 
+from gone import wait_gone
 from hop_actors import Hop
 from meshio import Actor, SupervisionError, context, endpoint
 from meshio.jobs import SlurmError, SlurmJob, TLSConfig
 from meshio.jobs._agent import host_address
-from meshio.testing import wait_exited
 
 DEADLINE = 30.0
 SLURM_LOCAL = Path(os.environ.get(
@@ -340,20 +340,6 @@ class Placed(Actor):
         """(pid, Slurm node, the mesh's shape as this actor sees it)."""
         return (os.getpid(), os.environ.get("SLURMD_NODENAME", ""),
                 dict(context().point.extent))
-
-
-async def wait_gone(pids: list[int]) -> None:
-    """Wait until every process of ``pids`` (this machine's, whatever its
-    node's network namespace) has exited."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await wait_exited(fd, DEADLINE)
-        finally:
-            os.close(fd)
 
 
 async def test_resize_adds_an_allocation_and_gives_it_back(slurm: None, tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ import secrets
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -31,8 +32,8 @@ from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach
 
-__all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
-           "check_resize", "read_cache", "record_resize", "write_cache")
+__all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
+           "check_meshes", "read_cache", "record_resize", "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -80,7 +81,18 @@ class Job(Protocol):
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Grow or shrink the host mesh ``name`` to ``hosts`` hosts while the
         job runs: the host mesh from ``state()`` changes in place and the
-        proc meshes spawned on it with ``elastic=True`` follow it."""
+        proc meshes spawned on it with ``elastic=True`` follow it (new
+        hosts get their processes and actors; on the hosts removed, the
+        processes are stopped before the hosts go).  Other proc meshes
+        keep their shape (those on a removed host lose its processes).
+
+        Raises:
+            KeyError: the job has no host mesh ``name``.
+            TypeError: ``hosts`` is not an int.
+            ValueError: ``hosts`` < 1.
+            ProcessStartError, ActorError: an elastic proc mesh did not grow
+                onto the new hosts (it keeps its shape; the host mesh grew).
+        """
         ...
 
     async def kill(self) -> None:
@@ -131,6 +143,25 @@ def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> 
                          f"1 host (kill() the job to give every host back)")
 
 
+async def resize_job(job: Job, what: str, meshes: Mapping[str, int], name: str, hosts: int,
+                     add: Callable[[int], Awaitable[HostMesh]],
+                     remove: Callable[[int], Awaitable[None]]) -> None:
+    """``job.resize(name, hosts=hosts)``, the same for every kind: ``add(n)``
+    gets ``n`` more hosts from the scheduler (the job records them) and
+    returns them as a host mesh, which the named host mesh and its elastic
+    proc meshes grow onto; to shrink, those proc meshes stop their
+    processes on the last hosts, then ``remove(n)`` gives those hosts back
+    (``what`` names the job in errors)."""
+    check_resize(what, meshes, name, hosts)
+    mesh = (await job.state()).meshes[name]
+    old = meshes[name]
+    if hosts > old:
+        await grow_hosts(mesh, await add(hosts - old))
+    elif hosts < old:
+        await shrink_hosts(mesh, old - hosts)
+        await remove(old - hosts)
+
+
 def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], name: str,
                   hosts: int) -> None:
     """A job's mesh ``name`` has ``hosts`` hosts now (its agents are in
@@ -138,6 +169,48 @@ def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], na
     meshes[name] = hosts
     entry["meshes"] = dict(meshes)
     write_cache(cache, entry)
+
+
+class AgentsJob:
+    """What a job whose cache entry lists its agents (``ProcessJob``,
+    ``SlurmJob``) shares: one :class:`JobState` for its life, which
+    ``resize`` changes in place."""
+
+    meshes: dict[str, int]
+    tls: TLSConfig | None
+    cache: Path
+    _entry: dict[str, Any] | None
+    _state: JobState | None
+
+    async def apply(self) -> None:
+        """Get the hosts (each job kind's own)."""
+        raise NotImplementedError
+
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed); the
+        same object each time (``resize`` changes its host meshes)."""
+        await self.apply()
+        assert self._entry is not None
+        if self._state is None:
+            self._state = attached(self._entry, self.tls)
+        return self._state
+
+    def _added(self, name: str, agents: list[dict[str, Any]]) -> HostMesh:
+        """``agents`` are the new last hosts of mesh ``name`` (recorded in
+        the cache); they as a host mesh."""
+        entry = self._entry
+        assert entry is not None
+        entry["hosts"][name] += agents
+        record_resize(self.cache, entry, self.meshes, name, len(entry["hosts"][name]))
+        return attached({**entry, "hosts": {name: agents}}, self.tls).meshes[name]
+
+    def _removed(self, name: str, n: int) -> None:
+        """The last ``n`` hosts of mesh ``name`` are gone (recorded in the cache)."""
+        entry = self._entry
+        assert entry is not None
+        agents: list[dict[str, Any]] = entry["hosts"][name]
+        del agents[len(agents) - n:]
+        record_resize(self.cache, entry, self.meshes, name, len(agents))
 
 
 # ------------------------------------------------------------------ cache
@@ -236,7 +309,7 @@ class LocalJob:
         pass
 
 
-class ProcessJob:
+class ProcessJob(AgentsJob):
     """Host agents as local processes, one per host of each mesh: the test
     double of a cluster job, and a real option on one big machine.
 
@@ -333,49 +406,34 @@ class ProcessJob:
         addr = line[len(prefix):].decode().strip()
         return {"addr": addr, "pid": pid, "start": _start_time(pid)}
 
-    async def state(self) -> JobState:
-        await self.apply()
-        assert self._entry is not None
-        if self._state is None:  # (one per job: resize changes its host meshes)
-            self._state = attached(self._entry, self.tls)
-        return self._state
-
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Start agents for the new hosts, or stop the last ones (once the
         elastic proc meshes' processes there are stopped); the cache
-        records the new shape.
+        records the new shape.  See :meth:`Job.resize`.
 
         Raises:
-            KeyError: the job has no host mesh ``name``.
-            TypeError: ``hosts`` is not an int.
-            ValueError: ``hosts`` < 1.
             RuntimeError: a new agent did not start (nothing changed).
-            ProcessStartError, ActorError: an elastic proc mesh did not grow
-                onto the new hosts (it keeps its shape; the host mesh grew).
         """
-        check_resize(f"ProcessJob {self.name!r}", self.meshes, name, hosts)
-        state = await self.state()
+        await resize_job(self, f"ProcessJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
         entry = self._entry
         assert entry is not None
-        agents: list[dict[str, Any]] = entry["hosts"][name]
-        mesh = state.meshes[name]
-        if hosts > len(agents):
-            added: list[dict[str, Any]] = []
-            try:
-                for _ in range(hosts - len(agents)):
-                    added.append(await self._start_agent(Path(entry["secret_file"])))
-            except BaseException:
-                _kill_agents({"hosts": {name: added}})
-                raise
-            agents.extend(added)
-            record_resize(self.cache, entry, self.meshes, name, hosts)
-            await grow_hosts(mesh, attached({**entry, "hosts": {name: added}}, self.tls)
-                             .meshes[name])
-        elif hosts < len(agents):
-            await shrink_hosts(mesh, len(agents) - hosts)
-            _kill_agents({"hosts": {name: agents[hosts:]}})
-            del agents[hosts:]
-            record_resize(self.cache, entry, self.meshes, name, hosts)
+        added: list[dict[str, Any]] = []
+        try:
+            for _ in range(n):
+                added.append(await self._start_agent(Path(entry["secret_file"])))
+        except BaseException:
+            _kill_agents({"hosts": {name: added}})
+            raise
+        return self._added(name, added)
+
+    async def _remove(self, name: str, n: int) -> None:
+        assert self._entry is not None
+        agents: list[dict[str, Any]] = self._entry["hosts"][name]
+        _kill_agents({"hosts": {name: agents[len(agents) - n:]}})
+        self._removed(name, n)
 
     async def kill(self) -> None:
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)

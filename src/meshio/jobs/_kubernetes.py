@@ -28,19 +28,20 @@ import secrets
 import stat
 import time
 from collections.abc import Generator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from .._proc_mesh import grow_hosts, shrink_hosts
+from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
     JobCacheError,
     JobState,
     check_meshes,
-    check_resize,
     read_cache,
     record_resize,
+    resize_job,
     write_cache,
     write_secret,
 )
@@ -394,33 +395,31 @@ class KubernetesJob:
         elastic proc meshes grow onto them; shrinking, those proc meshes
         stop their processes on the last pods first, then the patch removes
         those pods (a StatefulSet removes the highest ordinals first).
-        :meth:`manifests` and the cache give the new replica count.
+        :meth:`manifests` and the cache give the new replica count.  See
+        :meth:`Job.resize`.
 
         Raises:
-            KeyError: the job has no host mesh ``name``.
-            TypeError: ``hosts`` is not an int.
-            ValueError: ``hosts`` < 1, a pod name too long, or the job's
-                workload is ``"job"`` (an Indexed Job's size is fixed).
+            ValueError: a pod name too long, or the job's workload is
+                ``"job"`` (an Indexed Job's size is fixed).
             ClusterNotConfiguredError, ClusterError, TimeoutError: as for
                 :meth:`apply` (new pods not ready in ``start_timeout``).
-            ProcessStartError, ActorError: an elastic proc mesh did not grow
-                onto the new hosts (it keeps its shape; the host mesh grew).
         """
-        check_resize(f"KubernetesJob {self.name!r}", self.meshes, name, hosts)
-        if self.workload != "statefulset":
+        if name in self.meshes and self.workload != "statefulset":
             raise ValueError(f"KubernetesJob {self.name!r}.resize({name!r}): workload="
                              f"{self.workload!r}, an Indexed Job of fixed size; make the job "
                              f"with workload='statefulset' to resize it")
-        self._check_pod_names(name, hosts)
-        state = await self.state()
+        if name in self.meshes and isinstance(hosts, int) and hosts >= 1:
+            self._check_pod_names(name, hosts)
+        await resize_job(self, f"KubernetesJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
         old = self.meshes[name]
-        if hosts > old:
-            self._ips = await asyncio.to_thread(self._scale, name, hosts)
-            added = self._hosts()[name][old:]
-            await grow_hosts(state.meshes[name], self._state({name: added}).meshes[name])
-        elif hosts < old:
-            await shrink_hosts(state.meshes[name], old - hosts)
-            await asyncio.to_thread(self._scale, name, hosts)
+        self._ips = await asyncio.to_thread(self._scale, name, old + n)
+        return self._state({name: self._hosts()[name][old:]}).meshes[name]
+
+    async def _remove(self, name: str, n: int) -> None:
+        await asyncio.to_thread(self._scale, name, self.meshes[name] - n)
 
     def _scale(self, name: str, hosts: int) -> dict[str, str]:
         """Patch mesh ``name``'s StatefulSet to ``hosts`` replicas, record it,

@@ -37,23 +37,15 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
 
-from .._proc_mesh import grow_hosts, shrink_hosts
+from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
-from ._job import (
-    JobState,
-    attached,
-    check_meshes,
-    check_resize,
-    read_cache,
-    record_resize,
-    write_cache,
-    write_secret,
-)
+from ._job import AgentsJob, check_meshes, read_cache, resize_job, write_cache, write_secret
 
 __all__ = ("SlurmError", "SlurmJob")
 
@@ -142,7 +134,7 @@ async def probe(timeout: float) -> str:
     return f"sinfo answered: partitions {listed or 'none'}"
 
 
-class SlurmJob:
+class SlurmJob(AgentsJob):
     """Hosts from Slurm: one batch job of ``sum(meshes.values())`` nodes,
     with ``meshio agent`` on each, as named host meshes.
 
@@ -197,7 +189,7 @@ class SlurmJob:
         self.start_timeout: float = start_timeout
         self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None
-        self._state: JobState | None = None
+        self._state = None
 
     @property
     def job_id(self) -> str | None:
@@ -240,14 +232,6 @@ class SlurmJob:
                 return why
         return None
 
-    async def state(self) -> JobState:
-        """The job's host meshes by name (``apply()`` first if needed)."""
-        await self.apply()
-        assert self._entry is not None
-        if self._state is None:  # (one per job: resize changes its host meshes)
-            self._state = attached(self._entry, self.tls)
-        return self._state
-
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Grow: one more Slurm job (an allocation of one node, with its
         agent) per new host, submitted together.  Shrink: the last hosts
@@ -255,51 +239,44 @@ class SlurmJob:
         allocation added by ``resize`` is cancelled (its node is Slurm's
         again at once); on a node of the first allocation, a job step ends
         the agent (the node stays in that job, idle, until it ends).  The
-        cache records the new shape and allocations.
+        cache records the new shape and allocations.  See :meth:`Job.resize`.
 
         Raises:
-            KeyError: the job has no host mesh ``name``.
-            TypeError: ``hosts`` is not an int.
-            ValueError: ``hosts`` < 1.
             SlurmError, TimeoutError: a new allocation failed (as for
                 :meth:`apply`; the others of this call are cancelled,
                 nothing changed).
-            ProcessStartError, ActorError: an elastic proc mesh did not grow
-                onto the new hosts (it keeps its shape; the host mesh grew).
         """
-        check_resize(f"SlurmJob {self.name!r}", self.meshes, name, hosts)
-        state = await self.state()
+        await resize_job(self, f"SlurmJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
+        entry = self._entry
+        assert entry is not None
+        results = await asyncio.gather(
+            *(self._allocate({name: 1}, Path(entry["secret_file"])) for _ in range(n)),
+            return_exceptions=True)
+        new = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.shield(asyncio.gather(*(_cancel(job) for job in new)))
+            raise failed[0]
+        entry.setdefault("extra", []).extend(
+            {k: job[k] for k in ("job_id", "token", "log", "nodes")} for job in new)
+        return self._added(name, [a for job in new for a in job["hosts"][name]])
+
+    async def _remove(self, name: str, n: int) -> None:
         entry = self._entry
         assert entry is not None
         agents: list[dict[str, str]] = entry["hosts"][name]
         extra: list[dict[str, Any]] = entry.setdefault("extra", [])
-        if hosts > len(agents):
-            secret_file = Path(entry["secret_file"])
-            results = await asyncio.gather(
-                *(self._allocate({name: 1}, secret_file) for _ in range(hosts - len(agents))),
-                return_exceptions=True)
-            new = [r for r in results if not isinstance(r, BaseException)]
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if failed:
-                await asyncio.shield(asyncio.gather(*(_cancel(job) for job in new)))
-                raise failed[0]
-            added = [a for job in new for a in job["hosts"][name]]
-            extra += [{k: job[k] for k in ("job_id", "token", "log", "nodes")} for job in new]
-            agents += added
-            record_resize(self.cache, entry, self.meshes, name, hosts)
-            await grow_hosts(state.meshes[name],
-                             attached({**entry, "hosts": {name: added}}, self.tls).meshes[name])
-        elif hosts < len(agents):
-            await shrink_hosts(state.meshes[name], len(agents) - hosts)
-            for agent in agents[hosts:]:
-                job = next((j for j in extra if j["job_id"] == agent.get("job_id")), None)
-                if job is not None:
-                    await _cancel(job)
-                    extra.remove(job)
-                else:
-                    await _stop_agent(entry, agent)
-            del agents[hosts:]
-            record_resize(self.cache, entry, self.meshes, name, hosts)
+        for agent in agents[len(agents) - n:]:
+            job = next((j for j in extra if j["job_id"] == agent.get("job_id")), None)
+            if job is not None:
+                await _cancel(job)
+                extra.remove(job)
+            else:
+                await _stop_agent(entry, agent)
+        self._removed(name, n)
 
     async def _allocate(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
         """One Slurm job of a node per host of ``meshes``, its agents
