@@ -85,6 +85,7 @@ async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(
         async with workers.spawn_procs(name="later") as later:
             assert later.sizes == {"hosts": 3, "procs": 1}
 
+        last = workers.slice(hosts=2)  # (taken before the shrink)
         removed = [pid for pid, agent, _, _ in (await actors.where.call()).values()
                    if agent != hosts[0]]
         assert len(removed) == 4
@@ -100,6 +101,8 @@ async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(
             (hosts[0], {"hosts": 1, "gpus": 2})] * 2
         assert json.loads(job.cache.read_text())["meshes"] == {"workers": 1, "learner": 1}
         assert [a for _, a, _, _ in (await pinned.where.call()).values()] == [hosts[0]]
+        with pytest.raises(ValueError, match="names hosts that the job's resize removed"):
+            last.spawn_procs()
 
 
 async def test_resize_arguments_are_checked(job: ProcessJob) -> None:

@@ -804,6 +804,10 @@ class HostMesh(MeshShape):
                 f"dimension follows its resizes; this host mesh is "
                 f"{'a slice ' if self._view is not None else ''}{self.sizes} (spawn on the "
                 f"host mesh from job.state(), e.g. state.workers)")
+        if any(r >= len(self._launchers) for r in self._region.ranks):
+            raise ValueError(f"spawn_procs: this slice {self.sizes} of a host mesh names hosts "
+                             f"that the job's resize removed; it has {len(self._launchers)} "
+                             f"hosts now (slice it again)")
         launchers = [self._launchers[r] for r in self._region.ranks]
         n = 1
         for v in per_host.values():
