@@ -37,11 +37,11 @@ class Where(Actor):
 
 @pytest.fixture
 async def job(tmp_path: Path) -> AsyncIterator[ProcessJob]:
+    """Two host meshes of one agent each; the agents end after the test
+    (pytest runs the rest of a fixture after its test, pass or fail)."""
     j = ProcessJob(meshes={"workers": 1, "learner": 1}, cache_dir=tmp_path / ".meshio")
-    try:
-        yield j
-    finally:
-        await j.kill()
+    yield j
+    await j.kill()
 
 
 def agents(j: ProcessJob, name: str) -> list[int]:
