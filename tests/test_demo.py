@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -141,6 +143,69 @@ def test_rl_grpo_example() -> None:
     assert not any(killed in p for p in pids[9:])
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.4, rewards
     assert out.endswith("newest version 24\n")
+
+
+def test_ft_training_example(tmp_path: Path) -> None:
+    """issue 17 §4: data-parallel training over 3 gloo ranks loses rank 1 to
+    SIGKILL during step 5.  The step is not applied, the 2 survivors (never
+    restarted) redo it in a new process group, the replacement joins a few
+    steps later with the weights of that step from a survivor's store, and
+    every step is applied exactly once by every rank that was there: the
+    losses are those of plain full-batch training, and they go down."""
+    import importlib.util
+
+    import torch
+
+    steps, kill_at = 16, 5
+    png = tmp_path / "ft.png"
+    out = _run(sys.executable, "examples/ft_training.py", "--ranks", "3", "--steps", str(steps),
+               "--kill-at", str(kill_at), "--kill-rank", "1", "--plot", str(png))
+    lines = out.splitlines()
+    assert f"step {kill_at}: SIGKILL rank 1" in lines, out
+    assert any(line.startswith(f"step {kill_at}: aborted in generation 1 after ")
+               and line.endswith("(rank 1 died): not applied, the 2 others redo it")
+               for line in lines), out
+    assert any(line.startswith(f"step {kill_at}: generation 2, ranks [0, 2] (") for line in lines)
+    joined = [line for line in lines if "rank 1 joined with the weights of step" in line]
+    assert len(joined) == 1, out
+    rejoin = int(joined[0].split()[1].rstrip(":"))
+    assert kill_at < rejoin <= kill_at + 5, out  # REJOIN_WAIT
+    assert joined[0].startswith(f"step {rejoin}: generation 3, ranks [0, 1, 2], rank 1 joined "
+                                f"with the weights of step {rejoin} (")
+    # each step reported applied once, in order, by the world of that moment
+    applied = [line.split() for line in lines if " loss " in line and " world " in line]
+    assert [int(w[1].rstrip(":")) for w in applied] == list(range(steps)), out
+    worlds = [int(w[5]) for w in applied]
+    assert worlds == [3] * kill_at + [2] * (rejoin - kill_at) + [3] * (steps - rejoin)
+    # every rank applied each step it was there for exactly once
+    assert f"rank 0 applied steps {list(range(steps))}" in lines
+    assert f"rank 2 applied steps {list(range(steps))}" in lines
+    assert f"rank 1 applied steps {list(range(rejoin, steps))}" in lines
+    assert "the same weights on every rank: True" in lines
+    # the losses are those of full-batch SGD run here, step after step: no
+    # step was lost or applied twice, and the replacement's weights were right
+    spec = importlib.util.spec_from_file_location("ft_training",
+                                                  ROOT / "examples" / "ft_training.py")
+    assert spec is not None and spec.loader is not None
+    ft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ft)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(ft.FEATURES, ft.HIDDEN), torch.nn.Tanh(),
+                                torch.nn.Linear(ft.HIDDEN, 1))
+    expected = []
+    for step in range(steps):
+        x, y = ft.batch(step)
+        model.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.sub_(ft.LR * param.grad)
+        expected.append(float(loss.detach()))
+    losses = [float(w[3]) for w in applied]
+    assert losses == pytest.approx(expected, abs=2e-4), (losses, expected)
+    assert sum(losses[-3:]) < sum(losses[kill_at - 3:kill_at]) < sum(losses[:3])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_elastic_example() -> None:

@@ -18,6 +18,7 @@ import trustme
 
 import meshio
 import meshio._proc_state
+from gone import wait_gone
 from hop_actors import Hop
 from meshio import (
     AuthenticationError,
@@ -28,7 +29,6 @@ from meshio import (
     endpoint,
 )
 from meshio.jobs import JobCacheError, ProcessJob, TLSConfig
-from meshio.testing import wait_exited
 from raw_peer import refused_by
 
 DEADLINE = 60.0
@@ -55,18 +55,6 @@ def agent_pids(j: ProcessJob) -> list[int]:
     entry = j._entry
     assert entry is not None
     return [a["pid"] for agents in entry["hosts"].values() for a in agents]
-
-
-async def wait_gone(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await wait_exited(fd, DEADLINE)
-        finally:
-            os.close(fd)
 
 
 async def test_process_job_spawns_on_each_host_and_calls_across_hosts(job: ProcessJob) -> None:

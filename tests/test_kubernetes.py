@@ -46,6 +46,7 @@ from meshio.jobs import (
     TLSConfig,
 )
 from meshio.jobs._job import write_secret
+from meshio.jobs._kubernetes import JOB_LABEL
 from netns_hosts import Host, netns_hosts, requires_netns
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -274,6 +275,7 @@ class FakeCluster:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (ns, plural, name)
         self.requests: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, dict[str, Any]]] = []  # (content type, body)
         self.start_pod: Callable[[Pod, dict[str, Any]], str] = lambda pod, spec: "10.1.0.9"
         self.waiting_reason = ""
         #: reads a deleted object still answers, terminating (a finalizer at work)
@@ -330,6 +332,25 @@ class FakeCluster:
                                                     else "hostname"].startswith(name):
                     del self.objects[key]
         return 200, status(200, "deleted", "")
+
+    def patch(self, ns: str, plural: str, name: str,
+              body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A merge patch of a StatefulSet's ``spec.replicas`` (all resize
+        sends): its pods follow, the highest ordinals removed first."""
+        obj = self.objects.get((ns, plural, name))
+        if obj is None:
+            return 404, status(404, f'{plural} "{name}" not found', "NotFound")
+        assert plural == "statefulsets" and body.keys() == {"spec"}, body
+        assert body["spec"].keys() == {"replicas"}, body
+        old, n = obj["spec"]["replicas"], body["spec"]["replicas"]
+        obj["spec"]["replicas"] = n
+        for i in range(old, n):
+            self.make_pod(ns, obj, i)
+        for key, pod in list(self.objects.items()):
+            if key[1] == "pods" and pod["spec"]["hostname"] in {
+                    f"{name}-{i}" for i in range(n, old)}:
+                del self.objects[key]
+        return 200, obj
 
     def pods(self, ns: str, selector: str) -> list[Pod]:
         key, _, value = selector.partition("=")
@@ -390,6 +411,15 @@ def handler_for(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
                     self.reply(200, going[0])
                 else:
                     self.reply(404, status(404, f'{plural} "{name}" not found', "NotFound"))
+
+        def do_PATCH(self) -> None:
+            ns, plural, name, _ = self.route()
+            assert name is not None
+            cluster.patches.append((self.headers["Content-Type"],
+                                    json.loads(self.rfile.read(
+                                        int(self.headers["Content-Length"])))))
+            with cluster.lock:
+                self.reply(*cluster.patch(ns, plural, name, cluster.patches[-1][1]))
 
         def do_DELETE(self) -> None:
             ns, plural, name, _ = self.route()
@@ -604,3 +634,53 @@ async def test_pods_run_their_manifest_command_and_the_controller_calls_them(
                 agent.wait(DEADLINE)
                 assert agent.stdout is not None
                 agent.stdout.close()
+
+
+@pytest.mark.parametrize("version", SCHEMAS)
+async def test_resize_patches_the_statefulset_replicas(tmp_path: Path, cluster: FakeCluster,
+                                                       version: str) -> None:
+    """issue 17 §3: resize("trainers", hosts=n) sends a merge patch of the
+    StatefulSet's replicas (nothing else); growing, it waits for the new
+    pods and the host mesh from state() grows in place; shrinking, it
+    shrinks.  The manifests and the cache follow, and the StatefulSet the
+    cluster holds after each patch is still valid."""
+    job = make_job(tmp_path, workload="statefulset")
+    state = await job.state()
+    trainers = state.trainers
+    assert trainers.sizes == {"hosts": 2}
+
+    await job.resize("trainers", hosts=4)
+    content_type, body = cluster.patches[-1]
+    assert body == {"spec": {"replicas": 4}} and "merge-patch" in content_type
+    assert trainers.sizes == {"hosts": 4} and (await job.state()).trainers is trainers
+    assert sorted(p["spec"]["hostname"] for p in cluster.pods("ml", f"{JOB_LABEL}=rl")
+                  if p["spec"]["hostname"].startswith("rl-trainers")) == [
+        f"rl-trainers-{i}" for i in range(4)]
+    (sts,) = [d for d in job.manifests()
+              if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "rl-trainers"]
+    assert sts["spec"]["replicas"] == 4
+    for doc in job.manifests():
+        kubernetes_validate.validate(doc, version, strict=True)
+    live = cluster.objects["ml", "statefulsets", "rl-trainers"]
+    kubernetes_validate.validate({k: v for k, v in live.items() if k != "status"}, version,
+                                 strict=True)
+    assert json.loads(job.cache.read_text())["meshes"] == {"trainers": 4, "generators": 1}
+
+    await job.resize("trainers", hosts=1)
+    assert cluster.patches[-1][1] == {"spec": {"replicas": 1}}
+    assert trainers.sizes == {"hosts": 1} and state.generators.sizes == {"hosts": 1}
+    assert [p["spec"]["hostname"] for p in cluster.pods("ml", f"{JOB_LABEL}=rl")
+            if p["spec"]["hostname"].startswith("rl-trainers")] == ["rl-trainers-0"]
+    assert json.loads(job.cache.read_text())["meshes"] == {"trainers": 1, "generators": 1}
+    await job.kill()
+
+
+async def test_resize_of_an_indexed_job_is_refused(tmp_path: Path, cluster: FakeCluster) -> None:
+    job = make_job(tmp_path)
+    with pytest.raises(ValueError, match="workload='job', an Indexed Job of fixed size"):
+        await job.resize("trainers", hosts=3)
+    with pytest.raises(KeyError, match="has no host mesh 'learners'"):
+        await job.resize("learners", hosts=3)
+    with pytest.raises(ValueError, match="makes the pod name"):
+        await make_job(tmp_path, workload="statefulset").resize("trainers", hosts=10 ** 60)
+    assert cluster.patches == []

@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import trustme
 
+from gone import wait_gone
 from hop_actors import Hop
-from meshio import SupervisionError, endpoint
+from meshio import Actor, SupervisionError, context, endpoint
 from meshio.jobs import SlurmError, SlurmJob, TLSConfig
 from meshio.jobs._agent import host_address
 
@@ -331,3 +332,74 @@ def test_doctor_reaches_the_cluster(slurm: None) -> None:
     slurm_check = json.loads(proc.stdout)["checks"]["slurm"]
     assert slurm_check["status"] == "ok"
     assert slurm_check["detail"].startswith("sinfo answered: partitions debug")
+
+
+class Placed(Actor):
+    @endpoint
+    async def placed(self) -> tuple[int, str, dict[str, int]]:
+        """(pid, Slurm node, the mesh's shape as this actor sees it)."""
+        return (os.getpid(), os.environ.get("SLURMD_NODENAME", ""),
+                dict(context().point.extent))
+
+
+async def test_resize_adds_an_allocation_and_gives_it_back(slurm: None, tmp_path: Path) -> None:
+    """issue 17 §3: job.resize("workers", hosts=2) on a one-node job submits
+    one more Slurm job (the other node) with an agent; the host mesh and the
+    elastic proc mesh grow onto it, its actor built there.  resize(hosts=1)
+    stops those processes and cancels that job: its node is Slurm's again."""
+    job = SlurmJob(meshes={"workers": 1}, partition="debug", time_limit="00:10:00",
+                   cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    try:
+        state = await job.state()
+        async with state.workers.spawn_procs(per_host={"gpus": 2}, elastic=True) as procs:
+            actors = await procs.spawn("placed", Placed)
+            (first,) = {n for _, n, _ in  # (one node)
+                        (await asyncio.wait_for(actors.placed.call(), DEADLINE)).values()}
+
+            await asyncio.wait_for(job.resize("workers", hosts=2), 120)
+            assert state.workers.sizes == {"hosts": 2}
+            assert procs.sizes == actors.sizes == {"hosts": 2, "gpus": 2}
+            assert job._entry is not None
+            (extra,) = job._entry["extra"]
+            assert extra["job_id"] != job.job_id and job_state(extra["job_id"]) == "RUNNING"
+            found = await asyncio.wait_for(actors.placed.call(), DEADLINE)
+            nodes = {point["hosts"]: node for point, (_, node, _) in found.items()}
+            assert nodes[0] == first and nodes[1] == extra["nodes"] != first
+            assert {str(s) for _, _, s in found.values()} == {str({"hosts": 2, "gpus": 2})}
+            assert json.loads(job.cache.read_text())["meshes"] == {"workers": 2}
+
+            removed = [pid for point, (pid, _, _) in found.items() if point["hosts"] == 1]
+            await asyncio.wait_for(job.resize("workers", hosts=1), 120)
+            assert procs.sizes == actors.sizes == {"hosts": 1, "gpus": 2}
+            await wait_gone(removed)
+            assert await wait_job_ended(extra["job_id"], DEADLINE) in ("COMPLETED", "")
+            assert job._entry["extra"] == []
+            assert [n for _, n, _ in (await actors.placed.call()).values()] == [first] * 2
+            assert json.loads(job.cache.read_text())["meshes"] == {"workers": 1}
+    finally:
+        await job.kill()
+
+
+async def test_shrink_ends_an_agent_of_the_first_allocation(slurm: None, tmp_path: Path) -> None:
+    """A host of the job's own allocation removed by resize: the elastic
+    proc mesh's processes there stop, then a job step on that node ends its
+    agent; the other node keeps serving."""
+    job = SlurmJob(meshes={"workers": 2}, partition="debug", time_limit="00:10:00",
+                   cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    try:
+        state = await job.state()
+        assert job._entry is not None
+        agent = job._entry["hosts"]["workers"][1]
+        async with state.workers.spawn_procs(elastic=True) as procs:
+            actors = await procs.spawn("placed", Placed)
+            found = await asyncio.wait_for(actors.placed.call(), DEADLINE)
+            (pid, node, _) = found.item(hosts=1, procs=0)
+            assert node == agent["node"]
+            await asyncio.wait_for(job.resize("workers", hosts=1), 120)
+            assert procs.sizes == {"hosts": 1, "procs": 1}
+            await wait_gone([pid, int(agent["pid"])])  # the process, then its agent
+            assert job_state(job.job_id or "") == "RUNNING"
+            ((_, kept, _),) = (await actors.placed.call()).values()
+            assert kept != node
+    finally:
+        await job.kill()

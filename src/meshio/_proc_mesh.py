@@ -28,7 +28,7 @@ from ._transport._serial import OutBuffers, Packer, dumps
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
-__all__ = ("HostMesh", "ProcMesh", "this_host")
+__all__ = ("HostMesh", "ProcMesh", "grow_hosts", "shrink_hosts", "this_host")
 
 A = TypeVar("A", bound=Actor)
 P = ParamSpec("P")
@@ -230,8 +230,7 @@ class ProcMesh(MeshShape):
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
             await mesh.stop()
-            state.actors = [a for a in state.actors if a.target != target]
-            state.actor_names.discard(name)  # stopped everywhere: the name is free again
+            state.forget(name)  # stopped everywhere: the name is free again
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
         return cast(A, mesh)
@@ -634,16 +633,42 @@ def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:
     return isinstance(cls, type) and issubclass(cls, Actor)
 
 
-class HostMesh(MeshShape):
-    """Hosts that can run worker processes.  ``this_host()`` is the
-    controller's own host (a mesh with no dims and a single point)."""
+class _Hosts:
+    """The hosts of a host mesh, shared with its slices: a job's ``resize``
+    adds or removes some (:func:`grow_hosts`, :func:`shrink_hosts`)."""
 
     def __init__(self, launchers: Sequence[ProcLauncher], region: Region) -> None:
-        self._launchers = tuple(launchers)
-        self._region = region
+        self.launchers: list[ProcLauncher] = list(launchers)
+        self.region = region
+        #: the proc meshes spawned with ``elastic=True`` on the whole mesh
+        self.elastic: list[ProcState] = []
+        #: one resize at a time
+        self.resizing = asyncio.Lock()
+
+
+class HostMesh(MeshShape):
+    """Hosts that can run worker processes.  ``this_host()`` is the
+    controller's own host (a mesh with no dims and a single point); a job's
+    ``await job.state()`` gives one per mesh name, which its
+    ``job.resize(name, hosts=n)`` grows or shrinks in place."""
+
+    def __init__(self, launchers: Sequence[ProcLauncher], region: Region) -> None:
+        self._hosts = _Hosts(launchers, region)
+        #: the points of a slice (None: the whole mesh, whatever its size now)
+        self._view: Region | None = None
+
+    @property
+    def _region(self) -> Region:  # type: ignore[override]  # (read-only here)
+        return self._hosts.region if self._view is None else self._view
+
+    @property
+    def _launchers(self) -> list[ProcLauncher]:
+        return self._hosts.launchers
 
     def _with_region(self, region: Region) -> HostMesh:
-        return HostMesh(self._launchers, region)
+        mesh = HostMesh.__new__(HostMesh)
+        mesh._hosts, mesh._view = self._hosts, region
+        return mesh
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
                     name: str = "procs", supervisor: Supervisor | None = None,
@@ -655,7 +680,8 @@ class HostMesh(MeshShape):
                     env: Mapping[str, str] | None = None,
                     bootstrap: Callable[[], object] | None = None,
                     log_records: bool = True,
-                    log_dir: str | os.PathLike[str] | None = None) -> ProcMesh:
+                    log_dir: str | os.PathLike[str] | None = None,
+                    elastic: bool = False) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
@@ -712,6 +738,15 @@ class HostMesh(MeshShape):
                 records to ``<log_dir>/<name>-<rank>.log`` on its own host
                 (the directory is made if missing; a restarted process
                 appends to its predecessor's file).
+            elastic: the proc mesh follows its host mesh: when the job
+                resizes it (``await job.resize("workers", hosts=n)``), new
+                hosts get their processes (``per_host`` of them, started as
+                the others were) and the actor meshes spawned on the whole
+                proc mesh an actor on each, built with their constructor
+                arguments; removed hosts' processes are stopped first, as
+                :meth:`ProcMesh.shrink` does.  Only on a whole host mesh
+                (of one dimension, ``hosts``, as jobs give; on ``this_host()``
+                it never changes), not on a slice.
 
         Raises:
             TypeError: an argument has the wrong type, e.g. an ``env`` value
@@ -776,6 +811,19 @@ class HostMesh(MeshShape):
         clash = set(per_host) & set(self.extent.labels)
         if clash:
             raise ValueError(f"spawn_procs: per_host dims {sorted(clash)} clash with host dims")
+        if not isinstance(elastic, bool):
+            raise TypeError(f"spawn_procs: elastic must be True or False, got "
+                            f"{type(elastic).__name__} {elastic!r}")
+        if elastic and (self._view is not None or len(self.extent) > 1):
+            raise ValueError(
+                f"spawn_procs(elastic=True): only a proc mesh on a whole host mesh of one "
+                f"dimension follows its resizes; this host mesh is "
+                f"{'a slice ' if self._view is not None else ''}{self.sizes} (spawn on the "
+                f"host mesh from job.state(), e.g. state.workers)")
+        if any(r >= len(self._launchers) for r in self._region.ranks):
+            raise ValueError(f"spawn_procs: this slice {self.sizes} of a host mesh names hosts "
+                             f"that the job's resize removed; it has {len(self._launchers)} "
+                             f"hosts now (slice it again)")
         launchers = [self._launchers[r] for r in self._region.ranks]
         n = 1
         for v in per_host.values():
@@ -786,7 +834,47 @@ class HostMesh(MeshShape):
             ProcState, name, launchers, region, n, supervisor, restart, shutdown,
             (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels,
             log_records, log_dir, float(partition_timeout))
+        if elastic:
+            hosts = self._hosts
+            hosts.elastic.append(state)
+            state.on_release.append(lambda: hosts.elastic.remove(state))
         return ProcMesh(state, None)
+
+
+async def grow_hosts(mesh: HostMesh, added: HostMesh) -> None:
+    """Add the hosts of ``added`` to the end of ``mesh`` (a whole host mesh
+    of one dimension), in place; then its elastic proc meshes grow onto
+    them (all at once).  A job's ``resize``.
+
+    Raises:
+        the first error of a proc mesh that did not grow (it keeps its
+        shape; the others grew, and so did the host mesh).
+    """
+    hosts = mesh._hosts
+    async with hosts.resizing:
+        (dim,) = hosts.region.extent.labels
+        new = [added._launchers[r] for r in added._region.ranks]
+        hosts.launchers.extend(new)
+        hosts.region = Region.full((dim,), (len(hosts.launchers),))
+        following = [s for s in hosts.elastic if not s.stopped]
+        results = await asyncio.gather(*(s.grow(dim, len(new), new) for s in following),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+
+async def shrink_hosts(mesh: HostMesh, by: int) -> None:
+    """Remove the last ``by`` hosts of ``mesh`` (a whole host mesh of one
+    dimension), in place, once its elastic proc meshes have stopped their
+    processes there (as ``ProcMesh.shrink`` does).  A job's ``resize``."""
+    hosts = mesh._hosts
+    async with hosts.resizing:
+        (dim,) = hosts.region.extent.labels
+        following = [s for s in hosts.elastic if not s.stopped]
+        await asyncio.gather(*(s.shrink(dim, by) for s in following))
+        del hosts.launchers[len(hosts.launchers) - by:]
+        hosts.region = Region.full((dim,), (len(hosts.launchers),))
 
 
 def this_host() -> HostMesh:

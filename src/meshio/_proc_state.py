@@ -265,6 +265,12 @@ class ProcState:
         return not self.stopped and (grank in self.holes
                                      or grank in self.not_rebuilt.get(target, ()))
 
+    def forget(self, name: str) -> None:
+        """Forget the actor mesh ``name`` (stopped everywhere, or never
+        built): a restart does not rebuild it, and the name is free again."""
+        self.actors = [a for a in self.actors if a.name != name]
+        self.actor_names.discard(name)
+
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
         worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
         env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
@@ -859,8 +865,9 @@ class ProcState:
                     f"processes; only the first dimension of size > 1 can change size")
         return None
 
-    async def grow(self, dim: str, by: int) -> None:
-        """``by`` more points along ``dim`` (checked by :meth:`resizable`):
+    async def grow(self, dim: str, by: int, hosts: Sequence[ProcLauncher] = ()) -> None:
+        """``by`` more points along ``dim`` (checked by :meth:`resizable`, or
+        the host dim with ``hosts``, the launchers of the ``by`` new hosts):
         new processes, the actors of the meshes spawned on the whole mesh
         built on them, then those meshes take the new shape.  All or nothing:
         if a process does not start or a constructor raises, the new
@@ -873,7 +880,12 @@ class ProcState:
             region = Region.full(labels, sizes)
             old_n, n = len(self.region.ranks), region.extent.nelem
             self.generation += 1
-            old_per_host, self.per_host = self.per_host, n
+            old_per_host, old_launchers = self.per_host, self.launchers
+            if hosts:  # a host dim: per host as before, on more hosts
+                self.launchers = [*self.launchers, *hosts]
+            else:  # on its one host
+                self.per_host = n
+            per_host = self.per_host
             added: list[_Worker] = []
             hellos: list[Coroutine[Any, Any, None]] = []
             try:
@@ -888,7 +900,7 @@ class ProcState:
                 following = [(a, a.mesh) for a in self.actors if a.mesh is not None]
                 built = [_ActorRecord(a.name, a.target, a.cls_blob,
                                       dumps(ActorMesh(a.target, a.name, mesh._cls, region, addrs,
-                                                      per_host=n), None),
+                                                      per_host=per_host), None),
                                       a.body, a.out, list(labels), sizes, region.ranks,
                                       a.options)
                          for a, mesh in following]
@@ -904,24 +916,25 @@ class ProcState:
             except BaseException:
                 for hello in hellos:
                     hello.close()  # never awaited when a later launch failed
-                self.per_host = old_per_host
+                self.per_host, self.launchers = old_per_host, old_launchers
                 await self._remove(added, "grow failed")
                 raise
             self.workers.extend(added)
             self.region = region
             for (a, mesh), b in zip(following, built):
                 a.labels, a.sizes, a.ranks, a.mesh_blob = b.labels, b.sizes, b.ranks, b.mesh_blob
-                mesh._reshape(region, addrs, region.ranks, n)
+                mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(old_n)
             for w in added:
                 w.ready.set_result(None)
 
     async def shrink(self, dim: str, by: int) -> None:
-        """``by`` fewer points along ``dim`` (checked by :meth:`resizable`):
-        the meshes spawned on the whole mesh take the new shape first, then
-        the processes of the points removed are stopped by the shutdown
-        policy; a supervisor sees a ``"stopped"`` event for each, not a
-        failure.  Restarts under way are waited for first."""
+        """``by`` fewer points along ``dim`` (checked by :meth:`resizable`,
+        or the host dim: the last ``by`` hosts go): the meshes spawned on the
+        whole mesh take the new shape first, then the processes of the points
+        removed are stopped by the shutdown policy; a supervisor sees a
+        ``"stopped"`` event for each, not a failure.  Restarts under way are
+        waited for first."""
         async with self.reshaping:
             self._check_open("shrink")
             await self.ready
@@ -935,21 +948,27 @@ class ProcState:
                 await asyncio.wait(waits)
             self._check_open("shrink")
             self.workers = [w for w in self.workers if w.rank < n]
-            self.region, self.per_host = region, n
+            if dim in self.host_dims:
+                self.launchers = self.launchers[:len(self.launchers) - by]
+                cause = f"its host was removed by the job's resize to {dim}={sizes[0]}"
+            else:
+                self.per_host = n
+                cause = f"removed by procs.shrink({dim}={by})"
+            self.region, per_host = region, self.per_host
             addrs = [w.addr for w in self.workers]
             for a in self.actors:
                 if a.mesh is not None:
                     a.labels, a.sizes, a.ranks = list(labels), sizes, region.ranks
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
-                                                  per_host=n), None)
-                    a.mesh._reshape(region, addrs, region.ranks, n)
+                                                  per_host=per_host), None)
+                    a.mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(n)
             for w in removed:
                 self.failures.pop(w.rank, None)
                 self.holes.discard(w.rank)
                 for ranks in self.not_rebuilt.values():
                     ranks.discard(w.rank)
-            await self._remove(removed, f"removed by procs.shrink({dim}={by})")
+            await self._remove(removed, cause)
             if self.supervisor is not None:
                 for w in reversed(removed):
                     self.supervisor.event("stopped", self.name, w.rank, "shrink",

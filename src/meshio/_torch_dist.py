@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from ._actor import Actor, context, current_rank
 from ._constants import SIOCGIFADDR
+from ._exceptions import SupervisionError
+from ._extent import Extent, Point, Region
 from ._proc_mesh import ProcMesh
 from ._transport._runtime import tcp_endpoint
 from .endpoints._endpoint import endpoint
@@ -33,11 +35,13 @@ class _TorchEnv(Actor):
         return tcp[0] if tcp is not None else socket.gethostbyname(socket.gethostname()), port
 
     @endpoint
-    def apply(self, world: int, addr: str, port: int, local_world: int) -> dict[str, str]:
+    def apply(self, addr: str, port: int, local: list[tuple[int, int]]) -> dict[str, str]:
+        """Set the variables of this rank (its index in the world, ``local``:
+        each rank's local rank and local world size)."""
         rank = current_rank().rank
-        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % local_world),
-               "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": addr,
-               "MASTER_PORT": str(port)}
+        env = {"RANK": str(rank), "WORLD_SIZE": str(len(local)),
+               "LOCAL_RANK": str(local[rank][0]), "LOCAL_WORLD_SIZE": str(local[rank][1]),
+               "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
         # gloo's own choice of interface resolves the host name, which on
         # many clusters and containers names no address of the host: use the
         # one the other hosts reach this process at (unless the user chose)
@@ -88,7 +92,8 @@ class _World:
         return {grank: dict(self.envs[grank]) for grank in granks if grank in self.envs}
 
 
-async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = None) -> None:
+async def setup_torch_distributed(procs: ProcMesh, *,
+                                  master_port: int | None = None) -> list[Point]:
     """Set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` in every process of ``procs``, so
     actors there can call ``torch.distributed.init_process_group()`` (gloo on
@@ -97,7 +102,14 @@ async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = 
     interface holding the address other hosts reach the process at.
 
     Ranks follow the mesh's row-major order; the rendezvous is on the host of
-    rank 0, on ``master_port`` or a port free there.
+    rank 0, on ``master_port`` or a port free there (a fresh one each call).
+
+    Holes (:attr:`ProcMesh.holes`) are left out: the live processes are the
+    world, ranked in row-major order (``LOCAL_RANK`` among the live ones of
+    their host).  Call it again once the mesh changed (a rank died and is a
+    hole, :meth:`ProcMesh.replace` filled one, it grew or shrank): the
+    processes get the settings of a new world, on a fresh port, and destroy
+    and init their process group again (see ``examples/ft_training.py``).
 
     A supervisor's replacement for one of these processes starts with the
     same variables in its environment (before its ``bootstrap`` and
@@ -105,18 +117,43 @@ async def setup_torch_distributed(procs: ProcMesh, *, master_port: int | None = 
     replaced (as ``one_for_all`` does), ``MASTER_PORT`` is a fresh port free
     on the controller's host, for the new rank 0 and every rank restarted
     with it or later, unless ``master_port`` was given.
+
+    Returns:
+        The points of ``procs`` in the world, in the order of their ``RANK``
+        (every point, unless there are holes).
+
+    Raises:
+        SupervisionError: every process of ``procs`` is a hole, or a process
+            died meanwhile.
     """
     state = procs._state
-    env = await procs.spawn(f"_meshio_torch_env_{uuid.uuid4().hex[:8]}", _TorchEnv)
+    await procs
+    holes = set(state.holes)
+    points = [p for p, r in zip(procs._region.points(), procs._region.ranks) if r not in holes]
+    ranks = [r for r in procs._region.ranks if r not in holes]
+    if not ranks:
+        raise SupervisionError(f"setup_torch_distributed: every process of proc mesh "
+                               f"{state.name!r} is a hole; replace one first",
+                               actor=state.name, cause="no live process")
+    # one helper actor on each live process, ranked among them
+    live = procs if not holes else procs._with_region(Region(Extent(("rank",), (len(ranks),)),
+                                                             ranks))
+    name = f"_meshio_torch_env_{uuid.uuid4().hex[:8]}"
+    env = await live.spawn(name, _TorchEnv)
     try:
-        first = env.slice(**{dim: 0 for dim in procs.extent})
-        addr, port = await first.rendezvous.call_one()
-        envs = (await env.apply.call(len(procs), addr, master_port or port,
-                                     state.per_host)).values()
+        addr, port = await env.slice(**{dim: 0 for dim in live.extent}).rendezvous.call_one()
+        by_host: dict[int, list[int]] = {}
+        for rank in ranks:
+            by_host.setdefault(rank // state.per_host, []).append(rank)
+        local = [(by_host[r // state.per_host].index(r), len(by_host[r // state.per_host]))
+                 for r in ranks]
+        envs = (await env.apply.call(addr, master_port or port, local)).values()
     finally:
         await env.stop()
-    ranks = procs._region.ranks
+        state.forget(name)  # (not rebuilt when a process is replaced)
     world = _World(dict(zip(ranks, envs)), ranks[0], master_port is not None)
     state.restart_env[:] = [  # a new world of these ranks replaces the old one
         hook for hook in state.restart_env
-        if not (isinstance(hook, _World) and set(hook.envs) & set(ranks))] + [world]
+        if not (isinstance(hook, _World) and set(hook.envs) & set(procs._region.ranks))
+    ] + [world]
+    return points

@@ -1,7 +1,8 @@
 """What checkers infer for elastic meshes (holes, ``replace``, ``grow``,
-``shrink``); mypy --strict and pyright (strict) check this file, nothing
-runs it.  ``assert_type``: an inferred type; ``# type: ignore[code]``: an
-error the checker must report.
+``shrink``, ``job.resize``, ``spawn_procs(elastic=True)``); mypy --strict
+and pyright (strict) check this file, nothing runs it.  ``assert_type``:
+an inferred type; ``# type: ignore[code]``: an error the checker must
+report.
 """
 
 # pyright: reportUnnecessaryTypeIgnoreComment=error
@@ -12,6 +13,7 @@ from typing import assert_type
 
 import meshio
 from meshio import Actor, Point, ValueMesh, endpoint
+from meshio.jobs import Job, KubernetesJob, LocalJob, ProcessJob, SlurmJob
 
 
 class Trainer(Actor):
@@ -39,3 +41,21 @@ async def use(procs: meshio.ProcMesh) -> None:
     await procs.grow(gpus=1.5)  # type: ignore[arg-type]
     await procs.shrink(gpus="2")  # type: ignore[arg-type]
     losses.holes = []  # type: ignore[misc]
+
+
+async def resize(job: ProcessJob, slurm: SlurmJob, k8s: KubernetesJob, local: LocalJob) -> None:
+    state = await job.state()
+    procs = state.workers.spawn_procs(per_host={"gpus": 2}, elastic=True)
+    assert_type(procs, meshio.ProcMesh)
+    assert_type(await job.resize("workers", hosts=4), None)
+    assert_type(await slurm.resize("workers", hosts=4), None)
+    assert_type(await k8s.resize("workers", hosts=4), None)
+    assert_type(await local.resize("workers", hosts=1), None)
+    jobs: list[Job] = [job, slurm, k8s, local]  # every kind is a Job, resize included
+    assert_type(await jobs[0].resize("workers", hosts=2), None)
+    assert_type(await meshio.setup_torch_distributed(procs), list[Point])
+
+    await job.resize("workers", 4)  # type: ignore[call-arg]
+    await job.resize("workers", hosts=2.0)  # type: ignore[arg-type]
+    await job.resize(name="workers", hosts=2)  # type: ignore[call-arg]
+    state.workers.spawn_procs(elastic="yes")  # type: ignore[arg-type]

@@ -82,4 +82,5 @@ async def rdma() -> None:
     await buf.write_from(torch.ones(4))
     await buf.read_into(16)  # type: ignore[arg-type]
     assert_type(await buf.drop(), None)
-    assert_type(await meshio.setup_torch_distributed(procs, master_port=29500), None)
+    assert_type(await meshio.setup_torch_distributed(procs, master_port=29500),
+                list[meshio.Point])

@@ -1,9 +1,10 @@
 """Jobs: hosts from a scheduler, as named host meshes (Monarch's model).
 
-Every job kind has the same three operations (:class:`Job`): ``apply()``
+Every job kind has the same operations (:class:`Job`): ``apply()``
 gets the hosts (allocates, starts ``meshio agent`` on each), ``state()``
 returns them as named :class:`~meshio.HostMesh`\\ es (applying first if
-needed), ``kill()`` gives them back.  A job that outlives its controller
+needed), ``resize(name, hosts=n)`` grows or shrinks one of them while it
+runs, ``kill()`` gives them back.  A job that outlives its controller
 (``ProcessJob``, ``SlurmJob``) is written to a cache file in ``.meshio/``
 so that running the controller script again re-attaches to the same live
 hosts instead of starting new ones; an entry that is stale (its agents are
@@ -21,17 +22,18 @@ import secrets
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from .._proc_mesh import HostMesh, this_host
+from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach
 
-__all__ = ("Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob", "check_meshes",
-           "read_cache", "write_cache")
+__all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
+           "check_meshes", "read_cache", "record_resize", "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -76,6 +78,23 @@ class Job(Protocol):
         """The job's host meshes by name (``apply()`` first if needed)."""
         ...
 
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Grow or shrink the host mesh ``name`` to ``hosts`` hosts while the
+        job runs: the host mesh from ``state()`` changes in place and the
+        proc meshes spawned on it with ``elastic=True`` follow it (new
+        hosts get their processes and actors; on the hosts removed, the
+        processes are stopped before the hosts go).  Other proc meshes
+        keep their shape (those on a removed host lose its processes).
+
+        Raises:
+            KeyError: the job has no host mesh ``name``.
+            TypeError: ``hosts`` is not an int.
+            ValueError: ``hosts`` < 1.
+            ProcessStartError, ActorError: an elastic proc mesh did not grow
+                onto the new hosts (it keeps its shape; the host mesh grew).
+        """
+        ...
+
     async def kill(self) -> None:
         """Give the hosts back and forget the cached job."""
         ...
@@ -103,6 +122,95 @@ def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
             raise ValueError(f"meshes[{name!r}] must be at least 1, got {n}")
         checked[name] = n
     return checked
+
+
+def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> None:
+    """The arguments of ``job.resize(name, hosts=n)``, checked.
+
+    Raises:
+        KeyError: the job has no host mesh ``name``.
+        TypeError: ``hosts`` is not an int.
+        ValueError: ``hosts`` < 1.
+    """
+    if name not in meshes:
+        raise KeyError(f"{job}.resize({name!r}): the job has no host mesh {name!r}; it has "
+                       f"{sorted(meshes)}")
+    if isinstance(hosts, bool) or not isinstance(hosts, int):
+        raise TypeError(f"{job}.resize({name!r}, hosts=...): expected an int, got "
+                        f"{type(hosts).__name__} {hosts!r}")
+    if hosts < 1:
+        raise ValueError(f"{job}.resize({name!r}, hosts={hosts}): a host mesh keeps at least "
+                         f"1 host (kill() the job to give every host back)")
+
+
+async def resize_job(job: Job, what: str, meshes: Mapping[str, int], name: str, hosts: int,
+                     add: Callable[[int], Awaitable[HostMesh]],
+                     remove: Callable[[int], Awaitable[None]]) -> None:
+    """``job.resize(name, hosts=hosts)``, the same for every kind: ``add(n)``
+    gets ``n`` more hosts from the scheduler (the job records them) and
+    returns them as a host mesh, which the named host mesh and its elastic
+    proc meshes grow onto; to shrink, those proc meshes stop their
+    processes on the last hosts, then ``remove(n)`` gives those hosts back
+    (``what`` names the job in errors)."""
+    check_resize(what, meshes, name, hosts)
+    mesh = (await job.state()).meshes[name]
+    old = meshes[name]
+    if hosts > old:
+        await grow_hosts(mesh, await add(hosts - old))
+    elif hosts < old:
+        await shrink_hosts(mesh, old - hosts)
+        await remove(old - hosts)
+
+
+def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], name: str,
+                  hosts: int) -> None:
+    """A job's mesh ``name`` has ``hosts`` hosts now (its agents are in
+    ``entry["hosts"]`` already): in ``meshes`` and in the cache too."""
+    meshes[name] = hosts
+    entry["meshes"] = dict(meshes)
+    write_cache(cache, entry)
+
+
+class AgentsJob:
+    """What a job whose cache entry lists its agents (``ProcessJob``,
+    ``SlurmJob``) shares: one :class:`JobState` for its life, which
+    ``resize`` changes in place."""
+
+    meshes: dict[str, int]
+    tls: TLSConfig | None
+    cache: Path
+    _entry: dict[str, Any] | None
+    _state: JobState | None
+
+    async def apply(self) -> None:
+        """Get the hosts (each job kind's own)."""
+        raise NotImplementedError
+
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed); the
+        same object each time (``resize`` changes its host meshes)."""
+        await self.apply()
+        assert self._entry is not None
+        if self._state is None:
+            self._state = attached(self._entry, self.tls)
+        return self._state
+
+    def _added(self, name: str, agents: list[dict[str, Any]]) -> HostMesh:
+        """``agents`` are the new last hosts of mesh ``name`` (recorded in
+        the cache); they as a host mesh."""
+        entry = self._entry
+        assert entry is not None
+        entry["hosts"][name] += agents
+        record_resize(self.cache, entry, self.meshes, name, len(entry["hosts"][name]))
+        return attached({**entry, "hosts": {name: agents}}, self.tls).meshes[name]
+
+    def _removed(self, name: str, n: int) -> None:
+        """The last ``n`` hosts of mesh ``name`` are gone (recorded in the cache)."""
+        entry = self._entry
+        assert entry is not None
+        agents: list[dict[str, Any]] = entry["hosts"][name]
+        del agents[len(agents) - n:]
+        record_resize(self.cache, entry, self.meshes, name, len(agents))
 
 
 # ------------------------------------------------------------------ cache
@@ -184,11 +292,24 @@ class LocalJob:
     async def state(self) -> JobState:
         return JobState({name: this_host() for name in self.meshes})
 
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Nothing to do for ``hosts=1``; a LocalJob has one host.
+
+        Raises:
+            ValueError: ``hosts`` is not 1 (use ProcessJob to simulate
+                several hosts on this one).
+            KeyError, TypeError: as for every job (see :meth:`Job.resize`).
+        """
+        check_resize("LocalJob", self.meshes, name, hosts)
+        if hosts != 1:
+            raise ValueError(f"LocalJob.resize({name!r}, hosts={hosts}): a LocalJob has one "
+                             f"host (use ProcessJob to simulate several hosts on this one)")
+
     async def kill(self) -> None:
         pass
 
 
-class ProcessJob:
+class ProcessJob(AgentsJob):
     """Host agents as local processes, one per host of each mesh: the test
     double of a cluster job, and a real option on one big machine.
 
@@ -213,6 +334,7 @@ class ProcessJob:
         self.idle_timeout: float = idle_timeout
         self.cache: Path = Path(cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
+        self._state: JobState | None = None
 
     async def apply(self) -> None:
         if self._entry is not None:
@@ -284,10 +406,34 @@ class ProcessJob:
         addr = line[len(prefix):].decode().strip()
         return {"addr": addr, "pid": pid, "start": _start_time(pid)}
 
-    async def state(self) -> JobState:
-        await self.apply()
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Start agents for the new hosts, or stop the last ones (once the
+        elastic proc meshes' processes there are stopped); the cache
+        records the new shape.  See :meth:`Job.resize`.
+
+        Raises:
+            RuntimeError: a new agent did not start (nothing changed).
+        """
+        await resize_job(self, f"ProcessJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
+        entry = self._entry
+        assert entry is not None
+        added: list[dict[str, Any]] = []
+        try:
+            for _ in range(n):
+                added.append(await self._start_agent(Path(entry["secret_file"])))
+        except BaseException:
+            _kill_agents({"hosts": {name: added}})
+            raise
+        return self._added(name, added)
+
+    async def _remove(self, name: str, n: int) -> None:
         assert self._entry is not None
-        return attached(self._entry, self.tls)
+        agents: list[dict[str, Any]] = self._entry["hosts"][name]
+        _kill_agents({"hosts": {name: agents[len(agents) - n:]}})
+        self._removed(name, n)
 
     async def kill(self) -> None:
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
@@ -296,6 +442,7 @@ class ProcessJob:
             Path(entry["secret_file"]).unlink(missing_ok=True)
         self.cache.unlink(missing_ok=True)
         self._entry = None
+        self._state = None
 
 
 def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:

@@ -28,12 +28,23 @@ import secrets
 import stat
 import time
 from collections.abc import Generator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
-from ._job import JobCacheError, JobState, check_meshes, read_cache, write_cache, write_secret
+from ._job import (
+    JobCacheError,
+    JobState,
+    check_meshes,
+    read_cache,
+    record_resize,
+    resize_job,
+    write_cache,
+    write_secret,
+)
 from ._remote import attach, read_secret_file
 
 __all__ = ("ClusterError", "ClusterNotConfiguredError", "KubernetesJob")
@@ -172,16 +183,23 @@ class KubernetesJob:
         self._objects: dict[str, str] = {}  # mesh -> object name (of its Service and workload)
         for mesh, n in self.meshes.items():
             obj = f"{name}-{mesh.lower().replace('_', '-')}"
-            host = f"{obj}-{n - 1}"
-            if not _DNS_LABEL.fullmatch(obj) or len(host) > 63:
-                raise ValueError(f"mesh {mesh!r} of job {name!r} makes the pod name {host!r}, "
-                                 "not a DNS label (lower-case letters, digits and -, at most "
-                                 "63 characters): choose shorter or other names")
             if obj in self._objects.values():
                 raise ValueError(f"meshes {sorted(self.meshes)} make the same object name "
                                  f"{obj!r} (names are lower-cased, _ becomes -)")
             self._objects[mesh] = obj
+            self._check_pod_names(mesh, n)
         self._ips: dict[str, str] | None = None  # pod hostname -> IP, once applied
+        self._attached: JobState | None = None  # state(), once made
+
+    def _check_pod_names(self, mesh: str, n: int) -> None:
+        """Raise ValueError unless the pods of ``n`` hosts of ``mesh`` have
+        valid names."""
+        obj = self._objects[mesh]
+        host = f"{obj}-{n - 1}"
+        if not _DNS_LABEL.fullmatch(obj) or len(host) > 63:
+            raise ValueError(f"mesh {mesh!r} of job {self.name!r} makes the pod name {host!r}, "
+                             "not a DNS label (lower-case letters, digits and -, at most "
+                             "63 characters): choose shorter or other names")
 
     # -------------------------------------------------------------- manifests
 
@@ -357,13 +375,67 @@ class KubernetesJob:
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed)."""
         await self.apply()
+        if self._attached is None:  # (one per job: resize changes its host meshes)
+            self._attached = self._state(self._hosts())
+        return self._attached
+
+    def _hosts(self) -> dict[str, list[str]]:
+        """How the controller reaches each mesh's agents (see ``addresses``)."""
         ips = self._ips
         assert ips is not None
         hosts = self.hostnames()
         if self.addresses == "pod-ip":
             hosts = {mesh: [ips[h.split(".", 1)[0]] for h in names]
                      for mesh, names in hosts.items()}
-        return self._state(hosts)
+        return hosts
+
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Patch the mesh's StatefulSet to ``hosts`` replicas.  Growing, it
+        waits until the new pods are ready, then the host mesh and its
+        elastic proc meshes grow onto them; shrinking, those proc meshes
+        stop their processes on the last pods first, then the patch removes
+        those pods (a StatefulSet removes the highest ordinals first).
+        :meth:`manifests` and the cache give the new replica count.  See
+        :meth:`Job.resize`.
+
+        Raises:
+            ValueError: a pod name too long, or the job's workload is
+                ``"job"`` (an Indexed Job's size is fixed).
+            ClusterNotConfiguredError, ClusterError, TimeoutError: as for
+                :meth:`apply` (new pods not ready in ``start_timeout``).
+        """
+        if name in self.meshes and self.workload != "statefulset":
+            raise ValueError(f"KubernetesJob {self.name!r}.resize({name!r}): workload="
+                             f"{self.workload!r}, an Indexed Job of fixed size; make the job "
+                             f"with workload='statefulset' to resize it")
+        if name in self.meshes and isinstance(hosts, int) and hosts >= 1:
+            self._check_pod_names(name, hosts)
+        await resize_job(self, f"KubernetesJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
+        old = self.meshes[name]
+        self._ips = await asyncio.to_thread(self._scale, name, old + n)
+        return self._state({name: self._hosts()[name][old:]}).meshes[name]
+
+    async def _remove(self, name: str, n: int) -> None:
+        await asyncio.to_thread(self._scale, name, self.meshes[name] - n)
+
+    def _scale(self, name: str, hosts: int) -> dict[str, str]:
+        """Patch mesh ``name``'s StatefulSet to ``hosts`` replicas, record it,
+        and wait for its pods; every agent's pod IP."""
+        k8s, api = _client(self.context)
+        entry = read_cache(self.cache, self.kind, self.meshes)
+        if entry is None:
+            raise JobCacheError(f"KubernetesJob {self.name!r}: its cache {self.cache} is gone; "
+                                "resize needs the job applied by this controller")
+        obj = self._objects[name]
+        with _reaching(self.name):
+            _call(k8s, f"scale StatefulSet {obj}",
+                  self._method(k8s, api, "StatefulSet", "patch"), obj, self.namespace,
+                  {"spec": {"replicas": hosts}})
+            record_resize(self.cache, entry, self.meshes, name, hosts)
+            return self._wait_ready(k8s, api, entry["uids"])
 
     async def kill(self) -> None:
         """Delete the job's objects (their pods with them), wait until the
@@ -380,6 +452,7 @@ class KubernetesJob:
         self.cache.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)
         self._ips = None
+        self._attached = None
 
     # ------------------------------------------------------ the client (a thread)
 

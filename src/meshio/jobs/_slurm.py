@@ -37,13 +37,15 @@ import shlex
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
 
+from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
-from ._job import JobState, attached, check_meshes, read_cache, write_cache, write_secret
+from ._job import AgentsJob, check_meshes, read_cache, resize_job, write_cache, write_secret
 
 __all__ = ("SlurmError", "SlurmJob")
 
@@ -60,7 +62,7 @@ _KILL_WAIT = 5.0
 #: the states of a Slurm job that still holds (or waits for) its nodes
 _ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING")
 
-_LINE = re.compile(r"^\s*(\d+): meshio (node|agent listening on) (\S+)\s*$", re.M)
+_LINE = re.compile(r"^\s*(\d+): meshio (node|pid|agent listening on) (\S+)\s*$", re.M)
 
 
 class SlurmError(RuntimeError):
@@ -132,7 +134,7 @@ async def probe(timeout: float) -> str:
     return f"sinfo answered: partitions {listed or 'none'}"
 
 
-class SlurmJob:
+class SlurmJob(AgentsJob):
     """Hosts from Slurm: one batch job of ``sum(meshes.values())`` nodes,
     with ``meshio agent`` on each, as named host meshes.
 
@@ -187,6 +189,7 @@ class SlurmJob:
         self.start_timeout: float = start_timeout
         self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None
+        self._state = None
 
     @property
     def job_id(self) -> str | None:
@@ -215,29 +218,72 @@ class SlurmJob:
             log.warning("meshio: job cache %s is stale (%s); allocating a new Slurm job",
                         self.cache, stale)
             await _cancel(entry)
-        self._entry = await self._allocate()
+        secret_file = self.cache.with_suffix(".secret")
+        write_secret(secret_file, secrets.token_bytes(32))
+        self._entry = {**await self._allocate(self.meshes, secret_file),
+                       "secret_file": str(secret_file), "extra": []}
         write_cache(self.cache, self._entry)
 
     async def _stale(self, entry: dict[str, Any]) -> str | None:
         """Why the cached job cannot be used, or None if it can."""
-        job_id = entry["job_id"]
-        found = await _squeue(job_id)
-        if found is None:
-            return f"Slurm no longer knows job {job_id}"
-        state, comment, nodes = found
-        if comment != entry["token"]:
-            return f"Slurm job {job_id} is now another job"
-        if state != "RUNNING":
-            return f"Slurm job {job_id} is {state}"
-        if nodes != entry["nodes"]:
-            return f"Slurm job {job_id} lost nodes: it has {nodes}, it had {entry['nodes']}"
+        for job in [entry, *entry.get("extra", [])]:
+            why = await _stale_job(job)
+            if why is not None:
+                return why
         return None
 
-    async def _allocate(self) -> dict[str, Any]:
-        total = sum(self.meshes.values())
+    async def resize(self, name: str, /, *, hosts: int) -> None:
+        """Grow: one more Slurm job (an allocation of one node, with its
+        agent) per new host, submitted together.  Shrink: the last hosts
+        go, once the elastic proc meshes' processes there are stopped: an
+        allocation added by ``resize`` is cancelled (its node is Slurm's
+        again at once); on a node of the first allocation, a job step ends
+        the agent (the node stays in that job, idle, until it ends).  The
+        cache records the new shape and allocations.  See :meth:`Job.resize`.
+
+        Raises:
+            SlurmError, TimeoutError: a new allocation failed (as for
+                :meth:`apply`; the others of this call are cancelled,
+                nothing changed).
+        """
+        await resize_job(self, f"SlurmJob {self.name!r}", self.meshes, name, hosts,
+                         partial(self._add, name), partial(self._remove, name))
+
+    async def _add(self, name: str, n: int) -> HostMesh:
+        entry = self._entry
+        assert entry is not None
+        results = await asyncio.gather(
+            *(self._allocate({name: 1}, Path(entry["secret_file"])) for _ in range(n)),
+            return_exceptions=True)
+        new = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.shield(asyncio.gather(*(_cancel(job) for job in new)))
+            raise failed[0]
+        entry.setdefault("extra", []).extend(
+            {k: job[k] for k in ("job_id", "token", "log", "nodes")} for job in new)
+        return self._added(name, [a for job in new for a in job["hosts"][name]])
+
+    async def _remove(self, name: str, n: int) -> None:
+        entry = self._entry
+        assert entry is not None
+        agents: list[dict[str, str]] = entry["hosts"][name]
+        extra: list[dict[str, Any]] = entry.setdefault("extra", [])
+        for agent in agents[len(agents) - n:]:
+            job = next((j for j in extra if j["job_id"] == agent.get("job_id")), None)
+            if job is not None:
+                await _cancel(job)
+                extra.remove(job)
+            else:
+                await _stop_agent(entry, agent)
+        self._removed(name, n)
+
+    async def _allocate(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
+        """One Slurm job of a node per host of ``meshes``, its agents
+        holding the secret in ``secret_file``: its cache entry, with the
+        agents by mesh in ``"hosts"``."""
+        total = sum(meshes.values())
         token = f"meshio:{secrets.token_hex(8)}"
-        secret_file = self.cache.with_suffix(".secret")
-        write_secret(secret_file, secrets.token_bytes(32))
         log_pattern = self.cache.with_name(f"{self.name}.%j.log")
         argv = ["sbatch", "--parsable", f"--job-name=meshio-{self.name}", f"--comment={token}",
                 f"--nodes={total}", "--ntasks-per-node=1", "--no-kill",
@@ -256,8 +302,8 @@ class SlurmJob:
         log_path = Path(str(log_pattern).replace("%j", job_id))
         log.info("meshio: Slurm job %s submitted for %s; waiting for its agents", job_id,
                  self.name)
-        entry = {"kind": self.kind, "meshes": self.meshes, "job_id": job_id, "token": token,
-                 "secret_file": str(secret_file), "log": str(log_path)}
+        entry = {"kind": self.kind, "meshes": dict(meshes), "job_id": job_id, "token": token,
+                 "log": str(log_path)}
         try:
             agents, nodes = await asyncio.wait_for(self._agents(entry, total),
                                                    self.start_timeout)
@@ -272,8 +318,8 @@ class SlurmJob:
             raise
         hosts: dict[str, list[dict[str, str]]] = {}
         first = 0
-        for mesh, n in self.meshes.items():
-            hosts[mesh] = agents[first:first + n]
+        for mesh, n in meshes.items():
+            hosts[mesh] = [{**a, "job_id": job_id} for a in agents[first:first + n]]
             first += n
         return {**entry, "nodes": nodes, "hosts": hosts}
 
@@ -287,7 +333,8 @@ class SlurmJob:
                                tls.mutual)
         step = ["srun", "--no-kill", "--kill-on-bad-exit=0", "--label", "--ntasks-per-node=1",
                 *(["--whole"] if self.exclusive else []),
-                "sh", "-c", 'echo "meshio node $SLURMD_NODENAME"; exec "$@"', "sh", *agent]
+                "sh", "-c", 'echo "meshio node $SLURMD_NODENAME"; echo "meshio pid $$"; '
+                'exec "$@"', "sh", *agent]
         return ("#!/bin/sh\n"
                 f"# meshio SlurmJob {self.name}: one host agent per node; the job ends when\n"
                 "# they do (each exits after --idle-timeout seconds without a controller)\n"
@@ -306,8 +353,8 @@ class SlurmJob:
                 text = ""
             seen: dict[int, dict[str, str]] = {}
             for task, what, value in _LINE.findall(text):
-                seen.setdefault(int(task), {})["node" if what == "node" else "addr"] = value
-            if len(seen) == total and all(len(a) == 2 for a in seen.values()):
+                seen.setdefault(int(task), {})[what if what in ("node", "pid") else "addr"] = value
+            if len(seen) == total and all(len(a) == 3 for a in seen.values()):
                 found = await _squeue(entry["job_id"])
                 return [seen[t] for t in range(total)], found[2] if found else ""
             if looks % _SQUEUE_EVERY == 0:
@@ -321,22 +368,46 @@ class SlurmJob:
             looks += 1
             await asyncio.sleep(_POLL)
 
-    async def state(self) -> JobState:
-        """The job's host meshes by name (``apply()`` first if needed)."""
-        await self.apply()
-        assert self._entry is not None
-        return attached(self._entry, self.tls)
-
     async def kill(self) -> None:
         """End the Slurm job (its nodes are free when this returns) and
         forget the cached job."""
         entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
         if entry is not None:
-            await _cancel(entry)
+            for job in [*entry.get("extra", []), entry]:
+                await _cancel(job)
+                Path(job["log"]).unlink(missing_ok=True)
             Path(entry["secret_file"]).unlink(missing_ok=True)
-            Path(entry["log"]).unlink(missing_ok=True)
         self.cache.unlink(missing_ok=True)
         self._entry = None
+        self._state = None
+
+
+async def _stale_job(entry: dict[str, Any]) -> str | None:
+    """Why the cached Slurm job ``entry`` cannot be used, or None if it can."""
+    job_id = entry["job_id"]
+    found = await _squeue(job_id)
+    if found is None:
+        return f"Slurm no longer knows job {job_id}"
+    state, comment, nodes = found
+    if comment != entry["token"]:
+        return f"Slurm job {job_id} is now another job"
+    if state != "RUNNING":
+        return f"Slurm job {job_id} is {state}"
+    if nodes != entry["nodes"]:
+        return f"Slurm job {job_id} lost nodes: it has {nodes}, it had {entry['nodes']}"
+    return None
+
+
+async def _stop_agent(entry: dict[str, Any], agent: dict[str, str]) -> None:
+    """End ``agent`` (on a node of job ``entry``, which keeps its other
+    nodes) with a job step on its node that sends it SIGTERM."""
+    node, job_id = agent["node"], str(entry["job_id"])
+    rc, _, err = await _run("srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}",
+                            "--nodes=1", "--ntasks=1", "--quiet", "kill", "-TERM", agent["pid"],
+                            timeout=60.0)
+    if rc != 0:
+        log.warning("meshio: could not end the agent on node %s of Slurm job %s: %s", node,
+                    job_id, err.strip())
 
 
 async def _cancel(entry: dict[str, Any]) -> None:

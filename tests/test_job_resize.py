@@ -1,0 +1,131 @@
+"""issue 17 §3: ``await job.resize("workers", hosts=n)`` on a running job.
+The named host mesh grows or shrinks in place and the proc meshes spawned
+on it with ``elastic=True`` follow it (new hosts get their processes and
+actors; removed hosts' processes are stopped first); other proc meshes keep
+their shape.  ProcessJob: host agents as real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from supervision_helpers import Events
+
+import meshio
+from gone import wait_gone
+from meshio import Actor, context, endpoint
+from meshio.jobs import LocalJob, ProcessJob
+
+DEADLINE = 60.0
+
+
+class Where(Actor):
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    @endpoint
+    async def where(self) -> tuple[int, int, str, dict[str, int]]:
+        """(pid, the agent that started this process, the tag, the mesh's
+        shape as this actor sees it)."""
+        return os.getpid(), os.getppid(), self.tag, dict(context().point.extent)
+
+
+@pytest.fixture
+async def job(tmp_path: Path) -> AsyncIterator[ProcessJob]:
+    """Two host meshes of one agent each; the agents end after the test
+    (pytest runs the rest of a fixture after its test, pass or fail)."""
+    j = ProcessJob(meshes={"workers": 1, "learner": 1}, cache_dir=tmp_path / ".meshio")
+    yield j
+    await j.kill()
+
+
+def agents(j: ProcessJob, name: str) -> list[int]:
+    assert j._entry is not None
+    return [a["pid"] for a in j._entry["hosts"][name]]
+
+
+async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(
+        job: ProcessJob, tmp_path: Path) -> None:
+    state = await job.state()
+    workers = state.workers
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
+    async with Events(sup) as events, \
+            workers.spawn_procs(per_host={"gpus": 2}, elastic=True, supervisor=sup) as procs, \
+            workers.spawn_procs(per_host={"gpus": 1}, name="fixed") as fixed:
+        actors = await procs.spawn("where", Where, tag="built by spawn")
+        pinned = await fixed.spawn("pinned", Where, tag="fixed")
+        first = agents(job, "workers")
+
+        await asyncio.wait_for(job.resize("workers", hosts=3), DEADLINE)
+        assert workers.sizes == {"hosts": 3} and (await job.state()).workers is workers
+        assert procs.sizes == actors.sizes == {"hosts": 3, "gpus": 2}
+        hosts = agents(job, "workers")
+        assert hosts[0] == first[0] and len(set(hosts)) == 3
+        found = await asyncio.wait_for(actors.where.call(), DEADLINE)
+        assert len({pid for pid, _, _, _ in found.values()}) == 6
+        for point, (_, agent, tag, shape) in found.items():
+            assert agent == hosts[point["hosts"]], (point, agent, hosts)  # its host's agent
+            assert tag == "built by spawn" and shape == {"hosts": 3, "gpus": 2}
+        # the new processes are supervised: one killed comes back on its host
+        os.kill(procs.pids[5], signal.SIGKILL)
+        await events.next("restart", rank=5)
+        _, agent, _, _ = await actors.slice(hosts=2, gpus=1).where.call_one()
+        assert agent == hosts[2]
+        assert fixed.sizes == {"hosts": 1, "gpus": 1}  # not elastic: stays
+        assert [a for _, a, _, _ in (await pinned.where.call()).values()] == [hosts[0]]
+        cached = json.loads(job.cache.read_text())
+        assert cached["meshes"] == {"workers": 3, "learner": 1}
+        assert [a["pid"] for a in cached["hosts"]["workers"]] == hosts
+        # a proc mesh spawned now is on every host
+        async with workers.spawn_procs(name="later") as later:
+            assert later.sizes == {"hosts": 3, "procs": 1}
+
+        last = workers.slice(hosts=2)  # (taken before the shrink)
+        removed = [pid for pid, agent, _, _ in (await actors.where.call()).values()
+                   if agent != hosts[0]]
+        assert len(removed) == 4
+        await asyncio.wait_for(job.resize("workers", hosts=1), DEADLINE)
+        assert workers.sizes == {"hosts": 1}
+        assert procs.sizes == actors.sizes == {"hosts": 1, "gpus": 2}
+        await wait_gone(removed + hosts[1:])  # their processes stopped, then their agents
+        for rank in (5, 4, 3, 2):  # a stop, not a failure: nothing restarted
+            assert (await events.next("stopped", rank=rank)).cause == "shrink"
+        assert [k for k, _, _ in events.kinds()] == ["failure", "restart"] + ["stopped"] * 4
+        kept = await asyncio.wait_for(actors.where.call(), DEADLINE)
+        assert [(a, shape) for _, a, _, shape in kept.values()] == [
+            (hosts[0], {"hosts": 1, "gpus": 2})] * 2
+        assert json.loads(job.cache.read_text())["meshes"] == {"workers": 1, "learner": 1}
+        assert [a for _, a, _, _ in (await pinned.where.call()).values()] == [hosts[0]]
+        with pytest.raises(ValueError, match="names hosts that the job's resize removed"):
+            last.spawn_procs()
+
+
+async def test_resize_arguments_are_checked(job: ProcessJob) -> None:
+    state = await job.state()
+    with pytest.raises(KeyError, match="has no host mesh 'trainers'"):
+        await job.resize("trainers", hosts=2)
+    with pytest.raises(TypeError, match="expected an int, got str '2'"):
+        await job.resize("workers", hosts="2")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keeps at least 1 host"):
+        await job.resize("workers", hosts=0)
+    with pytest.raises(ValueError, match="only a proc mesh on a whole host mesh"):
+        state.workers.slice(hosts=slice(0, 1)).spawn_procs(elastic=True)
+    with pytest.raises(TypeError, match="elastic must be True or False"):
+        state.workers.spawn_procs(elastic=1)  # type: ignore[arg-type]
+    await job.resize("workers", hosts=1)  # the size it has: nothing to do
+    assert state.workers.sizes == {"hosts": 1} and len(agents(job, "workers")) == 1
+
+
+async def test_local_job_has_one_host() -> None:
+    job = LocalJob(meshes={"workers": 1})
+    state = await job.state()
+    async with state.workers.spawn_procs(elastic=True) as procs:  # the same code as on a cluster
+        await job.resize("workers", hosts=1)
+        assert procs.sizes == {"procs": 1}
+    with pytest.raises(ValueError, match="a LocalJob has one host"):
+        await job.resize("workers", hosts=2)
