@@ -131,9 +131,14 @@ class ActorMesh(MeshShape, Generic[A]):
         return Endpoint(self, ep).call(*args, **kwargs)
 
     async def stop(self) -> None:
-        """Stop these actors (their processes keep running)."""
+        """Stop these actors (their processes keep running).  Stopping every
+        actor of the mesh frees its name on the proc mesh, and a restart of
+        their processes no longer rebuilds them."""
         rt = self._runtime()
         rt.fanout.forget(self._target)
+        procs = self._procs
+        if procs is not None and set(self._region.ranks) >= set(procs._state.region.ranks):
+            procs._state.forget(self._name)
         futs: list[asyncio.Future[Any]] = []
         for index, grank in enumerate(self._region.ranks):
             conn = rt.connect(self._addrs[grank])

@@ -137,3 +137,19 @@ async def test_ready_waits_for_the_restart_and_raises_when_none_comes() -> None:
             await asyncio.wait_for(s.procs.ready(), DEADLINE)
         assert ei.value.rank == 0 and ei.value.cause == "exited normally"
         await asyncio.wait_for(s.procs.slice(procs=1).ready(), DEADLINE)
+
+
+async def test_a_stopped_actor_mesh_is_not_rebuilt_by_a_restart() -> None:
+    """ActorMesh.stop() of the whole mesh: a restart of its processes does
+    not bring it back, and its name is free again on the proc mesh."""
+    async with supervised() as s:
+        gone = await s.procs.spawn("gone", W, 1)
+        kept = await s.procs.spawn("kept", W, 2)
+        await asyncio.wait_for(gone.stop(), DEADLINE)
+        os.kill(s.old[1], signal.SIGKILL)
+        _, restart = await s.restarted(1)
+        assert (await kept.pid.call()).values() == [s.old[0], restart.pid]
+        with pytest.raises(meshio.UnknownActorError):
+            await asyncio.wait_for(gone.slice(procs=1).pid.call_one(), DEADLINE)
+        again = await s.procs.spawn("gone", W, 3)  # the name is free
+        assert [k for k, *_ in (await again.info.call()).values()] == [3, 3]
