@@ -39,7 +39,8 @@ from ._transport._serial import Buffers
 if TYPE_CHECKING:
     from ._proc_state import ProcState
 
-__all__ = ("Controller", "Inspection", "ask_stacks", "controllers", "inspection_dir")
+__all__ = ("Controller", "Inspection", "ask_stacks", "controllers", "inspection_dir",
+           "private_dir")
 
 log = logging.getLogger("meshio")
 
@@ -56,7 +57,7 @@ def inspection_dir() -> Path:
     return Path(base, "meshio") if base else Path(tempfile.gettempdir(), f"meshio-{os.getuid()}")
 
 
-def _private_dir() -> Path:
+def private_dir() -> Path:
     """:func:`inspection_dir`, made if missing.
 
     Raises:
@@ -118,7 +119,7 @@ class Inspection:
 
 def _publish(addr: str, secret: bytes) -> Path:
     """Write this controller's file; its path."""
-    path = _private_dir() / f"{os.getpid()}.json"
+    path = private_dir() / f"{os.getpid()}.json"
     tmp = path.with_suffix(f".tmp{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

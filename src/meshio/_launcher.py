@@ -30,12 +30,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from ._transport._messages import Stream
 from ._transport._tls import TLSConfig
 
-__all__ = ("BOOTSTRAP_FAILED", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX", "Forward",
+__all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
+           "AdoptedProc", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
            "check_env", "describe_exit", "forward_text", "start_payload")
 
@@ -74,6 +75,9 @@ class WorkerSpec:
     #: the address the worker answers to, when it listens elsewhere (a
     #: replacement: its predecessor's; see :meth:`restarted`)
     addr: str = ""
+    #: seconds the worker outlives a lost controller, waiting for a new one
+    #: to re-attach (``spawn_procs(keep_alive=...)``); None: it exits at once
+    keep_alive: float | None = None
 
     def restarted(self, addr: str) -> WorkerSpec:
         """The spec of a replacement for the worker answering to ``addr``: it
@@ -146,10 +150,17 @@ class ProcLauncher(Protocol):
     async def launch(self, spec: WorkerSpec) -> ProcHandle: ...
 
 
+#: the return code of a process that exited, its status unknown (not a
+#: child of this process: a worker of a proc mesh re-attached to)
+EXIT_UNKNOWN: Final = -256
+
+
 def describe_exit(rc: int | None) -> str:
     """Human words for a return code."""
     if rc is None:
         return "connection lost (process still running)"
+    if rc == EXIT_UNKNOWN:
+        return "exited (its status is known only to the controller that started it)"
     if rc < 0:
         try:
             return f"killed by signal {signal.Signals(-rc).name}"
@@ -232,6 +243,48 @@ class LocalProc:
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
+                pass
+
+
+class AdoptedProc:
+    """A worker on this host started by another controller (a kept-alive
+    proc mesh re-attached to), watched with a pidfd.  It is not our child:
+    its exit status stays unknown (:data:`EXIT_UNKNOWN`)."""
+
+    start_failure: str | None = None
+
+    def __init__(self, pid: int, host: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = pid
+        self.host = host
+        self._loop = loop
+        self._exit: asyncio.Future[int] = loop.create_future()
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:  # gone already
+            self._fd = -1
+            self._exit.set_result(EXIT_UNKNOWN)
+        else:
+            loop.add_reader(self._fd, self._reap)
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        if not self._exit.done():
+            self._exit.set_result(EXIT_UNKNOWN)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, sig: int) -> None:
+        if self._fd != -1:  # (the pidfd: never a process that reused the pid)
+            try:
+                signal.pidfd_send_signal(self._fd, sig)
+            except ProcessLookupError:  # exited, not seen yet
                 pass
 
 
@@ -462,7 +515,9 @@ class LocalLauncher:
                 [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
                  "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
                  *(["--restart"] if spec.restart else []),
-                 *(["--addr", spec.addr] if spec.addr else []), *_tls_args(spec.tls)],
+                 *(["--addr", spec.addr] if spec.addr else []),
+                 *([] if spec.keep_alive is None else ["--keep-alive", repr(spec.keep_alive)]),
+                 *_tls_args(spec.tls)],
                 env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 close_fds=True)
         except BaseException:

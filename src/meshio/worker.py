@@ -2,7 +2,9 @@
 
 Started by a launcher, never by hand.  The worker listens on its own Unix
 socket for peers, reports to the controller, hosts actors, and dies with
-its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost.
+its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost
+(with ``--keep-alive S``: neither; it waits ``S`` seconds for a controller to
+re-attach, see :mod:`meshio._worker`).
 The job secret and the pickled ``spawn_procs(bootstrap=...)`` arrive on stdin
 (never on the command line or in the environment, which other processes of
 the user can read); stdin is then ``/dev/null``.
@@ -47,10 +49,13 @@ from ._worker import serve
 __all__ = ("main",)
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, keep_alive: float | None) -> None:
+    """Die with the parent (the controller), unless kept alive (then the
+    lost connection starts the keep-alive wait instead)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if keep_alive is None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         # Yama (ptrace_scope=1) lets only ancestors read our memory; RDMA
         # buffers' same-host backend needs sibling workers to (process_vm_readv).
         # Declaring the parent lets it and its descendants (our siblings) in,
@@ -58,8 +63,18 @@ def _die_with_parent(parent: int) -> None:
         libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(parent))
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() != parent and keep_alive is None:  # it died before prctl took effect
         os._exit(1)
+
+
+def _orphaned() -> None:
+    """The controller is gone, the worker waits for another: its stdout and
+    stderr (pipes the controller read) go to ``/dev/null``, so that a
+    ``print`` in an actor does not raise ``BrokenPipeError``."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _read_payload() -> tuple[bytes, bytes, int]:
@@ -135,7 +150,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt.restoring = args.restart
     rt.replacement = args.restart
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
-    return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None)
+    return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,
+                       keep_alive=args.keep_alive, orphaned=_orphaned)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,13 +162,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--addr")  # a replacement answers to its predecessor's address
+    ap.add_argument("--keep-alive", type=float)  # spawn_procs(keep_alive=...)
     ap.add_argument("--tls-cert")  # TLS of a worker on another host (its agent's files)
     ap.add_argument("--tls-key")
     ap.add_argument("--tls-ca")
     ap.add_argument("--tls-no-mutual", action="store_true")
     ap.add_argument("--tls-no-check-hostname", action="store_true")
     args = ap.parse_args(argv)
-    _die_with_parent(args.parent)
+    _die_with_parent(args.parent, args.keep_alive)
     secret, blob, report = _read_payload()
     # The controller decides when we stop: a terminal's Ctrl-C, `timeout` and
     # Slurm signal the whole process group, the controller stops us gracefully.

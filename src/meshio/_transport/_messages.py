@@ -14,6 +14,7 @@ import msgspec
 from .._constants import STALL_AFTER
 
 __all__ = (
+    "Adopt",
     "Answers",
     "Call",
     "Cancel",
@@ -456,11 +457,23 @@ class LogRecords(_Msg, frozen=True, tag=30):
     dropped: int = 0
 
 
+class Adopt(_Msg, frozen=True, tag=35):
+    """From a controller re-attaching to a kept-alive proc mesh
+    (``this_host().reattach``) to each of its workers: the controller is now
+    the one at ``controller``, which listens for this job's processes at
+    ``listen``.  Answered with a :class:`Reply`, or a :class:`Fail` when the
+    worker is not kept alive or its controller is still connected."""
+
+    req: int
+    controller: str
+    listen: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped)
+           | Reshaped | Adopt)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -1,0 +1,68 @@
+"""Trainers for ``tests/test_reattach.py``, and, run as a script, the
+controllers it kills and starts:
+
+- ``spawn NAME KEEP_ALIVE``: spawns proc mesh NAME (two processes, with
+  ``keep_alive`` seconds unless it is ``none``) and trainers on it, trains
+  three steps, prints ``ready <pids as JSON>`` and waits (to be killed);
+- ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
+  two more steps, prints their state again, then stops the mesh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import meshio
+from meshio import Actor, endpoint
+
+
+class Trainer(Actor):
+    """A counter and a weight: state that a lost controller must not lose."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+        self.steps = 0
+        self.weight = 0.0
+
+    @endpoint
+    async def train(self, steps: int) -> tuple[int, float]:
+        for _ in range(steps):
+            self.steps += 1
+            self.weight += self.lr
+        return self.steps, self.weight
+
+    @endpoint
+    async def state(self) -> tuple[int, float]:
+        return self.steps, self.weight
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def spawn(name: str, keep_alive: float | None) -> None:
+    procs = await meshio.this_host().spawn_procs(per_host={"gpus": 2}, name=name,
+                                                  keep_alive=keep_alive)
+    trainers = await procs.spawn("trainers", Trainer, lr=0.5)
+    await trainers.train.call(steps=3)
+    print("ready", json.dumps(procs.pids), flush=True)
+    sys.stdin.read()  # until the test kills this process
+
+
+async def resume(name: str) -> None:
+    procs = await meshio.this_host().reattach(name)
+    trainers = procs.actors("trainers", Trainer)
+    print("before", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    await trainers.train.call(steps=2)
+    print("after", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    await procs.stop()
+
+
+if __name__ == "__main__":
+    what, mesh = sys.argv[1], sys.argv[2]
+    if what == "spawn":
+        meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3])))
+    else:
+        meshio.run(resume(mesh))
