@@ -36,7 +36,7 @@ from ._transport._messages import Stream
 from ._transport._tls import TLSConfig
 
 __all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
-           "AdoptedProc", "Forward",
+           "AdoptedProc", "ExitWatch", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
            "check_env", "describe_exit", "forward_text", "start_payload")
 
@@ -246,7 +246,21 @@ class LocalProc:
                 pass
 
 
-class AdoptedProc:
+class ExitWatch:
+    """The exit of a process a :class:`ProcHandle` learns of by other means
+    than waiting for a child: ``_exit`` holds its return code once known."""
+
+    _exit: asyncio.Future[int]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+
+class AdoptedProc(ExitWatch):
     """A worker on this host started by another controller (a kept-alive
     proc mesh re-attached to), watched with a pidfd.  It is not our child:
     its exit status stays unknown (:data:`EXIT_UNKNOWN`)."""
@@ -257,7 +271,7 @@ class AdoptedProc:
         self.pid = pid
         self.host = host
         self._loop = loop
-        self._exit: asyncio.Future[int] = loop.create_future()
+        self._exit = loop.create_future()
         try:
             self._fd = os.pidfd_open(pid)
         except ProcessLookupError:  # gone already
@@ -272,13 +286,6 @@ class AdoptedProc:
         self._fd = -1
         if not self._exit.done():
             self._exit.set_result(EXIT_UNKNOWN)
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit.result() if self._exit.done() else None
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
 
     def send_signal(self, sig: int) -> None:
         if self._fd != -1:  # (the pidfd: never a process that reused the pid)

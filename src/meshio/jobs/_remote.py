@@ -25,7 +25,7 @@ import msgspec
 
 from .._exceptions import SupervisionError
 from .._extent import Region
-from .._launcher import Forward, WorkerSpec
+from .._launcher import ExitWatch, Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
 from .._transport._credentials import Credentials
@@ -63,7 +63,7 @@ def route_to(host: str) -> str:
         return str(probe.getsockname()[0])
 
 
-class RemoteProc:
+class RemoteProc(ExitWatch):
     """A worker on a remote host, watched through that host's agent."""
 
     def __init__(self, launcher: RemoteLauncher, conn: Connection, worker: str, pid: int,
@@ -73,15 +73,8 @@ class RemoteProc:
         self.start_failure: str | None = None
         self._conn = conn
         self._worker = worker
-        self._exit: asyncio.Future[int] = loop.create_future()
+        self._exit = loop.create_future()
         self._out = {stream: Forward(label, stream) for stream in ("stdout", "stderr")}
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit.result() if self._exit.done() else None
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
 
     def send_signal(self, sig: int) -> None:
         if not self._exit.done() and not self._conn.closed:
