@@ -886,9 +886,12 @@ def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:
     """What rebuilds the actors of the actor mesh ``kept`` (listed in the
     record of a re-attached proc mesh) when a supervisor replaces a process."""
     state = procs._state
+    # constructor arguments that held out-of-band buffers (tensors) are not in
+    # the record: those actors are not rebuilt, as temporary ones are not
+    restart = cast(RestartType, kept.restart if kept.body is not None else "temporary")
     record = _ActorRecord(kept.name, kept.target, kept.cls, b"", kept.body or b"", [],
                           kept.labels, kept.sizes, kept.ranks,
-                          SpawnOptions(cast(RestartType, kept.restart), kept.stall_after),
+                          SpawnOptions(restart, kept.stall_after),
                           cls_name=(kept.module, kept.qualname))
     try:
         cls = loads(kept.cls, [], 0)
@@ -896,6 +899,7 @@ def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:
         log.warning("meshio: reattach(%r): the actors %r (%s.%s) cannot be rebuilt after a "
                     "restart: their class does not load here (%s: %s)", state.name,
                     kept.name, kept.module, kept.qualname, type(e).__name__, e)
+        record.options = replace(record.options, restart="temporary")
         return record
     region = Region(Extent(kept.labels, kept.sizes), kept.ranks)
     addrs = [""] * state.region.extent.nelem
