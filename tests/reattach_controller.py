@@ -4,6 +4,8 @@ controllers it kills and starts:
 - ``spawn NAME KEEP_ALIVE``: spawns proc mesh NAME (two processes, with
   ``keep_alive`` seconds unless it is ``none``) and trainers on it, trains
   three steps, prints ``ready <pids as JSON>`` and waits (to be killed);
+- ``step NAME``: re-attaches to NAME, trains one step and exits at once
+  (``os._exit``: a second controller lost without stopping anything);
 - ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
   two more steps, prints their state again, then stops the mesh.
 """
@@ -51,6 +53,14 @@ async def spawn(name: str, keep_alive: float | None) -> None:
     sys.stdin.read()  # until the test kills this process
 
 
+async def step(name: str) -> None:
+    procs = await meshio.this_host().reattach(name)
+    trainers = procs.actors("trainers", Trainer)
+    await trainers.train.call(steps=1)
+    print("stepped", flush=True)
+    os._exit(0)
+
+
 async def resume(name: str) -> None:
     procs = await meshio.this_host().reattach(name)
     trainers = procs.actors("trainers", Trainer)
@@ -65,4 +75,4 @@ if __name__ == "__main__":
     if what == "spawn":
         meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3])))
     else:
-        meshio.run(resume(mesh))
+        meshio.run(step(mesh) if what == "step" else resume(mesh))

@@ -139,12 +139,16 @@ def test_a_second_script_reattaches_after_sigkill_and_trains_on(
     first.sigkill()
     assert all(running(pid) for pid in first.pids)  # kept alive, not killed with it
 
-    second = subprocess.run([sys.executable, str(SCRIPT), "resume", "train"],
+    # a second controller re-attaches, trains a step and is lost in turn
+    second = subprocess.run([sys.executable, str(SCRIPT), "step", "train"],
                             capture_output=True, text=True, timeout=GUARD, check=False)
-    assert second.returncode == 0, second.stderr
-    lines = dict(line.split(" ", 1) for line in second.stdout.splitlines())
-    assert json.loads(lines["before"]) == [[3, 1.5], [3, 1.5]]  # their state, intact
-    assert json.loads(lines["after"]) == [[5, 2.5], [5, 2.5]]  # and training goes on
+    assert (second.returncode, second.stdout) == (0, "stepped\n"), second.stderr
+    third = subprocess.run([sys.executable, str(SCRIPT), "resume", "train"],
+                           capture_output=True, text=True, timeout=GUARD, check=False)
+    assert third.returncode == 0, third.stderr
+    lines = dict(line.split(" ", 1) for line in third.stdout.splitlines())
+    assert json.loads(lines["before"]) == [[4, 2.0], [4, 2.0]]  # their state, intact
+    assert json.loads(lines["after"]) == [[6, 3.0], [6, 3.0]]  # and training goes on
     wait_exited(first.pids)  # the second controller stopped them
     assert not (records / "train.json").exists()
 
@@ -223,3 +227,22 @@ async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
         await procs.stop()
     wait_exited(first.pids)
     assert not (records / "supervised.json").exists()
+
+
+async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None:
+    host = meshio.this_host()
+    with pytest.raises(TypeError, match="keep_alive must be seconds"):
+        host.spawn_procs(keep_alive="600")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keep_alive must be seconds > 0"):
+        host.spawn_procs(keep_alive=0)
+    with pytest.raises(ValueError, match="a kept-alive proc mesh's name is a file name"):
+        host.spawn_procs(name="a/b", keep_alive=5)
+    async with host.spawn_procs(name="mine", keep_alive=30) as procs:
+        assert (records / "mine.json").exists()
+        with pytest.raises(ValueError, match=r"a proc mesh named 'mine' is kept alive"):
+            host.spawn_procs(name="mine", keep_alive=30)
+        with pytest.raises(ValueError, match=r"this process is the controller of proc mesh"):
+            await host.reattach("mine")
+        pids = procs.pids
+    assert not (records / "mine.json").exists()  # stopped normally: the record goes
+    wait_exited(pids)
