@@ -1121,6 +1121,7 @@ class ProcState:
             rt.dead.pop(addr, None)
         for w in self.workers:
             rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
+            rt.peer_jobs.pop(w.addr, None)
             for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
                 table.pop(w.addr, None)
             for conn in (rt.conns.pop(w.addr, None), w.conn):
