@@ -8,6 +8,9 @@ controllers it kills and starts:
   (``os._exit``: a second controller lost without stopping anything);
 - ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
   two more steps, prints their state again, then stops the mesh.
+
+With ``--job CACHE_DIR`` last, the hosts are those of a ``ProcessJob`` of two
+hosts (host agents, cached in CACHE_DIR) and every host runs one process.
 """
 
 from __future__ import annotations
@@ -18,6 +21,21 @@ import sys
 
 import meshio
 from meshio import Actor, endpoint
+from meshio.jobs import ProcessJob
+
+#: ``--job CACHE_DIR``: the job whose hosts the mesh runs on (else this host)
+JOB: str | None = None
+
+
+async def hosts() -> meshio.HostMesh:
+    """Where the mesh runs: this host, or the job's two hosts."""
+    if JOB is None:
+        return meshio.this_host()
+    return (await ProcessJob(meshes={"hosts": 2}, cache_dir=JOB).state()).hosts
+
+
+def per_host() -> dict[str, int]:
+    return {"gpus": 2} if JOB is None else {"gpus": 1}
 
 
 class Trainer(Actor):
@@ -43,8 +61,8 @@ class Trainer(Actor):
 
 
 async def spawn(name: str, keep_alive: float | None) -> None:
-    procs = await meshio.this_host().spawn_procs(per_host={"gpus": 2}, name=name,
-                                                  keep_alive=keep_alive)
+    procs = await (await hosts()).spawn_procs(per_host=per_host(), name=name,
+                                              keep_alive=keep_alive)
     trainers = await procs.spawn("trainers", Trainer, lr=0.5)
     await trainers.train.call(steps=3)
     print("ready", json.dumps(procs.pids), flush=True)
@@ -52,7 +70,7 @@ async def spawn(name: str, keep_alive: float | None) -> None:
 
 
 async def step(name: str) -> None:
-    procs = await meshio.this_host().reattach(name)
+    procs = await (await hosts()).reattach(name)
     trainers = procs.actors("trainers", Trainer)
     await trainers.train.call(steps=1)
     print("stepped", flush=True)
@@ -60,7 +78,7 @@ async def step(name: str) -> None:
 
 
 async def resume(name: str) -> None:
-    procs = await meshio.this_host().reattach(name)
+    procs = await (await hosts()).reattach(name)
     trainers = procs.actors("trainers", Trainer)
     print("before", json.dumps(list((await trainers.state.call()).values())), flush=True)
     await trainers.train.call(steps=2)
@@ -69,6 +87,9 @@ async def resume(name: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[-2] == "--job":
+        JOB = sys.argv.pop()
+        sys.argv.pop()
     what, mesh = sys.argv[1], sys.argv[2]
     if what == "spawn":
         meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3])))

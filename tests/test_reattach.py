@@ -24,6 +24,7 @@ import pytest
 import meshio
 import reattach_controller
 from meshio._keep_alive import KeptMesh
+from meshio.jobs import ProcessJob
 from meshio.supervision import SupervisionEvent
 from reattach_controller import Trainer
 
@@ -42,10 +43,10 @@ class Controller:
     """A first controller, run as a script: it spawns, trains three steps
     and waits to be killed."""
 
-    def __init__(self, name: str, keep_alive: float | None) -> None:
+    def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "spawn", name,
-             "none" if keep_alive is None else str(keep_alive)],
+             "none" if keep_alive is None else str(keep_alive), *job],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         ready = _readline(self.proc.stdout.fileno())
@@ -70,8 +71,8 @@ def controller() -> Iterator[type[Controller]]:
     started: list[Controller] = []
 
     class Started(Controller):
-        def __init__(self, name: str, keep_alive: float | None) -> None:
-            super().__init__(name, keep_alive)
+        def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
+            super().__init__(name, keep_alive, *job)
             started.append(self)
 
     yield Started
@@ -246,3 +247,29 @@ async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None
         pids = procs.pids
     assert not (records / "mine.json").exists()  # stopped normally: the record goes
     wait_exited(pids)
+
+
+async def test_reattach_on_a_jobs_hosts(controller: type[Controller], records: Path,
+                                        tmp_path: Path) -> None:
+    """The same on the two hosts of a ProcessJob (host agents): the workers
+    are the agents' children and reach the controller over TCP."""
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    try:
+        first = controller("jobtrain", 60, "--job", cache)
+        kept = record(records, "jobtrain")
+        assert (kept.labels, kept.sizes) == (["hosts", "gpus"], [2, 1])
+        assert all(w.addr.startswith("tcp://") for w in kept.workers)
+        first.sigkill()
+        assert all(running(pid) for pid in first.pids)
+        resumed = subprocess.run([sys.executable, str(SCRIPT), "resume", "jobtrain", "--job",
+                                  cache], capture_output=True, text=True, timeout=GUARD,
+                                 check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        lines = dict(line.split(" ", 1) for line in resumed.stdout.splitlines())
+        assert json.loads(lines["before"]) == [[3, 1.5], [3, 1.5]]
+        assert json.loads(lines["after"]) == [[5, 2.5], [5, 2.5]]
+        await asyncio.to_thread(wait_exited, first.pids)
+        assert not (records / "jobtrain.json").exists()
+    finally:
+        await job.kill()

@@ -65,7 +65,8 @@ class KeptMesh(msgspec.Struct, frozen=True):
 
     name: str
     id: str
-    #: the job secret of its processes, hex (the record is this user's only)
+    #: the secret its processes on this host prove, hex (a job's hosts prove
+    #: the job's own credentials); the record is this user's only
     secret: str
     labels: list[str]
     sizes: list[int]

@@ -32,7 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, cast
 
+from ._transport._credentials import Credentials
 from ._transport._messages import Stream
+from ._transport._runtime import runtime
 from ._transport._tls import TLSConfig
 
 __all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
@@ -148,6 +150,22 @@ class ProcLauncher(Protocol):
     host: str
 
     async def launch(self, spec: WorkerSpec) -> ProcHandle: ...
+
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        """For a controller re-attaching to a kept-alive proc mesh spawned
+        by a controller whose secret was ``secret``: what its workers on
+        this host prove (that secret here; a job's own credentials on its
+        hosts), and the address at which they reach this controller
+        (listened on from now on).
+
+        Raises:
+            ValueError: no kept-alive mesh can be re-attached on this host.
+        """
+        ...
+
+    async def adopt(self, worker: str, pid: int, label: str) -> ProcHandle:
+        """Watch ``worker`` (``pid``), started on this host by another controller."""
+        ...
 
 
 #: the return code of a process that exited, its status unknown (not a
@@ -506,6 +524,13 @@ class LocalLauncher:
     def __init__(self, output: Output | None = None) -> None:
         self.host = socket.gethostname()
         self._output = output
+
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        job = Credentials(secret)
+        return job, runtime().listen_job(job)
+
+    async def adopt(self, worker: str, pid: int, label: str) -> AdoptedProc:
+        return AdoptedProc(pid, self.host, asyncio.get_running_loop())
 
     async def launch(self, spec: WorkerSpec) -> LocalProc:
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

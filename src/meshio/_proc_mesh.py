@@ -759,7 +759,6 @@ class HostMesh(MeshShape):
         keep_alive = check_keep_alive(keep_alive)
         if keep_alive is not None:
             check_name(name)
-            self._check_local("spawn_procs(keep_alive=...)")
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
@@ -842,21 +841,26 @@ class HostMesh(MeshShape):
                 this host (the message lists those that are).
             SupervisionError: a process could not be re-attached (its
                 controller is still connected, or it is gone).
-            ValueError: this host mesh is not a single host.
+            ValueError: this host mesh is not the one (the same hosts, in the
+                same order) the proc mesh was spawned on, or this process is
+                that mesh's controller.
         """
-        self._check_local(f"reattach({name!r})")
-        if len(self._region.ranks) != 1:
-            raise ValueError(f"reattach({name!r}): re-attach on one host; this host mesh has "
-                             f"{len(self._region.ranks)}")
         record = lookup(name)
         if record.controller_pid == os.getpid():
             raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
                              f"{name!r}; use the ProcMesh that spawn_procs returned")
+        launchers = [self._launchers[r] for r in self._region.ranks]
+        host_dims = list(self.extent.labels)
+        if record.labels[:len(host_dims)] != host_dims or record.sizes[:len(host_dims)] != list(
+                self.extent.sizes):
+            raise ValueError(f"reattach({name!r}): proc mesh {name!r} has dims "
+                             f"{dict(zip(record.labels, record.sizes))}; re-attach on the host "
+                             f"mesh it was spawned on (dims {self.sizes})")
         region = Region.full(record.labels, record.sizes)
-        state = ProcState(record.name, [self._launchers[self._region.ranks[0]]], region,
-                          region.extent.nelem, supervisor, None, STOP_GRACE,
+        state = ProcState(record.name, launchers, region,
+                          region.extent.nelem // len(launchers), supervisor, None, STOP_GRACE,
                           (HEARTBEAT_INTERVAL, 3 * HEARTBEAT_INTERVAL), record.env,
-                          record.bootstrap, (), record.log_records, record.log_dir,
+                          record.bootstrap, host_dims, record.log_records, record.log_dir,
                           record.keep_alive, record)
         procs = ProcMesh(state, None)
         try:
@@ -868,18 +872,6 @@ class HostMesh(MeshShape):
         state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
         state.published()
         return procs
-
-
-    def _check_local(self, what: str) -> None:
-        """Kept-alive workers are this host's (started by :class:`LocalLauncher`).
-
-        Raises:
-            ValueError: some hosts of this mesh are a job's (host agents).
-        """
-        if not all(isinstance(launcher, LocalLauncher) for launcher in self._launchers):
-            raise ValueError(f"{what}: keeping workers alive for a new controller works on "
-                             f"this_host() for now, not yet on the hosts of a job (host "
-                             f"agents)")
 
 
 def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:

@@ -26,7 +26,7 @@ from ._extent import Extent, Point, Region
 from ._inspect import Inspection
 from ._keep_alive import KeptActor, KeptMesh, KeptWorker, claim, publish
 from ._keep_alive import forget as forget_record
-from ._launcher import AdoptedProc, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._credentials import Credentials
@@ -216,7 +216,7 @@ class ProcState:
         self.controller: str = self.rt.addr
         if adopt is not None:
             self.secret = bytes.fromhex(adopt.secret)
-            self.controller = self.rt.listen_job(Credentials(self.secret))
+            self.controller = self.rt.listen_job(Credentials(self.secret))  # (this host's)
         elif keep_alive is not None:
             claim(name, self.id)
         self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
@@ -340,24 +340,30 @@ class ProcState:
         this controller serves it now (:class:`Adopt`), then watch it as if
         this controller had started it."""
         rt = self.rt
-        creds = Credentials(self.secret)
         futs: list[asyncio.Future[Any]] = []
         for kept in sorted(record.workers, key=lambda k: k.rank):
+            launcher = self.launchers[kept.rank // self.per_host]
+            if kept.host != launcher.host:
+                raise ValueError(f"reattach({self.name!r}): its rank {kept.rank} runs on "
+                                 f"{kept.host}, but this host mesh's host for it is "
+                                 f"{launcher.host}; re-attach on the same hosts")
+            creds, controller = launcher.reach(self.secret)
             spec = replace(self._spec(kept.rank, self.region.point(kept.rank)),
                            worker=kept.worker, listen=kept.addr)
-            w = _Worker(kept.rank, kept.addr, AdoptedProc(kept.pid, kept.host, rt.loop), spec,
-                        rt.loop)
+            w = _Worker(kept.rank, kept.addr,
+                        await launcher.adopt(kept.worker, kept.pid, spec.label), spec, rt.loop)
             self.workers.append(w)
             rt.peer_jobs[kept.addr] = creds
             if kept.listen != kept.addr:
                 rt.routes[kept.addr] = kept.listen
-            rt.pids[kept.listen] = kept.pid
+            if tcp_endpoint(kept.listen) is None:
+                rt.pids[kept.listen] = kept.pid
             w.conn = rt.connect(kept.addr)
             fut: asyncio.Future[Any] = rt.loop.create_future()
             futs.append(fut)
             req = w.conn.next_req(Pending(fut, ignore_result, "reattach", self.name,
                                           self.region.point(kept.rank)))
-            w.conn.send_message(Adopt(req, rt.addr, self.controller))
+            w.conn.send_message(Adopt(req, rt.addr, controller))
         await asyncio.wait(futs)
         for fut in futs:  # the first worker that cannot be re-attached says why
             if fut.exception() is not None:

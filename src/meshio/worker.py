@@ -151,7 +151,9 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt.replacement = args.restart
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
     return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,
-                       keep_alive=args.keep_alive, orphaned=_orphaned)
+                       keep_alive=args.keep_alive,
+                       # (a host agent, our parent, still reads our output)
+                       orphaned=None if args.controller.startswith("tcp://") else _orphaned)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,6 +51,7 @@ __all__ = (
     "StopActor",
     "Stream",
     "Transfer",
+    "WatchWorker",
     "WorkerExited",
     "WorkerOutput",
     "decode_message",
@@ -258,6 +259,8 @@ class LaunchWorker(_Msg, frozen=True, tag=17):
     restart: bool = False
     label: str = ""
     bootstrap: bytes = b""
+    #: ``spawn_procs(keep_alive=...)``: seconds it outlives a lost controller
+    keep_alive: float | None = None
 
 
 class SignalWorker(_Msg, frozen=True, tag=18):
@@ -457,6 +460,16 @@ class LogRecords(_Msg, frozen=True, tag=30):
     dropped: int = 0
 
 
+class WatchWorker(_Msg, frozen=True, tag=36):
+    """Controller → host agent: from now on, tell this connection of the
+    worker ``worker`` (its output, its exit): a controller re-attached to a
+    kept-alive proc mesh that another controller launched there.  Answered
+    with the worker's pid, or a :class:`Fail` if the agent has no such worker."""
+
+    req: int
+    worker: str
+
+
 class Adopt(_Msg, frozen=True, tag=35):
     """From a controller re-attaching to a kept-alive proc mesh
     (``this_host().reattach``) to each of its workers: the controller is now
@@ -473,7 +486,7 @@ Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fau
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped | Adopt)
+           | Reshaped | Adopt | WatchWorker)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

@@ -29,7 +29,13 @@ from .._launcher import ExitWatch, Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
 from .._transport._credentials import Credentials
-from .._transport._messages import LaunchWorker, SignalWorker, WorkerExited, WorkerOutput
+from .._transport._messages import (
+    LaunchWorker,
+    SignalWorker,
+    WatchWorker,
+    WorkerExited,
+    WorkerOutput,
+)
 from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime, tcp_endpoint
 from .._transport._serial import Buffers
 from .._transport._tls import TLSConfig
@@ -148,11 +154,32 @@ class RemoteLauncher:
             # the controller's import path goes first (a shared filesystem has it)
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
             conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
-                                           spec.restart, spec.label, spec.bootstrap))
+                                           spec.restart, spec.label, spec.bootstrap,
+                                           spec.keep_alive))
         pid = await fut  # a failed dial failed it, before anything listened for the job
-        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop)
-        rt.state(_Remote).procs[spec.worker] = proc
+        return self._watch(conn, spec.worker, pid, spec.label or spec.worker)
+
+    def _watch(self, conn: Connection, worker: str, pid: int, label: str) -> RemoteProc:
+        """The handle of ``worker``, told of by the agent on ``conn``."""
+        proc = RemoteProc(self, conn, worker, pid, label, conn.rt.loop)
+        conn.rt.state(_Remote).procs[worker] = proc
         return proc
+
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        # (its workers prove the job's credentials, whoever spawned them:
+        # a mesh of another job fails the handshake)
+        addr = runtime().listen_tcp(advertise=route_to(self.host), job=self._job)
+        return self._job, addr
+
+    async def adopt(self, worker: str, pid: int, label: str) -> RemoteProc:
+        rt = runtime()
+        conn = rt.connect(self.agent, self._job)
+        fut: asyncio.Future[int] = rt.loop.create_future()
+        req = conn.next_req(Pending(fut, _pid, "watch worker", f"host agent {self.agent}",
+                                    label))
+        conn.send_message(WatchWorker(req, worker))
+        rt.on_lost.setdefault(self.agent, self._agent_lost)
+        return self._watch(conn, worker, await fut, label)
 
     def _agent_lost(self, conn: Connection) -> None:
         """The agent's connection dropped: its workers died with it (they are
