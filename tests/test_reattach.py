@@ -198,13 +198,17 @@ async def test_reattach_errors_name_what_exists(controller: type[Controller]) ->
     wait_exited(first.pids)
 
 
+@pytest.mark.parametrize("on", ["this host", "a job"])
 async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
-        controller: type[Controller], records: Path) -> None:
-    first = controller("supervised", 60)
+        controller: type[Controller], records: Path, tmp_path: Path, on: str) -> None:
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    first = controller("supervised", 60, *(["--job", cache] if on == "a job" else []))
     first.sigkill()
+    hosts = meshio.this_host() if on == "this host" else (await job.state()).hosts
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, name="after")
     events = sup.events()
-    procs = await meshio.this_host().reattach("supervised", supervisor=sup)
+    procs = await hosts.reattach("supervised", supervisor=sup)
     try:
         trainers = procs.actors("trainers", Trainer)
         await trainers.train.call(steps=1)
@@ -220,12 +224,13 @@ async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
             ("failure", "supervised", 1), ("restart", "supervised", 1)]
         await procs.ready()
         assert list((await trainers.state.call()).values()) == [(4, 2.0), (0, 0.0)]  # rebuilt
-        new_pid = (await trainers.slice(gpus=1).pid.call_one())
+        new_pid = list((await trainers.pid.call()).values())[1]
         assert new_pid not in first.pids
         assert {w.pid for w in record(records, "supervised").workers} == {first.pids[0], new_pid}
     finally:
         await events.aclose()
         await procs.stop()
+        await job.kill()
     wait_exited(first.pids)
     assert not (records / "supervised.json").exists()
 

@@ -3,8 +3,9 @@
 Started by a launcher, never by hand.  The worker listens on its own Unix
 socket for peers, reports to the controller, hosts actors, and dies with
 its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost
-(with ``--keep-alive S``: neither; it waits ``S`` seconds for a controller to
-re-attach, see :mod:`meshio._worker`).
+(with ``--keep-alive S``: not with the controller; it waits ``S`` seconds for
+another one to re-attach, see :mod:`meshio._worker`; one a host agent started
+still dies with its agent).
 The job secret and the pickled ``spawn_procs(bootstrap=...)`` arrive on stdin
 (never on the command line or in the environment, which other processes of
 the user can read); stdin is then ``/dev/null``.
@@ -153,7 +154,12 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,
                        keep_alive=args.keep_alive,
                        # (a host agent, our parent, still reads our output)
-                       orphaned=None if args.controller.startswith("tcp://") else _orphaned)
+                       orphaned=None if _by_agent(args) else _orphaned)
+
+
+def _by_agent(args: argparse.Namespace) -> bool:
+    """Whether a host agent started us (the controller is reached over TCP)."""
+    return bool(args.controller.startswith("tcp://"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls-no-mutual", action="store_true")
     ap.add_argument("--tls-no-check-hostname", action="store_true")
     args = ap.parse_args(argv)
-    _die_with_parent(args.parent, args.keep_alive)
+    # A host agent, our parent on a job's host, outlives the controller: we
+    # die with it, kept alive or not; the controller (this host) we outlive.
+    _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
     # The controller decides when we stop: a terminal's Ctrl-C, `timeout` and
     # Slurm signal the whole process group, the controller stops us gracefully.
