@@ -15,7 +15,9 @@ hosts (host agents, cached in CACHE_DIR) and every host runs one process.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import sys
 
@@ -59,6 +61,11 @@ class Trainer(Actor):
     async def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    async def report(self) -> None:
+        """A ``logging`` record for whichever controller serves it now."""
+        logging.getLogger("trainer").warning("trainer at step %d", len(self.history))
+
 
 async def spawn(name: str, keep_alive: float | None) -> None:
     procs = await (await hosts()).spawn_procs(per_host=per_host(), name=name,
@@ -83,6 +90,13 @@ async def resume(name: str) -> None:
     print("before", json.dumps(list((await trainers.state.call()).values())), flush=True)
     await trainers.train.call(steps=2)
     print("after", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    records: asyncio.Queue[str] = asyncio.Queue()
+    seen = logging.Handler()
+    seen.emit = lambda record: records.put_nowait(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("trainer").addHandler(seen)
+    await trainers.report.call()
+    got = [await asyncio.wait_for(records.get(), 60) for _ in range(2)]
+    print("records", json.dumps(got), flush=True)
     await procs.stop()
 
 

@@ -150,6 +150,8 @@ def test_a_second_script_reattaches_after_sigkill_and_trains_on(
     lines = dict(line.split(" ", 1) for line in third.stdout.splitlines())
     assert json.loads(lines["before"]) == [[4, 2.0], [4, 2.0]]  # their state, intact
     assert json.loads(lines["after"]) == [[6, 3.0], [6, 3.0]]  # and training goes on
+    # their logging records reach the controller serving them now
+    assert json.loads(lines["records"]) == ["trainer at step 6"] * 2
     wait_exited(first.pids)  # the second controller stopped them
     assert not (records / "train.json").exists()
 
