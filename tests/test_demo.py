@@ -245,3 +245,12 @@ def test_meshio_demo_table_has_no_torch_numpy_warning(tmp_path: Path) -> None:
     assert all(line.startswith("  ") and ("ms" in line or "us/call" in line
                                           or "(no reply)" in line) for line in table), proc.stdout
     assert table[-1].startswith("  total (procs stopped)"), proc.stdout
+
+
+def test_reattach_example() -> None:
+    """issue 18 §8: a SIGKILLed controller's trainers, re-attached with their state."""
+    out = _run(sys.executable, "examples/reattach.py")
+    assert out.splitlines() == [
+        "first controller killed",
+        "reattached gpus=0: step 3 weight 1.5", "reattached gpus=1: step 3 weight 1.5",
+        "trained on gpus=0: step 5 weight 2.5", "trained on gpus=1: step 5 weight 2.5"]

@@ -39,6 +39,7 @@ from ._exceptions import SchemaError as SchemaError
 from ._exceptions import SupervisionError as SupervisionError
 from ._exceptions import UnknownActorError as UnknownActorError
 from ._exceptions import UnknownEndpointError as UnknownEndpointError
+from ._exceptions import UnknownProcMeshError as UnknownProcMeshError
 from ._extent import Extent as Extent
 from ._extent import Point as Point
 from ._metrics import ActorStats as ActorStats
@@ -131,6 +132,7 @@ __all__ = (
     "TaskStack",
     "TLSConfig",
     "UnknownActorError",
+    "UnknownProcMeshError",
     "UnknownEndpointError",
     "ValueMesh",
     "attach",

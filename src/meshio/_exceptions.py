@@ -11,6 +11,7 @@ mesh / rank / host, and what you can do about it::
     │   └── ProcessStartError        a worker process exited or never said hello at start
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
     ├── UnknownActorError (LookupError)     no such actor in the target process
+    ├── UnknownProcMeshError (LookupError)  no kept-alive proc mesh of that name to re-attach
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
     ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
     ├── NotInActorError (RuntimeError)  actor-only API used outside a spawned actor
@@ -62,6 +63,7 @@ __all__ = (
     "SupervisionError",
     "UnknownActorError",
     "UnknownEndpointError",
+    "UnknownProcMeshError",
 )
 
 E = TypeVar("E", bound="MeshioError")
@@ -330,6 +332,12 @@ class CallTimeout(MeshioError, TimeoutError):
 
 class UnknownActorError(MeshioError, LookupError):
     """The target process hosts no actor of that name (never spawned or stopped)."""
+
+
+class UnknownProcMeshError(MeshioError, LookupError):
+    """``this_host().reattach(name)`` found no proc mesh of that name kept
+    alive on this host (never spawned with ``keep_alive``, stopped, or its
+    workers are gone).  The message lists the names that can be re-attached."""
 
 
 class UnknownEndpointError(MeshioError, AttributeError):

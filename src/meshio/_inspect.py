@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ._proc_state import ProcState
 
 __all__ = ("Controller", "Inspection", "ask", "ask_stacks", "controllers", "from_inspection",
-           "inspection_dir")
+           "inspection_dir", "private_dir")
 
 _T = TypeVar("_T")
 
@@ -65,7 +65,7 @@ def inspection_dir() -> Path:
     return Path(base, "meshio") if base else Path(tempfile.gettempdir(), f"meshio-{os.getuid()}")
 
 
-def _private_dir() -> Path:
+def private_dir() -> Path:
     """:func:`inspection_dir`, made if missing.
 
     Raises:
@@ -132,7 +132,7 @@ class Inspection:
 
 def _publish(addr: str, secret: bytes) -> Path:
     """Write this controller's file; its path."""
-    path = _private_dir() / f"{os.getpid()}.json"
+    path = private_dir() / f"{os.getpid()}.json"
     tmp = path.with_suffix(f".tmp{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -30,13 +30,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
+from ._transport._credentials import Credentials
 from ._transport._messages import Stream
+from ._transport._runtime import runtime
 from ._transport._tasks import TaskOwner
 from ._transport._tls import TLSConfig
 
-__all__ = ("BOOTSTRAP_FAILED", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX", "Forward",
+__all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
+           "AdoptedProc", "ExitWatch", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
            "check_env", "describe_exit", "forward_text", "start_payload")
 
@@ -79,6 +82,9 @@ class WorkerSpec:
     #: agent keeps it without contact with the controller before it kills
     #: it (self-fencing); local launchers, which have no agent, ignore it
     partition_timeout: float | None = None
+    #: seconds the worker outlives a lost controller, waiting for a new one
+    #: to re-attach (``spawn_procs(keep_alive=...)``); None: it exits at once
+    keep_alive: float | None = None
 
     def restarted(self, addr: str) -> WorkerSpec:
         """The spec of a replacement for the worker answering to ``addr``: it
@@ -154,11 +160,34 @@ class ProcLauncher(Protocol):
 
     async def launch(self, spec: WorkerSpec) -> ProcHandle: ...
 
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        """For a controller re-attaching to a kept-alive proc mesh spawned
+        by a controller whose secret was ``secret``: what its workers on
+        this host prove (that secret here; a job's own credentials on its
+        hosts), and the address at which they reach this controller
+        (listened on from now on).
+
+        Raises:
+            ValueError: no kept-alive mesh can be re-attached on this host.
+        """
+        ...
+
+    async def adopt(self, worker: str, pid: int, label: str) -> ProcHandle:
+        """Watch ``worker`` (``pid``), started on this host by another controller."""
+        ...
+
+
+#: the return code of a process that exited, its status unknown (not a
+#: child of this process: a worker of a proc mesh re-attached to)
+EXIT_UNKNOWN: Final = -256
+
 
 def describe_exit(rc: int | None) -> str:
     """Human words for a return code."""
     if rc is None:
         return "connection lost (process still running)"
+    if rc == EXIT_UNKNOWN:
+        return "exited (its status is known only to the controller that started it)"
     if rc < 0:
         try:
             return f"killed by signal {signal.Signals(-rc).name}"
@@ -244,6 +273,56 @@ class LocalProc:
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
+                pass
+
+
+class ExitWatch:
+    """The exit of a process a :class:`ProcHandle` learns of by other means
+    than waiting for a child: ``_exit`` holds its return code once known."""
+
+    _exit: asyncio.Future[int]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exit.result() if self._exit.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exit)
+
+
+class AdoptedProc(ExitWatch):
+    """A worker on this host started by another controller (a kept-alive
+    proc mesh re-attached to), watched with a pidfd.  It is not our child:
+    its exit status stays unknown (:data:`EXIT_UNKNOWN`)."""
+
+    start_failure: str | None = None
+    downed: str | None = None  # (on this host: never behind a partition)
+
+    def __init__(self, pid: int, host: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = pid
+        self.host = host
+        self._loop = loop
+        self._exit = loop.create_future()
+        try:
+            self._fd = os.pidfd_open(pid)
+        except ProcessLookupError:  # gone already
+            self._fd = -1
+            self._exit.set_result(EXIT_UNKNOWN)
+        else:
+            loop.add_reader(self._fd, self._reap)
+
+    def _reap(self) -> None:
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        if not self._exit.done():
+            self._exit.set_result(EXIT_UNKNOWN)
+
+    def send_signal(self, sig: int) -> None:
+        if self._fd != -1:  # (the pidfd: never a process that reused the pid)
+            try:
+                signal.pidfd_send_signal(self._fd, sig)
+            except ProcessLookupError:  # exited, not seen yet
                 pass
 
 
@@ -459,6 +538,13 @@ class LocalLauncher:
         self.host = socket.gethostname()
         self._output = output
 
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        job = Credentials(secret)
+        return job, runtime().listen_job(job)
+
+    async def adopt(self, worker: str, pid: int, label: str) -> AdoptedProc:
+        return AdoptedProc(pid, self.host, asyncio.get_running_loop())
+
     async def launch(self, spec: WorkerSpec) -> LocalProc:
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, **spec.env}
@@ -474,7 +560,9 @@ class LocalLauncher:
                 [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
                  "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
                  *(["--restart"] if spec.restart else []),
-                 *(["--addr", spec.addr] if spec.addr else []), *_tls_args(spec.tls)],
+                 *(["--addr", spec.addr] if spec.addr else []),
+                 *([] if spec.keep_alive is None else ["--keep-alive", repr(spec.keep_alive)]),
+                 *_tls_args(spec.tls)],
                 env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 close_fds=True)
         except BaseException:

@@ -202,7 +202,8 @@ class _Forwarder(logging.Handler):
         if self.finished:
             return
         try:
-            conn = self.rt.connect(self.controller)
+            # (the controller it serves now: another one may have re-attached)
+            conn = self.rt.connect(self.rt.controller or self.controller)
         except ClosedResourceError:  # the runtime closed before finish(): nowhere to send
             self.finished = True
             return

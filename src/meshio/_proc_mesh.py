@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -16,19 +17,22 @@ from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
 from ._constants import PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
-from ._exceptions import ActorError, SchemaError, SupervisionError
+from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
 from ._extent import Extent, MeshShape, Point, Region
+from ._keep_alive import KeptActor, check_keep_alive, check_name, lookup
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
 from ._transport._runtime import Runtime, on_loop_wait
-from ._transport._serial import OutBuffers, Packer, dumps
+from ._transport._serial import OutBuffers, Packer, dumps, loads
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
 __all__ = ("HostMesh", "ProcMesh", "grow_hosts", "shrink_hosts", "this_host")
+
+log = logging.getLogger("meshio")
 
 A = TypeVar("A", bound=Actor)
 P = ParamSpec("P")
@@ -225,7 +229,8 @@ class ProcMesh(MeshShape):
             state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, out,
                                          labels, sizes, self._region.ranks,
-                                         self._options, mesh if self._view is None else None))
+                                         self._options, mesh if self._view is None else None,
+                                         (cls.__module__, cls.__qualname__)))
         await asyncio.wait(futs)
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
@@ -233,7 +238,39 @@ class ProcMesh(MeshShape):
             state.forget(name)  # stopped everywhere: the name is free again
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
+        state.published()
         return cast(A, mesh)
+
+    def actors(self, name: str, cls: type[A], /) -> ActorMesh[A]:
+        """The actor mesh ``name`` (of class ``cls``) already running on this
+        proc mesh, typed: after ``this_host().reattach(...)``, the actors the
+        lost controller spawned, with their state as they left it.
+        ``trainers = procs.actors("trainers", Trainer)``.
+
+        Raises:
+            UnknownActorError: no actor mesh of that name on this proc mesh
+                (the message lists those there are).
+            TypeError: ``cls`` is not the class the actors were spawned with
+                (the message names it).
+        """
+        state = self._state
+        record = next((a for a in state.actors if a.name == name), None)
+        if record is None:
+            names = ", ".join(repr(a.name) for a in state.actors) or "none"
+            raise UnknownActorError(f"procs.actors({name!r}): proc mesh {state.name!r} has no "
+                                    f"actors named {name!r} (its actor meshes: {names})")
+        module, qualname = record.cls_name
+        if not _is_actor_class(cls) or cls.__qualname__ != qualname or (
+                module != cls.__module__ and "__main__" not in (module, cls.__module__)):
+            raise TypeError(f"procs.actors({name!r}, {getattr(cls, '__qualname__', cls)!r}): "
+                            f"the actors {name!r} of proc mesh {state.name!r} are of class "
+                            f"{module}.{qualname}")
+        region = Region(Extent(record.labels, record.sizes), record.ranks)
+        addrs = [""] * state.region.extent.nelem
+        for w in state.workers:
+            addrs[w.rank] = w.addr
+        return ActorMesh(record.target, name, cls, region, addrs, self,
+                         per_host=state.per_host)
 
     async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
         """What every actor in these processes is doing now: the current
@@ -681,7 +718,8 @@ class HostMesh(MeshShape):
                     bootstrap: Callable[[], object] | None = None,
                     log_records: bool = True,
                     log_dir: str | os.PathLike[str] | None = None,
-                    elastic: bool = False) -> ProcMesh:
+                    elastic: bool = False,
+                    keep_alive: float | None = None) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
         dim is called ``gpus``).  Await the result or use it with ``async with``.
@@ -747,15 +785,27 @@ class HostMesh(MeshShape):
                 :meth:`ProcMesh.shrink` does.  Only on a whole host mesh
                 (of one dimension, ``hosts``, as jobs give; on ``this_host()``
                 it never changes), not on a slice.
+            keep_alive: seconds the processes outlive a lost controller
+                (killed, crashed, a notebook kernel restarted), serving each
+                other with their actors' state intact, so that a new
+                controller can re-attach by ``name``
+                (``await this_host().reattach(name)``); after that long
+                without one they exit.  None (the default): they exit as
+                soon as the controller is lost.  The mesh is published for
+                this user only while it runs; stopping it removes that.
 
         Raises:
             TypeError: an argument has the wrong type, e.g. an ``env`` value
                 that is not a ``str``, or ``bootstrap`` is not callable or
                 cannot be pickled.
             ValueError: an argument has a wrong value, e.g. an ``env`` key
-                that is empty, has ``=`` or starts with ``MESHIO_``, or
-                ``log_dir`` with ``log_records=False``.
+                that is empty, has ``=`` or starts with ``MESHIO_``,
+                ``log_dir`` with ``log_records=False``, or ``keep_alive``
+                with the ``name`` of another kept-alive proc mesh.
         """
+        keep_alive = check_keep_alive(keep_alive)
+        if keep_alive is not None:
+            check_name(name)
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
@@ -833,12 +883,95 @@ class HostMesh(MeshShape):
         state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
             ProcState, name, launchers, region, n, supervisor, restart, shutdown,
             (heartbeat_interval, heartbeat_timeout), env, blob, self.extent.labels,
-            log_records, log_dir, float(partition_timeout))
+            log_records, log_dir, float(partition_timeout), keep_alive)
         if elastic:
             hosts = self._hosts
             hosts.elastic.append(state)
             state.on_release.append(lambda: hosts.elastic.remove(state))
         return ProcMesh(state, None)
+
+    async def reattach(self, name: str, *, supervisor: Supervisor | None = None) -> ProcMesh:
+        """The proc mesh ``name`` that a controller now gone spawned here with
+        ``spawn_procs(name=name, keep_alive=...)``, its processes and actors
+        as they are: this controller serves them from now on (a later
+        :meth:`ProcMesh.stop` stops them; losing this controller starts
+        their ``keep_alive`` wait again).  Get the actors back with
+        ``procs.actors("trainers", Trainer)``.
+
+        Args:
+            supervisor: watches the processes from now on (declared as its
+                next child), restarting them and rebuilding their actors
+                with their constructor arguments; without one, failures are
+                reported and nothing restarts (as for ``spawn_procs``).
+
+        Raises:
+            UnknownProcMeshError: no proc mesh of that name is kept alive on
+                this host (the message lists those that are).
+            SupervisionError: a process could not be re-attached (its
+                controller is still connected, or it is gone).
+            ValueError: this host mesh is not the one (the same hosts, in the
+                same order) the proc mesh was spawned on, or this process is
+                that mesh's controller.
+        """
+        record = lookup(name)
+        if record.controller_pid == os.getpid():
+            raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
+                             f"{name!r}; use the ProcMesh that spawn_procs returned")
+        launchers = [self._launchers[r] for r in self._region.ranks]
+        host_dims = list(self.extent.labels)
+        if record.labels[:len(host_dims)] != host_dims or record.sizes[:len(host_dims)] != list(
+                self.extent.sizes):
+            raise ValueError(f"reattach({name!r}): proc mesh {name!r} has dims "
+                             f"{dict(zip(record.labels, record.sizes))}; re-attach on the host "
+                             f"mesh it was spawned on (dims {self.sizes})")
+        region = Region.full(record.labels, record.sizes)
+        state = ProcState(record.name, launchers, region,
+                          region.extent.nelem // len(launchers), supervisor, None, STOP_GRACE,
+                          (HEARTBEAT_INTERVAL, 3 * HEARTBEAT_INTERVAL), record.env,
+                          record.bootstrap, host_dims, record.log_records, record.log_dir,
+                          keep_alive=record.keep_alive, adopt=record)
+        procs = ProcMesh(state, None)
+        try:
+            await procs
+        except BaseException:
+            state.stopped = True  # nothing of it is ours: leave its processes be
+            state.release()
+            raise
+        state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
+        state.published()
+        return procs
+
+
+def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:
+    """What rebuilds the actors of the actor mesh ``kept`` (listed in the
+    record of a re-attached proc mesh) when a supervisor replaces a process."""
+    state = procs._state
+    # constructor arguments that held out-of-band buffers (tensors) are not in
+    # the record: those actors are not rebuilt, as temporary ones are not
+    restart = cast(RestartType, kept.restart if kept.body is not None else "temporary")
+    record = _ActorRecord(kept.name, kept.target, kept.cls, b"", kept.body or b"", [],
+                          kept.labels, kept.sizes, kept.ranks,
+                          SpawnOptions(restart, kept.stall_after),
+                          cls_name=(kept.module, kept.qualname))
+    try:
+        cls = loads(kept.cls, [], 0)
+    except Exception as e:  # its module is not importable here
+        log.warning("meshio: reattach(%r): the actors %r (%s.%s) cannot be rebuilt after a "
+                    "restart: their class does not load here (%s: %s)", state.name,
+                    kept.name, kept.module, kept.qualname, type(e).__name__, e)
+        record.options = replace(record.options, restart="temporary")
+        return record
+    region = Region(Extent(kept.labels, kept.sizes), kept.ranks)
+    addrs = [""] * state.region.extent.nelem
+    for w in state.workers:
+        addrs[w.rank] = w.addr
+    whole = kept.ranks == list(state.region.ranks)
+    mesh: ActorMesh[Any] = ActorMesh(kept.target, kept.name, cls, region, addrs,
+                                     procs if whole else procs._with_region(region),
+                                     per_host=state.per_host)
+    record.mesh_blob = dumps(mesh, None)
+    record.mesh = mesh if whole else None
+    return record
 
 
 async def grow_hosts(mesh: HostMesh, added: HostMesh) -> None:

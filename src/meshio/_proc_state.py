@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -23,10 +25,14 @@ from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
+from ._keep_alive import KeptActor, KeptMesh, KeptWorker, claim, publish
+from ._keep_alive import forget as forget_record
 from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
+from ._transport._credentials import Credentials
 from ._transport._messages import (
+    Adopt,
     ErrorInfo,
     Moved,
     PeerDown,
@@ -126,13 +132,16 @@ class _ActorRecord:
     """What it takes to rebuild an actor mesh's actors after a restart (or
     to build them on the processes a ``grow`` adds)."""
 
-    __slots__ = ("body", "cls_blob", "labels", "mesh", "mesh_blob", "name", "options", "out",
-                 "ranks", "sizes", "target")
+    __slots__ = ("body", "cls_blob", "cls_name", "labels", "mesh", "mesh_blob", "name",
+                 "options", "out", "ranks", "sizes", "target")
 
     def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
                  out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
-                 options: SpawnOptions, mesh: ActorMesh[Any] | None = None) -> None:
+                 options: SpawnOptions, mesh: ActorMesh[Any] | None = None,
+                 cls_name: tuple[str, str] = ("", "")) -> None:
         self.name, self.target = name, target
+        #: the class's ``__module__`` and ``__qualname__`` (a kept-alive mesh's record)
+        self.cls_name = cls_name
         self.cls_blob, self.mesh_blob, self.body, self.out = cls_blob, mesh_blob, body, out
         self.labels, self.sizes, self.ranks, self.options = labels, sizes, tuple(ranks), options
         #: the actor mesh as spawned on the whole proc mesh, which grows and
@@ -168,8 +177,12 @@ class ProcState:
                  env: Mapping[str, str] | None = None, bootstrap: bytes = b"",
                  host_dims: Sequence[str] = (), log_records: bool = True,
                  log_dir: str | None = None,
-                 partition_timeout: float = PARTITION_TIMEOUT) -> None:
-        self.id: str = f"{name}-{uuid.uuid4().hex[:8]}"
+                 partition_timeout: float = PARTITION_TIMEOUT, keep_alive: float | None = None,
+                 adopt: KeptMesh | None = None) -> None:
+        self.id: str = f"{name}-{uuid.uuid4().hex[:8]}" if adopt is None else adopt.id
+        #: ``spawn_procs(keep_alive=...)``: seconds its workers outlive a lost
+        #: controller; the mesh is published for ``reattach`` (:mod:`._keep_alive`)
+        self.keep_alive: float | None = keep_alive
         #: the dims that come from the host mesh (the others are per host)
         self.host_dims: tuple[str, ...] = tuple(host_dims)
         #: ``spawn_procs(env=..., bootstrap=...)``, for every process it starts
@@ -203,6 +216,16 @@ class ProcState:
         #: called once it is released (the proc-mesh service forgets it)
         self.on_release: list[Callable[[], None]] = []
         self.rt: Runtime = runtime()
+        #: the job secret of its processes, and where they reach this
+        #: controller: the runtime's own, or, re-attached to a mesh another
+        #: controller started, that one's secret and a listener for it
+        self.secret: bytes = self.rt.secret
+        self.controller: str = self.rt.addr
+        if adopt is not None:
+            self.secret = bytes.fromhex(adopt.secret)
+            self.controller = self.rt.listen_job(Credentials(self.secret))  # (this host's)
+        elif keep_alive is not None:
+            claim(name, self.id)
         self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
         self.heartbeat_interval: float
         self.heartbeat_timeout: float
@@ -242,7 +265,8 @@ class ProcState:
             self.owner._owned.append(self)
         if self.rt.controller is None:  # a controller's (not a worker's): `meshio stacks` sees it
             self.rt.state(Inspection).watch(self)
-        self.ready: asyncio.Task[None] = self.rt.tasks.start(self._start())
+        self.ready: asyncio.Task[None] = self.rt.tasks.start(
+            self._start() if adopt is None else self._adopt(adopt))
 
     @property
     def restart_type(self) -> RestartType:
@@ -279,9 +303,11 @@ class ProcState:
         coords = " ".join(f"{k}={v}" for k, v in point.items())
         label = f"[{self.name} {coords}]".replace(" ]", "]")
         env[LOGS_ENV] = logs_env(self.log_records, self.log_dir, self.name, grank, label)
-        return WorkerSpec(worker_id, f"{self.rt.namespace}/{worker_id}", self.rt.addr, env,
-                          label=label, secret=self.rt.secret, bootstrap=self.bootstrap,
-                          partition_timeout=self.partition_timeout)
+        namespace = self.rt.namespace if self.controller == self.rt.addr else \
+            self.controller.rpartition("/")[0]
+        return WorkerSpec(worker_id, f"{namespace}/{worker_id}", self.controller, env,
+                          label=label, secret=self.secret, bootstrap=self.bootstrap,
+                          partition_timeout=self.partition_timeout, keep_alive=self.keep_alive)
 
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
@@ -319,6 +345,67 @@ class ProcState:
         for worker in self.workers:
             worker.ready.set_result(None)
         self._beating = self.rt.tasks.start(self._heartbeats())
+        self.published()
+
+    async def _adopt(self, record: KeptMesh) -> None:
+        """Re-attach to the workers of the kept-alive mesh ``record`` (their
+        controller is gone): dial each proving its job's secret, tell it
+        this controller serves it now (:class:`Adopt`), then watch it as if
+        this controller had started it."""
+        rt = self.rt
+        futs: list[asyncio.Future[Any]] = []
+        for kept in sorted(record.workers, key=lambda k: k.rank):
+            launcher = self.launchers[kept.rank // self.per_host]
+            if kept.host != launcher.host:
+                raise ValueError(f"reattach({self.name!r}): its rank {kept.rank} runs on "
+                                 f"{kept.host}, but this host mesh's host for it is "
+                                 f"{launcher.host}; re-attach on the same hosts")
+            creds, controller = launcher.reach(self.secret)
+            spec = replace(self._spec(kept.rank, self.region.point(kept.rank)),
+                           worker=kept.worker, listen=kept.addr)
+            w = _Worker(kept.rank, kept.addr,
+                        await launcher.adopt(kept.worker, kept.pid, spec.label), spec, rt.loop)
+            self.workers.append(w)
+            rt.peer_jobs[kept.addr] = creds
+            if kept.listen != kept.addr:
+                rt.routes[kept.addr] = kept.listen
+            if tcp_endpoint(kept.listen) is None:
+                rt.pids[kept.listen] = kept.pid
+            w.conn = rt.connect(kept.addr)
+            fut: asyncio.Future[Any] = rt.loop.create_future()
+            futs.append(fut)
+            req = w.conn.next_req(Pending(fut, ignore_result, "reattach", self.name,
+                                          self.region.point(kept.rank)))
+            w.conn.send_message(Adopt(req, rt.addr, controller))
+        await asyncio.wait(futs)
+        for fut in futs:  # the first worker that cannot be re-attached says why
+            if fut.exception() is not None:
+                raise cast(BaseException, fut.exception())
+        for w in self.workers:
+            assert w.conn is not None
+            self._watch(w, w.conn)
+            w.ready.set_result(None)
+        self.actor_names = {a.name for a in record.actors}
+        self._beating = rt.tasks.start(self._heartbeats())
+
+    def published(self) -> None:
+        """Publish (again) the record of a kept-alive mesh: what a new
+        controller needs to re-attach to it as it is now."""
+        if self.keep_alive is None or self.stopped:
+            return
+        try:
+            publish(KeptMesh(
+                self.name, self.id, self.secret.hex(), list(self.region.extent.labels),
+                list(self.region.extent.sizes), self.keep_alive, dict(self.env),
+                self.bootstrap, self.log_records, self.log_dir, os.getpid(), time.time(),
+                [KeptWorker(w.rank, w.spec.worker, w.addr, self.rt.routes.get(w.addr, w.addr),
+                            w.handle.pid, w.handle.host) for w in self.workers],
+                [KeptActor(a.name, a.target, *a.cls_name, a.cls_blob,
+                           None if a.out else a.body,
+                           a.labels, a.sizes, list(a.ranks), a.options.restart,
+                           a.options.stall_after) for a in self.actors]))
+        except OSError as e:  # the mesh works on; only reattach cannot find it
+            log.warning("meshio: cannot publish proc mesh %r for reattach (%s)", self.name, e)
 
     def reopen(self) -> None:
         """Undo :meth:`stop` before a parent supervisor restarts this mesh's
@@ -356,13 +443,18 @@ class ProcState:
             # a worker on another host chose its TCP address; its replacements answer to it
             worker.addr = worker.conn.peer
         self._route(worker, worker.conn)
+        self._watch(worker, worker.conn)
+
+    def _watch(self, worker: _Worker, conn: Connection) -> None:
+        """Watch the incarnation of ``worker`` at the other end of ``conn``:
+        its loss, faults, stalls and heartbeats."""
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
         self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
         self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
         for down in self.rt.down.values():  # a new worker learns who is not responding
-            worker.conn.send_message(down())
+            conn.send_message(down())
 
     def _route(self, worker: _Worker, conn: Connection) -> None:
         """Where the incarnation of ``worker`` that said hello on ``conn``
@@ -755,6 +847,7 @@ class ProcState:
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
         w.ready.set_result(None)
+        self.published()
         return handle.pid, handle.host
 
     def restarting(self, grank: int) -> asyncio.Future[None] | None:
@@ -927,6 +1020,7 @@ class ProcState:
             self._tell_reshaped(old_n)
             for w in added:
                 w.ready.set_result(None)
+            self.published()
 
     async def shrink(self, dim: str, by: int) -> None:
         """``by`` fewer points along ``dim`` (checked by :meth:`resizable`,
@@ -963,6 +1057,7 @@ class ProcState:
                                                   per_host=per_host), None)
                     a.mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(n)
+            self.published()
             for w in removed:
                 self.failures.pop(w.rank, None)
                 self.holes.discard(w.rank)
@@ -1022,6 +1117,8 @@ class ProcState:
         if self.stopped:
             return
         self.stopped = True
+        if self.keep_alive is not None:
+            forget_record(self.name, self.id)
         if self._beating is not None:
             self._beating.cancel()
         self._wake()  # wait_failed: stopped, not failed
@@ -1064,6 +1161,7 @@ class ProcState:
             rt.dead.pop(addr, None)
         for w in self.workers:
             rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
+            rt.peer_jobs.pop(w.addr, None)
             for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
                 table.pop(w.addr, None)
             for conn in (rt.conns.pop(w.addr, None), w.conn):

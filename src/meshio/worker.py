@@ -2,7 +2,10 @@
 
 Started by a launcher, never by hand.  The worker listens on its own Unix
 socket for peers, reports to the controller, hosts actors, and dies with
-its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost.
+its parent (``PR_SET_PDEATHSIG``) or when the controller's connection is lost
+(with ``--keep-alive S``: not with the controller; it waits ``S`` seconds for
+another one to re-attach, see :mod:`meshio._worker`; one a host agent started
+still dies with its agent).
 The job secret and the pickled ``spawn_procs(bootstrap=...)`` arrive on stdin
 (never on the command line or in the environment, which other processes of
 the user can read); stdin is then ``/dev/null``.
@@ -48,10 +51,13 @@ from ._worker import serve
 __all__ = ("main",)
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, keep_alive: float | None) -> None:
+    """Die with the parent (the controller), unless kept alive (then the
+    lost connection starts the keep-alive wait instead)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if keep_alive is None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         # Yama (ptrace_scope=1) lets only ancestors read our memory; RDMA
         # buffers' same-host backend needs sibling workers to (process_vm_readv).
         # Declaring the parent lets it and its descendants (our siblings) in,
@@ -59,8 +65,18 @@ def _die_with_parent(parent: int) -> None:
         libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(parent))
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() != parent and keep_alive is None:  # it died before prctl took effect
         os._exit(1)
+
+
+def _orphaned() -> None:
+    """The controller is gone, the worker waits for another: its stdout and
+    stderr (pipes the controller read) go to ``/dev/null``, so that a
+    ``print`` in an actor does not raise ``BrokenPipeError``."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _read_payload() -> tuple[bytes, bytes, int]:
@@ -137,7 +153,15 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt.replacement = args.restart
     install_debugger(rt, args.controller)  # breakpoint() pauses for `meshio debug`
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
-    return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None)
+    return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,
+                       keep_alive=args.keep_alive,
+                       # (a host agent, our parent, still reads our output)
+                       orphaned=None if _by_agent(args) else _orphaned)
+
+
+def _by_agent(args: argparse.Namespace) -> bool:
+    """Whether a host agent started us (the controller is reached over TCP)."""
+    return bool(args.controller.startswith("tcp://"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,13 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--restart", action="store_true")
     ap.add_argument("--addr")  # a replacement answers to its predecessor's address
+    ap.add_argument("--keep-alive", type=float)  # spawn_procs(keep_alive=...)
     ap.add_argument("--tls-cert")  # TLS of a worker on another host (its agent's files)
     ap.add_argument("--tls-key")
     ap.add_argument("--tls-ca")
     ap.add_argument("--tls-no-mutual", action="store_true")
     ap.add_argument("--tls-no-check-hostname", action="store_true")
     args = ap.parse_args(argv)
-    _die_with_parent(args.parent)
+    # A host agent, our parent on a job's host, outlives the controller: we
+    # die with it, kept alive or not; the controller (this host) we outlive.
+    _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
     # The controller decides when we stop: a terminal's Ctrl-C, `timeout` and
     # Slurm signal the whole process group, the controller stops us gracefully.

@@ -14,6 +14,7 @@ import msgspec
 from .._constants import STALL_AFTER
 
 __all__ = (
+    "Adopt",
     "AgentBeat",
     "AgentBeatAck",
     "Answers",
@@ -56,6 +57,7 @@ __all__ = (
     "StopActor",
     "Stream",
     "Transfer",
+    "WatchWorker",
     "WorkerExited",
     "WorkerOutput",
     "decode_message",
@@ -271,6 +273,8 @@ class LaunchWorker(_Msg, frozen=True, tag=17):
     #: controller (:class:`AgentBeat`) before it kills it (self-fencing);
     #: None: never (``spawn_procs(partition_timeout=...)``)
     partition_timeout: float | None = None
+    #: ``spawn_procs(keep_alive=...)``: seconds it outlives a lost controller
+    keep_alive: float | None = None
 
 
 class SignalWorker(_Msg, frozen=True, tag=18):
@@ -534,11 +538,34 @@ class AgentBeatAck(_Msg, frozen=True, tag=38):
     seq: int
 
 
+class WatchWorker(_Msg, frozen=True, tag=36):
+    """Controller → host agent: from now on, tell this connection of the
+    worker ``worker`` (its output, its exit): a controller re-attached to a
+    kept-alive proc mesh that another controller launched there.  Answered
+    with the worker's pid, or a :class:`Fail` if the agent has no such worker."""
+
+    req: int
+    worker: str
+
+
+class Adopt(_Msg, frozen=True, tag=35):
+    """From a controller re-attaching to a kept-alive proc mesh
+    (``this_host().reattach``) to each of its workers: the controller is now
+    the one at ``controller``, which listens for this job's processes at
+    ``listen``.  Answered with a :class:`Reply`, or a :class:`Fail` when the
+    worker is not kept alive or its controller is still connected."""
+
+    req: int
+    controller: str
+    listen: str
+
+
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck)
+           | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
+           | Adopt | WatchWorker)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

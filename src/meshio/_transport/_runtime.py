@@ -295,7 +295,7 @@ class Runtime:
     ``0.0.0.0``; ``tls`` then applies to every connection.  A controller
     listens on TCP once per job it drives (:meth:`listen_tcp`), and a TCP
     connection proves the :class:`~._credentials.Credentials` of the job of
-    the process at its other end (:attr:`tcp_jobs`).
+    the process at its other end (:attr:`peer_jobs`).
 
     With ``name``, the runtime answers to that address while it listens at
     ``addr`` (:attr:`listening`): a replacement worker keeps its
@@ -332,14 +332,18 @@ class Runtime:
         if addr is None:
             addr = f"@meshio-{secrets.token_hex(8)}/controller"
         #: what this runtime's TCP connections prove, but for those to the
-        #: processes of another job (:attr:`tcp_jobs`): its own secret, and ``tls``
+        #: processes of another job (:attr:`peer_jobs`): its own secret, and ``tls``
         self.tcp: Credentials = Credentials(self.secret, tls)
         #: controller side: the ``tcp://`` address it listens at for each job
         #: it drives (:meth:`listen_tcp`)
         self._tcp_listeners: dict[Credentials, str] = {}
-        #: by ``tcp://`` address, the job of the process there when it is not
-        #: this runtime's own (learned from its ``Hello``; what dialling it proves)
-        self.tcp_jobs: dict[str, Credentials] = {}
+        #: controller side: the Unix name it listens at for each kept-alive
+        #: proc mesh of another job it re-attached to (:meth:`listen_job`)
+        self._job_listeners: dict[Credentials, str] = {}
+        #: by address, the job of the process there when it is not this
+        #: runtime's own (learned from its ``Hello``, or told by a controller
+        #: re-attaching to a kept-alive proc mesh; what dialling it proves)
+        self.peer_jobs: dict[str, Credentials] = {}
         self._socks: list[socket.socket] = []
         #: its tasks: serving each listener, TLS handshakes, dialling, and
         #: what the layers start on its behalf (cancelled by :meth:`close`)
@@ -446,6 +450,28 @@ class Runtime:
         addr = self._tcp_listeners[job] = self._listen(_listen_tcp(bind, port), advertise, job)
         return addr
 
+    def listen_job(self, job: Credentials) -> str:
+        """Listen on a Unix name of its own for the processes of ``job`` (a
+        connection there proves its secret): a controller that re-attached
+        to a kept-alive proc mesh started by another controller, whose
+        workers hold that controller's secret.  One listener per job: a
+        second call returns the same address.
+
+        Raises:
+            ClosedResourceError: the runtime is closed.
+        """
+        addr = self._job_listeners.get(job)
+        if addr is not None:
+            return addr
+        if self._closed:
+            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
+        addr = f"{self.namespace}/job-{secrets.token_hex(4)}"
+        sock = _listen_unix(addr)
+        self._socks.append(sock)
+        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job)))
+        self._job_listeners[job] = addr
+        return addr
+
     def _listen(self, sock: socket.socket, advertise: str, job: Credentials | None) -> str:
         """Serve connections on the listening ``sock``: Unix (``job`` None),
         or TCP for the processes of ``job``, its address as ``advertise``
@@ -533,9 +559,9 @@ class Runtime:
 
     def connect(self, addr: str, job: Credentials | None = None) -> Connection:
         """The connection to ``addr``, dialling it if needed (sends made
-        before it is up are queued in order).  A ``tcp://`` address is
-        dialled proving ``job``: by default the job of the process there
-        (:attr:`tcp_jobs`), else this runtime's own (:attr:`tcp`).
+        before it is up are queued in order).  It is dialled proving
+        ``job``: by default the job of the process there (:attr:`peer_jobs`),
+        else this runtime's own (:attr:`tcp`).
 
         Raises:
             AuthenticationError: ``addr`` is connected already, as a process
@@ -549,8 +575,8 @@ class Runtime:
                     "or TLS setting; a process belongs to one job")
             return conn
         conn = Connection(self, addr)
-        if addr.startswith("tcp://"):
-            conn.job = job or self.tcp_jobs.get(addr, self.tcp)
+        conn.job = job or self.peer_jobs.get(addr, self.tcp if addr.startswith("tcp://")
+                                             else None)
         self.conns[addr] = conn
         self.all_conns.add(conn)
         peer = _local.get(addr)
@@ -597,7 +623,7 @@ class Runtime:
             sock = await (self._connect(target, deadline) if endpoint is None
                           else self._connect_tcp(endpoint, deadline))
             job = conn.job or self.tcp
-            hs = HandshakeProtocol(self.secret if endpoint is None else job.secret,
+            hs = HandshakeProtocol(job.secret,
                                    dialler=True, timeout=max(deadline - loop.time(), 0.0),
                                    on_done=done, on_fail=fail, pid=self.pids.get(target))
             self._handshakes.add(hs)
@@ -739,7 +765,7 @@ class Runtime:
                     conn.peer = msg.addr
                     self.conns.setdefault(msg.addr, conn)
                     if conn.job is not None and conn.job is not self.tcp:
-                        self.tcp_jobs[msg.addr] = conn.job  # redialled as a process of its job
+                        self.peer_jobs[msg.addr] = conn.job  # redialled as a process of its job
                 waiter = self.hello_waiters.pop(msg.worker, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(conn)

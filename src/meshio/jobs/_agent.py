@@ -46,6 +46,7 @@ from .._transport._messages import (
     Reply,
     SignalWorker,
     Stream,
+    WatchWorker,
     WorkerExited,
     WorkerOutput,
 )
@@ -172,7 +173,8 @@ class Agent:
     async def launch(self, conn: Connection, msg: LaunchWorker) -> None:
         spec = WorkerSpec(msg.worker, tcp_address(self.advertise, 0), msg.controller, msg.env,
                           msg.restart, msg.label, secret=self.rt.tcp.secret,
-                          bootstrap=msg.bootstrap, tls=self.rt.tcp.tls, addr=msg.addr)
+                          bootstrap=msg.bootstrap, tls=self.rt.tcp.tls, addr=msg.addr,
+                          keep_alive=msg.keep_alive)
         self._conns[msg.worker] = conn
         if msg.partition_timeout is not None:  # fenced from now, even before it runs
             self._fenced[msg.worker] = (conn, msg.partition_timeout, self.rt.loop.time())
@@ -182,20 +184,34 @@ class Agent:
         except Exception as e:  # the host could not start it (fork failed, bad python)
             del self._conns[msg.worker]
             self._fenced.pop(msg.worker, None)
-            conn.send_message(Fail(msg.req, ErrorInfo(
-                "supervision", "SupervisionError",
-                f"host agent at {self.rt.addr} could not start worker {msg.worker}: {e!r}")))
+            self._answer(conn, msg.req, None, f"could not start worker {msg.worker}: {e!r}")
             return
         self.procs[msg.worker] = proc
         if msg.partition_timeout is not None and msg.worker not in self._fenced:
             proc.send_signal(signal.SIGKILL)  # fenced while it started
-        conn.send_message(Reply(msg.req, msgspec.Raw(msgspec.msgpack.encode(proc.pid))))
+        self._answer(conn, msg.req, proc, "")
         code = await proc.wait()
         del self.procs[msg.worker]
-        self._conns.pop(msg.worker, None)
+        conn = self._conns.pop(msg.worker, conn)  # (a controller re-attached meanwhile)
         self._fenced.pop(msg.worker, None)
         if not conn.closed:
             conn.send_message(WorkerExited(msg.worker, code, proc.start_failure or ""))
+
+    def watch(self, conn: Connection, msg: WatchWorker) -> None:
+        """A controller re-attached to a kept-alive worker of this host: its
+        output and exit go to that controller (on ``conn``) from now on."""
+        proc = self.procs.get(msg.worker)
+        if proc is not None:
+            self._conns[msg.worker] = conn
+        self._answer(conn, msg.req, proc, f"has no worker {msg.worker} (it has exited)")
+
+    def _answer(self, conn: Connection, req: int, proc: LocalProc | None, why: str) -> None:
+        """Answer request ``req`` with the pid of ``proc``, or fail it: ``why``."""
+        if proc is not None:
+            conn.send_message(Reply(req, msgspec.Raw(msgspec.msgpack.encode(proc.pid))))
+        else:
+            conn.send_message(Fail(req, ErrorInfo(
+                "supervision", "SupervisionError", f"host agent at {self.rt.addr} {why}")))
 
 
 def _not_an_agent(rt: Runtime, conn: Connection, req: int) -> None:
@@ -224,6 +240,16 @@ def _on_beat(rt: Runtime, conn: Connection, msg: AgentBeat, bufs: Buffers) -> No
 register_handler(LaunchWorker, _on_launch)
 register_handler(AgentBeat, _on_beat)
 register_handler(SignalWorker, _on_signal)
+
+
+def _on_watch(rt: Runtime, conn: Connection, msg: WatchWorker, bufs: Buffers) -> None:
+    if not rt.has_state(Agent):
+        _not_an_agent(rt, conn, msg.req)
+        return
+    rt.state(Agent).watch(conn, msg)
+
+
+register_handler(WatchWorker, _on_watch)
 
 
 async def serve_agent(listen: str, secret: bytes, *, advertise: str | None = None,

@@ -35,7 +35,7 @@ import msgspec
 
 from .._exceptions import SupervisionError
 from .._extent import Region
-from .._launcher import Forward, WorkerSpec
+from .._launcher import ExitWatch, Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
 from .._transport._credentials import Credentials
@@ -44,6 +44,7 @@ from .._transport._messages import (
     AgentBeatAck,
     LaunchWorker,
     SignalWorker,
+    WatchWorker,
     WorkerExited,
     WorkerOutput,
 )
@@ -86,7 +87,7 @@ def route_to(host: str) -> str:
         return str(probe.getsockname()[0])
 
 
-class RemoteProc:
+class RemoteProc(ExitWatch):
     """A worker on a remote host, watched through that host's agent."""
 
     def __init__(self, launcher: RemoteLauncher, conn: Connection, worker: str, pid: int,
@@ -102,15 +103,8 @@ class RemoteProc:
         self.since = loop.time()
         self._conn = conn
         self._worker = worker
-        self._exit: asyncio.Future[int] = loop.create_future()
+        self._exit = loop.create_future()
         self._out = {stream: Forward(label, stream) for stream in ("stdout", "stderr")}
-
-    @property
-    def returncode(self) -> int | None:
-        return self._exit.result() if self._exit.done() else None
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
 
     def send_signal(self, sig: int) -> None:
         if not self._exit.done() and not self._conn.closed:
@@ -271,15 +265,36 @@ class RemoteLauncher:
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
             conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
                                            spec.restart, spec.label, spec.bootstrap,
-                                           spec.partition_timeout))
+                                           spec.partition_timeout, spec.keep_alive))
         pid = await fut  # a failed dial failed it, before anything listened for the job
-        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker, rt.loop,
-                          spec.partition_timeout)
-        remote = rt.state(_Remote)
-        remote.procs[spec.worker] = proc
+        proc = self._watch(conn, spec.worker, pid, spec.label or spec.worker,
+                           spec.partition_timeout)
         if spec.partition_timeout is not None:
-            remote.watch(proc)
+            rt.state(_Remote).watch(proc)
         return proc
+
+    def _watch(self, conn: Connection, worker: str, pid: int, label: str,
+               partition_timeout: float | None = None) -> RemoteProc:
+        """The handle of ``worker``, told of by the agent on ``conn``."""
+        proc = RemoteProc(self, conn, worker, pid, label, conn.rt.loop, partition_timeout)
+        conn.rt.state(_Remote).procs[worker] = proc
+        return proc
+
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        # (its workers prove the job's credentials, whoever spawned them:
+        # a mesh of another job fails the handshake)
+        addr = runtime().listen_tcp(advertise=route_to(self.host), job=self._job)
+        return self._job, addr
+
+    async def adopt(self, worker: str, pid: int, label: str) -> RemoteProc:
+        rt = runtime()
+        conn = rt.connect(self.agent, self._job)
+        fut: asyncio.Future[int] = rt.loop.create_future()
+        req = conn.next_req(Pending(fut, _pid, "watch worker", f"host agent {self.agent}",
+                                    label))
+        conn.send_message(WatchWorker(req, worker))
+        rt.on_lost.setdefault(self.agent, self._agent_lost)
+        return self._watch(conn, worker, await fut, label)
 
     def _agent_lost(self, conn: Connection) -> None:
         """The agent's connection dropped: its workers died with it (they are

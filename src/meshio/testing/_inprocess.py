@@ -27,6 +27,7 @@ from typing import Literal
 from .._extent import Region
 from .._launcher import WorkerSpec
 from .._proc_mesh import HostMesh
+from .._transport._credentials import Credentials
 from .._transport._runtime import Runtime
 from .._worker import serve
 
@@ -72,12 +73,23 @@ class InProcessWorker:
         self._rt.close()
 
 
+#: why ``reattach`` finds nothing to re-attach to on the in-process transport
+_NO_REATTACH = ("the in-process transport keeps no proc mesh alive for another controller "
+                "(test reattach on the 'processes' transport)")
+
+
 class InProcessLauncher:
     """Starts workers as runtimes on the running event loop (a
     :class:`~meshio._launcher.ProcLauncher`)."""
 
     def __init__(self) -> None:
         self.host: str = os.uname().nodename
+
+    def reach(self, secret: bytes) -> tuple[Credentials, str]:
+        raise ValueError(_NO_REATTACH)
+
+    async def adopt(self, worker: str, pid: int, label: str) -> InProcessWorker:
+        raise ValueError(_NO_REATTACH)
 
     async def launch(self, spec: WorkerSpec) -> InProcessWorker:
         if spec.bootstrap:

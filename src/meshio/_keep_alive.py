@@ -1,0 +1,210 @@
+"""The records of kept-alive proc meshes: how a new controller finds the
+workers of ``spawn_procs(name=..., keep_alive=...)`` after the controller
+that started them is gone, and proves it may talk to them.
+
+A controller publishes one file per kept-alive proc mesh,
+``<inspection dir>/procs/<name>.json`` (the directory of ``meshio stacks``'
+files, :func:`~meshio._inspect.inspection_dir`: mode 0700, the file 0600,
+so only this user reads it): the mesh's name, id and shape, its job secret,
+each worker's address, listening name and pid, and per actor mesh its name,
+class and constructor arguments (to rebuild its actors when a supervisor
+replaces a process).  It is rewritten as the mesh changes (spawns,
+restarts, grow/shrink) and removed when the mesh is stopped normally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import msgspec
+
+from ._exceptions import UnknownProcMeshError
+from ._inspect import private_dir
+
+__all__ = ("KeptActor", "KeptMesh", "KeptWorker", "check_keep_alive", "check_name", "claim",
+           "forget", "lookup", "publish")
+
+
+class KeptWorker(msgspec.Struct, frozen=True):
+    """One process of a kept-alive proc mesh."""
+
+    rank: int
+    worker: str
+    #: the address it answers to, and where it listens (differs for a replacement)
+    addr: str
+    listen: str
+    pid: int
+    host: str
+
+
+class KeptActor(msgspec.Struct, frozen=True):
+    """One actor mesh spawned on a kept-alive proc mesh."""
+
+    name: str
+    target: str
+    #: its class, as ``module`` and ``qualname`` (to check the class the new
+    #: controller names) and pickled (to rebuild its actors)
+    module: str
+    qualname: str
+    cls: bytes
+    #: the packed constructor arguments (None: they held out-of-band
+    #: buffers, which the record does not keep; its actors are not rebuilt)
+    body: bytes | None
+    labels: list[str]
+    sizes: list[int]
+    ranks: list[int]
+    restart: str
+    stall_after: float
+
+
+class KeptMesh(msgspec.Struct, frozen=True):
+    """What a new controller needs to re-attach to a proc mesh."""
+
+    name: str
+    id: str
+    #: the secret its processes on this host prove, hex (a job's hosts prove
+    #: the job's own credentials); the record is this user's only
+    secret: str
+    labels: list[str]
+    sizes: list[int]
+    keep_alive: float
+    env: dict[str, str]
+    bootstrap: bytes
+    log_records: bool
+    log_dir: str | None
+    #: the controller that wrote it last, and when (wall clock)
+    controller_pid: int
+    written: float
+    workers: list[KeptWorker]
+    actors: list[KeptActor]
+
+
+_decode = msgspec.json.Decoder(KeptMesh).decode
+
+
+def check_keep_alive(keep_alive: object) -> float | None:
+    """``spawn_procs(keep_alive=...)`` checked: seconds > 0, or None.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: not a positive, finite number.
+    """
+    if keep_alive is None:
+        return None
+    if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
+        raise TypeError(f"spawn_procs: keep_alive must be seconds (a number) or None, got "
+                        f"{type(keep_alive).__name__} {keep_alive!r}")
+    if not 0 < keep_alive < float("inf"):
+        raise ValueError(f"spawn_procs: keep_alive must be seconds > 0, got {keep_alive!r}")
+    return float(keep_alive)
+
+
+def _dir() -> Path:
+    path = private_dir() / "procs"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def _path(name: str) -> Path:
+    return _dir() / f"{name}.json"
+
+
+def check_name(name: str) -> None:
+    """A name a kept-alive mesh can be published under (a file name).
+
+    Raises:
+        ValueError: empty, or with ``/``, NUL, or a leading dot.
+    """
+    if not name or "/" in name or "\0" in name or name.startswith("."):
+        raise ValueError(f"spawn_procs: a kept-alive proc mesh's name is a file name: "
+                         f"non-empty, without '/' or NUL, not starting with '.'; got {name!r}")
+
+
+def _alive(record: KeptMesh) -> bool:
+    """Whether a worker of ``record`` still runs (its pid runs ``meshio.worker``
+    as that worker, not a process that reused the pid)."""
+    for w in record.workers:
+        try:
+            cmdline = Path(f"/proc/{w.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"meshio.worker" in cmdline and w.worker.encode() in cmdline:
+            return True
+    return False
+
+
+def _read(path: Path) -> KeptMesh | None:
+    try:
+        return _decode(path.read_bytes())
+    except (OSError, msgspec.ValidationError, msgspec.DecodeError):
+        return None  # gone meanwhile, being replaced, or not ours to read
+
+
+def _live() -> dict[str, KeptMesh]:
+    """The kept-alive proc meshes of this user on this host, by name; the
+    records of meshes whose workers are all gone are removed."""
+    found: dict[str, KeptMesh] = {}
+    for path in sorted(_dir().glob("*.json")):
+        record = _read(path)
+        if record is None:
+            continue
+        if _alive(record):
+            found[record.name] = record
+        else:
+            path.unlink(missing_ok=True)
+    return found
+
+
+def lookup(name: str) -> KeptMesh:
+    """The record of the kept-alive proc mesh ``name``.
+
+    Raises:
+        UnknownProcMeshError: there is none (the message lists those there are).
+    """
+    live = _live()
+    record = live.get(name)
+    if record is None:
+        names = ", ".join(repr(n) for n in live) or "none"
+        raise UnknownProcMeshError(
+            f"reattach({name!r}): no proc mesh named {name!r} is kept alive on this host "
+            f"for this user (kept-alive proc meshes: {names}); spawn it with "
+            f"spawn_procs(name={name!r}, keep_alive=...), and re-attach before its "
+            f"keep_alive runs out")
+    return record
+
+
+def claim(name: str, mesh_id: str) -> None:
+    """Check that ``name`` is free for the new kept-alive mesh ``mesh_id``.
+
+    Raises:
+        ValueError: another live proc mesh is kept alive under that name.
+    """
+    other = _live().get(name)
+    if other is not None and other.id != mesh_id:
+        raise ValueError(
+            f"spawn_procs(name={name!r}, keep_alive=...): a proc mesh named {name!r} is "
+            f"kept alive on this host already (controller pid {other.controller_pid}); "
+            f"re-attach to it with this_host().reattach({name!r}) and stop it, or choose "
+            f"another name")
+
+
+def publish(record: KeptMesh) -> None:
+    """Write (or rewrite) ``record``, readable by this user only."""
+    path = _path(record.name)
+    tmp = path.with_name(f".{record.name}.{os.getpid()}.{time.monotonic_ns()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(msgspec.json.encode(record))
+    os.replace(tmp, path)
+
+
+def forget(name: str, mesh_id: str) -> None:
+    """Remove the record of ``name`` if it is the mesh ``mesh_id``'s."""
+    path = _path(name)
+    record = _read(path)
+    if record is not None and record.id == mesh_id:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

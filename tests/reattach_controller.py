@@ -1,0 +1,111 @@
+"""Trainers for ``tests/test_reattach.py``, and, run as a script, the
+controllers it kills and starts:
+
+- ``spawn NAME KEEP_ALIVE``: spawns proc mesh NAME (two processes, with
+  ``keep_alive`` seconds unless it is ``none``) and trainers on it, trains
+  three steps, prints ``ready <pids as JSON>`` and waits (to be killed);
+- ``step NAME``: re-attaches to NAME, trains one step and exits at once
+  (``os._exit``: a second controller lost without stopping anything);
+- ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
+  two more steps, prints their state again, then stops the mesh.
+
+With ``--job CACHE_DIR`` last, the hosts are those of a ``ProcessJob`` of two
+hosts (host agents, cached in CACHE_DIR) and every host runs one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+
+import meshio
+from meshio import Actor, endpoint
+from meshio.jobs import ProcessJob
+
+#: ``--job CACHE_DIR``: the job whose hosts the mesh runs on (else this host)
+JOB: str | None = None
+
+
+async def hosts() -> meshio.HostMesh:
+    """Where the mesh runs: this host, or the job's two hosts."""
+    if JOB is None:
+        return meshio.this_host()
+    return (await ProcessJob(meshes={"hosts": 2}, cache_dir=JOB).state()).hosts
+
+
+def per_host() -> dict[str, int]:
+    return {"gpus": 2} if JOB is None else {"gpus": 1}
+
+
+class Trainer(Actor):
+    """Its weights after each step: state that a lost controller must not lose."""
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+        self.history: list[float] = []
+
+    @endpoint
+    async def train(self, steps: int) -> None:
+        weight = self.history[-1] if self.history else 0.0
+        self.history.extend(weight + self.lr * (i + 1) for i in range(steps))
+
+    @endpoint
+    async def state(self) -> tuple[int, float]:
+        """Steps trained, and the weight now."""
+        return len(self.history), self.history[-1] if self.history else 0.0
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def report(self) -> None:
+        """A ``logging`` record for whichever controller serves it now."""
+        logging.getLogger("trainer").warning("trainer at step %d", len(self.history))
+
+
+async def spawn(name: str, keep_alive: float | None) -> None:
+    procs = await (await hosts()).spawn_procs(per_host=per_host(), name=name,
+                                              keep_alive=keep_alive)
+    trainers = await procs.spawn("trainers", Trainer, lr=0.5)
+    await trainers.train.call(steps=3)
+    print("ready", json.dumps(procs.pids), flush=True)
+    sys.stdin.read()  # until the test kills this process
+
+
+async def step(name: str) -> None:
+    procs = await (await hosts()).reattach(name)
+    trainers = procs.actors("trainers", Trainer)
+    await trainers.train.call(steps=1)
+    print("stepped", flush=True)
+    os._exit(0)
+
+
+async def resume(name: str) -> None:
+    procs = await (await hosts()).reattach(name)
+    trainers = procs.actors("trainers", Trainer)
+    print("before", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    await trainers.train.call(steps=2)
+    print("after", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    records: asyncio.Queue[str] = asyncio.Queue()
+    seen = logging.Handler()
+    seen.emit = lambda record: records.put_nowait(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("trainer").addHandler(seen)
+    await trainers.report.call()
+    got = [await asyncio.wait_for(records.get(), 60) for _ in range(2)]
+    print("records", json.dumps(got), flush=True)
+    await procs.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[-2] == "--job":
+        JOB = sys.argv.pop()
+        sys.argv.pop()
+    what, mesh = sys.argv[1], sys.argv[2]
+    if what == "spawn":
+        meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3])))
+    else:
+        meshio.run(step(mesh) if what == "step" else resume(mesh))

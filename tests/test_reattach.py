@@ -1,0 +1,282 @@
+"""Workers that outlive their controller: ``spawn_procs(name=...,
+keep_alive=...)`` and ``this_host().reattach(name)`` (issue 18 §8).
+
+Each test runs the first controller as a script (``reattach_controller.py``)
+and SIGKILLs it once it has trained a little; a second script, or the test
+itself, re-attaches.  Every test has a records directory of its own
+(``XDG_RUNTIME_DIR``), so that names never meet another test's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import meshio
+import reattach_controller
+from meshio._keep_alive import KeptMesh
+from meshio.jobs import ProcessJob
+from meshio.supervision import SupervisionEvent
+from reattach_controller import Trainer
+
+GUARD = 60.0
+SCRIPT = Path(reattach_controller.__file__).resolve()
+
+
+@pytest.fixture(autouse=True)
+def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's records directory (the scripts it runs inherit it)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return tmp_path / "meshio" / "procs"
+
+
+class Controller:
+    """A first controller, run as a script: it spawns, trains three steps
+    and waits to be killed."""
+
+    def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT), "spawn", name,
+             "none" if keep_alive is None else str(keep_alive), *job],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        ready = _readline(self.proc.stdout.fileno())
+        assert ready.startswith("ready "), ready
+        #: its workers' pids
+        self.pids: list[int] = json.loads(ready.removeprefix("ready "))
+
+    def sigkill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        assert self.proc.wait(GUARD) == -signal.SIGKILL
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.sigkill()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def controller() -> Iterator[type[Controller]]:
+    started: list[Controller] = []
+
+    class Started(Controller):
+        def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
+            super().__init__(name, keep_alive, *job)
+            started.append(self)
+
+    yield Started
+    for c in started:
+        c.close()
+
+
+def _readline(fd: int) -> str:
+    """One line from ``fd`` (waited on, with a guard against a hang)."""
+    data = b""
+    deadline = time.monotonic() + GUARD
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        assert ready, f"no line within {GUARD} s (so far: {data!r})"
+        chunk = os.read(fd, 1)
+        assert chunk, f"end of output before a line (so far: {data!r})"
+        data += chunk
+    return data.decode().strip()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_exited(pids: list[int], timeout: float = GUARD) -> None:
+    """Wait until every process of ``pids`` (not our children) has exited."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except ProcessLookupError:  # gone already
+            pass
+    try:
+        deadline = time.monotonic() + timeout
+        waiting = list(fds)
+        while waiting:
+            ready, _, _ = select.select(waiting, [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"processes {pids} did not all exit within {timeout} s"
+            waiting = [fd for fd in waiting if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def record(records: Path, name: str) -> KeptMesh:
+    from meshio._keep_alive import _decode  # the record as reattach reads it
+
+    return _decode((records / f"{name}.json").read_bytes())
+
+
+def test_a_second_script_reattaches_after_sigkill_and_trains_on(
+        controller: type[Controller], records: Path) -> None:
+    first = controller("train", 60)
+    kept = record(records, "train")
+    assert (kept.name, kept.labels, kept.sizes) == ("train", ["gpus"], [2])
+    assert sorted(w.pid for w in kept.workers) == sorted(first.pids)
+    assert [a.name for a in kept.actors] == ["trainers"]
+    assert (records / "train.json").stat().st_mode & 0o777 == 0o600
+    assert records.parent.stat().st_mode & 0o777 == 0o700
+
+    first.sigkill()
+    assert all(running(pid) for pid in first.pids)  # kept alive, not killed with it
+
+    # a second controller re-attaches, trains a step and is lost in turn
+    second = subprocess.run([sys.executable, str(SCRIPT), "step", "train"],
+                            capture_output=True, text=True, timeout=GUARD, check=False)
+    assert (second.returncode, second.stdout) == (0, "stepped\n"), second.stderr
+    third = subprocess.run([sys.executable, str(SCRIPT), "resume", "train"],
+                           capture_output=True, text=True, timeout=GUARD, check=False)
+    assert third.returncode == 0, third.stderr
+    lines = dict(line.split(" ", 1) for line in third.stdout.splitlines())
+    assert json.loads(lines["before"]) == [[4, 2.0], [4, 2.0]]  # their state, intact
+    assert json.loads(lines["after"]) == [[6, 3.0], [6, 3.0]]  # and training goes on
+    # their logging records reach the controller serving them now
+    assert json.loads(lines["records"]) == ["trainer at step 6"] * 2
+    wait_exited(first.pids)  # the second controller stopped them
+    assert not (records / "train.json").exists()
+
+
+def test_without_keep_alive_workers_exit_with_the_controller(
+        controller: type[Controller], records: Path) -> None:
+    first = controller("plain", None)
+    assert not (records / "plain.json").exists()  # nothing published
+    first.sigkill()
+    wait_exited(first.pids)
+
+
+async def test_workers_exit_once_keep_alive_runs_out(
+        controller: type[Controller], records: Path) -> None:
+    first = controller("short", 2)
+    first.sigkill()
+    killed = time.monotonic()
+    assert all(running(pid) for pid in first.pids)
+    await asyncio.to_thread(wait_exited, first.pids)
+    assert time.monotonic() - killed >= 1.5  # they waited for a controller first
+    with pytest.raises(meshio.UnknownProcMeshError, match=r"no proc mesh named 'short'"):
+        await meshio.this_host().reattach("short")
+    assert not (records / "short.json").exists()  # a record of nobody: removed
+
+
+async def test_reattach_errors_name_what_exists(controller: type[Controller]) -> None:
+    first = controller("named", 60)
+    with pytest.raises(meshio.UnknownProcMeshError,
+                       match=r"reattach\('nope'\).*kept-alive proc meshes: 'named'"):
+        await meshio.this_host().reattach("nope")
+    assert issubclass(meshio.UnknownProcMeshError, LookupError)
+    # its controller still runs: it keeps its workers
+    with pytest.raises(meshio.SupervisionError, match="is still connected"):
+        await meshio.this_host().reattach("named")
+    first.sigkill()
+    procs = await meshio.this_host().reattach("named")
+    try:
+        with pytest.raises(meshio.UnknownActorError, match=r"its actor meshes: 'trainers'"):
+            procs.actors("learners", Trainer)
+        with pytest.raises(TypeError, match=r"are of class __main__\.Trainer"):
+            procs.actors("trainers", meshio.Actor)
+        trainers = procs.actors("trainers", Trainer)
+        assert list((await trainers.state.call()).values()) == [(3, 1.5), (3, 1.5)]
+    finally:
+        await procs.stop()
+    wait_exited(first.pids)
+
+
+@pytest.mark.parametrize("on", ["this host", "a job"])
+async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
+        controller: type[Controller], records: Path, tmp_path: Path, on: str) -> None:
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    first = controller("supervised", 60, *(["--job", cache] if on == "a job" else []))
+    first.sigkill()
+    hosts = meshio.this_host() if on == "this host" else (await job.state()).hosts
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, name="after")
+    events = sup.events()
+    procs = await hosts.reattach("supervised", supervisor=sup)
+    try:
+        trainers = procs.actors("trainers", Trainer)
+        await trainers.train.call(steps=1)
+        os.kill(first.pids[1], signal.SIGKILL)
+
+        seen: list[SupervisionEvent] = []
+        async with asyncio.timeout(GUARD):
+            async for ev in events:
+                seen.append(ev)
+                if ev.kind == "restart":
+                    break
+        assert [(e.kind, e.mesh, e.rank) for e in seen] == [
+            ("failure", "supervised", 1), ("restart", "supervised", 1)]
+        await procs.ready()
+        assert list((await trainers.state.call()).values()) == [(4, 2.0), (0, 0.0)]  # rebuilt
+        new_pid = list((await trainers.pid.call()).values())[1]
+        assert new_pid not in first.pids
+        assert {w.pid for w in record(records, "supervised").workers} == {first.pids[0], new_pid}
+    finally:
+        await events.aclose()
+        await procs.stop()
+        await job.kill()
+    wait_exited(first.pids)
+    assert not (records / "supervised.json").exists()
+
+
+async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None:
+    host = meshio.this_host()
+    with pytest.raises(TypeError, match="keep_alive must be seconds"):
+        host.spawn_procs(keep_alive="600")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keep_alive must be seconds > 0"):
+        host.spawn_procs(keep_alive=0)
+    with pytest.raises(ValueError, match="a kept-alive proc mesh's name is a file name"):
+        host.spawn_procs(name="a/b", keep_alive=5)
+    async with host.spawn_procs(name="mine", keep_alive=30) as procs:
+        assert (records / "mine.json").exists()
+        with pytest.raises(ValueError, match=r"a proc mesh named 'mine' is kept alive"):
+            host.spawn_procs(name="mine", keep_alive=30)
+        with pytest.raises(ValueError, match=r"this process is the controller of proc mesh"):
+            await host.reattach("mine")
+        pids = procs.pids
+    assert not (records / "mine.json").exists()  # stopped normally: the record goes
+    wait_exited(pids)
+
+
+async def test_reattach_on_a_jobs_hosts(controller: type[Controller], records: Path,
+                                        tmp_path: Path) -> None:
+    """The same on the two hosts of a ProcessJob (host agents): the workers
+    are the agents' children and reach the controller over TCP."""
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    try:
+        first = controller("jobtrain", 60, "--job", cache)
+        kept = record(records, "jobtrain")
+        assert (kept.labels, kept.sizes) == (["hosts", "gpus"], [2, 1])
+        assert all(w.addr.startswith("tcp://") for w in kept.workers)
+        first.sigkill()
+        assert all(running(pid) for pid in first.pids)
+        resumed = subprocess.run([sys.executable, str(SCRIPT), "resume", "jobtrain", "--job",
+                                  cache], capture_output=True, text=True, timeout=GUARD,
+                                 check=False)
+        assert resumed.returncode == 0, resumed.stderr
+        lines = dict(line.split(" ", 1) for line in resumed.stdout.splitlines())
+        assert json.loads(lines["before"]) == [[3, 1.5], [3, 1.5]]
+        assert json.loads(lines["after"]) == [[5, 2.5], [5, 2.5]]
+        await asyncio.to_thread(wait_exited, first.pids)
+        assert not (records / "jobtrain.json").exists()
+    finally:
+        await job.kill()
