@@ -10,7 +10,9 @@ root); tests skip without it.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import random
 import secrets
 import shutil
 import subprocess
@@ -27,6 +29,24 @@ AGENT_START = 30.0
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+#: held while a bridge picks its subnet and takes its address: test runs on
+#: one machine (and two host sets of one run) never share a subnet, whose
+#: routes would send a controller to another set's agents
+SUBNET_LOCK = Path("/run/lock/meshio-netns-subnets") if Path("/run/lock").is_dir() \
+    else Path("/tmp/meshio-netns-subnets.lock")
+
+
+def _free_subnet() -> int:
+    """A ``10.<n>.0.0/24`` no address of this machine is in (call with
+    :data:`SUBNET_LOCK` held)."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=True, capture_output=True,
+                          text=True, timeout=30).stdout
+    free = [n for n in range(100, 250) if f" 10.{n}.0." not in used]
+    if not free:
+        raise RuntimeError("no free 10.<n>.0.0/24 subnet for namespace hosts (100-249 in use)")
+    return random.choice(free)
 
 
 def can_make_namespaces() -> bool:
@@ -61,12 +81,14 @@ def netns_hosts(n: int, secret_file: Path, *, agent_args: tuple[str, ...] = ()
     """``n`` namespace hosts, each running ``meshio agent`` on port 29500 of
     its own address; everything is removed afterwards."""
     tag = secrets.token_hex(3)
-    subnet = 100 + int(tag, 16) % 100  # 10.<subnet>.0.0/24: unlikely to clash
     bridge = f"mbr{tag}"
     hosts: list[Host] = []
     _ip("link", "add", bridge, "type", "bridge")
     try:
-        _ip("addr", "add", f"10.{subnet}.0.1/24", "dev", bridge)
+        with open(SUBNET_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subnet = _free_subnet()
+            _ip("addr", "add", f"10.{subnet}.0.1/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i in range(n):
             host = Host(f"mh{tag}{i}", f"10.{subnet}.0.{10 + i}", f"mv{tag}{i}")
