@@ -347,7 +347,7 @@ class Runtime:
         self._socks: list[socket.socket] = []
         #: its tasks: serving each listener, TLS handshakes, dialling, and
         #: what the layers start on its behalf (cancelled by :meth:`close`)
-        self.tasks = TaskOwner(f"the runtime at {addr}", self.loop)
+        self.tasks: TaskOwner = TaskOwner(f"the runtime at {addr}", self.loop)
         self._servers: list[asyncio.Server] = []
         #: connections being dialled → done once dialling ended (:meth:`dialled`)
         self._dialling: dict[Connection, asyncio.Task[None]] = {}

@@ -30,7 +30,7 @@ class TaskOwner:
     __slots__ = ("_loop", "_tasks", "what")
 
     def __init__(self, what: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.what = what
+        self.what: str = what
         self._loop = loop
         self._tasks: set[asyncio.Task[Any]] = set()
 
