@@ -22,7 +22,6 @@ import meshio
 import meshio.store._store as store_impl
 from meshio import Actor, endpoint
 from meshio._transport._bulk import HOST_ID
-from meshio._transport._runtime import runtime
 from meshio.jobs._job import write_secret
 from meshio.store import WeightStore
 from netns_hosts import Host, netns_hosts, requires_netns
@@ -39,7 +38,7 @@ def state(version: int) -> dict[str, torch.Tensor]:
 
 
 def versions_in(sd: dict[str, torch.Tensor]) -> list[float]:
-    return sorted({float(v) for t in sd.values() for v in t.flatten().unique().tolist()})
+    return sorted({float(v) for t in sd.values() for v in t.flatten().tolist()})
 
 
 class Reader(Actor):
@@ -61,17 +60,16 @@ class Reader(Actor):
     async def arm_kill(self, store: WeightStore, readers: int) -> None:
         """Become a relay that dies mid-pull: half the version copied, once
         ``readers`` other readers wait for it here."""
-        key = store_impl._relay_key(store._handle_owner, store.name)
-
-        async def dying(grant: Any, memory: memoryview, n: int) -> None:
-            await store_impl._copy_range(grant, None, memory, 0, n // 2)
-            relay = runtime().state(store_impl._Stores).relay(key)
+        async def dying(pull: store_impl._Pull, store: WeightStore,
+                        relay: store_impl._Owner) -> None:
+            half = pull.size // 2
+            await store_impl._copy_range(pull.grant, None, pull.memory[:half], 0, half)
             async with asyncio.timeout(GUARD):
                 while len(relay.waiters) < readers:
                     await asyncio.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        store_impl._pull = dying
+        store_impl._Pull._run = dying  # type: ignore[method-assign,assignment]
 
 
 class Learner(Actor):
@@ -136,11 +134,13 @@ async def test_a_version_goes_once_to_each_host(hosts: list[Host], secret_file: 
         assert got.values() == [[2.0]] * 3
         assert await learner.served.call_one() == {remote: 2}  # the relay's copy served them
         # published while they read: still one version per read
-        reads = asyncio.ensure_future(asyncio.gather(
-            *(readers.read.call(store) for _ in range(4))))
-        for v in range(3, 8):
-            await learner.publish.call_one(v)
-        for mesh in await asyncio.wait_for(reads, GUARD):
+        async def publish() -> None:
+            for v in range(3, 8):
+                await learner.publish.call_one(v)
+
+        *meshes, _ = await asyncio.wait_for(asyncio.gather(
+            *(readers.read.call(store) for _ in range(4)), publish()), GUARD)
+        for mesh in meshes:
             assert all(len(vs) == 1 for vs in mesh.values())
 
 

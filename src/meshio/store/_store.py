@@ -462,7 +462,7 @@ class WeightStore:
             TimeoutError: no such version within ``timeout``.
             KeyError: a key of ``keys`` is not in the version.
         """
-        async def copy(grant: _Grant, memory: memoryview | None) -> dict[str, Any]:
+        async def copy(grant: _Grant, memory: _Source) -> dict[str, Any]:
             wanted = _select(grant.layout, keys)
             out: dict[str, Any] = {}
             if shard is None and len(wanted) == len(grant.layout):
@@ -495,7 +495,7 @@ class WeightStore:
                 (the key and both are named).
             TimeoutError: no such version within ``timeout``.
         """
-        async def copy(grant: _Grant, memory: memoryview | None) -> int:
+        async def copy(grant: _Grant, memory: _Source) -> int:
             torch = _torch()
             have = {e[0]: e for e in grant.layout}
             missing = sorted(set(have) - set(dst))
@@ -592,7 +592,7 @@ class WeightStore:
         self._release(grant.lease, None, HOST_ID)
 
     async def _using(self, at_least: int | None, timeout: float | None,
-                     copy: Callable[[_Grant, memoryview | None], Awaitable[_T]]) -> _T:
+                     copy: Callable[[_Grant, _Source], Awaitable[_T]]) -> _T:
         """``copy(grant, memory)`` of a version held meanwhile: through the
         relay of this host, or from the owner when the relay fails."""
         if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
@@ -618,7 +618,7 @@ class _Lease:
     of this host fails (``relayed``: a reader of another host than the
     owner's reads through it)."""
 
-    __slots__ = ("at_least", "grant", "local", "relay", "relayed", "store", "timeout")
+    __slots__ = ("at_least", "grant", "local", "pull", "relay", "relayed", "store", "timeout")
 
     def __init__(self, store: WeightStore, at_least: int, timeout: float | None,
                  relayed: bool) -> None:
@@ -628,8 +628,10 @@ class _Lease:
         self.grant: _Grant | None = None
         #: the runtime address of the relay holding the lease ("": the owner)
         self.relay = ""
+        #: this process relays the version: its pull from the owner
+        self.pull: _Pull | None = None
 
-    async def __aenter__(self) -> tuple[_Grant, memoryview | None]:
+    async def __aenter__(self) -> tuple[_Grant, _Source]:
         store = self.store
         owner = self.local = store._local()
         if owner is not None:
@@ -637,7 +639,7 @@ class _Lease:
             if version < 0:
                 raise self._timed_out()
             grant = self.grant = owner.acquire(None)
-            memory: memoryview | None = owner.versions[grant.version].memory
+            memory: _Source = owner.versions[grant.version].memory
         elif not self.relayed:
             grant = await store._request(self._acquire(self.at_least, ""))
             if grant.version < 0:
@@ -652,7 +654,7 @@ class _Lease:
         return StoreOp(0, "acquire", self.store._name, at_least,
                        -1.0 if self.timeout is None else self.timeout, HOST_ID, relay)
 
-    async def _relayed(self) -> tuple[_Grant, memoryview | None]:
+    async def _relayed(self) -> tuple[_Grant, _Source]:
         """A version through the relay of this host: this process is it
         (it pulls the version from the owner), or another is."""
         store = self.store
@@ -671,18 +673,8 @@ class _Lease:
                 raise _RelayLost
             self.grant, self.relay = held, grant.relay
             return held, None
-        relay = self.local = rt.state(_Stores).relay(key)
-        try:
-            total = max((e[3] + e[4] for e in grant.layout), default=0)
-            memory = pool_view(max(total, 1))
-            await _pull(grant, memory, total)
-        except BaseException:
-            store._unrelay(grant)
-            raise
-        store._release(grant.lease)
-        relay.add(_Version(grant.version, memory, grant.layout))
-        mine = self.grant = relay.acquire(None)
-        return mine, relay.versions[mine.version].memory
+        self.pull = _Pull(store, rt.state(_Stores).relay(key), grant)
+        return grant, self.pull
 
     def _timed_out(self) -> TimeoutError:
         return TimeoutError(f"WeightStore {self.store._name!r}: no version from "
@@ -690,6 +682,16 @@ class _Lease:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: object) -> None:
+        if self.pull is not None:  # the pull goes on for the host's other readers
+            task = self.pull.task
+            if isinstance(exc, asyncio.CancelledError):
+                task.cancel()
+            try:
+                await task
+            except BaseException:
+                self.store._unrelay(self.pull.grant)
+                if exc is None:
+                    raise
         grant = self.grant
         if grant is None:
             return
@@ -701,10 +703,61 @@ class _Lease:
             raise _RelayLost from exc  # the relay died while this copied from it
 
 
-async def _pull(grant: _Grant, memory: memoryview, n: int) -> None:
-    """A relay's one copy of a whole version from the owner."""
-    if n:
-        await _copy_range(grant, None, memory, 0, n)
+#: a relay pulls a version in pieces of this many bytes, this many at once
+_PIECE: Final = 16 << 20
+_PIECES: Final = 4
+
+
+class _Pull:
+    """A relay's one copy of a whole version from the owner, in pieces (a
+    task its lease owns): a copy out of the bytes pulled so far starts while
+    the rest comes.  Once all are in, the owner's lease goes back and the
+    version is the relay's, served to its host's readers."""
+
+    def __init__(self, store: WeightStore, relay: _Owner, grant: _Grant) -> None:
+        self.grant = grant
+        self.size = max((e[3] + e[4] for e in grant.layout), default=0)
+        self.memory = pool_view(max(self.size, 1))
+        #: bytes pulled from the start on, and an event set when that grows
+        self.pulled = 0
+        self.grew = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run(store, relay))
+
+    async def _run(self, store: WeightStore, relay: _Owner) -> None:
+        starts = range(0, self.size, _PIECE)
+        done = [False] * len(starts)
+        window = asyncio.Semaphore(_PIECES)
+
+        async def piece(i: int, at: int) -> None:
+            async with window:
+                n = min(_PIECE, self.size - at)
+                await _copy_range(self.grant, None, self.memory[at:at + n], at, n)
+            done[i] = True
+            while self.pulled < self.size and done[self.pulled // _PIECE]:
+                self.pulled = min(self.pulled + _PIECE, self.size)
+            grew, self.grew = self.grew, asyncio.Event()
+            grew.set()
+
+        try:
+            async with asyncio.TaskGroup() as pieces:  # one failing ends the others
+                for i, at in enumerate(starts):
+                    pieces.create_task(piece(i, at))
+        finally:
+            self.grew.set()  # a copy waiting sees the task ended
+        store._release(self.grant.lease)
+        relay.add(_Version(self.grant.version, self.memory, self.grant.layout))
+
+    async def ready(self, end: int) -> None:
+        """Until the first ``end`` bytes are pulled (the pull's error if it fails)."""
+        while self.pulled < end:
+            if self.task.done():
+                return self.task.result()  # raises: the pull failed
+            await self.grew.wait()
+
+
+_Source = memoryview | _Pull | None
+"""Where a reader copies a version from: a block in this process, a relay's
+pull in this process, or (None) the RDMA buffer of its grant."""
 
 
 # ------------------------------------------------------------- copying
@@ -728,11 +781,13 @@ def _tensor(block: memoryview, dtype: str, shape: list[int], off: int, n: int) -
     return torch.frombuffer(block, dtype=dt, count=count, offset=off).view(shape)
 
 
-async def _copy_range(grant: _Grant, memory: memoryview | None, dst: Any, off: int,
-                      n: int) -> None:
+async def _copy_range(grant: _Grant, memory: _Source, dst: Any, off: int, n: int) -> None:
     """Copy ``n`` bytes of the granted version from ``off`` into ``dst``
-    (a buffer or contiguous CPU tensor): from the block itself in the
-    owner's process, else by the RDMA layer."""
+    (a buffer or contiguous CPU tensor): from the block itself in this
+    process (once pulled there, for a relay), else by the RDMA layer."""
+    if isinstance(memory, _Pull):
+        await memory.ready(off + n)
+        memory = memory.memory
     if memory is not None:
         target = memory_of(dst, "WeightStore.read destination", writable=True)
         await asyncio.get_running_loop().run_in_executor(
@@ -756,7 +811,7 @@ def _select(layout: _Layout, keys: Iterable[str] | None) -> _Layout:
     return [by_key[k] for k in wanted]
 
 
-async def _read_shard(grant: _Grant, memory: memoryview | None, key: str, dtype: str,
+async def _read_shard(grant: _Grant, memory: _Source, key: str, dtype: str,
                       shape: list[int], off: int,
                       shard: Callable[[str, Any], Any]) -> Any:
     """The part of one tensor ``shard`` selects: only the bytes between its
