@@ -7,7 +7,8 @@ over ``--rounds`` rounds:
 
 - ``raw tcp``: a blocking socket in the first namespace ``sendall``s the
   bytes to one in the second, which ``recv_into``s one reused buffer (no
-  page faults: the ceiling) and acks with 1 byte;
+  page faults: the ceiling) and acks with 1 byte (bench_hosts_bulk.py's
+  ``raw tcp block-reused``);
 - ``store, 1 reader``: a learner actor on the first host publishes a new
   version, then one reader actor on the second host times
   ``await store.read_into(dst)`` (the reader is its host's relay: it pulls
@@ -29,9 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,13 +39,13 @@ import time
 from pathlib import Path
 
 import torch
+from bench_hosts_bulk import send_raw, serve
 
 import meshio
 from meshio import Actor, endpoint
 from meshio.store import WeightStore
 
 HERE = Path(__file__).resolve().parent
-RAW_PORT = 29601
 MiB = 1 << 20
 
 
@@ -94,39 +93,6 @@ class Reader(Actor):
 
 # ------------------------------------------------------------------ raw socket
 
-def serve(addr: str, n: int, reps: int) -> None:
-    """The receiving end (run in the second namespace)."""
-    sock = socket.create_server((addr, RAW_PORT))
-    print("ready", flush=True)
-    conn, _ = sock.accept()
-    view = memoryview(bytearray(n))
-    for _ in range(reps):
-        pos = 0
-        while pos < n:
-            got = conn.recv_into(view[pos:])
-            if not got:
-                raise ConnectionError("sender closed early")
-            pos += got
-        conn.sendall(b"k")
-    conn.close()
-
-
-def send(addr: str, n: int, reps: int) -> None:
-    """The sending end (run in the first namespace): prints the times."""
-    payload = os.urandom(n)
-    sock = socket.create_connection((addr, RAW_PORT))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    times: list[float] = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        sock.sendall(payload)
-        if sock.recv(1) != b"k":
-            raise ConnectionError("no ack")
-        times.append(time.perf_counter() - t0)
-    sock.close()
-    print("RESULT " + json.dumps(times[1:]), flush=True)
-
-
 def raw_round(a: object, b: object, n: int, reps: int) -> float:
     """The median seconds of a raw transfer from host ``a`` to host ``b``."""
     me = [sys.executable, __file__, "--nbytes", str(n), "--reps", str(reps + 1)]
@@ -140,7 +106,7 @@ def raw_round(a: object, b: object, n: int, reps: int) -> float:
                              capture_output=True, text=True, timeout=600, check=True)
         line, = (x for x in out.stdout.splitlines() if x.startswith("RESULT "))
         times: list[float] = json.loads(line[len("RESULT "):])
-        return statistics.median(times)
+        return statistics.median(times[1:])
     finally:
         recv.wait(60)
         recv.stdout.close()  # type: ignore[union-attr]
@@ -220,9 +186,9 @@ if __name__ == "__main__":
     ap.add_argument("--serve", default="")
     ap.add_argument("--send", default="")
     args = ap.parse_args()
-    if args.serve:
-        serve(args.serve, args.nbytes, args.reps)
+    if args.serve:  # the raw row's ends: bench_hosts_bulk.py's blocking socket
+        serve(args.serve, "block-reused", "", args.nbytes, args.reps)
     elif args.send:
-        send(args.send, args.nbytes, args.reps)
+        print("RESULT " + json.dumps(send_raw(args.send, "block", "", args.nbytes, args.reps)))
     else:
         main(args.mib, args.reps, args.rounds)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ import meshio
 import meshio.store._store as store_impl
 from meshio import Actor, endpoint
 from meshio._transport._bulk import HOST_ID
-from meshio.jobs._job import write_secret
 from meshio.store import WeightStore
-from netns_hosts import Host, netns_hosts, requires_netns
+from netns_hosts import Host, requires_netns
 
 pytestmark = [requires_netns, pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")]
 
@@ -92,19 +90,6 @@ class Learner(Actor):
     @endpoint
     async def relays(self) -> list[str]:
         return list(store_impl._Owner.of(self.store).relays)
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.secret"
-    write_secret(path, secrets.token_bytes(32))
-    return path
-
-
-@pytest.fixture
-def hosts(secret_file: Path) -> Iterator[list[Host]]:
-    with netns_hosts(2, secret_file) as h:
-        yield h
 
 
 @asynccontextmanager
