@@ -6,12 +6,16 @@ an fd behind, and each test loop's runtime is closed after it."""
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import meshio
 from log_watch import LogWatch
+from meshio.jobs._job import write_secret
+from netns_hosts import Host, netns_hosts
 
 
 @pytest.fixture
@@ -37,3 +41,18 @@ def controller_log() -> Iterator[LogWatch]:
     logger.addHandler(watch)
     yield watch
     logger.removeHandler(watch)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    """A job secret in a file."""
+    path = tmp_path / "job.secret"
+    write_secret(path, secrets.token_bytes(32))
+    return path
+
+
+@pytest.fixture
+def hosts(secret_file: Path) -> Iterator[list[Host]]:
+    """Two network-namespace hosts (tests/netns_hosts.py), an agent on each."""
+    with netns_hosts(2, secret_file) as h:
+        yield h

@@ -18,7 +18,7 @@ import secrets
 import signal
 import ssl
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -35,7 +35,6 @@ from meshio import (
     endpoint,
 )
 from meshio.jobs import TLSConfig
-from meshio.jobs._job import write_secret
 from meshio.supervision import SupervisionEvent
 from meshio.testing import wait_exited
 from netns_hosts import Host, netns_hosts, requires_netns
@@ -95,20 +94,6 @@ class Where(Actor):
 
 
 # ------------------------------------------------------------------ fixtures
-
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.secret"
-    write_secret(path, secrets.token_bytes(32))
-    return path
-
-
-@pytest.fixture
-def hosts(secret_file: Path) -> Iterator[list[Host]]:
-    """Two namespace hosts, an agent on each."""
-    with netns_hosts(2, secret_file) as h:
-        yield h
-
 
 def attach(hosts: list[Host], secret_file: Path, tls: TLSConfig | None = None
            ) -> meshio.HostMesh:

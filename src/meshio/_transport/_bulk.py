@@ -80,8 +80,17 @@ def _boot_id() -> str:
         return ""
 
 
-#: identifies this machine (same kernel: cross-memory attach works)
-HOST_ID: Final = f"{socket.gethostname()}/{_boot_id()}"
+def _netns() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        return ""
+
+
+#: identifies this host: the machine (same kernel: cross-memory attach works)
+#: and its network namespace (a namespace is a host of its own, as the
+#: simulated hosts of the tests are: what crosses it goes over the network)
+HOST_ID: Final = f"{socket.gethostname()}/{_boot_id()}/{_netns()}"
 
 
 # ------------------------------------------------------------ addresses

@@ -374,13 +374,18 @@ class StoreOp(_Msg, frozen=True, tag=25):
     ``version`` on, waiting up to ``timeout`` seconds for it; < 0: no bound)
     and hold it until "release" of lease ``version``; "wait" until a
     version from ``version`` on exists and answer its number.  ``req`` 0:
-    no answer."""
+    no answer.  ``host``: the reader's host (:data:`~._bulk.HOST_ID`);
+    ``relay``: the reader's runtime address when it
+    may relay the version to the other readers of its host ("": answer with
+    a lease, never with another reader to read from)."""
 
     req: int
     op: StoreOpName
     store: str
     version: int = 0
     timeout: float = -1.0
+    host: str = ""
+    relay: str = ""
 
 
 class GetStacks(_Msg, frozen=True, tag=26):

@@ -10,6 +10,14 @@ changes once published, and a reader holds it (a lease) while it copies, so
 no read mixes two versions.  The owner's runtime serves the leases
 (:class:`~meshio._transport._messages.StoreOp`), not its actors: a busy
 publisher still answers readers.
+
+Readers on another host than the owner's read through a relay: the owner
+grants each version to one reader per host (the relay), which pulls it
+whole into memory of its own, registered, and keeps it as a version of a
+store of its runtime (named :func:`_relay_key`); the owner sends the other
+readers of that host to the relay, which they copy from at memory speed.
+So the owner sends each version once per host.  A reader whose relay dies
+or fails reads from the owner instead.
 """
 
 from __future__ import annotations
@@ -18,12 +26,14 @@ import asyncio
 import ctypes
 import itertools
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
 from .._context import _context
+from .._exceptions import MeshioError
 from .._transport._bulk import HOST_ID, address_of, cma, executor, pool_view
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
@@ -40,6 +50,7 @@ __all__ = ("WeightStore",)
 
 #: each tensor of a snapshot starts at a multiple of this many bytes
 _ALIGN: Final = 64
+_T = TypeVar("_T")
 #: a name, dtype, shape, byte offset and byte length for each tensor of a snapshot
 _Layout = list[tuple[str, str, list[int], int, int]]
 
@@ -47,12 +58,14 @@ _Layout = list[tuple[str, str, list[int], int, int]]
 class _Grant(msgspec.Struct, frozen=True, array_like=True):
     """The owner's answer to "acquire": a version held for the reader under
     ``lease``, where it lies and how it is laid out (``version`` -1: none
-    came in time)."""
+    came in time; -2: the relay failed).  ``relay``: no lease, read the
+    version from the relay of the reader's host at this runtime address."""
 
     version: int
     lease: int = 0
     buffer: Handle | None = None
     layout: _Layout = []
+    relay: str = ""
 
 
 _grant = msgspec.msgpack.Decoder(_Grant)
@@ -102,10 +115,27 @@ class _Owner:
         self.leases: dict[int, tuple[_Version, Connection | None]] = {}
         self.lease_ids = itertools.count(1)
         self.waiters: list[_Waiter] = []
+        #: by reader host: the version its relay pulls or holds, the relay's
+        #: connection and runtime address
+        self.relays: dict[str, tuple[int, Connection, str]] = {}
+        #: leases granted to readers of other processes, by their host ("":
+        #: the owner's): what the owner sent to each host (tests count it)
+        self.served: Counter[str] = Counter()
+        #: a relay's: the newest version its pull of failed (its readers
+        #: asking for it read from the owner)
+        self.failed = -1
+
+    @staticmethod
+    def of(store: WeightStore) -> _Owner:
+        """The owner's state of ``store`` (in its owner's process)."""
+        owner = store._local()
+        if owner is None:
+            raise RuntimeError(f"{store!r} is not owned by this process")
+        return owner
 
     def add(self, v: _Version) -> None:
         self.versions[v.version] = v
-        self.latest.value = v.version
+        self.latest.value = max(self.latest.value, v.version)
         ready = [w for w in self.waiters if w.at_least <= v.version]
         self.waiters = [w for w in self.waiters if w.at_least > v.version
                         and (w.conn is None or not w.conn.closed)]
@@ -115,14 +145,29 @@ class _Owner:
             w.fire(v.version)
         self.prune()
 
-    def acquire(self, conn: Connection | None) -> _Grant:
+    def acquire(self, conn: Connection | None, host: str = "", relay: str = "") -> _Grant:
+        """A lease on the newest version; for a reader that may relay
+        (``relay``, on ``host``), the relay of its host instead when that
+        host has one for this version (else the reader becomes it)."""
         v = self.versions[self.latest.value]
+        if relay and conn is not None:
+            at = self.relays.get(host)
+            if at is not None and at[0] == v.version and not at[1].closed:
+                return _Grant(v.version, relay=at[2])
+            self.relays[host] = (v.version, conn, relay)
+        if conn is not None:
+            self.served[host] += 1
         lease = next(self.lease_ids)
         self.leases[lease] = (v, conn)
         v.leases += 1
         return _Grant(v.version, lease, v.buffer.handle, v.layout)
 
-    def release(self, lease: int) -> None:
+    def release(self, lease: int, conn: Connection | None = None, host: str = "") -> None:
+        """Lease ``lease`` is given back; with ``host``, by a relay of that
+        host that will not relay its version (its pull failed)."""
+        at = self.relays.get(host)
+        if host and at is not None and at[1] is conn:
+            del self.relays[host]
         held = self.leases.pop(lease, None)
         if held is not None:
             held[0].leases -= 1
@@ -135,6 +180,7 @@ class _Owner:
             if conn is not None and conn.closed:
                 del self.leases[lease]
                 v.leases -= 1
+        self.relays = {h: at for h, at in self.relays.items() if not at[1].closed}
         newest = sorted(self.versions)[-self.keep:]
         for number in [n for n in self.versions if n not in newest]:
             v = self.versions[number]
@@ -149,6 +195,9 @@ class _Owner:
         if self.latest.value >= at_least:
             fire(self.latest.value)
             return
+        if at_least <= self.failed:
+            fire(-2)
+            return
         waiter = _Waiter(at_least, fire, conn, None)
         if timeout is not None:
             def expire() -> None:
@@ -158,6 +207,16 @@ class _Owner:
 
             waiter.timer = loop.call_later(timeout, expire)
         self.waiters.append(waiter)
+
+    def fail(self, version: int) -> None:
+        """A relay's pull of ``version`` failed: its readers read from the
+        owner."""
+        self.failed = max(self.failed, version)
+        waiters, self.waiters = self.waiters, []
+        for w in waiters:
+            if w.timer is not None:
+                w.timer.cancel()
+            w.fire(-2)
 
     def close(self) -> None:
         for w in self.waiters:
@@ -174,18 +233,34 @@ class _Stores:
     def __init__(self, rt: Runtime) -> None:
         self.by_name: dict[str, _Owner] = {}
 
+    def relay(self, key: str) -> _Owner:
+        """The versions this process relays to its host's readers under
+        ``key`` (:func:`_relay_key`): the newest one is kept."""
+        owner = self.by_name.get(key)
+        if owner is None:
+            owner = self.by_name[key] = _Owner(key, 1, "")
+        return owner
+
     def close(self) -> None:
         owners, self.by_name = self.by_name, {}
         for owner in owners.values():
             owner.close()
 
 
+def _relay_key(owner: str, name: str) -> str:
+    """The name a relay serves store ``name`` of runtime ``owner`` under."""
+    return f"relay:{owner}/{name}"
+
+
 def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
     """The owner's side of a reader's request (runs in its runtime)."""
-    owner = rt.state(_Stores).by_name.get(msg.store)
+    stores = rt.state(_Stores)
+    owner = stores.by_name.get(msg.store)
+    if owner is None and msg.store.startswith("relay:") and msg.op == "acquire":
+        owner = stores.relay(msg.store)  # a reader sent here before the relay's grant came
     if msg.op == "release":
         if owner is not None:
-            owner.release(msg.version)
+            owner.release(msg.version, conn, msg.host)
         return
     if owner is None:
         conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
@@ -200,7 +275,8 @@ def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
         if msg.op == "wait" or version < 0:
             conn.send_message(Reply(msg.req, msgspec.Raw(_encode(_Grant(version)))))
         else:
-            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(owner.acquire(conn)))))
+            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
+                owner.acquire(conn, msg.host, msg.relay)))))
 
     owner.wait(msg.version, fire, conn, timeout, rt.loop)
 
@@ -386,7 +462,7 @@ class WeightStore:
             TimeoutError: no such version within ``timeout``.
             KeyError: a key of ``keys`` is not in the version.
         """
-        async with self._hold(at_least, timeout) as (grant, memory):
+        async def copy(grant: _Grant, memory: _Source) -> dict[str, Any]:
             wanted = _select(grant.layout, keys)
             out: dict[str, Any] = {}
             if shard is None and len(wanted) == len(grant.layout):
@@ -405,6 +481,8 @@ class WeightStore:
                 out[key] = await _read_shard(grant, memory, key, dtype, shape, off, shard)
             return out
 
+        return await self._using(at_least, timeout, copy)
+
     async def read_into(self, dst: Mapping[str, torch.Tensor], *, at_least: int | None = None,
                         timeout: float | None = None) -> int:
         """Copy the newest version (one from ``at_least`` on, waiting up to
@@ -417,7 +495,7 @@ class WeightStore:
                 (the key and both are named).
             TimeoutError: no such version within ``timeout``.
         """
-        async with self._hold(at_least, timeout) as (grant, memory):
+        async def copy(grant: _Grant, memory: _Source) -> int:
             torch = _torch()
             have = {e[0]: e for e in grant.layout}
             missing = sorted(set(have) - set(dst))
@@ -447,6 +525,8 @@ class WeightStore:
                     t.copy_(target)
             return grant.version
 
+        return await self._using(at_least, timeout, copy)
+
     async def versions(self) -> AsyncIterator[int]:
         """Each newest version as it is published, from the current one on
         (versions published faster than the loop body runs are skipped)."""
@@ -474,9 +554,10 @@ class WeightStore:
                                             -1.0 if timeout is None else timeout))
         return grant.version
 
-    async def _request(self, msg: StoreOp) -> _Grant:
+    async def _request(self, msg: StoreOp, to: str | None = None) -> _Grant:
+        """``msg`` to the owner's runtime (or the relay's at ``to``)."""
         rt = runtime()
-        conn = rt.connect(self._handle_owner)
+        conn = rt.connect(to or self._handle_owner)
         fut: asyncio.Future[_Grant] = rt.loop.create_future()
         req = conn.next_req(Pending(fut, _decode_grant, f"WeightStore.{msg.op}",
                                     f"store {self._name!r}", f"owner pid {self._pid}"))
@@ -487,37 +568,70 @@ class WeightStore:
             if msg.op == "acquire":  # a lease granted after all goes back
                 def give_back(f: asyncio.Future[_Grant]) -> None:
                     if not f.cancelled() and f.exception() is None and f.result().lease:
-                        self._release(f.result().lease)
+                        if msg.relay:  # made the relay of this host
+                            self._unrelay(f.result())
+                        else:
+                            self._release(f.result().lease, to)
 
                 fut.add_done_callback(give_back)
             raise
 
-    def _release(self, lease: int) -> None:
-        """Give a lease of the owner (in another process) back."""
-        conn = runtime().conns.get(self._handle_owner)
+    def _release(self, lease: int, to: str | None = None, host: str = "") -> None:
+        """Give a lease of the owner (in another process), or of the relay
+        at ``to``, back (``host``: see :meth:`_Owner.release`)."""
+        conn = runtime().conns.get(to or self._handle_owner)
         if conn is not None and not conn.closed:
-            conn.send_message(StoreOp(0, "release", self._name, lease))
+            name = _relay_key(self._handle_owner, self._name) if to else self._name
+            conn.send_message(StoreOp(0, "release", name, lease, host=host))
 
-    def _hold(self, at_least: int | None, timeout: float | None) -> _Lease:
+    def _unrelay(self, grant: _Grant) -> None:
+        """This process, made the relay of its host for ``grant``, will not
+        pull it: the readers sent to it, and the owner, learn so."""
+        runtime().state(_Stores).relay(_relay_key(self._handle_owner, self._name)).fail(
+            grant.version)
+        self._release(grant.lease, None, HOST_ID)
+
+    async def _using(self, at_least: int | None, timeout: float | None,
+                     copy: Callable[[_Grant, _Source], Awaitable[_T]]) -> _T:
+        """``copy(grant, memory)`` of a version held meanwhile: through the
+        relay of this host, or from the owner when the relay fails."""
         if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
             raise TypeError(f"WeightStore.read: at_least must be an int >= 0, got {at_least!r}")
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
             raise ValueError(f"WeightStore.read: timeout must be seconds >= 0, got {timeout!r}")
-        return _Lease(self, at_least or 0, timeout)
+        try:
+            async with _Lease(self, at_least or 0, timeout, relayed=True) as held:
+                return await copy(*held)
+        except _RelayLost:
+            async with _Lease(self, at_least or 0, timeout, relayed=False) as held:
+                return await copy(*held)
+
+
+class _RelayLost(Exception):
+    """The relay a reader was sent to died or failed (it reads from the owner)."""
 
 
 class _Lease:
     """``async with``: a version held while it is copied (the grant, and
-    the registered block when the owner is this process)."""
+    the registered block when it is in this process: the owner's, or the
+    copy this process relays).  Raises :class:`_RelayLost` when the relay
+    of this host fails (``relayed``: a reader of another host than the
+    owner's reads through it)."""
 
-    __slots__ = ("at_least", "grant", "local", "store", "timeout")
+    __slots__ = ("at_least", "grant", "local", "pull", "relay", "relayed", "store", "timeout")
 
-    def __init__(self, store: WeightStore, at_least: int, timeout: float | None) -> None:
+    def __init__(self, store: WeightStore, at_least: int, timeout: float | None,
+                 relayed: bool) -> None:
         self.store, self.at_least, self.timeout = store, at_least, timeout
+        self.relayed = relayed and store._host != HOST_ID
         self.local: _Owner | None = None
         self.grant: _Grant | None = None
+        #: the runtime address of the relay holding the lease ("": the owner)
+        self.relay = ""
+        #: this process relays the version: its pull from the owner
+        self.pull: _Pull | None = None
 
-    async def __aenter__(self) -> tuple[_Grant, memoryview | None]:
+    async def __aenter__(self) -> tuple[_Grant, _Source]:
         store = self.store
         owner = self.local = store._local()
         if owner is not None:
@@ -525,29 +639,125 @@ class _Lease:
             if version < 0:
                 raise self._timed_out()
             grant = self.grant = owner.acquire(None)
-            memory: memoryview | None = owner.versions[grant.version].memory
-        else:
-            grant = await store._request(StoreOp(
-                0, "acquire", store._name, self.at_least,
-                -1.0 if self.timeout is None else self.timeout))
+            memory: _Source = owner.versions[grant.version].memory
+        elif not self.relayed:
+            grant = await store._request(self._acquire(self.at_least, ""))
             if grant.version < 0:
                 raise self._timed_out()
             self.grant, memory = grant, None
+        else:
+            grant, memory = await self._relayed()
         store._seen = max(store._seen, grant.version)
         return grant, memory
+
+    def _acquire(self, at_least: int, relay: str) -> StoreOp:
+        return StoreOp(0, "acquire", self.store._name, at_least,
+                       -1.0 if self.timeout is None else self.timeout, HOST_ID, relay)
+
+    async def _relayed(self) -> tuple[_Grant, _Source]:
+        """A version through the relay of this host: this process is it
+        (it pulls the version from the owner), or another is."""
+        store = self.store
+        rt = runtime()
+        key = _relay_key(store._handle_owner, store._name)
+        grant = await store._request(self._acquire(self.at_least, rt.addr))
+        if grant.version < 0:
+            raise self._timed_out()
+        if grant.relay:
+            try:
+                held = await store._request(StoreOp(0, "acquire", key, grant.version, -1.0),
+                                            grant.relay)
+            except (MeshioError, OSError) as e:
+                raise _RelayLost from e
+            if held.version < 0:
+                raise _RelayLost
+            self.grant, self.relay = held, grant.relay
+            return held, None
+        self.pull = _Pull(store, rt.state(_Stores).relay(key), grant)
+        return grant, self.pull
 
     def _timed_out(self) -> TimeoutError:
         return TimeoutError(f"WeightStore {self.store._name!r}: no version from "
                             f"{self.at_least} on within {self.timeout}s")
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: object) -> None:
+        if self.pull is not None:  # the pull goes on for the host's other readers
+            task = self.pull.task
+            if isinstance(exc, asyncio.CancelledError):
+                task.cancel()
+            try:
+                await task
+            except BaseException:
+                self.store._unrelay(self.pull.grant)
+                if exc is None:
+                    raise
         grant = self.grant
         if grant is None:
             return
         if self.local is not None:
             self.local.release(grant.lease)
         else:
-            self.store._release(grant.lease)
+            self.store._release(grant.lease, self.relay or None)
+        if self.relay and isinstance(exc, (MeshioError, OSError)):
+            raise _RelayLost from exc  # the relay died while this copied from it
+
+
+#: a relay pulls a version in pieces of this many bytes, this many at once
+_PIECE: Final = 16 << 20
+_PIECES: Final = 4
+
+
+class _Pull:
+    """A relay's one copy of a whole version from the owner, in pieces (a
+    task its lease owns): a copy out of the bytes pulled so far starts while
+    the rest comes.  Once all are in, the owner's lease goes back and the
+    version is the relay's, served to its host's readers."""
+
+    def __init__(self, store: WeightStore, relay: _Owner, grant: _Grant) -> None:
+        self.grant = grant
+        self.size = max((e[3] + e[4] for e in grant.layout), default=0)
+        self.memory = pool_view(max(self.size, 1))
+        #: bytes pulled from the start on, and an event set when that grows
+        self.pulled = 0
+        self.grew = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run(store, relay))
+
+    async def _run(self, store: WeightStore, relay: _Owner) -> None:
+        starts = range(0, self.size, _PIECE)
+        done = [False] * len(starts)
+        window = asyncio.Semaphore(_PIECES)
+
+        async def piece(i: int, at: int) -> None:
+            async with window:
+                n = min(_PIECE, self.size - at)
+                await _copy_range(self.grant, None, self.memory[at:at + n], at, n)
+            done[i] = True
+            while self.pulled < self.size and done[self.pulled // _PIECE]:
+                self.pulled = min(self.pulled + _PIECE, self.size)
+            grew, self.grew = self.grew, asyncio.Event()
+            grew.set()
+
+        try:
+            async with asyncio.TaskGroup() as pieces:  # one failing ends the others
+                for i, at in enumerate(starts):
+                    pieces.create_task(piece(i, at))
+        finally:
+            self.grew.set()  # a copy waiting sees the task ended
+        store._release(self.grant.lease)
+        relay.add(_Version(self.grant.version, self.memory, self.grant.layout))
+
+    async def ready(self, end: int) -> None:
+        """Until the first ``end`` bytes are pulled (the pull's error if it fails)."""
+        while self.pulled < end:
+            if self.task.done():
+                return self.task.result()  # raises: the pull failed
+            await self.grew.wait()
+
+
+_Source = memoryview | _Pull | None
+"""Where a reader copies a version from: a block in this process, a relay's
+pull in this process, or (None) the RDMA buffer of its grant."""
 
 
 # ------------------------------------------------------------- copying
@@ -571,11 +781,13 @@ def _tensor(block: memoryview, dtype: str, shape: list[int], off: int, n: int) -
     return torch.frombuffer(block, dtype=dt, count=count, offset=off).view(shape)
 
 
-async def _copy_range(grant: _Grant, memory: memoryview | None, dst: Any, off: int,
-                      n: int) -> None:
+async def _copy_range(grant: _Grant, memory: _Source, dst: Any, off: int, n: int) -> None:
     """Copy ``n`` bytes of the granted version from ``off`` into ``dst``
-    (a buffer or contiguous CPU tensor): from the block itself in the
-    owner's process, else by the RDMA layer."""
+    (a buffer or contiguous CPU tensor): from the block itself in this
+    process (once pulled there, for a relay), else by the RDMA layer."""
+    if isinstance(memory, _Pull):
+        await memory.ready(off + n)
+        memory = memory.memory
     if memory is not None:
         target = memory_of(dst, "WeightStore.read destination", writable=True)
         await asyncio.get_running_loop().run_in_executor(
@@ -599,7 +811,7 @@ def _select(layout: _Layout, keys: Iterable[str] | None) -> _Layout:
     return [by_key[k] for k in wanted]
 
 
-async def _read_shard(grant: _Grant, memory: memoryview | None, key: str, dtype: str,
+async def _read_shard(grant: _Grant, memory: _Source, key: str, dtype: str,
                       shape: list[int], off: int,
                       shard: Callable[[str, Any], Any]) -> Any:
     """The part of one tensor ``shard`` selects: only the bytes between its
