@@ -364,8 +364,8 @@ async def test_wrong_secret_is_refused_and_the_agent_keeps_serving(
 
 def _tls(tmp_path: Path, name: str, ca: trustme.CA) -> TLSConfig:
     """A certificate of ``ca`` valid for every address a netns host or the
-    bridge can have (netns_hosts picks the subnet 10.100-199.0.0/24)."""
-    ips = [f"10.{net}.0.{i}" for net in range(100, 200) for i in (1, 10, 11)]
+    bridge can have (netns_hosts picks a subnet in 10.100-249.0.0/24)."""
+    ips = [f"10.{net}.0.{i}" for net in range(100, 250) for i in (1, 10, 11)]
     cert = ca.issue_cert(*ips)
     cert.private_key_and_cert_chain_pem.write_to_path(tmp_path / f"{name}.pem")
     ca.cert_pem.write_to_path(tmp_path / f"{name}-ca.pem")

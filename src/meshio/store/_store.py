@@ -721,7 +721,7 @@ class _Pull:
         #: bytes pulled from the start on, and an event set when that grows
         self.pulled = 0
         self.grew = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run(store, relay))
+        self.task = runtime().tasks.start(self._run(store, relay))
 
     async def _run(self, store: WeightStore, relay: _Owner) -> None:
         starts = range(0, self.size, _PIECE)
