@@ -89,7 +89,7 @@ def _tls(tmp: Path) -> Any:
     from meshio.jobs import TLSConfig
 
     ca = trustme.CA()
-    ips = ["127.0.0.1", *(f"10.{net}.0.{i}" for net in range(100, 200) for i in (1, 10))]
+    ips = ["127.0.0.1", *(f"10.{net}.0.{i}" for net in range(100, 250) for i in (1, 10))]
     ca.issue_cert(*ips).private_key_and_cert_chain_pem.write_to_path(tmp / "host.pem")
     ca.cert_pem.write_to_path(tmp / "ca.pem")
     return TLSConfig(tmp / "host.pem", tmp / "host.pem", tmp / "ca.pem")
