@@ -147,3 +147,90 @@ def test_large_frame_is_not_copied_into_the_transport(loop: str) -> None:
 
     LOOPS[loop](main())
 
+
+
+class _ViewsTransport(asyncio.Transport):
+    """A transport that keeps views of what it is given, not copies, until
+    the test sends them (:meth:`send`), as uvloop, TLS and the standard loop
+    from Python 3.12 do while the socket is full; it pauses and resumes its
+    protocol at its water marks as they do."""
+
+    def __init__(self, protocol: Connection) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.held: list[memoryview] = []
+        self.wire = bytearray()
+        self.low, self.high = 16 << 10, 64 << 10
+        self.paused = False
+
+    def write(self, data: Any) -> None:
+        self.held.append(memoryview(data).cast("B"))
+        self._maybe_pause()
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return sum(v.nbytes for v in self.held)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.low, self.high
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        assert high is not None and low is not None
+        self.low, self.high = low, high
+        self._maybe_pause()
+
+    def send(self, n: int) -> None:
+        """The socket takes ``n`` bytes of what is held."""
+        while n and self.held:
+            v = self.held[0]
+            k = min(n, v.nbytes)
+            self.wire += v[:k]
+            n -= k
+            if k == v.nbytes:
+                self.held.pop(0)
+            else:
+                self.held[0] = v[k:]
+        if self.paused and self.get_write_buffer_size() <= self.low:
+            self.paused = False
+            self.protocol.resume_writing()
+
+    def _maybe_pause(self) -> None:
+        if not self.paused and self.get_write_buffer_size() > self.high:
+            self.paused = True
+            self.protocol.pause_writing()
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("size", [64 << 10, 3 * _SLICE + 5], ids=["one-write", "sliced"])
+def test_a_frame_s_memory_is_lent_until_the_transport_sent_all_of_it(size: int) -> None:
+    """The future :meth:`Connection.send` returns for a frame with buffers
+    (an actor's result waits on it before the actor runs anything else) is
+    done only once the transport holds none of them: changing the buffer then
+    changes nothing on the wire.  It used to be done once the last slice was
+    handed to the transport, which may still hold a view of it."""
+
+    async def main() -> None:
+        conn = Connection(runtime(), None)
+        transport = _ViewsTransport(conn)
+        conn.connection_made(transport)
+        try:
+            value = bytearray(os.urandom(size))
+            original = bytes(value)
+            lent = conn.send_message(Reply(1, msgspec.Raw(msgspec.msgpack.encode(None))),
+                                     [(value, KIND_BYTEARRAY)])
+            assert lent is not None  # the transport holds part of it
+            while not lent.done():  # the socket takes a little at a time
+                transport.send(8 << 10)
+            value[:] = bytes(size)  # the actor's next call changes it in place
+            transport.send(1 << 40)
+            assert transport.wire.endswith(original)
+        finally:
+            conn.connection_lost(None)
+            close_runtime()
+
+    asyncio.run(main())

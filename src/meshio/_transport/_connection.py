@@ -336,6 +336,9 @@ class Connection(asyncio.BufferedProtocol):
         #: what waits for the transport to drain, in order (see _SLICE)
         self._queue: deque[bytes | memoryview | asyncio.Future[None]] | None = None
         self._paused = False  # the transport asked us to stop writing
+        #: the transport's ``(low, high)`` water marks while both are 0, so
+        #: that it resumes us once it has sent everything (see :meth:`_drain`)
+        self._marks: tuple[int, int] | None = None
         #: small frames sent in this turn of the loop and not written yet
         #: (None: none sent this turn; see :meth:`send`)
         self._batch: list[bytes] | None = None
@@ -389,7 +392,7 @@ class Connection(asyncio.BufferedProtocol):
             if out or self._queue is not None:
                 if batch:  # the small frames before it go first
                     self._write_batch(batch)
-                queued = self._write([header, body, *(b for b, _ in out)])
+                queued = self._write([header, body, *(b for b, _ in out)], bool(out))
             elif batch is None:
                 # The first small frame of this turn of the loop goes out at
                 # once (a lone call waits for nothing); those that follow it
@@ -418,15 +421,19 @@ class Connection(asyncio.BufferedProtocol):
         """:meth:`send` of ``msg``."""
         return self.send(encode_message(msg), out or [])
 
-    def _write(self, parts: list[Any]) -> asyncio.Future[None] | None:
+    def _write(self, parts: list[Any], lent: bool) -> asyncio.Future[None] | None:
         """Write a frame's parts: at once, or queued in slices of ``_SLICE``
-        bytes behind what already waits (:meth:`resume_writing`); when
-        queued, a future done once its last slice is written."""
+        bytes behind what already waits (:meth:`resume_writing`).  When some
+        of them are ``lent`` (read from memory the sender owns), a future done
+        once no part is read any more, or None if none is already."""
         queue = self._queue
+        transport = cast(asyncio.Transport, self.transport)
         if queue is None:
             if all(memoryview(p).nbytes <= _SLICE for p in parts):
-                cast(asyncio.Transport, self.transport).writelines(parts)
-                return None
+                transport.writelines(parts)
+                if not lent or not transport.get_write_buffer_size():
+                    return None
+                parts = []  # the transport still holds some: wait until it has sent them
             queue = self._queue = deque()
         for p in parts:
             view = memoryview(p)
@@ -434,20 +441,34 @@ class Connection(asyncio.BufferedProtocol):
                 queue.append(p)
             else:
                 queue.extend(view[i:i + _SLICE] for i in range(0, view.nbytes, _SLICE))
+        if not lent:
+            self._drain()
+            return None
         written: asyncio.Future[None] = self.rt.loop.create_future()
         queue.append(written)
         self._drain()
         return None if written.done() else written
 
     def _drain(self) -> None:
-        """Write queued slices until the transport asks us to pause."""
+        """Write queued slices until the transport asks us to pause.  A
+        frame's future is done once the transport is empty: uvloop, TLS and
+        the standard loop from Python 3.12 keep views of what they could not
+        send yet, not copies, so until then they read the sender's memory."""
         queue, transport = self._queue, self.transport
         while queue and not self._paused and transport is not None:
-            item = queue.popleft()
-            if isinstance(item, asyncio.Future):
-                item.set_result(None)  # (only this connection settles it)
-            else:
+            item = queue[0]
+            if not isinstance(item, asyncio.Future):
+                queue.popleft()
                 transport.write(item)
+            elif transport.get_write_buffer_size():
+                # water marks of 0: the transport pauses us now and resumes
+                # us once it has sent everything (restored in resume_writing)
+                self._marks = transport.get_write_buffer_limits()
+                transport.set_write_buffer_limits(high=0, low=0)
+                return
+            else:
+                queue.popleft()
+                item.set_result(None)  # (only this connection settles it)
         if not queue:
             self._queue = None
 
@@ -462,6 +483,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._marks is not None and self.transport is not None:
+            low, high = self._marks
+            self._marks = None
+            self.transport.set_write_buffer_limits(high=high, low=low)
         self._drain()
 
     def _write_batch(self, batch: list[bytes]) -> None:

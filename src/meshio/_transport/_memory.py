@@ -34,7 +34,6 @@ class MemoryTransport(asyncio.Transport):
         self._context = context
         self.peer: MemoryTransport | None = None
         self._inbox: deque[memoryview] = deque()  # written by the peer, not delivered yet
-        self._queued = 0
         self._paused = False
         self._scheduled = False
         self._closing = False  # close() or abort() was called on either end
@@ -47,7 +46,6 @@ class MemoryTransport(asyncio.Transport):
         if self._closing or peer is None or not data:
             return
         peer._inbox.append(memoryview(bytes(data)))
-        peer._queued += len(data)
         peer._schedule()
 
     def writelines(self, list_of_data: Any) -> None:
@@ -55,7 +53,10 @@ class MemoryTransport(asyncio.Transport):
             self.write(data)
 
     def get_write_buffer_size(self) -> int:
-        return self.peer._queued if self.peer is not None else 0
+        """Always 0: every write is copied to the peer at once, as into a
+        socket with room for it, so nothing waits to be sent (or read from
+        the writer's memory) and the writer is never paused."""
+        return 0
 
     def can_write_eof(self) -> bool:
         return False
@@ -129,7 +130,6 @@ class MemoryTransport(asyncio.Transport):
             if not n:
                 raise RuntimeError("get_buffer() returned an empty buffer")
             buf[:n] = chunk[:n]
-            self._queued -= n
             if n == len(chunk):
                 self._inbox.popleft()
             else:
@@ -140,7 +140,6 @@ class MemoryTransport(asyncio.Transport):
         if not self._lost:
             self._lost = True
             self._inbox.clear()
-            self._queued = 0
             self._loop.call_soon(self._protocol.connection_lost, None, context=self._context)
 
 
