@@ -10,7 +10,8 @@ from typing import Final
 
 import msgspec
 
-__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "SIOCGIFADDR", "STALL_AFTER")
+__all__ = ("MAX_QUEUED", "MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "SIOCGIFADDR",
+           "STALL_AFTER")
 
 #: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
 #: (a write, a drop, a stop) or whose data travels in the frame's buffers
@@ -19,6 +20,10 @@ MSGPACK_NIL: Final = msgspec.Raw(b"\xc0")
 #: default seconds an actor's call may run before it is reported stalled
 #: (``procs.options(stall_after=...)``)
 STALL_AFTER: Final = 60.0
+
+#: default bound of an actor's mailbox: calls one caller may have waiting
+#: in it (``procs.options(max_queued=...)``, :mod:`meshio._transport._credit`)
+MAX_QUEUED: Final = 10_000
 
 #: ``prctl(2)`` options (``<linux/prctl.h>``): the signal this process gets
 #: when its parent dies, and the process allowed to ptrace it (Yama)

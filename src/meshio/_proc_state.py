@@ -17,7 +17,7 @@ import msgspec
 
 from ._actor_mesh import ActorMesh
 from ._cell import stall_line
-from ._constants import STALL_AFTER
+from ._constants import MAX_QUEUED, STALL_AFTER
 from ._context import Context, _context
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
@@ -114,10 +114,11 @@ class SpawnOptions:
     """meshio's options for the actors spawned on a proc mesh
     (``procs.options(...)``): ``restart``, their restart type, and
     ``stall_after``, seconds a call may run before it is reported as
-    stalled."""
+    stalled; ``max_queued``, the bound of each actor's mailbox (per caller)."""
 
     restart: RestartType = "permanent"
     stall_after: float = STALL_AFTER
+    max_queued: int = MAX_QUEUED
 
 
 class _ActorRecord:
@@ -149,7 +150,7 @@ class _ActorRecord:
         w.conn.send_message(SpawnActor(req, self.target, self.name, self.cls_blob, index,
                                        self.labels, self.sizes, self.mesh_blob,
                                        msgspec.Raw(self.body), restart, grank,
-                                       self.options.stall_after),
+                                       self.options.stall_after, self.options.max_queued),
                             self.out)
         w.construct(fut)
         return fut
@@ -872,7 +873,8 @@ class ProcState:
                 following = [(a, a.mesh) for a in self.actors if a.mesh is not None]
                 built = [_ActorRecord(a.name, a.target, a.cls_blob,
                                       dumps(ActorMesh(a.target, a.name, mesh._cls, region, addrs,
-                                                      per_host=n), None),
+                                                      per_host=n,
+                                                      max_queued=a.options.max_queued), None),
                                       a.body, a.out, list(labels), sizes, region.ranks,
                                       a.options)
                          for a, mesh in following]
@@ -925,7 +927,8 @@ class ProcState:
                 if a.mesh is not None:
                     a.labels, a.sizes, a.ranks = list(labels), sizes, region.ranks
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
-                                                  per_host=n), None)
+                                                  per_host=n, max_queued=a.options.max_queued),
+                                        None)
                     a.mesh._reshape(region, addrs, region.ranks, n)
             self._tell_reshaped(n)
             for w in removed:

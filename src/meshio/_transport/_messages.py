@@ -11,12 +11,13 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from .._constants import STALL_AFTER
+from .._constants import MAX_QUEUED, STALL_AFTER
 
 __all__ = (
     "Answers",
     "Call",
     "Cancel",
+    "Credit",
     "ErrorInfo",
     "ErrorKind",
     "Fail",
@@ -88,6 +89,10 @@ class Call(_Msg, frozen=True, tag=2):
     ``deadline``: seconds the caller still waits for the answer, as sent
     (None: no deadline); a duration, not a time, so hosts need no common
     clock.  The callee drops the call if that passed before it ran.
+
+    ``bounded``: the caller counted this call against the actor's mailbox
+    bound; the callee gives it back (:class:`Credit`) once it has left the
+    mailbox (:mod:`._credit`).
     """
 
     req: int
@@ -98,6 +103,7 @@ class Call(_Msg, frozen=True, tag=2):
     seq: int = 0
     origin: str = ""
     deadline: float | None = None
+    bounded: bool = False
 
 
 class Reply(_Msg, frozen=True, tag=3):
@@ -151,6 +157,8 @@ class SpawnActor(_Msg, frozen=True, tag=5):
     proc_rank: int = -1
     #: seconds a call may run before the actor reports it stalled
     stall_after: float = STALL_AFTER
+    #: calls each caller may have waiting in the actor's mailbox
+    max_queued: int = MAX_QUEUED
 
 
 class StopActor(_Msg, frozen=True, tag=6):
@@ -431,6 +439,15 @@ class Reshaped(_Msg, frozen=True, tag=32):
     mesh: bytes
 
 
+class Credit(_Msg, frozen=True, tag=33):
+    """From the process hosting the actor of mesh ``target``: ``n`` of the
+    receiver's bounded calls to it (``Call.bounded``) have left its mailbox,
+    so the receiver may send ``n`` more (:mod:`._credit`)."""
+
+    target: str
+    n: int
+
+
 class LogEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One ``logging`` record of a worker: its logger ``name`` and level,
     its ``message`` as text (``getMessage()`` and the formatted traceback:
@@ -460,7 +477,7 @@ Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fau
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
-           | Reshaped)
+           | Reshaped | Credit)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
