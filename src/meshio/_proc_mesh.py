@@ -85,7 +85,7 @@ class ProcMesh(MeshShape):
                 made with ``.options(on_full="raise")``, fails at once with
                 :class:`~meshio.Overloaded`); ``broadcast`` too.  Each
                 calling process has its own allowance, so an actor called
-                from K processes holds at most K × ``max_queued`` calls.
+                from K processes holds at most K times ``max_queued`` calls.
 
         Raises:
             ValueError: ``restart`` is not one of the three restart types,
