@@ -199,14 +199,25 @@ class ActorMesh(MeshShape, Generic[A]):
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
-        if desc.concurrent:  # it starts on arrival, never queued: not bounded
-            self._write(rt, conn, addr, req, desc, body, out, _chain.get(), deadline, False)
-            return None
-        window = conn.windows.get(self._target) or self._window(conn)
-        if window.used < window.limit and not window.waiting:
+        bounded = not desc.concurrent  # (a concurrent call starts on arrival, never queued)
+        if bounded:
+            window = conn.windows.get(self._target) or self._window(conn)
+            if window.used >= window.limit or window.waiting:
+                return self._wait_for_room(rt, window, conn, addr, req, desc, body, out,
+                                           deadline, answer is None)
             window.used += 1
-            self._write(rt, conn, addr, req, desc, body, out, _chain.get(), deadline, True)
-            return None
+        seq = rt.fanout.number(self._target, addr) if self._numbered else 0
+        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
+                                      _chain.get(), seq, "", _budget(deadline), bounded)), out)
+        return None
+
+    def _wait_for_room(self, rt: Runtime, window: Window, conn: Connection, addr: str,
+                       req: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                       out: OutBuffers, deadline: float | None, awaited: bool
+                       ) -> asyncio.Future[None] | None:
+        """:meth:`_send` of a call to a full mailbox: it goes once there is
+        room, unless given up (or past its deadline) by then; ``awaited``:
+        the future of its going out."""
         chain = _chain.get()
 
         def send() -> bool:
@@ -214,16 +225,11 @@ class ActorMesh(MeshShape, Generic[A]):
                 return False
             if deadline is not None and deadline <= time.monotonic():
                 return False  # its callee would drop it: not sent
-            self._write(rt, conn, addr, req, desc, body, out, chain, deadline, True)
+            seq = rt.fanout.number(self._target, addr) if self._numbered else 0
+            conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
+                                          chain, seq, "", _budget(deadline), True)), out)
             return True
-        return window.wait(send, rt.loop if answer is None else None)
-
-    def _write(self, rt: Runtime, conn: Connection, addr: str, req: int,
-               desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-               chain: tuple[str, ...], deadline: float | None, bounded: bool) -> None:
-        seq = rt.fanout.number(self._target, addr) if self._numbered else 0
-        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body), chain,
-                                      seq, "", _budget(deadline), bounded)), out)
+        return window.wait(send, rt.loop if awaited else None)
 
     def _window(self, conn: Connection) -> Window:
         """This process's calls to this mesh's actor over ``conn``."""
