@@ -120,7 +120,7 @@ async def test_on_full_raise_fails_at_once_and_sends_nothing(procs: meshio.ProcM
     s = await slow(procs)
     calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
     await until_full(s)
-    now = s.take.options(on_full="raise")
+    now = s.take.options(on_full="raise").options(timeout=GUARD)  # (kept)
     with pytest.raises(Overloaded) as info:
         now.call_one(100)
     assert info.value.actor == "slow" and info.value.rank == 0

@@ -327,7 +327,7 @@ class Endpoint(Generic[P, R]):
         return self._desc.fn.__qualname__
 
     def options(self, *, timeout: float | None = None,
-                on_full: OnFull = "wait") -> Endpoint[P, R]:
+                on_full: OnFull | None = None) -> Endpoint[P, R]:
         """The same endpoint with per-call options.
 
         Args:
@@ -345,6 +345,7 @@ class Endpoint(Generic[P, R]):
                 default) waits for room, in order, then sends; ``"raise"``
                 sends nothing and raises :class:`~meshio.Overloaded` at once
                 (from the adverb itself: ``call()``, ``broadcast()``, ...).
+                Not given: as this endpoint has it.
 
         Raises:
             ValueError: ``timeout`` is not a positive number, or ``on_full``
@@ -352,7 +353,9 @@ class Endpoint(Generic[P, R]):
         """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
-        if on_full not in _ON_FULL:
+        if on_full is None:
+            on_full = self._on_full
+        elif on_full not in _ON_FULL:
             raise ValueError(f"options(on_full=...) must be 'wait' or 'raise', got {on_full!r}")
         return type(self)(self._mesh, self._desc, timeout, on_full)
 
