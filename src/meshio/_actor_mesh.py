@@ -199,7 +199,9 @@ class ActorMesh(MeshShape, Generic[A]):
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
-        bounded = not desc.concurrent  # (a concurrent call starts on arrival, never queued)
+        # (a concurrent call starts on arrival, never queued; a mesh spanning
+        # hosts is not bounded yet: see meshio._transport._credit)
+        bounded = not (desc.concurrent or self._numbered)
         if bounded:
             window = conn.windows.get(self._target) or self._window(conn)
             if window.used >= window.limit or window.waiting:
@@ -241,7 +243,7 @@ class ActorMesh(MeshShape, Generic[A]):
         """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
         ``indices`` of this view (None: all) has no room for a call of
         ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent)."""
-        if desc.concurrent or (self._hosts is not None and limits.fanout_width):
+        if desc.concurrent or self._numbered:
             return  # not bounded (see meshio._transport._credit)
         rt = self._runtime()
         addrs, ranks = self._addrs, self._region.ranks

@@ -86,6 +86,8 @@ class ProcMesh(MeshShape):
                 :class:`~meshio.Overloaded`); ``broadcast`` too.  Each
                 calling process has its own allowance, so an actor called
                 from K processes holds at most K times ``max_queued`` calls.
+                Not yet bounded: calls to ``concurrent`` endpoints (they
+                never queue) and to actor meshes spanning several hosts.
 
         Raises:
             ValueError: ``restart`` is not one of the three restart types,

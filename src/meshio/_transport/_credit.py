@@ -19,8 +19,11 @@ calls of one caller; and a full window always gets credit back in the end
 The bound is per caller, as Ray's ``max_pending_calls`` is per handle:
 each process calling an actor may have ``max_queued`` calls waiting in its
 mailbox.  Calls to ``concurrent`` endpoints (they start on arrival, never
-queue) and calls through the fan-out tree of a mesh spanning hosts (relays
-forward them) are not counted.
+queue) are not counted, nor, for now, any call to an actor mesh spanning
+several hosts: its calls to all actors go through the fan-out tree (relays
+forward them, nothing counts them), and a direct call that waited for room
+would be numbered (``Call.seq``) after a tree call sent later, breaking the
+per-sender order.
 """
 
 from __future__ import annotations
