@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
@@ -28,7 +27,7 @@ from ._transport._connection import (
     Slot,
     ignore_result,
 )
-from ._transport._credit import Window
+from ._transport._credit import Waiting, Window, budget
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
@@ -187,13 +186,13 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
               body: bytes, out: OutBuffers, answer: Settle | None,
-              deadline: float | None) -> asyncio.Future[None] | None:
+              deadline: float | None) -> Waiting | None:
         """Send one call to the actor at ``index`` of this view; its answer
         settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
         runtime (:meth:`_runtime`).  When the actor's mailbox has no room
-        for another call of this process, it waits here, in order, until
-        there is (:mod:`meshio._transport._credit`); for a call without an
-        answer, the future of its going out then (None: it went now)."""
+        for another call of this process, the call waits here, in order,
+        until there is (:mod:`meshio._transport._credit`): returned then
+        (None: it went now)."""
         if self._dead(rt, index, desc, answer):
             return None
         addr = self._addrs[self._region.ranks[index]]
@@ -205,37 +204,17 @@ class ActorMesh(MeshShape, Generic[A]):
         if bounded:
             window = conn.windows.get(self._target) or self._window(conn)
             if window.used >= window.limit or window.waiting:
-                return self._wait_for_room(rt, window, conn, addr, req, desc, body, out,
-                                           deadline, answer is None)
+                return window.wait(Call(req, self._target, desc.name, msgspec.Raw(body),
+                                        _chain.get(), 0, "", None, True), out, deadline)
             window.used += 1
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq, "", _budget(deadline), bounded)), out)
+                                      _chain.get(), seq, "", budget(deadline), bounded)), out)
         return None
-
-    def _wait_for_room(self, rt: Runtime, window: Window, conn: Connection, addr: str,
-                       req: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                       out: OutBuffers, deadline: float | None, awaited: bool
-                       ) -> asyncio.Future[None] | None:
-        """:meth:`_send` of a call to a full mailbox: it goes once there is
-        room, unless given up (or past its deadline) by then; ``awaited``:
-        the future of its going out."""
-        chain = _chain.get()
-
-        def send() -> bool:
-            if req and req not in conn.pending:  # given up (or failed) meanwhile
-                return False
-            if deadline is not None and deadline <= time.monotonic():
-                return False  # its callee would drop it: not sent
-            seq = rt.fanout.number(self._target, addr) if self._numbered else 0
-            conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                          chain, seq, "", _budget(deadline), True)), out)
-            return True
-        return window.wait(send, rt.loop if awaited else None)
 
     def _window(self, conn: Connection) -> Window:
         """This process's calls to this mesh's actor over ``conn``."""
-        window = conn.windows[self._target] = Window(self._max_queued)
+        window = conn.windows[self._target] = Window(conn, self._max_queued)
         return window
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
@@ -349,9 +328,9 @@ class ActorMesh(MeshShape, Generic[A]):
         return futs
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> list[asyncio.Future[None]]:
-        """Send to every actor of this view, no answers wanted; the futures
-        of the sends waiting for room in a mailbox (none: all went now)."""
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
+        """Send to every actor of this view, no answers wanted; the sends
+        waiting for room in a mailbox (none: all went now)."""
         if self._hosts is None or not limits.fanout_width:
             rt = self._runtime()
             return [f for i in range(len(self._region.ranks))
@@ -399,7 +378,7 @@ class ActorMesh(MeshShape, Generic[A]):
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
-                                            _budget(deadline))), out)
+                                            budget(deadline))), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
@@ -507,13 +486,6 @@ class ActorMesh(MeshShape, Generic[A]):
 def _request_of(fut: asyncio.Future[Any]) -> _Request | None:
     """The request of a call just sent (None: not sent, it failed at once)."""
     return fut.request if isinstance(fut, _CallFuture) else None
-
-
-def _budget(deadline: float | None) -> float | None:
-    """What a call message carries of ``deadline`` (``time.monotonic()``):
-    the seconds left, at least a microsecond (one already past is dropped
-    by its callee, which answers ``CallTimeout``)."""
-    return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
 
 
 def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[Any, Any, Any]:

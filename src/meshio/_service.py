@@ -26,6 +26,7 @@ from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
 from ._proc_state import ProcState, _ActorRecord
 from ._transport._connection import Gathering
+from ._transport._credit import Waiting
 from ._transport._serial import OutBuffers
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site
 
@@ -482,7 +483,7 @@ class Service(MeshShape):
                        [r.mesh._site(0) for r in self._replicas])
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> list[asyncio.Future[None]]:
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
         return [f for r in self._replicas for f in r.mesh._send_all(desc, body, out, deadline)]
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],

@@ -29,62 +29,106 @@ per-sender order.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._messages import Credit
+from msgspec.structs import replace
+
+from ._messages import Call, Credit, encode_message
+from ._serial import OutBuffers
 
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ("Window", "credit", "took", "windows_lost")
+__all__ = ("Waiting", "Window", "budget", "credit", "took", "windows_lost")
 
 
-class _Waiting:
-    """A send waiting for room: ``send()`` sends it (False: it is no longer
-    wanted and takes no room); ``sent``, where someone waits for it to go
-    (a broadcast's), done once it went (or was dropped), failed if the
-    connection is lost first."""
+def budget(deadline: float | None) -> float | None:
+    """What a call message carries of ``deadline`` (``time.monotonic()``):
+    the seconds left, at least a microsecond (one already past is dropped
+    by its callee, which answers ``CallTimeout``)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
 
-    __slots__ = ("send", "sent")
 
-    def __init__(self, send: Callable[[], bool], sent: asyncio.Future[None] | None) -> None:
-        self.send = send
-        self.sent = sent
+class Waiting:
+    """A call waiting for room (as small as it can be: a flood of
+    broadcasts nobody awaits waits here): the message, its buffers and
+    deadline; once it went (or was dropped: given up, past its deadline),
+    ``over``; ``error``: why it never will (its connection was lost);
+    ``sent``: made only for someone awaiting it, done when it is over."""
+
+    __slots__ = ("call", "deadline", "error", "out", "over", "sent")
+
+    def __init__(self, call: Call, out: OutBuffers, deadline: float | None) -> None:
+        self.call = call
+        self.out = out
+        self.deadline = deadline
+        self.over = False
+        self.error: BaseException | None = None
+        self.sent: asyncio.Future[None] | None = None
+
+    def future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future done when this call is over (failed: ``error``)."""
+        if self.sent is None:
+            self.sent = loop.create_future()
+            if self.error is not None:
+                self.sent.set_exception(self.error)
+            elif self.over:
+                self.sent.set_result(None)
+        return self.sent
+
+    def _end(self, error: BaseException | None = None) -> None:
+        self.over = True
+        self.error = error
+        sent = self.sent
+        if sent is not None and not sent.done():
+            if error is None:
+                sent.set_result(None)
+            else:
+                sent.set_exception(error)
 
 
 class Window:
-    """The calls of this process to one actor over one connection: ``used``
-    of ``limit`` are sent and not given back; the sends waiting for room."""
+    """The calls of this process to one actor over ``conn``: ``used`` of
+    ``limit`` are sent and not given back; the calls waiting for room."""
 
-    __slots__ = ("limit", "used", "waiting")
+    __slots__ = ("conn", "limit", "used", "waiting")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, conn: Connection, limit: int) -> None:
+        self.conn = conn
         self.limit = limit
         self.used = 0
-        self.waiting: deque[_Waiting] = deque()
+        self.waiting: deque[Waiting] = deque()
 
     def full(self) -> bool:
         """A call now would wait (or fail with ``on_full="raise"``)."""
         return self.used >= self.limit or bool(self.waiting)
 
-    def wait(self, send: Callable[[], bool], loop: asyncio.AbstractEventLoop | None
-             ) -> asyncio.Future[None] | None:
-        """Queue ``send`` until there is room (behind the sends already
-        waiting); with ``loop``, the future of its going out."""
-        sent = None if loop is None else loop.create_future()
-        self.waiting.append(_Waiting(send, sent))
-        return sent
+    def wait(self, call: Call, out: OutBuffers, deadline: float | None) -> Waiting:
+        """Queue ``call`` (``Call.bounded``; its ``deadline`` budget is
+        worked out when it goes) until there is room, behind the calls
+        already waiting."""
+        waiting = Waiting(call, out, deadline)
+        self.waiting.append(waiting)
+        return waiting
 
     def _release(self) -> None:
-        waiting = self.waiting
+        waiting, conn = self.waiting, self.conn
         while waiting and self.used < self.limit:
             item = waiting.popleft()
-            if item.send():
+            call, deadline = item.call, item.deadline
+            if call.req and call.req not in conn.pending:
+                pass  # given up (or failed) meanwhile: not sent
+            elif deadline is not None and deadline <= time.monotonic():
+                pass  # its callee would drop it: not sent
+            else:
+                if deadline is not None:
+                    call = replace(call, deadline=budget(deadline))
+                conn.send(encode_message(call), item.out)
                 self.used += 1
-            if item.sent is not None and not item.sent.done():
-                item.sent.set_result(None)
+            item._end()
 
 
 def credit(conn: Connection, msg: Credit) -> None:
@@ -113,6 +157,5 @@ def windows_lost(conn: Connection, error: Callable[[], BaseException]) -> None:
     gets ``error()`` (the calls among them fail with their pending request)."""
     for window in conn.windows.values():
         for item in window.waiting:
-            if item.sent is not None and not item.sent.done():
-                item.sent.set_exception(error())
+            item._end(error())
         window.waiting.clear()

@@ -49,6 +49,7 @@ from .._exceptions import (
 )
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
+from .._transport._credit import Waiting
 from .._transport._runtime import actor_thread, on_loop, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
 from .._value_mesh import ValueMesh
@@ -142,10 +143,9 @@ class CallTarget(Protocol):
         ...
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> list[asyncio.Future[None]]:
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
         """Send the call to every actor of the view: fire and forget; the
-        futures of the sends that wait for room in a mailbox (see
-        :meth:`_check_room`), done once they went."""
+        sends that wait for room in a mailbox (see :meth:`_check_room`)."""
         ...
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
@@ -613,13 +613,10 @@ class Endpoint(Generic[P, R]):
         return _SENT
 
     def _broadcast(self, body: bytes, out: OutBuffers, deadline: float | None
-                   ) -> list[asyncio.Future[None]]:
+                   ) -> list[Waiting]:
         if self._on_full == "raise":
             self._mesh._check_room(self._desc)
-        sends = self._mesh._send_all(self._desc, body, out, deadline)
-        for f in sends:  # not awaited, a lost connection is not "never retrieved"
-            f.add_done_callback(_retrieved)
-        return sends
+        return self._mesh._send_all(self._desc, body, out, deadline)
 
 
 class _Sent:
@@ -630,7 +627,7 @@ class _Sent:
 
     __slots__ = ("_deadline", "_endpoint", "_sends")
 
-    def __init__(self, sends: list[asyncio.Future[None]], deadline: float | None,
+    def __init__(self, sends: list[Waiting], deadline: float | None,
                  endpoint: Endpoint[Any, Any] | None) -> None:
         self._sends = sends
         self._deadline = deadline
@@ -641,7 +638,8 @@ class _Sent:
             yield from self._wait().__await__()
 
     async def _wait(self) -> None:
-        sends = self._sends
+        loop = asyncio.get_running_loop()
+        sends = [w.future(loop) for w in self._sends]
         _, pending = await asyncio.wait(sends, timeout=_left(self._deadline))
         if pending:
             ep = self._endpoint
@@ -652,11 +650,6 @@ class _Sent:
                 f"not go to them", endpoint=ep._qualname)
         for f in sends:
             f.result()
-
-
-def _retrieved(f: asyncio.Future[None]) -> None:
-    if not f.cancelled():
-        f.exception()
 
 
 #: a broadcast that went to every actor at once
