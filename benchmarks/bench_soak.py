@@ -19,6 +19,10 @@ cycles in one run, with the controller's and the workers' memory sampled.
    actor (``poison_after=3``, ``max_restarts=1``), one of them a poison
    message that kills its process: it alone fails (``PoisonMessageError``),
    every good call completes, the supervisor does not give up.
+6. broadcasts: ``--broadcasts`` small messages broadcast (each awaited:
+   it waits for room in the mailbox) to a slow actor (``max_queued``
+   default, 10,000): the controller's and the worker's RSS stay within
+   64 MiB of their idle value (issue 18 item 4); both deltas are printed.
 
 RSS (``VmRSS``) of the controller and of the long-lived workers is sampled
 throughout; the report gives start / peak / end for each phase.  A leak
@@ -26,6 +30,7 @@ shows as an end far above the start.
 
 Usage: python benchmarks/bench_soak.py [--calls 1000000] [--cancels 10000] [--cycles 100]
                                       [--chains 10000] [--good 100000]
+                                      [--broadcasts 1000000]
 """
 
 from __future__ import annotations
@@ -103,6 +108,22 @@ class Food(Actor):
         if x < 0:
             os.kill(os.getpid(), 9)  # a poison message
         return x
+
+
+class Sink(Actor):
+    """Slower than a caller's broadcasts: each message costs a turn of its loop."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    @endpoint
+    async def take(self, x: int) -> None:
+        await asyncio.sleep(0)
+        self.taken += 1
+
+    @endpoint
+    async def count(self) -> int:
+        return self.taken
 
 
 def report(phase: str, seconds: float, samples: list[tuple[str, Samples]]) -> None:
@@ -248,6 +269,39 @@ async def poison_phase(n: int) -> None:
                f"quarantined; supervisor gave up: {sup.failure is not None}", dt, samples)
 
 
+#: how far above its idle RSS each side may go while broadcasting (issue 18)
+BROADCAST_RSS_BOUND = 64.0
+
+
+async def broadcasts_phase(n: int) -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="sink") as procs:
+        sink = await procs.spawn("sink", Sink)
+        (pid,) = procs.pids
+        for i in range(10_000):  # warm up (every code path loaded), then idle
+            await sink.take.broadcast(i)
+        await sink.count.call_one()
+        gc.collect()
+        controller, worker = Samples(None), Samples(pid)
+        t0 = time.perf_counter()
+        for i in range(n):
+            await sink.take.broadcast(i)
+            if i % 10_000 == 0:
+                controller.take()
+                worker.take()
+        taken = await sink.count.call_one()  # (behind every broadcast)
+        dt = time.perf_counter() - t0
+        controller.take()
+        worker.take()
+        grew = {"controller": max(controller.values) - controller.values[0],
+                "worker": max(worker.values) - worker.values[0]}
+        report(f"6. {n:,} broadcasts to a slow actor: {n / dt:,.0f} /s, all taken: "
+               f"{taken == n + 10_000}", dt, [("controller", controller),
+                                               (f"worker pid {pid}", worker)])
+        print("  RSS above idle: " + ", ".join(f"{who} {d:+.1f} MiB" for who, d in grew.items())
+              + f" (bound {BROADCAST_RSS_BOUND:g} MiB: "
+              + ("kept" if max(grew.values()) <= BROADCAST_RSS_BOUND else "EXCEEDED") + ")")
+
+
 async def main(args: argparse.Namespace) -> None:
     print(f"controller RSS at start: {rss_mib():.1f} MiB")
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
@@ -257,6 +311,7 @@ async def main(args: argparse.Namespace) -> None:
     await cycles_phase(args.cycles)
     await chains_phase(args.chains)
     await poison_phase(args.good)
+    await broadcasts_phase(args.broadcasts)
     print(f"controller RSS at end: {rss_mib():.1f} MiB")
 
 
@@ -268,4 +323,5 @@ if __name__ == "__main__":
     ap.add_argument("--cycles", type=int, default=100)
     ap.add_argument("--chains", type=int, default=10_000)
     ap.add_argument("--good", type=int, default=100_000)
+    ap.add_argument("--broadcasts", type=int, default=1_000_000)
     meshio.run(main(ap.parse_args()))

@@ -29,6 +29,7 @@ from ._exceptions import DeadlockError as DeadlockError
 from ._exceptions import MeshioError as MeshioError
 from ._exceptions import MeshShapeError as MeshShapeError
 from ._exceptions import NotInActorError as NotInActorError
+from ._exceptions import Overloaded as Overloaded
 from ._exceptions import PoisonMessageError as PoisonMessageError
 from ._exceptions import ProcessStartError as ProcessStartError
 from ._exceptions import ProtocolError as ProtocolError
@@ -105,6 +106,7 @@ __all__ = (
     "MetricsServer",
     "Monitor",
     "NotInActorError",
+    "Overloaded",
     "Point",
     "PoisonMessageError",
     "Port",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
 
-from ._exceptions import PoisonMessageError, SupervisionError, UnknownEndpointError
+from ._constants import MAX_QUEUED
+from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
@@ -29,6 +29,7 @@ from ._transport._connection import (
     Slot,
     ignore_result,
 )
+from ._transport._credit import Waiting, Window, budget
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
@@ -60,11 +61,14 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def __init__(self, target: str, name: str, cls: type[A], region: Region,
                  addrs: Sequence[str], procs: ProcMesh | None = None,
-                 base: Sequence[int] | None = None, per_host: int = 0) -> None:
+                 base: Sequence[int] | None = None, per_host: int = 0,
+                 max_queued: int = MAX_QUEUED) -> None:
         self._target = target
         self._name = name
         self._cls = cls
         self._procs = procs
+        #: the bound of each actor's mailbox, per caller (``procs.options``)
+        self._max_queued = max_queued
         self._rt: Runtime | None = None
         self._inflight: list[int] = []
         self._rr = 0
@@ -97,7 +101,7 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
         return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
-                         self._base, self._per_host)
+                         self._base, self._per_host, self._max_queued)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
@@ -116,7 +120,7 @@ class ActorMesh(MeshShape, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._target, self._name, self._cls, self._region.extent.labels,
                            self._region.extent.sizes, self._region.ranks, self._addrs,
-                           self._base, self._per_host))
+                           self._base, self._per_host, self._max_queued))
 
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
@@ -190,19 +194,59 @@ class ActorMesh(MeshShape, Generic[A]):
 
     def _send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
               body: bytes, out: OutBuffers, answer: Settle | None,
-              deadline: float | None) -> None:
+              deadline: float | None) -> Waiting | None:
         """Send one call to the actor at ``index`` of this view; its answer
         settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
-        runtime (:meth:`_runtime`)."""
+        runtime (:meth:`_runtime`).  When the actor's mailbox has no room
+        for another call of this process, the call waits here, in order,
+        until there is (:mod:`meshio._transport._credit`): returned then
+        (None: it went now)."""
         if self._dead(rt, index, desc, answer):
-            return
+            return None
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
+        # (a concurrent call starts on arrival, never queued; a mesh spanning
+        # hosts is not bounded yet: see meshio._transport._credit)
+        bounded = not (desc.concurrent or self._numbered)
+        if bounded:
+            window = conn.windows.get(self._target) or self._window(conn)
+            if window.used >= window.limit or window.waiting:
+                return window.wait(Call(req, self._target, desc.name, msgspec.Raw(body),
+                                        _chain.get(), 0, "", None, True,
+                                        current_trace() if TRACING else ""), out, deadline)
+            window.used += 1
         seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq, "", _budget(deadline),
+                                      _chain.get(), seq, "", budget(deadline), bounded,
                                       current_trace() if TRACING else "")), out)
+        return None
+
+    def _window(self, conn: Connection) -> Window:
+        """This process's calls to this mesh's actor over ``conn``."""
+        window = conn.windows[self._target] = Window(conn, self._max_queued)
+        return window
+
+    def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
+                    indices: Sequence[int] | None = None) -> None:
+        """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
+        ``indices`` of this view (None: all) has no room for a call of
+        ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent)."""
+        if desc.concurrent or self._numbered:
+            return  # not bounded (see meshio._transport._credit)
+        rt = self._runtime()
+        addrs, ranks = self._addrs, self._region.ranks
+        for index in range(len(ranks)) if indices is None else indices:
+            conn = rt.conns.get(addrs[ranks[index]])
+            window = conn.windows.get(self._target) if conn is not None else None
+            if window is not None and window.full():
+                site = self._site(index)
+                raise Overloaded(
+                    f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
+                    f"mailbox is full ({window.limit} calls of this process wait in it, "
+                    f"max_queued={self._max_queued}); the call was not sent (on_full="
+                    f"'raise'); retry later, or call without on_full='raise' to wait for room",
+                    actor=self._name, rank=site.rank, max_queued=self._max_queued)
 
     def _down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
         """The error of a call to ``index`` if its process is known dead (or
@@ -294,14 +338,15 @@ class ActorMesh(MeshShape, Generic[A]):
         return futs
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> None:
-        """Send to every actor of this view, no answers wanted."""
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
+        """Send to every actor of this view, no answers wanted; the sends
+        waiting for room in a mailbox (none: all went now)."""
         if self._hosts is None or not limits.fanout_width:
             rt = self._runtime()
-            for i in range(len(self._region.ranks)):
-                self._send(rt, i, desc, body, out, None, deadline)
-        else:
-            self._fanout(desc, body, out, None, False, deadline)
+            return [f for i in range(len(self._region.ranks))
+                    if (f := self._send(rt, i, desc, body, out, None, deadline)) is not None]
+        self._fanout(desc, body, out, None, False, deadline)
+        return []
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
                 answers: Gathering | Sequence[Settle] | None, gather: bool,
@@ -343,7 +388,7 @@ class ActorMesh(MeshShape, Generic[A]):
                      for h, indices in part]
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
-                                            _budget(deadline),
+                                            budget(deadline),
                                             current_trace() if TRACING else "")), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -454,13 +499,6 @@ def _request_of(fut: asyncio.Future[Any]) -> _Request | None:
     return fut.request if isinstance(fut, _CallFuture) else None
 
 
-def _budget(deadline: float | None) -> float | None:
-    """What a call message carries of ``deadline`` (``time.monotonic()``):
-    the seconds left, at least a microsecond (one already past is dropped
-    by its callee, which answers ``CallTimeout``)."""
-    return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
-
-
 def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[Any, Any, Any]:
     """The endpoint ``name`` of actor class ``cls``, read on ``what`` (a
     mesh or a service, for the message).
@@ -560,6 +598,6 @@ class _CallSite:
 
 def _rebuild(target: str, name: str, cls: type[Any], labels: Sequence[str],
              sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str],
-             base: Sequence[int], per_host: int) -> ActorMesh[Any]:
+             base: Sequence[int], per_host: int, max_queued: int) -> ActorMesh[Any]:
     return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs, base=base,
-                     per_host=per_host)
+                     per_host=per_host, max_queued=max_queued)

@@ -30,7 +30,7 @@ import msgspec
 
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, _chain
-from ._constants import MSGPACK_NIL, STALL_AFTER
+from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
@@ -40,6 +40,7 @@ from ._stacks import Stacks, capture, encode_actors
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
 from ._transport._connection import Connection
+from ._transport._credit import took
 from ._transport._messages import (
     Call,
     ErrorInfo,
@@ -252,14 +253,19 @@ class ActorCell:
     where its constructor ran (None: one is made)."""
 
     def __init__(self, rt: Runtime, target: str, ctx: Context[Any], instance: Actor,
-                 thread: ActorThread | None = None, stall_after: float = STALL_AFTER) -> None:
+                 thread: ActorThread | None = None, stall_after: float = STALL_AFTER,
+                 max_queued: int = MAX_QUEUED) -> None:
         self.rt = rt
         self.target = target
         self.ctx = ctx
         self.instance = instance
         self.endpoints = type(instance)._meshio_endpoints
-        #: calls waiting for their turn, each with its deadline (``time.monotonic()``)
+        #: calls waiting for their turn, each with its deadline (``time.monotonic()``);
+        #: at most ``max_queued`` per caller (:mod:`meshio._transport._credit`),
+        #: given back to each caller ``credit_batch`` at a time
         self.mailbox: deque[tuple[Connection, Call, Buffers, float | None]] = deque()
+        self.max_queued = max_queued
+        self.credit_batch = max(1, max_queued // 8)
         #: (connection, req) of the mailbox calls not yet started; a call
         #: cancelled by its caller leaves it and is skipped when its turn comes
         self.queued: set[tuple[Connection, int]] = set()
@@ -319,6 +325,8 @@ class ActorCell:
             return
         if msg.req and msg.chain and self.serving is not None \
                 and f"{self.identity}#{self.seq}" in msg.chain:
+            if msg.bounded:
+                took(conn, self.target, self.credit_batch)
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
         if msg.req:
@@ -381,12 +389,17 @@ class ActorCell:
             task.cancel()
         if self.rt.has_state(Registry):  # RDMA was used here
             self.rt.state(Registry).release_owned(self.target)  # its registrations go with it
+        given: dict[Connection, int] = {}
         while self.mailbox:
             conn, msg, _, _ = self.mailbox.popleft()
+            if msg.bounded:
+                given[conn] = given.get(conn, 0) + 1
             if (conn, msg.req) in self.queued:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "unknown_actor", "UnknownActorError", "before handling this call")))
         self.queued.clear()
+        for conn, n in given.items():  # its callers' calls from now on find no actor
+            took(conn, self.target, 1, n)
         self.stopping = self.rt.tasks.start(self._finish_stop(tasks, exc))
         return self.stopping
 
@@ -470,6 +483,8 @@ class ActorCell:
                 await self.waiter
                 continue
             conn, msg, bufs, deadline = mailbox.popleft()
+            if msg.bounded:
+                took(conn, self.target, self.credit_batch)
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:
@@ -676,7 +691,8 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         conn.send_message(Fail(msg.req, info))
         return
     rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread,
-                                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER)
+                                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
+                                      msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
     rt.state(StallWatch)  # (started with the first actor)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
 

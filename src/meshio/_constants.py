@@ -10,7 +10,8 @@ from typing import Final
 
 import msgspec
 
-__all__ = ("MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "PARTITION_TIMEOUT", "SIOCGIFADDR",
+__all__ = ("MAX_QUEUED", "MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "PARTITION_TIMEOUT",
+           "SIOCGIFADDR",
            "STALL_AFTER")
 
 #: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
@@ -25,6 +26,10 @@ STALL_AFTER: Final = 60.0
 #: processes count as failed, and its agent kills them
 #: (``spawn_procs(partition_timeout=...)``)
 PARTITION_TIMEOUT: Final = 60.0
+
+#: default bound of an actor's mailbox: calls one caller may have waiting
+#: in it (``procs.options(max_queued=...)``, :mod:`meshio._transport._credit`)
+MAX_QUEUED: Final = 10_000
 
 #: ``prctl(2)`` options (``<linux/prctl.h>``): the signal this process gets
 #: when its parent dies, and the process allowed to ptrace it (Yama)

@@ -10,6 +10,7 @@ mesh / rank / host, and what you can do about it::
     ├── SupervisionError             a process or actor died; the call cannot complete
     │   └── ProcessStartError        a worker process exited or never said hello at start
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
+    ├── Overloaded                   an actor's mailbox is full and the call asked not to wait
     ├── UnknownActorError (LookupError)     no such actor in the target process
     ├── UnknownProcMeshError (LookupError)  no kept-alive proc mesh of that name to re-attach
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
@@ -54,6 +55,7 @@ __all__ = (
     "MeshShapeError",
     "MeshioError",
     "NotInActorError",
+    "Overloaded",
     "ProcessStartError",
     "ProtocolError",
     "RDMAError",
@@ -328,6 +330,28 @@ class CallTimeout(MeshioError, TimeoutError):
         #: the deadline that passed was the one inherited from the call an
         #: endpoint was serving (so that call's caller gets a CallTimeout too)
         self.inherited = False
+
+
+class Overloaded(MeshioError):
+    """The mailbox of the actor called is full: this caller already has
+    ``max_queued`` calls waiting in it (``procs.options(max_queued=...)``),
+    and the call was made with ``.options(on_full="raise")``, so it was not
+    sent.  Raised at once by the adverb (``call``, ``call_one``, ``choose``,
+    ``stream``, ``broadcast``, ``Service.route``); without that option the
+    call waits for room instead.  Retry later, slow down, or raise the bound.
+
+    Attributes:
+        actor: the actor mesh's name.
+        rank: the actor's rank in its mesh as spawned.
+        max_queued: the bound of its mailbox (per caller).
+    """
+
+    def __init__(self, message: str, *, actor: str = "", rank: int = -1,
+                 max_queued: int = 0) -> None:
+        super().__init__(message)
+        self.actor = actor
+        self.rank = rank
+        self.max_queued = max_queued
 
 
 class UnknownActorError(MeshioError, LookupError):

@@ -67,7 +67,7 @@ class ProcMesh(MeshShape):
         return ProcMesh(self._state, self._view, options)
 
     def options(self, *, restart: RestartType | None = None,
-                stall_after: float | None = None) -> ProcMesh:
+                stall_after: float | None = None, max_queued: int | None = None) -> ProcMesh:
         """The same proc mesh (or slice) with options for the actors spawned on it
         (those not given stay as they are).
 
@@ -84,10 +84,20 @@ class ProcMesh(MeshShape):
                 stalled (default 60): one warning line on the controller
                 and, under a supervisor, one ``"stall"`` event, each naming
                 actor, rank, endpoint, duration and the call's stack.
+            max_queued: the bound of each actor's mailbox (default 10,000):
+                how many calls one caller (one process) may have waiting in
+                it.  A call beyond that waits in the caller for room (or,
+                made with ``.options(on_full="raise")``, fails at once with
+                :class:`~meshio.Overloaded`); ``broadcast`` too.  Each
+                calling process has its own allowance, so an actor called
+                from K processes holds at most K times ``max_queued`` calls.
+                Not yet bounded: calls to ``concurrent`` endpoints (they
+                never queue) and to actor meshes spanning several hosts.
 
         Raises:
             ValueError: ``restart`` is not one of the three restart types,
-                or ``stall_after`` is not a positive number.
+                ``stall_after`` is not a positive number, or ``max_queued``
+                is not a positive integer.
         """
         options = self._options
         if restart is not None:
@@ -100,6 +110,11 @@ class ProcMesh(MeshShape):
                 raise ValueError(f"options(stall_after=...) must be a positive number of "
                                  f"seconds, got {stall_after!r}")
             options = replace(options, stall_after=float(stall_after))
+        if max_queued is not None:
+            if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 1:
+                raise ValueError(f"options(max_queued=...) must be a positive integer, got "
+                                 f"{max_queued!r}")
+            options = replace(options, max_queued=max_queued)
         return self._with_options(options)
 
     def __repr__(self) -> str:
@@ -205,7 +220,8 @@ class ProcMesh(MeshShape):
         for w in state.workers:
             addrs[w.rank] = w.addr
         mesh: ActorMesh[A] = ActorMesh(target, name, cls, self._region, addrs, self,
-                                       per_host=state.per_host)
+                                       per_host=state.per_host,
+                                       max_queued=self._options.max_queued)
         # (spawned on the whole mesh, it grows and shrinks with it)
         cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
         rt = state.rt
@@ -224,7 +240,8 @@ class ProcMesh(MeshShape):
             req = conn.next_req(pending)
             conn.send_message(SpawnActor(req, target, name, cls_blob, index, labels, sizes,
                                          mesh_blob, msgspec.Raw(body), proc_rank=grank,
-                                         stall_after=self._options.stall_after),
+                                         stall_after=self._options.stall_after,
+                                         max_queued=self._options.max_queued),
                               out)
             state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, out,

@@ -19,7 +19,7 @@ import msgspec
 
 from ._actor_mesh import ActorMesh
 from ._cell import stall_line
-from ._constants import PARTITION_TIMEOUT, STALL_AFTER
+from ._constants import MAX_QUEUED, PARTITION_TIMEOUT, STALL_AFTER
 from ._context import Context, _context
 from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
@@ -122,10 +122,11 @@ class SpawnOptions:
     """meshio's options for the actors spawned on a proc mesh
     (``procs.options(...)``): ``restart``, their restart type, and
     ``stall_after``, seconds a call may run before it is reported as
-    stalled."""
+    stalled; ``max_queued``, the bound of each actor's mailbox (per caller)."""
 
     restart: RestartType = "permanent"
     stall_after: float = STALL_AFTER
+    max_queued: int = MAX_QUEUED
 
 
 class _ActorRecord:
@@ -160,7 +161,7 @@ class _ActorRecord:
         w.conn.send_message(SpawnActor(req, self.target, self.name, self.cls_blob, index,
                                        self.labels, self.sizes, self.mesh_blob,
                                        msgspec.Raw(self.body), restart, grank,
-                                       self.options.stall_after),
+                                       self.options.stall_after, self.options.max_queued),
                             self.out)
         w.construct(fut)
         return fut
@@ -993,7 +994,8 @@ class ProcState:
                 following = [(a, a.mesh) for a in self.actors if a.mesh is not None]
                 built = [_ActorRecord(a.name, a.target, a.cls_blob,
                                       dumps(ActorMesh(a.target, a.name, mesh._cls, region, addrs,
-                                                      per_host=per_host), None),
+                                                      per_host=per_host,
+                                                      max_queued=a.options.max_queued), None),
                                       a.body, a.out, list(labels), sizes, region.ranks,
                                       a.options)
                          for a, mesh in following]
@@ -1054,7 +1056,8 @@ class ProcState:
                 if a.mesh is not None:
                     a.labels, a.sizes, a.ranks = list(labels), sizes, region.ranks
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
-                                                  per_host=per_host), None)
+                                                  per_host=per_host,
+                                                  max_queued=a.options.max_queued), None)
                     a.mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(n)
             self.published()

@@ -27,8 +27,9 @@ from ._proc_mesh import ProcMesh
 from ._proc_state import ProcState, _ActorRecord
 from ._tracing import traced
 from ._transport._connection import Gathering
+from ._transport._credit import Waiting
 from ._transport._serial import OutBuffers
-from .endpoints._endpoint import Endpoint, EndpointDescriptor, Site
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site
 
 __all__ = ("ReplicaStats", "Service")
 
@@ -386,15 +387,19 @@ class Service(MeshShape):
     # ------------------------------------------------------------ routing
 
     async def _route(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, session: Hashable | None, deadline: float | None) -> Any:
+                     out: OutBuffers, session: Hashable | None, deadline: float | None,
+                     on_full: OnFull = "wait") -> Any:
         """Call one replica; a call of a retried endpoint whose replica died
         with it in flight goes to another one (up to its retry policy's
-        attempts, within its deadline)."""
+        attempts, within its deadline).  ``on_full="raise"``: if the chosen
+        replica's mailbox is full, :class:`~meshio.Overloaded`."""
         policy = desc.retry
         attempt = 0
         while True:
             attempt += 1
             replica = await self._pick(session)
+            if on_full == "raise":
+                replica.mesh._check_room(desc)
             fut = replica.mesh._request_once(0, desc, body, out, deadline)
             replica.track(fut)
             try:
@@ -479,9 +484,13 @@ class Service(MeshShape):
                        [r.mesh._site(0) for r in self._replicas])
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> None:
-        for r in self._replicas:
-            r.mesh._send_all(desc, body, out, deadline)
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
+        return [f for r in self._replicas for f in r.mesh._send_all(desc, body, out, deadline)]
+
+    def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
+                    indices: Sequence[int] | None = None) -> None:
+        for index in range(len(self._replicas)) if indices is None else indices:
+            self._replicas[index].mesh._check_room(desc)
 
     def _site(self, index: int) -> Site:
         return self._replicas[index].mesh._site(0)
@@ -546,8 +555,8 @@ class _ServiceEndpoint(Endpoint[P, R]):
     __slots__ = ("_service", "_takes_session")
 
     def __init__(self, service: Service, desc: EndpointDescriptor[Any, P, R],
-                 timeout: float | None = None) -> None:
-        super().__init__(service, desc, timeout)
+                 timeout: float | None = None, on_full: OnFull = "wait") -> None:
+        super().__init__(service, desc, timeout, on_full)
         self._service = service
         self._takes_session = "session" in inspect.signature(desc.fn).parameters
 
@@ -560,7 +569,8 @@ class _ServiceEndpoint(Endpoint[P, R]):
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
                 f"for the routing key; rename the parameter to route calls to it")
         body, packer = self._encode(args, kwargs)
-        routed = self._service._route(self._desc, body, packer.out, session, self._deadline())
+        routed = self._service._route(self._desc, body, packer.out, session, self._deadline(),
+                                      self._on_full)
         if self._timeout is None:
             result: R = await routed
             return result

@@ -12,6 +12,7 @@ mypy infers; each ``# type: ignore[code]`` line is an error mypy must report
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any, assert_type
 
 from meshio import (
@@ -110,7 +111,7 @@ async def adverbs(procs: ProcMesh) -> None:
     async for point, value in trainers.train.stream(step=2):
         assert_type(point, Point)
         assert_type(value, float)
-    assert_type(trainers.train.broadcast(step=3), None)
+    assert_type(trainers.train.broadcast(step=3), Awaitable[None])
 
     # options() keeps the signature, and the adverbs of the result are typed.
     fast: Endpoint[[int], float] = trainers.train.options(timeout=1.0)

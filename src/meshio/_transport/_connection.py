@@ -77,6 +77,7 @@ from ._serial import (
 
 if TYPE_CHECKING:
     from ._credentials import Credentials
+    from ._credit import Window
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
@@ -331,6 +332,10 @@ class Connection(asyncio.BufferedProtocol):
         #: an inspection client's credentials (``Runtime.listen_inspection``)
         self.job: Credentials | None = None
         self.pending: dict[int, Pending] = {}
+        #: flow control (:mod:`._credit`), by actor: our calls to it over this
+        #: connection; the peer's calls that left its mailbox, not given back yet
+        self.windows: dict[str, Window] = {}
+        self.taken: dict[str, int] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
         #: what waits for the transport to drain, in order (see _SLICE)

@@ -11,7 +11,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from .._constants import STALL_AFTER
+from .._constants import MAX_QUEUED, STALL_AFTER
 
 __all__ = (
     "Adopt",
@@ -20,6 +20,7 @@ __all__ = (
     "Answers",
     "Call",
     "Cancel",
+    "Credit",
     "DebugIO",
     "DebugIOKind",
     "DebugPaused",
@@ -97,6 +98,10 @@ class Call(_Msg, frozen=True, tag=2):
     (None: no deadline); a duration, not a time, so hosts need no common
     clock.  The callee drops the call if that passed before it ran.
 
+    ``bounded``: the caller counted this call against the actor's mailbox
+    bound; the callee gives it back (:class:`Credit`) once it has left the
+    mailbox (:mod:`._credit`).
+
     ``trace``: the caller's span as a W3C ``traceparent`` ("" : none; see
     :mod:`meshio._tracing`, the ``otel`` extra).
     """
@@ -109,6 +114,7 @@ class Call(_Msg, frozen=True, tag=2):
     seq: int = 0
     origin: str = ""
     deadline: float | None = None
+    bounded: bool = False
     trace: str = ""
 
 
@@ -163,6 +169,8 @@ class SpawnActor(_Msg, frozen=True, tag=5):
     proc_rank: int = -1
     #: seconds a call may run before the actor reports it stalled
     stall_after: float = STALL_AFTER
+    #: calls each caller may have waiting in the actor's mailbox
+    max_queued: int = MAX_QUEUED
 
 
 class StopActor(_Msg, frozen=True, tag=6):
@@ -455,6 +463,15 @@ class Reshaped(_Msg, frozen=True, tag=32):
     mesh: bytes
 
 
+class Credit(_Msg, frozen=True, tag=33):
+    """From the process hosting the actor of mesh ``target``: ``n`` of the
+    receiver's bounded calls to it (``Call.bounded``) have left its mailbox,
+    so the receiver may send ``n`` more (:mod:`._credit`)."""
+
+    target: str
+    n: int
+
+
 class LogEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One ``logging`` record of a worker: its logger ``name`` and level,
     its ``message`` as text (``getMessage()`` and the formatted traceback:
@@ -570,7 +587,7 @@ Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fau
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
-           | Adopt | WatchWorker)
+           | Adopt | WatchWorker | Credit)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

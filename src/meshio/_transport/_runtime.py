@@ -29,12 +29,14 @@ from .._exceptions import (
 from ._bulk import release
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
+from ._credit import credit, took, windows_lost
 from ._fanout import FanoutState, Order, refuse, relay
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret, tcp_address
 from ._memory import memory_pipe
 from ._messages import (
     Call,
     Cancel,
+    Credit,
     ErrorInfo,
     Fail,
     Fanout,
@@ -87,7 +89,7 @@ _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
 actor_thread = threading.local()
 
 
-def on_loop(fn: Callable[..., None], *args: Any) -> None:
+def on_loop(fn: Callable[..., object], *args: Any) -> None:
     """Call ``fn(*args)`` on the runtime's loop: at once on a loop, or, from
     an actor's thread, scheduled there in order (before the reply of the
     ``def`` endpoint that called it)."""
@@ -719,11 +721,14 @@ class Runtime:
         for receiver in list(self.ports.values()):
             receiver._lost(conn)
         self.fanout.lost(conn)
+        cause = f"connection lost ({exc})" if exc else "connection closed"
+        windows_lost(conn, lambda: SupervisionError(
+            f"{cause} to process {conn.peer_pid} at {conn.peer} while a broadcast waited for "
+            "room in its actors' mailboxes", pid=conn.peer_pid, cause=cause))
         hook = self.on_lost.get(conn.peer or "")
         if hook is not None:
             hook(conn)
             return
-        cause = f"connection lost ({exc})" if exc else "connection closed"
         conn.fail_all(lambda p: SupervisionError(
             f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
             f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank,
@@ -790,6 +795,8 @@ class Runtime:
                     req = msg.req
                     cell.stop().add_done_callback(
                         lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
+            case Credit():
+                credit(conn, msg)
             case Cancel():
                 cell = self.actors.get(msg.target)
                 if not self.fanout.cancel(conn, msg.req, msg.expired) and cell is not None:
@@ -862,6 +869,8 @@ class Runtime:
         if cell is None:
             if msg.req:
                 conn.send_message(Fail(msg.req, self._missing(msg.target)))
+            if msg.bounded:  # no mailbox holds it
+                took(conn, msg.target, 1)
             return
         cell.post(conn, msg, bufs)
 

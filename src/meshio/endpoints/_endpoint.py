@@ -19,11 +19,24 @@ from collections.abc import (
     Awaitable,
     Callable,
     Coroutine,
+    Generator,
     Hashable,
     Iterable,
     Iterator,
+    Sequence,
 )
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from .._context import _scope
 from .._exceptions import (
@@ -37,7 +50,8 @@ from .._exceptions import (
 from .._tracing import traced
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
-from .._transport._runtime import on_loop
+from .._transport._credit import Waiting
+from .._transport._runtime import actor_thread, on_loop, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
 from .._transport._tasks import awaited
 from .._value_mesh import ValueMesh
@@ -50,12 +64,16 @@ if TYPE_CHECKING:
     from .._context import Context
     from .._extent import Point, Region
 
-__all__ = ("Endpoint", "EndpointDescriptor", "endpoint")
+__all__ = ("Endpoint", "EndpointDescriptor", "OnFull", "endpoint")
 
 P = ParamSpec("P")
 R = TypeVar("R")
 A = TypeVar("A")
 T = TypeVar("T")
+
+#: what a call does when the actor's mailbox is full (``Endpoint.options``)
+OnFull: TypeAlias = Literal["wait", "raise"]
+_ON_FULL: tuple[OnFull, ...] = ("wait", "raise")
 
 
 class Site(Protocol):
@@ -127,8 +145,16 @@ class CallTarget(Protocol):
         ...
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                  out: OutBuffers, deadline: float | None = None) -> None:
-        """Send the call to every actor of the view: fire and forget."""
+                  out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
+        """Send the call to every actor of the view: fire and forget; the
+        sends that wait for room in a mailbox (see :meth:`_check_room`)."""
+        ...
+
+    def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
+                    indices: Sequence[int] | None = None) -> None:
+        """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
+        ``indices`` (None: all) is full for this caller: a call to it now
+        would wait for room (``on_full="raise"`` checks first)."""
         ...
 
     def _site(self, index: int) -> Site:
@@ -279,19 +305,21 @@ class Endpoint(Generic[P, R]):
     ``mesh.train.call(step=0)`` — every actor, gathered into a ValueMesh;
     ``call_one`` — the only actor; ``choose`` — one actor, load-balanced;
     ``stream`` — every actor, results as they arrive; ``broadcast`` — every
-    actor, fire and forget.  ``options(timeout=...)`` sets per-call options.
+    actor, fire and forget.  ``options(timeout=..., on_full=...)`` sets
+    per-call options.
 
     Inside an endpoint, calls inherit what is left of the deadline of the
     call being served (the tighter of that and their own ``timeout``).
     """
 
-    __slots__ = ("_desc", "_mesh", "_timeout")
+    __slots__ = ("_desc", "_mesh", "_on_full", "_timeout")
 
     def __init__(self, mesh: CallTarget, desc: EndpointDescriptor[Any, P, R],
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, on_full: OnFull = "wait") -> None:
         self._mesh = mesh
         self._desc = desc
         self._timeout = timeout
+        self._on_full: OnFull = on_full
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._desc.fn.__qualname__} of {self._mesh!r}>"
@@ -300,7 +328,8 @@ class Endpoint(Generic[P, R]):
     def _qualname(self) -> str:
         return self._desc.fn.__qualname__
 
-    def options(self, *, timeout: float | None = None) -> Endpoint[P, R]:
+    def options(self, *, timeout: float | None = None,
+                on_full: OnFull | None = None) -> Endpoint[P, R]:
         """The same endpoint with per-call options.
 
         Args:
@@ -310,11 +339,27 @@ class Endpoint(Generic[P, R]):
                 the call).  It travels with the call as its deadline: the
                 callee sees it as ``meshio.context().deadline``, its own
                 calls inherit it, and a call still queued when it passes is
-                dropped without running.
+                dropped without running.  It bounds the wait for room in a
+                full mailbox too.
+            on_full: when the mailbox of an actor called already holds
+                ``max_queued`` calls of this process
+                (``procs.options(max_queued=...)``): ``"wait"`` (the
+                default) waits for room, in order, then sends; ``"raise"``
+                sends nothing and raises :class:`~meshio.Overloaded` at once
+                (from the adverb itself: ``call()``, ``broadcast()``, ...).
+                Not given: as this endpoint has it.
+
+        Raises:
+            ValueError: ``timeout`` is not a positive number, or ``on_full``
+                is neither ``"wait"`` nor ``"raise"``.
         """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
-        return type(self)(self._mesh, self._desc, timeout)
+        if on_full is None:
+            on_full = self._on_full
+        elif on_full not in _ON_FULL:
+            raise ValueError(f"options(on_full=...) must be 'wait' or 'raise', got {on_full!r}")
+        return type(self)(self._mesh, self._desc, timeout, on_full)
 
     def _deadline(self) -> float | None:
         """When this call's answers are due (``time.monotonic()``): the
@@ -341,9 +386,16 @@ class Endpoint(Generic[P, R]):
         An actor whose process died with nothing to restart it (no
         supervisor, or restart type ``temporary``) is a hole: the call
         does not fail for it, the ValueMesh lists it in ``holes``.  Other
-        failures raise (one error for all the failing ranks)."""
+        failures raise (one error for all the failing ranks).
+
+        Raises:
+            Overloaded: made with ``.options(on_full="raise")``, an actor's
+                mailbox is full; nothing was sent.
+        """
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
+        if self._on_full == "raise":
+            mesh._check_room(self._desc)
         deadline = self._deadline()
         if self._desc.retry is not None:  # each actor's call retried on its own
             futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
@@ -419,6 +471,8 @@ class Endpoint(Generic[P, R]):
         Raises:
             SupervisionError: its process is dead (a hole too: it names the
                 rank and the cause).
+            Overloaded: made with ``.options(on_full="raise")``, its
+                mailbox is full; nothing was sent.
         """
         mesh = self._mesh
         if len(mesh) != 1:
@@ -426,19 +480,28 @@ class Endpoint(Generic[P, R]):
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
         body, packer = self._encode(args, kwargs)
+        if self._on_full == "raise":
+            mesh._check_room(self._desc, (0,))
         deadline = self._deadline()
         return self._single(mesh._request(0, self._desc, body, packer.out, deadline), 0,
                             deadline)
 
     @traced
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
-        """Call one actor, the least loaded as seen from this caller."""
+        """Call one actor, the least loaded as seen from this caller.
+
+        Raises:
+            Overloaded: made with ``.options(on_full="raise")``, the chosen
+                actor's mailbox is full; nothing was sent.
+        """
         mesh = self._mesh
         if len(mesh) == 0:
             raise MeshShapeError(f"choose on {mesh._name!r}: the mesh is empty; choose "
                                  "needs at least one actor")
         body, packer = self._encode(args, kwargs)
         index = mesh._least_loaded()
+        if self._on_full == "raise":
+            mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
         return self._single(mesh._request(index, self._desc, body, packer.out, deadline),
                             index, deadline)
@@ -464,9 +527,15 @@ class Endpoint(Generic[P, R]):
 
         A failing rank raises its error when its turn comes; the iterator then
         ends.  Holes (processes dead with nothing to restart them) are skipped.
+
+        Raises:
+            Overloaded: made with ``.options(on_full="raise")``, an actor's
+                mailbox is full; nothing was sent.
         """
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
+        if self._on_full == "raise":
+            mesh._check_room(self._desc)
         points = list(mesh)
         deadline = self._deadline()
         futs = mesh._request_all(self._desc, body, packer.out, False, deadline)
@@ -512,17 +581,86 @@ class Endpoint(Generic[P, R]):
             f"one actor with choose()")
 
     @traced
-    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
-        """Send to every actor without waiting; an exception in the endpoint
-        is reported as a supervision event, not to the caller.  Actors whose
-        process is known dead (holes, processes being restarted) are skipped."""
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[None]:
+        """Send to every actor without waiting for answers; an exception in
+        the endpoint is reported as a supervision event, not to the caller.
+        Actors whose process is known dead (holes, processes being
+        restarted) are skipped.
+
+        The message goes now to every actor whose mailbox has room for it
+        (see ``procs.options(max_queued=...)``); to the others it goes, in
+        order, once they have room.  What this returns can be awaited (it
+        need not be): ``await mesh.ep.broadcast(x)`` returns once the
+        message went to every actor, so a loop of them never runs ahead of
+        a slow actor by more than its mailbox's bound.  Not awaited, the
+        messages still go, and those waiting for room wait in this process.
+        In a plain ``def`` endpoint (the actor's thread) nothing can be
+        awaited: the message is sent from the loop, in order.
+
+        Raises:
+            Overloaded: made with ``.options(on_full="raise")``, an actor's
+                mailbox is full: raised by this call itself, nothing sent.
+            CallTimeout: (awaited) with ``.options(timeout=...)`` (or an
+                inherited deadline), an actor had no room before it passed;
+                the message does not go to it.
+            SupervisionError: (awaited) an actor's process died (its
+                connection was lost) while the message waited for room.
+        """
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: large values are copied now, so that
         # changing them in place afterwards cannot reach an actor
-        on_loop(self._broadcast, body, snapshot(packer.out), self._deadline())
+        out, deadline = snapshot(packer.out), self._deadline()
+        if getattr(actor_thread, "rt", None) is None:  # on the loop
+            sends = self._broadcast(body, out, deadline)
+            return _Sent(sends, deadline, self) if sends else _SENT
+        if self._on_full == "raise":  # the thread waits for the loop's answer
+            on_loop_wait(self._broadcast, body, out, deadline)
+        else:
+            on_loop(self._broadcast, body, out, deadline)
+        return _SENT
 
-    def _broadcast(self, body: bytes, out: OutBuffers, deadline: float | None) -> None:
-        self._mesh._send_all(self._desc, body, out, deadline)
+    def _broadcast(self, body: bytes, out: OutBuffers, deadline: float | None
+                   ) -> list[Waiting]:
+        if self._on_full == "raise":
+            self._mesh._check_room(self._desc)
+        return self._mesh._send_all(self._desc, body, out, deadline)
+
+
+class _Sent:
+    """What ``broadcast()`` returns: awaited, it waits until the message
+    went to every actor (``sends``: those waiting for room; the deadline
+    bounds the wait).  An awaitable, not a coroutine: not awaiting it is
+    fine (the message still goes) and warns of nothing."""
+
+    __slots__ = ("_deadline", "_endpoint", "_sends")
+
+    def __init__(self, sends: list[Waiting], deadline: float | None,
+                 endpoint: Endpoint[Any, Any] | None) -> None:
+        self._sends = sends
+        self._deadline = deadline
+        self._endpoint = endpoint
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self._sends:
+            yield from self._wait().__await__()
+
+    async def _wait(self) -> None:
+        loop = asyncio.get_running_loop()
+        sends = [w.future(loop) for w in self._sends]
+        _, pending = await asyncio.wait(sends, timeout=_left(self._deadline))
+        if pending:
+            ep = self._endpoint
+            assert ep is not None
+            raise CallTimeout(
+                f"broadcast of {ep._qualname} on {ep._mesh._name!r}: {len(pending)} of its "
+                f"actors had no room in their mailbox before the deadline; the message does "
+                f"not go to them", endpoint=ep._qualname)
+        for f in sends:
+            f.result()
+
+
+#: a broadcast that went to every actor at once
+_SENT = _Sent([], None, None)
 
 
 def _left(deadline: float | None) -> float | None:

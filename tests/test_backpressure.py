@@ -1,0 +1,270 @@
+"""Bounded mailboxes (issue 18 item 4), with real worker processes: a caller
+waits for room in a full mailbox (or gets ``Overloaded`` at once with
+``on_full="raise"``), ``broadcast`` too, the mailbox never holds more than
+``max_queued`` calls of one caller, and a dead callee releases the waiters.
+
+Nothing here sleeps to wait for something: the slow actor is held by a gate
+the test opens, and the test waits on call futures and on ``stacks()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+
+import meshio
+from meshio import Actor, CallTimeout, Overloaded, SupervisionError, endpoint
+
+#: generous bound on any single wait on a loaded machine
+GUARD = 30.0
+#: the bound of the slow actor's mailbox in these tests
+BOUND = 4
+
+
+class Slow(Actor):
+    """Takes one call at a time, and none while its gate is closed."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.seen: list[int] = []
+
+    @endpoint
+    async def take(self, i: int) -> int:
+        await self.gate.wait()
+        self.seen.append(i)
+        return i
+
+    @endpoint(concurrent=True)
+    async def open_gate(self) -> None:
+        self.gate.set()
+
+    @endpoint(concurrent=True)
+    async def taken(self) -> list[int]:
+        return self.seen
+
+    @endpoint(concurrent=True)
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def slow(procs: meshio.ProcMesh, max_queued: int = BOUND) -> Slow:
+    return await procs.slice(procs=0).options(max_queued=max_queued).spawn("slow", Slow)
+
+
+async def queued(s: Slow) -> int:
+    """The calls waiting in the actor's mailbox now (one sample)."""
+    (actor,) = (await asyncio.wait_for(s.stacks(), GUARD)).actors
+    return actor.queued
+
+
+async def until_full(s: Slow, bound: int = BOUND) -> list[int]:
+    """Sample the actor's mailbox until it holds ``bound`` calls (as the
+    credits of the calls it took come back); every sample is returned."""
+    samples = [await queued(s)]
+    async with asyncio.timeout(GUARD):
+        while samples[-1] < bound:
+            samples.append(await queued(s))
+    return samples
+
+
+async def test_callers_wait_for_room_and_every_call_completes_in_order(
+        procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(40)]
+    samples = await until_full(s)
+    assert max(samples) == BOUND
+    assert not any(c.done() for c in calls)  # one runs (held), four queued, the rest wait here
+    await s.open_gate.call_one()
+    # drained while sampled: the mailbox never holds more than the bound
+    while not all(c.done() for c in calls):
+        samples.append(await queued(s))
+    assert max(samples) == BOUND
+    assert await asyncio.wait_for(asyncio.gather(*calls), GUARD) == list(range(40))
+    assert await s.taken.call_one() == list(range(40))
+
+
+async def test_the_bound_holds_for_every_adverb_and_broadcast(procs: meshio.ProcMesh) -> None:
+    """Calls of several adverbs and awaited broadcasts, interleaved, from
+    one caller: in order, and never more than the bound in the mailbox."""
+    s = await slow(procs)
+    calls: list[asyncio.Future[Any]] = []
+    for i in range(0, 60, 3):
+        calls.append(asyncio.ensure_future(s.take.call_one(i)))
+        calls.append(asyncio.ensure_future(s.take.choose(i + 1)))
+        calls.append(asyncio.ensure_future(s.take.call(i + 2)))
+    samples = await until_full(s)
+    sender = asyncio.ensure_future(broadcasts(s, range(60, 80)))
+    await s.open_gate.call_one()
+    while not (sender.done() and all(c.done() for c in calls)):
+        samples.append(await queued(s))
+    await sender
+    assert max(samples) == BOUND
+    await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    async with asyncio.timeout(GUARD):  # (the last broadcasts may still be queued)
+        while len(await s.taken.call_one()) < 80:
+            pass
+    assert await s.taken.call_one() == list(range(80))
+
+
+async def broadcasts(s: Slow, values: range) -> None:
+    for i in values:
+        await s.take.broadcast(i)
+
+
+async def test_on_full_raise_fails_at_once_and_sends_nothing(procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    now = s.take.options(on_full="raise").options(timeout=GUARD)  # (kept)
+    with pytest.raises(Overloaded) as info:
+        now.call_one(100)
+    assert info.value.actor == "slow" and info.value.rank == 0
+    assert info.value.max_queued == BOUND
+    assert "max_queued=4" in str(info.value) and "'slow'" in str(info.value)
+    with pytest.raises(Overloaded):
+        now.call(101)
+    with pytest.raises(Overloaded):
+        now.choose(102)
+    with pytest.raises(Overloaded):
+        now.broadcast(103)
+    with pytest.raises(Overloaded):
+        async for _ in now.stream(104):
+            pass
+    # concurrent endpoints never queue: not bounded
+    assert await s.taken.options(on_full="raise").call_one() == []
+    await s.open_gate.call_one()
+    assert await asyncio.wait_for(asyncio.gather(*calls), GUARD) == list(range(BOUND + 1))
+    assert await now.call_one(105) == 105  # room again
+    assert await s.taken.call_one() == [*range(BOUND + 1), 105]
+
+
+async def test_a_service_route_honours_the_bound(procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    service = meshio.Service(s)
+    calls = [asyncio.ensure_future(service.take.route(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    with pytest.raises(Overloaded):
+        await service.take.options(on_full="raise").route(100)
+    waiting = asyncio.ensure_future(service.take.route(101))
+    await s.open_gate.call_one()
+    assert await asyncio.wait_for(asyncio.gather(*calls, waiting), GUARD) == [
+        *range(BOUND + 1), 101]
+
+
+async def test_a_broadcast_waits_for_room(procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    sent = s.take.broadcast(100)
+    waiting = asyncio.ensure_future(awaited(sent))
+    # a bug would finish it at once; a correct one never does before the gate opens
+    done, _ = await asyncio.wait([waiting], timeout=0.2)
+    assert not done
+    assert await queued(s) == BOUND
+    await s.open_gate.call_one()
+    await asyncio.wait_for(waiting, GUARD)
+    await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    assert await s.take.call_one(101) == 101  # behind the broadcast
+    assert await s.taken.call_one() == [*range(BOUND + 1), 100, 101]
+    # with room, a broadcast goes at once: its awaitable is already done
+    await asyncio.wait_for(awaited(s.take.broadcast(102)), GUARD)
+
+
+async def awaited(a: Awaitable[None]) -> None:
+    await a
+
+
+async def test_a_deadline_bounds_the_wait_for_room(procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    with pytest.raises(CallTimeout, match=r"no answer within 0\.3s"):
+        await asyncio.wait_for(s.take.options(timeout=0.3).call_one(100), GUARD)
+    with pytest.raises(CallTimeout, match=r"no room in their mailbox before the deadline"):
+        await asyncio.wait_for(awaited(s.take.options(timeout=0.3).broadcast(101)), GUARD)
+    await s.open_gate.call_one()
+    await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    assert await s.take.call_one(102) == 102
+    assert await s.taken.call_one() == [*range(BOUND + 1), 102]  # neither ran
+
+
+async def test_a_killed_callee_releases_the_waiters(procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    pid = await s.pid.call_one()
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    waiting = [asyncio.ensure_future(s.take.call_one(i)) for i in range(10, 13)]
+    gathered = asyncio.ensure_future(s.take.call(20))
+    sent = asyncio.ensure_future(awaited(s.take.broadcast(30)))
+    os.kill(pid, signal.SIGKILL)
+    released: list[Awaitable[object]] = [*calls, *waiting, sent]
+    for f in released:
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(f, GUARD)
+    # (call() on the whole mesh: an actor dead for good is a hole, not an error)
+    assert [p.rank for p in (await asyncio.wait_for(gathered, GUARD)).holes] == [0]
+
+
+async def test_each_caller_has_its_own_allowance(procs: meshio.ProcMesh) -> None:
+    """The bound is per calling process: the controller and another actor,
+    each with the mailbox full of its calls, hold twice the bound."""
+    s = await slow(procs)
+    relay = await procs.slice(procs=1).spawn("relay", Relay)
+    mine = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    theirs = asyncio.ensure_future(relay.send.call_one(s, list(range(100, 110))))
+    samples = await until_full(s, 2 * BOUND)
+    assert max(samples) == 2 * BOUND
+    await s.open_gate.call_one()
+    assert await asyncio.wait_for(asyncio.gather(*mine), GUARD) == list(range(BOUND + 1))
+    assert await asyncio.wait_for(theirs, GUARD) == list(range(100, 110))
+
+
+class Relay(Actor):
+    @endpoint
+    async def send(self, to: Slow, values: list[int]) -> list[int]:
+        return list(await asyncio.gather(*(to.take.call_one(i) for i in values)))
+
+    @endpoint
+    def flood(self, to: Slow) -> tuple[int, str]:
+        """From the actor's thread: broadcast with on_full="raise" until the
+        mailbox is full; how many went, and the error."""
+        sent = 0
+        while True:
+            try:
+                to.take.options(on_full="raise").broadcast(sent)
+            except Overloaded as e:
+                return sent, str(e)
+            sent += 1
+
+
+async def test_a_broadcast_from_a_def_endpoint_honours_the_bound(
+        procs: meshio.ProcMesh) -> None:
+    s = await slow(procs)
+    relay = await procs.slice(procs=1).spawn("relay", Relay)
+    sent, error = await asyncio.wait_for(relay.flood.call_one(s), GUARD)
+    # one taken out to run (held at the gate), BOUND queued; its credit may
+    # or may not have come back before the mailbox was found full
+    assert sent in (BOUND, BOUND + 1)
+    assert "Slow.take on 'slow'" in error and "max_queued=4" in error
+    await s.open_gate.call_one()
+    async with asyncio.timeout(GUARD):
+        while len(await s.taken.call_one()) < sent:
+            pass
+    assert await s.taken.call_one() == list(range(sent))
+
+
+async def test_bad_options_are_clear_errors(procs: meshio.ProcMesh) -> None:
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match=r"options\(max_queued=...\) must be a positive "
+                                             rf"integer, got {bad!r}"):
+            procs.options(max_queued=bad)  # type: ignore[arg-type]
+    s = await slow(procs)
+    with pytest.raises(ValueError, match=r"options\(on_full=...\) must be 'wait' or "
+                                         r"'raise', got 'drop'"):
+        s.take.options(on_full="drop")  # type: ignore[arg-type]
