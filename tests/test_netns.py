@@ -28,6 +28,7 @@ import trustme
 import meshio
 from meshio import (
     Actor,
+    RDMABuffer,
     SupervisionError,
     _launcher,
     _proc_state,
@@ -202,6 +203,21 @@ async def test_rdma_tcp_handle_across_hosts(hosts: list[Host], secret_file: Path
     finally:
         await peers.stop()
         await owners.stop()
+
+
+async def test_a_buffer_the_controller_owns_is_read_and_written_on_another_host(
+        hosts: list[Host], secret_file: Path) -> None:
+    """The controller's handles name its Unix address; an actor on another
+    host reaches it over the connection it dialled to the controller's TCP
+    listener (the controller names itself there on connecting)."""
+    data = bytearray(os.urandom(N))
+    buf = RDMABuffer(data, backend="tcp")
+    async with attach(hosts[1:], secret_file).spawn_procs() as peers:
+        peer = await peers.spawn("peer", Peer)
+        got = await asyncio.wait_for(peer.read.call_one(buf, 4321, 65536), DEADLINE)
+        assert got == bytes(data[4321:4321 + 65536])
+        assert await peer.write.call_one(buf, b"x" * 1000, 7) == 1000
+        assert data[7:1007] == b"x" * 1000
 
 
 # ------------------------------------------------------------------ failures

@@ -150,3 +150,20 @@ async def test_a_relay_killed_mid_pull_leaves_its_readers_to_the_owner(
         await learner.publish.call_one(2)
         assert await asyncio.wait_for(others[0].read.call_one(store), GUARD) == [2.0]
         assert await learner.served.call_one() == {remote: 4}  # a new relay
+
+
+async def test_a_store_the_controller_owns_is_read_on_another_host(
+        hosts: list[Host], secret_file: Path) -> None:
+    """The controller may own the store (issue 17: "created in the
+    publishing actor (or the controller)"): readers on another host reach it."""
+    store = WeightStore("controller-owned")
+    async with meshio.attach([hosts[1].agent_addr], secret_file=secret_file).spawn_procs(
+            per_host={"procs": 2}) as procs:
+        readers = await procs.spawn("readers", Reader)
+        for v in (1, 2):
+            await store.publish(state(v), version=v)
+            got = await asyncio.wait_for(readers.read.call(store), GUARD)
+            assert got.values() == [[float(v)]] * 2
+        served = dict(store_impl._Owner.of(store).served)
+        remote, = set((await readers.host.call()).values())
+        assert served == {remote: 2}  # once per version to that host

@@ -366,6 +366,10 @@ class Runtime:
         #: address → where the process answering to it listens, when not
         #: there (replacement workers; told by the controller, :class:`Moved`)
         self.routes: dict[str, str] = {} if name is None else {name: addr}
+        #: a runtime's own address → the other one this runtime dialled it
+        #: at, over whose connection it is reached (a controller's Unix name
+        #: → its TCP listener, told on connecting: see :meth:`_accept`)
+        self.aliases: dict[str, str] = {}
         #: Unix address → the pid of the process listening there, where known
         #: (the controller's own workers): a dial finding another one is refused
         self.pids: dict[str, int] = {}
@@ -533,7 +537,7 @@ class Runtime:
         Connection."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
-            self._accept(transport, leftover, hs.creds, job)
+            self._accept(transport, leftover, hs.creds, job, addr)
 
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)
@@ -547,7 +551,8 @@ class Runtime:
         return hs
 
     def _accept(self, transport: asyncio.Transport, leftover: bytes,
-                creds: tuple[int, int, int] | None, job: Credentials | None) -> None:
+                creds: tuple[int, int, int] | None, job: Credentials | None,
+                addr: str) -> None:
         conn = Connection(self, None)
         conn.job = job
         if creds is not None:
@@ -555,6 +560,12 @@ class Runtime:
         self.all_conns.add(conn)
         transport.set_protocol(conn)
         conn.connection_made(transport)
+        if addr != self.addr and job is not self.inspection:
+            # the peer dialled another name of this runtime (a controller's
+            # TCP or job listener): tell it the one this runtime's handles
+            # carry (a weight store's, an RDMA buffer's), which it then
+            # reaches through ``addr`` (:attr:`aliases`)
+            conn.send_message(Hello(self.addr, os.getpid(), self.worker))
         _feed(conn, transport, leftover)
 
     # ------------------------------------------------------------ peers
@@ -570,6 +581,8 @@ class Runtime:
                 of another job than ``job``.
         """
         conn = self.conns.get(addr)
+        if conn is None and addr in self.aliases:
+            return self.connect(self.aliases[addr], job)
         if conn is not None:
             if job is not None and conn.job != job:
                 raise AuthenticationError(
@@ -756,6 +769,9 @@ class Runtime:
                     log.exception("meshio: relaying a tree call of %s.%s from %s failed",
                                   msg.target, msg.method, conn.peer or "unidentified peer")
                     refuse(conn, msg, _internal(self, "tree call", e))
+            case Hello() if conn.peer is not None:  # a runtime this one dialled names itself
+                if msg.addr != conn.peer:
+                    self.aliases[msg.addr] = conn.peer
             case Hello():
                 if conn.peer_pid not in (-1, msg.pid):  # SO_PEERCRED knows better
                     log.warning("meshio: refused a connection to %s from pid %d: its Hello "
