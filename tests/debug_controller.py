@@ -8,6 +8,10 @@ Once a line arrives on its stdin it calls another actor of rank 1's
 process and prints that it answered; then it prints the results once both
 paused calls return.
 
+``python debug_controller.py terminal``: the same two ranks paused, and
+nothing else: debugged on the controller's own terminal; it prints the
+results once both return.
+
 ``python debug_controller.py heartbeats``: rank 0 of a proc mesh with
 short heartbeats (0.2 s, timeout 1 s) stops in ``breakpoint()`` inside the
 ``async`` endpoint (holding its worker's loop); meanwhile the controller
@@ -80,6 +84,14 @@ async def pair() -> None:
             calls.cancel()
 
 
+async def terminal() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        paused = await procs.spawn("steppers", Paused)
+        results = await asyncio.gather(paused.slice(gpus=0).step.call_one(10),
+                                       paused.slice(gpus=1).step_sync.call_one(20))
+        print(f"results {results}", flush=True)
+
+
 async def heartbeats() -> None:
     loop = asyncio.get_running_loop()
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}, heartbeat_interval=0.2,
@@ -119,5 +131,5 @@ async def agents(cache: str) -> None:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    meshio.run(pair() if mode == "pair" else heartbeats() if mode == "heartbeats"
-               else agents(sys.argv[2]))
+    meshio.run(pair() if mode == "pair" else terminal() if mode == "terminal"
+               else heartbeats() if mode == "heartbeats" else agents(sys.argv[2]))

@@ -40,8 +40,9 @@ def spawn(*args: str, env: dict[str, str]) -> pexpect.spawn:
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """The environment of a controller and its ``meshio debug``: a
-    directory of published controllers of their own."""
-    yield {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    directory of published controllers of their own; the controller's own
+    terminal does not debug (``meshio debug`` does)."""
+    yield {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "MESHIO_DEBUG_TERMINAL": "0"}
 
 
 def ask(debug: pexpect.spawn, line: str, until: str = PDB) -> list[str]:
@@ -55,6 +56,35 @@ def close(*children: pexpect.spawn) -> None:
     """End ``children`` if still running, and close their terminals."""
     for child in children:
         child.close(force=True)
+
+
+def test_the_controller_s_own_terminal_debugs(env: dict[str, str]) -> None:
+    """A controller on a terminal debugs its paused actors there, with
+    ``meshio debug``'s commands: both pauses announced, the listing and its
+    prompt, attach, print, continue one; ``continue all`` hands the
+    terminal back to the program, whose calls return."""
+    controller = spawn(str(CONTROLLER), "terminal", env={**env, "MESHIO_DEBUG_TERMINAL": ""})
+    try:
+        seen = set()
+        for _ in range(2):  # in either order, the console opening at the first
+            controller.expect(r"meshio: steppers rank (\d) paused at (\S+):\d+ in \S+ "
+                              r"\(pid \d+ on \S+\); debug it on this terminal")
+            seen.add(controller.match.group(1))
+            assert controller.match.group(2) == str(CONTROLLER)
+        assert seen == {"0", "1"}
+        assert "attached to steppers rank 0" in "\n".join(ask(controller, "attach steppers 0"))
+        assert ask(controller, "p doubled") == ["20"]
+        assert ask(controller, "c", PROMPT) == ["meshio: steppers rank 0 continued"]
+        listing = "\n".join(ask(controller, "list", PROMPT))
+        assert "steppers rank 1: " in listing and "steppers rank 0" not in listing
+        controller.sendline("continue all")
+        controller.expect_exact("meshio: back to the program")
+        controller.expect(r"results \[21, 61\]")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller)
 
 
 def test_attach_print_step_continue(env: dict[str, str]) -> None:

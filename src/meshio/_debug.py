@@ -19,7 +19,11 @@ paused, and serves ``meshio debug`` clients on its inspection listener
 session's output and prompt reach that client only; the others' wait, so
 sessions are queued, never interleaved), ``detach``, ``continue all``.
 The client (:func:`debug_client`) is a plain terminal: it shows what the
-controller sends and sends back the lines typed.
+controller sends and sends back the lines typed.  When the controller's own
+stdin is a terminal (or ``MESHIO_DEBUG_TERMINAL=1``; ``0`` turns it off),
+the first pause opens that client on it, in the controller's process: the
+user debugs where the program runs, and once no actor is paused any more
+the terminal is the program's again.
 """
 
 from __future__ import annotations
@@ -33,23 +37,24 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, Any, cast
 
 from ._context import Context, _context
+from ._inspect import Controller, Inspection
 from ._transport._connection import Connection
 from ._transport._messages import DebugIO, DebugIOKind, DebugPaused
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
 from ._transport._tls import TLSConfig
 
-if TYPE_CHECKING:
-    from ._inspect import Controller
-
 __all__ = ("DebugLink", "Debugger", "breakpoint_hook", "debug_client", "debug_link", "install",
            "set_trace")
 
 #: the prompt of ``meshio debug`` between pdb sessions
 PROMPT = "(meshio debug) "
+#: ``1``: the controller's own terminal debugs its paused actors even when
+#: its stdin is not a terminal; ``0``: never (``meshio debug`` only)
+TERMINAL_ENV = "MESHIO_DEBUG_TERMINAL"
 #: modules pdb's ``step``/``next`` do not stop in (meshio's and the loop's own)
 _SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "concurrent.*",
          "threading", "contextvars", "queue", "pdb", "bdb")
@@ -252,6 +257,17 @@ def _on_debug_io(rt: Runtime, conn: Connection, msg: DebugIO, bufs: Buffers) -> 
         rt.state(Debugger).from_link(conn, msg)
 
 
+def _on_terminal() -> bool:
+    """Whether the controller's own terminal debugs its paused actors."""
+    wanted = os.environ.get(TERMINAL_ENV, "")
+    if wanted in ("0", "1"):
+        return wanted == "1"
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except ValueError:  # stdin closed
+        return False
+
+
 def _on_paused(rt: Runtime, conn: Connection, msg: DebugPaused, bufs: Buffers) -> None:
     rt.state(Debugger).paused(conn, msg)
 
@@ -299,6 +315,9 @@ class Debugger:
         #: client → the actor and rank it waits to attach to (``attach`` of
         #: an actor that has not paused yet)
         self.waiting: dict[Connection, tuple[str, str]] = {}
+        #: the client on this controller's own terminal, while it runs
+        self.console: asyncio.Task[int] | None = None
+        self.terminal: Connection | None = None
 
     def close(self) -> None:
         """The controller ends: its connections are gone (clients see that)."""
@@ -311,8 +330,14 @@ class Debugger:
 
     def paused(self, link: Connection, msg: DebugPaused) -> None:
         session = self.sessions[(link, msg.session)] = _Session(link, msg)
-        then = ("attach with `meshio debug`" if self.rt.controller is None else
-                "`meshio debug` does not reach it: its proc mesh was started by an actor")
+        if self.rt.controller is not None:
+            then = "`meshio debug` does not reach it: its proc mesh was started by an actor"
+        elif self.console is not None or _on_terminal():
+            then = "debug it on this terminal (or with `meshio debug`)"
+            if self.console is None:
+                self.console = self.rt.tasks.start(self._console())
+        else:
+            then = "attach with `meshio debug`"
         print(f"meshio: {session.name} paused at {msg.file}:{msg.line} in {msg.function} "
               f"(pid {msg.pid} on {msg.host}); {then}", file=sys.stderr, flush=True)
         if self.links.get(msg.addr) is not link and link.peer is not None:
@@ -330,6 +355,14 @@ class Debugger:
         for client, attached in self.clients.items():
             if attached is None and client not in self.waiting:
                 self._say(client, f"meshio: {session.name} paused at {session.where()}\n")
+
+    async def _console(self) -> int:
+        """``meshio debug`` on this controller's own terminal, until the
+        user quits or no actor is paused any more."""
+        try:
+            return await debug_client(self.rt.state(Inspection).controller, terminal=True)
+        finally:
+            self.console = self.terminal = None
 
     def _pong(self, addr: str) -> None:
         pong = self.rt.on_pong.get(addr)
@@ -366,11 +399,17 @@ class Debugger:
             session.pending.append(f"meshio: {session.name} {how}\n")
             self._show(session)
             self._prompt(client)
+        elif (self.terminal is not None and not self.sessions
+              and self.clients.get(self.terminal, session) is None
+              and self.terminal not in self.waiting):
+            self._hand_back(self.terminal)  # at its prompt, and nothing is paused any more
 
     # ------------------------------------------------ from the clients
 
     def from_client(self, client: Connection, msg: DebugIO) -> None:
         if msg.kind == "open":
+            if msg.text == "terminal":
+                self.terminal = client
             self.clients[client] = None
             self._say(client, "meshio debug: `help` lists the commands\n")
             self._list(client)
@@ -411,6 +450,9 @@ class Debugger:
             for session in self.sessions.values():
                 session.link.send_message(DebugIO(session.paused.session, "input", "continue"))
             self._say(client, f"meshio: continuing {len(self.sessions)} paused actor(s)\n")
+            if client is self.terminal:
+                self._hand_back(client)
+                return
         elif words == ["quit"]:
             del self.clients[client]
             client.send_message(DebugIO(0, "end"))
@@ -471,7 +513,17 @@ class Debugger:
         client.send_message(DebugIO(0, "output", text))
 
     def _prompt(self, client: Connection) -> None:
+        if client is self.terminal and not self.sessions and client not in self.waiting:
+            self._hand_back(client)  # nothing is paused
+            return
         client.send_message(DebugIO(0, "read", PROMPT))
+
+    def _hand_back(self, terminal: Connection) -> None:
+        """End the session on the controller's own terminal: it is the
+        program's again (the next pause opens another)."""
+        del self.clients[terminal]
+        self._say(terminal, "meshio: back to the program\n")
+        terminal.send_message(DebugIO(0, "end"))
 
 
 def debug_link(rt: Runtime, addr: str) -> Connection | None:
@@ -523,9 +575,10 @@ class _Client:
             self.done.set_result(code)
 
 
-async def debug_client(controller: Controller) -> int:
+async def debug_client(controller: Controller, *, terminal: bool = False) -> int:
     """Run ``meshio debug`` against ``controller`` until the user quits
-    (0) or the controller is gone (1)."""
+    (0) or the controller is gone (1); ``terminal``: in the controller's own
+    process, on its terminal (it ends once no actor is paused)."""
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, secret=controller.secret)
     try:
@@ -533,11 +586,12 @@ async def debug_client(controller: Controller) -> int:
         rt.pids[controller.address] = controller.pid  # the listener proves it is that process
 
         def lost(conn: Connection) -> None:
-            sys.stderr.write(f"\nmeshio debug: lost the controller (pid {controller.pid})\n")
+            if not terminal:  # (the program ends)
+                sys.stderr.write(f"\nmeshio debug: lost the controller (pid {controller.pid})\n")
             client._finish(1)
         rt.on_lost[controller.address] = lost
         client.conn = rt.connect(controller.address)
-        client.conn.send_message(DebugIO(0, "open"))
+        client.conn.send_message(DebugIO(0, "open", "terminal" if terminal else ""))
         return await client.done
     finally:
         del rt.on_lost[controller.address]  # (closing is not losing it)

@@ -92,9 +92,12 @@ class Inspection:
         self.tasks = TaskOwner("the inspection server", rt.loop)
         secret = new_secret()
         addr = rt.listen_inspection(secret)
+        #: how an inspection client reaches this controller (its own
+        #: terminal's ``meshio debug`` too: :mod:`meshio._debug`)
+        self.controller = Controller(os.getpid(), addr, secret, sys.argv, time.time())
         self.path: Path | None = None
         try:
-            self.path = _publish(addr, secret)
+            self.path = _publish(self.controller)
         except OSError as e:  # the controller works on; only `meshio stacks` cannot find it
             log.warning("meshio: cannot publish this controller for `meshio stacks` (%s)", e)
 
@@ -130,14 +133,15 @@ class Inspection:
             self.path.unlink(missing_ok=True)
 
 
-def _publish(addr: str, secret: bytes) -> Path:
+def _publish(controller: Controller) -> Path:
     """Write this controller's file; its path."""
-    path = private_dir() / f"{os.getpid()}.json"
+    path = private_dir() / f"{controller.pid}.json"
     tmp = path.with_suffix(f".tmp{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"meshio_controller": 1, "pid": os.getpid(), "address": addr,
-                   "secret": secret.hex(), "argv": sys.argv, "started": time.time()}, f)
+        json.dump({"meshio_controller": 1, "pid": controller.pid, "address": controller.address,
+                   "secret": controller.secret.hex(), "argv": controller.argv,
+                   "started": controller.started}, f)
     os.replace(tmp, path)
     return path
 
