@@ -73,6 +73,11 @@ class Where(Actor):
         await asyncio.Event().wait()
 
     @endpoint
+    async def ask_hang(self, other: Where) -> None:
+        """Call ``other``'s :meth:`hang` from here."""
+        await other.hang.call_one()
+
+    @endpoint
     def say(self, marker: str) -> None:
         print(marker, flush=True)
 

@@ -147,6 +147,39 @@ async def test_a_downed_host_without_a_supervisor_leaves_a_hole(
 
 @requires_netns
 @pytest.mark.timeout(120)
+async def test_actors_calling_a_downed_host_are_told(cluster: tuple[list[Host], Path]) -> None:
+    """An actor's call in flight to a process on a host that is then downed
+    fails (its connection there would never close: the host is cut off),
+    and its next calls there fail at once, naming the partition; once
+    procs.replace fills the hole after the heal, they go through again.
+    (Heartbeats too slow to judge: the downing is what it learns.)"""
+    hosts, secret_file = cluster
+    async with attach(hosts, secret_file).spawn_procs(
+            heartbeat_interval=INTERVAL, heartbeat_timeout=10 * DEADLINE,
+            partition_timeout=PARTITION) as procs:
+        w = await procs.spawn("w", Where)
+        here, there = w.slice(hosts=0), w.slice(hosts=1)
+        (_, addr1), = (await there.where.call()).values()
+        assert await here.ask.call_one(there, 1) == [(1, addr1)]  # connected to it
+        hosts[1].partition()
+        try:
+            stuck = asyncio.ensure_future(here.ask_hang.call_one(there))
+            failure = await asyncio.wait_for(procs.wait_failed(), DEADLINE)
+            assert failure.cause == "partitioned" and failure.rank == 1
+            for call in (stuck, here.ask.call_one(there, 2)):
+                with pytest.raises(meshio.ActorError) as ei:
+                    await asyncio.wait_for(call, DEADLINE)
+                assert ei.value.remote_type == "meshio.SupervisionError"
+                assert f"is down (partitioned: its host {hosts[1].addr} was unreachable" \
+                    in str(ei.value)
+        finally:
+            hosts[1].heal()
+        await asyncio.wait_for(procs.replace(1), DEADLINE)
+        assert await asyncio.wait_for(here.ask.call_one(there, 3), DEADLINE) == [(3, addr1)]
+
+
+@requires_netns
+@pytest.mark.timeout(120)
 async def test_a_partition_healed_before_partition_timeout_downs_nothing(
         cluster: tuple[list[Host], Path]) -> None:
     hosts, secret_file = cluster

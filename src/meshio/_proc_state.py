@@ -454,6 +454,8 @@ class ProcState:
         self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
         self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
         self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
+        if self.rt.down.pop(worker.addr, None) is not None:  # a downed one's replacement
+            self._tell(PeerUp(worker.addr))
         for down in self.rt.down.values():  # a new worker learns who is not responding
             conn.send_message(down())
 
@@ -564,6 +566,14 @@ class ProcState:
                 f"{what_now}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
 
+        if cause == "partitioned" and not self.stopped:
+            # the other workers' connections to it stay open (its host is cut
+            # off): they drop them, and their calls to it fail until an
+            # incarnation serves again (_watch)
+            gone = PeerDown(worker.addr, self.name, worker.rank, handle.pid, handle.host, 0.0,
+                            self.heartbeat_timeout, gone=said)
+            self.rt.down[worker.addr] = lambda: gone
+            self._tell(gone)
         if stale:
             conn.fail_all(error)
             return

@@ -955,10 +955,17 @@ def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
     """What callers of the process ``down`` describes get while it does not
     answer heartbeats (``now``: a clock in seconds, for how long so far):
     calls in flight when that was found, or (``in_flight=False``) calls made
-    afterwards, which are not sent."""
+    afterwards, which are not sent; for a process ``down.gone`` (its host
+    downed), that it is down and why."""
     since = now() - down.silent
 
     def error(p: Pending) -> SupervisionError:
+        if down.gone:
+            return SupervisionError(
+                f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
+                f"{down.pid} on {down.host} is down ({down.gone}); {p.endpoint} "
+                f"{'was in flight' if in_flight else 'was not sent'}", actor=p.mesh,
+                rank=p.rank, host=down.host, pid=down.pid, cause="partitioned")
         cause = f"not responding for {now() - since:.1f} s"
         what = (f"while {p.endpoint} was in flight" if in_flight
                 else f"so {p.endpoint} was not sent")

@@ -245,7 +245,12 @@ class PeerDown(_Msg, frozen=True, tag=15):
     """From the process running the heartbeats of ``addr``'s proc mesh: the
     process at ``addr`` (rank ``rank`` of proc mesh ``mesh``, pid ``pid`` on
     ``host``) has left heartbeats unanswered for ``silent`` seconds (more than
-    ``timeout``); calls to it fail until :class:`PeerUp`."""
+    ``timeout``); calls to it fail until :class:`PeerUp`.
+
+    ``gone``: it is gone, not merely silent, for this reason (its host was
+    downed: cut off past ``partition_timeout``, so nothing closes the
+    connections to it): the receiver also drops its connections to it, failing
+    the calls in flight there."""
 
     addr: str
     mesh: str
@@ -254,6 +259,7 @@ class PeerDown(_Msg, frozen=True, tag=15):
     host: str
     silent: float
     timeout: float
+    gone: str = ""
 
 
 class PeerUp(_Msg, frozen=True, tag=16):

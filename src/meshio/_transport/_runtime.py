@@ -835,6 +835,8 @@ class Runtime:
                 for peer in list(self.all_conns):
                     if peer.peer == msg.addr:
                         peer.fail_all(in_flight)
+                        if msg.gone:  # nothing else would ever close it
+                            peer.abort()
             case PeerUp():
                 self.dead.pop(msg.addr, None)
             case Moved():
