@@ -69,9 +69,14 @@ class Paused(Actor):
         return meshio.current_rank().rank
 
 
+#: ``stall_after`` of the paused actors: far shorter than a session (time
+#: paused in pdb is not a stall, so none is reported)
+STALL_AFTER = 0.5
+
+
 async def pair() -> None:
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
-        paused = await procs.spawn("steppers", Paused)
+        paused = await procs.options(stall_after=STALL_AFTER).spawn("steppers", Paused)
         bystanders = await procs.spawn("bystanders", Paused)
         calls = asyncio.gather(paused.slice(gpus=0).step.call_one(10),
                                paused.slice(gpus=1).step_sync.call_one(20))
@@ -96,7 +101,7 @@ async def heartbeats() -> None:
     loop = asyncio.get_running_loop()
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}, heartbeat_interval=0.2,
                                               heartbeat_timeout=TIMEOUT) as procs:
-        paused = await procs.spawn("steppers", Paused)
+        paused = await procs.options(stall_after=STALL_AFTER).spawn("steppers", Paused)
         port, started = Channel[int].open()
         call = asyncio.ensure_future(paused.slice(gpus=0).step_announced.call_one(5, port))
         try:

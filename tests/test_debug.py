@@ -4,12 +4,14 @@ in one, ``meshio debug`` in another, as a user would type."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pexpect
 import pytest
@@ -34,7 +36,13 @@ def line_of(text: str) -> int:
 def spawn(*args: str, env: dict[str, str]) -> pexpect.spawn:
     child = pexpect.spawn(sys.executable, list(args), env=env, encoding="utf-8",
                           timeout=EXPECT_TIMEOUT, dimensions=(50, 200))
+    child.logfile_read = io.StringIO()  # everything it showed (see seen_on)
     return child
+
+
+def seen_on(child: pexpect.spawn) -> str:
+    """Everything ``child`` has shown so far."""
+    return cast(io.StringIO, child.logfile_read).getvalue()
 
 
 @pytest.fixture
@@ -143,6 +151,7 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         controller.close()
         assert controller.exitstatus == 0
         assert controller.before.count("paused at") == 0  # each pause announced once
+        assert "has been running for" not in seen_on(controller)  # paused, not stalled
         debug.expect(pexpect.EOF)
     finally:
         close(controller, *([debug] if debug is not None else []))
@@ -167,6 +176,7 @@ def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
         controller.expect(r"result (\d+)")
         assert controller.match.group(1) == "11"
         assert "not responding" not in controller.before
+        assert "has been running for" not in seen_on(controller)  # paused, not stalled
         controller.expect(pexpect.EOF)
         controller.close()
         assert controller.exitstatus == 0

@@ -284,6 +284,8 @@ class ActorCell:
         #: mailbox calls started so far; the endpoint of the one under way
         self.seq = 0
         self.serving: EndpointDescriptor[Any, Any, Any] | None = None
+        #: the scope of the mailbox call being served (while :attr:`serving`)
+        self.scope: CallScope | None = None
         #: seconds a mailbox call may run before it is reported stalled; the
         #: last call (by ``seq``) so reported
         self.stall_after = stall_after
@@ -544,6 +546,8 @@ class ActorCell:
         assert task is not None
         scope = CallScope(deadline)
         _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
+        if not desc.concurrent:
+            self.scope = scope
         if req:
             self.scopes[key] = scope
             if desc.is_async:
@@ -716,11 +720,17 @@ class StallWatch:
             await asyncio.sleep(min(max(shortest / 4, 0.05), 1.0))
             now = time.monotonic()
             for cell in cells:
-                serving = cell.serving
-                if serving is not None and cell.stalled != cell.seq \
-                        and now - cell.since >= cell.stall_after:
+                serving, scope = cell.serving, cell.scope
+                if serving is None or cell.stalled == cell.seq:
+                    continue
+                running = now - cell.since
+                if scope is not None:  # (paused in pdb: not stalled)
+                    if scope.paused_at is not None:
+                        continue
+                    running -= scope.paused_for
+                if running >= cell.stall_after:
                     cell.stalled = cell.seq
-                    self._report(cell, serving, now - cell.since)
+                    self._report(cell, serving, running)
 
     def _report(self, cell: ActorCell, serving: EndpointDescriptor[Any, Any, Any],
                 running_for: float) -> None:

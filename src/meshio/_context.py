@@ -81,13 +81,26 @@ class CallScope:
     None: none) and whether it was given up.  Set by the actor cell for the
     call's task (and the thread of a ``def`` endpoint, which reads
     ``cancelled`` while the loop sets it); calls made within inherit the
-    deadline."""
+    deadline.  While pdb holds it (``breakpoint()``, :mod:`meshio._debug`),
+    ``paused_at`` is when that began; ``paused_for`` sums the pauses over:
+    time spent paused is not a stall."""
 
-    __slots__ = ("cancelled", "deadline")
+    __slots__ = ("cancelled", "deadline", "paused_at", "paused_for")
 
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline
         self.cancelled = False
+        self.paused_at: float | None = None
+        self.paused_for = 0.0
+
+    def pause(self, paused: bool) -> None:
+        """pdb paused the call (True) or let it go on (False)."""
+        now = time.monotonic()
+        if paused and self.paused_at is None:
+            self.paused_at = now
+        elif not paused and self.paused_at is not None:
+            self.paused_for += now - self.paused_at
+            self.paused_at = None
 
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(

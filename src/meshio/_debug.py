@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any, cast
 
-from ._context import Context, _context
+from ._context import CallScope, Context, _context, _scope
 from ._inspect import Controller, Inspection
 from ._transport._connection import Connection
 from ._transport._messages import DebugIO, DebugIOKind, DebugPaused
@@ -215,6 +215,8 @@ class _RemotePdb(pdb.Pdb):
     def __init__(self, link: DebugLink, ctx: Context[Any]) -> None:
         self.terminal = _Terminal(link)
         self.ctx = ctx
+        #: the call it paused (see :class:`~meshio._context.CallScope`)
+        self.scope: CallScope | None = None
         io = cast(IO[str], self.terminal)  # (pdb uses write, flush and readline of its files)
         super().__init__(stdin=io, stdout=io, skip=_SKIP, nosigint=True, readrc=False)
         self.prompt = "(Pdb) "
@@ -222,6 +224,9 @@ class _RemotePdb(pdb.Pdb):
     def interaction(self, frame: FrameType | None, traceback: Any) -> None:
         term = self.terminal
         if not term.session and frame is not None:
+            self.scope = _scope.get()
+            if self.scope is not None:  # its call is paused, not stalled
+                self.scope.pause(True)
             term.session, term.lines = term.link.open()
             ctx = self.ctx
             term.link.send(DebugPaused(
@@ -240,6 +245,8 @@ class _RemotePdb(pdb.Pdb):
 
     def _end(self, how: str) -> None:
         term = self.terminal
+        if self.scope is not None:
+            self.scope.pause(False)
         if term.session:
             term.flush()
             term.link.close(term.session, how)
