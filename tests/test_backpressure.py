@@ -179,6 +179,29 @@ async def awaited(a: Awaitable[None]) -> None:
     await a
 
 
+async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh) -> None:
+    """A loop of broadcasts not awaited, to an actor that takes none: once
+    its mailbox is full and as many again wait for room in the caller, the
+    next one raises Overloaded (memory stays bounded) and is not sent; those
+    before it all arrive, in order, once the actor takes them."""
+    s = await slow(procs)
+    sent = 0
+    with pytest.raises(Overloaded) as ei:
+        for i in range(100 * BOUND):
+            s.take.broadcast(i)
+            sent += 1
+    # BOUND in the mailbox (one more may have left it, held at the gate) and
+    # BOUND waiting here
+    assert sent in (2 * BOUND, 2 * BOUND + 1)
+    assert "await broadcast() to wait for room" in str(ei.value)
+    assert ei.value.max_queued == BOUND
+    await s.open_gate.call_one()
+    async with asyncio.timeout(GUARD):
+        while len(await s.taken.call_one()) < sent:
+            pass
+    assert await s.taken.call_one() == list(range(sent))
+
+
 async def test_a_deadline_bounds_the_wait_for_room(procs: meshio.ProcMesh) -> None:
     s = await slow(procs)
     calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]

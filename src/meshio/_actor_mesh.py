@@ -228,10 +228,12 @@ class ActorMesh(MeshShape, Generic[A]):
         return window
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
-                    indices: Sequence[int] | None = None) -> None:
+                    indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
         """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
         ``indices`` of this view (None: all) has no room for a call of
-        ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent)."""
+        ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent);
+        ``backlog``: only if ``max_queued`` broadcasts already wait for room
+        in this process too (a broadcast, which may not be awaited)."""
         if desc.concurrent or self._numbered:
             return  # not bounded (see meshio._transport._credit)
         rt = self._runtime()
@@ -239,7 +241,18 @@ class ActorMesh(MeshShape, Generic[A]):
         for index in range(len(ranks)) if indices is None else indices:
             conn = rt.conns.get(addrs[ranks[index]])
             window = conn.windows.get(self._target) if conn is not None else None
-            if window is not None and window.full():
+            if window is None:
+                continue
+            if backlog and window.sends >= window.limit:
+                site = self._site(index)
+                raise Overloaded(
+                    f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
+                    f"mailbox is full and {window.sends} more broadcasts of this process "
+                    f"wait for room in it (max_queued={self._max_queued}); the broadcast was "
+                    f"not sent: await broadcast() to wait for room rather than run ahead of "
+                    f"the actor", actor=self._name, rank=site.rank,
+                    max_queued=self._max_queued)
+            if not backlog and window.full():
                 site = self._site(index)
                 raise Overloaded(
                     f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "

@@ -488,9 +488,9 @@ class Service(MeshShape):
         return [f for r in self._replicas for f in r.mesh._send_all(desc, body, out, deadline)]
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
-                    indices: Sequence[int] | None = None) -> None:
+                    indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
         for index in range(len(self._replicas)) if indices is None else indices:
-            self._replicas[index].mesh._check_room(desc)
+            self._replicas[index].mesh._check_room(desc, backlog=backlog)
 
     def _site(self, index: int) -> Site:
         return self._replicas[index].mesh._site(0)

@@ -92,14 +92,17 @@ class Waiting:
 
 class Window:
     """The calls of this process to one actor over ``conn``: ``used`` of
-    ``limit`` are sent and not given back; the calls waiting for room."""
+    ``limit`` are sent and not given back; the calls waiting for room, of
+    which ``sends`` want no answer (broadcasts: nobody need await them, so
+    they are refused beyond ``limit``)."""
 
-    __slots__ = ("conn", "limit", "used", "waiting")
+    __slots__ = ("conn", "limit", "sends", "used", "waiting")
 
     def __init__(self, conn: Connection, limit: int) -> None:
         self.conn = conn
         self.limit = limit
         self.used = 0
+        self.sends = 0
         self.waiting: deque[Waiting] = deque()
 
     def full(self) -> bool:
@@ -112,6 +115,7 @@ class Window:
         already waiting."""
         waiting = Waiting(call, out, deadline)
         self.waiting.append(waiting)
+        self.sends += not call.req
         return waiting
 
     def _release(self) -> None:
@@ -119,6 +123,7 @@ class Window:
         while waiting and self.used < self.limit:
             item = waiting.popleft()
             call, deadline = item.call, item.deadline
+            self.sends -= not call.req
             if call.req and call.req not in conn.pending:
                 pass  # given up (or failed) meanwhile: not sent
             elif deadline is not None and deadline <= time.monotonic():
@@ -159,3 +164,4 @@ def windows_lost(conn: Connection, error: Callable[[], BaseException]) -> None:
         for item in window.waiting:
             item._end(error())
         window.waiting.clear()
+        window.sends = 0

@@ -51,7 +51,7 @@ from .._tracing import traced
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
-from .._transport._runtime import actor_thread, on_loop, on_loop_wait
+from .._transport._runtime import actor_thread, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
 from .._transport._tasks import awaited
 from .._value_mesh import ValueMesh
@@ -151,10 +151,12 @@ class CallTarget(Protocol):
         ...
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
-                    indices: Sequence[int] | None = None) -> None:
+                    indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
         """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
         ``indices`` (None: all) is full for this caller: a call to it now
-        would wait for room (``on_full="raise"`` checks first)."""
+        would wait for room (``on_full="raise"`` checks first); ``backlog``:
+        only if as many broadcasts as the mailbox holds already wait for
+        room in this process too (a broadcast, which may not be awaited)."""
         ...
 
     def _site(self, index: int) -> Site:
@@ -593,13 +595,17 @@ class Endpoint(Generic[P, R]):
         need not be): ``await mesh.ep.broadcast(x)`` returns once the
         message went to every actor, so a loop of them never runs ahead of
         a slow actor by more than its mailbox's bound.  Not awaited, the
-        messages still go, and those waiting for room wait in this process.
-        In a plain ``def`` endpoint (the actor's thread) nothing can be
-        awaited: the message is sent from the loop, in order.
+        messages still go, and those waiting for room wait in this process,
+        up to as many as the mailbox holds: one more is refused.  In a plain
+        ``def`` endpoint (the actor's thread) nothing can be awaited: the
+        message is sent from the loop, in order.
 
         Raises:
             Overloaded: made with ``.options(on_full="raise")``, an actor's
-                mailbox is full: raised by this call itself, nothing sent.
+                mailbox is full; or, whatever ``on_full``, ``max_queued``
+                broadcasts of this process already wait for room in it (a
+                loop of them not awaited runs ahead of a slow actor):
+                raised by this call itself, nothing sent.
             CallTimeout: (awaited) with ``.options(timeout=...)`` (or an
                 inherited deadline), an actor had no room before it passed;
                 the message does not go to it.
@@ -613,16 +619,12 @@ class Endpoint(Generic[P, R]):
         if getattr(actor_thread, "rt", None) is None:  # on the loop
             sends = self._broadcast(body, out, deadline)
             return _Sent(sends, deadline, self) if sends else _SENT
-        if self._on_full == "raise":  # the thread waits for the loop's answer
-            on_loop_wait(self._broadcast, body, out, deadline)
-        else:
-            on_loop(self._broadcast, body, out, deadline)
+        on_loop_wait(self._broadcast, body, out, deadline)  # (Overloaded reaches the thread)
         return _SENT
 
     def _broadcast(self, body: bytes, out: OutBuffers, deadline: float | None
                    ) -> list[Waiting]:
-        if self._on_full == "raise":
-            self._mesh._check_room(self._desc)
+        self._mesh._check_room(self._desc, backlog=self._on_full != "raise")
         return self._mesh._send_all(self._desc, body, out, deadline)
 
 
