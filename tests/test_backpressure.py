@@ -179,6 +179,15 @@ async def awaited(a: Awaitable[None]) -> None:
     await a
 
 
+async def all_taken(s: Slow, n: int) -> list[int]:
+    """Open the gate; what the actor took, once it has taken ``n`` calls."""
+    await s.open_gate.call_one()
+    async with asyncio.timeout(GUARD):
+        while len(taken := await s.taken.call_one()) < n:
+            pass
+    return taken
+
+
 async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh) -> None:
     """A loop of broadcasts not awaited, to an actor that takes none: once
     its mailbox is full and as many again wait for room in the caller, the
@@ -195,11 +204,7 @@ async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh
     assert sent in (2 * BOUND, 2 * BOUND + 1)
     assert "await broadcast() to wait for room" in str(ei.value)
     assert ei.value.max_queued == BOUND
-    await s.open_gate.call_one()
-    async with asyncio.timeout(GUARD):
-        while len(await s.taken.call_one()) < sent:
-            pass
-    assert await s.taken.call_one() == list(range(sent))
+    assert await all_taken(s, sent) == list(range(sent))
 
 
 async def test_a_deadline_bounds_the_wait_for_room(procs: meshio.ProcMesh) -> None:
@@ -275,11 +280,7 @@ async def test_a_broadcast_from_a_def_endpoint_honours_the_bound(
     # or may not have come back before the mailbox was found full
     assert sent in (BOUND, BOUND + 1)
     assert "Slow.take on 'slow'" in error and "max_queued=4" in error
-    await s.open_gate.call_one()
-    async with asyncio.timeout(GUARD):
-        while len(await s.taken.call_one()) < sent:
-            pass
-    assert await s.taken.call_one() == list(range(sent))
+    assert await all_taken(s, sent) == list(range(sent))
 
 
 async def test_bad_options_are_clear_errors(procs: meshio.ProcMesh) -> None:
