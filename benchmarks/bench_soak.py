@@ -23,6 +23,9 @@ cycles in one run, with the controller's and the workers' memory sampled.
    it waits for room in the mailbox) to a slow actor (``max_queued``
    default, 10,000): the controller's and the worker's RSS stay within
    64 MiB of their idle value (issue 18 item 4); both deltas are printed.
+7. the same broadcasts not awaited: sent until the bound pushes back
+   (``Overloaded`` once ``max_queued`` wait for room in the caller), then
+   the last one sent is awaited; the same RSS bound.
 
 RSS (``VmRSS``) of the controller and of the long-lived workers is sampled
 throughout; the report gives start / peak / end for each phase.  A leak
@@ -40,6 +43,7 @@ import asyncio
 import gc
 import os
 import time
+from collections.abc import Awaitable
 
 import meshio
 from meshio import Actor, endpoint
@@ -273,7 +277,11 @@ async def poison_phase(n: int) -> None:
 BROADCAST_RSS_BOUND = 64.0
 
 
-async def broadcasts_phase(n: int) -> None:
+async def broadcasts_phase(n: int, awaited: bool) -> None:
+    """``n`` broadcasts to a slow actor, each awaited, or (``awaited``
+    False) sent without waiting until the bound pushes back (``Overloaded``):
+    then the last one sent is awaited (it went once there is room) and the
+    refused one sent again."""
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="sink") as procs:
         sink = await procs.spawn("sink", Sink)
         (pid,) = procs.pids
@@ -283,8 +291,19 @@ async def broadcasts_phase(n: int) -> None:
         gc.collect()
         controller, worker = Samples(None), Samples(pid)
         t0 = time.perf_counter()
+        pushed = 0
+        last: Awaitable[None] | None = None
         for i in range(n):
-            await sink.take.broadcast(i)
+            if awaited:
+                await sink.take.broadcast(i)
+            else:
+                try:
+                    last = sink.take.broadcast(i)
+                except meshio.Overloaded:
+                    pushed += 1
+                    assert last is not None
+                    await last  # it went: so did those before it
+                    last = sink.take.broadcast(i)
             if i % 10_000 == 0:
                 controller.take()
                 worker.take()
@@ -294,7 +313,9 @@ async def broadcasts_phase(n: int) -> None:
         worker.take()
         grew = {"controller": max(controller.values) - controller.values[0],
                 "worker": max(worker.values) - worker.values[0]}
-        report(f"6. {n:,} broadcasts to a slow actor: {n / dt:,.0f} /s, all taken: "
+        how = ("6. awaited" if awaited else
+               f"7. not awaited (pushed back {pushed:,} times: the last one sent awaited)")
+        report(f"{how}: {n:,} broadcasts to a slow actor: {n / dt:,.0f} /s, all taken: "
                f"{taken == n + 10_000}", dt, [("controller", controller),
                                                (f"worker pid {pid}", worker)])
         print("  RSS above idle: " + ", ".join(f"{who} {d:+.1f} MiB" for who, d in grew.items())
@@ -311,7 +332,8 @@ async def main(args: argparse.Namespace) -> None:
     await cycles_phase(args.cycles)
     await chains_phase(args.chains)
     await poison_phase(args.good)
-    await broadcasts_phase(args.broadcasts)
+    await broadcasts_phase(args.broadcasts, awaited=True)
+    await broadcasts_phase(args.broadcasts, awaited=False)
     print(f"controller RSS at end: {rss_mib():.1f} MiB")
 
 

@@ -249,8 +249,9 @@ class ActorMesh(MeshShape, Generic[A]):
                     f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
                     f"mailbox is full and {window.sends} more broadcasts of this process "
                     f"wait for room in it (max_queued={self._max_queued}); the broadcast was "
-                    f"not sent: await broadcast() to wait for room rather than run ahead of "
-                    f"the actor", actor=self._name, rank=site.rank,
+                    f"not sent: await what an earlier broadcast() returned (or each one) to "
+                    f"wait for room rather than run ahead of the actor", actor=self._name,
+                    rank=site.rank,
                     max_queued=self._max_queued)
             if not backlog and window.full():
                 site = self._site(index)
