@@ -161,6 +161,42 @@ def test_every_adverb_has_a_client_span_parent_of_the_server_span(tmp_path: Path
     assert errors == {"Echo.fail call_one", "Echo.fail"}
 
 
+PASS_THROUGH = SCRIPT.rsplit("async def main():", 1)[0] + '''
+class Relay(Actor):
+    @endpoint
+    async def relay(self, echo: Echo) -> bool:
+        assert await echo.echo.call_one(7) == 7
+        return isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+async def main():
+    setup()
+    async with meshio.this_host().spawn_procs({"procs": 1}) as plain, \\
+            meshio.this_host().spawn_procs({"procs": 1}, bootstrap=setup) as recording:
+        relay = await plain.spawn("relay", Relay)
+        echo = await recording.spawn("echo", Echo)
+        assert await relay.relay.call_one(echo)  # (no provider there)
+        workers = (await echo.spans.call()).values()[0]
+    print(json.dumps({"controller": finished(), "workers": workers}))
+
+
+asyncio.run(main())
+'''
+
+
+def test_a_process_without_a_tracer_provider_passes_the_trace_on(tmp_path: Path) -> None:
+    """Controller (recording) → an actor in a process with no tracer
+    provider (nothing recorded there, no span made) → an actor in a
+    recording process: its server span is the child of the controller's
+    client span, in the controller's trace."""
+    (tmp_path / "through.py").write_text(PASS_THROUGH)
+    found = json.loads(_run(["through.py"], tmp_path).splitlines()[-1])
+    client, = [s for s in found["controller"] if s["name"] == "Relay.relay call_one"]
+    served, = [s for s in found["workers"] if s["name"] == "Echo.echo"]
+    assert served["kind"] == "SERVER"
+    assert (served["trace"], served["parent"]) == (client["trace"], client["id"])
+
+
 BLOCK = "import sys\nsys.modules['opentelemetry'] = None  # as if the extra were absent\n"
 
 WITHOUT = '''

@@ -15,16 +15,20 @@ without one they are OpenTelemetry's no-op spans.
 Without the package nothing of it is imported and nothing is paid per call:
 :data:`ENABLED` is decided once, at import, and the adverbs are then not
 wrapped at all (:func:`traced` returns them as they are); the call path
-checks one module constant.
+checks one module constant.  With the package but no tracer provider set in
+this process (:func:`_recording`), no span is made either: a call being
+served only passes its caller's ``traceparent`` on to the calls it makes
+(:data:`_inbound`), so a trace crosses a process that records nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -46,11 +50,26 @@ if ENABLED or TYPE_CHECKING:  # (type checkers see the extra: it is in the dev o
     _CLIENT = _trace.SpanKind.CLIENT
     _SERVER = _trace.SpanKind.SERVER
     _ERROR = _trace.Status(_trace.StatusCode.ERROR)
+    #: what a process has before it sets a tracer provider (or with the no-op one)
+    _NO_PROVIDER = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+
+#: while a call is served in a process that records no spans: its caller's
+#: ``traceparent``, passed on as is by the calls it makes
+_inbound: contextvars.ContextVar[str] = contextvars.ContextVar("meshio_traceparent",
+                                                              default="")
+
+
+def _recording() -> bool:
+    """Whether this process has a tracer provider (spans are made); asked
+    per call, since a program may set one at any time."""
+    return not isinstance(_trace.get_tracer_provider(), _NO_PROVIDER)
 
 
 def current() -> str:
     """The W3C ``traceparent`` of the current span, for the call being
     sent ("" when there is none)."""
+    if not _recording():
+        return _inbound.get()
     ctx = _trace.get_current_span().get_span_context()
     if not ctx.is_valid:
         return ""
@@ -88,7 +107,12 @@ def traced(adverb: F) -> F:
 
     if inspect.isasyncgenfunction(adverb):
         @functools.wraps(adverb)
-        async def stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        def stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            if not _recording():
+                return cast(AsyncIterator[Any], adverb(handle, *args, **kwargs))
+            return traced_stream(handle, *args, **kwargs)
+
+        async def traced_stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
             span = start(handle)
             items = adverb(handle, *args, **kwargs)
             try:
@@ -111,7 +135,12 @@ def traced(adverb: F) -> F:
 
     if inspect.iscoroutinefunction(adverb):
         @functools.wraps(adverb)
-        async def coroutine(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        def coroutine(handle: Any, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+            if not _recording():
+                return cast(Coroutine[Any, Any, Any], adverb(handle, *args, **kwargs))
+            return traced_coroutine(handle, *args, **kwargs)
+
+        async def traced_coroutine(handle: Any, *args: Any, **kwargs: Any) -> Any:
             with _tracer.start_as_current_span(f"{handle._qualname} {name}", kind=_CLIENT,
                                                attributes={"meshio.mesh": handle._mesh._name,
                                                            "meshio.adverb": name}):
@@ -120,6 +149,8 @@ def traced(adverb: F) -> F:
 
     @functools.wraps(adverb)
     def sends(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _recording():
+            return adverb(handle, *args, **kwargs)
         span = start(handle)
         token = _otel_context.attach(_trace.set_span_in_context(span))
         try:
@@ -155,7 +186,16 @@ def parent(traceparent: str) -> Any:
 async def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> T:
     """Await ``run`` (an endpoint's call being served) in a ``SERVER`` span,
     child of the caller's span ``traceparent`` ("" : a trace of its own),
-    current meanwhile so that the calls it makes are its children."""
+    current meanwhile so that the calls it makes are its children; with no
+    tracer provider, no span: the calls it makes carry ``traceparent`` on."""
+    if not _recording():
+        if not _TRACEPARENT.match(traceparent):  # (none, or not one: a peer's bytes)
+            return await run
+        forwarded = _inbound.set(traceparent)
+        try:
+            return await run
+        finally:
+            _inbound.reset(forwarded)
     span = _tracer.start_span(endpoint, context=parent(traceparent) if traceparent else None,
                               kind=_SERVER, attributes={"meshio.actor": where})
     token = _otel_context.attach(_trace.set_span_in_context(span))
