@@ -52,6 +52,8 @@ if ENABLED or TYPE_CHECKING:  # (type checkers see the extra: it is in the dev o
     _ERROR = _trace.Status(_trace.StatusCode.ERROR)
     #: what a process has before it sets a tracer provider (or with the no-op one)
     _NO_PROVIDER = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+    _MISSING = object()
+    _trace.get_tracer_provider()  # one named by OTEL_PYTHON_TRACER_PROVIDER is set now
 
 #: while a call is served in a process that records no spans: its caller's
 #: ``traceparent``, passed on as is by the calls it makes
@@ -61,8 +63,14 @@ _inbound: contextvars.ContextVar[str] = contextvars.ContextVar("meshio_tracepare
 
 def _recording() -> bool:
     """Whether this process has a tracer provider (spans are made); asked
-    per call, since a program may set one at any time."""
-    return not isinstance(_trace.get_tracer_provider(), _NO_PROVIDER)
+    per call, since a program may set one at any time.  OpenTelemetry's
+    global, set once by ``set_tracer_provider``, is read directly: its
+    public getter checks the environment on every call until one is set,
+    which costs more than the rest of this fast path."""
+    provider = getattr(_trace, "_TRACER_PROVIDER", _MISSING)
+    if provider is _MISSING:  # (another version of the API: the public getter)
+        provider = _trace.get_tracer_provider()
+    return provider is not None and not isinstance(provider, _NO_PROVIDER)
 
 
 def current() -> str:
@@ -183,19 +191,28 @@ def parent(traceparent: str) -> Any:
     return _trace.set_span_in_context(_trace.NonRecordingSpan(ctx)) if ctx.is_valid else None
 
 
-async def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> T:
-    """Await ``run`` (an endpoint's call being served) in a ``SERVER`` span,
-    child of the caller's span ``traceparent`` ("" : a trace of its own),
-    current meanwhile so that the calls it makes are its children; with no
-    tracer provider, no span: the calls it makes carry ``traceparent`` on."""
-    if not _recording():
-        if not _TRACEPARENT.match(traceparent):  # (none, or not one: a peer's bytes)
-            return await run
-        forwarded = _inbound.set(traceparent)
-        try:
-            return await run
-        finally:
-            _inbound.reset(forwarded)
+def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> Awaitable[T]:
+    """``run`` (an endpoint's call being served), to await in a ``SERVER``
+    span, child of the caller's span ``traceparent`` ("" : a trace of its
+    own), current meanwhile so that the calls it makes are its children;
+    with no tracer provider, no span: the calls it makes carry
+    ``traceparent`` on (``run`` itself when there is none)."""
+    if _recording():
+        return _in_span(run, traceparent, endpoint, where)
+    if traceparent and _TRACEPARENT.match(traceparent):  # (a peer's bytes: checked)
+        return _passing_on(run, traceparent)
+    return run
+
+
+async def _passing_on(run: Awaitable[T], traceparent: str) -> T:
+    forwarded = _inbound.set(traceparent)
+    try:
+        return await run
+    finally:
+        _inbound.reset(forwarded)
+
+
+async def _in_span(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> T:
     span = _tracer.start_span(endpoint, context=parent(traceparent) if traceparent else None,
                               kind=_SERVER, attributes={"meshio.actor": where})
     token = _otel_context.attach(_trace.set_span_in_context(span))
