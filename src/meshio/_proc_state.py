@@ -5,6 +5,7 @@ their rebuilt actors, shutdown."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 import signal
@@ -74,13 +75,60 @@ HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 3.0
 
 
+class SlotState(enum.Enum):
+    """Where a process slot (:class:`_Worker`) is in its life; the moves
+    between states the code may make are :data:`TRANSITIONS`."""
+
+    #: an incarnation was launched and has not said hello (or rebuilt its actors) yet
+    STARTING = "starting"
+    #: its incarnation serves calls
+    SERVING = "serving"
+    #: (no supervisor) it left heartbeats unanswered: its calls fail until it answers
+    NOT_RESPONDING = "not responding"
+    #: its supervisor kills it (a fault, or hung); its loss is on the way
+    KILLING = "killing"
+    #: its incarnation is gone; the verdict (restart or not) is being made
+    LOST = "lost"
+    #: taken down on purpose (a supervisor's strategy, ``replace``); a restart follows
+    STOPPING = "stopping"
+    #: killed for a restart: its next incarnation is being launched
+    RESTARTING = "restarting"
+    #: down, and nothing restarts it by design: a hole until ``procs.replace(rank)``
+    HOLE = "hole"
+    #: down, and its supervisor gave up on it
+    FAILED = "failed"
+    #: removed by a shrink (or a grow that failed): for good
+    REMOVED = "removed"
+    #: its proc mesh was stopped (a parent supervisor may restart it: ``reopen``)
+    STOPPED = "stopped"
+
+
+_S = SlotState
+_LIVE = (_S.STARTING, _S.SERVING, _S.NOT_RESPONDING, _S.KILLING)
+#: every move a slot may make, (from, to); :meth:`_Worker.move` refuses any other
+TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
+    (_S.STARTING, _S.SERVING),  # said hello, actors (re)built
+    (_S.SERVING, _S.NOT_RESPONDING), (_S.NOT_RESPONDING, _S.SERVING),  # no supervisor
+    (_S.STARTING, _S.KILLING), (_S.SERVING, _S.KILLING),  # a fault, or hung
+    *((s, _S.LOST) for s in _LIVE),  # its connection dropped
+    *((s, _S.STOPPING) for s in (*_LIVE, _S.LOST)),  # a strategy's stop, replace()
+    # a supervisor restarts any rank it covers (a failed start, a reopened mesh too)
+    *((s, _S.RESTARTING) for s in _S if s not in (_S.RESTARTING, _S.REMOVED)),
+    (_S.RESTARTING, _S.STARTING),  # launched again
+    (_S.LOST, _S.HOLE), (_S.LOST, _S.FAILED),  # the verdict: not restarted
+    *((s, _S.HOLE) for s in (_S.STARTING, _S.RESTARTING)),  # replace() failed
+    *((s, _S.REMOVED) for s in (*_LIVE, _S.LOST, _S.HOLE)),  # shrink, a failed grow
+    *((s, _S.STOPPED) for s in _S if s not in (_S.STOPPED, _S.REMOVED)),  # stop()
+})
+
+
 class _Worker:
     """One process slot of a proc mesh; survives restarts (same rank, same
     address: each incarnation listens on a name of its own, and answers to
     the slot's), ``handle``/``conn`` are the current incarnation's."""
 
     __slots__ = ("addr", "cause", "conn", "constructing", "handle", "hung", "incarnation",
-                 "moved", "rank", "ready", "spec", "stopping", "unanswered")
+                 "moved", "rank", "ready", "spec", "state", "unanswered")
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -90,21 +138,44 @@ class _Worker:
         self.spec: WorkerSpec = spec
         self.conn: Connection | None = None
         self.incarnation: int = 0
+        self.state: SlotState = SlotState.STARTING
         #: why this incarnation is being taken down (overrides the exit status)
         self.cause: str | None = None
-        #: taken down on purpose (stop or a strategy restart), not a failure
-        self.stopping: bool = False
         #: resolved when the current incarnation serves calls (retryable calls wait on it)
         self.ready: asyncio.Future[None] = loop.create_future()
         #: clock time of the oldest heartbeat not answered yet (None: all answered)
         self.unanswered: float | None = None
         #: (bytes received from it, bytes waiting to be sent to it) at the last heartbeat
         self.moved: tuple[int, int] = (0, 0)
-        #: without a supervisor, while it does not answer heartbeats: its callers' error
+        #: while NOT_RESPONDING: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
         #: constructors in flight (in their actors' threads, but one that holds the GIL,
         #: or the decoding of its arguments, can starve the loop): heartbeats wait meanwhile
         self.constructing: int = 0
+
+    def move(self, to: SlotState) -> None:
+        """Go to state ``to`` (staying is not a move).
+
+        Raises:
+            RuntimeError: ``TRANSITIONS`` has no such move (a bug in meshio).
+        """
+        if to is self.state:
+            return
+        if (self.state, to) not in TRANSITIONS:
+            raise RuntimeError(f"meshio bug: process slot rank {self.rank} ({self.addr}) "
+                               f"cannot go from {self.state.value} to {to.value}")
+        self.state = to
+
+    def started(self) -> None:
+        """Its first incarnation serves calls (unless lost meanwhile)."""
+        if self.state is SlotState.STARTING:
+            self.move(SlotState.SERVING)
+            self.ready.set_result(None)
+
+    @property
+    def on_purpose(self) -> bool:
+        """Taken down on purpose (not a failure): its loss is expected."""
+        return self.state in (SlotState.STOPPING, SlotState.RESTARTING)
 
     def construct(self, fut: asyncio.Future[Any]) -> None:
         """A constructor runs until ``fut`` is done: heartbeats do not judge
@@ -236,9 +307,7 @@ class ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
-        #: the ranks that are holes (see :meth:`hole`), and per actor mesh
-        #: (target) the ranks where its temporary actors were not rebuilt
-        self.holes: set[int] = set()
+        #: per actor mesh (target) the ranks where its temporary actors were not rebuilt
         self.not_rebuilt: dict[str, set[int]] = {}
         #: replace/grow/shrink, one at a time
         self.reshaping: asyncio.Lock = asyncio.Lock()
@@ -279,6 +348,11 @@ class ProcState:
             if kind in kinds:
                 return kind
         return "permanent"
+
+    @property
+    def holes(self) -> set[int]:
+        """The ranks that are holes (state HOLE, see :meth:`hole`)."""
+        return {w.rank for w in self.workers if w.state is SlotState.HOLE}
 
     def hole(self, grank: int, target: str) -> bool:
         """Whether the actor of ``target`` at ``grank`` is a hole: its process
@@ -344,7 +418,7 @@ class ProcState:
             self.kill()
             raise
         for worker in self.workers:
-            worker.ready.set_result(None)
+            worker.started()
         self._beating = self.rt.tasks.start(self._heartbeats())
         self.published()
 
@@ -385,7 +459,7 @@ class ProcState:
         for w in self.workers:
             assert w.conn is not None
             self._watch(w, w.conn)
-            w.ready.set_result(None)
+            w.started()
         self.actor_names = {a.name for a in record.actors}
         self._beating = rt.tasks.start(self._heartbeats())
 
@@ -497,6 +571,8 @@ class ProcState:
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
         self._responds(worker)  # gone rather than hung: workers see the lost connection
+        if worker.state in _LIVE:  # (not taken down on purpose, nor stopped)
+            worker.move(SlotState.LOST)
         self._failing.add(worker.rank)
         if not self.stopped:
             self.rt.dead[worker.addr] = error
@@ -531,7 +607,7 @@ class ProcState:
             cause, said = _exit_cause(handle)
         # replaced meanwhile, or being stopped by a strategy restart: on purpose
         stale = conn is not worker.conn
-        restarting = stale or (worker.stopping and not self.stopped)
+        restarting = stale or (worker.on_purpose and not self.stopped)
         if not restarting and self.supervisor is not None and not self.stopped:
             restarting = self.supervisor.child_failed(
                 self, worker.rank, cause, abnormal=handle.returncode != 0, pid=handle.pid,
@@ -595,8 +671,7 @@ class ProcState:
                 pid=handle.pid, cause=cause)
             self._no_restart(worker, failure)
             if not self.stopped:
-                if hole:
-                    self.holes.add(worker.rank)
+                worker.move(SlotState.HOLE if hole else SlotState.FAILED)
                 self._report_failure(worker, failure)
 
     def _report_failure(self, worker: _Worker, failure: SupervisionError) -> None:
@@ -649,18 +724,20 @@ class ProcState:
         """An actor failed with nobody to tell (a broadcast, a hook) or was
         ended by ``SystemExit``/``KeyboardInterrupt``."""
         sup = self.supervisor
-        restarts = sup is not None and not worker.stopping
+        restarts = (sup is not None and not self.stopped
+                    and worker.state in (SlotState.STARTING, SlotState.SERVING))
         if sup is None:
             what_now = "nothing restarts it (no supervisor)"
         elif self.stopped:
             what_now = "its proc mesh is being stopped"
-        elif worker.stopping:
+        elif not restarts:
             what_now = f"supervisor {sup.name!r} is already replacing the process"
         else:
             what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
                         f"max_restarts is exceeded")
         print_fault(info, worker.handle.pid, what_now)
         if restarts:
+            worker.move(SlotState.KILLING)
             worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
                             f"{info.rank}\n{info.traceback}")
             worker.handle.send_signal(signal.SIGKILL)  # replaced with a fresh process
@@ -678,28 +755,29 @@ class ProcState:
             last = now
             for w in self.workers:
                 conn = w.conn
-                if (conn is None or conn.closed or w.stopping or w.cause is not None
-                        or not w.ready.done()):  # (cause: already being killed)
+                if conn is None or conn.closed or w.state not in (SlotState.SERVING,
+                                                                  SlotState.NOT_RESPONDING):
                     continue
                 # (reading paused: its answers wait unread on our side)
                 moved = _moved(w, conn) or conn.reading_paused
                 if stalled or moved or w.unanswered is None or w.constructing:
                     w.unanswered = now
                 elif now - w.unanswered > self.heartbeat_timeout:
-                    self._hung(w, conn, now, now - w.unanswered)
-                    if w.cause is not None:
-                        continue
+                    if self._hung(w, conn, now, now - w.unanswered):
+                        continue  # killed
                 conn.send_message(Ping(w.incarnation))
                 link = debug_link(self.rt, w.addr)
                 if link is not None:  # paused in pdb, perhaps holding its loop: it answers there
                     link.send_message(Ping(w.incarnation))
 
-    def _hung(self, w: _Worker, conn: Connection, now: float, silent: float) -> None:
+    def _hung(self, w: _Worker, conn: Connection, now: float, silent: float) -> bool:
         """``w`` has not answered heartbeats for ``silent`` seconds: a
-        supervisor kills and restarts it; without one its callers fail (the
-        process is left alone and serves calls again once it answers)."""
+        supervisor kills and restarts it (True); without one its callers
+        fail (the process is left alone and serves calls again once it
+        answers)."""
         timeout = self.heartbeat_timeout
         if self.supervisor is not None:
+            w.move(SlotState.KILLING)
             w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
                        f"(heartbeat_timeout={timeout}s); killed")
             w.handle.send_signal(signal.SIGKILL)
@@ -707,9 +785,10 @@ class ProcState:
             # a host cut off by a partition never closes it (nor does its
             # agent hear the kill), and its calls would hang until the heal.
             conn.abort()
-            return
-        if w.hung is not None:
-            return
+            return True
+        if w.state is SlotState.NOT_RESPONDING:
+            return False
+        w.move(SlotState.NOT_RESPONDING)
         handle, clock, since = w.handle, self.clock, now - silent
         down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
         w.hung = not_responding(down, clock.now, in_flight=False)
@@ -720,10 +799,12 @@ class ProcState:
         self.rt.down[w.addr] = lambda: msgspec.structs.replace(down, silent=clock.now() - since)
         conn.fail_all(not_responding(down, clock.now, in_flight=True))
         self._tell(down)
+        return False
 
     def _pong(self, w: _Worker) -> None:
         w.unanswered = None
-        if w.hung is not None:  # it answers again: calls go through
+        if w.state is SlotState.NOT_RESPONDING:  # it answers again: calls go through
+            w.move(SlotState.SERVING)
             self._responds(w)
             print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
                   f"responds again", file=sys.stderr, flush=True)
@@ -757,7 +838,8 @@ class ProcState:
         """Take processes down on purpose, together, by the shutdown policy."""
         workers = [self.worker(grank) for grank in granks]
         for w in workers:
-            w.stopping = True
+            if w.state in (*_LIVE, SlotState.LOST):
+                w.move(SlotState.STOPPING)
             if w.ready.done():  # retryable calls wait for the restart
                 w.ready = self.rt.loop.create_future()
         await _shutdown(workers, self.shutdown)
@@ -794,7 +876,7 @@ class ProcState:
     async def _restart_rank(self, grank: int, env: Mapping[str, str],
                             everything: bool) -> tuple[int, str] | None:
         w = self.worker(grank)
-        w.stopping = True
+        w.move(SlotState.RESTARTING)
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
         # On a host cut off, the exit is heard of at the heal, or once the host
@@ -825,7 +907,9 @@ class ProcState:
                 f"proc mesh {self.name!r}: worker rank {grank} on {launcher.host} failed to "
                 f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
                 cause=why) from e
-        w.handle, w.cause, w.stopping = handle, None, False
+        w.handle, w.cause = handle, None
+        if not self.stopped:
+            w.move(SlotState.STARTING)
         try:
             await self._hello(w, waiter)
         except ProcessStartError:
@@ -849,7 +933,8 @@ class ProcState:
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)
         self.failures.pop(grank, None)  # restarted after all (by a parent supervisor)
-        self.holes.discard(grank)
+        if w.state is SlotState.STARTING:  # (else lost or stopped meanwhile)
+            w.move(SlotState.SERVING)
         for a in mine:
             if a.target in lost:
                 self.not_rebuilt.setdefault(a.target, set()).add(grank)
@@ -905,9 +990,9 @@ class ProcState:
             while not w.ready.done() and not self.stopped:  # a restart (or its verdict)
                 await asyncio.wait([asyncio.shield(w.ready)])
             self._check_open("replace")
-            if grank not in self.holes and grank in self.failures:  # not a hole: given up
+            if w.state is not SlotState.HOLE and grank in self.failures:  # given up
                 raise self.failures[grank]
-            if grank not in self.holes:
+            if w.state is not SlotState.HOLE:
                 await self.stop_ranks([grank])
             (result,) = await self.restart_ranks([grank], everything=True)
             if isinstance(result, tuple):
@@ -924,7 +1009,7 @@ class ProcState:
         """Make ``w``'s rank a hole again after :meth:`replace` failed with
         ``e`` (its new process, if it started, is killed)."""
         conn, w.conn = w.conn, None  # its loss is then not a failure to report
-        w.stopping = True
+        w.move(SlotState.HOLE)
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
             await asyncio.wait([awaited(w.handle.wait())], timeout=KILL_WAIT)
@@ -938,7 +1023,6 @@ class ProcState:
             f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {w.rank}: {cause}; "
             f"{p.endpoint} was not sent: it is a hole until procs.replace({w.rank})",
             actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
-        self.holes.add(w.rank)
         self.failures[w.rank] = failure
         if w.ready.done():
             w.ready = self.rt.loop.create_future()
@@ -1031,7 +1115,7 @@ class ProcState:
                 mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(old_n)
             for w in added:
-                w.ready.set_result(None)
+                w.started()
             self.published()
 
     async def shrink(self, dim: str, by: int) -> None:
@@ -1073,7 +1157,6 @@ class ProcState:
             self.published()
             for w in removed:
                 self.failures.pop(w.rank, None)
-                self.holes.discard(w.rank)
                 for ranks in self.not_rebuilt.values():
                     ranks.discard(w.rank)
             await self._remove(removed, cause)
@@ -1099,7 +1182,7 @@ class ProcState:
         slice, or a reference held elsewhere) fail with ``cause``."""
         rt = self.rt
         for w in workers:
-            w.stopping = True
+            w.move(SlotState.REMOVED)
             for table in (rt.on_lost, rt.on_fault_from, rt.on_pong):
                 table.pop(w.addr, None)
             if rt.has_state(_StallReports):
@@ -1130,6 +1213,8 @@ class ProcState:
         if self.stopped:
             return
         self.stopped = True
+        for w in self.workers:
+            w.move(SlotState.STOPPED)
         if self.keep_alive is not None:
             forget_record(self.name, self.id)
         if self._beating is not None:
