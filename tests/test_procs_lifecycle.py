@@ -135,14 +135,14 @@ def next_pong(addr: str) -> asyncio.Future[None]:
     (an actor's ``context().proc.addr``)."""
     rt = meshio._transport._runtime.runtime()
     fut: asyncio.Future[None] = rt.loop.create_future()
-    orig = rt.on_pong[addr]
+    orig = rt.watch.on_pong[addr]
 
     def hook() -> None:
         orig()
         if not fut.done():
             fut.set_result(None)
 
-    rt.on_pong[addr] = hook
+    rt.watch.on_pong[addr] = hook
     return fut
 
 
@@ -151,14 +151,14 @@ def next_fault(addr: str) -> asyncio.Future[ErrorInfo]:
     ``context().proc.addr``) sends the controller."""
     rt = meshio._transport._runtime.runtime()
     fut: asyncio.Future[ErrorInfo] = rt.loop.create_future()
-    orig = rt.on_fault_from[addr]
+    orig = rt.watch.on_fault_from[addr]
 
     def hook(info: ErrorInfo) -> None:
         orig(info)
         if not fut.done():
             fut.set_result(info)
 
-    rt.on_fault_from[addr] = hook
+    rt.watch.on_fault_from[addr] = hook
     return fut
 
 
@@ -244,8 +244,8 @@ def _tables(rt: meshio._transport._runtime.Runtime) -> dict[str, int]:
     """Sizes of the runtime's tables (internals: they are what the test is about)."""
     gc.collect()
     return {"dead": len(rt.dead), "on_lost": len(rt.on_lost),
-            "on_fault_from": len(rt.on_fault_from), "on_pong": len(rt.on_pong),
-            "hello_waiters": len(rt.hello_waiters), "conns": len(rt.conns),
+            "on_fault_from": len(rt.watch.on_fault_from), "on_pong": len(rt.watch.on_pong),
+            "hello_waiters": len(rt.watch.hello_waiters), "conns": len(rt.conns),
             "all_conns": len(rt.all_conns), "actors": len(rt.actors), "ports": len(rt.ports)}
 
 

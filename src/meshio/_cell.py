@@ -53,6 +53,7 @@ from ._transport._messages import (
     SpawnActor,
     Stalled,
     Started,
+    StopActor,
 )
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
@@ -764,6 +765,20 @@ def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> 
 
 
 register_handler(SpawnActor, _on_spawn)
+
+
+def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> None:
+    """Stop the actor ``msg.target``; answered once its ``__cleanup__`` has run."""
+    rt.order.forget(msg.target)
+    cell = rt.actors.pop(msg.target, None)
+    if cell is None:
+        conn.send_message(Reply(msg.req, MSGPACK_NIL))
+    else:
+        req = msg.req
+        cell.stop().add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
+
+
+register_handler(StopActor, _on_stop)
 
 
 def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) -> None:

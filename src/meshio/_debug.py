@@ -350,7 +350,7 @@ class Debugger:
         if self.links.get(msg.addr) is not link and link.peer is not None:
             self.links[msg.addr] = link
             # its heartbeats' answers count through its link, and its loss ends its sessions
-            self.rt.on_pong[link.peer] = lambda: self._pong(msg.addr)
+            self.rt.watch.on_pong[link.peer] = lambda: self._pong(msg.addr)
             self.rt.on_lost[link.peer] = self._link_lost
         for client, awaited in list(self.waiting.items()):
             if client.closed or client not in self.clients:
@@ -372,7 +372,7 @@ class Debugger:
             self.console = self.terminal = None
 
     def _pong(self, addr: str) -> None:
-        pong = self.rt.on_pong.get(addr)
+        pong = self.rt.watch.on_pong.get(addr)
         if pong is not None:
             pong()
 
@@ -398,7 +398,7 @@ class Debugger:
             if self.links.get(session.paused.addr) is session.link:
                 del self.links[session.paused.addr]
             peer = session.link.peer or ""
-            self.rt.on_pong.pop(peer, None)
+            self.rt.watch.on_pong.pop(peer, None)
             self.rt.on_lost.pop(peer, None)
         client = session.client
         if client is not None:

@@ -387,13 +387,13 @@ class ProcState:
     async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
                                                                    asyncio.Future[Connection]]:
         waiter: asyncio.Future[Connection] = self.rt.loop.create_future()
-        self.rt.hello_waiters[spec.worker] = waiter
+        self.rt.watch.hello_waiters[spec.worker] = waiter
         launcher = self.launchers[grank // self.per_host]
         try:
             # a host agent cut off by a partition never answers: no waiting forever
             return await asyncio.wait_for(launcher.launch(spec), START_TIMEOUT), waiter
         except BaseException as e:
-            self.rt.hello_waiters.pop(spec.worker, None)
+            self.rt.watch.hello_waiters.pop(spec.worker, None)
             if not isinstance(e, TimeoutError):
                 raise
             why = f"its host's launcher did not start it within {START_TIMEOUT}s"
@@ -525,12 +525,12 @@ class ProcState:
         its loss, faults, stalls and heartbeats."""
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
-        self.rt.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
+        self.rt.watch.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
         self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
-        self.rt.on_pong[worker.addr] = lambda: self._pong(worker)
-        if self.rt.down.pop(worker.addr, None) is not None:  # a downed one's replacement
+        self.rt.watch.on_pong[worker.addr] = lambda: self._pong(worker)
+        if self.rt.watch.down.pop(worker.addr, None) is not None:  # a downed one's replacement
             self._tell(PeerUp(worker.addr))
-        for down in self.rt.down.values():  # a new worker learns who is not responding
+        for down in self.rt.watch.down.values():  # a new worker learns who is not responding
             conn.send_message(down())
 
     def _route(self, worker: _Worker, conn: Connection) -> None:
@@ -648,7 +648,7 @@ class ProcState:
             # incarnation serves again (_watch)
             gone = PeerDown(worker.addr, self.name, worker.rank, handle.pid, handle.host, 0.0,
                             self.heartbeat_timeout, gone=said)
-            self.rt.down[worker.addr] = lambda: gone
+            self.rt.watch.down[worker.addr] = lambda: gone
             self._tell(gone)
         if stale:
             conn.fail_all(error)
@@ -796,7 +796,8 @@ class ProcState:
               f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
               f"answers again", file=sys.stderr, flush=True)
         self.rt.dead[w.addr] = w.hung
-        self.rt.down[w.addr] = lambda: msgspec.structs.replace(down, silent=clock.now() - since)
+        self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
+            down, silent=clock.now() - since)
         conn.fail_all(not_responding(down, clock.now, in_flight=True))
         self._tell(down)
         return False
@@ -817,7 +818,7 @@ class ProcState:
         if self.rt.dead.get(w.addr) is w.hung:
             del self.rt.dead[w.addr]
         w.hung = None
-        del self.rt.down[w.addr]
+        del self.rt.watch.down[w.addr]
         self._tell(PeerUp(w.addr))
 
     def _tell(self, msg: PeerDown | PeerUp | Moved) -> None:
@@ -1183,7 +1184,7 @@ class ProcState:
         rt = self.rt
         for w in workers:
             w.move(SlotState.REMOVED)
-            for table in (rt.on_lost, rt.on_fault_from, rt.on_pong):
+            for table in (rt.on_lost, rt.watch.on_fault_from, rt.watch.on_pong):
                 table.pop(w.addr, None)
             if rt.has_state(_StallReports):
                 rt.state(_StallReports).by_addr.pop(w.addr, None)
@@ -1234,10 +1235,10 @@ class ProcState:
         finally:
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
-                self.rt.on_fault_from.pop(w.addr, None)
+                self.rt.watch.on_fault_from.pop(w.addr, None)
                 if self.rt.has_state(_StallReports):
                     self.rt.state(_StallReports).by_addr.pop(w.addr, None)
-                self.rt.on_pong.pop(w.addr, None)
+                self.rt.watch.on_pong.pop(w.addr, None)
                 self._responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
                 self._no_restart(w, SupervisionError(
@@ -1254,13 +1255,13 @@ class ProcState:
         self.released = True
         rt = self.rt
         for grank in self.region.ranks:
-            rt.hello_waiters.pop(f"{self.id}-{grank}", None)
+            rt.watch.hello_waiters.pop(f"{self.id}-{grank}", None)
         for addr in self.removed:
             rt.dead.pop(addr, None)
         for w in self.workers:
             rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
             rt.peer_jobs.pop(w.addr, None)
-            for table in (rt.dead, rt.on_lost, rt.on_fault_from, rt.on_pong):
+            for table in (rt.dead, rt.on_lost, rt.watch.on_fault_from, rt.watch.on_pong):
                 table.pop(w.addr, None)
             for conn in (rt.conns.pop(w.addr, None), w.conn):
                 if conn is not None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from ._constants import MSGPACK_NIL
 from ._exceptions import SupervisionError
 from ._transport._connection import Connection
-from ._transport._messages import Adopt, ErrorInfo, Fail, Reply
+from ._transport._messages import Adopt, ErrorInfo, Fail, Reply, Restored, Shutdown
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
 
@@ -94,6 +94,23 @@ def _on_adopt(rt: Runtime, conn: Connection, msg: Adopt, bufs: Buffers) -> None:
 register_handler(Adopt, _on_adopt)
 
 
+def _on_shutdown(rt: Runtime, conn: Connection, msg: Shutdown, bufs: Buffers) -> None:
+    """The controller asks this worker to exit (its actors stopped first)."""
+    if rt.has_state(_Keeper):
+        rt.state(_Keeper)._finish(0)
+
+
+def _on_restored(rt: Runtime, conn: Connection, msg: Restored, bufs: Buffers) -> None:
+    """The controller rebuilt this replacement's actors (``msg.lost``: the
+    temporary ones it did not)."""
+    rt.incarnation.restoring = False
+    rt.incarnation.lost.update(msg.lost)
+
+
+register_handler(Shutdown, _on_shutdown)
+register_handler(Restored, _on_restored)
+
+
 async def serve(rt: Runtime, controller: str,
                 before_close: Callable[[], None] | None = None, *,
                 keep_alive: float | None = None,
@@ -107,7 +124,6 @@ async def serve(rt: Runtime, controller: str,
     keeper = rt.state(_Keeper)
     keeper.keep_alive = keep_alive
     keeper.orphaned = orphaned
-    rt.on_shutdown = lambda: keeper._finish(0)
     keeper.serve(controller)
     code = await keeper.done
     exc = None if code == 0 else SupervisionError(

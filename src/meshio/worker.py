@@ -43,6 +43,7 @@ from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
 from ._debug import install as install_debugger
 from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER
 from ._logs import install as install_log_records
+from ._transport._roles import Incarnation
 from ._transport._runtime import Runtime, _runtimes
 from ._transport._serial import loads
 from ._transport._tls import TLSConfig
@@ -149,8 +150,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls,
                  name=args.addr)
     _runtimes[loop] = rt
-    rt.restoring = args.restart
-    rt.replacement = args.restart
+    rt.incarnation = Incarnation(restart=args.restart)
     install_debugger(rt, args.controller)  # breakpoint() pauses for `meshio debug`
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
     return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,

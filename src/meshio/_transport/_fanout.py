@@ -344,7 +344,7 @@ class Order:
         calls that follow it), or hold it until then."""
         key = (msg.target, msg.origin or conn.peer or "")
         expected = self.next.get(key)
-        if expected is None and (msg.seq == 1 or self.rt.replacement):
+        if expected is None and (msg.seq == 1 or self.rt.incarnation.replacement):
             # the first call from this caller; in a replacement process, the
             # first since the restart: the count starts here
             expected = msg.seq

@@ -19,7 +19,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
-from .._constants import MSGPACK_NIL
 from .._exceptions import (
     AuthenticationError,
     ClosedResourceError,
@@ -50,13 +49,10 @@ from ._messages import (
     Pong,
     PortSend,
     Release,
-    Reply,
-    Restored,
-    Shutdown,
     Started,
-    StopActor,
     _Msg,
 )
+from ._roles import Incarnation, Watch
 from ._serial import Buffers
 from ._tasks import TaskOwner
 from ._tls import TLSConfig
@@ -309,6 +305,11 @@ class Runtime:
     :mod:`meshio.testing`) listens on no socket: the runtimes of this process
     on the same loop reach it, and it them, through in-memory connections
     (:mod:`._memory`), with no handshake, since nothing leaves the process.
+
+    Its dispatch handles the transport's own messages; the layers above
+    register handlers for theirs (:func:`register_handler`).  What it knows
+    by role is an object of its own (:mod:`._roles`): :attr:`watch`, the
+    workers it started; :attr:`incarnation`, its own restart as a worker.
     """
 
     #: message type → its handler, for the messages of layers above the
@@ -383,29 +384,17 @@ class Runtime:
         self.ports: dict[int, PortSink] = {}
         #: addresses known dead → the error their callers get
         self.dead: dict[str, Callable[[Pending], SupervisionError]] = {}
-        #: controller side: worker id → future of its Hello connection
-        self.hello_waiters: dict[str, asyncio.Future[Connection]] = {}
-        #: called with (connection, exc) when a peer connection is lost
+        #: by peer address: called with the connection when it is lost
         self.on_lost: dict[str, Callable[[Connection], None]] = {}
         self.on_fault: Callable[[Connection, ErrorInfo], None] = _log_fault
-        #: controller side, by worker address: fault and heartbeat handlers
-        self.on_fault_from: dict[str, Callable[[ErrorInfo], None]] = {}
-        self.on_pong: dict[str, Callable[[], None]] = {}
-        #: by worker address, the workers this runtime's heartbeats find not
-        #: responding: their PeerDown as of now (told to each worker that connects)
-        self.down: dict[str, Callable[[], PeerDown]] = {}
+        #: the workers this runtime started (a controller's role)
+        self.watch: Watch = Watch()
+        #: this process as an incarnation of a worker's slot (a worker's role)
+        self.incarnation: Incarnation = Incarnation()
         #: the fan-out tree: this runtime as a caller and as a relay; the
         #: direct calls it holds back for the tree calls they follow
         self.fanout: FanoutState = FanoutState()
         self.order: Order = Order(self)
-        #: worker side: a replacement process whose actors are being rebuilt
-        self.restoring: bool = False
-        #: worker side: this process replaces one that failed (its callers'
-        #: numbered calls, ``Call.seq``, do not start at 1 here)
-        self.replacement: bool = False
-        #: worker side: temporary actors not rebuilt after a restart
-        self.lost: set[str] = set()
-        self.on_shutdown: Callable[[], None] | None = None
         #: the layers' per-runtime state, by the factory that made it (:meth:`state`)
         self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
@@ -787,7 +776,7 @@ class Runtime:
                     self.conns.setdefault(msg.addr, conn)
                     if conn.job is not None and conn.job is not self.tcp:
                         self.peer_jobs[msg.addr] = conn.job  # redialled as a process of its job
-                waiter = self.hello_waiters.pop(msg.worker, None)
+                waiter = self.watch.hello_waiters.pop(msg.worker, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(conn)
             case Started():
@@ -802,15 +791,6 @@ class Runtime:
                     receiver._held(conn)
                 else:
                     receiver._put(msg, bufs)
-            case StopActor():
-                self.order.forget(msg.target)
-                cell = self.actors.pop(msg.target, None)
-                if cell is None:
-                    conn.send_message(Reply(msg.req, MSGPACK_NIL))
-                else:  # answered once its __cleanup__ has run
-                    req = msg.req
-                    cell.stop().add_done_callback(
-                        lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
             case Credit():
                 credit(conn, msg)
             case Cancel():
@@ -818,7 +798,7 @@ class Runtime:
                 if not self.fanout.cancel(conn, msg.req, msg.expired) and cell is not None:
                     cell.cancel(conn, msg.req, msg.expired)
             case Fault():
-                handler = self.on_fault_from.get(conn.peer or "")
+                handler = self.watch.on_fault_from.get(conn.peer or "")
                 if handler is not None:
                     handler(msg.error)
                 else:
@@ -826,7 +806,7 @@ class Runtime:
             case Ping():
                 conn.send_message(Pong(msg.seq))
             case Pong():
-                on_pong = self.on_pong.get(conn.peer or "")
+                on_pong = self.watch.on_pong.get(conn.peer or "")
                 if on_pong is not None:
                     on_pong()
             case PeerDown():  # calls to it fail (its connection stays) until PeerUp
@@ -844,16 +824,10 @@ class Runtime:
                     self.routes[msg.addr] = msg.listen
                     if msg.pid:
                         self.pids[msg.listen] = msg.pid
-                    for worker in self.on_pong:  # our own workers (nested proc meshes)
+                    for worker in self.watch.on_pong:  # our own workers (nested proc meshes)
                         own = self.conns.get(worker)
                         if own is not None:
                             own.send_message(msg)
-            case Restored():
-                self.restoring = False
-                self.lost.update(msg.lost)
-            case Shutdown():
-                if self.on_shutdown is not None:
-                    self.on_shutdown()
             case _:
                 registered = self.handlers.get(type(msg))
                 if registered is None:
@@ -893,9 +867,8 @@ class Runtime:
         cell.post(conn, msg, bufs)
 
     def _missing(self, target: str) -> ErrorInfo:
-        if self.restoring or target in self.lost:
-            why = ("is being rebuilt after a restart" if self.restoring
-                   else "was temporary and not rebuilt after a restart")
+        why = self.incarnation.missing(target)
+        if why is not None:
             return ErrorInfo("supervision", "SupervisionError",
                              f"actor {target!r} in process {os.getpid()} {why}")
         return ErrorInfo(

@@ -28,6 +28,7 @@ from .._extent import Region
 from .._launcher import WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._credentials import Credentials
+from .._transport._roles import Incarnation
 from .._transport._runtime import Runtime
 from .._worker import serve
 
@@ -97,8 +98,7 @@ class InProcessLauncher:
                              "transport starts none (test it on the 'processes' transport)")
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
                      secret=spec.secret, in_process=True, name=spec.addr or None)
-        rt.restoring = spec.restart
-        rt.replacement = spec.restart
+        rt.incarnation = Incarnation(restart=spec.restart)
         return InProcessWorker(rt, spec.controller)
 
 

@@ -1,0 +1,55 @@
+"""A runtime's state by role, apart from its sockets and its dispatch
+(:class:`~._runtime.Runtime` holds one of each): :class:`Watch`, what a
+runtime that starts workers (the controller, or an actor with proc meshes
+of its own) knows of them; :class:`Incarnation`, what a worker knows of its
+own restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ._connection import Connection
+from ._messages import ErrorInfo, PeerDown
+
+
+class Watch:
+    """The workers this runtime started, by worker id or address: the
+    proc meshes (:mod:`meshio._proc_state`) fill it, the dispatch reads it."""
+
+    __slots__ = ("down", "hello_waiters", "on_fault_from", "on_pong")
+
+    def __init__(self) -> None:
+        #: worker id → future of its Hello connection
+        self.hello_waiters: dict[str, asyncio.Future[Connection]] = {}
+        #: by worker address: what its faults (an actor failed with nobody
+        #: to tell) and its heartbeat answers go to
+        self.on_fault_from: dict[str, Callable[[ErrorInfo], None]] = {}
+        self.on_pong: dict[str, Callable[[], None]] = {}
+        #: by worker address, the workers found not responding: their
+        #: PeerDown as of now (told to each worker that connects)
+        self.down: dict[str, Callable[[], PeerDown]] = {}
+
+
+class Incarnation:
+    """This worker process as one incarnation of its slot."""
+
+    __slots__ = ("lost", "replacement", "restoring")
+
+    def __init__(self, restart: bool = False) -> None:
+        #: this process replaces one that failed (its callers' numbered
+        #: calls, ``Call.seq``, do not start at 1 here)
+        self.replacement: bool = restart
+        #: its actors are being rebuilt (until the controller's ``Restored``)
+        self.restoring: bool = restart
+        #: targets of the temporary actors not rebuilt after the restart
+        self.lost: set[str] = set()
+
+    def missing(self, target: str) -> str | None:
+        """Why the actor ``target`` is not here though it was (None: no
+        restart explains it)."""
+        if self.restoring:
+            return "is being rebuilt after a restart"
+        if target in self.lost:
+            return "was temporary and not rebuilt after a restart"
+        return None
