@@ -29,7 +29,7 @@ from ._transport._connection import (
     Slot,
     ignore_result,
 )
-from ._transport._credit import Waiting, Window, budget
+from ._transport._credit import Gate, Waiting, Window, budget
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
@@ -206,9 +206,25 @@ class ActorMesh(MeshShape, Generic[A]):
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
-        # (a concurrent call starts on arrival, never queued; a mesh spanning
-        # hosts is not bounded yet: see meshio._transport._credit)
-        bounded = not (desc.concurrent or self._numbered)
+        # (a concurrent call starts on arrival, never queued)
+        bounded = not desc.concurrent
+        if self._numbered:  # numbered as it goes: see meshio._transport._credit
+            gate, target = self._gate(rt), self._target
+            chain, trace = _chain.get(), current_trace() if TRACING else ""
+
+            def go() -> None:
+                if req and req not in conn.pending:
+                    return  # given up meanwhile: not sent
+                if bounded:
+                    gate.take([addr])
+                conn.send(encode_message(Call(
+                    req, target, desc.name, msgspec.Raw(body), chain,
+                    rt.fanout.number(target, addr), "", budget(deadline), bounded, trace)), out)
+
+            if bounded and gate.full([addr]):
+                return gate.wait([addr], go, bool(req), deadline)
+            go()
+            return None
         if bounded:
             window = conn.windows.get(self._target) or self._window(conn)
             if window.used >= window.limit or window.waiting:
@@ -216,9 +232,8 @@ class ActorMesh(MeshShape, Generic[A]):
                                         _chain.get(), 0, "", None, True,
                                         current_trace() if TRACING else ""), out, deadline)
             window.used += 1
-        seq = rt.fanout.number(self._target, addr) if self._numbered else 0
         conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), seq, "", budget(deadline), bounded,
+                                      _chain.get(), 0, "", budget(deadline), bounded,
                                       current_trace() if TRACING else "")), out)
         return None
 
@@ -227,6 +242,13 @@ class ActorMesh(MeshShape, Generic[A]):
         window = conn.windows[self._target] = Window(conn, self._max_queued)
         return window
 
+    def _gate(self, rt: Runtime) -> Gate:
+        """This process's calls to the actors of this mesh spanning hosts."""
+        gate = rt.fanout.gates.get(self._target)
+        if gate is None:
+            gate = rt.fanout.gates[self._target] = Gate(self._max_queued)
+        return gate
+
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
                     indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
         """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
@@ -234,13 +256,20 @@ class ActorMesh(MeshShape, Generic[A]):
         ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent);
         ``backlog``: only if ``max_queued`` broadcasts already wait for room
         in this process too (a broadcast, which may not be awaited)."""
-        if desc.concurrent or self._numbered:
+        if desc.concurrent:
             return  # not bounded (see meshio._transport._credit)
         rt = self._runtime()
         addrs, ranks = self._addrs, self._region.ranks
+        gate = rt.fanout.gates.get(self._target) if self._numbered else None
         for index in range(len(ranks)) if indices is None else indices:
-            conn = rt.conns.get(addrs[ranks[index]])
-            window = conn.windows.get(self._target) if conn is not None else None
+            addr = addrs[ranks[index]]
+            if self._numbered:  # (one gate for the whole mesh)
+                window: Window | Gate | None = gate
+                full = gate is not None and gate.full([addr])
+            else:
+                conn = rt.conns.get(addr)
+                window = conn.windows.get(self._target) if conn is not None else None
+                full = window is not None and window.full()
             if window is None:
                 continue
             if backlog and window.sends >= window.limit:
@@ -253,11 +282,11 @@ class ActorMesh(MeshShape, Generic[A]):
                     f"wait for room rather than run ahead of the actor", actor=self._name,
                     rank=site.rank,
                     max_queued=self._max_queued)
-            if not backlog and window.full():
+            if not backlog and full:
                 site = self._site(index)
                 raise Overloaded(
                     f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
-                    f"mailbox is full ({window.limit} calls of this process wait in it, "
+                    f"mailbox is full ({self._max_queued} calls of this process wait in it, "
                     f"max_queued={self._max_queued}); the call was not sent (on_full="
                     f"'raise'); retry later, or call without on_full='raise' to wait for room",
                     actor=self._name, rank=site.rank, max_queued=self._max_queued)
@@ -359,17 +388,44 @@ class ActorMesh(MeshShape, Generic[A]):
             rt = self._runtime()
             return [f for i in range(len(self._region.ranks))
                     if (f := self._send(rt, i, desc, body, out, None, deadline)) is not None]
-        self._fanout(desc, body, out, None, False, deadline)
-        return []
+        waiting = self._fanout(desc, body, out, None, False, deadline)
+        return [] if waiting is None else [waiting]
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
                 answers: Gathering | Sequence[Settle] | None, gather: bool,
-                deadline: float | None) -> None:
+                deadline: float | None) -> Waiting | None:
         """One message per range of hosts (see :mod:`meshio._transport._fanout`);
         the answer of the actor at index ``i`` settles ``answers[i]`` (or
-        slot ``i`` of a Gathering)."""
+        slot ``i`` of a Gathering).  Once every actor called has room in its
+        mailbox for it (:class:`~meshio._transport._credit.Gate`): returned
+        while it waits (None: it went now)."""
         assert self._hosts is not None
         rt = self._runtime()
+        bounded = not desc.concurrent
+        chain, trace = _chain.get(), current_trace() if TRACING else ""
+        if not bounded:
+            self._fanout_now(rt, desc, body, out, answers, gather, deadline, chain, trace, None)
+            return None
+        gate = self._gate(rt)
+        addrs = [a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
+        if not gate.full(addrs):
+            self._fanout_now(rt, desc, body, out, answers, gather, deadline, chain, trace, gate)
+            return None
+        settles = answers.slots if isinstance(answers, Gathering) else answers
+
+        def go() -> None:
+            if settles and all(s.done() for s in settles):
+                return  # given up meanwhile: not sent
+            self._fanout_now(rt, desc, body, out, answers, gather, deadline, chain, trace, gate)
+
+        return gate.wait(addrs, go, answers is not None, deadline)
+
+    def _fanout_now(self, rt: Runtime, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                    out: OutBuffers, answers: Gathering | Sequence[Settle] | None,
+                    gather: bool, deadline: float | None, chain: tuple[str, ...], trace: str,
+                    gate: Gate | None) -> None:
+        """Send :meth:`_fanout`'s messages now (``gate``: counted there)."""
+        assert self._hosts is not None
         addrs, ranks, per_host = self._addrs, self._region.ranks, self._per_host
         settles = answers.slots if isinstance(answers, Gathering) else answers
         dead = rt.dead
@@ -383,7 +439,6 @@ class ActorMesh(MeshShape, Generic[A]):
         number = rt.fanout.number
         target = self._target
         width = limits.fanout_width
-        chain = _chain.get()
         for a, b in split(0, len(relays), width):
             part = [(h, indices) for h, indices in groups if a <= h < b and indices]
             if not part:
@@ -400,10 +455,11 @@ class ActorMesh(MeshShape, Generic[A]):
                 first = reqs[0]
             calls = [(h, [(a, number(target, a)) for a in (addrs[ranks[i]] for i in indices)])
                      for h, indices in part]
+            if gate is not None:
+                gate.take([a for _, called in calls for a, _ in called])
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
-                                            budget(deadline),
-                                            current_trace() if TRACING else "")), out)
+                                            budget(deadline), trace, gate is not None)), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                  out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:

@@ -329,7 +329,7 @@ class ActorCell:
         if msg.req and msg.chain and self.serving is not None \
                 and f"{self.identity}#{self.seq}" in msg.chain:
             if msg.bounded:
-                took(conn, self.target, self.credit_batch)
+                took(conn, self.target, self.credit_batch, msg.origin, self.rt.addr)
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
         if msg.req:
@@ -392,17 +392,17 @@ class ActorCell:
             task.cancel()
         if self.rt.has_state(Registry):  # RDMA was used here
             self.rt.state(Registry).release_owned(self.target)  # its registrations go with it
-        given: dict[Connection, int] = {}
+        given: dict[tuple[Connection, str], int] = {}
         while self.mailbox:
             conn, msg, _, _ = self.mailbox.popleft()
             if msg.bounded:
-                given[conn] = given.get(conn, 0) + 1
+                given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
             if (conn, msg.req) in self.queued:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "unknown_actor", "UnknownActorError", "before handling this call")))
         self.queued.clear()
-        for conn, n in given.items():  # its callers' calls from now on find no actor
-            took(conn, self.target, 1, n)
+        for (conn, origin), n in given.items():  # its callers' calls from now on find no actor
+            took(conn, self.target, 1, origin, self.rt.addr, n)
         self.stopping = self.rt.tasks.start(self._finish_stop(tasks, exc))
         return self.stopping
 
@@ -487,7 +487,7 @@ class ActorCell:
                 continue
             conn, msg, bufs, deadline = mailbox.popleft()
             if msg.bounded:
-                took(conn, self.target, self.credit_batch)
+                took(conn, self.target, self.credit_batch, msg.origin, self.rt.addr)
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:

@@ -335,7 +335,7 @@ class Connection(asyncio.BufferedProtocol):
         #: flow control (:mod:`._credit`), by actor: our calls to it over this
         #: connection; the peer's calls that left its mailbox, not given back yet
         self.windows: dict[str, Window] = {}
-        self.taken: dict[str, int] = {}
+        self.taken: dict[tuple[str, str], int] = {}
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
         #: what waits for the transport to drain, in order (see _SLICE)

@@ -19,16 +19,24 @@ calls of one caller; and a full window always gets credit back in the end
 The bound is per caller, as Ray's ``max_pending_calls`` is per handle:
 each process calling an actor may have ``max_queued`` calls waiting in its
 mailbox.  Calls to ``concurrent`` endpoints (they start on arrival, never
-queue) are not counted, nor, for now, any call to an actor mesh spanning
-several hosts: its calls to all actors go through the fan-out tree (relays
-forward them, nothing counts them), and a direct call that waited for room
-would be numbered (``Call.seq``) after a tree call sent later, breaking the
-per-sender order.
+queue) are not counted.
+
+An actor mesh spanning several hosts is called directly (one actor) and
+through the fan-out tree (all of them), and its calls are numbered per actor
+(``Call.seq``) when they are sent.  Its caller keeps one :class:`Gate` for
+the whole mesh: calls per actor address not given back, at most ``limit``
+each, and one queue of the calls that wait for room, whatever their path;
+a tree call goes once every actor it reaches has room.  No call overtakes
+an earlier one of the same caller, so numbering them as they go keeps the
+per-sender order.  An actor gives the credit of a tree call back the way
+the call came (``Credit.origin``, ``Credit.addr``): each relay passes it up
+to where that origin's tree calls came from (``FanoutState.ups``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +50,9 @@ from ._serial import OutBuffers
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ("Waiting", "Window", "budget", "credit", "took", "windows_lost")
+log = logging.getLogger("meshio")
+
+__all__ = ("Gate", "Waiting", "Window", "budget", "credit", "took", "windows_lost")
 
 
 def budget(deadline: float | None) -> float | None:
@@ -54,16 +64,14 @@ def budget(deadline: float | None) -> float | None:
 
 class Waiting:
     """A call waiting for room (as small as it can be: a flood of
-    broadcasts nobody awaits waits here): the message, its buffers and
-    deadline; once it went (or was dropped: given up, past its deadline),
-    ``over``; ``error``: why it never will (its connection was lost);
-    ``sent``: made only for someone awaiting it, done when it is over."""
+    broadcasts nobody awaits waits here): its deadline; once it went (or
+    was dropped: given up, past its deadline), ``over``; ``error``: why it
+    never will (its connection was lost); ``sent``: made only for someone
+    awaiting it, done when it is over."""
 
-    __slots__ = ("call", "deadline", "error", "out", "over", "sent")
+    __slots__ = ("deadline", "error", "over", "sent")
 
-    def __init__(self, call: Call, out: OutBuffers, deadline: float | None) -> None:
-        self.call = call
-        self.out = out
+    def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline
         self.over = False
         self.error: BaseException | None = None
@@ -90,6 +98,17 @@ class Waiting:
                 sent.set_exception(error)
 
 
+class _Held(Waiting):
+    """A call waiting at a :class:`Window`: the message and its buffers."""
+
+    __slots__ = ("call", "out")
+
+    def __init__(self, call: Call, out: OutBuffers, deadline: float | None) -> None:
+        super().__init__(deadline)
+        self.call = call
+        self.out = out
+
+
 class Window:
     """The calls of this process to one actor over ``conn``: ``used`` of
     ``limit`` are sent and not given back; the calls waiting for room, of
@@ -103,7 +122,7 @@ class Window:
         self.limit = limit
         self.used = 0
         self.sends = 0
-        self.waiting: deque[Waiting] = deque()
+        self.waiting: deque[_Held] = deque()
 
     def full(self) -> bool:
         """A call now would wait (or fail with ``on_full="raise"``)."""
@@ -113,7 +132,7 @@ class Window:
         """Queue ``call`` (``Call.bounded``; its ``deadline`` budget is
         worked out when it goes) until there is room, behind the calls
         already waiting."""
-        waiting = Waiting(call, out, deadline)
+        waiting = _Held(call, out, deadline)
         self.waiting.append(waiting)
         self.sends += not call.req
         return waiting
@@ -136,25 +155,106 @@ class Window:
             item._end()
 
 
-def credit(conn: Connection, msg: Credit) -> None:
-    """The actor ``msg.target`` took ``msg.n`` of our calls out of its
-    mailbox: send as many of those waiting."""
+class _Queued(Waiting):
+    """A call (or tree call) to a mesh spanning hosts that waits at its
+    :class:`Gate`: the actors it needs room at, what sends it (and counts
+    it at the gate), whether it wants an answer."""
+
+    __slots__ = ("addrs", "answered", "go")
+
+    def __init__(self, addrs: list[str], go: Callable[[], None], answered: bool,
+                 deadline: float | None) -> None:
+        super().__init__(deadline)
+        self.addrs = addrs
+        self.go = go
+        self.answered = answered
+
+
+class Gate:
+    """The bounded calls of this process to the actors of one mesh spanning
+    hosts: per actor address, ``used`` of ``limit`` not given back; the
+    calls waiting for room, in one queue (of which ``sends`` want no
+    answer: broadcasts, refused beyond ``limit``)."""
+
+    __slots__ = ("limit", "sends", "used", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used: dict[str, int] = {}
+        self.sends = 0
+        self.waiting: deque[_Queued] = deque()
+
+    def full(self, addrs: list[str]) -> bool:
+        """A call to the actors at ``addrs`` now would wait."""
+        return bool(self.waiting) or any(self.used.get(a, 0) >= self.limit for a in addrs)
+
+    def take(self, addrs: list[str]) -> None:
+        """A call goes to the actors at ``addrs`` now (its sender says so)."""
+        used = self.used
+        for a in addrs:
+            used[a] = used.get(a, 0) + 1
+
+    def wait(self, addrs: list[str], go: Callable[[], None], answered: bool,
+             deadline: float | None) -> Waiting:
+        """Queue the call ``go`` sends (and counts with :meth:`take`) until
+        every actor at ``addrs`` has room, behind the calls already waiting;
+        past ``deadline`` it is not sent.  ``answered``: it wants an answer
+        (else it is a broadcast's)."""
+        item = _Queued(addrs, go, answered, deadline)
+        self.waiting.append(item)
+        self.sends += not answered
+        return item
+
+    def give(self, addr: str, n: int) -> None:
+        """``n`` calls left the mailbox of the actor at ``addr`` (its process
+        is gone: all of them, ``n`` < 0)."""
+        if n < 0:
+            self.used.pop(addr, None)
+        else:
+            self.used[addr] = max(0, self.used.get(addr, 0) - n)
+        waiting, used, limit = self.waiting, self.used, self.limit
+        while waiting and all(used.get(a, 0) < limit for a in waiting[0].addrs):
+            item = waiting.popleft()
+            self.sends -= not item.answered
+            if item.deadline is None or item.deadline > time.monotonic():
+                try:
+                    item.go()  # (a call its caller gave up on meanwhile sends nothing)
+                except Exception as e:  # a bug: whoever awaits the send hears of it
+                    log.exception("meshio: sending a call that waited for room failed")
+                    item._end(e)
+                    continue
+            item._end()
+
+
+def credit(conn: Connection, msg: Credit, gates: dict[str, Gate]) -> None:
+    """The actor ``msg.target`` at the other end of ``conn`` took ``msg.n``
+    of our calls out of its mailbox: send as many of those waiting (at its
+    :class:`Window`, or at the :class:`Gate` of its mesh spanning hosts)."""
     window = conn.windows.get(msg.target)
     if window is not None:
         window.used = max(0, window.used - msg.n)
         window._release()
+        return
+    gate = gates.get(msg.target)
+    addr = msg.addr or conn.peer
+    if gate is not None and addr is not None:
+        gate.give(addr, msg.n)
 
 
-def took(conn: Connection, target: str, batch: int, n: int = 1) -> None:
-    """``n`` calls of ``conn``'s peer, counted by it, left the mailbox of
-    ``target``: given back once ``batch`` of them have."""
+def took(conn: Connection, target: str, batch: int, origin: str, addr: str,
+         n: int = 1) -> None:
+    """``n`` calls that came on ``conn`` (made by ``origin``: a tree
+    call's; else by ``conn``'s peer), counted by their maker, left the
+    mailbox of ``target`` (in the process at ``addr``): given back once
+    ``batch`` of them have."""
     taken = conn.taken
-    count = taken.get(target, 0) + n
+    key = (target, origin)
+    count = taken.get(key, 0) + n
     if count >= batch:
-        taken[target] = 0
-        conn.send_message(Credit(target, count))
+        taken[key] = 0
+        conn.send_message(Credit(target, count, origin, addr))
     else:
-        taken[target] = count
+        taken[key] = count
 
 
 def windows_lost(conn: Connection, error: Callable[[], BaseException]) -> None:

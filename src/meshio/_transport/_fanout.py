@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import CallTimeout, SchemaError, SupervisionError
 from ._connection import Connection, Pending
+from ._credit import Gate
 from ._messages import (
     Answers,
     Call,
@@ -82,9 +83,14 @@ class FanoutState:
     call to each actor of a mesh spanning hosts; as a relay, the calls it
     relays (so that a caller's ``Cancel`` follows them down)."""
 
-    __slots__ = ("numbers", "relayed")
+    __slots__ = ("gates", "numbers", "relayed", "ups")
 
     def __init__(self) -> None:
+        #: target → this process's bounded calls to that mesh's actors
+        self.gates: dict[str, Gate] = {}
+        #: as a relay, (target, origin) → the connection that origin's tree
+        #: calls came on: where the credit for them goes back up
+        self.ups: dict[tuple[str, str], Connection] = {}
         #: (target, address) → the number of the last call sent there
         self.numbers: dict[tuple[str, str], int] = {}
         #: (upstream connection, its request) → (downstream connection,
@@ -98,9 +104,16 @@ class FanoutState:
         return n
 
     def forget(self, target: str) -> None:
-        """The actor mesh ``target`` is stopped: drop its numbers."""
+        """The actor mesh ``target`` is stopped: drop its numbers (its
+        calls still waiting for room go, to be refused)."""
         for key in [k for k in self.numbers if k[0] == target]:
             del self.numbers[key]
+        for up in [k for k in self.ups if k[0] == target]:
+            del self.ups[up]
+        gate = self.gates.pop(target, None)
+        if gate is not None:
+            for addr in list(gate.used):
+                gate.give(addr, -1)
 
     def cancel(self, up: Connection, req: int, expired: bool = False) -> bool:
         """The caller of relayed request ``req`` gave up (``expired``: its
@@ -119,6 +132,16 @@ class FanoutState:
         """The connection ``up`` is gone: cancel what it had relayed here."""
         for key in [k for k in self.relayed if k[0] is up]:
             self.cancel(*key)
+        for origin in [k for k, conn in self.ups.items() if conn is up]:
+            del self.ups[origin]
+
+    def gone(self, addr: str) -> None:
+        """The process at ``addr`` is gone (its connection was lost): the
+        calls of ours its actors held went with it; those waiting for room
+        there go on (to fail, or to its replacement)."""
+        for gate in self.gates.values():
+            if addr in gate.used:
+                gate.give(addr, -1)
 
 
 def _as_is(raw: Any, bufs: Buffers) -> tuple[Any, Buffers]:
@@ -251,6 +274,8 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         refuse(up, msg, why)
         return
     origin = msg.origin or up.peer or ""
+    if msg.bounded:
+        rt.fanout.ups[msg.target, origin] = up
     answers = _Answers(up, msg.gather)
     lo, relays = msg.lo, msg.relays
     own = lo + next(i for i, r in enumerate(relays) if r)  # the parent sent it here
@@ -267,7 +292,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
     def call(req: int, seq: int) -> Call:
         # (the deadline as it came: this relay's own delay is microseconds)
         return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin,
-                    deadline=msg.deadline, trace=msg.trace)
+                    deadline=msg.deadline, bounded=msg.bounded, trace=msg.trace)
 
     for host, calls in msg.groups:
         if host != own:
@@ -297,7 +322,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         conn.send(encode_message(Fanout(
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
             relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline,
-            msg.trace)), out)
+            msg.trace, msg.bounded)), out)
 
 
 def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,

@@ -332,7 +332,8 @@ class Fanout(_Msg, frozen=True, tag=21):
     (empty: the connection's peer); ``width`` bounds the messages each relay
     sends on.  The answers go back up in :class:`Answers`: all of a relay's
     at once when ``gather`` (a ``call``), else as they come (a ``stream``).
-    ``deadline`` and ``trace``: as in :class:`Call`."""
+    ``deadline``, ``trace`` and ``bounded``: as in :class:`Call` (each
+    actor gives the credit of a bounded call back to ``origin``)."""
 
     target: str
     method: str
@@ -347,6 +348,7 @@ class Fanout(_Msg, frozen=True, tag=21):
     gather: bool
     deadline: float | None = None
     trace: str = ""
+    bounded: bool = False
 
 
 class Answers(_Msg, frozen=True, tag=22):
@@ -470,12 +472,16 @@ class Reshaped(_Msg, frozen=True, tag=32):
 
 
 class Credit(_Msg, frozen=True, tag=33):
-    """From the process hosting the actor of mesh ``target``: ``n`` of the
-    receiver's bounded calls to it (``Call.bounded``) have left its mailbox,
-    so the receiver may send ``n`` more (:mod:`._credit`)."""
+    """From the process hosting the actor of mesh ``target`` (at ``addr``):
+    ``n`` of the bounded calls (``Call.bounded``) of the receiver (or, with
+    ``origin``, of the process that made them, the fan-out tree's relays
+    passing it up) have left its mailbox, so it may send ``n`` more
+    (:mod:`._credit`)."""
 
     target: str
     n: int
+    origin: str = ""
+    addr: str = ""
 
 
 class LogEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):

@@ -730,11 +730,13 @@ class Runtime:
         hook = self.on_lost.get(conn.peer or "")
         if hook is not None:
             hook(conn)
-            return
-        conn.fail_all(lambda p: SupervisionError(
-            f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
-            f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank,
-            pid=conn.peer_pid, cause=cause))
+        else:
+            conn.fail_all(lambda p: SupervisionError(
+                f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
+                f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank,
+                pid=conn.peer_pid, cause=cause))
+        if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
+            self.fanout.gone(conn.peer)
 
     # --------------------------------------------------------- dispatch
 
@@ -792,7 +794,12 @@ class Runtime:
                 else:
                     receiver._put(msg, bufs)
             case Credit():
-                credit(conn, msg)
+                up = (self.fanout.ups.get((msg.target, msg.origin))
+                      if msg.origin and msg.origin != self.addr else None)
+                if up is not None:  # a relay: to where the origin's tree calls came from
+                    up.send_message(msg)
+                else:
+                    credit(conn, msg, self.fanout.gates)
             case Cancel():
                 cell = self.actors.get(msg.target)
                 if not self.fanout.cancel(conn, msg.req, msg.expired) and cell is not None:
@@ -862,7 +869,7 @@ class Runtime:
             if msg.req:
                 conn.send_message(Fail(msg.req, self._missing(msg.target)))
             if msg.bounded:  # no mailbox holds it
-                took(conn, msg.target, 1)
+                took(conn, msg.target, 1, msg.origin, self.addr)
             return
         cell.post(conn, msg, bufs)
 

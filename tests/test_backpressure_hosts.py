@@ -1,0 +1,125 @@
+"""Bounded mailboxes on an actor mesh spanning hosts (issue 18 item 4):
+its calls go directly (one actor) and through the fan-out tree (all of
+them); the caller's one gate per mesh keeps every actor's mailbox within
+``max_queued`` calls of this caller, whatever the path, and the calls run
+in the order they were made.  The actors' credit for tree calls comes back
+up the tree.  Hosts are agents on loopback (ProcessJob): real processes and
+TCP connections; a fan-out width of 2 over 3 hosts makes a relay pass calls
+and credit on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import meshio
+from meshio import Overloaded
+from meshio._transport._serial import limits
+from meshio.jobs import ProcessJob
+from test_backpressure import GUARD, Slow
+
+HOSTS = 3
+BOUND = 4
+
+
+@pytest.fixture(scope="module")
+def width() -> Iterator[int]:
+    before = limits.fanout_width
+    env = os.environ.get("MESHIO_FANOUT_WIDTH")
+    meshio.set_limits(fanout_width=2)
+    try:
+        yield 2
+    finally:
+        limits.fanout_width = before
+        if env is None:
+            os.environ.pop("MESHIO_FANOUT_WIDTH", None)
+        else:
+            os.environ["MESHIO_FANOUT_WIDTH"] = env
+
+
+@pytest.fixture
+async def slow(tmp_path: Path, width: int) -> AsyncIterator[Slow]:
+    job = ProcessJob(meshes={"hosts": HOSTS}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await job.state()
+        async with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
+            yield await procs.options(max_queued=BOUND).spawn("slow", Slow)
+    finally:
+        await job.kill()
+
+
+async def queued(s: Slow) -> list[int]:
+    """The calls waiting in each actor's mailbox now (one sample)."""
+    stacks = await asyncio.wait_for(s.stacks(), GUARD)
+    return [a.queued for a in sorted(stacks.actors, key=lambda a: a.rank)]
+
+
+async def until_full(s: Slow, rank: int) -> list[list[int]]:
+    """Sample the mailboxes until ``rank``'s holds ``BOUND`` calls."""
+    samples = [await queued(s)]
+    async with asyncio.timeout(GUARD):
+        while samples[-1][rank] < BOUND:
+            samples.append(await queued(s))
+    return samples
+
+
+async def test_tree_and_direct_calls_wait_for_room_in_order(slow: Slow) -> None:
+    one = slow.slice(hosts=1)
+    calls: list[asyncio.Future[Any]] = []
+    for i in range(0, 30, 2):
+        calls.append(asyncio.ensure_future(slow.take.call(i)))  # through the tree
+        calls.append(asyncio.ensure_future(one.take.call_one(i + 1)))  # directly
+    samples = await until_full(slow, 1)
+    assert not any(c.done() for c in calls)  # held by the gate: the rest wait here
+    await slow.open_gate.call()
+    while not all(c.done() for c in calls):
+        samples.append(await queued(slow))
+    assert max(max(sample) for sample in samples) == BOUND  # never more, on any host
+    results = await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    assert [r.values() if i % 2 == 0 else r for i, r in enumerate(results)] == [
+        [i] * HOSTS if i % 2 == 0 else i for i in range(30)]
+    taken = await slow.taken.call()
+    assert taken.values() == [list(range(0, 30, 2)), list(range(30)), list(range(0, 30, 2))]
+
+
+async def test_on_full_raise_and_broadcasts_nobody_awaits(slow: Slow) -> None:
+    calls = [asyncio.ensure_future(slow.take.call(i)) for i in range(BOUND + 1)]
+    await until_full(slow, 2)
+    with pytest.raises(Overloaded) as info:
+        slow.take.options(on_full="raise").call(100)
+    assert info.value.actor == "slow" and info.value.max_queued == BOUND
+    with pytest.raises(Overloaded):
+        slow.slice(hosts=2).take.options(on_full="raise").call_one(101)
+    sent = [slow.take.broadcast(200 + i) for i in range(BOUND)]  # wait here, not awaited
+    with pytest.raises(Overloaded, match="await what an earlier broadcast"):
+        slow.take.broadcast(300)
+    await slow.open_gate.call()
+    await asyncio.wait_for(asyncio.gather(*calls), GUARD)
+    for s in sent:
+        await asyncio.wait_for(s, GUARD)
+    async with asyncio.timeout(GUARD):  # (the last broadcasts may still be queued)
+        while min(len(t) for t in (await slow.taken.call()).values()) < 2 * BOUND + 1:
+            pass
+    assert (await slow.taken.call()).values() == [
+        [*range(BOUND + 1), *range(200, 200 + BOUND)]] * HOSTS
+
+
+async def test_a_lost_host_releases_the_calls_waiting_for_room_there(slow: Slow) -> None:
+    calls = [asyncio.ensure_future(slow.take.call(i)) for i in range(3 * BOUND)]
+    await until_full(slow, 2)
+    pid = await slow.slice(hosts=2).pid.call_one()
+    os.kill(pid, signal.SIGKILL)
+    await slow.slice(hosts=slice(0, 2)).open_gate.call()
+    _, pending = await asyncio.wait(calls, timeout=GUARD)
+    assert not pending  # each answered (rank 2 a hole) or failed: none waits for room
+    assert {type(c.exception()) for c in calls} <= {type(None), meshio.SupervisionError}
+    assert (await slow.slice(hosts=0).taken.call_one()) == list(range(3 * BOUND))
+    later = await slow.slice(hosts=slice(0, 2)).take.call(99)
+    assert later.values() == [99, 99]
