@@ -37,7 +37,7 @@ from meshio._transport._frames import frame_header
 from meshio._transport._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
 from meshio._transport._runtime import Runtime, runtime, sockaddr
 from meshio._transport._serial import dumps
-from meshio.testing import actor_target, process_address
+from meshio.testing import actor_target, forged_mesh, proc_mesh, process_address
 from meshio.testing._helpers import open_job_connection, wait_exited
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -71,8 +71,7 @@ async def targets() -> AsyncIterator[ActorMesh[Target]]:
 
 
 def pids(mesh: ActorMesh[Any]) -> list[int]:
-    assert mesh._procs is not None
-    return mesh._procs.pids
+    return proc_mesh(mesh).pids
 
 
 # ----------------------------------------------------------------- helpers
@@ -269,8 +268,7 @@ async def test_fake_worker_cannot_answer_actor_calls(targets: ActorMesh[Target])
 
     server = await asyncio.start_unix_server(fake, sockaddr(fake_addr))
     try:
-        impostor: ActorMesh[Target] = ActorMesh(actor_target(targets), targets._name, Target,
-                                                targets._region, [fake_addr] * len(targets))
+        impostor = forged_mesh(targets, Target, addrs=[fake_addr] * len(targets))
         with pytest.raises(meshio.ActorError) as info:
             await asyncio.wait_for(targets.slice(procs=0).relay.call_one(
                 cast(Target, impostor), 1), DEADLINE)

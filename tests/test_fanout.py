@@ -130,7 +130,7 @@ class Received:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.replies = 0
         self.batches: list[int] = []
-        deliver = Connection._deliver
+        deliver = Connection.deliver
 
         def spy(conn: Connection, body: bytes, bufs: list[Any]) -> None:
             msg = decode_message(body)
@@ -140,7 +140,7 @@ class Received:
                 self.batches.append(len(msg.replies) + len(msg.fails))
             deliver(conn, body, bufs)
 
-        monkeypatch.setattr(Connection, "_deliver", spy)
+        monkeypatch.setattr(Connection, "deliver", spy)
 
 
 async def test_call_sends_one_message_per_range_and_gathers_every_point(

@@ -20,6 +20,7 @@ import meshio
 from gone import wait_gone
 from meshio import Actor, context, endpoint
 from meshio.jobs import LocalJob, ProcessJob
+from meshio.testing import job_record
 
 DEADLINE = 60.0
 
@@ -45,8 +46,8 @@ async def job(tmp_path: Path) -> AsyncIterator[ProcessJob]:
 
 
 def agents(j: ProcessJob, name: str) -> list[int]:
-    assert j._entry is not None
-    return [a["pid"] for a in j._entry["hosts"][name]]
+    assert job_record(j) is not None
+    return [a["pid"] for a in job_record(j)["hosts"][name]]
 
 
 async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(

@@ -117,7 +117,7 @@ def test_large_frames_arrive_whole_and_in_order(loop: str, secure: bool,
             assert bytes(got[2][0]) == big[3] and type(got[2][0]) is bytearray
             assert got[3] == [big[0][7:]] and got[4] == [b"x"]
             assert arrived == [1, 2, 3, 4, 5]
-            assert sender._queue is None
+            assert not sender.sending
             assert sender.transport is not None
             ssl_object = sender.transport.get_extra_info("ssl_object")
             assert isinstance(ssl_object, ssl.SSLObject) if secure else ssl_object is None

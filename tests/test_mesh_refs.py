@@ -145,7 +145,7 @@ def controller_traffic(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, in
     """Count frames the controller sends and receives (on the transport's
     ``Connection``, an internal: no public API counts frames)."""
     counts = {"sent": 0, "received": 0}
-    send, deliver = Connection.send, Connection._deliver
+    send, deliver = Connection.send, Connection.deliver
 
     def counting_send(self: Connection, body: bytes, out: Any) -> None:
         counts["sent"] += 1
@@ -156,7 +156,7 @@ def controller_traffic(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, in
         deliver(self, body, bufs)
 
     monkeypatch.setattr(Connection, "send", counting_send)
-    monkeypatch.setattr(Connection, "_deliver", counting_deliver)
+    monkeypatch.setattr(Connection, "deliver", counting_deliver)
     yield counts
 
 

@@ -273,13 +273,13 @@ async def test_partition_fails_calls_and_the_heal_restores_them(
     same process answers again (policy: recover)."""
     loop = asyncio.get_running_loop()
     answers = asyncio.Event()
-    responds = _proc_state.ProcState._responds
+    responds = _proc_state.ProcState.responds
 
     def watched(self: _proc_state.ProcState, w: object) -> None:
         loop.call_soon(answers.set)
         responds(self, w)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_proc_state.ProcState, "_responds", watched)
+    monkeypatch.setattr(_proc_state.ProcState, "responds", watched)
     async with attach(hosts, secret_file).spawn_procs(
             heartbeat_interval=INTERVAL, heartbeat_timeout=TIMEOUT) as procs:
         w = await procs.spawn("w", Where)

@@ -464,7 +464,7 @@ class Recorder(Connection):
 
         self.transport = FakeTransport()  # type: ignore[assignment]
 
-    def _deliver(self, body: bytes, bufs: list[Any]) -> None:
+    def deliver(self, body: bytes, bufs: list[Any]) -> None:
         self.got.append((body, bufs))
 
     def feed(self, data: bytes | memoryview, chunk: int | None = None) -> None:
@@ -514,7 +514,7 @@ def test_parser_every_split_point() -> None:
         c.feed(stream[:cut])
         c.feed(stream[cut:])
         check(c.got, want)
-        assert c._start == c._end == 0 and c._frame is None and c._cur is None
+        assert not c.receiving[2]  # nothing of a frame held
 
 
 def test_parser_byte_by_byte() -> None:
@@ -555,7 +555,7 @@ def test_parser_5mib_buffer_in_many_chunks(kind: int) -> None:
         check(c.got, want)
         # the big buffer was received straight into its own object, and the
         # scratch buffer did not grow to hold it
-        assert len(c._buf) < MiB
+        assert c.receiving[0] < MiB
 
 
 def _text(data: bytes) -> str | bytes:
@@ -582,7 +582,7 @@ def test_parser_ascii_text_arrives_as_str(bad_at: int | None) -> None:
         assert c.got[0][1] == ["small text", _text(bytes(big)), b"\xff" * 10, b"raw"]
         assert [type(b) for b in c.got[0][1]] == [str, type(_text(bytes(big))), bytes, bytes]
         assert c.got[1][1] == ["!"]
-        assert len(c._buf) < MiB and not c._text and c._text_ok
+        assert c.receiving[0] < MiB and not c.receiving[2]
 
 
 def test_text_kinds_on_the_wire() -> None:
@@ -635,7 +635,7 @@ def test_parser_good_frames_then_garbage_header() -> None:
 
 
 def test_parser_delivers_real_messages() -> None:
-    """The unpatched _deliver path: a Reply resolves its pending future."""
+    """The unpatched deliver path: a Reply resolves its pending future."""
     loop = asyncio.new_event_loop()
     try:
         c = Connection(mock.Mock(), None)

@@ -26,8 +26,9 @@ import trustme
 from gone import wait_gone
 from hop_actors import Hop
 from meshio import Actor, SupervisionError, context, endpoint
-from meshio.jobs import SlurmError, SlurmJob, TLSConfig
+from meshio.jobs import SlurmError, SlurmJob, TLSConfig, _slurm
 from meshio.jobs._agent import host_address
+from meshio.testing import job_record
 
 DEADLINE = 30.0
 SLURM_LOCAL = Path(os.environ.get(
@@ -148,8 +149,8 @@ async def test_allocates_spawns_calls_across_nodes_and_reattaches(job: SlurmJob,
     state2 = await again.state()
     took = time.perf_counter() - t0
     assert again.job_id == job.job_id
-    assert again._entry is not None and job._entry is not None
-    assert again._entry["hosts"] == job._entry["hosts"]
+    assert job_record(again) is not None and job_record(job) is not None
+    assert job_record(again)["hosts"] == job_record(job)["hosts"]
     assert took < 1.0, f"re-attaching took {took:.3f} s"
     async with state2.generators.spawn_procs() as procs:
         w = await procs.spawn("w", Where)
@@ -166,8 +167,8 @@ async def test_node_loss_fails_the_procs_on_it(slurm: None, tmp_path: Path,
     lost = ""
     try:
         state = await j.state()
-        assert j._entry is not None
-        lost = j._entry["hosts"]["trainers"][1]["node"]
+        assert job_record(j) is not None
+        lost = job_record(j)["hosts"]["trainers"][1]["node"]
         async with state.trainers.spawn_procs() as procs:
             w = await procs.spawn("w", Where)
             nodes = (await asyncio.wait_for(w.where.call(), DEADLINE)).values()
@@ -180,10 +181,10 @@ async def test_node_loss_fails_the_procs_on_it(slurm: None, tmp_path: Path,
             assert await asyncio.wait_for(w.slice(hosts=0).echo.call_one(2), DEADLINE) == 2
         assert j.job_id is not None and job_state(j.job_id) == "RUNNING"
         again = SlurmJob(meshes={"trainers": 2}, cache_dir=tmp_path / ".meshio")
-        assert again._entry is None
-        entry = j._entry
+        assert job_record(again) is None
+        entry = job_record(j)
         assert entry is not None
-        assert "lost nodes" in (await again._stale(entry) or "")
+        assert "lost nodes" in (await _slurm._stale_job(entry) or "")
     finally:
         await j.kill()
         if lost:
@@ -302,8 +303,8 @@ async def test_tls_job_calls_across_nodes(slurm: None, tmp_path: Path) -> None:
             assert sorted(n for n, _ in nodes) == ["n1", "n2"]
             assert (await asyncio.wait_for(w.echo.call(3), DEADLINE)).values() == [3, 3]
         # the agents speak TLS: a TLS handshake with the job's CA completes
-        assert j._entry is not None
-        for agent in j._entry["hosts"]["hosts"]:
+        assert job_record(j) is not None
+        for agent in job_record(j)["hosts"]["hosts"]:
             host, port = agent["addr"].removeprefix("tcp://").rsplit(":", 1)
             _, writer = await asyncio.wait_for(asyncio.open_connection(
                 host, int(port), ssl=tls.client_context(), server_hostname=host), DEADLINE)
@@ -359,8 +360,8 @@ async def test_resize_adds_an_allocation_and_gives_it_back(slurm: None, tmp_path
             await asyncio.wait_for(job.resize("workers", hosts=2), 120)
             assert state.workers.sizes == {"hosts": 2}
             assert procs.sizes == actors.sizes == {"hosts": 2, "gpus": 2}
-            assert job._entry is not None
-            (extra,) = job._entry["extra"]
+            assert job_record(job) is not None
+            (extra,) = job_record(job)["extra"]
             assert extra["job_id"] != job.job_id and job_state(extra["job_id"]) == "RUNNING"
             found = await asyncio.wait_for(actors.placed.call(), DEADLINE)
             nodes = {point["hosts"]: node for point, (_, node, _) in found.items()}
@@ -373,7 +374,7 @@ async def test_resize_adds_an_allocation_and_gives_it_back(slurm: None, tmp_path
             assert procs.sizes == actors.sizes == {"hosts": 1, "gpus": 2}
             await wait_gone(removed)
             assert await wait_job_ended(extra["job_id"], DEADLINE) in ("COMPLETED", "")
-            assert job._entry["extra"] == []
+            assert job_record(job)["extra"] == []
             assert [n for _, n, _ in (await actors.placed.call()).values()] == [first] * 2
             assert json.loads(job.cache.read_text())["meshes"] == {"workers": 1}
     finally:
@@ -388,8 +389,8 @@ async def test_shrink_ends_an_agent_of_the_first_allocation(slurm: None, tmp_pat
                    cache_dir=tmp_path / ".meshio", idle_timeout=60)
     try:
         state = await job.state()
-        assert job._entry is not None
-        agent = job._entry["hosts"]["workers"][1]
+        assert job_record(job) is not None
+        agent = job_record(job)["hosts"]["workers"][1]
         async with state.workers.spawn_procs(elastic=True) as procs:
             actors = await procs.spawn("placed", Placed)
             found = await asyncio.wait_for(actors.placed.call(), DEADLINE)

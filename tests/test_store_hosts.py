@@ -67,7 +67,7 @@ class Reader(Actor):
                     await asyncio.sleep(0.01)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        store_impl._Pull._run = dying  # type: ignore[method-assign,assignment]
+        store_impl._Pull.run = dying  # type: ignore[method-assign,assignment]
 
 
 class Learner(Actor):

@@ -23,7 +23,7 @@ from meshio._transport import _messages as M
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
-from meshio.testing import actor_target, process_address
+from meshio.testing import actor_target, forged_mesh, process_address
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -216,7 +216,7 @@ async def test_bad_arguments_raw_are_schema_errors(echo: ActorMesh[Echo]) -> Non
 
 
 async def test_unknown_actor_via_controller(echo: ActorMesh[Echo]) -> None:
-    bogus: ActorMesh[Echo] = ActorMesh("nobody/bogus", "bogus", Echo, echo._region, echo._addrs)
+    bogus = forged_mesh(echo, Echo, target="nobody/bogus")
     with pytest.raises(meshio.UnknownActorError) as info:
         await asyncio.wait_for(bogus.echo.call(x=1), DEADLINE)
     assert "nobody/bogus" in str(info.value)
@@ -228,8 +228,7 @@ async def test_unknown_actor_via_controller(echo: ActorMesh[Echo]) -> None:
 
 
 async def test_unknown_endpoint_via_controller(echo: ActorMesh[Echo]) -> None:
-    wrong: ActorMesh[EchoPlus] = ActorMesh(actor_target(echo), echo._name, EchoPlus, echo._region,
-                                           echo._addrs)
+    wrong = forged_mesh(echo, EchoPlus)
     with pytest.raises(meshio.UnknownEndpointError) as info:
         await asyncio.wait_for(wrong.slice(procs=0).missing.call_one(), DEADLINE)
     assert "missing" in str(info.value)

@@ -154,8 +154,8 @@ class FakeTransport:
 
 
 def connect(rt: FakeRuntime) -> tuple[Connection, FakeTransport]:
-    conn = Connection(rt, "peer")  # type: ignore[arg-type]
-    conn._backlog = None
+    conn = Connection(rt, None)  # type: ignore[arg-type]  # (accepted: nothing queued)
+    conn.peer = "peer"
     transport = FakeTransport(conn, rt.loop)
     conn.transport = transport  # type: ignore[assignment]
     return conn, transport
@@ -170,8 +170,9 @@ def check_bounds(conns: list[Connection]) -> None:
     """What the process has reserved for incomplete frames stays bounded."""
     assert R._budget.used <= max(BUDGET, MAX_MESSAGE)
     for c in conns:
-        assert c._held <= MAX_MESSAGE
-        assert len(c._buf) <= SCRATCH_BOUND
+        scratch, held, _ = c.receiving
+        assert held <= MAX_MESSAGE
+        assert scratch <= SCRATCH_BOUND
 
 
 def feed(conn: Connection, transport: FakeTransport, data: bytes, cuts: list[int]) -> int:
@@ -204,7 +205,7 @@ def finish(rt: FakeRuntime, conns: list[Connection]) -> None:
     for _ in range(2 * len(conns) + 2):
         rt.loop.advance(TIMEOUT)
     for c in conns:
-        assert c.closed or not c._incomplete(), "an incomplete frame never timed out"
+        assert c.closed or not c.incomplete(), "an incomplete frame never timed out"
         if not c.closed:
             c.connection_lost(None)
     rt.loop.run_due()
@@ -410,19 +411,19 @@ def test_scratch_buffer_shrinks_after_large_header() -> None:
     with small_limits():
         rt = FakeRuntime()
         conn, tr = connect(rt)
-        assert len(conn._buf) == 0
+        assert conn.receiving[0] == 0
         feed(conn, tr, VALID[0], [])
-        assert len(rt.got) == 1 and len(conn._buf) == R._SCRATCH
+        assert len(rt.got) == 1 and conn.receiving[0] == R._SCRATCH
         n = 40_000
         msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
         frame = frame_header(len(msg), [(b"a", KIND_BYTES)] * n) + msg + b"a" * n
         header = 8 + 8 * n  # all of it but its last byte: it waits in the buffer
         feed(conn, tr, frame[:header - 1], list(range(0, header, 4096)))
-        assert len(conn._buf) >= header > R._SCRATCH
+        assert conn.receiving[0] >= header > R._SCRATCH
         header -= 1
         feed(conn, tr, frame[header:], list(range(0, len(frame) - header, 4096)))
         assert len(rt.got) == 2 and len(rt.got[1][1]) == n
-        assert len(conn._buf) <= R._SCRATCH
+        assert conn.receiving[0] <= R._SCRATCH
         finish(rt, [conn])
 
 

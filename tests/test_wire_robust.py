@@ -29,7 +29,7 @@ from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._runtime import runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, Packer, limits
-from meshio.testing import actor_target, process_address
+from meshio.testing import actor_target, proc_mesh, process_address
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -255,8 +255,7 @@ async def test_undecodable_constructor_argument(store: ActorMesh[Store]) -> None
     """issue 7 item 1: a constructor argument that cannot be decoded fails the
     spawn with a SchemaError naming __init__ and the argument; the worker
     keeps hosting its other actors."""
-    procs = store._procs
-    assert procs is not None
+    procs = proc_mesh(store)
     with pytest.raises(SchemaError, match=r"'opt' of Store\.__init__.*cannot be rebuilt"):
         await asyncio.wait_for(procs.spawn("bad", Store, opt=Bomb()), DEADLINE)
     await serving(store, 9)
@@ -483,7 +482,7 @@ def _break_dispatch() -> None:
     the runtime hands a message on)."""
     from meshio._transport import _runtime
 
-    admit, relay = _runtime.Runtime._admit, _runtime.relay
+    admit, relay = _runtime.Runtime.admit, _runtime.relay
 
     def broken_admit(rt: Any, conn: Any, msg: Any, bufs: Any) -> None:
         if msg.method == "explode":
@@ -495,7 +494,7 @@ def _break_dispatch() -> None:
             raise RuntimeError("injected relay bug")
         relay(rt, up, msg, bufs, post)
 
-    _runtime.Runtime._admit = broken_admit  # type: ignore[method-assign]
+    _runtime.Runtime.admit = broken_admit  # type: ignore[method-assign]
     _runtime.relay = broken_relay
 
 

@@ -570,7 +570,7 @@ class ProcState:
                 f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent",
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
-        self._responds(worker)  # gone rather than hung: workers see the lost connection
+        self.responds(worker)  # gone rather than hung: workers see the lost connection
         if worker.state in _LIVE:  # (not taken down on purpose, nor stopped)
             worker.move(SlotState.LOST)
         self._failing.add(worker.rank)
@@ -806,11 +806,11 @@ class ProcState:
         w.unanswered = None
         if w.state is SlotState.NOT_RESPONDING:  # it answers again: calls go through
             w.move(SlotState.SERVING)
-            self._responds(w)
+            self.responds(w)
             print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
                   f"responds again", file=sys.stderr, flush=True)
 
-    def _responds(self, w: _Worker) -> None:
+    def responds(self, w: _Worker) -> None:
         """``w`` is no longer "not responding" (it answers, is gone, or is
         stopped): lift its callers' error here and in every worker."""
         if w.hung is None:
@@ -1188,7 +1188,7 @@ class ProcState:
                 table.pop(w.addr, None)
             if rt.has_state(_StallReports):
                 rt.state(_StallReports).by_addr.pop(w.addr, None)
-            self._responds(w)
+            self.responds(w)
             rt.dead[w.addr] = _removed_error(self.name, w, cause)
             self.removed.append(w.addr)
             self._no_restart(w, SupervisionError(
@@ -1239,7 +1239,7 @@ class ProcState:
                 if self.rt.has_state(_StallReports):
                     self.rt.state(_StallReports).by_addr.pop(w.addr, None)
                 self.rt.watch.on_pong.pop(w.addr, None)
-                self._responds(w)
+                self.responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
                 self._no_restart(w, SupervisionError(
                     f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,

@@ -18,7 +18,7 @@ import meshio
 from meshio import Actor, endpoint
 from meshio.jobs import ProcessJob
 from meshio.supervision import ManualClock
-from meshio.testing import child_pids
+from meshio.testing import child_pids, job_record
 
 
 class Fragile(Actor):
@@ -336,8 +336,8 @@ async def test_replacement_its_host_agent_cannot_start_counts_and_escalates(
     job = ProcessJob(meshes={"trainers": 1}, cache_dir=tmp_path / ".meshio")
     try:
         state = await job.state()
-        assert job._entry is not None
-        [agent] = [a["pid"] for agents in job._entry["hosts"].values() for a in agents]
+        assert job_record(job) is not None
+        [agent] = [a["pid"] for agents in job_record(job)["hosts"].values() for a in agents]
         sup, _ = manual_sup(max_restarts=1)
         with pytest.raises(meshio.SupervisionError) as ei:
             async with Events(sup) as events, \

@@ -12,14 +12,7 @@ import pytest
 from supervision_helpers import DEADLINE, HOST, W, supervised, wait_pidfds
 
 import meshio
-
-
-def cut_connection(procs: meshio.ProcMesh, rank: int) -> None:
-    """Cut the controller's socket to the process at ``rank`` (the fault
-    needs the connection itself, which no public API hands out)."""
-    conn = procs._state.workers[rank].conn
-    assert conn is not None
-    conn.abort()
+from meshio.testing import cut_connection
 
 
 async def test_sigkill_restarts_process_and_rebuilds_actors() -> None:

@@ -1,8 +1,8 @@
 """Shutdown policies: how a supervisor's restarts and a proc mesh's stop
 end healthy and stopped (SIGSTOP) workers.
 
-The exit statuses come from the proc mesh's own process handles (internals):
-the runtime reaps its workers, and no public API reports how one exited.
+The exit statuses come from ``meshio.testing.worker_processes``: the
+runtime reaps its workers, and no public API reports how one exited.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from supervision_helpers import DEADLINE, Events, W, manual_sup
 
 import meshio
 from meshio.supervision import ShutdownPolicy
+from meshio.testing import worker_processes
 
 
 @pytest.mark.parametrize("policy", ["brutal_kill", 30.0])
@@ -25,7 +26,7 @@ async def test_shutdown_policy_of_strategy_restarts(policy: ShutdownPolicy) -> N
             meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=sup,
                                            shutdown=policy) as procs:
         await procs.spawn("w", W, 1)
-        old = [w.handle for w in procs._state.workers]
+        old = worker_processes(procs)
         os.kill(old[1].pid, signal.SIGKILL)
         await events.next("restart", rank=1)
         # the healthy sibling: asked to exit (code 0) with a grace, killed if brutal
@@ -41,7 +42,7 @@ async def test_shutdown_grace_then_kill_for_a_stopped_worker(policy: ShutdownPol
                                                  shutdown=policy)
     try:
         await procs.spawn("w", W, 1)
-        handles = [w.handle for w in procs._state.workers]
+        handles = worker_processes(procs)
         os.kill(handles[1].pid, signal.SIGSTOP)  # cannot honour a shutdown request
     finally:
         await asyncio.wait_for(procs.stop(), DEADLINE)

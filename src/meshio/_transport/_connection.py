@@ -610,18 +610,34 @@ class Connection(asyncio.BufferedProtocol):
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", str(e))))
             self.abort()
             return
-        if self._stall is None and self._incomplete() and not self.closed:
+        if self._stall is None and self.incomplete() and not self.closed:
             self._rx_seen = self._rx
             self._stall = self.rt.loop.call_later(limits.frame_timeout, self._check_stall)
 
-    def _incomplete(self) -> bool:
+    @property
+    def sending(self) -> bool:
+        """Something is queued to be written (large frames go out in slices)."""
+        return self._queue is not None
+
+    def incomplete(self) -> bool:
+        """A frame is partly received (its stall timer runs)."""
         return self._frame is not None or self._start != self._end or self._skip > 0
+
+    @property
+    def receiving(self) -> tuple[int, int, bool]:
+        """What receiving holds now: the scratch buffer's size, the receive
+        budget held for the frame under way, and whether anything of a
+        frame is held at all (a part, text being checked); the decoder
+        tests check these stay bounded and come back to nothing."""
+        busy = (self._end != 0 or self._frame is not None or self._cur is not None
+                or self._text or not self._text_ok)
+        return len(self._buf), self._held, busy
 
     def _check_stall(self) -> None:
         """Drop a connection whose message stopped arriving (no data for a
         whole ``frame_timeout``, while it was not paused by us)."""
         timer, self._stall = self._stall, None
-        if self.closed or not self._incomplete():
+        if self.closed or not self.incomplete():
             return
         # a timer that fires late found this loop blocked, not the peer idle
         late = timer is not None and (
@@ -674,7 +690,7 @@ class Connection(asyncio.BufferedProtocol):
     def _pulled(self, got: Buffers) -> None:
         """A frame's large parts were copied (:meth:`_bulk.Exports.pull`)."""
         if not self.closed:
-            self._deliver(got[0], got[1:])
+            self.deliver(got[0], got[1:])
             self._resume()
 
     def _stop_receiving(self) -> None:
@@ -727,7 +743,7 @@ class Connection(asyncio.BufferedProtocol):
                     if (not nbufs and body_len <= avail - 8
                             and body_len <= limits.max_message):
                         self._start = before + 8 + body_len
-                        self._deliver(bytes(self._mv[before + 8:self._start]), [])
+                        self.deliver(bytes(self._mv[before + 8:self._start]), [])
                         continue
                 f = self._header()
                 if f is None:
@@ -744,7 +760,7 @@ class Connection(asyncio.BufferedProtocol):
             pulled = None if self.bulk is None else self.bulk.pull(
                 self, f.parts, f.got, self._pulled)
             if pulled is None:
-                self._deliver(f.got[0], f.got[1:])
+                self.deliver(f.got[0], f.got[1:])
             elif pulled:  # its large parts are being copied: nothing overtakes it
                 self._pause()
                 break
@@ -868,7 +884,7 @@ class Connection(asyncio.BufferedProtocol):
             if receiver is not None:
                 receiver._put_error(SchemaError(f"a value for port {req} was skipped: {why}"))
 
-    def _deliver(self, body: bytes, bufs: Buffers) -> None:
+    def deliver(self, body: bytes, bufs: Buffers) -> None:
         try:
             msg = decode_message(body)
         except Exception as e:

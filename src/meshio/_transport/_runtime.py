@@ -430,6 +430,11 @@ class Runtime:
         self.inspection_addr = addr
         return addr
 
+    @property
+    def tcp_addrs(self) -> list[str]:
+        """Where this runtime listens on TCP, one address per job it drives."""
+        return list(self._tcp_listeners.values())
+
     def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
                    job: Credentials) -> str:
         """Listen on TCP too, for the processes of ``job`` (a connection there
@@ -747,7 +752,7 @@ class Runtime:
         match msg:
             case Call():
                 try:
-                    self._admit(conn, msg, bufs)
+                    self.admit(conn, msg, bufs)
                 except Exception as e:  # a bug here: the caller hears of it, not a hang
                     log.exception("meshio: admitting a call of %s.%s from %s failed",
                                   msg.target, msg.method, conn.peer or "unidentified peer")
@@ -755,7 +760,7 @@ class Runtime:
                         "protocol", "ProtocolError", _internal(self, "call", e))))
             case Fanout():
                 try:
-                    relay(self, conn, msg, bufs, self._admit)
+                    relay(self, conn, msg, bufs, self.admit)
                 except Exception as e:  # a bug here: its callers hear of it, not a hang
                     log.exception("meshio: relaying a tree call of %s.%s from %s failed",
                                   msg.target, msg.method, conn.peer or "unidentified peer")
@@ -854,7 +859,7 @@ class Runtime:
             return
         self.handlers[type(msg)](self, conn, msg, bufs)
 
-    def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+    def admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         """Hand a call to the actor it is for; a numbered one (``Call.seq``)
         in its order."""
         if msg.seq:

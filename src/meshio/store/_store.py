@@ -721,9 +721,9 @@ class _Pull:
         #: bytes pulled from the start on, and an event set when that grows
         self.pulled = 0
         self.grew = asyncio.Event()
-        self.task = runtime().tasks.start(self._run(store, relay))
+        self.task = runtime().tasks.start(self.run(store, relay))
 
-    async def _run(self, store: WeightStore, relay: _Owner) -> None:
+    async def run(self, store: WeightStore, relay: _Owner) -> None:
         starts = range(0, self.size, _PIECE)
         done = [False] * len(starts)
         window = asyncio.Semaphore(_PIECES)

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from .._actor import Actor
 from .._actor_mesh import ActorMesh
+from .._proc_mesh import ProcMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime, sockaddr
+from ..jobs._job import ProcessJob
+from ..jobs._slurm import SlurmJob
 
-__all__ = ("child_pids", "open_job_connection", "wait_exited")
+__all__ = ("WorkerProcess", "actor_target", "child_pids", "cut_connection", "forged_mesh",
+           "job_record", "open_job_connection", "proc_mesh", "process_address", "wait_exited",
+           "worker_processes")
+
+A = TypeVar("A", bound=Actor)
 
 
 def process_address(mesh: Actor | ActorMesh[Any], index: int = 0) -> str:
@@ -29,6 +37,71 @@ def actor_target(mesh: Actor | ActorMesh[Any]) -> str:
     if not isinstance(mesh, ActorMesh):
         raise TypeError(f"actor_target: an actor mesh, got {type(mesh).__name__}")
     return mesh._target
+
+
+def forged_mesh(mesh: Actor | ActorMesh[Any], cls: type[A], *, target: str | None = None,
+                addrs: Sequence[str] | None = None) -> ActorMesh[A]:
+    """A reference shaped as ``mesh`` that names another class (``cls``),
+    other actors (``target``, see :func:`actor_target`) or other processes
+    (``addrs``, one per rank of the proc mesh): what a stale, mistaken or
+    hostile reference looks like to the processes it reaches."""
+    if not isinstance(mesh, ActorMesh):
+        raise TypeError(f"forged_mesh: an actor mesh, got {type(mesh).__name__}")
+    return ActorMesh(mesh._target if target is None else target, mesh._name, cls,
+                     mesh._region, list(mesh._addrs if addrs is None else addrs))
+
+
+def proc_mesh(mesh: Actor | ActorMesh[Any]) -> ProcMesh:
+    """The proc mesh the actors of ``mesh`` were spawned on.
+
+    Raises:
+        ValueError: ``mesh`` is a reference received from another process
+            (it knows its actors, not their proc mesh).
+    """
+    if not isinstance(mesh, ActorMesh):
+        raise TypeError(f"proc_mesh: an actor mesh, got {type(mesh).__name__}")
+    if mesh._procs is None:
+        raise ValueError(f"proc_mesh: {mesh._name!r} is a reference received from another "
+                         "process; its proc mesh is known where it was spawned")
+    return mesh._procs
+
+
+class WorkerProcess(Protocol):
+    """A worker process as its launcher started it."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it exited (negative: the signal), else None."""
+        ...
+
+
+def worker_processes(procs: ProcMesh) -> list[WorkerProcess]:
+    """The current process of each rank of ``procs`` (rank order): a test
+    keeps them to see how each exited (the runtime reaps its workers, so
+    ``os.waitpid`` cannot)."""
+    return [w.handle for w in sorted(procs._state.workers, key=lambda w: w.rank)]
+
+
+def cut_connection(procs: ProcMesh, rank: int) -> None:
+    """Abort this process's connection to the worker at ``rank`` of
+    ``procs`` (a network fault: the worker lives on)."""
+    conn = next(w for w in procs._state.workers if w.rank == rank).conn
+    if conn is None:
+        raise ValueError(f"cut_connection: rank {rank} of proc mesh {procs._state.name!r} "
+                         "has no connection (not started, or down)")
+    conn.abort()
+
+
+def job_record(job: ProcessJob | SlurmJob) -> dict[str, Any] | None:
+    """The record of ``job`` as its cache holds it (None until it started):
+    per host mesh, each host's agent (``node``, ``pid``, ``addr``), and
+    ``extra`` (a Slurm job's further allocations): what a test that takes
+    down an agent or a node needs."""
+    return job._entry
 
 
 def child_pids() -> set[int]:
