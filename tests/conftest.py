@@ -6,6 +6,7 @@ an fd behind, and each test loop's runtime is closed after it."""
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 import meshio
 from log_watch import LogWatch
+from meshio._transport._serial import limits
 from meshio.jobs._job import write_secret
 from netns_hosts import Host, netns_hosts
 
@@ -56,3 +58,20 @@ def hosts(secret_file: Path) -> Iterator[list[Host]]:
     """Two network-namespace hosts (tests/netns_hosts.py), an agent on each."""
     with netns_hosts(2, secret_file) as h:
         yield h
+
+
+@pytest.fixture(scope="module")
+def width() -> Iterator[int]:
+    """A fan-out width of 2 for the module's meshes spanning hosts: over 3
+    hosts or more, relays send calls on to sub-ranges (a tree of depth 2+)."""
+    env = os.environ.get("MESHIO_FANOUT_WIDTH")
+    before = limits.fanout_width
+    meshio.set_limits(fanout_width=2)
+    try:
+        yield 2
+    finally:
+        limits.fanout_width = before
+        if env is None:
+            del os.environ["MESHIO_FANOUT_WIDTH"]
+        else:
+            os.environ["MESHIO_FANOUT_WIDTH"] = env

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +21,11 @@ import pytest
 
 import meshio
 from meshio import Overloaded
-from meshio._transport._serial import limits
 from meshio.jobs import ProcessJob
 from test_backpressure import GUARD, Slow
 
 HOSTS = 3
 BOUND = 4
-
-
-@pytest.fixture(scope="module")
-def width() -> Iterator[int]:
-    before = limits.fanout_width
-    env = os.environ.get("MESHIO_FANOUT_WIDTH")
-    meshio.set_limits(fanout_width=2)
-    try:
-        yield 2
-    finally:
-        limits.fanout_width = before
-        if env is None:
-            os.environ.pop("MESHIO_FANOUT_WIDTH", None)
-        else:
-            os.environ["MESHIO_FANOUT_WIDTH"] = env
 
 
 @pytest.fixture

@@ -9,19 +9,17 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-import meshio
 from meshio import Actor, ActorError, ProtocolError, SupervisionError, context, endpoint
 from meshio._transport._connection import Connection, Pending
 from meshio._transport._messages import Answers, Call, Fanout, Reply, decode_message
 from meshio._transport._runtime import runtime
-from meshio._transport._serial import limits
 from meshio.jobs import ProcessJob
 
 HOSTS = 5
@@ -75,23 +73,6 @@ class Node(Actor):
     @endpoint(concurrent=True)
     async def wait_started(self) -> None:
         await self.started.wait()
-
-
-@pytest.fixture(scope="module")
-def width() -> Iterator[int]:
-    """A width of 2 over 5 hosts: the controller sends 2 messages, relays
-    send on to sub-ranges (a tree of depth 3)."""
-    env = os.environ.get("MESHIO_FANOUT_WIDTH")
-    before = limits.fanout_width
-    meshio.set_limits(fanout_width=2)
-    try:
-        yield 2
-    finally:
-        limits.fanout_width = before
-        if env is None:
-            del os.environ["MESHIO_FANOUT_WIDTH"]
-        else:
-            os.environ["MESHIO_FANOUT_WIDTH"] = env
 
 
 @pytest.fixture
