@@ -29,14 +29,16 @@ import pytest_asyncio
 
 import meshio
 import meshio._transport._runtime
+import meshio._transport._sockets
 from log_watch import LogWatch
 from meshio import Actor, ActorMesh, AuthenticationError, SupervisionError, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._connection import Pending
 from meshio._transport._frames import frame_header
 from meshio._transport._handshake import CHALLENGE_SIZE, HELLO_SIZE, MAGIC, Handshake
-from meshio._transport._runtime import Runtime, runtime, sockaddr
+from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import dumps
+from meshio._transport._sockets import sockaddr
 from meshio.testing import actor_target, forged_mesh, proc_mesh, process_address
 from meshio.testing._helpers import open_job_connection, wait_exited
 
@@ -367,7 +369,7 @@ async def test_dial_retries_a_full_backlog(monkeypatch: pytest.MonkeyPatch) -> N
     retries until the listener accepts, instead of failing the call as "the
     process is gone"."""
     rt = runtime()
-    monkeypatch.setattr(meshio._transport._runtime, "LISTEN_BACKLOG", 1)
+    monkeypatch.setattr(meshio._transport._sockets, "LISTEN_BACKLOG", 1)
     busy = Runtime(rt.loop, f"{rt.namespace}/busy", secret=rt.secret)
     fillers = []
     try:
@@ -394,7 +396,7 @@ async def test_slow_or_full_connects_say_so(monkeypatch: pytest.MonkeyPatch,
     answers the handshake, is "timed out connecting ... (process busy or
     stopped?)", not "the process is gone"."""
     rt = runtime()
-    monkeypatch.setattr(meshio._transport._runtime, "CONNECT_TIMEOUT", 0.3)
+    monkeypatch.setattr(meshio._transport._sockets, "CONNECT_TIMEOUT", 0.3)
     full = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     full_addr = f"@meshio-full-{secrets.token_hex(4)}/w"
     full.bind(sockaddr(full_addr))

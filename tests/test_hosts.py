@@ -179,7 +179,7 @@ from meshio.jobs import TLSConfig
 async def main(d: Path, n: int) -> None:
     tls = TLSConfig(d / "job.pem", d / "job.pem", d / "job-ca.pem")
     secret = b"s" * 32
-    addr = runtime().listen_tcp("127.0.0.1", 0, advertise="127.0.0.1",
+    addr = runtime().sockets.listen_tcp("127.0.0.1", 0, advertise="127.0.0.1",
                                 job=Credentials(secret, tls))
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
     ctx = tls.client_context()

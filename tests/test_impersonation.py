@@ -210,7 +210,7 @@ async def test_relayed_handshake_over_tcp_is_refused(tmp_path: Path) -> None:
             assert all(process_address(mesh, i).startswith("tcp://127.0.0.1:")
                        for i in range(len(mesh)))
             # the controller's one TCP listener, for this job's processes
-            [controller] = runtime().tcp_addrs
+            [controller] = runtime().sockets.tcp_addrs
             await relay_is_refused(mesh, pm.pids, controller, tmp_path,
                                    user=65534 if os.getuid() == 0 else None)
     finally:

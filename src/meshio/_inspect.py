@@ -91,7 +91,7 @@ class Inspection:
         #: answers under way (cancelled when the runtime closes)
         self.tasks = TaskOwner("the inspection server", rt.loop)
         secret = new_secret()
-        addr = rt.listen_inspection(secret)
+        addr = rt.sockets.listen_inspection(secret)
         #: how an inspection client reaches this controller (its own
         #: terminal's ``meshio debug`` too: :mod:`meshio._debug`)
         self.controller = Controller(os.getpid(), addr, secret, sys.argv, time.time())

@@ -540,7 +540,7 @@ class LocalLauncher:
 
     def reach(self, secret: bytes) -> tuple[Credentials, str]:
         job = Credentials(secret)
-        return job, runtime().listen_job(job)
+        return job, runtime().sockets.listen_job(job)
 
     async def adopt(self, worker: str, pid: int, label: str) -> AdoptedProc:
         return AdoptedProc(pid, self.host, asyncio.get_running_loop())

@@ -45,14 +45,9 @@ from ._transport._messages import (
     SpawnActor,
     Stalled,
 )
-from ._transport._runtime import (
-    Runtime,
-    print_fault,
-    register_handler,
-    runtime,
-    tcp_endpoint,
-)
+from ._transport._runtime import Runtime, print_fault, register_handler, runtime
 from ._transport._serial import Buffers, dumps
+from ._transport._sockets import tcp_endpoint
 from ._transport._tasks import awaited
 from .endpoints._endpoint import combine_failures, rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
@@ -295,7 +290,7 @@ class ProcState:
         self.controller: str = self.rt.addr
         if adopt is not None:
             self.secret = bytes.fromhex(adopt.secret)
-            self.controller = self.rt.listen_job(Credentials(self.secret))  # (this host's)
+            self.controller = self.rt.sockets.listen_job(Credentials(self.secret))  # (this host's)
         elif keep_alive is not None:
             claim(name, self.id)
         self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock

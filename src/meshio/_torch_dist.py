@@ -15,7 +15,7 @@ from ._constants import SIOCGIFADDR
 from ._exceptions import SupervisionError
 from ._extent import Extent, Point, Region
 from ._proc_mesh import ProcMesh
-from ._transport._runtime import tcp_endpoint
+from ._transport._sockets import tcp_endpoint
 from .endpoints._endpoint import endpoint
 
 __all__ = ("setup_torch_distributed",)

@@ -18,9 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ("MemoryTransport", "memory_pipe")
+from ._connection import Connection
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ("MemoryBackend", "MemoryTransport", "memory_pipe")
 
 
 class MemoryTransport(asyncio.Transport):
@@ -155,3 +160,25 @@ def memory_pipe(loop: asyncio.AbstractEventLoop,
     ta.peer, tb.peer = tb, ta
     b_context.run(b.connection_made, tb)
     a_context.run(a.connection_made, ta)
+
+
+class MemoryBackend:
+    """A runtime's way to the in-process runtimes on its loop (the
+    :class:`~._sockets.Backend` interface, as its sockets): a dialled
+    connection is joined at once to a new one at the peer."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def dial(self, conn: Connection, addr: str) -> None:
+        rt, peer = self.rt, self.rt.in_memory(addr)
+        assert peer is not None
+        accepted = Connection(peer, None)
+        peer.all_conns.add(accepted)
+        memory_pipe(rt.loop, conn, rt.context, rt.addr, accepted, peer.context, addr)
+
+    async def dialled(self, conn: Connection) -> None:
+        pass  # (up at once)
+
+    def close(self) -> None:
+        pass  # (its connections are the runtime's: closed with it)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import logging
 import os
 import secrets
@@ -17,7 +16,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from .._exceptions import (
     AuthenticationError,
@@ -30,8 +29,8 @@ from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
 from ._credit import credit, took, windows_lost
 from ._fanout import FanoutState, Order, refuse, relay
-from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, new_secret, tcp_address
-from ._memory import memory_pipe
+from ._handshake import new_secret, tcp_address
+from ._memory import MemoryBackend
 from ._messages import (
     Call,
     Cancel,
@@ -54,6 +53,7 @@ from ._messages import (
 )
 from ._roles import Incarnation, Watch
 from ._serial import Buffers
+from ._sockets import SocketBackend, feed, tcp_endpoint, tcp_listener, unix_listener
 from ._tasks import TaskOwner
 from ._tls import TLSConfig
 
@@ -150,65 +150,6 @@ def _quiet_when_abandoned(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
-#: listen backlog of every runtime (the kernel caps it at net.core.somaxconn)
-LISTEN_BACKLOG: Final = 4096
-#: seconds a dialler gives a peer to accept and complete the handshake
-CONNECT_TIMEOUT = 60.0
-
-
-def sockaddr(addr: str) -> str:
-    """The socket address of a meshio Unix address: ``@name`` is the Linux
-    abstract socket ``\\0name`` (no file), anything else a path."""
-    return "\0" + addr[1:] if addr.startswith("@") else addr
-
-
-def tcp_endpoint(addr: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a ``tcp://HOST:PORT`` address (``[v6]`` for IPv6
-    hosts); None for a Unix address.
-
-    Raises:
-        ValueError: a ``tcp://`` address without a valid port.
-    """
-    if not addr.startswith("tcp://"):
-        return None
-    host, sep, port = addr[len("tcp://"):].rpartition(":")
-    if not sep or not port.isdigit() or not host or int(port) > 65535:
-        raise ValueError(f"bad meshio TCP address {addr!r}: expected tcp://HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def _listen_unix(addr: str) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(sockaddr(addr))
-        sock.listen(LISTEN_BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
-def _listen_tcp(host: str, port: int) -> socket.socket:
-    sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG,
-                                family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setblocking(False)
-    return sock
-
-
-def _feed(conn: Connection, transport: asyncio.Transport, data: bytes) -> None:
-    """Give ``conn`` bytes read before it was installed, as the transport would."""
-    view = memoryview(data)
-    while view and not transport.is_closing():
-        buf = conn.get_buffer(len(view))
-        n = min(len(buf), len(view))
-        if not n:
-            raise RuntimeError("get_buffer() returned an empty buffer")
-        buf[:n] = view[:n]
-        conn.buffer_updated(n)
-        view = view[n:]
-
-
 _M = TypeVar("_M", bound=_Msg)
 #: what a layer above the transport registers to handle one kind of message
 Handler = Callable[["Runtime", Connection, Any, Buffers], None]
@@ -291,7 +232,7 @@ class Runtime:
     A ``tcp://HOST:PORT`` address listens on TCP instead (port 0: any),
     named by ``advertise`` (how other hosts reach it) when ``HOST`` is
     ``0.0.0.0``; ``tls`` then applies to every connection.  A controller
-    listens on TCP once per job it drives (:meth:`listen_tcp`), and a TCP
+    listens on TCP once per job it drives (:meth:`SocketBackend.listen_tcp`), and a TCP
     connection proves the :class:`~._credentials.Credentials` of the job of
     the process at its other end (:attr:`peer_jobs`).
 
@@ -337,26 +278,21 @@ class Runtime:
         #: what this runtime's TCP connections prove, but for those to the
         #: processes of another job (:attr:`peer_jobs`): its own secret, and ``tls``
         self.tcp: Credentials = Credentials(self.secret, tls)
-        #: controller side: the ``tcp://`` address it listens at for each job
-        #: it drives (:meth:`listen_tcp`)
-        self._tcp_listeners: dict[Credentials, str] = {}
-        #: controller side: the Unix name it listens at for each kept-alive
-        #: proc mesh of another job it re-attached to (:meth:`listen_job`)
-        self._job_listeners: dict[Credentials, str] = {}
         #: by address, the job of the process there when it is not this
         #: runtime's own (learned from its ``Hello``, or told by a controller
         #: re-attaching to a kept-alive proc mesh; what dialling it proves)
         self.peer_jobs: dict[str, Credentials] = {}
-        self._socks: list[socket.socket] = []
         #: its tasks: serving each listener, TLS handshakes, dialling, and
         #: what the layers start on its behalf (cancelled by :meth:`close`)
         self.tasks: TaskOwner = TaskOwner(f"the runtime at {addr}", self.loop)
-        self._servers: list[asyncio.Server] = []
-        #: connections being dialled → done once dialling ended (:meth:`dialled`)
-        self._dialling: dict[Connection, asyncio.Task[None]] = {}
+        #: how it reaches peers and is reached: its sockets (listeners and
+        #: dialler), and memory for the in-process runtimes on its loop
+        self.sockets: SocketBackend = SocketBackend(self)
+        self.memory: MemoryBackend = MemoryBackend(self)
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
-            addr = self._listen(_listen_tcp(*endpoint), advertise or endpoint[0], self.tcp)
+            addr = self.sockets.listen(tcp_listener(*endpoint), advertise or endpoint[0],
+                                       self.tcp)
         #: prefix of this job's socket names (``@meshio-<random>``)
         self.namespace: str = (addr.rpartition("/")[0] if endpoint is None
                                else f"@meshio-{secrets.token_hex(8)}")
@@ -369,13 +305,12 @@ class Runtime:
         self.routes: dict[str, str] = {} if name is None else {name: addr}
         #: a runtime's own address → the other one this runtime dialled it
         #: at, over whose connection it is reached (a controller's Unix name
-        #: → its TCP listener, told on connecting: see :meth:`_accept`)
+        #: → its TCP listener, told on connecting: see :meth:`accept`)
         self.aliases: dict[str, str] = {}
         #: Unix address → the pid of the process listening there, where known
         #: (the controller's own workers): a dial finding another one is refused
         self.pids: dict[str, int] = {}
-        self._handshakes: set[HandshakeProtocol] = set()
-        self._closed = False
+        self.closed = False
         self.conns: dict[str, Connection] = {}
         self.all_conns: weakref.WeakSet[Connection] = weakref.WeakSet()
         #: the actors of this process by target (actor cells add themselves)
@@ -399,154 +334,20 @@ class Runtime:
         self._states: dict[Callable[[Runtime], RuntimeState], RuntimeState] = {}
         #: worker side: the controller's address (faults are reported there)
         self.controller: str | None = None
-        #: what an inspection client proves (:meth:`listen_inspection`), and
+        #: what an inspection client proves (:meth:`SocketBackend.listen_inspection`), and
         #: where it reaches this runtime; None: nowhere
         self.inspection: Credentials | None = None
         self.inspection_addr: str | None = None
         if not in_process and endpoint is None:
-            self._listen(_listen_unix(addr), "", None)
+            self.sockets.listen(unix_listener(addr), "", None)
         _local[self.addr] = self
 
-    def listen_inspection(self, secret: bytes) -> str:
-        """Listen for inspection clients (``meshio stacks``) too, at a Unix
-        name of their own, returned: a connection there proves ``secret``
-        (not the job's, which it never learns) and may send only the
-        messages registered with ``inspection=True``; any other drops it,
-        and its ``Hello`` is ignored (it is nobody's address).  Once per
-        runtime: a second call returns the same address.
-
-        Raises:
-            ClosedResourceError: the runtime is closed.
-        """
-        if self.inspection_addr is not None:
-            return self.inspection_addr
-        if self._closed:
-            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
-        addr = f"{self.namespace}/inspect"
-        sock = _listen_unix(addr)
-        self._socks.append(sock)
-        self.inspection = creds = Credentials(secret)
-        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, creds)))
-        self.inspection_addr = addr
-        return addr
-
-    @property
-    def tcp_addrs(self) -> list[str]:
-        """Where this runtime listens on TCP, one address per job it drives."""
-        return list(self._tcp_listeners.values())
-
-    def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
-                   job: Credentials) -> str:
-        """Listen on TCP too, for the processes of ``job`` (a connection there
-        proves its secret, under its TLS): a controller whose workers run on
-        other hosts.  Its ``tcp://`` address names the host ``advertise`` (how
-        those hosts reach this one).  One listener per job: a second call for
-        the same job returns the same address."""
-        addr = self._tcp_listeners.get(job)
-        if addr is not None:
-            return addr
-        if self._closed:
-            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
-        addr = self._tcp_listeners[job] = self._listen(_listen_tcp(bind, port), advertise, job)
-        return addr
-
-    def listen_job(self, job: Credentials) -> str:
-        """Listen on a Unix name of its own for the processes of ``job`` (a
-        connection there proves its secret): a controller that re-attached
-        to a kept-alive proc mesh started by another controller, whose
-        workers hold that controller's secret.  One listener per job: a
-        second call returns the same address.
-
-        Raises:
-            ClosedResourceError: the runtime is closed.
-        """
-        addr = self._job_listeners.get(job)
-        if addr is not None:
-            return addr
-        if self._closed:
-            raise ClosedResourceError(f"meshio runtime at {self.addr} is closed")
-        addr = f"{self.namespace}/job-{secrets.token_hex(4)}"
-        sock = _listen_unix(addr)
-        self._socks.append(sock)
-        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job)))
-        self._job_listeners[job] = addr
-        return addr
-
-    def _listen(self, sock: socket.socket, advertise: str, job: Credentials | None) -> str:
-        """Serve connections on the listening ``sock``: Unix (``job`` None),
-        or TCP for the processes of ``job``, its address as ``advertise``
-        names the host."""
-        self._socks.append(sock)
-        if job is None:
-            self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, self.addr,
-                                                                 None)))
-            return self.addr
-        addr = tcp_address(advertise, sock.getsockname()[1])
-        self.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job))
-                         if job.server_context is None else self._serve_tls(sock, addr, job))
-        return addr
-
-    async def _serve(self, sock: socket.socket,
-                     factory: Callable[[], asyncio.BaseProtocol]) -> None:
-        if sock.family == socket.AF_UNIX:
-            server = await self.loop.create_unix_server(factory, sock=sock,
-                                                        backlog=LISTEN_BACKLOG)
-        else:
-            server = await self.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
-        self._servers.append(server)
-
-    async def _serve_tls(self, sock: socket.socket, addr: str, job: Credentials) -> None:
-        """Accept TCP connections on ``sock`` and run TLS on each from its
-        first byte (``connect_accepted_socket``; uvloop's ``start_tls`` after
-        an accept sometimes lost the first bytes and stalled the handshake)."""
-        sock.setblocking(False)
-        while True:
-            conn, peer = await self.loop.sock_accept(sock)
-            self.tasks.start(self._accept_tls(conn, peer, addr, job))
-
-    async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
-                          job: Credentials) -> None:
-        """The server side of TLS on an accepted connection, then the job
-        handshake.  A peer that fails TLS (plain text, no or a foreign
-        certificate, silence) is logged with its address and dropped;
-        nothing of it is read."""
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hs = self._handshake_in(addr, job)
-        hs.peername = peer
-        try:
-            await self.loop.connect_accepted_socket(
-                lambda: hs, conn, ssl=job.server_context,
-                ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-        except (TimeoutError, OSError) as e:
-            conn.close()
-            hs.fail(AuthenticationError(f"TLS failed: {str(e) or type(e).__name__}"))  # logged
-        except BaseException:
-            conn.close()
-            self._handshakes.discard(hs)
-            raise
-
-    def _handshake_in(self, addr: str, job: Credentials | None) -> HandshakeProtocol:
-        """A new incoming connection at this runtime's address ``addr`` (on
-        TCP, for the processes of ``job``): the handshake first, then a
-        Connection."""
-        def done(transport: asyncio.Transport, leftover: bytes) -> None:
-            self._handshakes.discard(hs)
-            self._accept(transport, leftover, hs.creds, job, addr)
-
-        def fail(error: Exception) -> None:
-            self._handshakes.discard(hs)
-            if not self._closed:
-                log.warning("meshio: refused a connection to %s from %s: %s", addr,
-                            hs.describe(), error)
-
-        hs = HandshakeProtocol(self.secret if job is None else job.secret, dialler=False,
-                               timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail)
-        self._handshakes.add(hs)
-        return hs
-
-    def _accept(self, transport: asyncio.Transport, leftover: bytes,
+    def accept(self, transport: asyncio.Transport, leftover: bytes,
                 creds: tuple[int, int, int] | None, job: Credentials | None,
                 addr: str) -> None:
+        """A connection at this runtime's address ``addr`` passed the
+        handshake (on TCP, for the processes of ``job``): a Connection
+        takes over its transport (``leftover``: bytes read already)."""
         conn = Connection(self, None)
         conn.job = job
         if creds is not None:
@@ -560,7 +361,8 @@ class Runtime:
             # carry (a weight store's, an RDMA buffer's), which it then
             # reaches through ``addr`` (:attr:`aliases`)
             conn.send_message(Hello(self.addr, os.getpid(), self.worker))
-        _feed(conn, transport, leftover)
+        feed(conn, transport, leftover)
+
 
     # ------------------------------------------------------------ peers
 
@@ -588,136 +390,16 @@ class Runtime:
                                              else None)
         self.conns[addr] = conn
         self.all_conns.add(conn)
-        peer = _local.get(addr)
-        if peer is not None and (peer.in_process or self.in_process) and peer.loop is self.loop:
-            accepted = Connection(peer, None)
-            peer.all_conns.add(accepted)
-            memory_pipe(self.loop, conn, self.context, self.addr,
-                        accepted, peer.context, addr)
-        else:
-            task = self._dialling[conn] = self.tasks.start(self._dial(conn, addr))
-            task.add_done_callback(lambda _: self._dialling.pop(conn, None))
+        (self.sockets if self.in_memory(addr) is None else self.memory).dial(conn, addr)
         return conn
 
-    async def dialled(self, conn: Connection) -> None:
-        """Return once dialling ``conn`` (:meth:`connect`) has ended: it is
-        up, or it failed, and its calls with it."""
-        task = self._dialling.get(conn)
-        if task is not None:
-            await asyncio.shield(task)
-
-    async def _dial(self, conn: Connection, addr: str) -> None:
-        """Connect to ``addr``, prove both sides, then hand over to ``conn``
-        (which sends what was queued meanwhile); on failure its calls fail
-        with what happened."""
-        loop = self.loop
-        deadline = loop.time() + CONNECT_TIMEOUT
-        proven: asyncio.Future[None] = loop.create_future()
-
-        def done(transport: asyncio.Transport, leftover: bytes) -> None:
-            self._handshakes.discard(hs)
-            proven.set_result(None)
-            transport.set_protocol(conn)
-            conn.connection_made(transport)
-            _feed(conn, transport, leftover)
-
-        def fail(error: Exception) -> None:
-            self._handshakes.discard(hs)
-            if not proven.done():
-                proven.set_exception(error)
-
-        try:
-            target = self.routes.get(addr, addr)
-            endpoint = tcp_endpoint(target)
-            sock = await (self._connect(target, deadline) if endpoint is None
-                          else self._connect_tcp(endpoint, deadline))
-            job = conn.job or self.tcp
-            hs = HandshakeProtocol(job.secret,
-                                   dialler=True, timeout=max(deadline - loop.time(), 0.0),
-                                   on_done=done, on_fail=fail, pid=self.pids.get(target))
-            self._handshakes.add(hs)
-            tls = None if endpoint is None else job.client_context
-            try:
-                if endpoint is None:
-                    await loop.create_unix_connection(lambda: hs, sock=sock)
-                else:
-                    await loop.create_connection(
-                        lambda: hs, sock=sock, ssl=tls,
-                        server_hostname=endpoint[0] if tls is not None else None,
-                        ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
-                                               if tls is not None else None))
-            except BaseException as e:  # before the handshake began: it never ends
-                self._handshakes.discard(hs)
-                if tls is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
-                    raise ConnectionError(  # connected: only TLS could fail
-                        f"TLS failed: {str(e) or type(e).__name__} (is the peer a process of a job "
-                        "with other TLS settings, or none?)") from e
-                raise
-            await proven
-        except (OSError, AuthenticationError) as e:
-            if self.conns.get(addr) is conn:
-                del self.conns[addr]
-            conn.closed = True
-            conn._backlog = None
-            dead = self.dead.get(addr)
-            conn.fail_all(dead or self._dial_error(addr, e))
-
-    async def _connect(self, addr: str, deadline: float) -> socket.socket:
-        """A socket connected to ``addr``; a full listen backlog (``EAGAIN``:
-        the peer is busy) is retried with backoff until ``deadline``."""
-        delay = 0.001
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:  # a Unix connect completes or fails at once, never "in progress"
-                sock.connect(sockaddr(addr))
-                return sock
-            except BlockingIOError:
-                sock.close()
-                if self.loop.time() + delay > deadline:
-                    raise TimeoutError(f"its listen backlog stayed full for "
-                                       f"{CONNECT_TIMEOUT:g}s") from None
-            except BaseException:
-                sock.close()
-                raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.1)
-
-    async def _connect_tcp(self, endpoint: tuple[str, int], deadline: float) -> socket.socket:
-        """A TCP socket connected to ``endpoint`` (no delay: small frames go at once)."""
-        host, port = endpoint
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
-                             socket.SOCK_STREAM)
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            await asyncio.wait_for(self.loop.sock_connect(sock, (host, port)),
-                                   max(deadline - self.loop.time(), 0.001))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    def _dial_error(self, addr: str, e: Exception) -> Callable[[Pending], MeshioError]:
-        """What callers get when dialling ``addr`` failed with ``e``."""
-        def error(p: Pending) -> MeshioError:
-            if isinstance(e, AuthenticationError):
-                return AuthenticationError(
-                    f"{p.mesh} {p.point}: the process at {addr} failed authentication ({e}); "
-                    "it is not a process of this job")
-            if isinstance(e, TimeoutError):
-                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: {e} "
-                              "(process busy or stopped?)", "connect timed out")
-            elif isinstance(e, (ConnectionRefusedError, FileNotFoundError)):
-                why, cause = (f"cannot reach {p.mesh} {p.point} at {addr}: "
-                              f"{e.strerror or e} (the process is gone or was never started)",
-                              "connection refused")
-            else:
-                why, cause = (f"cannot connect to {p.mesh} {p.point} at {addr}: {e}",
-                              "connect failed")
-            return SupervisionError(why, actor=p.mesh, rank=p.rank, host=self.host,
-                                    cause=cause)
-        return error
+    def in_memory(self, addr: str) -> Runtime | None:
+        """The runtime at ``addr`` when this one reaches it in memory (one
+        of them in-process, both on this loop), else None."""
+        peer = _local.get(addr)
+        if peer is not None and (peer.in_process or self.in_process) and peer.loop is self.loop:
+            return peer
+        return None
 
     def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
         if conn.peer is not None and self.conns.get(conn.peer) is conn:
@@ -848,7 +530,7 @@ class Runtime:
                     registered(self, conn, msg, bufs)
 
     def _inspected(self, conn: Connection, msg: Message, bufs: Buffers) -> None:
-        """A message from an inspection client (:meth:`listen_inspection`)."""
+        """A message from an inspection client (:meth:`SocketBackend.listen_inspection`)."""
         if type(msg) is Hello:
             return
         if type(msg) not in self.for_inspection:
@@ -906,7 +588,7 @@ class Runtime:
         """
         st = self._states.get(make)
         if st is None:
-            if self._closed:
+            if self.closed:
                 raise ClosedResourceError(
                     f"meshio runtime at {self.addr} is closed (its loop's meshio.run "
                     f"returned); {getattr(make, '__qualname__', make)} cannot start on it")
@@ -921,18 +603,14 @@ class Runtime:
         """Stop listening, drop every connection and close the layers' state
         (the end of this loop's runtime; workers still attached exit when
         their connection drops)."""
-        self._closed = True
+        self.closed = True
         if _local.get(self.addr) is self:
             del _local[self.addr]
         self.tasks.cancel()
-        for server in self._servers:
-            server.close()
-        for hs in list(self._handshakes):
-            hs.fail(ConnectionAbortedError(f"meshio runtime at {self.addr} closed"))
+        self.sockets.close()
+        self.memory.close()
         for conn in list(self.all_conns):
             conn.abort()
-        for sock in self._socks:
-            sock.close()
         for st in reversed(list(self._states.values())):
             try:
                 st.close()

@@ -50,8 +50,9 @@ from .._transport._messages import (
     WorkerExited,
     WorkerOutput,
 )
-from .._transport._runtime import Runtime, register_handler, tcp_address, tcp_endpoint
+from .._transport._runtime import Runtime, register_handler, tcp_address
 from .._transport._serial import Buffers
+from .._transport._sockets import tcp_endpoint
 from .._transport._tls import TLSConfig
 from ._remote import read_secret_file
 

@@ -48,8 +48,9 @@ from .._transport._messages import (
     WorkerExited,
     WorkerOutput,
 )
-from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime, tcp_endpoint
+from .._transport._runtime import Runtime, RuntimeState, register_handler, runtime
 from .._transport._serial import Buffers
+from .._transport._sockets import tcp_endpoint
 from .._transport._tls import TLSConfig
 
 __all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret_file", "route_to")
@@ -257,10 +258,10 @@ class RemoteLauncher:
         fut: asyncio.Future[int] = rt.loop.create_future()
         req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
                                     spec.label or spec.worker))
-        await rt.dialled(conn)
+        await rt.sockets.dialled(conn)
         if not fut.done():  # the agent proved the job's credentials: serve its workers
             rt.on_lost.setdefault(self.agent, self._agent_lost)
-            controller = rt.listen_tcp(advertise=route_to(self.host), job=self._job)
+            controller = rt.sockets.listen_tcp(advertise=route_to(self.host), job=self._job)
             # the controller's import path goes first (a shared filesystem has it)
             env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
             conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
@@ -283,7 +284,7 @@ class RemoteLauncher:
     def reach(self, secret: bytes) -> tuple[Credentials, str]:
         # (its workers prove the job's credentials, whoever spawned them:
         # a mesh of another job fails the handshake)
-        addr = runtime().listen_tcp(advertise=route_to(self.host), job=self._job)
+        addr = runtime().sockets.listen_tcp(advertise=route_to(self.host), job=self._job)
         return self._job, addr
 
     async def adopt(self, worker: str, pid: int, label: str) -> RemoteProc:

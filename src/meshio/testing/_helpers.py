@@ -12,7 +12,8 @@ from .._actor import Actor
 from .._actor_mesh import ActorMesh
 from .._proc_mesh import ProcMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
-from .._transport._runtime import runtime, sockaddr
+from .._transport._runtime import runtime
+from .._transport._sockets import sockaddr
 from ..jobs._job import ProcessJob
 from ..jobs._slurm import SlurmJob
 

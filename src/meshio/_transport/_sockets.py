@@ -1,0 +1,394 @@
+"""The socket backend of a runtime: its listeners (a Unix name; TCP, with
+TLS, per job it drives; the inspection listener) and its dialler, each
+connection past the job handshake (:mod:`._handshake`) before it is handed
+to the runtime.  The in-process transport's :class:`~._memory.MemoryBackend`
+implements the same :class:`Backend` interface for the runtimes of one
+process and loop."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from .._exceptions import AuthenticationError, ClosedResourceError, MeshioError, SupervisionError
+from ._connection import Connection, Pending
+from ._credentials import Credentials
+from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, tcp_address
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "SocketBackend", "feed", "sockaddr",
+           "tcp_endpoint", "tcp_listener", "unix_listener")
+
+log = logging.getLogger("meshio")
+
+
+#: listen backlog of every runtime (the kernel caps it at net.core.somaxconn)
+LISTEN_BACKLOG: Final = 4096
+#: seconds a dialler gives a peer to accept and complete the handshake
+CONNECT_TIMEOUT = 60.0
+
+
+def sockaddr(addr: str) -> str:
+    """The socket address of a meshio Unix address: ``@name`` is the Linux
+    abstract socket ``\\0name`` (no file), anything else a path."""
+    return "\0" + addr[1:] if addr.startswith("@") else addr
+
+
+def tcp_endpoint(addr: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://HOST:PORT`` address (``[v6]`` for IPv6
+    hosts); None for a Unix address.
+
+    Raises:
+        ValueError: a ``tcp://`` address without a valid port.
+    """
+    if not addr.startswith("tcp://"):
+        return None
+    host, sep, port = addr[len("tcp://"):].rpartition(":")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        raise ValueError(f"bad meshio TCP address {addr!r}: expected tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def unix_listener(addr: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(sockaddr(addr))
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def tcp_listener(host: str, port: int) -> socket.socket:
+    sock = socket.create_server((host, port), backlog=LISTEN_BACKLOG,
+                                family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setblocking(False)
+    return sock
+
+
+def feed(conn: Connection, transport: asyncio.Transport, data: bytes) -> None:
+    """Give ``conn`` bytes read before it was installed, as the transport would."""
+    view = memoryview(data)
+    while view and not transport.is_closing():
+        buf = conn.get_buffer(len(view))
+        n = min(len(buf), len(view))
+        if not n:
+            raise RuntimeError("get_buffer() returned an empty buffer")
+        buf[:n] = view[:n]
+        conn.buffer_updated(n)
+        view = view[n:]
+
+
+class Backend(Protocol):
+    """How a runtime connects to a peer: the sockets, or memory (the
+    in-process transport)."""
+
+    def dial(self, conn: Connection, addr: str) -> None:
+        """Connect ``conn`` (made by :meth:`Runtime.connect`) to ``addr``;
+        what it sends meanwhile is queued, and a failure fails its calls."""
+        ...
+
+    async def dialled(self, conn: Connection) -> None:
+        """Return once dialling ``conn`` has ended (up, or failed)."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening and dialling."""
+        ...
+
+
+class SocketBackend:
+    """A runtime's listeners and dialler on Unix and TCP sockets."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        #: controller side: the ``tcp://`` address it listens at for each job
+        #: it drives (:meth:`listen_tcp`)
+        self._tcp_listeners: dict[Credentials, str] = {}
+        #: controller side: the Unix name it listens at for each kept-alive
+        #: proc mesh of another job it re-attached to (:meth:`listen_job`)
+        self._job_listeners: dict[Credentials, str] = {}
+        self._socks: list[socket.socket] = []
+        self._servers: list[asyncio.Server] = []
+        self._handshakes: set[HandshakeProtocol] = set()
+        #: connections being dialled → done once dialling ended (:meth:`dialled`)
+        self._dialling: dict[Connection, asyncio.Task[None]] = {}
+
+    def dial(self, conn: Connection, addr: str) -> None:
+        task = self._dialling[conn] = self.rt.tasks.start(self._dial(conn, addr))
+        task.add_done_callback(lambda _: self._dialling.pop(conn, None))
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for hs in list(self._handshakes):
+            hs.fail(ConnectionAbortedError(f"meshio runtime at {self.rt.addr} closed"))
+        for sock in self._socks:
+            sock.close()
+
+    def listen_inspection(self, secret: bytes) -> str:
+        """Listen for inspection clients (``meshio stacks``) too, at a Unix
+        name of their own, returned: a connection there proves ``secret``
+        (not the job's, which it never learns) and may send only the
+        messages registered with ``inspection=True``; any other drops it,
+        and its ``Hello`` is ignored (it is nobody's address).  Once per
+        runtime: a second call returns the same address.
+
+        Raises:
+            ClosedResourceError: the runtime is closed.
+        """
+        if self.rt.inspection_addr is not None:
+            return self.rt.inspection_addr
+        if self.rt.closed:
+            raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
+        addr = f"{self.rt.namespace}/inspect"
+        sock = unix_listener(addr)
+        self._socks.append(sock)
+        self.rt.inspection = creds = Credentials(secret)
+        self.rt.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, creds)))
+        self.rt.inspection_addr = addr
+        return addr
+
+    @property
+    def tcp_addrs(self) -> list[str]:
+        """Where this runtime listens on TCP, one address per job it drives."""
+        return list(self._tcp_listeners.values())
+
+    def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
+                   job: Credentials) -> str:
+        """Listen on TCP too, for the processes of ``job`` (a connection there
+        proves its secret, under its TLS): a controller whose workers run on
+        other hosts.  Its ``tcp://`` address names the host ``advertise`` (how
+        those hosts reach this one).  One listener per job: a second call for
+        the same job returns the same address."""
+        addr = self._tcp_listeners.get(job)
+        if addr is not None:
+            return addr
+        if self.rt.closed:
+            raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
+        addr = self._tcp_listeners[job] = self.listen(tcp_listener(bind, port), advertise, job)
+        return addr
+
+    def listen_job(self, job: Credentials) -> str:
+        """Listen on a Unix name of its own for the processes of ``job`` (a
+        connection there proves its secret): a controller that re-attached
+        to a kept-alive proc mesh started by another controller, whose
+        workers hold that controller's secret.  One listener per job: a
+        second call returns the same address.
+
+        Raises:
+            ClosedResourceError: the runtime is closed.
+        """
+        addr = self._job_listeners.get(job)
+        if addr is not None:
+            return addr
+        if self.rt.closed:
+            raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
+        addr = f"{self.rt.namespace}/job-{secrets.token_hex(4)}"
+        sock = unix_listener(addr)
+        self._socks.append(sock)
+        self.rt.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job)))
+        self._job_listeners[job] = addr
+        return addr
+
+    def listen(self, sock: socket.socket, advertise: str, job: Credentials | None) -> str:
+        """Serve connections on the listening ``sock``: Unix (``job`` None),
+        or TCP for the processes of ``job``, its address as ``advertise``
+        names the host."""
+        self._socks.append(sock)
+        if job is None:
+            self.rt.tasks.start(self._serve(
+                sock, functools.partial(self._handshake_in, self.rt.addr, None)))
+            return self.rt.addr
+        addr = tcp_address(advertise, sock.getsockname()[1])
+        self.rt.tasks.start(self._serve(sock, functools.partial(self._handshake_in, addr, job))
+                         if job.server_context is None else self._serve_tls(sock, addr, job))
+        return addr
+
+    async def _serve(self, sock: socket.socket,
+                     factory: Callable[[], asyncio.BaseProtocol]) -> None:
+        if sock.family == socket.AF_UNIX:
+            server = await self.rt.loop.create_unix_server(factory, sock=sock,
+                                                        backlog=LISTEN_BACKLOG)
+        else:
+            server = await self.rt.loop.create_server(factory, sock=sock, backlog=LISTEN_BACKLOG)
+        self._servers.append(server)
+
+    async def _serve_tls(self, sock: socket.socket, addr: str, job: Credentials) -> None:
+        """Accept TCP connections on ``sock`` and run TLS on each from its
+        first byte (``connect_accepted_socket``; uvloop's ``start_tls`` after
+        an accept sometimes lost the first bytes and stalled the handshake)."""
+        sock.setblocking(False)
+        while True:
+            conn, peer = await self.rt.loop.sock_accept(sock)
+            self.rt.tasks.start(self._accept_tls(conn, peer, addr, job))
+
+    async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
+                          job: Credentials) -> None:
+        """The server side of TLS on an accepted connection, then the job
+        handshake.  A peer that fails TLS (plain text, no or a foreign
+        certificate, silence) is logged with its address and dropped;
+        nothing of it is read."""
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hs = self._handshake_in(addr, job)
+        hs.peername = peer
+        try:
+            await self.rt.loop.connect_accepted_socket(
+                lambda: hs, conn, ssl=job.server_context,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (TimeoutError, OSError) as e:
+            conn.close()
+            hs.fail(AuthenticationError(f"TLS failed: {str(e) or type(e).__name__}"))  # logged
+        except BaseException:
+            conn.close()
+            self._handshakes.discard(hs)
+            raise
+
+    def _handshake_in(self, addr: str, job: Credentials | None) -> HandshakeProtocol:
+        """A new incoming connection at this runtime's address ``addr`` (on
+        TCP, for the processes of ``job``): the handshake first, then a
+        Connection."""
+        def done(transport: asyncio.Transport, leftover: bytes) -> None:
+            self._handshakes.discard(hs)
+            self.rt.accept(transport, leftover, hs.creds, job, addr)
+
+        def fail(error: Exception) -> None:
+            self._handshakes.discard(hs)
+            if not self.rt.closed:
+                log.warning("meshio: refused a connection to %s from %s: %s", addr,
+                            hs.describe(), error)
+
+        hs = HandshakeProtocol(self.rt.secret if job is None else job.secret, dialler=False,
+                               timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail)
+        self._handshakes.add(hs)
+        return hs
+
+    async def dialled(self, conn: Connection) -> None:
+        """Return once dialling ``conn`` (:meth:`Runtime.connect`) has ended: it is
+        up, or it failed, and its calls with it."""
+        task = self._dialling.get(conn)
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _dial(self, conn: Connection, addr: str) -> None:
+        """Connect to ``addr``, prove both sides, then hand over to ``conn``
+        (which sends what was queued meanwhile); on failure its calls fail
+        with what happened."""
+        loop = self.rt.loop
+        deadline = loop.time() + CONNECT_TIMEOUT
+        proven: asyncio.Future[None] = loop.create_future()
+
+        def done(transport: asyncio.Transport, leftover: bytes) -> None:
+            self._handshakes.discard(hs)
+            proven.set_result(None)
+            transport.set_protocol(conn)
+            conn.connection_made(transport)
+            feed(conn, transport, leftover)
+
+        def fail(error: Exception) -> None:
+            self._handshakes.discard(hs)
+            if not proven.done():
+                proven.set_exception(error)
+
+        try:
+            target = self.rt.routes.get(addr, addr)
+            endpoint = tcp_endpoint(target)
+            sock = await (self._connect(target, deadline) if endpoint is None
+                          else self._connect_tcp(endpoint, deadline))
+            job = conn.job or self.rt.tcp
+            hs = HandshakeProtocol(job.secret,
+                                   dialler=True, timeout=max(deadline - loop.time(), 0.0),
+                                   on_done=done, on_fail=fail, pid=self.rt.pids.get(target))
+            self._handshakes.add(hs)
+            tls = None if endpoint is None else job.client_context
+            try:
+                if endpoint is None:
+                    await loop.create_unix_connection(lambda: hs, sock=sock)
+                else:
+                    await loop.create_connection(
+                        lambda: hs, sock=sock, ssl=tls,
+                        server_hostname=endpoint[0] if tls is not None else None,
+                        ssl_handshake_timeout=(max(deadline - loop.time(), 0.001)
+                                               if tls is not None else None))
+            except BaseException as e:  # before the handshake began: it never ends
+                self._handshakes.discard(hs)
+                if tls is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                    raise ConnectionError(  # connected: only TLS could fail
+                        f"TLS failed: {str(e) or type(e).__name__} (is the peer a process of a job "
+                        "with other TLS settings, or none?)") from e
+                raise
+            await proven
+        except (OSError, AuthenticationError) as e:
+            if self.rt.conns.get(addr) is conn:
+                del self.rt.conns[addr]
+            conn.closed = True
+            conn._backlog = None
+            dead = self.rt.dead.get(addr)
+            conn.fail_all(dead or self._dial_error(addr, e))
+
+    async def _connect(self, addr: str, deadline: float) -> socket.socket:
+        """A socket connected to ``addr``; a full listen backlog (``EAGAIN``:
+        the peer is busy) is retried with backoff until ``deadline``."""
+        delay = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:  # a Unix connect completes or fails at once, never "in progress"
+                sock.connect(sockaddr(addr))
+                return sock
+            except BlockingIOError:
+                sock.close()
+                if self.rt.loop.time() + delay > deadline:
+                    raise TimeoutError(f"its listen backlog stayed full for "
+                                       f"{CONNECT_TIMEOUT:g}s") from None
+            except BaseException:
+                sock.close()
+                raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.1)
+
+    async def _connect_tcp(self, endpoint: tuple[str, int], deadline: float) -> socket.socket:
+        """A TCP socket connected to ``endpoint`` (no delay: small frames go at once)."""
+        host, port = endpoint
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await asyncio.wait_for(self.rt.loop.sock_connect(sock, (host, port)),
+                                   max(deadline - self.rt.loop.time(), 0.001))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _dial_error(self, addr: str, e: Exception) -> Callable[[Pending], MeshioError]:
+        """What callers get when dialling ``addr`` failed with ``e``."""
+        def error(p: Pending) -> MeshioError:
+            if isinstance(e, AuthenticationError):
+                return AuthenticationError(
+                    f"{p.mesh} {p.point}: the process at {addr} failed authentication ({e}); "
+                    "it is not a process of this job")
+            if isinstance(e, TimeoutError):
+                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: {e} "
+                              "(process busy or stopped?)", "connect timed out")
+            elif isinstance(e, (ConnectionRefusedError, FileNotFoundError)):
+                why, cause = (f"cannot reach {p.mesh} {p.point} at {addr}: "
+                              f"{e.strerror or e} (the process is gone or was never started)",
+                              "connection refused")
+            else:
+                why, cause = (f"cannot connect to {p.mesh} {p.point} at {addr}: {e}",
+                              "connect failed")
+            return SupervisionError(why, actor=p.mesh, rank=p.rank, host=self.rt.host,
+                                    cause=cause)
+        return error
+
