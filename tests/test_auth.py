@@ -228,7 +228,7 @@ async def test_silent_peer_times_out(monkeypatch: pytest.MonkeyPatch,
                                      controller_log: LogWatch) -> None:
     """issue 7 item 11: a peer that connects and sends nothing is dropped
     after the handshake timeout and logged; the listener keeps serving."""
-    monkeypatch.setattr(meshio._transport._runtime, "HANDSHAKE_TIMEOUT", 0.2)
+    monkeypatch.setattr(meshio._transport._sockets, "HANDSHAKE_TIMEOUT", 0.2)
     rt = runtime()
     r, w = await raw(rt.addr)
     await expect_dropped(r, w)
