@@ -310,7 +310,7 @@ class Runtime:
         #: Unix address → the pid of the process listening there, where known
         #: (the controller's own workers): a dial finding another one is refused
         self.pids: dict[str, int] = {}
-        self.closed = False
+        self.closed: bool = False
         self.conns: dict[str, Connection] = {}
         self.all_conns: weakref.WeakSet[Connection] = weakref.WeakSet()
         #: the actors of this process by target (actor cells add themselves)
