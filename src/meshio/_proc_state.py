@@ -90,6 +90,8 @@ class SlotState(enum.Enum):
     RESTARTING = "restarting"
     #: down, and nothing restarts it by design: a hole until ``procs.replace(rank)``
     HOLE = "hole"
+    #: a hole whose replacement is starting (``procs.replace``): a hole until it serves
+    REFILLING = "refilling"
     #: down, and its supervisor gave up on it
     FAILED = "failed"
     #: removed by a shrink (or a grow that failed): for good
@@ -105,14 +107,15 @@ TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
     (_S.STARTING, _S.SERVING),  # said hello, actors (re)built
     (_S.SERVING, _S.NOT_RESPONDING), (_S.NOT_RESPONDING, _S.SERVING),  # no supervisor
     (_S.STARTING, _S.KILLING), (_S.SERVING, _S.KILLING),  # a fault, or hung
-    *((s, _S.LOST) for s in _LIVE),  # its connection dropped
+    *((s, _S.LOST) for s in (*_LIVE, _S.REFILLING)),  # its connection dropped
     *((s, _S.STOPPING) for s in (*_LIVE, _S.LOST)),  # a strategy's stop, replace()
     # a supervisor restarts any rank it covers (a failed start, a reopened mesh too)
     *((s, _S.RESTARTING) for s in _S if s not in (_S.RESTARTING, _S.REMOVED)),
     (_S.RESTARTING, _S.STARTING),  # launched again
+    (_S.HOLE, _S.REFILLING), (_S.REFILLING, _S.SERVING),  # a hole replaced
     (_S.LOST, _S.HOLE), (_S.LOST, _S.FAILED),  # the verdict: not restarted
-    *((s, _S.HOLE) for s in (_S.STARTING, _S.RESTARTING)),  # replace() failed
-    *((s, _S.REMOVED) for s in (*_LIVE, _S.LOST, _S.HOLE)),  # shrink, a failed grow
+    *((s, _S.HOLE) for s in (_S.STARTING, _S.RESTARTING, _S.REFILLING)),  # replace() failed
+    *((s, _S.REMOVED) for s in (*_LIVE, _S.LOST, _S.HOLE, _S.REFILLING)),  # shrink
     *((s, _S.STOPPED) for s in _S if s not in (_S.STOPPED, _S.REMOVED)),  # stop()
 })
 
@@ -346,8 +349,9 @@ class ProcState:
 
     @property
     def holes(self) -> set[int]:
-        """The ranks that are holes (state HOLE, see :meth:`hole`)."""
-        return {w.rank for w in self.workers if w.state is SlotState.HOLE}
+        """The ranks that are holes (see :meth:`hole`), until a replacement
+        serves calls."""
+        return {w.rank for w in self.workers if w.state in (SlotState.HOLE, SlotState.REFILLING)}
 
     def hole(self, grank: int, target: str) -> bool:
         """Whether the actor of ``target`` at ``grank`` is a hole: its process
@@ -566,7 +570,7 @@ class ProcState:
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
         self.responds(worker)  # gone rather than hung: workers see the lost connection
-        if worker.state in _LIVE:  # (not taken down on purpose, nor stopped)
+        if worker.state in (*_LIVE, SlotState.REFILLING):  # (not on purpose, nor stopped)
             worker.move(SlotState.LOST)
         self._failing.add(worker.rank)
         if not self.stopped:
@@ -872,7 +876,7 @@ class ProcState:
     async def _restart_rank(self, grank: int, env: Mapping[str, str],
                             everything: bool) -> tuple[int, str] | None:
         w = self.worker(grank)
-        w.move(SlotState.RESTARTING)
+        w.move(SlotState.REFILLING if w.state is SlotState.HOLE else SlotState.RESTARTING)
         if w.handle.returncode is None:
             w.handle.send_signal(signal.SIGKILL)
         # On a host cut off, the exit is heard of at the heal, or once the host
@@ -904,7 +908,7 @@ class ProcState:
                 f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
                 cause=why) from e
         w.handle, w.cause = handle, None
-        if not self.stopped:
+        if w.state is SlotState.RESTARTING:  # (a hole stays one until its replacement serves)
             w.move(SlotState.STARTING)
         try:
             await self._hello(w, waiter)
@@ -929,7 +933,7 @@ class ProcState:
         w.conn.send_message(Restored(lost))
         rt.dead.pop(w.addr, None)
         self.failures.pop(grank, None)  # restarted after all (by a parent supervisor)
-        if w.state is SlotState.STARTING:  # (else lost or stopped meanwhile)
+        if w.state in (SlotState.STARTING, SlotState.REFILLING):  # (else lost or stopped)
             w.move(SlotState.SERVING)
         for a in mine:
             if a.target in lost:
