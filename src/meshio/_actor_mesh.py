@@ -401,14 +401,11 @@ class ActorMesh(MeshShape, Generic[A]):
         while it waits (None: it went now)."""
         assert self._hosts is not None
         rt = self._runtime()
-        bounded = not desc.concurrent
         chain, trace = _chain.get(), current_trace() if TRACING else ""
-        if not bounded:
-            self._fanout_now(rt, desc, body, out, answers, gather, deadline, chain, trace, None)
-            return None
-        gate = self._gate(rt)
-        addrs = [a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
-        if not gate.full(addrs):
+        gate = None if desc.concurrent else self._gate(rt)  # (concurrent: not bounded)
+        addrs = [] if gate is None else [
+            a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
+        if gate is None or not gate.full(addrs):
             self._fanout_now(rt, desc, body, out, answers, gather, deadline, chain, trace, gate)
             return None
         settles = answers.slots if isinstance(answers, Gathering) else answers

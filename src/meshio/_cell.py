@@ -329,7 +329,7 @@ class ActorCell:
         if msg.req and msg.chain and self.serving is not None \
                 and f"{self.identity}#{self.seq}" in msg.chain:
             if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin, self.rt.addr)
+                took(conn, self.target, self.credit_batch, msg.origin)
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
         if msg.req:
@@ -402,7 +402,7 @@ class ActorCell:
                     "unknown_actor", "UnknownActorError", "before handling this call")))
         self.queued.clear()
         for (conn, origin), n in given.items():  # its callers' calls from now on find no actor
-            took(conn, self.target, 1, origin, self.rt.addr, n)
+            took(conn, self.target, 1, origin, n)
         self.stopping = self.rt.tasks.start(self._finish_stop(tasks, exc))
         return self.stopping
 
@@ -487,7 +487,7 @@ class ActorCell:
                 continue
             conn, msg, bufs, deadline = mailbox.popleft()
             if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin, self.rt.addr)
+                took(conn, self.target, self.credit_batch, msg.origin)
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:

@@ -241,18 +241,17 @@ def credit(conn: Connection, msg: Credit, gates: dict[str, Gate]) -> None:
         gate.give(addr, msg.n)
 
 
-def took(conn: Connection, target: str, batch: int, origin: str, addr: str,
-         n: int = 1) -> None:
+def took(conn: Connection, target: str, batch: int, origin: str, n: int = 1) -> None:
     """``n`` calls that came on ``conn`` (made by ``origin``: a tree
     call's; else by ``conn``'s peer), counted by their maker, left the
-    mailbox of ``target`` (in the process at ``addr``): given back once
-    ``batch`` of them have."""
+    mailbox of ``target`` in this process: given back once ``batch`` of
+    them have."""
     taken = conn.taken
     key = (target, origin)
     count = taken.get(key, 0) + n
     if count >= batch:
         taken[key] = 0
-        conn.send_message(Credit(target, count, origin, addr))
+        conn.send_message(Credit(target, count, origin, conn.rt.addr))
     else:
         taken[key] = count
 

@@ -556,7 +556,7 @@ class Runtime:
             if msg.req:
                 conn.send_message(Fail(msg.req, self._missing(msg.target)))
             if msg.bounded:  # no mailbox holds it
-                took(conn, msg.target, 1, msg.origin, self.addr)
+                took(conn, msg.target, 1, msg.origin)
             return
         cell.post(conn, msg, bufs)
 
