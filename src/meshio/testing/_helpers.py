@@ -90,7 +90,7 @@ def worker_processes(procs: ProcMesh) -> list[WorkerProcess]:
 def cut_connection(procs: ProcMesh, rank: int) -> None:
     """Abort this process's connection to the worker at ``rank`` of
     ``procs`` (a network fault: the worker lives on)."""
-    conn = next(w for w in procs._state.workers if w.rank == rank).conn
+    conn = procs._state.worker(rank).conn
     if conn is None:
         raise ValueError(f"cut_connection: rank {rank} of proc mesh {procs._state.name!r} "
                          "has no connection (not started, or down)")
