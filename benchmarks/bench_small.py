@@ -10,6 +10,11 @@ standard loop (``asyncio.run``, what Jupyter and pytest-asyncio users get),
 ``--loop uvloop`` is ``meshio.run``'s; the baseline's controller shares the
 loop, its workers run the standard loop as the harness starts them.
 
+A third side, the floor, is what no framework can beat on these loops: a
+bare ``asyncio.Protocol`` that writes 8 bytes to a worker process whose
+protocol echoes them back (on uvloop, as meshio's workers), no framing, no
+encoding.  Its latency and calls in flight are the rows' lower bound.
+
 Usage: python benchmarks/bench_small.py [--loop asyncio|uvloop] [--reps 7]
 """
 
@@ -25,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import meshio
 from meshio import Actor, endpoint
@@ -68,7 +73,65 @@ class RawSide:
         return result
 
 
-Side = MeshioSide | RawSide
+class _Echo(asyncio.Protocol):
+    """The floor's client end: each ``ping_nowait`` writes its 8 bytes, the
+    worker sends them back."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, asyncio.Future[int]] = {}
+        self.rest = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        data = self.rest + data
+        end = len(data) - len(data) % 8
+        for i in range(0, end, 8):
+            x = int.from_bytes(data[i:i + 8], "little")
+            self.waiting.pop(x).set_result(x)
+        self.rest = data[end:]
+
+
+FLOOR_WORKER = """
+import asyncio, sys, uvloop
+class Echo(asyncio.Protocol):
+    def connection_made(self, t): self.t = t
+    def data_received(self, d): self.t.write(d)
+async def main():
+    server = await asyncio.get_running_loop().create_unix_server(Echo, sys.argv[1])
+    print("READY", flush=True)
+    await server.serve_forever()
+uvloop.run(main())
+"""
+
+
+class FloorSide:
+    """A bare transport round trip to a uvloop process (see the module's doc)."""
+
+    @classmethod
+    async def start(cls, path: str) -> FloorSide:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLOOR_WORKER, path, stdout=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None and await proc.stdout.readline() == b"READY\n"
+        _, echo = await asyncio.get_running_loop().create_unix_connection(_Echo, path)
+        return cls(proc, echo)
+
+    def __init__(self, proc: asyncio.subprocess.Process, echo: _Echo) -> None:
+        self.proc, self.echo = proc, echo
+
+    def ping_nowait(self, x: int) -> Awaitable[int]:
+        fut = self.echo.waiting[x] = asyncio.get_running_loop().create_future()
+        self.echo.transport.write(x.to_bytes(8, "little"))
+        return fut
+
+    async def stop(self) -> None:
+        self.echo.transport.close()
+        self.proc.kill()
+        await self.proc.wait()
+
+
+Side = MeshioSide | RawSide | FloorSide
 
 
 async def latency(side: Side, calls: int) -> list[float]:
@@ -91,7 +154,7 @@ async def throughput(side: Side, inflight: int, batches: int) -> float:
     return inflight * batches / total
 
 
-async def gather4(side: Side, calls: int) -> list[float]:
+async def gather4(side: MeshioSide | RawSide, calls: int) -> list[float]:
     samples: list[float] = []
     for i in range(calls):
         t0 = time.perf_counter()
@@ -133,12 +196,15 @@ async def main(args: argparse.Namespace) -> None:
         actors = await procs.spawn("bench", Bench)
         await actors.ping.call(0)
         raw = await raw_backend.spawn(n)
+        floor = await FloorSide.start(os.path.join(work, "floor.sock")) if n == 2 else None
         sides: dict[str, Side] = {"meshio": MeshioSide(procs, actors), "raw": RawSide(raw)}
+        if floor is not None:
+            sides["floor"] = floor
         try:
             for side in sides.values():  # warm up
                 await latency(side, args.warmup)
                 await throughput(side, args.inflight, 1)
-                if n == 4:
+                if not isinstance(side, FloorSide) and n == 4:
                     await gather4(side, args.warmup)
             if n == 2:
                 async def small(side: Side) -> dict[str, float]:
@@ -149,25 +215,34 @@ async def main(args: argparse.Namespace) -> None:
                             f"{args.inflight} in flight calls/s": tput}
                 results.update(await interleave(sides, args.reps, small))
             else:
-                async def cast(side: Side) -> dict[str, float]:
+                async def casting(side: Side) -> dict[str, float]:
+                    assert not isinstance(side, FloorSide)  # (only with 2 processes)
                     lat = await gather4(side, args.bcast_calls)
                     return {"call on 4 + gather median us": statistics.median(lat) * 1e6,
                             "call on 4 + gather p99 us": pct(lat, 99) * 1e6}
-                for name, row in (await interleave(sides, args.reps, cast)).items():
+                for name, row in (await interleave(sides, args.reps, casting)).items():
                     results.setdefault(name, {}).update(row)
         finally:
+            if floor is not None:
+                await floor.stop()
             await raw.stop()
             await procs.stop()
     shutil.rmtree(work, ignore_errors=True)
 
     print(f"loop: {args.loop}; medians of {args.reps} interleaved reps [min-max]")
-    print("| measurement | meshio | plain asyncio | meshio / plain |")
-    print("|---|---|---|---|")
+    print("| measurement | meshio | plain asyncio | meshio / plain | floor | floor / plain |")
+    print("|---|---|---|---|---|---|")
+
+    def cell(xs: list[float]) -> str:
+        return f"{statistics.median(xs):,.0f} [{min(xs):,.0f}-{max(xs):,.0f}]"
+
     for key in results["meshio"]:
         m, r = results["meshio"][key], results["raw"][key]
-        mm, rm = statistics.median(m), statistics.median(r)
-        print(f"| {key} | {mm:,.0f} [{min(m):,.0f}-{max(m):,.0f}] | "
-              f"{rm:,.0f} [{min(r):,.0f}-{max(r):,.0f}] | {mm / rm:.2f}x |")
+        rm = statistics.median(r)
+        fl = results["floor"].get(key)
+        floor_cells = (f"{cell(fl)} | {statistics.median(fl) / rm:.2f}x" if fl else "— | —")
+        print(f"| {key} | {cell(m)} | {cell(r)} | {statistics.median(m) / rm:.2f}x "
+              f"| {floor_cells} |")
     lat = results["meshio"]
     p99, med = (statistics.median(lat[f"latency {k} us"]) for k in ("p99", "median"))
     print(f"meshio p99 / median latency: {p99 / med:.2f}")

@@ -24,7 +24,7 @@ import trustme
 import uvloop
 
 from meshio._transport._connection import _SLICE, Connection, Pending
-from meshio._transport._messages import Reply
+from meshio._transport._messages import Answers, Reply, decode_message
 from meshio._transport._runtime import close_runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, OutBuffers
 from meshio.jobs import TLSConfig
@@ -121,6 +121,41 @@ def test_large_frames_arrive_whole_and_in_order(loop: str, secure: bool,
             assert sender.transport is not None
             ssl_object = sender.transport.get_extra_info("ssl_object")
             assert isinstance(ssl_object, ssl.SSLObject) if secure else ssl_object is None
+
+    LOOPS[loop](main())
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_replies_made_in_one_turn_arrive_in_order_merged(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 replies made in one turn of the loop (as an actor answering a
+    burst of calls): the small ones after the first travel merged, as
+    Answers frames; two with a 16 MiB buffer, written in slices, sit among
+    them. Every reply arrives, in the order made: small replies made while
+    the large ones are still being written wait behind them."""
+    big = os.urandom(16 << 20)
+    merged: list[int] = []
+    deliver = Connection.deliver
+
+    def spy(conn: Connection, body: bytes, bufs: Any) -> None:
+        msg = decode_message(body)
+        if isinstance(msg, Answers):
+            merged.append(len(msg.replies))
+        deliver(conn, body, bufs)
+
+    monkeypatch.setattr(Connection, "deliver", spy)
+
+    async def main() -> None:
+        async with _pair(None) as (sender, receiver):
+            arrived: list[int] = []
+            futs = [_expect(receiver, req, arrived) for req in range(1, 101)]
+            for req in range(1, 101):
+                sender.reply(req, msgspec.msgpack.encode(None),
+                             [(big, KIND_BYTES)] if req in (40, 41) else [])
+            got = await asyncio.wait_for(asyncio.gather(*futs), DEADLINE)
+            assert arrived == list(range(1, 101))
+            assert [bytes(b) for b in got[39] + got[40]] == [big, big]
+            assert sum(merged) >= 38  # (2-39 at least: made before any large frame)
 
     LOOPS[loop](main())
 

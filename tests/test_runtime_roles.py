@@ -20,7 +20,7 @@ from meshio._transport._sockets import Backend, SocketBackend
 #: what the transport itself does: deliver calls (direct, numbered, through
 #: the tree) and their flow control, name peers, carry ports, heartbeats,
 #: faults, and which peers are down or moved
-TRANSPORT = {"Call", "Cancel", "Credit", "Fanout", "Fault", "Hello", "Moved", "PeerDown",
+TRANSPORT = {"Call", "Calls", "Cancel", "Credit", "Fanout", "Fault", "Hello", "Moved", "PeerDown",
              "PeerUp", "Ping", "Pong", "PortSend", "Started"}
 
 

@@ -83,15 +83,28 @@ async def assert_serving(mesh: ActorMesh[Echo], x: int) -> None:
 
 
 async def test_raw_client_speaks_the_protocol(echo: ActorMesh[Echo]) -> None:
-    """Sanity for the helpers: a hand-made Call gets a Reply, in order."""
+    """Sanity for the helpers: hand-made Calls get their answers, in order:
+    the first of a turn of the worker's loop as a Reply, the small ones made
+    after it in that turn together, as one Answers."""
     r, w = await dial(process_address(echo, 0))
     try:
-        w.write(frame(M.Call(1, actor_target(echo), "echo", raw_args(x=5)))
-                + frame(M.Call(2, actor_target(echo), "echo", raw_args(x=6))))
-        for req, x in ((1, 5), (2, 6)):
+        w.write(b"".join(frame(M.Call(req, actor_target(echo), "echo", raw_args(x=req * 10)))
+                         for req in range(1, 21)))
+        msg, bufs = await asyncio.wait_for(read_frame(r), DEADLINE)
+        assert msg == M.Reply(1, msgspec.Raw(msgspec.msgpack.encode(10))) and bufs == []
+        answers: list[tuple[int, bytes]] = []
+        frames = 0
+        while len(answers) < 19:
             msg, bufs = await asyncio.wait_for(read_frame(r), DEADLINE)
-            assert msg == M.Reply(req, msgspec.Raw(msgspec.msgpack.encode(x)))
+            frames += 1
             assert bufs == []
+            if isinstance(msg, M.Reply):
+                answers.append((msg.req, bytes(msg.value)))
+            else:
+                assert isinstance(msg, M.Answers) and msg.fails == []
+                answers.extend((req, bytes(value)) for req, value in msg.replies)
+        assert answers == [(req, msgspec.msgpack.encode(req * 10)) for req in range(2, 21)]
+        assert frames < 19  # framed together (one Answers, unless the calls came apart)
         # out-of-band buffers made by hand are accepted too
         data = b"z" * 100_000
         w.write(frame(M.Call(3, actor_target(echo), "total", msgspec.Raw(

@@ -229,7 +229,7 @@ VARIADIC = Schema(Target.variadic, "Target.variadic")
 
 def valid_frames() -> list[bytes]:
     """A stream of real messages: calls with out-of-band values and pickles,
-    a reply, a port value."""
+    a reply, small calls and replies framed together, a port value."""
     frames = []
     for i, (data, note, blob) in enumerate([
             (b"x" * 10, "short", None),
@@ -245,6 +245,11 @@ def valid_frames() -> list[bytes]:
     value = packer.pack([1, 2, 3], True)
     reply = M.encode_message(M.Reply(1, msgspec.Raw(value)))
     frames.append(frame_header(len(reply), packer.out) + reply)
+    calls = M.encode_message(M.Calls([M.Call(10 + k, "t", "method", msgspec.Raw(
+        SCHEMA.pack_args(SCHEMA.bind((k, b"c", "n", [k]), {}), Packer()))) for k in range(3)]))
+    frames.append(frame_header(len(calls), []) + calls)
+    answers = M.encode_message(M.Answers([(1, msgspec.Raw(value)), (2, msgspec.Raw(value))], []))
+    frames.append(frame_header(len(answers), []) + answers)
     port = M.encode_message(M.PortSend(7, msgspec.Raw(Packer().pack({"k": 1.5}, False))))
     frames.append(frame_header(len(port), []) + port)
     return frames
@@ -296,9 +301,10 @@ def run_one(data: bytes, cut_at: list[int]) -> FakeRuntime:
         if fut.done():  # a reply, mutated or not, gives a value or a typed error
             assert fut.error is None or isinstance(fut.error, SchemaError), fut.error
         for msg, bufs in rt.got:  # every call's arguments decode or fail typed
-            if isinstance(msg, M.Call):
+            for call in [msg] if isinstance(msg, M.Call) else (
+                    msg.calls if isinstance(msg, M.Calls) else []):
                 try:
-                    SCHEMA.unpack_args(msg.args, bufs)
+                    SCHEMA.unpack_args(call.args, bufs)
                 except SchemaError:
                     pass
         for item in receiver._items:  # a port value, or an error for recv()
@@ -334,9 +340,9 @@ def test_valid_stream_is_delivered_whole() -> None:
     message (sanity for the properties below)."""
     for cut in range(0, len(STREAM), 997):
         rt = run_one(STREAM, [cut])
-        assert [type(m) for m, _ in rt.got] == [M.Call] * 3 + [M.PortSend]
+        assert [type(m) for m, _ in rt.got] == [M.Call] * 3 + [M.Calls, M.PortSend]
     rt = run_one(STREAM, list(range(0, len(STREAM), 7)))
-    assert len(rt.got) == 4
+    assert len(rt.got) == 5
 
 
 @FUZZ

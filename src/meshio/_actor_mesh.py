@@ -201,7 +201,8 @@ class ActorMesh(MeshShape, Generic[A]):
         for another call of this process, the call waits here, in order,
         until there is (:mod:`meshio._transport._credit`): returned then
         (None: it went now)."""
-        if self._dead(rt, index, desc, answer):
+        if (rt.dead or (self._procs is not None and self._procs._state.stopped)) \
+                and self._dead(rt, index, desc, answer):
             return None
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
@@ -217,9 +218,9 @@ class ActorMesh(MeshShape, Generic[A]):
                     return  # given up meanwhile: not sent
                 if bounded:
                     gate.take([addr])
-                conn.send(encode_message(Call(
+                conn.call(Call(
                     req, target, desc.name, msgspec.Raw(body), chain,
-                    rt.fanout.number(target, addr), "", budget(deadline), bounded, trace)), out)
+                    rt.fanout.number(target, addr), "", budget(deadline), bounded, trace), out)
 
             if bounded and gate.full([addr]):
                 return gate.wait([addr], go, bool(req), deadline)
@@ -232,9 +233,8 @@ class ActorMesh(MeshShape, Generic[A]):
                                         _chain.get(), 0, "", None, True,
                                         current_trace() if TRACING else ""), out, deadline)
             window.used += 1
-        conn.send(encode_message(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                      _chain.get(), 0, "", budget(deadline), bounded,
-                                      current_trace() if TRACING else "")), out)
+        conn.call(Call(req, self._target, desc.name, msgspec.Raw(body), _chain.get(), 0, "",
+                       budget(deadline), bounded, current_trace() if TRACING else ""), out)
         return None
 
     def _window(self, conn: Connection) -> Window:
@@ -459,23 +459,18 @@ class ActorMesh(MeshShape, Generic[A]):
                                             budget(deadline), trace, gate is not None)), out)
 
     def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
+                 out: OutBuffers, deadline: float | None = None, *,
+                 once: bool = False) -> asyncio.Future[Any]:
         """A call expecting a reply; sent again as the endpoint's retry
-        policy says (:class:`~meshio.Retry`)."""
-        fut = self._request_once(index, desc, body, out, deadline)
-        if desc.retry is None:
-            return fut
-        return cancels(awaited(
-            self._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
-
-    def _request_once(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                      out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
-        """A call expecting a reply, never retried (a service fails it over
-        to another replica instead)."""
+        policy says (:class:`~meshio.Retry`), unless ``once`` (a service
+        fails it over to another replica instead)."""
         rt = self._runtime()
         fut = _CallFuture(rt.loop)
         self._send(rt, index, desc, body, out, fut, deadline)
-        return fut
+        if desc.retry is None or once:
+            return fut
+        return cancels(awaited(
+            self._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,

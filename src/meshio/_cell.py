@@ -259,6 +259,8 @@ class ActorCell:
         self.rt = rt
         self.target = target
         self.ctx = ctx
+        #: "<actor name>[<rank>]", in messages (as of the current context)
+        self.where = _where(ctx)
         self.instance = instance
         self.endpoints = type(instance)._meshio_endpoints
         #: calls waiting for their turn, each with its deadline (``time.monotonic()``);
@@ -300,10 +302,6 @@ class ActorCell:
         #: by endpoint name: its calls so far (``meshio.stats()``)
         self.meters: dict[str, Meter] = {name: Meter() for name in self.endpoints}
         self.task = rt.tasks.start(self._pump(), name="mailbox")
-
-    @property
-    def where(self) -> str:
-        return f"{self.ctx.actor_name}[{self.ctx.point.rank}]"
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         deadline = _deadline(msg.deadline)
@@ -515,14 +513,15 @@ class ActorCell:
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 continue
-            await _started(conn, msg.req, desc)
+            if msg.req and desc.retry is not None:
+                await _started(conn, msg.req)
             self.seq += 1
             self.serving = desc
             self.since = time.monotonic()
             _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
             _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
             try:
-                run = self._run(conn, msg.req, desc, args, kwargs, deadline)
+                run = self._run(conn, msg.req, desc, args, kwargs, deadline, self.task)
                 await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
             finally:
                 self.serving = None
@@ -535,16 +534,18 @@ class ActorCell:
                               deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
         _chain.set((*msg.chain, self.identity))
-        await _started(conn, msg.req, desc)
-        run = self._run(conn, msg.req, desc, args, kwargs, deadline)
+        if msg.req and desc.retry is not None:
+            await _started(conn, msg.req)
+        task = asyncio.current_task()
+        assert task is not None
+        run = self._run(conn, msg.req, desc, args, kwargs, deadline, task)
         await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any],
-                   deadline: float | None) -> None:
+                   deadline: float | None, task: asyncio.Task[Any]) -> None:
+        """Serve a call in ``task`` (the mailbox's, or a concurrent call's own)."""
         key = (conn, req)
-        task = asyncio.current_task()
-        assert task is not None
         scope = CallScope(deadline)
         _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
         if not desc.concurrent:
@@ -589,7 +590,7 @@ class ActorCell:
                 f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
                 actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
             return
-        read = conn.send_message(Reply(req, msgspec.Raw(body)), packer.out)
+        read = conn.reply(req, body, packer.out)
         if read is not None:
             await self._until_read(read)
 
@@ -628,13 +629,12 @@ class ActorCell:
         return True
 
 
-async def _started(conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any]) -> None:
-    """Before a call of an endpoint with a retry policy runs: tell its caller
-    (which counts the process deaths a call was running in, for
+async def _started(conn: Connection, req: int) -> None:
+    """Before a call ``req`` of an endpoint with a retry policy runs: tell its
+    caller (which counts the process deaths a call was running in, for
     ``poison_after``) and wait until that is written."""
-    if req and desc.retry is not None:
-        conn.send_message(Started(req))
-        await conn.flushed(STARTED_FLUSH)
+    conn.send_message(Started(req))
+    await conn.flushed(STARTED_FLUSH)
 
 
 def _deadline(budget: float | None) -> float | None:
@@ -644,6 +644,10 @@ def _deadline(budget: float | None) -> float | None:
     if budget is None or not math.isfinite(budget):
         return None
     return time.monotonic() + max(budget, 0.0)
+
+
+def _where(ctx: Context[Any]) -> str:
+    return f"{ctx.actor_name}[{ctx.point.rank}]"
 
 
 def _thread_name(name: str, rank: int) -> str:
@@ -793,6 +797,7 @@ def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) ->
     object.__setattr__(ctx, "_owned", old._owned)  # (not an init field: the same list)
     instance: Any = cell.instance
     cell.ctx = instance._meshio_context = ctx
+    cell.where = _where(ctx)
 
 
 register_handler(Reshaped, _on_reshaped)

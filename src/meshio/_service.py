@@ -400,7 +400,7 @@ class Service(MeshShape):
             replica = await self._pick(session)
             if on_full == "raise":
                 replica.mesh._check_room(desc)
-            fut = replica.mesh._request_once(0, desc, body, out, deadline)
+            fut = replica.mesh._request(0, desc, body, out, deadline, once=True)
             replica.track(fut)
             try:
                 return await fut

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
+import msgspec
+
 from .._exceptions import (
     CallTimeout,
     DeadlockError,
@@ -50,6 +52,7 @@ from ._frames import (
 from ._messages import (
     Answers,
     Call,
+    Calls,
     Cancel,
     ErrorInfo,
     Fail,
@@ -88,6 +91,11 @@ log = logging.getLogger("meshio")
 #: a burst reaches the peer in pieces, which it starts on while the rest
 #: are being made
 _BATCH: Final = 32
+#: consecutive small replies (or calls) framed together at most, written
+#: then as a piece the peer starts on while the rest are made; and the
+#: largest result (or arguments) that is (see :meth:`Connection.reply`)
+_MERGED: Final = 32
+_MERGED_MAX: Final = 1024
 
 #: a frame with a buffer larger than this is written a slice at a time, as
 #: the transport drains (``pause_writing``/``resume_writing``): under TLS
@@ -347,6 +355,10 @@ class Connection(asyncio.BufferedProtocol):
         #: small frames sent in this turn of the loop and not written yet
         #: (None: none sent this turn; see :meth:`send`)
         self._batch: list[bytes] | None = None
+        #: small replies (or calls: ``_merging`` says which) made after this
+        #: turn's first frame, not framed yet (see :meth:`reply`)
+        self._merged: list[Any] = []
+        self._merging: type[Answers] | type[Calls] = Answers
         # the scratch buffer: none until data arrives (see _reserve)
         self._buf = bytearray()
         self._mv = memoryview(self._buf)
@@ -386,6 +398,8 @@ class Connection(asyncio.BufferedProtocol):
         queued in slices): the future is done once they no longer are (the
         peer has them, or the connection ended); None when nothing is read
         later."""
+        if self._merged:  # the replies or calls made before it go first
+            self._frame_merged()
         lent = 0
         if out and self.bulk is not None:
             out, lent = self.bulk.export(out)
@@ -425,6 +439,53 @@ class Connection(asyncio.BufferedProtocol):
                      out: OutBuffers | None = None) -> asyncio.Future[None] | None:
         """:meth:`send` of ``msg``."""
         return self.send(encode_message(msg), out or [])
+
+    def reply(self, req: int, body: bytes, out: OutBuffers) -> asyncio.Future[None] | None:
+        """Answer request ``req`` with the encoded value ``body`` (and its
+        out-of-band buffers): :meth:`send` of a :class:`Reply`.  The first
+        frame of a turn of the loop goes out at once, as any; small replies
+        made after it in the same turn (a burst of calls served) are framed
+        together, as one :class:`Answers` in order with the frames around
+        them: the caller decodes one frame for them, not one each."""
+        if out or self._batch is None or self._queue is not None or len(body) > _MERGED_MAX:
+            return self.send(encode_message(Reply(req, msgspec.Raw(body))), out)
+        self._merge(Answers, (req, msgspec.Raw(body)))
+        return None
+
+    def call(self, msg: Call, out: OutBuffers) -> asyncio.Future[None] | None:
+        """:meth:`send` of ``msg`` (and its out-of-band buffers); small calls
+        made after the first frame of a turn of the loop (a burst) are framed
+        together, as one :class:`Calls`, as :meth:`reply` does."""
+        if (out or self._batch is None or self._queue is not None
+                or len(msg.args) > _MERGED_MAX):
+            return self.send(encode_message(msg), out)
+        self._merge(Calls, msg)
+        return None
+
+    def _merge(self, kind: type[Answers] | type[Calls], item: Any) -> None:
+        if self._merging is not kind:
+            if self._merged:
+                self._frame_merged()
+            self._merging = kind
+        merged = self._merged
+        merged.append(item)
+        if len(merged) >= _MERGED:  # a piece the peer starts on while the rest are made
+            self._frame_merged()
+            if self._batch:
+                self._write_batch(self._batch)
+
+    def _frame_merged(self) -> None:
+        """Add the replies or calls merged (:meth:`reply`, :meth:`call`) to
+        this turn's batch, as one frame."""
+        merged, self._merged = self._merged, []
+        batch = self._batch
+        if batch is None or self.transport is None:
+            return  # (closed meanwhile: its callers were failed)
+        body = encode_message(Answers(merged, []) if self._merging is Answers else Calls(merged))
+        batch.append(frame_header(len(body), []))
+        batch.append(body)
+        if len(batch) >= _BATCH:
+            self._write_batch(batch)
 
     def _write(self, parts: list[Any], lent: bool) -> asyncio.Future[None] | None:
         """Write a frame's parts: at once, or queued in slices of ``_SLICE``
@@ -503,6 +564,8 @@ class Connection(asyncio.BufferedProtocol):
     def write_batched(self) -> None:
         """Write what this turn has batched now: before the loop is held
         (code paused in a debugger on it), which would keep it unwritten."""
+        if self._merged:
+            self._frame_merged()
         if self._batch:
             self._write_batch(self._batch)
 
@@ -522,6 +585,8 @@ class Connection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         """The end of the turn: write what is batched; the next small frame
         goes out at once."""
+        if self._merged:
+            self._frame_merged()
         batch, self._batch = self._batch, None
         if batch:
             self._write_batch(batch)
@@ -547,6 +612,7 @@ class Connection(asyncio.BufferedProtocol):
                 item.set_result(None)  # nothing of it is read any more
         self._queue = None
         self._batch = None
+        self._merged = []
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
                         self.peer or "unidentified peer")
@@ -572,8 +638,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def abort(self) -> None:
         if self.transport is not None:
-            if self._batch:  # a last word (a Fail saying why) goes before the abort
-                self._write_batch(self._batch)
+            self.write_batched()  # a last word (a Fail saying why) goes before the abort
             self.transport.abort()
 
     # ---------------------------------------------------------- receiving

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
-from ._messages import Call, Credit, encode_message
+from ._messages import Call, Credit
 from ._serial import OutBuffers
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class Window:
             else:
                 if deadline is not None:
                     call = replace(call, deadline=budget(deadline))
-                conn.send(encode_message(call), item.out)
+                conn.call(call, item.out)
                 self.used += 1
             item._end()
 

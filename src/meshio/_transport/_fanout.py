@@ -304,7 +304,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             conn = _live(rt, up, addr, [up_req(k)], msg.target, answers)
             if conn is not None:
                 req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers)
-                conn.send(encode_message(call(req, seq)), out)
+                conn.call(call(req, seq), out)
     for a, b in split(lo, own, msg.width) + split(own + 1, lo + len(relays), msg.width):
         part = [(host, addrs) for host, addrs in msg.groups if a <= host < b]
         if not part:

@@ -360,6 +360,14 @@ class Answers(_Msg, frozen=True, tag=22):
     fails: list[tuple[int, ErrorInfo]]
 
 
+class Calls(_Msg, frozen=True, tag=43):
+    """Calls made on this connection one after another in a turn of the
+    sender's loop, after its first frame, sent together (each without
+    out-of-band buffers): as many :class:`Call` messages, in order."""
+
+    calls: list[Call]
+
+
 class Moved(_Msg, frozen=True, tag=23):
     """From the controller: the process answering to ``addr`` now listens
     at ``listen`` (a replacement worker listens on a fresh name, never its
@@ -596,7 +604,7 @@ class Adopt(_Msg, frozen=True, tag=35):
 
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Moved | Release
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Release
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
            | Adopt | WatchWorker | Credit)

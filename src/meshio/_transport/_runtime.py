@@ -33,6 +33,7 @@ from ._handshake import new_secret, tcp_address
 from ._memory import MemoryBackend
 from ._messages import (
     Call,
+    Calls,
     Cancel,
     Credit,
     ErrorInfo,
@@ -433,13 +434,10 @@ class Runtime:
             return
         match msg:
             case Call():
-                try:
-                    self.admit(conn, msg, bufs)
-                except Exception as e:  # a bug here: the caller hears of it, not a hang
-                    log.exception("meshio: admitting a call of %s.%s from %s failed",
-                                  msg.target, msg.method, conn.peer or "unidentified peer")
-                    conn.send_message(Fail(msg.req, ErrorInfo(
-                        "protocol", "ProtocolError", _internal(self, "call", e))))
+                self._admit(conn, msg, bufs)
+            case Calls():
+                for call in msg.calls:
+                    self._admit(conn, call, [])
             case Fanout():
                 try:
                     relay(self, conn, msg, bufs, self.admit)
@@ -540,6 +538,16 @@ class Runtime:
             conn.abort()
             return
         self.handlers[type(msg)](self, conn, msg, bufs)
+
+    def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        """:meth:`admit` a call that arrived on ``conn``."""
+        try:
+            self.admit(conn, msg, bufs)
+        except Exception as e:  # a bug here: the caller hears of it, not a hang
+            log.exception("meshio: admitting a call of %s.%s from %s failed",
+                          msg.target, msg.method, conn.peer or "unidentified peer")
+            conn.send_message(Fail(msg.req, ErrorInfo(
+                "protocol", "ProtocolError", _internal(self, "call", e))))
 
     def admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         """Hand a call to the actor it is for; a numbered one (``Call.seq``)
