@@ -18,7 +18,7 @@ import os
 import struct
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -87,6 +87,7 @@ __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_i
            "ignore_result", "not_responding")
 
 log = logging.getLogger("meshio")
+T = TypeVar("T")
 #: small frames written at once at most (header and body count one each):
 #: a burst reaches the peer in pieces, which it starts on while the rest
 #: are being made
@@ -218,13 +219,15 @@ class Gathering:
     every slot is settled.  The values are in :attr:`values`, the failures
     in :attr:`errors`, both by index in the view."""
 
-    __slots__ = ("_inflight", "errors", "fut", "left", "slots", "target", "values")
+    __slots__ = ("_inflight", "errors", "finish", "fut", "left", "slots", "target", "values")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, target: str, inflight: list[int],
                  decode: Callable[[Any, Buffers], Any], endpoint: str, mesh: str,
                  points: Sequence[Any]) -> None:
         n = len(points)
-        self.fut: asyncio.Future[None] = loop.create_future()
+        self.fut: asyncio.Future[Any] = _Gathered(loop, self)
+        #: what :attr:`fut` is done with once every slot is settled (None: None)
+        self.finish: Callable[[], Any] | None = None
         self.values: list[Any] = [None] * n
         self.errors: dict[int, BaseException] = {}
         self.left: int = n
@@ -234,6 +237,39 @@ class Gathering:
         self._inflight = inflight
         if not n:
             self.fut.set_result(None)
+
+    def outcome(self, finish: Callable[[], T]) -> asyncio.Future[T]:
+        """A future done with ``finish()`` (or what it raises) once every
+        slot is settled: no task in between.  Cancelling it abandons the
+        gathering."""
+        self.finish = finish
+        if not self.left:  # (settled already: nothing called, or every call failed at once)
+            self.fut = _Gathered(self.fut.get_loop(), self)
+            self.settled()
+        return self.fut
+
+    def settled(self) -> None:
+        """Every slot is settled."""
+        fut = self.fut
+        if fut.done():
+            return
+        if self.finish is None:
+            fut.set_result(None)
+        elif self.errors:  # judged a turn later: what a failure means (a hole?)
+            fut.get_loop().call_soon(self._finished)  # is known by then (ProcState.hole)
+        else:
+            self._finished()
+
+    def _finished(self) -> None:
+        fut, finish = self.fut, self.finish
+        if fut.done() or finish is None:  # (cancelled meanwhile)
+            return
+        try:
+            value = finish()
+        except Exception as e:  # (the failures, combined)
+            fut.set_exception(e)
+        else:
+            fut.set_result(value)
 
     def unsettled(self) -> list[int]:
         """The indices still waiting for an answer."""
@@ -294,8 +330,8 @@ class Slot(Pending):
         g.left -= 1
         if self.conn is not None:
             g._inflight[self.index] -= 1
-        if not g.left and not g.fut.done():
-            g.fut.set_result(None)
+        if not g.left:
+            g.settled()
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self.settled:
@@ -304,6 +340,23 @@ class Slot(Pending):
         conn = self.conn
         if conn is not None and conn.pending.pop(self.req, None) is not None:
             conn.send_message(Cancel(self.req, self.gathering.target, msg == DEADLINE))
+        return True
+
+
+class _Gathered(asyncio.Future[Any]):
+    """A :class:`Gathering`'s future: cancelling it (its caller gave up)
+    abandons the gathering."""
+
+    __slots__ = ("gathering",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gathering: Gathering) -> None:
+        super().__init__(loop=loop)
+        self.gathering = gathering
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self.gathering.abandon(msg)
         return True
 
 

@@ -403,6 +403,8 @@ class Endpoint(Generic[P, R]):
             futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
             return cancels(awaited(self._gather(futs, deadline)), futs)
         g = mesh._gather_all(self._desc, body, packer.out, deadline)
+        if deadline is None:
+            return g.outcome(lambda: self._value_mesh(g.values, g.errors))
         task = awaited(self._gathered(g, deadline))
         task.add_done_callback(lambda _: g.abandon())
         return task
@@ -418,15 +420,12 @@ class Endpoint(Generic[P, R]):
         return self._value_mesh([None if i in errors else f.result()
                                  for i, f in enumerate(futs)], errors)
 
-    async def _gathered(self, g: Gathering, deadline: float | None) -> ValueMesh[R]:
-        if deadline is None:
-            await g.fut
-        else:
-            done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
-            if not done:
-                late = g.unsettled()
-                g.abandon(DEADLINE)
-                self._raise_timeout(late, (), deadline)
+    async def _gathered(self, g: Gathering, deadline: float) -> ValueMesh[R]:
+        done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
+        if not done:
+            late = g.unsettled()
+            g.abandon(DEADLINE)
+            self._raise_timeout(late, (), deadline)
         return self._value_mesh(g.values, g.errors)
 
     def _value_mesh(self, values: list[Any], errors: dict[int, BaseException]) -> ValueMesh[R]:
