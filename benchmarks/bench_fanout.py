@@ -132,7 +132,7 @@ def controller_cost_hot(n: int = 256, rounds: int = 200) -> float:
         g.sent(conn, g.slots)
         for addr in addrs:
             numbers.number("nodes", addr)
-        conn._deliver(answers, [])
+        conn.deliver(answers, [])
         assert not g.left
 
     try:

@@ -94,3 +94,32 @@ def test_bench_workloads_meshio_side_and_table_at_a_tiny_size() -> None:
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["step_ms"] > 0 and m["sync_ms"]["1"] > 0 and m["reward_last5"] >= 0
     assert "| time per RL step" in p.stdout and "Ray not measured: skipped in the test" in p.stdout
+
+
+@pytest.mark.timeout(240)
+def test_bench_small_with_its_floor_at_a_tiny_size(peers: Path) -> None:
+    """``benchmarks/bench_small.py``: meshio, the plain-asyncio baseline and
+    the bare-transport floor side by side on the standard loop; every row
+    comes back with a number for each side (no timing asserted)."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_small.py"
+    p = subprocess.run([sys.executable, str(bench), "--reps", "1", "--calls", "50",
+                        "--warmup", "10", "--inflight", "50", "--batches", "1",
+                        "--bcast-calls", "10"], capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in p.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line}
+    assert "x | " in rows["latency median us"] and "50 in flight calls/s" in rows
+    assert rows["call on 4 + gather median us"].endswith("| — | — |")  # (no floor there)
+    floor = rows["50 in flight calls/s"].split(" | ")[4]
+    assert float(floor.split(" ")[0].replace(",", "")) > 0
+
+
+def test_bench_fanout_controller_cost_measured_alone() -> None:
+    """``benchmarks/bench_fanout.py``'s in-process part (the controller's CPU
+    per actor of a gathered call) runs against the current internals."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fanout.py"
+    p = subprocess.run([sys.executable, "-c", (
+        "import runpy; g = runpy.run_path(" + repr(str(bench)) + ", run_name='bench');"
+        "print(g['controller_cost_hot'](16, 3))")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout.strip().splitlines()[-1]) > 0
