@@ -500,7 +500,7 @@ class Connection(asyncio.BufferedProtocol):
         made after it in the same turn (a burst of calls served) are framed
         together, as one :class:`Answers` in order with the frames around
         them: the caller decodes one frame for them, not one each."""
-        if out or self._batch is None or self._queue is not None or len(body) > _MERGED_MAX:
+        if not self._mergeable(out, len(body)):
             return self.send(encode_message(Reply(req, msgspec.Raw(body))), out)
         self._merge(Answers, (req, msgspec.Raw(body)))
         return None
@@ -509,11 +509,17 @@ class Connection(asyncio.BufferedProtocol):
         """:meth:`send` of ``msg`` (and its out-of-band buffers); small calls
         made after the first frame of a turn of the loop (a burst) are framed
         together, as one :class:`Calls`, as :meth:`reply` does."""
-        if (out or self._batch is None or self._queue is not None
-                or len(msg.args) > _MERGED_MAX):
+        if not self._mergeable(out, len(msg.args)):
             return self.send(encode_message(msg), out)
         self._merge(Calls, msg)
         return None
+
+    def _mergeable(self, out: OutBuffers, size: int) -> bool:
+        """Whether a reply or call of ``size`` bytes (with ``out``) may be
+        merged: small, without buffers, after this turn's first frame, and
+        with no large frame still being written (it would overtake it)."""
+        return (not out and self._batch is not None and self._queue is None
+                and size <= _MERGED_MAX)
 
     def _merge(self, kind: type[Answers] | type[Calls], item: Any) -> None:
         if self._merging is not kind:
