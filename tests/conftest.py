@@ -5,6 +5,7 @@ an fd behind, and each test loop's runtime is closed after it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -15,7 +16,7 @@ import pytest
 
 import meshio
 from log_watch import LogWatch
-from meshio._transport._serial import limits
+from meshio._transport._serial import Limits, limits
 from meshio.jobs._job import write_secret
 from netns_hosts import Host, netns_hosts
 
@@ -60,18 +61,35 @@ def hosts(secret_file: Path) -> Iterator[list[Host]]:
         yield h
 
 
+@contextlib.contextmanager
+def limits_kept() -> Iterator[None]:
+    """set_limits changes this process and the environment workers inherit:
+    put both back after the block."""
+    env = {name: os.environ.get(f"MESHIO_{name.upper()}") for name in Limits.__slots__}
+    saved = {name: getattr(limits, name) for name in Limits.__slots__}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(limits, name, value)
+        for name, text in env.items():
+            if text is None:
+                os.environ.pop(f"MESHIO_{name.upper()}", None)
+            else:
+                os.environ[f"MESHIO_{name.upper()}"] = text
+
+
+@pytest.fixture
+def restore_limits() -> Iterator[None]:
+    """The test may call set_limits: its limits are undone after it."""
+    with limits_kept():
+        yield
+
+
 @pytest.fixture(scope="module")
 def width() -> Iterator[int]:
     """A fan-out width of 2 for the module's meshes spanning hosts: over 3
     hosts or more, relays send calls on to sub-ranges (a tree of depth 2+)."""
-    env = os.environ.get("MESHIO_FANOUT_WIDTH")
-    before = limits.fanout_width
-    meshio.set_limits(fanout_width=2)
-    try:
+    with limits_kept():
+        meshio.set_limits(fanout_width=2)
         yield 2
-    finally:
-        limits.fanout_width = before
-        if env is None:
-            del os.environ["MESHIO_FANOUT_WIDTH"]
-        else:
-            os.environ["MESHIO_FANOUT_WIDTH"] = env

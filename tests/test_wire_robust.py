@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -111,24 +111,6 @@ async def store() -> AsyncIterator[ActorMesh[Store]]:
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="robust") as pm:
         mesh = await pm.spawn("store", Store)
         yield mesh  # type: ignore[misc]
-
-
-@pytest.fixture
-def restore_limits() -> Iterator[None]:
-    """set_limits changes this process and the environment workers inherit:
-    put both back."""
-    names = ("MESHIO_MAX_MESSAGE", "MESHIO_RECEIVE_BUDGET", "MESHIO_FRAME_TIMEOUT",
-             "MESHIO_FANOUT_WIDTH")
-    env = {n: os.environ.get(n) for n in names}
-    saved = limits.max_message, limits.receive_budget, limits.frame_timeout, limits.fanout_width
-    yield
-    (limits.max_message, limits.receive_budget, limits.frame_timeout,
-     limits.fanout_width) = saved
-    for n, v in env.items():
-        if v is None:
-            os.environ.pop(n, None)
-        else:
-            os.environ[n] = v
 
 
 async def serving(mesh: ActorMesh[Store], x: int) -> None:
@@ -333,19 +315,21 @@ async def test_over_the_limit_is_refused_by_the_sender(
     ({"max_message": True}, TypeError), ({"max_message": 1.5}, TypeError),
     ({"receive_budget": "10"}, TypeError), ({"frame_timeout": None}, None),
     ({"frame_timeout": 0}, ValueError), ({"max_message": -1}, ValueError),
-    ({"fanout_width": -1}, ValueError), ({"fanout_width": 2.0}, TypeError)])
+    ({"fanout_width": -1}, ValueError), ({"fanout_width": 2.0}, TypeError),
+    ({"busy_poll": -1e-6}, ValueError), ({"busy_poll": "0.1"}, TypeError)])
 async def test_set_limits_rejects_bad_values_before_changing_anything(
         restore_limits: None, kwargs: dict[str, Any], error: type[Exception] | None) -> None:
     """issue 7 item 3: a bad limit is a clear TypeError/ValueError naming it,
     and nothing (this process or the environment workers inherit) changes."""
-    before = dict(os.environ), limits.max_message, limits.receive_budget, limits.fanout_width
+    before = (dict(os.environ), limits.max_message, limits.receive_budget, limits.fanout_width,
+              limits.busy_poll)
     if error is None:
         meshio.set_limits(**kwargs)
     else:
         with pytest.raises(error, match=f"set_limits: {next(iter(kwargs))} must be"):
             meshio.set_limits(**kwargs)
     assert (dict(os.environ), limits.max_message, limits.receive_budget,
-            limits.fanout_width) == before
+            limits.fanout_width, limits.busy_poll) == before
 
 
 async def test_receiver_enforces_its_limit_without_dropping(restore_limits: None) -> None:

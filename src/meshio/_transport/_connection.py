@@ -427,6 +427,7 @@ class Connection(asyncio.BufferedProtocol):
         self._waiting = False  # paused until the receive budget grants it
         self._beat: asyncio.TimerHandle | None = None  # while _waiting: see _BEAT
         self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
+        self._socket = False  # a socket's (another process's), not in memory
         self._stall: asyncio.TimerHandle | None = None
         #: large values to and from a process of this host (:mod:`._bulk`)
         self.bulk: Exports | None = None
@@ -655,6 +656,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
         self.bulk = exports_for(stream)
+        self._socket = stream.get_extra_info("socket") is not None  # (not in memory)
         if self.peer is not None:  # we dialled: introduce ourselves first
             rt = self.rt
             self.send_message(Hello(rt.addr, os.getpid(), rt.worker,
@@ -711,6 +713,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._rx += nbytes
+        if self._socket:
+            self.rt.heard()
         if self._cur is not None:
             pos = self._cur_pos
             self._cur_pos = pos + nbytes

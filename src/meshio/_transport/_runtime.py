@@ -9,11 +9,13 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import math
 import os
 import secrets
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, cast
@@ -53,7 +55,7 @@ from ._messages import (
     _Msg,
 )
 from ._roles import Incarnation, Watch
-from ._serial import Buffers
+from ._serial import Buffers, limits
 from ._sockets import SocketBackend, feed, tcp_endpoint, tcp_listener, unix_listener
 from ._tasks import TaskOwner
 from ._tls import TLSConfig
@@ -290,6 +292,10 @@ class Runtime:
         #: dialler), and memory for the in-process runtimes on its loop
         self.sockets: SocketBackend = SocketBackend(self)
         self.memory: MemoryBackend = MemoryBackend(self)
+        #: whether the loop is being kept polling (:meth:`heard`), and when
+        #: the last data from another process came in (``perf_counter``)
+        self.polling = False
+        self._heard_at = -math.inf
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
             addr = self.sockets.listen(tcp_listener(*endpoint), advertise or endpoint[0],
@@ -425,6 +431,33 @@ class Runtime:
                 pid=conn.peer_pid, cause=cause))
         if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
             self.fanout.gone(conn.peer)
+
+    # ---------------------------------------------------------- polling
+
+    def heard(self) -> None:
+        """Data came in from another process (a socket connection's read).
+        If it came within ``busy_poll`` seconds (:func:`~meshio.set_limits`)
+        of the data before, calls are going back and forth: the loop keeps
+        polling (never sleeps) until that long after the last data, so the
+        next message is read as soon as it lands, not after the kernel wakes
+        this process up (a third of a small call's round trip: about 25 of
+        70 µs here, at each end).  A process that hears something now and
+        then never polls."""
+        now = time.perf_counter()
+        recent = now - self._heard_at < limits.busy_poll
+        self._heard_at = now
+        if recent and not self.polling:
+            self.polling = True
+            self.loop.call_soon(self._poll)
+
+    def _poll(self) -> None:
+        """One turn of polling: a callback ready at each turn of the loop
+        keeps it from sleeping."""
+        if self.closed or time.perf_counter() - self._heard_at >= limits.busy_poll:
+            self.polling = False
+            return
+        os.sched_yield()  # another process runnable on this core goes first
+        self.loop.call_soon(self._poll)
 
     # --------------------------------------------------------- dispatch
 
