@@ -8,12 +8,18 @@ Rows, as in the harness: int->int latency (median and p99 of sequential
 + gather.  Then the ratios meshio / baseline.  ``--loop asyncio`` is the
 standard loop (``asyncio.run``, what Jupyter and pytest-asyncio users get),
 ``--loop uvloop`` is ``meshio.run``'s; the baseline's controller shares the
-loop, its workers run the standard loop as the harness starts them.
+loop, its workers run the standard loop as the harness starts them (uvloop
+with ``benchmarks/peers/uvloop_site`` on ``PYTHONPATH``, as in the peer
+run's uvloop column).
 
-A third side, the floor, is what no framework can beat on these loops: a
-bare ``asyncio.Protocol`` that writes 8 bytes to a worker process whose
-protocol echoes them back (on uvloop, as meshio's workers), no framing, no
-encoding.  Its latency and calls in flight are the rows' lower bound.
+A third side, the floor, is what a framework whose processes sleep between
+messages cannot beat on these loops: a bare ``asyncio.Protocol`` that writes
+8 bytes to a worker process whose protocol echoes them back (on uvloop, as
+meshio's workers), no framing, no encoding, each end woken by the kernel
+for each message.  meshio's busy polling (``set_limits(busy_poll=...)``,
+on by default) keeps both of its ends awake between calls made back to
+back, so its latency goes below that floor; ``MESHIO_BUSY_POLL=0`` measures
+it without.
 
 Usage: python benchmarks/bench_small.py [--loop asyncio|uvloop] [--reps 7]
 """

@@ -8,6 +8,9 @@ lower) is measured in ``benchmarks/bench_small.py``, not here."""
 from __future__ import annotations
 
 import asyncio
+import os
+
+import pytest
 
 import meshio
 from meshio import Actor, endpoint
@@ -73,6 +76,31 @@ async def test_a_lone_message_does_not_start_polling(restore_limits: None) -> No
         assert await stopped(rt)
         rt.heard()  # long after the last one now
         assert not rt.polling
+    finally:
+        rt.close()
+
+
+async def test_only_idle_turns_yield_the_core(restore_limits: None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A polling turn that heard nothing new gives the core to whatever else
+    is runnable on it; one with new data does not (it is working, not
+    waiting)."""
+    yields: list[None] = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(None))
+    meshio.set_limits(busy_poll=60.0)
+    rt = Runtime(asyncio.get_running_loop(), in_process=True)
+    try:
+        rt.heard()
+        rt.heard()
+        assert rt.polling
+        for _ in range(3):
+            await asyncio.sleep(0)
+        idle = len(yields)
+        assert idle >= 1  # turns with nothing new
+        for _ in range(5):
+            rt.heard()  # new data before every turn
+            await asyncio.sleep(0)
+        assert len(yields) == idle
     finally:
         rt.close()
 
