@@ -295,7 +295,7 @@ class Runtime:
         #: whether the loop is being kept polling (:meth:`heard`); when the
         #: last data from another process came in, when it last polled
         #: (``perf_counter``)
-        self.polling = False
+        self.polling: bool = False
         self._heard_at = self._polled_at = -math.inf
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
