@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -64,50 +65,51 @@ async def test_back_to_back_calls_keep_both_ends_polling_until_they_stop(
         assert not rt.polling
 
 
-async def test_a_lone_message_does_not_start_polling(restore_limits: None) -> None:
+@pytest.fixture
+async def rt(restore_limits: None) -> AsyncIterator[Runtime]:
+    """A runtime of the test's loop alone (no sockets: ``heard`` is called
+    by hand) where every data is "soon after" the last (``busy_poll`` of
+    60 s); closed after the test."""
     meshio.set_limits(busy_poll=60.0)
     rt = Runtime(asyncio.get_running_loop(), in_process=True)
     try:
-        rt.heard()  # the first data: nothing came before it
-        assert not rt.polling
-        rt.heard()
-        assert rt.polling
-        limits.busy_poll = 1e-9
-        assert await stopped(rt)
-        rt.heard()  # long after the last one now
-        assert not rt.polling
+        yield rt
     finally:
         rt.close()
 
 
-async def test_only_idle_turns_yield_the_core(restore_limits: None,
+async def test_a_lone_message_does_not_start_polling(rt: Runtime) -> None:
+    rt.heard()  # the first data: nothing came before it
+    assert not rt.polling
+    rt.heard()
+    assert rt.polling
+    limits.busy_poll = 1e-9
+    assert await stopped(rt)
+    rt.heard()  # long after the last one now
+    assert not rt.polling
+
+
+async def test_only_idle_turns_yield_the_core(rt: Runtime,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A polling turn that heard nothing new gives the core to whatever else
     is runnable on it; one with new data does not (it is working, not
     waiting)."""
     yields: list[None] = []
     monkeypatch.setattr(os, "sched_yield", lambda: yields.append(None))
-    meshio.set_limits(busy_poll=60.0)
-    rt = Runtime(asyncio.get_running_loop(), in_process=True)
-    try:
-        rt.heard()
-        rt.heard()
-        assert rt.polling
-        for _ in range(3):
-            await asyncio.sleep(0)
-        idle = len(yields)
-        assert idle >= 1  # turns with nothing new
-        for _ in range(5):
-            rt.heard()  # new data before every turn
-            await asyncio.sleep(0)
-        assert len(yields) == idle
-    finally:
-        rt.close()
+    rt.heard()
+    rt.heard()
+    assert rt.polling
+    for _ in range(3):
+        await asyncio.sleep(0)
+    idle = len(yields)
+    assert idle >= 1  # turns with nothing new
+    for _ in range(5):
+        rt.heard()  # new data before every turn
+        await asyncio.sleep(0)
+    assert len(yields) == idle
 
 
-async def test_closing_the_runtime_stops_polling(restore_limits: None) -> None:
-    meshio.set_limits(busy_poll=60.0)
-    rt = Runtime(asyncio.get_running_loop(), in_process=True)
+async def test_closing_the_runtime_stops_polling(rt: Runtime) -> None:
     rt.heard()
     rt.heard()
     assert rt.polling

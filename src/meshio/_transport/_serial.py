@@ -199,13 +199,12 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         ValueError: a limit is not positive (``fanout_width``, ``busy_poll``:
             negative).
     """
-    new = {"MESHIO_MAX_MESSAGE": max_message, "MESHIO_RECEIVE_BUDGET": receive_budget,
-           "MESHIO_FRAME_TIMEOUT": frame_timeout, "MESHIO_FANOUT_WIDTH": fanout_width,
-           "MESHIO_BUSY_POLL": busy_poll}
-    for name, value in new.items():
+    new = {"max_message": max_message, "receive_budget": receive_budget,
+           "frame_timeout": frame_timeout, "fanout_width": fanout_width,
+           "busy_poll": busy_poll}
+    for arg, value in new.items():
         if value is None:
             continue
-        arg = name.removeprefix("MESHIO_").lower()
         kinds, what, zero = _KINDS[arg]
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise TypeError(f"set_limits: {arg} must be {what}, "
@@ -213,19 +212,10 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         if not _allowed(value, zero):
             raise ValueError(f"set_limits: {arg} must be "
                              f"{'>= 0' if zero else 'positive'}, got {value!r}")
-    for name, value in new.items():
+    for arg, value in new.items():  # (all checked first: a bad one changes nothing)
         if value is not None:
-            os.environ[name] = str(value)
-    if max_message is not None:
-        limits.max_message = max_message
-    if receive_budget is not None:
-        limits.receive_budget = receive_budget
-    if frame_timeout is not None:
-        limits.frame_timeout = frame_timeout
-    if fanout_width is not None:
-        limits.fanout_width = fanout_width
-    if busy_poll is not None:
-        limits.busy_poll = busy_poll
+            os.environ[f"MESHIO_{arg.upper()}"] = str(value)
+            setattr(limits, arg, value)
 
 
 def _out() -> OutBuffers:
