@@ -1,8 +1,9 @@
 """Hosting actors inside a worker: one mailbox per actor, handled one
 message at a time (unless the endpoint is ``concurrent``).
 
-``async def`` endpoints run on the worker's loop (a mailbox call inline in
-the actor's pump task, a concurrent call in its own task); plain ``def``
+``async def`` endpoints run on the worker's loop (a mailbox call in the
+actor's pump task, or at once in the loop callback that brought it, as that
+task, when the actor was idle; a concurrent call in its own task); plain ``def``
 endpoints run in the actor's thread (:class:`ActorThread`), so a blocking
 one leaves the loop free to answer heartbeats and other actors.  The
 constructor runs in that thread first, so what it sets per thread is theirs.
@@ -21,6 +22,7 @@ import queue
 import threading
 import time
 import traceback
+from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
@@ -301,7 +303,12 @@ class ActorCell:
         self.waiter: asyncio.Future[None] | None = None
         #: by endpoint name: its calls so far (``meshio.stats()``)
         self.meters: dict[str, Meter] = {name: Meter() for name in self.endpoints}
-        self.task = rt.tasks.start(self._pump(), name="mailbox")
+        #: a call begun in :meth:`post` that had to wait: the mailbox task
+        #: goes on with it (:meth:`_begin`)
+        self.begun: _GoOn | None = None
+        #: the mailbox task's context (a call begun in :meth:`post` runs in it)
+        self.context = contextvars.copy_context()
+        self.task = rt.tasks.start(self._pump(), name="mailbox", context=self.context)
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         deadline = _deadline(msg.deadline)
@@ -330,14 +337,51 @@ class ActorCell:
                 took(conn, self.target, self.credit_batch, msg.origin)
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
+        waiter = self.waiter
+        if waiter is not None and not waiter.done() and asyncio.current_task() is None:
+            self.waiter = None  # (a call it makes to this actor meanwhile queues)
+            self._begin(waiter, conn, msg, bufs, deadline)
+            return
         if msg.req:
             self.queued.add((conn, msg.req))
         self.mailbox.append((conn, msg, bufs, deadline))
-        waiter = self.waiter
         if waiter is not None:
             self.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _begin(self, waiter: asyncio.Future[None], conn: Connection, msg: Call, bufs: Buffers,
+               deadline: float | None) -> None:
+        """Serve a call that found the actor idle here, in the loop callback
+        that brought it, rather than by waking the mailbox task (which waits
+        on ``waiter``): the call runs without a wake-up or a turn of the loop
+        first, and its answer goes out in the same turn.  It runs as if in
+        that task (``asyncio.current_task()`` is the task, in its context),
+        so everything else sees a mailbox call; one that has to wait is
+        handed to the task, which goes on with it (:class:`_GoOn`)."""
+        if msg.bounded:
+            took(conn, self.target, self.credit_batch, msg.origin)
+        coro = self._serve(conn, msg, bufs, deadline)
+        del bufs
+        loop, task = self.rt.loop, self.task
+        _enter_task(loop, task)
+        try:
+            yielded = self.context.run(coro.send, None)
+        except StopIteration:  # served
+            if not waiter.done():  # (done: the call stopped the actor)
+                if self.mailbox:  # calls that came meanwhile (a budget it freed let them in)
+                    waiter.set_result(None)
+                else:
+                    self.waiter = waiter
+            return
+        except BaseException as e:  # (a bug): raised in the task, as it would have been
+            self.begun = _GoOn(coro, None, e)
+        else:
+            self.begun = _GoOn(coro, yielded, None)
+        finally:
+            _leave_task(loop, task)
+        if not waiter.done():
+            waiter.set_result(None)
 
     def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None) -> ErrorInfo:
         names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
@@ -480,53 +524,66 @@ class ActorCell:
         loop = self.rt.loop
         while self.stopping is None:
             if not mailbox:
-                self.waiter = loop.create_future()
-                await self.waiter
+                self.waiter = waiter = loop.create_future()
+                try:
+                    await waiter
+                except asyncio.CancelledError as e:
+                    if self.begun is None:
+                        raise
+                    self.begun.thrown = e  # (this task was cancelled: it is the begun call's)
+                begun, self.begun = self.begun, None
+                if begun is not None:
+                    await begun
                 continue
             conn, msg, bufs, deadline = mailbox.popleft()
             if msg.bounded:
                 took(conn, self.target, self.credit_batch, msg.origin)
+            key = (conn, msg.req)
+            if not msg.req or key in queued:  # (not: cancelled by its caller)
+                queued.discard(key)
+                await self._serve(conn, msg, bufs, deadline)
+            del conn, msg, bufs  # an idle actor keeps no value of its last call
+
+    async def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
+                     deadline: float | None) -> None:
+        """Serve a mailbox call whose turn has come (in the mailbox task)."""
+        if deadline is not None and (late := time.monotonic() - deadline) >= 0:
+            self.expired += 1
             if msg.req:
-                key = (conn, msg.req)
-                if key not in queued:
-                    continue  # cancelled by its caller
-                queued.remove(key)
-            if deadline is not None and (late := time.monotonic() - deadline) >= 0:
-                self.expired += 1
-                if msg.req:
-                    conn.send_message(Fail(msg.req, ErrorInfo(
-                        "timeout", "CallTimeout",
-                        f"{self.where}: {msg.method} dropped without running: its deadline "
-                        f"passed {late:.3f} s ago while it waited in the mailbox",
-                        actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
-                continue
-            desc = self.endpoints.get(msg.method)
-            if desc is None:
-                self._fail(conn, msg.req, ErrorInfo(
-                    "unknown_endpoint", "UnknownEndpointError",
-                    f"{type(self.instance).__qualname__} has no endpoint {msg.method!r} "
-                    f"(it has {sorted(self.endpoints)})", actor=self.ctx.actor_name,
-                    rank=self.ctx.point.rank))
-                continue
-            try:
-                args, kwargs = desc.schema.unpack_args(msg.args, bufs)
-            except SchemaError as e:
-                self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
-                continue
-            if msg.req and desc.retry is not None:
-                await _started(conn, msg.req)
-            self.seq += 1
-            self.serving = desc
-            self.since = time.monotonic()
-            _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
-            _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
-            try:
-                run = self._run(conn, msg.req, desc, args, kwargs, deadline, self.task)
-                await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
-            finally:
-                self.serving = None
-                _scope.set(None)
-            del bufs, args, kwargs  # an idle actor keeps no value of its last call
+                conn.send_message(Fail(msg.req, ErrorInfo(
+                    "timeout", "CallTimeout",
+                    f"{self.where}: {msg.method} dropped without running: its deadline "
+                    f"passed {late:.3f} s ago while it waited in the mailbox",
+                    actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
+            return
+        desc = self.endpoints.get(msg.method)
+        if desc is None:
+            self._fail(conn, msg.req, ErrorInfo(
+                "unknown_endpoint", "UnknownEndpointError",
+                f"{type(self.instance).__qualname__} has no endpoint {msg.method!r} "
+                f"(it has {sorted(self.endpoints)})", actor=self.ctx.actor_name,
+                rank=self.ctx.point.rank))
+            return
+        try:
+            args, kwargs = desc.schema.unpack_args(msg.args, bufs)
+        except SchemaError as e:
+            self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
+            return
+        del bufs
+        if msg.req and desc.retry is not None:
+            await _started(conn, msg.req)
+        self.seq += 1
+        self.serving = desc
+        self.since = time.monotonic()
+        _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
+        _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
+        try:
+            run = self._run(conn, msg.req, desc, args, kwargs, deadline, self.task)
+            del args, kwargs
+            await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
+        finally:
+            self.serving = None
+            _scope.set(None)
 
     async def _run_concurrent(self, conn: Connection, msg: Call,
                               desc: EndpointDescriptor[Any, Any, Any],
@@ -627,6 +684,48 @@ class ActorCell:
         self.cancelled.remove(key)
         task.uncancel()
         return True
+
+
+class _GoOn:
+    """What the mailbox task awaits to go on with a call begun outside it
+    (:meth:`ActorCell._begin`): that call's coroutine (``cr_await``, as a
+    coroutine's, so stack captures follow it) was suspended on ``yielded``,
+    or is to have ``thrown`` thrown in; from there, what ``await`` of the
+    coroutine does."""
+
+    __slots__ = ("cr_await", "first", "thrown", "yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], yielded: Any,
+                 thrown: BaseException | None) -> None:
+        self.cr_await = coro
+        self.yielded = yielded
+        self.thrown = thrown
+        self.first = True
+
+    def __await__(self) -> Any:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        if self.thrown is not None:
+            thrown, self.thrown = self.thrown, None
+            self.first = False
+            return self.cr_await.throw(thrown)
+        if self.first:  # the task's first step: it waits for what the call waits for
+            self.first = False
+            return self.yielded
+        return self.cr_await.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self.first = False
+        if val is None and tb is None:
+            return self.cr_await.throw(typ)
+        return self.cr_await.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self.cr_await.close()
 
 
 async def _started(conn: Connection, req: int) -> None:

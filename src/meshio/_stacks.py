@@ -229,9 +229,8 @@ def _awaited(coro: Any) -> Iterator[FrameType]:
     while coro is not None:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) \
             or getattr(coro, "ag_frame", None)
-        if frame is None:
-            return
-        yield frame
+        if frame is not None:  # (None: a future, or an awaitable on the way to a coroutine)
+            yield frame
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) \
             or getattr(coro, "ag_await", None)
 

@@ -109,7 +109,10 @@ class MemoryTransport(asyncio.Transport):
     def _schedule(self) -> None:
         if not self._scheduled and not self._lost:
             self._scheduled = True
-            self._loop.call_soon(self._deliver, context=self._context)
+            # (in a copy: a call served in the delivery, as mailbox calls
+            # that find their actor idle are, may dial this runtime's peers,
+            # which enters their contexts, this runtime's among them)
+            self._loop.call_soon(self._deliver, context=self._context.copy())
 
     def _deliver(self) -> None:
         """Hand the protocol what waits, as a socket's reads would, until

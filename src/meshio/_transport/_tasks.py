@@ -16,6 +16,7 @@ These two are the only places in meshio that call ``create_task`` or
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
@@ -43,11 +44,13 @@ class TaskOwner:
     def __iter__(self) -> Any:
         return iter(list(self._tasks))
 
-    def start(self, coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+    def start(self, coro: Coroutine[Any, Any, T], name: str | None = None,
+              context: contextvars.Context | None = None) -> asyncio.Task[T]:
         """Run ``coro`` as a task of this owner's, on its loop (the running
-        one when none was given)."""
+        one when none was given), in ``context`` (a copy of the current one
+        when none was given)."""
         loop = self._loop or asyncio.get_running_loop()
-        task = loop.create_task(coro, name=name)
+        task = loop.create_task(coro, name=name, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task

@@ -1,0 +1,144 @@
+"""A mailbox call that finds its actor idle runs in the loop callback that
+brought it (``ActorCell._begin``), not after a wake-up of the mailbox task:
+everything an endpoint can see must be as if it ran in that task.  It runs
+as the task (``asyncio.current_task()``) in the task's context; one that
+has to wait is taken over by the task, in mailbox order, and cancellations
+(its caller's, its own ``asyncio.timeout``, the actor's stop) reach it
+wherever it waits.  That it pays is measured in
+``benchmarks/bench_small.py``, not here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+import meshio
+from meshio import Actor, ActorError, SupervisionError, endpoint
+
+GUARD = 30.0
+
+remembered: contextvars.ContextVar[int] = contextvars.ContextVar("remembered", default=0)
+
+
+class Served(Actor):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.waiting = asyncio.Event()
+        self.never = asyncio.Event()
+
+    @endpoint
+    async def task(self) -> tuple[int, str]:
+        task = asyncio.current_task()
+        assert task is not None
+        return id(task), task.get_name()
+
+    @endpoint
+    async def task_after_waiting(self) -> tuple[int, int]:
+        before = asyncio.current_task()
+        await asyncio.sleep(0)
+        return id(before), id(asyncio.current_task())
+
+    @endpoint
+    async def remember(self, x: int, wait: bool) -> None:
+        if wait:
+            await asyncio.sleep(0)
+        remembered.set(x)
+
+    @endpoint
+    async def recall(self) -> int:
+        return remembered.get()
+
+    @endpoint
+    async def hold(self, i: int) -> int:
+        self.log.append(f"start {i}")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.log.append(f"end {i}")
+        return i
+
+    @endpoint
+    async def history(self) -> list[str]:
+        return self.log
+
+    @endpoint
+    async def timed_out(self, after: float) -> bool:
+        try:
+            async with asyncio.timeout(after):
+                await self.never.wait()
+        except TimeoutError:
+            return True
+        return False
+
+    @endpoint
+    async def wait_forever(self) -> None:
+        self.waiting.set()
+        try:
+            await self.never.wait()
+        except asyncio.CancelledError:
+            self.log.append("cancelled")
+            raise
+
+    @endpoint(concurrent=True)
+    async def until_waiting(self) -> None:
+        await self.waiting.wait()
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_calls_run_as_the_mailbox_task_in_its_context(procs: meshio.ProcMesh) -> None:
+    served = (await procs.spawn("served", Served)).slice(procs=0)
+    first = await asyncio.wait_for(served.task.call_one(), GUARD)
+    assert first[1] == "mailbox"
+    assert await asyncio.wait_for(served.task.call_one(), GUARD) == first
+    before, after = await asyncio.wait_for(served.task_after_waiting.call_one(), GUARD)
+    assert before == after == first[0]
+    # what one call sets in the task's context the next call sees, whether
+    # it ran to its end at once or waited on the way
+    await asyncio.wait_for(served.remember.call_one(5, False), GUARD)
+    assert await asyncio.wait_for(served.recall.call_one(), GUARD) == 5
+    await asyncio.wait_for(served.remember.call_one(7, True), GUARD)
+    assert await asyncio.wait_for(served.recall.call_one(), GUARD) == 7
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_a_call_that_waits_is_taken_over_and_the_next_ones_wait_their_turn(
+        procs: meshio.ProcMesh) -> None:
+    served = (await procs.spawn("served", Served)).slice(procs=0)
+    assert await asyncio.wait_for(
+        asyncio.gather(*[served.hold.call_one(i) for i in range(4)]), GUARD) == [0, 1, 2, 3]
+    assert await asyncio.wait_for(served.history.call_one(), GUARD) == [
+        f"{what} {i}" for i in range(4) for what in ("start", "end")]
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_an_endpoints_own_timeout_reaches_it_wherever_it_waits(
+        procs: meshio.ProcMesh) -> None:
+    served = (await procs.spawn("served", Served)).slice(procs=0)
+    # timeout(0) cancels the task before it has taken the call over
+    assert await asyncio.wait_for(served.timed_out.call_one(0.0), GUARD) is True
+    assert await asyncio.wait_for(served.timed_out.call_one(0.01), GUARD) is True
+    assert await asyncio.wait_for(served.recall.call_one(), GUARD) == 0  # still serving
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_a_waiting_call_is_cancelled_by_its_caller(procs: meshio.ProcMesh) -> None:
+    served = (await procs.spawn("served", Served)).slice(procs=0)
+    call = asyncio.ensure_future(served.wait_forever.call_one())
+    await asyncio.wait_for(served.until_waiting.call_one(), GUARD)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    # the next mailbox call runs once the cancelled one has ended
+    assert await asyncio.wait_for(served.history.call_one(), GUARD) == ["cancelled"]
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_stopping_the_actor_ends_a_waiting_call(procs: meshio.ProcMesh) -> None:
+    actors = await procs.spawn("served", Served)
+    served = actors.slice(procs=0)
+    call = asyncio.ensure_future(served.wait_forever.call_one())
+    await asyncio.wait_for(served.until_waiting.call_one(), GUARD)
+    await asyncio.wait_for(actors.stop(), GUARD)
+    with pytest.raises((SupervisionError, ActorError), match="stopped"):
+        await asyncio.wait_for(call, GUARD)
