@@ -600,7 +600,7 @@ def test_text_kinds_on_the_wire() -> None:
 
     schema = Schema(Target.method, "Target.method")
     packer = Packer()
-    body = schema.pack_args(schema.bind(("n" * MiB,), {}), packer)
+    body = schema.pack_call(("n" * MiB,), {}, packer)
     assert schema.unpack_args(body, ["n" * MiB]) == ((), {"note": "n" * MiB})
     assert schema.unpack_args(body, ["é".encode()]) == ((), {"note": "é"})
     with pytest.raises(meshio.SchemaError, match=r"'note'.*UnicodeDecodeError"):

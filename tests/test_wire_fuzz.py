@@ -237,7 +237,7 @@ def valid_frames() -> list[bytes]:
             (b"", "é" * 20, {frozenset([1]): b"q" * 40_000}),
     ]):
         packer = Packer()
-        body = SCHEMA.pack_args(SCHEMA.bind((i, data, note, blob), {}), packer)
+        body = SCHEMA.pack_call((i, data, note, blob), {}, packer)
         msg = M.encode_message(M.Call(i + 1, "t", "method", msgspec.Raw(body)))
         frames.append(frame_header(len(msg), packer.out) + msg
                       + b"".join(bytes(memoryview(b)) for b, _ in packer.out))
@@ -246,7 +246,7 @@ def valid_frames() -> list[bytes]:
     reply = M.encode_message(M.Reply(1, msgspec.Raw(value)))
     frames.append(frame_header(len(reply), packer.out) + reply)
     calls = M.encode_message(M.Calls([M.Call(10 + k, "t", "method", msgspec.Raw(
-        SCHEMA.pack_args(SCHEMA.bind((k, b"c", "n", [k]), {}), Packer()))) for k in range(3)]))
+        SCHEMA.pack_call((k, b"c", "n", [k]), {}, Packer()))) for k in range(3)]))
     frames.append(frame_header(len(calls), []) + calls)
     answers = M.encode_message(M.Answers([(1, msgspec.Raw(value)), (2, msgspec.Raw(value))], []))
     frames.append(frame_header(len(answers), []) + answers)
@@ -441,7 +441,7 @@ def _encodings() -> list[tuple[bytes, list[Any]]]:
     for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
                  (3, b"", "", {"nested": [[1.5, None]]})]:
         packer = Packer()
-        body = SCHEMA.pack_args(SCHEMA.bind(args, {}), packer)
+        body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)
                            for b, k in packer.out]))
     return out
@@ -496,7 +496,7 @@ def test_decoders_deep_nesting() -> None:
     for _ in range(5000):
         nested = [nested]
     with pytest.raises(SchemaError, match=r"Target\.method.*nested too deeply"):
-        SCHEMA.pack_args(SCHEMA.bind((1, b"", "", nested), {}), Packer())
+        SCHEMA.pack_call((1, b"", "", nested), {}, Packer())
 
 
 # ------------------------------------------------- validation before pickles
@@ -527,7 +527,7 @@ def received(kwargs: dict[str, Any], cut_at: list[int]) -> tuple[M.Call, list[An
     """The call of ``Target.method`` with ``kwargs`` as its receiver gets it:
     encoded by the sender's code, its frame parsed by a connection."""
     packer = Packer()
-    body = SCHEMA.pack_args(kwargs, packer)  # the sender pickles what it cannot encode
+    body = SCHEMA.pack_call((), kwargs, packer)  # the sender pickles what it cannot encode
     msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(body)))
     frame = frame_header(len(msg), packer.out) + msg + b"".join(
         bytes(memoryview(b)) for b, _ in packer.out)
@@ -594,8 +594,7 @@ def test_user_checks_see_unpickled_values() -> None:
     for data in (b"", b"d" * 70_000):
         for y, error in ((1, None), ("one", r"got `str` - at `\$\.y`")):
             packer = Packer()
-            body = schema.pack_args(schema.bind((Checked(Tripwire("c")), data, y), {}),
-                                    packer)
+            body = schema.pack_call((Checked(Tripwire("c")), data, y), {}, packer)
             bufs = [bytes(memoryview(b)) for b, _ in packer.out]
             TRIPPED.clear()
             if error is None:

@@ -200,7 +200,7 @@ class ProcMesh(MeshShape):
                              f"got {name!r}")
         schema = cls._meshio_ctor
         packer = Packer()
-        body = schema.pack_args(schema.bind(args, kwargs), packer)
+        body = schema.pack_call(args, kwargs, packer)
         return await self._spawn_packed(name, cls, body, packer.out)
 
     async def _spawn_packed(self, name: str, cls: type[A], body: bytes, out: OutBuffers) -> A:

@@ -501,28 +501,26 @@ class Connection(asyncio.BufferedProtocol):
         made after it in the same turn (a burst of calls served) are framed
         together, as one :class:`Answers` in order with the frames around
         them: the caller decodes one frame for them, not one each."""
-        if not self._mergeable(out, len(body)):
-            return self.send(encode_message(Reply(req, msgspec.Raw(body))), out)
-        self._merge(Answers, (req, msgspec.Raw(body)))
-        return None
+        if self._merge(Answers, (req, msgspec.Raw(body)), out, len(body)):
+            return None
+        return self.send(encode_message(Reply(req, msgspec.Raw(body))), out)
 
     def call(self, msg: Call, out: OutBuffers) -> asyncio.Future[None] | None:
         """:meth:`send` of ``msg`` (and its out-of-band buffers); small calls
         made after the first frame of a turn of the loop (a burst) are framed
         together, as one :class:`Calls`, as :meth:`reply` does."""
-        if not self._mergeable(out, len(msg.args)):
-            return self.send(encode_message(msg), out)
-        self._merge(Calls, msg)
-        return None
+        if self._merge(Calls, msg, out, len(msg.args)):
+            return None
+        return self.send(encode_message(msg), out)
 
-    def _mergeable(self, out: OutBuffers, size: int) -> bool:
-        """Whether a reply or call of ``size`` bytes (with ``out``) may be
-        merged: small, without buffers, after this turn's first frame, and
-        with no large frame still being written (it would overtake it)."""
-        return (not out and self._batch is not None and self._queue is None
-                and size <= _MERGED_MAX)
-
-    def _merge(self, kind: type[Answers] | type[Calls], item: Any) -> None:
+    def _merge(self, kind: type[Answers] | type[Calls], item: Any, out: OutBuffers,
+               size: int) -> bool:
+        """Merge a reply or call (``item``, of ``size`` bytes, with ``out``)
+        with those before it in this turn, if it may be: small, without
+        buffers, after this turn's first frame, and with no large frame still
+        being written (it would overtake it); False if not (it goes alone)."""
+        if out or self._batch is None or self._queue is not None or size > _MERGED_MAX:
+            return False
         if self._merging is not kind:
             if self._merged:
                 self._frame_merged()
@@ -533,6 +531,7 @@ class Connection(asyncio.BufferedProtocol):
             self._frame_merged()
             if self._batch:
                 self._write_batch(self._batch)
+        return True
 
     def _frame_merged(self) -> None:
         """Add the replies or calls merged (:meth:`reply`, :meth:`call`) to

@@ -377,7 +377,7 @@ class Endpoint(Generic[P, R]):
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, Packer]:
         schema = self._desc.schema
         packer = Packer()
-        return schema.pack_args(schema.bind(args, kwargs), packer), packer
+        return schema.pack_call(args, kwargs, packer), packer
 
     # ------------------------------------------------------------ adverbs
 
@@ -476,7 +476,7 @@ class Endpoint(Generic[P, R]):
                 mailbox is full; nothing was sent.
         """
         mesh = self._mesh
-        if len(mesh) != 1:
+        if len(mesh._region.ranks) != 1:
             raise MeshShapeError(
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
@@ -484,8 +484,8 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (0,))
         deadline = self._deadline()
-        return self._single(mesh._request(0, self._desc, body, packer.out, deadline), 0,
-                            deadline)
+        fut = mesh._request(0, self._desc, body, packer.out, deadline)
+        return fut if deadline is None else self._single(fut, 0, deadline)
 
     @traced
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
@@ -504,13 +504,12 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
-        return self._single(mesh._request(index, self._desc, body, packer.out, deadline),
-                            index, deadline)
+        fut = mesh._request(index, self._desc, body, packer.out, deadline)
+        return fut if deadline is None else self._single(fut, index, deadline)
 
-    def _single(self, fut: asyncio.Future[Any], index: int, deadline: float | None
+    def _single(self, fut: asyncio.Future[Any], index: int, deadline: float
                 ) -> asyncio.Future[R]:
-        if deadline is None:
-            return fut
+        """The answer of one actor, due by ``deadline``."""
         return cancels(awaited(self._single_timeout(fut, index, deadline)),
                        [fut])
 

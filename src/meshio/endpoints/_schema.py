@@ -105,14 +105,34 @@ class Schema:
 
     # ------------------------------------------------------------- sender
 
-    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Map positional arguments to names; check names cheaply."""
+    def pack_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], packer: Packer) -> bytes:
+        """A call's arguments, encoded by name (positional ones bound to
+        their parameters, the names checked cheaply).
+
+        Raises:
+            SchemaError: they do not fit the signature, or cannot be sent.
+        """
         if not self._ready:
             self._build()
         if self.loose:
-            return {"args": args, "kwargs": kwargs}
-        if not kwargs and len(args) == self._npos:  # every parameter, by position
-            return dict(zip(self.positional, args))
+            bound = {"args": args, "kwargs": kwargs}
+        elif not kwargs and len(args) == self._npos:  # every parameter, by position
+            bound = dict(zip(self.positional, args))
+        else:
+            bound = self._bind(args, kwargs)
+        try:
+            if self.loose:
+                return packer.pack(bound, False)
+            return packer.pack_map(bound, self.typed)
+        except SchemaError as e:  # over the message size limit
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
+                              f"argument: {max(bound, key=lambda k: _size(bound[k]))!r})"
+                              ) from None
+        except Exception as e:  # the values' own pickling code may raise anything
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {_why(e)}") from e
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Arguments by name, checked against the signature."""
         if args:
             if len(args) > len(self.positional):
                 raise SchemaError(
@@ -134,18 +154,6 @@ class Schema:
             missing = sorted(self.required - bound.keys())
             raise SchemaError(f"{self.qualname}() missing required argument(s) {missing}")
         return bound
-
-    def pack_args(self, bound: dict[str, Any], packer: Packer) -> bytes:
-        try:
-            if self.loose:
-                return packer.pack(bound, False)
-            return packer.pack_map(bound, self.typed)
-        except SchemaError as e:  # over the message size limit
-            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
-                              f"argument: {max(bound, key=lambda k: _size(bound[k]))!r})"
-                              ) from None
-        except Exception as e:  # the values' own pickling code may raise anything
-            raise SchemaError(f"{self.qualname}: arguments cannot be sent: {_why(e)}") from e
 
     def pack_result(self, value: Any, packer: Packer) -> bytes:
         if not self._ready:
