@@ -52,7 +52,6 @@ if ENABLED or TYPE_CHECKING:  # (type checkers see the extra: it is in the dev o
     _ERROR = _trace.Status(_trace.StatusCode.ERROR)
     #: what a process has before it sets a tracer provider (or with the no-op one)
     _NO_PROVIDER = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
-    _MISSING = object()
     _trace.get_tracer_provider()  # one named by OTEL_PYTHON_TRACER_PROVIDER is set now
 
 #: while a call is served in a process that records no spans: its caller's
@@ -64,19 +63,20 @@ _inbound: contextvars.ContextVar[str] = contextvars.ContextVar("meshio_tracepare
 def _recording() -> bool:
     """Whether this process has a tracer provider (spans are made); asked
     per call, since a program may set one at any time.  OpenTelemetry's
-    global, set once by ``set_tracer_provider``, is read directly: its
-    public getter checks the environment on every call until one is set,
-    which costs more than the rest of this fast path."""
-    provider = getattr(_trace, "_TRACER_PROVIDER", _MISSING)
-    if provider is _MISSING:  # (another version of the API: the public getter)
-        provider = _trace.get_tracer_provider()
+    global (``opentelemetry-api`` 1.20 and later), set once by
+    ``set_tracer_provider``, is read directly: its public getter checks the
+    environment on every call until one is set, which costs more than the
+    rest of this fast path.  Where a call is sent, ``_trace._TRACER_PROVIDER
+    is None`` is tested before calling this (no provider ever set: the
+    common case, without the cost of a call)."""
+    provider = _trace._TRACER_PROVIDER
     return provider is not None and not isinstance(provider, _NO_PROVIDER)
 
 
 def current() -> str:
     """The W3C ``traceparent`` of the current span, for the call being
     sent ("" when there is none)."""
-    if not _recording():
+    if _trace._TRACER_PROVIDER is None or not _recording():
         return _inbound.get()
     ctx = _trace.get_current_span().get_span_context()
     if not ctx.is_valid:
@@ -157,7 +157,7 @@ def traced(adverb: F) -> F:
 
     @functools.wraps(adverb)
     def sends(handle: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _recording():
+        if _trace._TRACER_PROVIDER is None or not _recording():
             return adverb(handle, *args, **kwargs)
         span = start(handle)
         token = _otel_context.attach(_trace.set_span_in_context(span))
