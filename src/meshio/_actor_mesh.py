@@ -201,8 +201,7 @@ class ActorMesh(MeshShape, Generic[A]):
         for another call of this process, the call waits here, in order,
         until there is (:mod:`meshio._transport._credit`): returned then
         (None: it went now)."""
-        if (rt.dead or (self._procs is not None and self._procs._state.stopped)) \
-                and self._dead(rt, index, desc, answer):  # (the first test: cheap, for every call)
+        if self._dead(rt, index, desc, answer):
             return None
         addr = self._addrs[self._region.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)

@@ -339,7 +339,7 @@ class ActorCell:
             return
         waiter = self.waiter
         if waiter is not None and not waiter.done() and asyncio.current_task() is None:
-            self.waiter = None  # (a call it makes to this actor meanwhile queues)
+            self.waiter = None  # (calls that arrive meanwhile queue)
             self._begin(waiter, conn, msg, bufs, deadline)
             return
         if msg.req:
@@ -362,7 +362,6 @@ class ActorCell:
         if msg.bounded:
             took(conn, self.target, self.credit_batch, msg.origin)
         coro = self._serve(conn, msg, bufs, deadline)
-        del bufs
         loop, task = self.rt.loop, self.task
         _enter_task(loop, task)
         try:
