@@ -134,11 +134,13 @@ async def test_call_sends_one_message_per_range_and_gathers_every_point(
     sent, received = Sent(monkeypatch), Received(monkeypatch)
     result = await mesh.point.call(7)
     assert sent.count(Fanout) == 2 and sent.count(Call) == 0
-    # the answers come back batched: each top relay's own actor answers
-    # alone, the other 8 in Answers batches (fewer messages than answers
-    # unless every one came more than GATHER_DELAY after the one before)
-    assert received.replies == 2
-    assert sum(received.batches) == HOSTS * PER_HOST - 2
+    # every answer comes back once, batched: the other 8 in Answers batches;
+    # each top relay's own actor answers alone, as a Reply, unless the relay
+    # had already sent something up in that turn of its loop (the last
+    # answers of the call before, when the controller's next call reached it
+    # before the turn ended): then it goes in an Answers batch of its own
+    assert received.replies <= 2
+    assert received.replies + sum(received.batches) == HOSTS * PER_HOST
     assert [r for r, _, _ in result.values()] == list(range(HOSTS * PER_HOST))
     assert [pid for _, pid, _ in result.values()] == procs.pids
     assert {x for _, _, x in result.values()} == {7}
