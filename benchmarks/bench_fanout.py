@@ -11,7 +11,10 @@ For each size the same mesh is called with
 - ``tree``: ``fanout_width=4``, a tree of hosts, 4 messages per relay.
 
 Reported: median and 10th/90th percentile of ``--calls`` sequential calls
-(ms), the controller's CPU per call (µs), a PNG plot, and the per-hop costs
+(ms), the controller's CPU per call (µs), the **floor** for each size (the
+same number of bare Python processes each echoing 8 bytes over a Unix
+socket, written to and waited for with ``epoll`` by a plain loop: what
+waking that many processes once costs on this machine), a PNG plot, and the per-hop costs
 fitted from the measurements (with the fit's R² and residuals) and the
 projected time for 1,000 hosts x 8 processes and for 4,096 hosts x 32
 (131,072 actors); the model is printed with the numbers.
@@ -34,7 +37,11 @@ import argparse
 import asyncio
 import math
 import os
+import select
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,8 +83,8 @@ Row = tuple[float, float, float, float]
 
 async def run(hosts: list[int], per_host: int, calls: int
               ) -> tuple[dict[tuple[int, str], Row], float]:
-    """The rows by (hosts, mode); the median round trip (ms) of one
-    ``call_one`` to an actor on another host."""
+    """The rows by (hosts, mode, the floor's median in mode "floor"); the
+    median round trip (ms) of one ``call_one`` to an actor on another host."""
     results: dict[tuple[int, str], Row] = {}
     rtts: list[float] = []
     cache = Path(tempfile.mkdtemp()) / ".meshio"
@@ -103,7 +110,62 @@ async def run(hosts: list[int], per_host: int, calls: int
                     rtts.append((time.perf_counter() - t0) * 1e3)
     finally:
         await job.kill()
+    for h in hosts:  # (once meshio's processes are gone)
+        med = floor(h * per_host, calls)
+        results[(h, "floor")] = (med, med, med, 0.0)
+        print(f"{h:3d} hosts {h * per_host:4d} actors  floor   median {med:8.2f} ms", flush=True)
+    first, last = hosts[0], hosts[-1]
+    print(f"{last * per_host} actors vs {first * per_host}: "
+          + ", ".join(f"{mode} {results[(last, mode)][0] / results[(first, mode)][0]:.1f}x"
+                      for mode in (*MODES, "floor")))
     return results, statistics.median(rtts)
+
+
+_ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+while b := s.recv(8):
+    s.sendall(b)
+"""
+
+
+def floor(n: int, calls: int) -> float:
+    """The median wall time (ms) of writing 8 bytes to each of ``n`` bare
+    Python processes and reading every echo back (``epoll``, no framing, no
+    event loop): the least one call to ``n`` actors in ``n`` processes can
+    cost on this machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "echo")
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen(n)
+        procs = [subprocess.Popen([sys.executable, "-c", _ECHO, path]) for _ in range(n)]
+        conns = [server.accept()[0] for _ in range(n)]
+        by_fd = {c.fileno(): c for c in conns}
+        poller = select.epoll()
+        try:
+            for c in conns:
+                poller.register(c.fileno(), select.EPOLLIN)
+            times: list[float] = []
+            for _ in range(calls + 3):  # (3 to warm up)
+                t0 = time.perf_counter()
+                for c in conns:
+                    c.sendall(b"12345678")
+                left = n
+                while left:
+                    for fd, _ in poller.poll():
+                        by_fd[fd].recv(8)  # (each process answers once a round)
+                        left -= 1
+                times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            poller.close()
+            for c in conns:
+                c.close()
+            server.close()
+            for proc in procs:
+                proc.wait()
+    return statistics.median(times[3:])
 
 
 def controller_cost_hot(n: int = 256, rounds: int = 200) -> float:
@@ -219,6 +281,8 @@ def plot(results: dict[tuple[int, str], Row], hosts: list[int], per_host: int,
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     n = [float(h * per_host) for h in hosts]
+    ax1.plot(n, [results[(h, "floor")][0] for h in hosts], marker="x", linestyle=":",
+             color="gray", label="floor (bare echo processes)")
     for mode in MODES:
         ax1.plot(n, [results[(h, mode)][0] for h in hosts], marker="o", label=mode)
         ax2.plot(n, [results[(h, mode)][3] / 1e3 for h in hosts], marker="o", label=mode)

@@ -114,12 +114,15 @@ def test_bench_small_with_its_floor_at_a_tiny_size(peers: Path) -> None:
     assert float(floor.split(" ")[0].replace(",", "")) > 0
 
 
-def test_bench_fanout_controller_cost_measured_alone() -> None:
+def test_bench_fanout_controller_cost_measured_alone_and_floor() -> None:
     """``benchmarks/bench_fanout.py``'s in-process part (the controller's CPU
-    per actor of a gathered call) runs against the current internals."""
+    per actor of a gathered call) runs against the current internals, and
+    its floor (bare echo processes) measures."""
     bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fanout.py"
     p = subprocess.run([sys.executable, "-c", (
         "import runpy; g = runpy.run_path(" + repr(str(bench)) + ", run_name='bench');"
-        "print(g['controller_cost_hot'](16, 3))")], capture_output=True, text=True, timeout=120)
+        "print(g['controller_cost_hot'](16, 3)); print(g['floor'](3, 2))")],
+        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert float(p.stdout.strip().splitlines()[-1]) > 0
+    hot, floor = map(float, p.stdout.strip().splitlines()[-2:])
+    assert hot > 0 and floor > 0
