@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,17 @@ class Node(Actor):
     @endpoint(concurrent=True)
     async def wait_started(self) -> None:
         await self.started.wait()
+
+    @endpoint
+    async def rendezvous(self, path: str) -> bool:
+        """Holds this process's loop, as an endpoint computing without an
+        ``await`` does, until the test's server at ``path`` says that
+        every actor of the call is in here too (or 60 s passed)."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(60)
+            s.connect(path)
+            s.sendall(b"in")
+            return s.recv(2) == b"go"
 
 
 @pytest.fixture
@@ -144,6 +156,45 @@ async def test_call_sends_one_message_per_range_and_gathers_every_point(
     assert [r for r, _, _ in result.values()] == list(range(HOSTS * PER_HOST))
     assert [pid for _, pid, _ in result.values()] == procs.pids
     assert {x for _, _, x in result.values()} == {7}
+
+
+async def test_a_relay_forwards_before_its_own_actor_runs(
+        nodes: tuple[ProcessJob, Any, Node], tmp_path: Path) -> None:
+    """An endpoint that holds its process's loop (computes without an
+    ``await``) runs on every actor of a tree call at once: each relay sends
+    the calls of its host's other processes and of the hosts below before
+    its own actor, which a call finding it idle runs at once, takes its
+    loop.  Here every actor waits until all 10 are in: a relay whose own
+    actor went first would keep its part of the tree from ever arriving."""
+    _, _, mesh = nodes
+    await mesh.point.call(0)  # connections up
+    path = str(tmp_path / "rendezvous")
+    waiting: list[asyncio.StreamWriter] = []
+    everyone = asyncio.Event()
+
+    async def arrived(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(2)
+        waiting.append(writer)
+        if everyone.is_set():
+            writer.write(b"go")  # (late: the test failed already; let it finish)
+        elif len(waiting) == HOSTS * PER_HOST:
+            everyone.set()
+
+    async with await asyncio.start_unix_server(arrived, path):
+        call = asyncio.ensure_future(mesh.rendezvous.call(path))
+        try:
+            await asyncio.wait_for(everyone.wait(), 30)
+        except TimeoutError:
+            pytest.fail(f"only {len(waiting)} of {HOSTS * PER_HOST} actors started: a relay "
+                        "ran its own actor before sending the rest of the tree its calls")
+        finally:
+            everyone.set()
+            for writer in waiting:
+                writer.write(b"go")
+            result = await call
+            for writer in waiting:
+                writer.close()
+    assert all(result.values())
 
 
 async def test_stream_yields_every_point_and_broadcast_reaches_every_actor(

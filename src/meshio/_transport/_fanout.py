@@ -266,7 +266,12 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
     """Serve a tree message: call the actors of this host (``post`` delivers
     to the one in this process) and hand each range of the other hosts down
     to its relay.  A malformed one fails each of its calls with a
-    ``ProtocolError``; the connection serves on."""
+    ``ProtocolError``; the connection serves on.
+
+    The call of this process's own actor is posted last: a call that finds
+    its actor idle runs at once (:meth:`meshio._cell.ActorCell.post`), and
+    an endpoint computing without an ``await`` would otherwise hold back
+    the calls of every other process of the subtree until it returned."""
     why = malformed(msg)
     if why is not None:
         why = f"malformed fan-out message for {msg.target}.{msg.method}: {why}"
@@ -294,12 +299,13 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         return Call(req, msg.target, msg.method, msg.args, msg.chain, seq=seq, origin=origin,
                     deadline=msg.deadline, bounded=msg.bounded, trace=msg.trace)
 
+    mine: Call | None = None
     for host, calls in msg.groups:
         if host != own:
             continue
         for k, (addr, seq) in enumerate(calls, offsets[host]):
             if addr == relays[own - lo]:
-                post(up, call(up_req(k), seq), bufs)
+                mine = call(up_req(k), seq)
                 continue
             conn = _live(rt, up, addr, [up_req(k)], msg.target, answers)
             if conn is not None:
@@ -323,6 +329,8 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
             relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline,
             msg.trace, msg.bounded)), out)
+    if mine is not None:
+        post(up, mine, bufs)
 
 
 def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,
