@@ -23,6 +23,9 @@ CONTROLLER = Path(debug_controller.__file__).resolve()
 EXPECT_TIMEOUT = 60
 PROMPT = "(meshio debug) "
 PDB = "(Pdb) "
+#: pdb stops on the line after ``breakpoint()`` (or ``pdb.set_trace()``)
+#: before Python 3.13, on the call's own line from 3.13 on
+STOPS_AFTER = sys.version_info < (3, 13)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -116,7 +119,7 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
             expected = ("step", "# async breakpoint") if rank == "0" else \
                        ("step_sync", "# def breakpoint")
             assert function == f"Paused.{expected[0]}"
-            assert int(line) == line_of(expected[1]) + 1  # pdb stops at the next line
+            assert int(line) == line_of(expected[1]) + STOPS_AFTER
         assert seen == {"0", "1"}
         controller.sendline("go")  # another actor of the process paused in a def endpoint
         controller.expect_exact("bystander 1 answered")
@@ -128,6 +131,9 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
 
         shown = "\n".join(ask(debug, "attach steppers 0"))
         assert "attached to steppers rank 0" in shown
+        if not STOPS_AFTER:  # at the breakpoint: one step to where older versions stop
+            assert "-> breakpoint()  # async breakpoint" in shown
+            shown = "\n".join(ask(debug, "n"))
         assert "-> shifted = doubled + 1" in shown
         assert ask(debug, "p doubled") == ["20"]
         assert "-> await asyncio.sleep(0)  # the loop runs other tasks meanwhile" in \
