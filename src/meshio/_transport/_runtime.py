@@ -658,6 +658,11 @@ class Runtime:
         self.tasks.cancel()
         self.sockets.close()
         self.memory.close()
+        # Nothing watches the processes at the other end any more: their
+        # connections' losses (reported a loop turn later) fail what is in
+        # flight and report no process failure (a worker exits when its
+        # controller's connection drops: the end of the program, not a crash).
+        self.on_lost.clear()
         for conn in list(self.all_conns):
             conn.abort()
         for st in reversed(list(self._states.values())):
