@@ -24,6 +24,7 @@ from meshio._transport import _messages as M
 from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._serial import (
+    EXT_TENSOR,
     KIND_ASCII,
     KIND_BUFFER,
     KIND_BYTEARRAY,
@@ -90,6 +91,10 @@ class Store(Actor):
     async def make(self, dtype: str, n: int) -> torch.Tensor:
         base = torch.arange(n * 6).reshape(n, 6)
         return base.to(getattr(torch, dtype)).t()[1:, ::2]  # non-contiguous result
+
+    @endpoint
+    async def device_of(self, t: torch.Tensor) -> str:
+        return str(t.device)
 
     @endpoint
     async def writable_sum(self, t: torch.Tensor) -> float:
@@ -227,6 +232,72 @@ async def test_received_tensor_is_writable_and_separate(store: ActorMesh[Store])
 async def test_large_tensor_round_trip(store: ActorMesh[Store]) -> None:
     t = torch.randn(1024, 1024 * 2)  # 8 MiB
     same(t, await call(store, "tensor", t))
+
+
+# ------------------------------------------------------------ GPU tensors
+
+#: the CUDA tests run where torch sees a GPU (a CPU-only machine skips them;
+#: what arrives there from a GPU is tested below without one)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+@CUDA
+@LOOP
+async def test_cuda_tensor_arrives_on_its_device(store: ActorMesh[Store]) -> None:
+    """A CUDA tensor is rebuilt on the same device where it arrives, as an
+    argument and as a result, non-contiguous and nested too: an endpoint
+    computes with its model on the GPU without a ``.cuda()``."""
+    t = torch.arange(48, dtype=torch.bfloat16, device="cuda").reshape(6, 8).t()[::2]
+    assert await call(store, "device_of", t) == "cuda:0"
+    back = await call(store, "tensor", t)
+    assert back.device == t.device and back.dtype == t.dtype and back.shape == t.shape
+    assert torch.equal(back, t)
+    nested = await call(store, "anything", {"w": [t, torch.ones(3)]})
+    assert nested["w"][0].device == t.device and torch.equal(nested["w"][0], t)
+    assert nested["w"][1].device.type == "cpu"
+    pickled = await call(store, "anything", Custom(t, 1))  # a tensor in a pickle
+    assert pickled.a.device == t.device and torch.equal(pickled.a, t)
+    big = torch.randn(4096, 4096, device="cuda")  # 64 MiB: the same-host path
+    assert torch.equal(await call(store, "tensor", big), big)
+
+
+@CUDA
+@LOOP
+async def test_cuda_tensor_arrives_on_the_cpu_where_there_is_no_gpu() -> None:
+    """A process that sees no GPU (``CUDA_VISIBLE_DEVICES`` empty: a CPU
+    controller, a data-loading worker) gets a CUDA tensor on the CPU."""
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, env={"CUDA_VISIBLE_DEVICES": ""}, name="no_gpu") as pm:
+        cpu_only = await pm.spawn("cpu_only", Store)
+        t = torch.arange(10, dtype=torch.float32, device="cuda")
+        assert await call(cpu_only, "device_of", t) == "cpu"
+        back = await call(cpu_only, "tensor", t)  # a CPU tensor goes back as one
+        assert back.device.type == "cpu" and torch.equal(back, t.cpu())
+
+
+def tensor_from(device: str, values: list[float]) -> tuple[bytes, list[Any]]:
+    """A tensor as a process on ``device`` sends it: its body and buffers."""
+    data = struct.pack(f"<{len(values)}f", *values)
+    ref = msgspec.msgpack.encode(("torch.float32", [len(values)], [1], 0, device))
+    return msgspec.msgpack.encode(msgspec.msgpack.Ext(EXT_TENSOR, ref)), [bytearray(data)]
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cuda:7", "mps", "xpu:1"])
+@pytest.mark.parametrize("tp", [Any, torch.Tensor])
+def test_tensor_from_a_device_this_process_lacks_arrives_on_the_cpu(device: str, tp: Any) -> None:
+    body, bufs = tensor_from(device, [1.5, -2.0, 3.25])
+    here = torch.device(device)
+    backend = getattr(torch, here.type)
+    if backend.is_available() and (here.index or 0) < backend.device_count():
+        pytest.skip(f"this process has {device}")
+    t = TypedDecoder(tp).decode(body, bufs)
+    assert t.device.type == "cpu" and t.tolist() == [1.5, -2.0, 3.25]
+
+
+def test_tensor_from_an_unknown_device_is_a_clear_error() -> None:
+    body, bufs = tensor_from("warp:7", [1.0])
+    with pytest.raises(ValueError, match="unknown tensor device 'warp:7'"):
+        TypedDecoder(torch.Tensor).decode(body, bufs)
 
 
 # ------------------------------------------------------------ buffers e2e

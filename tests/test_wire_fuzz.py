@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -439,7 +440,8 @@ def test_scratch_buffer_shrinks_after_large_header() -> None:
 def _encodings() -> list[tuple[bytes, list[Any]]]:
     out = []
     for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
-                 (3, b"", "", {"nested": [[1.5, None]]})]:
+                 (3, b"", "", {"nested": [[1.5, None]]}),
+                 (4, b"", "", [torch.arange(6.0).reshape(2, 3).t()])]:
         packer = Packer()
         body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)
@@ -474,7 +476,7 @@ def test_decoders_arbitrary_bytes(body: bytes, bufs: list[bytes]) -> None:
 @given(which=st.integers(0, len(ENCODINGS) - 1), data=st.data())
 def test_decoders_mutated_encodings(which: int, data: st.DataObject) -> None:
     """issue 7 item 1: (evidence) mutated valid argument encodings (bad extension codes,
-    buffer indices, pickles) decode to a value or a SchemaError."""
+    buffer indices, pickles, tensors' descriptions) decode to a value or a SchemaError."""
     body, bufs = ENCODINGS[which]
     decode_all(data.draw(mutated(body)), [data.draw(st.sampled_from([b, b[:1], b""]))
                                           for b in bufs])

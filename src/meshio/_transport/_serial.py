@@ -233,31 +233,49 @@ def _in() -> Buffers:
 # ---------------------------------------------------------------- tensors
 
 
-def _tensor_memory(t: Any) -> tuple[Any, Any]:
-    """``(contiguous cpu tensor, writable byte view of its storage)``."""
+def _tensor_memory(t: Any) -> tuple[Any, Any, str]:
+    """``(contiguous cpu tensor, writable byte view of its storage, device)``:
+    ``device`` is ``""`` for a CPU tensor, else where it lives (``"cuda:0"``)."""
     t = t.detach()
+    device = "" if t.device.type == "cpu" else str(t.device)
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
-        return t, bytearray()
+        return t, bytearray(), device
     array = (ctypes.c_char * nbytes).from_address(t.data_ptr())
     array._meshio_owner = t  # keep the storage alive while the bytes are in flight
-    return t, memoryview(array).cast("B")
+    return t, memoryview(array).cast("B"), device
 
 
-def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int]) -> Any:
+def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
+                    device: str) -> Any:
     import torch  # deferred: optional and heavy; only a value holding a tensor needs it
 
     dt = getattr(torch, dtype.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown tensor dtype {dtype!r}")
     if len(buf) == 0:
-        return torch.empty(shape, dtype=dt)
-    flat = torch.frombuffer(buf, dtype=dt)
-    return flat.as_strided(shape, strides)
+        t = torch.empty(shape, dtype=dt)
+    else:
+        t = torch.frombuffer(buf, dtype=dt).as_strided(shape, strides)
+    return t.to(device) if device and _device_here(torch, device) else t
+
+
+def _device_here(torch: Any, device: str) -> bool:
+    """Whether this process has the accelerator ``device`` (``"cuda:1"``):
+    a tensor sent from there is rebuilt on it, else on the CPU."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown tensor device {device!r}") from None
+    backend: Any = getattr(torch, dev.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        return False
+    return dev.index is None or bool(dev.index < backend.device_count())
 
 
 _utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
@@ -368,9 +386,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
-            t, mem = _tensor_memory(obj)
+            t, mem, device = _tensor_memory(obj)
             return _rebuild_tensor, (
-                pickle.PickleBuffer(mem), str(t.dtype), list(t.shape), list(t.stride()))
+                pickle.PickleBuffer(mem), str(t.dtype), list(t.shape), list(t.stride()), device)
         if (isinstance(obj, type) and issubclass(obj, msgspec.Struct)
                 and obj is not msgspec.Struct and not _by_reference(obj)):
             return _reduce_struct_class(obj)
@@ -435,11 +453,11 @@ def _enc_hook(obj: Any) -> Any:
         return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
-        t, mem = _tensor_memory(obj)
+        t, mem, device = _tensor_memory(obj)
         index = len(out)
         out.append((mem, KIND_BUFFER))
-        return msgspec.msgpack.Ext(
-            EXT_TENSOR, _small.encode((str(t.dtype), list(t.shape), list(t.stride()), index)))
+        return msgspec.msgpack.Ext(EXT_TENSOR, _small.encode(
+            (str(t.dtype), list(t.shape), list(t.stride()), index, device)))
     if type(obj) is _Pickled:
         obj = obj.obj
     start = len(out)
@@ -471,7 +489,7 @@ _REFUSED: Final = ("got `pickle`", "got `ext`")
 
 
 _buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
-_tensor_ref = msgspec.msgpack.Decoder(tuple[str, list[int], list[int], int])
+_tensor_ref = msgspec.msgpack.Decoder(tuple[str, list[int], list[int], int, str])
 _pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
 
 
@@ -492,8 +510,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             return memoryview(buf)
         return buf
     if code == EXT_TENSOR:
-        dtype, shape, strides, index = _tensor_ref.decode(data)
-        return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides)
+        dtype, shape, strides, index, device = _tensor_ref.decode(data)
+        return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides, device)
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
