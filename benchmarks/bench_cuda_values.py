@@ -4,8 +4,9 @@ A CUDA tensor in a message is copied to host memory, moved as any large
 value (one copy between the processes of a host), and copied back to the
 GPU where it arrives. This times a round trip (argument there, result back)
 of a CUDA tensor through one worker on the same GPU, per size, against the
-floor of what it copies: in one process, the tensor to host memory and back
-to the GPU twice (``t.cpu().cuda()``, once each way). Medians of ``--reps``
+floor of what it copies: in one process, the tensor to pinned host memory,
+copied once in host memory (the move between processes) and back to the
+GPU, once each way. Medians of ``--reps``
 after a warm-up; MiB/s counts the tensor's bytes once per round trip.
 
     python benchmarks/bench_cuda_values.py                   # uvloop (meshio.run)
@@ -36,12 +37,19 @@ class Echo(Actor):
 
 
 def floor_s(t: torch.Tensor, reps: int) -> float:
-    """Median seconds of the copies a round trip makes, in one process."""
+    """Median seconds of the copies a round trip makes, in one process: to
+    pinned host memory, a host copy (between the processes), back to the
+    GPU, twice."""
+    pinned = torch.empty_like(t, device="cpu", pin_memory=True)
+    other = torch.empty_like(pinned)
     times = []
     for _ in range(reps + 1):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        t.cpu().cuda().cpu().cuda()
+        for _ in range(2):
+            pinned.copy_(t)
+            other.copy_(pinned)
+            t.copy_(other)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])

@@ -20,6 +20,7 @@ import torch
 
 import meshio
 from meshio import Actor, ActorMesh, endpoint
+from meshio._transport import _bulk
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
@@ -32,6 +33,7 @@ from meshio._transport._serial import (
     OOB_THRESHOLD,
     Packer,
     TypedDecoder,
+    _to_host,
 )
 from meshio.endpoints._schema import Schema
 
@@ -273,6 +275,22 @@ async def test_cuda_tensor_arrives_on_the_cpu_where_there_is_no_gpu() -> None:
         assert await call(cpu_only, "device_of", t) == "cpu"
         back = await call(cpu_only, "tensor", t)  # a CPU tensor goes back as one
         assert back.device.type == "cpu" and torch.equal(back, t.cpu())
+
+
+@pytest.mark.parametrize("name", list(TENSORS))
+def test_a_device_tensor_goes_through_pooled_memory(name: str) -> None:
+    """What a GPU tensor is copied into to travel (``_to_host``; run here on
+    CPU tensors of every shape and dtype above): contiguous, equal, and
+    pooled memory that goes back to the pool once dropped."""
+    t = TENSORS[name]
+    host = _to_host(t)
+    assert host.is_contiguous() and host.dtype == t.dtype and host.shape == t.shape
+    assert torch.equal(host, t)
+    if t.numel():
+        assert host.data_ptr() != t.data_ptr()
+        returned = len(_bulk._pool.returned)
+        del host
+        assert len(_bulk._pool.returned) == returned + 1
 
 
 def tensor_from(device: str, values: list[float]) -> tuple[bytes, list[Any]]:
