@@ -58,6 +58,20 @@ class Reader(Actor):
         return version, sorted(versions_in(dst))
 
     @endpoint
+    async def read_into_views(self, store: WeightStore, n: int) -> tuple[int, list[float]]:
+        """Into destinations the store cannot copy straight into (as a GPU
+        tensor's): non-contiguous views, through one staging block."""
+        dst = {"w": torch.zeros(4, n).t(), "b": torch.zeros(2 * n, dtype=torch.int64)[::2],
+               "h": torch.zeros(5, 3, dtype=torch.bfloat16).t(), "empty": torch.empty(7, 0).t()}
+        ptrs = {k: t.data_ptr() for k, t in dst.items()}
+        version = await store.read_into(dst)
+        assert {k: t.data_ptr() for k, t in dst.items()} == ptrs  # in place
+        assert not dst["w"].is_contiguous()
+        fresh = await store.read()
+        assert all(torch.equal(dst[k], fresh[k]) for k in dst)
+        return version, sorted(versions_in(dst))
+
+    @endpoint
     async def read_into_wrong(self, store: WeightStore) -> str:
         dst = {"w": torch.zeros(3, 4), "b": torch.zeros(1000, dtype=torch.int64),
                "h": torch.zeros(3, 5, dtype=torch.bfloat16), "empty": torch.empty(0, 7)}
@@ -133,6 +147,7 @@ async def test_controller_publishes_actors_read() -> None:
         await store.publish(state(3), version=3)
         assert versions_in(await asyncio.wait_for(waiting, GUARD)) == {3.0}
         assert await one.read_into.call_one(store, 1000) == (3, [3.0])
+        assert await one.read_into_views.call_one(store, 1000) == (3, [3.0])
         err = await one.read_into_wrong.call_one(store)
         assert "'w'" in err and "(1000, 4)" in err and "(3, 4)" in err, err
         assert await one.read_keys.call_one(store, ["b", "w"]) == ["b", "w"]

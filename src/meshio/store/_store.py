@@ -513,16 +513,21 @@ class WeightStore:
                     raise ValueError(f"WeightStore.read_into: key {key!r}: the store has shape "
                                      f"{tuple(shape)} ({dtype}), dst has {tuple(t.shape)} "
                                      f"({t.dtype})")
+            staging: memoryview | None = None  # for a GPU or non-contiguous dst
             for key, _, shape, off, n in grant.layout:
                 t = dst[key]
+                if not n:
+                    continue
                 if t.device.type == "cpu" and t.is_contiguous():
-                    target = t
-                else:
-                    target = torch.empty(shape, dtype=t.dtype)
-                if n:
-                    await _copy_range(grant, memory, target, off, n)
-                if target is not t:
-                    t.copy_(target)
+                    await _copy_range(grant, memory, t, off, n)
+                    continue
+                # through one block of pooled memory: mapped already, so
+                # neither this copy nor the GPU's faults pages in per key
+                if staging is None:
+                    staging = pool_view(max(e[4] for e in grant.layout))
+                target = torch.frombuffer(staging, dtype=t.dtype, count=t.numel()).view(shape)
+                await _copy_range(grant, memory, target, off, n)
+                t.copy_(target)
             return grant.version
 
         return await self._using(at_least, timeout, copy)
