@@ -58,6 +58,16 @@ class Reader(Actor):
         return version, sorted(versions_in(dst))
 
     @endpoint
+    async def read_into_gpu(self, store: WeightStore, n: int) -> tuple[int, list[float]]:
+        dst = {k: t.cuda() for k, t in state(0, n).items()}
+        ptrs = {k: t.data_ptr() for k, t in dst.items()}
+        version = await store.read_into(dst)
+        assert {k: t.data_ptr() for k, t in dst.items()} == ptrs  # in place, on the GPU
+        fresh = await store.read()
+        assert all(t.is_cuda and torch.equal(t.cpu(), fresh[k]) for k, t in dst.items())
+        return version, sorted(versions_in(dst))
+
+    @endpoint
     async def read_into_views(self, store: WeightStore, n: int) -> tuple[int, list[float]]:
         """Into destinations the store cannot copy straight into (as a GPU
         tensor's): non-contiguous views, through one staging block."""
@@ -156,6 +166,16 @@ async def test_controller_publishes_actors_read() -> None:
         with pytest.raises(ValueError, match="not above"):
             await store.publish(state(3), version=3)
         assert store.kept == (2, 3)  # keep=2, nobody reads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+async def test_read_into_a_gpu_state_dict() -> None:
+    """A generator's model on the GPU takes a version in place."""
+    store = WeightStore("policy-gpu")
+    await store.publish(state(4), version=4)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        reader = await procs.spawn("reader", Reader)
+        assert await reader.read_into_gpu.call_one(store, 1000) == (4, [4.0])
 
 
 async def test_a_reader_killed_holding_a_lease_frees_its_version() -> None:
