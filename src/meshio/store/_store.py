@@ -488,7 +488,8 @@ class WeightStore:
         """Copy the newest version (one from ``at_least`` on, waiting up to
         ``timeout`` seconds) into the tensors of ``dst``, in place; returns
         its number.  Every key of the version must be in ``dst`` with the
-        same shape and dtype.
+        same shape and dtype; its tensors may be on a GPU (a generator's
+        ``model.state_dict()``) or views.
 
         Raises:
             ValueError: a key is missing or extra, or a shape or dtype differs
