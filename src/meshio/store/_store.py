@@ -515,7 +515,7 @@ class WeightStore:
                                      f"{tuple(shape)} ({dtype}), dst has {tuple(t.shape)} "
                                      f"({t.dtype})")
             staging: memoryview | None = None  # for a GPU or non-contiguous dst
-            for key, _, shape, off, n in grant.layout:
+            for key, dtype, shape, off, n in grant.layout:
                 t = dst[key]
                 if not n:
                     continue
@@ -526,7 +526,7 @@ class WeightStore:
                 # neither this copy nor the GPU's faults pages in per key
                 if staging is None:
                     staging = pool_view(max(e[4] for e in grant.layout))
-                target = torch.frombuffer(staging, dtype=t.dtype, count=t.numel()).view(shape)
+                target = _tensor(staging, dtype, shape, 0, n)
                 await _copy_range(grant, memory, target, off, n)
                 t.copy_(target)
             return grant.version
