@@ -5,8 +5,8 @@ value (one copy between the processes of a host), and copied back to the
 GPU where it arrives. This times a round trip (argument there, result back)
 of a CUDA tensor through one worker on the same GPU, per size, against the
 floor of what it copies: in one process, the tensor to pinned host memory,
-copied once in host memory (the move between processes) and back to the
-GPU, once each way. Medians of ``--reps``
+copied once in host memory (the move between processes) into pinned memory
+and back to the GPU, once each way. Medians of ``--reps``
 after a warm-up; MiB/s counts the tensor's bytes once per round trip.
 
     python benchmarks/bench_cuda_values.py                   # uvloop (meshio.run)
@@ -38,10 +38,10 @@ class Echo(Actor):
 
 def floor_s(t: torch.Tensor, reps: int) -> float:
     """Median seconds of the copies a round trip makes, in one process: to
-    pinned host memory, a host copy (between the processes), back to the
-    GPU, twice."""
+    pinned host memory, a host copy (between the processes) into pinned
+    memory, back to the GPU, twice."""
     pinned = torch.empty_like(t, device="cpu", pin_memory=True)
-    other = torch.empty_like(pinned)
+    other = torch.empty_like(t, device="cpu", pin_memory=True)
     times = []
     for _ in range(reps + 1):
         torch.cuda.synchronize()

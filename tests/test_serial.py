@@ -277,6 +277,62 @@ async def test_cuda_tensor_arrives_on_the_cpu_where_there_is_no_gpu() -> None:
         assert back.device.type == "cpu" and torch.equal(back, t.cpu())
 
 
+@CUDA
+@LOOP
+async def test_gpu_copies_go_through_pinned_pooled_memory(store: ActorMesh[Store]) -> None:
+    """The pooled memory a GPU copies through is registered with CUDA
+    (page-locked: the copy runs at the bus's speed), once: the block keeps
+    it idle in the pool, and a block closed goes back unregistered."""
+    view = _bulk.pool_view(4 * MiB)
+    host = torch.frombuffer(view, dtype=torch.uint8)
+    assert not host.is_pinned()
+    _bulk.pin_for_cuda(view)
+    assert host.is_pinned()
+    block = view.obj._meshio_owner.block
+    del host, view
+    again = _bulk.pool_view(4 * MiB)  # the idle block, still registered
+    assert again.obj._meshio_owner.block is block
+    assert torch.frombuffer(again, dtype=torch.uint8).is_pinned()
+    del again
+    big = torch.randn(4096, 4096, device="cuda")  # 64 MiB: sent and received in pooled memory
+    assert torch.equal(await call(store, "tensor", big), big)
+    pool = _bulk._pool
+    assert any(b.pinned and b.size >= 64 * MiB for b in [*pool.idle, *pool.returned])
+    own = _bulk._Pool()  # a block closed (over the idle cap) is unregistered first
+    view = own.view(2 * MiB)
+    _bulk.pin_for_cuda(view)
+    block = view.obj._meshio_owner.block
+    del view
+    own.returned.popleft().close()
+    assert block.map.closed
+    assert torch.equal(big * 2, big + big)  # CUDA has no error pending
+
+
+@CUDA
+def test_a_registration_cuda_refuses_leaves_no_error_behind() -> None:
+    """A block CUDA will not register stays pageable, and the error CUDA
+    keeps pending for it does not surface in the next kernel launch."""
+    view = _bulk.pool_view(2 * MiB)
+    _bulk.pin_for_cuda(view)
+    block = view.obj._meshio_owner.block
+    block.pinned = False  # registering it again: CUDA refuses (already registered)
+    _bulk.pin_for_cuda(view)
+    assert not block.pinned
+    block.pinned = True  # (it is: it goes back to the pool so)
+    t = torch.ones(8, device="cuda")
+    assert (t * 2).sum().item() == 16.0
+
+
+def test_pinning_leaves_other_memory_alone() -> None:
+    """Memory that is not a pooled block, or a block under the threshold,
+    is not registered (on this CPU build, registering at all would raise)."""
+    _bulk.pin_for_cuda(bytearray(8 * MiB))
+    _bulk.pin_for_cuda(memoryview(bytearray(8 * MiB)))
+    small = _bulk.pool_view(64 * 1024)
+    _bulk.pin_for_cuda(small)
+    assert not small.obj._meshio_owner.block.pinned
+
+
 @pytest.mark.parametrize("name", list(TENSORS))
 def test_a_device_tensor_goes_through_pooled_memory(name: str) -> None:
     """What a GPU tensor is copied into to travel (``_to_host``; run here on

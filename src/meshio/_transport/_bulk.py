@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from ._connection import Connection
 
 __all__ = ("CAP_IPC_LOCK", "CAP_SYS_PTRACE", "HOST_ID", "REMOTE", "THRESHOLD", "Exports",
-           "address_of", "capable", "cma", "exports_for", "pool_view", "ptrace_scope", "snapshot")
+           "address_of", "capable", "cma", "exports_for", "pin_for_cuda", "pool_view",
+           "ptrace_scope", "snapshot")
 
 log = logging.getLogger("meshio")
 
@@ -70,6 +71,8 @@ _SPLIT: Final = 8 << 20
 _HUGE: Final = 4 << 20
 #: bytes of idle pool memory a process keeps for the next values
 IDLE_CAP: Final = 1 << 30
+#: ``cudaHostRegisterPortable``: registered for every CUDA context of the process
+_PORTABLE: Final = 1
 
 
 def _boot_id() -> str:
@@ -195,9 +198,10 @@ def executor() -> ThreadPoolExecutor:
 # ------------------------------------------------------------- the pool
 
 class _Block:
-    """One anonymous mapping of the pool, and its address."""
+    """One anonymous mapping of the pool, its address, and whether it is
+    registered with CUDA (:func:`pin_for_cuda`)."""
 
-    __slots__ = ("addr", "map", "size")
+    __slots__ = ("addr", "map", "pinned", "size")
 
     def __init__(self, size: int) -> None:
         self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -207,6 +211,12 @@ class _Block:
         probe = ctypes.c_char.from_buffer(self.map)
         self.addr = ctypes.addressof(probe)
         del probe  # (an exported buffer would keep the map from closing)
+        self.pinned = False
+
+    def close(self) -> None:
+        if self.pinned:
+            _cudart().cudaHostUnregister(self.addr)
+        self.map.close()
 
 
 class _Lease:
@@ -243,7 +253,7 @@ class _Pool:
                     self.idle.append(block)
                     self.idle_bytes += block.size
                 else:
-                    block.map.close()
+                    block.close()
             fits = [b for b in self.idle if n <= b.size <= 2 * n]
             if fits:
                 block = min(fits, key=lambda b: b.size)
@@ -259,6 +269,45 @@ class _Pool:
 _pool = _Pool()
 #: a writable ``n``-byte view of mapped memory, lent until it is dropped
 pool_view: Final = _pool.view
+
+
+def pin_for_cuda(memory: object) -> None:
+    """Register the pool block under ``memory`` (a view of it) with CUDA
+    (page-locked), for the block's life, before a GPU copies to or from
+    it: from pageable memory the device copies at a fraction of the bus's
+    speed (2.5x slower round trips of 16-256 MiB on an H200). Idle blocks
+    keep their registration, so a steady stream of GPU values pays it once.
+    Memory not from the pool, a block under :data:`THRESHOLD`, or a
+    registration CUDA refuses: nothing (the copy runs from pageable
+    memory)."""
+    lease = getattr(getattr(memory, "obj", None), "_meshio_owner", None)
+    if not isinstance(lease, _Lease):
+        return
+    block = lease.block
+    if block.pinned or block.size < THRESHOLD:
+        return
+    block.pinned = int(_cudart().cudaHostRegister(block.addr, block.size, _PORTABLE)) == 0
+    if not block.pinned:
+        _clear_cuda_error()
+
+
+def _clear_cuda_error() -> None:
+    """Take back the error a refused registration left pending in the CUDA
+    runtime torch loaded (``cudaGetLastError``): torch's next kernel launch
+    would raise it as its own."""
+    with open("/proc/self/maps") as maps:
+        libraries = {line.split()[-1] for line in maps if "/libcudart.so" in line}
+    for path in libraries:
+        ctypes.CDLL(path).cudaGetLastError()
+
+
+def _cudart() -> Any:
+    """torch's bindings of the CUDA runtime (torch is imported wherever a
+    block is registered)."""
+    import torch
+
+    cuda: Any = torch.cuda  # (``cudart`` is untyped)
+    return cuda.cudart()
 
 
 # ------------------------------------------------ values on a connection

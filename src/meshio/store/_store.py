@@ -34,7 +34,7 @@ import msgspec
 
 from .._context import _context
 from .._exceptions import MeshioError
-from .._transport._bulk import HOST_ID, address_of, cma, executor, pool_view
+from .._transport._bulk import HOST_ID, address_of, cma, executor, pin_for_cuda, pool_view
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
 from .._transport._runtime import Runtime, register_handler, runtime
@@ -430,6 +430,8 @@ class WeightStore:
             at = -(-(at + n) // _ALIGN) * _ALIGN
         self._check_newer(owner, version)
         memory = pool_view(max(at, 1))
+        if any(t.device.type == "cuda" for t in tensors):
+            pin_for_cuda(memory)
         await asyncio.get_running_loop().run_in_executor(
             executor(), _fill, memory, tensors, layout)
         self._check_newer(owner, version)  # (another publish may have run meanwhile)
@@ -526,6 +528,8 @@ class WeightStore:
                 # neither this copy nor the GPU's faults pages in per key
                 if staging is None:
                     staging = pool_view(max(e[4] for e in grant.layout))
+                if t.device.type == "cuda":
+                    pin_for_cuda(staging)
                 target = _tensor(staging, dtype, shape, 0, n)
                 await _copy_range(grant, memory, target, off, n)
                 t.copy_(target)
