@@ -288,10 +288,10 @@ async def test_gpu_copies_go_through_pinned_pooled_memory(store: ActorMesh[Store
     assert not host.is_pinned()
     _bulk.pin_for_cuda(view)
     assert host.is_pinned()
-    block = view.obj._meshio_owner.block
+    block = _bulk._block_of(view)
     del host, view
     again = _bulk.pool_view(4 * MiB)  # the idle block, still registered
-    assert again.obj._meshio_owner.block is block
+    assert _bulk._block_of(again) is block
     assert torch.frombuffer(again, dtype=torch.uint8).is_pinned()
     del again
     big = torch.randn(4096, 4096, device="cuda")  # 64 MiB: sent and received in pooled memory
@@ -301,7 +301,7 @@ async def test_gpu_copies_go_through_pinned_pooled_memory(store: ActorMesh[Store
     own = _bulk._Pool()  # a block closed (over the idle cap) is unregistered first
     view = own.view(2 * MiB)
     _bulk.pin_for_cuda(view)
-    block = view.obj._meshio_owner.block
+    block = _bulk._block_of(view)
     del view
     own.returned.popleft().close()
     assert block.map.closed
@@ -314,7 +314,7 @@ def test_a_registration_cuda_refuses_leaves_no_error_behind() -> None:
     keeps pending for it does not surface in the next kernel launch."""
     view = _bulk.pool_view(2 * MiB)
     _bulk.pin_for_cuda(view)
-    block = view.obj._meshio_owner.block
+    block = _bulk._block_of(view)
     block.pinned = False  # registering it again: CUDA refuses (already registered)
     _bulk.pin_for_cuda(view)
     assert not block.pinned
@@ -330,7 +330,7 @@ def test_pinning_leaves_other_memory_alone() -> None:
     _bulk.pin_for_cuda(memoryview(bytearray(8 * MiB)))
     small = _bulk.pool_view(64 * 1024)
     _bulk.pin_for_cuda(small)
-    assert not small.obj._meshio_owner.block.pinned
+    assert not _bulk._block_of(small).pinned
 
 
 @pytest.mark.parametrize("name", list(TENSORS))

@@ -338,7 +338,8 @@ class ActorCell:
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
         waiter = self.waiter
-        if waiter is not None and not waiter.done() and asyncio.current_task() is None:
+        # (the loop given: no get_running_loop, whose pid check is a system call on 3.11)
+        if waiter is not None and not waiter.done() and asyncio.current_task(self.rt.loop) is None:
             self.waiter = None  # (calls that arrive meanwhile queue)
             self._begin(waiter, conn, msg, bufs, deadline)
             return

@@ -280,15 +280,18 @@ def pin_for_cuda(memory: object) -> None:
     Memory not from the pool, a block under :data:`THRESHOLD`, or a
     registration CUDA refuses: nothing (the copy runs from pageable
     memory)."""
-    lease = getattr(getattr(memory, "obj", None), "_meshio_owner", None)
-    if not isinstance(lease, _Lease):
-        return
-    block = lease.block
-    if block.pinned or block.size < THRESHOLD:
+    block = _block_of(memory)
+    if block is None or block.pinned or block.size < THRESHOLD:
         return
     block.pinned = int(_cudart().cudaHostRegister(block.addr, block.size, _PORTABLE)) == 0
     if not block.pinned:
         _clear_cuda_error()
+
+
+def _block_of(memory: object) -> _Block | None:
+    """The pool block ``memory`` (a view of it) lies in, or None."""
+    lease = getattr(getattr(memory, "obj", None), "_meshio_owner", None)
+    return lease.block if isinstance(lease, _Lease) else None
 
 
 def _clear_cuda_error() -> None:
