@@ -517,15 +517,15 @@ def test_packer_tensor_is_out_of_band(typed: bool) -> None:
     body = p.pack(t, typed)
     nbytes = t.numel() * t.element_size()
     assert len(body) < 200 < nbytes
-    assert len(p.out) == 1
-    buf, kind = p.out[0]
+    assert len(p) == 1
+    buf, kind = p[0]
     assert kind == KIND_BUFFER
     assert memoryview(buf).nbytes == nbytes
     # the out-of-band buffer *is* the tensor's storage: no copy was made
     assert bytes(memoryview(buf)[:16]) == t.numpy().tobytes()[:16]
     t[0, 0] = 12345.0
     assert bytes(memoryview(buf)[:4]) == struct.pack("<f", 12345.0)
-    same(t, decode_any(body, p.out))
+    same(t, decode_any(body, p))
 
 
 def test_packer_tensor_data_is_never_pickled() -> None:
@@ -534,8 +534,8 @@ def test_packer_tensor_data_is_never_pickled() -> None:
         p = Packer()
         body = p.pack(value, False)
         assert len(body) < 4096, type(value)
-        assert sum(memoryview(b).nbytes for b, _ in p.out) >= t.numel() * 4
-        back = decode_any(body, p.out)
+        assert sum(memoryview(b).nbytes for b, _ in p) >= t.numel() * 4
+        back = decode_any(body, p)
         assert back is not None
 
 
@@ -544,8 +544,8 @@ def test_packer_non_contiguous_tensor() -> None:
     p = Packer()
     body = p.pack(t, True)
     assert len(body) < 200
-    assert memoryview(p.out[0][0]).nbytes == t.numel() * 4  # only the visible elements
-    same(t, decode_any(body, p.out))
+    assert memoryview(p[0][0]).nbytes == t.numel() * 4  # only the visible elements
+    same(t, decode_any(body, p))
 
 
 @pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview"])
@@ -556,12 +556,12 @@ def test_packer_large_buffers_out_of_band_without_copy(kind: str, typed: bool) -
     p = Packer()
     body = p.pack(value, typed)
     assert len(body) < 64
-    assert len(p.out) == 1
-    buf, wire_kind = p.out[0]
+    assert len(p) == 1
+    buf, wire_kind = p[0]
     assert buf is value  # no copy
     assert wire_kind == {"bytes": KIND_BYTES, "bytearray": KIND_BYTEARRAY,
                          "memoryview": KIND_BUFFER}[kind]
-    back = decode_any(body, p.out)
+    back = decode_any(body, p)
     assert type(back) is type(value)
     assert bytes(back) == raw
 
@@ -569,7 +569,7 @@ def test_packer_large_buffers_out_of_band_without_copy(kind: str, typed: bool) -
 def test_packer_small_bytes_inline() -> None:
     p = Packer()
     body = p.pack(b"abc", True)
-    assert p.out == [] and b"abc" in body
+    assert p == [] and b"abc" in body
 
 
 def test_packer_pickle_fallback_keeps_tensors_out_of_band() -> None:
@@ -578,8 +578,8 @@ def test_packer_pickle_fallback_keeps_tensors_out_of_band() -> None:
     p = Packer()
     body = p.pack(Custom(t, "x"), False)
     assert len(body) < 4096
-    assert [memoryview(b).nbytes for b, _ in p.out] == [1 << 20]
-    back = decode_any(body, p.out)
+    assert [memoryview(b).nbytes for b, _ in p] == [1 << 20]
+    back = decode_any(body, p)
     assert type(back) is Custom and back.b == "x"
     same(t, back.a)
 
@@ -737,7 +737,7 @@ def test_text_kinds_on_the_wire() -> None:
     for text, kind in (("a" * MiB, KIND_ASCII), ("é" * MiB, KIND_BYTES)):
         packer = Packer()
         packer.pack(text, True)
-        assert [k for _, k in packer.out] == [kind]
+        assert [k for _, k in packer] == [kind]
 
     class Target:
         def method(self, note: str) -> None:

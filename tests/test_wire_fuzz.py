@@ -240,12 +240,12 @@ def valid_frames() -> list[bytes]:
         packer = Packer()
         body = SCHEMA.pack_call((i, data, note, blob), {}, packer)
         msg = M.encode_message(M.Call(i + 1, "t", "method", msgspec.Raw(body)))
-        frames.append(frame_header(len(msg), packer.out) + msg
-                      + b"".join(bytes(memoryview(b)) for b, _ in packer.out))
+        frames.append(frame_header(len(msg), packer) + msg
+                      + b"".join(bytes(memoryview(b)) for b, _ in packer))
     packer = Packer()
     value = packer.pack([1, 2, 3], True)
     reply = M.encode_message(M.Reply(1, msgspec.Raw(value)))
-    frames.append(frame_header(len(reply), packer.out) + reply)
+    frames.append(frame_header(len(reply), packer) + reply)
     calls = M.encode_message(M.Calls([M.Call(10 + k, "t", "method", msgspec.Raw(
         SCHEMA.pack_call((k, b"c", "n", [k]), {}, Packer()))) for k in range(3)]))
     frames.append(frame_header(len(calls), []) + calls)
@@ -445,7 +445,7 @@ def _encodings() -> list[tuple[bytes, list[Any]]]:
         packer = Packer()
         body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)
-                           for b, k in packer.out]))
+                           for b, k in packer]))
     return out
 
 
@@ -531,15 +531,15 @@ def received(kwargs: dict[str, Any], cut_at: list[int]) -> tuple[M.Call, list[An
     packer = Packer()
     body = SCHEMA.pack_call((), kwargs, packer)  # the sender pickles what it cannot encode
     msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(body)))
-    frame = frame_header(len(msg), packer.out) + msg + b"".join(
-        bytes(memoryview(b)) for b, _ in packer.out)
+    frame = frame_header(len(msg), packer) + msg + b"".join(
+        bytes(memoryview(b)) for b, _ in packer)
     with small_limits():
         rt = FakeRuntime()
         conn, transport = connect(rt)
         feed(conn, transport, frame, cut_at)
         finish(rt, [conn])
     [(call, bufs)] = rt.got
-    assert isinstance(call, M.Call) and len(bufs) == len(packer.out)
+    assert isinstance(call, M.Call) and len(bufs) == len(packer)
     return call, bufs
 
 
@@ -597,7 +597,7 @@ def test_user_checks_see_unpickled_values() -> None:
         for y, error in ((1, None), ("one", r"got `str` - at `\$\.y`")):
             packer = Packer()
             body = schema.pack_call((Checked(Tripwire("c")), data, y), {}, packer)
-            bufs = [bytes(memoryview(b)) for b, _ in packer.out]
+            bufs = [bytes(memoryview(b)) for b, _ in packer]
             TRIPPED.clear()
             if error is None:
                 assert schema.unpack_args(body, bufs)[1]["checked"] == Checked("c")

@@ -287,11 +287,11 @@ async def test_large_str_travels_out_of_band(store: ActorMesh[Store]) -> None:
         for typed in (True, False):
             packer = Packer()
             body = packer.pack(text, typed)
-            assert len(body) < 64 and len(packer.out) == 1
-            assert memoryview(packer.out[0][0]).nbytes == len(text.encode())
+            assert len(body) < 64 and len(packer) == 1
+            assert memoryview(packer[0][0]).nbytes == len(text.encode())
     packer = Packer()
     packer.pack("a" * MiB, True)
-    assert isinstance(packer.out[0][0], memoryview)  # the str's own memory
+    assert isinstance(packer[0][0], memoryview)  # the str's own memory
     text = "ab" * (3 * MiB)
     assert await asyncio.wait_for(store.length.call_one(data=text), DEADLINE) == len(text)
     wide = "é€" * MiB

@@ -8,13 +8,13 @@ directly (not through the controller).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
 
 from ._constants import MAX_QUEUED
+from ._context import call_chain
 from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -43,10 +43,6 @@ if TYPE_CHECKING:
     from ._value_mesh import ValueMesh
 
 __all__ = ("ActorMesh",)
-
-#: the actors waiting on the call being served (``Call.chain``), this one last
-_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
-    "meshio_call_chain", default=())
 
 
 A = TypeVar("A")
@@ -210,7 +206,7 @@ class ActorMesh(MeshShape, Generic[A]):
         bounded = not desc.concurrent
         if self._numbered:  # numbered as it goes: see meshio._transport._credit
             gate, target = self._gate(rt), self._target
-            chain, trace = _chain.get(), current_trace() if TRACING else ""
+            chain, trace = call_chain(), current_trace() if TRACING else ""
 
             def go() -> None:
                 if req and req not in conn.pending:
@@ -229,10 +225,10 @@ class ActorMesh(MeshShape, Generic[A]):
             window = conn.windows.get(self._target) or self._window(conn)
             if window.used >= window.limit or window.waiting:
                 return window.wait(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                        _chain.get(), 0, "", None, True,
+                                        call_chain(), 0, "", None, True,
                                         current_trace() if TRACING else ""), out, deadline)
             window.used += 1
-        conn.call(Call(req, self._target, desc.name, msgspec.Raw(body), _chain.get(), 0, "",
+        conn.call(Call(req, self._target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
                        budget(deadline), bounded, current_trace() if TRACING else ""), out)
         return None
 
@@ -400,7 +396,7 @@ class ActorMesh(MeshShape, Generic[A]):
         while it waits (None: it went now)."""
         assert self._hosts is not None
         rt = self._runtime()
-        chain, trace = _chain.get(), current_trace() if TRACING else ""
+        chain, trace = call_chain(), current_trace() if TRACING else ""
         gate = None if desc.concurrent else self._gate(rt)  # (concurrent: not bounded)
         addrs = [] if gate is None else [
             a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
@@ -464,7 +460,7 @@ class ActorMesh(MeshShape, Generic[A]):
         policy says (:class:`~meshio.Retry`), unless ``once`` (a service
         fails it over to another replica instead)."""
         rt = self._runtime()
-        fut = _CallFuture(rt.loop)
+        fut = _CallFuture(loop=rt.loop)
         self._send(rt, index, desc, body, out, fut, deadline)
         if desc.retry is None or once:
             return fut
@@ -513,7 +509,7 @@ class ActorMesh(MeshShape, Generic[A]):
             finally:
                 if redelivery is not None:
                     redelivery.redelivering[grank] -= 1
-            fut = _CallFuture(loop)
+            fut = _CallFuture(loop=loop)
             self._send(self._runtime(), index, desc, body, out, fut, deadline)
             request = _request_of(fut)
 
@@ -557,7 +553,7 @@ class ActorMesh(MeshShape, Generic[A]):
 
 def _request_of(fut: asyncio.Future[Any]) -> _Request | None:
     """The request of a call just sent (None: not sent, it failed at once)."""
-    return fut.request if isinstance(fut, _CallFuture) else None
+    return getattr(fut, "request", None) if isinstance(fut, _CallFuture) else None
 
 
 def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[Any, Any, Any]:
@@ -582,14 +578,15 @@ class _CallFuture(asyncio.Future[Any]):
 
     __slots__ = ("request",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self.request: _Request | None = None
+    #: set once sent (no ``__init__``: one Python call less per call); unset
+    #: for a call failed before it was sent
+    request: _Request | None
 
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False
-        p, self.request = self.request, None
+        p = getattr(self, "request", None)
+        self.request = None
         if p is not None:
             p.given_up(msg == DEADLINE)
         return True

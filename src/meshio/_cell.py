@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ._actor import Actor
-from ._actor_mesh import ActorMesh, _chain
+from ._actor_mesh import ActorMesh
 from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import CallTimeout, SchemaError
@@ -575,10 +575,11 @@ class ActorCell:
         self.seq += 1
         self.serving = desc
         self.since = time.monotonic()
-        _chain.set((*msg.chain, f"{self.identity}#{self.seq}"))
-        _context.set(self.ctx)  # (a new one once its mesh grew or shrank)
+        if _context.get(None) is not self.ctx:  # (a new one once its mesh grew or shrank)
+            _context.set(self.ctx)
         try:
-            run = self._run(conn, msg.req, desc, args, kwargs, deadline, self.task)
+            run = self._run(conn, msg.req, desc, args, kwargs,
+                            CallScope(deadline, msg.chain, self.identity, self.seq), self.task)
             del args, kwargs
             await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
         finally:
@@ -590,20 +591,20 @@ class ActorCell:
                               args: tuple[Any, ...], kwargs: dict[str, Any],
                               deadline: float | None) -> None:
         _context.set(self.ctx)  # this task's own copy of the context
-        _chain.set((*msg.chain, self.identity))
         if msg.req and desc.retry is not None:
             await _started(conn, msg.req)
         task = asyncio.current_task()
         assert task is not None
-        run = self._run(conn, msg.req, desc, args, kwargs, deadline, task)
+        run = self._run(conn, msg.req, desc, args, kwargs,
+                        CallScope(deadline, msg.chain, self.identity), task)
         await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any],
-                   deadline: float | None, task: asyncio.Task[Any]) -> None:
-        """Serve a call in ``task`` (the mailbox's, or a concurrent call's own)."""
+                   scope: CallScope, task: asyncio.Task[Any]) -> None:
+        """Serve a call in ``task`` (the mailbox's, or a concurrent call's own)
+        within ``scope``."""
         key = (conn, req)
-        scope = CallScope(deadline)
         _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
         if not desc.concurrent:
             self.scope = scope
@@ -647,7 +648,7 @@ class ActorCell:
                 f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
                 actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
             return
-        read = conn.reply(req, body, packer.out)
+        read = conn.reply(req, body, packer)
         if read is not None:
             await self._until_read(read)
 

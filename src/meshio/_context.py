@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import msgspec
+
 if TYPE_CHECKING:
     from ._extent import Point
 
@@ -76,22 +78,34 @@ class Context(Generic[M]):
 _context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
 
 
-class CallScope:
+class CallScope(msgspec.Struct, gc=False):
     """The call an actor is serving: its deadline (``time.monotonic()``;
     None: none) and whether it was given up.  Set by the actor cell for the
     call's task (and the thread of a ``def`` endpoint, which reads
     ``cancelled`` while the loop sets it); calls made within inherit the
-    deadline.  While pdb holds it (``breakpoint()``, :mod:`meshio._debug`),
-    ``paused_at`` is when that began; ``paused_for`` sums the pauses over:
-    time spent paused is not a stall."""
+    deadline and carry :attr:`chain`.  While pdb holds it (``breakpoint()``,
+    :mod:`meshio._debug`), ``paused_at`` is when that began; ``paused_for``
+    sums the pauses over: time spent paused is not a stall.  (A Struct: one
+    is made per call served, without a Python ``__init__``.)"""
 
-    __slots__ = ("cancelled", "deadline", "paused_at", "paused_for")
+    deadline: float | None
+    #: the chain the call came with (``Call.chain``), its server's identity
+    #: (``"<target>[<rank>]"``) and its mailbox number (0: a concurrent call)
+    caller_chain: tuple[str, ...] = ()
+    server: str = ""
+    seq: int = 0
+    cancelled: bool = False
+    paused_at: float | None = None
+    paused_for: float = 0.0
 
-    def __init__(self, deadline: float | None) -> None:
-        self.deadline = deadline
-        self.cancelled = False
-        self.paused_at: float | None = None
-        self.paused_for = 0.0
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """What a call made within carries as ``Call.chain``: the call's
+        chain, this actor last (``"#<n>"`` when the call holds its mailbox:
+        the callee fails a call that would deadlock).  Made only when a call
+        is made, not per call served."""
+        server = f"{self.server}#{self.seq}" if self.seq else self.server
+        return (*self.caller_chain, server)
 
     def pause(self, paused: bool) -> None:
         """pdb paused the call (True) or let it go on (False)."""
@@ -105,6 +119,13 @@ class CallScope:
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
     "meshio_call_scope", default=None)
+
+
+def call_chain() -> tuple[str, ...]:
+    """What a call made now carries as ``Call.chain``: :attr:`CallScope.chain`
+    of the call under way; empty outside any."""
+    scope = _scope.get()
+    return () if scope is None else scope.chain
 
 
 def _own(thing: Any) -> None:

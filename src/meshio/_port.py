@@ -59,7 +59,7 @@ class Port(Generic[T]):
         """Send ``value`` to the receiver (fire and forget, in order)."""
         packer = Packer()
         body = packer.pack(value, False)
-        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), packer.out)
+        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), packer)
 
     def close(self) -> None:
         """Tell the receiver no more values will come."""

@@ -201,7 +201,7 @@ class ProcMesh(MeshShape):
         schema = cls._meshio_ctor
         packer = Packer()
         body = schema.pack_call(args, kwargs, packer)
-        return await self._spawn_packed(name, cls, body, packer.out)
+        return await self._spawn_packed(name, cls, body, packer)
 
     async def _spawn_packed(self, name: str, cls: type[A], body: bytes, out: OutBuffers) -> A:
         """:meth:`_spawn` with the constructor arguments packed already (a

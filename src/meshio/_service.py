@@ -569,7 +569,7 @@ class _ServiceEndpoint(Endpoint[P, R]):
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
                 f"for the routing key; rename the parameter to route calls to it")
         body, packer = self._encode(args, kwargs)
-        routed = self._service._route(self._desc, body, packer.out, session, self._deadline(),
+        routed = self._service._route(self._desc, body, packer, session, self._deadline(),
                                       self._on_full)
         if self._timeout is None:
             result: R = await routed

@@ -625,17 +625,16 @@ def _inline(v: Any) -> bool:
         t is not str or len(v) < OOB_THRESHOLD)
 
 
-class Packer:
-    """Encodes values for one frame, collecting its out-of-band buffers.
+class Packer(list[tuple[Any, int]]):
+    """Encodes values for one frame; the list of its out-of-band buffers
+    (its ``OutBuffers``; a list, made without a Python ``__init__``: one is
+    made per call sent).
 
     ``pack`` and ``pack_map`` raise :class:`~meshio.SchemaError` when the
     message would exceed the size limit (:func:`set_limits`).
     """
 
-    __slots__ = ("out",)
-
-    def __init__(self) -> None:
-        self.out: OutBuffers = []
+    __slots__ = ()
 
     def pack(self, value: Any, typed: bool) -> bytes:
         if _inline(value):
@@ -651,7 +650,7 @@ class Packer:
                             else _prep_untyped(v) for k, v in values.items()})
 
     def encode(self, prepped: Any) -> bytes:
-        _tls.out = self.out
+        _tls.out = self
         try:
             body = _encoder.encode(prepped)
         finally:
@@ -661,7 +660,7 @@ class Packer:
 
     def check(self, body_len: int) -> None:
         """Refuse a message over the limits before anything is sent."""
-        size = body_len + sum(memoryview(b).nbytes for b, _ in self.out)
+        size = body_len + sum(memoryview(b).nbytes for b, _ in self)
         if size > limits.max_message - _ENVELOPE:
             raise SchemaError(
                 f"the message would be {size} bytes, over the message size limit of "

@@ -400,9 +400,9 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc)
         deadline = self._deadline()
         if self._desc.retry is not None:  # each actor's call retried on its own
-            futs = mesh._request_all(self._desc, body, packer.out, True, deadline)
+            futs = mesh._request_all(self._desc, body, packer, True, deadline)
             return cancels(awaited(self._gather(futs, deadline)), futs)
-        g = mesh._gather_all(self._desc, body, packer.out, deadline)
+        g = mesh._gather_all(self._desc, body, packer, deadline)
         if deadline is None:
             return g.outcome(lambda: self._value_mesh(g.values, g.errors))
         task = awaited(self._gathered(g, deadline))
@@ -484,7 +484,7 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (0,))
         deadline = self._deadline()
-        fut = mesh._request(0, self._desc, body, packer.out, deadline)
+        fut = mesh._request(0, self._desc, body, packer, deadline)
         return fut if deadline is None else self._single(fut, 0, deadline)
 
     @traced
@@ -504,7 +504,7 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
-        fut = mesh._request(index, self._desc, body, packer.out, deadline)
+        fut = mesh._request(index, self._desc, body, packer, deadline)
         return fut if deadline is None else self._single(fut, index, deadline)
 
     def _single(self, fut: asyncio.Future[Any], index: int, deadline: float
@@ -538,7 +538,7 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc)
         points = list(mesh)
         deadline = self._deadline()
-        futs = mesh._request_all(self._desc, body, packer.out, False, deadline)
+        futs = mesh._request_all(self._desc, body, packer, False, deadline)
         where = {f: p for f, p in zip(futs, points)}
         remaining = set(futs)
         try:
@@ -613,7 +613,7 @@ class Endpoint(Generic[P, R]):
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: large values are copied now, so that
         # changing them in place afterwards cannot reach an actor
-        out, deadline = snapshot(packer.out), self._deadline()
+        out, deadline = snapshot(packer), self._deadline()
         if getattr(actor_thread, "rt", None) is None:  # on the loop
             sends = self._broadcast(body, out, deadline)
             return _Sent(sends, deadline, self) if sends else _SENT
