@@ -204,23 +204,8 @@ class ActorMesh(MeshShape, Generic[A]):
         req = self._pending(conn, index, desc, answer) if answer is not None else 0
         # (a concurrent call starts on arrival, never queued)
         bounded = not desc.concurrent
-        if self._numbered:  # numbered as it goes: see meshio._transport._credit
-            gate, target = self._gate(rt), self._target
-            chain, trace = call_chain(), current_trace() if TRACING else ""
-
-            def go() -> None:
-                if req and req not in conn.pending:
-                    return  # given up meanwhile: not sent
-                if bounded:
-                    gate.take([addr])
-                conn.call(Call(
-                    req, target, desc.name, msgspec.Raw(body), chain,
-                    rt.fanout.number(target, addr), "", budget(deadline), bounded, trace), out)
-
-            if bounded and gate.full([addr]):
-                return gate.wait([addr], go, bool(req), deadline)
-            go()
-            return None
+        if self._numbered:
+            return self._send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline)
         if bounded:
             window = conn.windows.get(self._target) or self._window(conn)
             if window.used >= window.limit or window.waiting:
@@ -230,6 +215,30 @@ class ActorMesh(MeshShape, Generic[A]):
             window.used += 1
         conn.call(Call(req, self._target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
                        budget(deadline), bounded, current_trace() if TRACING else ""), out)
+        return None
+
+    def _send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
+                       desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
+                       bounded: bool, deadline: float | None) -> Waiting | None:
+        """:meth:`_send` of request ``req`` on ``conn`` to a mesh spanning
+        hosts: the call is numbered as it goes (see
+        :mod:`meshio._transport._credit`).  (Apart from :meth:`_send`, whose
+        frame then makes no closure cells per call.)"""
+        gate, target = self._gate(rt), self._target
+        chain, trace = call_chain(), current_trace() if TRACING else ""
+
+        def go() -> None:
+            if req and req not in conn.pending:
+                return  # given up meanwhile: not sent
+            if bounded:
+                gate.take([addr])
+            conn.call(Call(
+                req, target, desc.name, msgspec.Raw(body), chain,
+                rt.fanout.number(target, addr), "", budget(deadline), bounded, trace), out)
+
+        if bounded and gate.full([addr]):
+            return gate.wait([addr], go, bool(req), deadline)
+        go()
         return None
 
     def _window(self, conn: Connection) -> Window:

@@ -327,7 +327,8 @@ class ActorCell:
             if msg.req:  # cancellable from now on, not only once the task has started
                 key = (conn, msg.req)
                 self.running[key] = task
-                task.add_done_callback(lambda t: self._ended(key, t))
+                # (a partial: a closure would make cells on every call of post)
+                task.add_done_callback(functools.partial(self._ended, key))
             else:
                 task.add_done_callback(self.tasks.discard)
             return

@@ -512,6 +512,11 @@ _LATER: Final = _Later()
 _REFUSED: Final = ("got `pickle`", "got `ext`")
 
 
+def _refused(e: msgspec.ValidationError) -> bool:
+    """``e`` is msgspec's refusal of a pickle (see :data:`_REFUSED`)."""
+    return any(r in str(e) for r in _REFUSED)
+
+
 _buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
 _tensor_ref = msgspec.msgpack.Decoder(tuple[str, list[int], list[int], int, str])
 _pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
@@ -625,6 +630,14 @@ def _inline(v: Any) -> bool:
         t is not str or len(v) < OOB_THRESHOLD)
 
 
+def _prepped(values: dict[str, Any], typed: Mapping[str, bool]) -> dict[str, Any]:
+    """:meth:`Packer.pack_map`'s values, big buffers out of band and untyped
+    ones pickled.  (Apart from it: its comprehension would make a closure
+    cell on each call of it.)"""
+    return {k: v if _inline(v) else _prep_typed(v) if typed[k] else _prep_untyped(v)
+            for k, v in values.items()}
+
+
 class Packer(list[tuple[Any, int]]):
     """Encodes values for one frame; the list of its out-of-band buffers
     (its ``OutBuffers``; a list, made without a Python ``__init__``: one is
@@ -646,8 +659,7 @@ class Packer(list[tuple[Any, int]]):
         """``values`` by name; ``typed``: whether each is annotated with a type."""
         if all(map(_inline, values.values())):  # the common case: nothing to prepare
             return _small.encode(values)
-        return self.encode({k: v if _inline(v) else _prep_typed(v) if typed[k]
-                            else _prep_untyped(v) for k, v in values.items()})
+        return self.encode(_prepped(values, typed))
 
     def encode(self, prepped: Any) -> bytes:
         _tls.out = self
@@ -719,10 +731,15 @@ class TypedDecoder:
             # (a big ``bytes``), so decode loosely first, then validate.
             if not lazy:
                 return msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
-            return self._validated(lambda d: msgspec.convert(
-                _lazy_any_decoder.decode(d), self._tp, dec_hook=_dec_hook), data)
+            return self._validated(self._convert_lazily, data)
         finally:
             _tls.bufs = None
+
+    def _convert_lazily(self, data: Any) -> Any:
+        """:meth:`decode` with buffers, lazily.  (A method, not a closure: a
+        function whose frame makes closure cells pays for them on each call,
+        even where it makes no closure; :meth:`decode` runs per call.)"""
+        return msgspec.convert(_lazy_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
 
     @staticmethod
     def _validated(decode: Callable[[Any], Any], data: Any) -> Any:
@@ -736,7 +753,7 @@ class TypedDecoder:
         except msgspec.ValidationError as e:
             # Stand-ins about: this may be user code (a ``__post_init__``)
             # that saw one; only msgspec's refusal of a pickle is certain.
-            if _pickles_met() and not any(r in str(e) for r in _REFUSED):
+            if _pickles_met() and not _refused(e):
                 raise _Deferred from None
             raise
         except Exception:
