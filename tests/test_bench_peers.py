@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,19 @@ def test_bench_fanout_controller_cost_measured_alone_and_floor() -> None:
     assert p.returncode == 0, p.stderr
     hot, floor = map(float, p.stdout.strip().splitlines()[-2:])
     assert hot > 0 and floor > 0
+
+
+@pytest.mark.timeout(400)
+def test_bench_instructions_counts_a_worker_under_callgrind(peers: Path) -> None:
+    """``benchmarks/bench_instructions.py``: a worker started through its
+    callgrind wrapper is counted (its start-up taken out by the two runs'
+    difference); no count is asserted beyond being one.  Needs valgrind,
+    which CI installs."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_instructions.py"
+    p = subprocess.run([sys.executable, str(bench), "--sides", "meshio", "--where", "worker",
+                        "--batches", "1"], capture_output=True, text=True, timeout=380)
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("| worker |"))
+    assert int(row.strip("| ").split(" | ")[1].replace(",", "")) > 1000  # (thousands a call)

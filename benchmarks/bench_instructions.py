@@ -1,0 +1,156 @@
+"""Instructions per small call, counted rather than timed: meshio and the
+plain-asyncio baseline (the shared peer harness's ``bench_rawasyncio.py``)
+under valgrind's callgrind, the controller and the worker each on their own.
+
+Wall-clock rows (``bench_small.py``) move by 20-50% between runs on a shared
+VM; an instruction count moves by well under 1%, so a change of a few
+percent to the hot path shows here, on any machine, and not there.  What it
+does not see: system calls' kernel time (the baseline makes two ``write``
+calls per call in each direction, meshio batches its frames) and stalls
+(cache misses, a loaded machine).  It is the CPU cost of the Python and C
+code per call, which decides the small-call rows where CPU is scarce.
+
+The run: one actor, 1,000 calls in flight (``asyncio.gather``) on uvloop,
+``K`` batches after warm-up, busy polling off (its spinning would count).
+A process's count includes its start-up, so each side runs twice, with 1 and
+with ``1 + K`` batches: the difference over ``K * 1000`` calls is the cost
+per call.  The controller runs under callgrind directly; the worker under it
+by being started through a wrapper (``sys.executable`` in the controller).
+
+Needs ``valgrind`` (Debian: ``apt-get install valgrind``).  Each run takes
+~20-40 s (callgrind runs ~50x slower than native).
+
+Usage: python benchmarks/bench_instructions.py [--batches 5] [--sides meshio plain]
+       [--src PATH]   (PATH: another meshio ``src`` to count, e.g. an old commit's)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+PEERS = os.environ.get(
+    "MESHIO_BENCH_PEERS",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench-peers"))
+UVLOOP_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "uvloop_site")
+
+#: the driver: warm up, then ``batches`` rounds of 1,000 calls in flight;
+#: ``worker`` (a wrapper running callgrind) is what actors are started with
+DRIVER = """
+import asyncio, sys
+side, batches, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if worker:
+    sys.executable = worker
+if side == "meshio":
+    import meshio
+    from meshio import Actor, endpoint
+
+    class Bench(Actor):
+        @endpoint
+        async def ping(self, x: int) -> int:
+            return x
+
+    async def main() -> None:
+        procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+        one = (await procs.spawn("bench", Bench)).slice(procs=0)
+        for _ in range(3 + batches):
+            await asyncio.gather(*[one.ping.call_one(i) for i in range(1000)])
+        await procs.stop()
+
+    meshio.run(main())
+else:
+    import uvloop
+    import bench_rawasyncio
+
+    async def main() -> None:
+        group = await bench_rawasyncio.RawBackend().spawn(1)
+        for _ in range(3 + batches):
+            await asyncio.gather(*[group.ping_nowait(0, i) for i in range(1000)])
+        await group.stop()
+
+    uvloop.run(main())
+"""
+
+WRAPPER = """#!/bin/sh
+exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file={out} {python} "$@" \
+    2>>{log}
+"""
+
+
+def count(work: str, side: str, batches: int, where: str, src: str | None) -> int:
+    """Instructions of the ``where`` process ("controller" or "worker") in a
+    run of ``side`` with ``batches`` batches."""
+    out = os.path.join(work, f"{side}.{where}.{batches}.out")
+    log = os.path.join(work, "valgrind.log")
+    env = dict(os.environ, MESHIO_BUSY_POLL="0")
+    path = [work]  # (the driver and the harness's scripts)
+    if src is not None:
+        path.append(src)
+    if side == "plain":
+        path.append(UVLOOP_SITE)  # its worker on uvloop too, as meshio's
+    env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")])
+    driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches)]
+    if where == "worker":
+        wrapper = os.path.join(work, "worker.sh")
+        with open(wrapper, "w") as f:
+            f.write(WRAPPER.format(out=out, python=sys.executable, log=log))
+        os.chmod(wrapper, 0o755)
+        cmd = [*driver, wrapper]
+    else:
+        cmd = ["valgrind", "--tool=callgrind", "--cache-sim=no",
+               f"--callgrind-out-file={out}", *driver, ""]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=900)
+    with open(out) as f:
+        totals = re.search(r"^totals: (\d+)", f.read(), re.M)
+    assert totals is not None, f"no totals in {out}"
+    return int(totals.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--batches", type=int, default=5,
+                    help="batches of 1,000 calls counted (default 5)")
+    ap.add_argument("--sides", nargs="+", choices=("meshio", "plain"),
+                    default=["meshio", "plain"])
+    ap.add_argument("--where", nargs="+", choices=("controller", "worker"),
+                    default=["controller", "worker"])
+    ap.add_argument("--src", help="a meshio source tree to count instead of the installed one")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("bench_instructions: needs valgrind (apt-get install valgrind)")
+    work = tempfile.mkdtemp(prefix="bench-instructions-")
+    try:
+        for name in os.listdir(PEERS):
+            if name.endswith(".py"):
+                shutil.copy(os.path.join(PEERS, name), work)
+        with open(os.path.join(work, "driver.py"), "w") as f:
+            f.write(DRIVER)
+        calls = args.batches * 1000
+        per_call: dict[tuple[str, str], float] = {}
+        for side in args.sides:
+            for where in args.where:
+                first = count(work, side, 1, where, args.src)
+                last = count(work, side, 1 + args.batches, where, args.src)
+                per_call[side, where] = (last - first) / calls
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"instructions per call (callgrind; 1,000 in flight, uvloop, {calls:,} calls "
+          "counted)")
+    print("| process | " + " | ".join(args.sides) + (" | meshio / plain |" if len(
+        args.sides) == 2 else " |"))
+    print("|---" * (len(args.sides) + 1 + (len(args.sides) == 2)) + "|")
+    for where in args.where:
+        cells = [f"{per_call[side, where]:,.0f}" for side in args.sides]
+        ratio = (f" | {per_call['meshio', where] / per_call['plain', where]:.2f}x"
+                 if len(args.sides) == 2 else "")
+        print(f"| {where} | " + " | ".join(cells) + ratio + " |")
+
+
+if __name__ == "__main__":
+    main()
