@@ -65,7 +65,6 @@ class ActorMesh(MeshShape, Generic[A]):
         self._procs = procs
         #: the bound of each actor's mailbox, per caller (``procs.options``)
         self._max_queued = max_queued
-        self._rt: Runtime | None = None
         self._inflight: list[int] = []
         self._rr = 0
         self._reshape(region, addrs, region.ranks if base is None else base, per_host)
@@ -93,7 +92,8 @@ class ActorMesh(MeshShape, Generic[A]):
         # calls in flight by index; the list only grows (a call in flight to
         # an index a shrink removed still counts itself out of it)
         self._inflight.extend([0] * (len(region.ranks) - len(self._inflight)))
-        self._sites: list[_CallSite] | None = None
+        #: what a call reads (and the calls' runtime and sites, once asked)
+        self._route = _Route(self)
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
         return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
@@ -134,7 +134,7 @@ class ActorMesh(MeshShape, Generic[A]):
         """Stop these actors (their processes keep running).  Stopping every
         actor of the mesh frees its name on the proc mesh, and a restart of
         their processes no longer rebuilds them."""
-        rt = self._runtime()
+        rt = self._route.runtime()
         rt.fanout.forget(self._target)
         procs = self._procs
         if procs is not None and set(self._region.ranks) >= set(procs._state.region.ranks):
@@ -165,93 +165,14 @@ class ActorMesh(MeshShape, Generic[A]):
         Raises:
             ValueError: ``timeout`` is not a positive number.
         """
-        return await gather(self._runtime(), [
+        return await gather(self._route.runtime(), [
             (self._addrs[grank], self._target, f"actor mesh {self._name!r}", self._site(index))
             for index, grank in enumerate(self._region.ranks)], timeout)
 
     # -------------------------------------------------------- internals
-    # _send, _request, _site, _least_loaded (with _name, _region, the shape):
-    # the CallTarget protocol its endpoints (meshio.endpoints) call.
-
-    def _runtime(self) -> Runtime:
-        rt = self._rt
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            if getattr(actor_thread, "rt", None) is None:
-                raise
-            raise RuntimeError(
-                f"calls to {self._name!r} cannot be made from a plain 'def' endpoint: it runs in "
-                "its actor's thread, where only broadcast() and port.send() work; make the "
-                "endpoint 'async def' to await calls") from None
-        if rt is None or rt.loop is not loop:
-            rt = self._rt = runtime()
-        return rt
-
-    def _send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              body: bytes, out: OutBuffers, answer: Settle | None,
-              deadline: float | None) -> Waiting | None:
-        """Send one call to the actor at ``index`` of this view; its answer
-        settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
-        runtime (:meth:`_runtime`).  When the actor's mailbox has no room
-        for another call of this process, the call waits here, in order,
-        until there is (:mod:`meshio._transport._credit`): returned then
-        (None: it went now)."""
-        if self._dead(rt, index, desc, answer):
-            return None
-        addr = self._addrs[self._region.ranks[index]]
-        conn = rt.conns.get(addr) or rt.connect(addr)
-        req = self._pending(conn, index, desc, answer) if answer is not None else 0
-        # (a concurrent call starts on arrival, never queued)
-        bounded = not desc.concurrent
-        if self._numbered:
-            return self._send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline)
-        if bounded:
-            window = conn.windows.get(self._target) or self._window(conn)
-            if window.used >= window.limit or window.waiting:
-                return window.wait(Call(req, self._target, desc.name, msgspec.Raw(body),
-                                        call_chain(), 0, "", None, True,
-                                        current_trace() if TRACING else ""), out, deadline)
-            window.used += 1
-        conn.call(Call(req, self._target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
-                       budget(deadline), bounded, current_trace() if TRACING else ""), out)
-        return None
-
-    def _send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
-                       desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-                       bounded: bool, deadline: float | None) -> Waiting | None:
-        """:meth:`_send` of request ``req`` on ``conn`` to a mesh spanning
-        hosts: the call is numbered as it goes (see
-        :mod:`meshio._transport._credit`).  (Apart from :meth:`_send`, whose
-        frame then makes no closure cells per call.)"""
-        gate, target = self._gate(rt), self._target
-        chain, trace = call_chain(), current_trace() if TRACING else ""
-
-        def go() -> None:
-            if req and req not in conn.pending:
-                return  # given up meanwhile: not sent
-            if bounded:
-                gate.take([addr])
-            conn.call(Call(
-                req, target, desc.name, msgspec.Raw(body), chain,
-                rt.fanout.number(target, addr), "", budget(deadline), bounded, trace), out)
-
-        if bounded and gate.full([addr]):
-            return gate.wait([addr], go, bool(req), deadline)
-        go()
-        return None
-
-    def _window(self, conn: Connection) -> Window:
-        """This process's calls to this mesh's actor over ``conn``."""
-        window = conn.windows[self._target] = Window(conn, self._max_queued)
-        return window
-
-    def _gate(self, rt: Runtime) -> Gate:
-        """This process's calls to the actors of this mesh spanning hosts."""
-        gate = rt.fanout.gates.get(self._target)
-        if gate is None:
-            gate = rt.fanout.gates[self._target] = Gate(self._max_queued)
-        return gate
+    # _request, _gather_all, _request_all, _send_all, _check_room, _site,
+    # _least_loaded (with _name, _region, the shape): the CallTarget protocol
+    # its endpoints (meshio.endpoints) call; a call is sent by its _Route.
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
                     indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
@@ -262,7 +183,7 @@ class ActorMesh(MeshShape, Generic[A]):
         in this process too (a broadcast, which may not be awaited)."""
         if desc.concurrent:
             return  # not bounded (see meshio._transport._credit)
-        rt = self._runtime()
+        rt = self._route.runtime()
         addrs, ranks = self._addrs, self._region.ranks
         gate = rt.fanout.gates.get(self._target) if self._numbered else None
         for index in range(len(ranks)) if indices is None else indices:
@@ -295,16 +216,6 @@ class ActorMesh(MeshShape, Generic[A]):
                     f"'raise'); retry later, or call without on_full='raise' to wait for room",
                     actor=self._name, rank=site.rank, max_queued=self._max_queued)
 
-    def _down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
-        """The error of a call to ``index`` if its process is known dead (or
-        restarting: a new connection may be up before its actors are rebuilt,
-        so the dead list is checked first) or its proc mesh stopped; None
-        while it serves calls."""
-        dead = rt.dead.get(self._addrs[self._region.ranks[index]]) if rt.dead else None
-        if dead is None and self._procs is not None and self._procs._state.stopped:
-            dead = self._procs._state.stopped_error  # stopped and forgotten by the runtime
-        return dead
-
     def _hole(self, index: int, error: BaseException) -> bool:
         """Whether the actor at ``index`` is a hole (see ``ProcState.hole``);
         known only where its proc mesh is owned: through a reference held
@@ -313,54 +224,16 @@ class ActorMesh(MeshShape, Generic[A]):
         return (procs is not None and isinstance(error, SupervisionError)
                 and procs._state.hole(self._region.ranks[index], self._target))
 
-    def _dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
-              answer: Settle | None) -> bool:
-        """Fail the call to ``index`` at once if it is :meth:`_down`."""
-        dead = self._down(rt, index)
-        if dead is None:
-            return False
-        if answer is not None:
-            answer.set_exception(dead(self._as_pending(index, desc, answer)))
-        return True
-
-    def _as_pending(self, index: int, desc: EndpointDescriptor[Any, Any, Any],
-                    answer: Settle) -> Pending:
-        """The request to the actor at ``index`` whose answer settles ``answer``
-        (a Gathering's slot is one already)."""
-        if isinstance(answer, Slot):
-            return answer
-        return Pending(answer, desc.schema.unpack_result, desc.fn.__qualname__, self._name,
-                       self._site(index))
-
-    def _pending(self, conn: Connection, index: int, desc: EndpointDescriptor[Any, Any, Any],
-                 answer: Settle) -> int:
-        """A request on ``conn`` whose answer settles ``answer``."""
-        if isinstance(answer, Slot):  # a Gathering's: it counts itself
-            req = conn.next_req(answer)
-            answer.sent(conn, req)
-            return req
-        p = _Request(answer, desc.unpack_result, desc.qualname, self._name,
-                     (self._sites or self._call_sites())[index])
-        p.req = req = conn.next_req(p)
-        p.conn, p.index, p.inflight, p.target = conn, index, self._inflight, self._target
-        p.started = False
-        self._inflight[index] += 1
-        if type(answer) is _CallFuture:
-            answer.request = p
-        else:  # a future of the caller's (a fan-out's)
-            cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
-        return req
-
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
         """Call every actor of this view (through the fan-out tree when it
         spans several hosts), the answers gathered without a future each."""
-        rt = self._runtime()
+        rt = self._route.runtime()
         g = Gathering(rt.loop, self._target, self._inflight, desc.schema.unpack_result,
-                      desc.fn.__qualname__, self._name, self._call_sites())
+                      desc.fn.__qualname__, self._name, self._route.call_sites())
         if self._hosts is None or not limits.fanout_width:
             for i, slot in enumerate(g.slots):
-                self._send(rt, i, desc, body, out, slot, deadline)
+                self._route.send(rt, i, desc, body, out, slot, deadline)
         else:
             self._fanout(desc, body, out, g, True, deadline)
         return g
@@ -375,7 +248,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if self._hosts is None or not limits.fanout_width:
             return [self._request(i, desc, body, out, deadline)
                     for i in range(len(self._region.ranks))]
-        loop = self._runtime().loop
+        loop = self._route.runtime().loop
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retry is not None:
@@ -389,9 +262,9 @@ class ActorMesh(MeshShape, Generic[A]):
         """Send to every actor of this view, no answers wanted; the sends
         waiting for room in a mailbox (none: all went now)."""
         if self._hosts is None or not limits.fanout_width:
-            rt = self._runtime()
+            rt = self._route.runtime()
             return [f for i in range(len(self._region.ranks))
-                    if (f := self._send(rt, i, desc, body, out, None, deadline)) is not None]
+                    if (f := self._route.send(rt, i, desc, body, out, None, deadline)) is not None]
         waiting = self._fanout(desc, body, out, None, False, deadline)
         return [] if waiting is None else [waiting]
 
@@ -404,9 +277,9 @@ class ActorMesh(MeshShape, Generic[A]):
         mailbox for it (:class:`~meshio._transport._credit.Gate`): returned
         while it waits (None: it went now)."""
         assert self._hosts is not None
-        rt = self._runtime()
+        rt = self._route.runtime()
         chain, trace = call_chain(), current_trace() if TRACING else ""
-        gate = None if desc.concurrent else self._gate(rt)  # (concurrent: not bounded)
+        gate = None if desc.concurrent else self._route.gate(rt)  # (concurrent: not bounded)
         addrs = [] if gate is None else [
             a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
         if gate is None or not gate.full(addrs):
@@ -432,8 +305,9 @@ class ActorMesh(MeshShape, Generic[A]):
         dead = rt.dead
         groups = self._hosts
         if dead or (self._procs is not None and self._procs._state.stopped):
+            route = self._route
             groups = [(host, [i for i in indices
-                              if not self._dead(rt, i, desc, settles[i] if settles else None)])
+                              if not route.dead(rt, i, desc, settles[i] if settles else None)])
                       for host, indices in groups]
         relays = [next((a for a in addrs[h * per_host:(h + 1) * per_host] if a not in dead), "")
                   for h in range(len(addrs) // per_host)]
@@ -451,7 +325,7 @@ class ActorMesh(MeshShape, Generic[A]):
                 answers.sent(conn, slots)
                 first = slots[0].req
             elif answers is not None:
-                reqs = [self._pending(conn, i, desc, answers[i])
+                reqs = [self._route.pending(conn, i, desc, answers[i])
                         for _, indices in part for i in indices]
                 first = reqs[0]
             calls = [(h, [(a, number(target, a)) for a in (addrs[ranks[i]] for i in indices)])
@@ -468,9 +342,10 @@ class ActorMesh(MeshShape, Generic[A]):
         """A call expecting a reply; sent again as the endpoint's retry
         policy says (:class:`~meshio.Retry`), unless ``once`` (a service
         fails it over to another replica instead)."""
-        rt = self._runtime()
+        route = self._route
+        rt = route.runtime()
         fut = _CallFuture(loop=rt.loop)
-        self._send(rt, index, desc, body, out, fut, deadline)
+        route.send(rt, index, desc, body, out, fut, deadline)
         if desc.retry is None or once:
             return fut
         return cancels(awaited(
@@ -519,7 +394,7 @@ class ActorMesh(MeshShape, Generic[A]):
                 if redelivery is not None:
                     redelivery.redelivering[grank] -= 1
             fut = _CallFuture(loop=loop)
-            self._send(self._runtime(), index, desc, body, out, fut, deadline)
+            self._route.send(self._route.runtime(), index, desc, body, out, fut, deadline)
             request = _request_of(fut)
 
     def _poisoned(self, state: ProcState, index: int, desc: EndpointDescriptor[Any, Any, Any],
@@ -538,14 +413,7 @@ class ActorMesh(MeshShape, Generic[A]):
             host=last.host, pid=last.pid, cause=last.cause)
 
     def _site(self, index: int) -> _CallSite:
-        return self._call_sites()[index]
-
-    def _call_sites(self) -> list[_CallSite]:
-        """Who each call of this view goes to (made once per view, not once per call)."""
-        sites = self._sites
-        if sites is None:
-            sites = self._sites = [_CallSite(self, i) for i in range(len(self._region.ranks))]
-        return sites
+        return self._route.call_sites()[index]
 
     def _least_loaded(self) -> int:
         """Fewest calls in flight from this caller; ties go round-robin."""
@@ -558,6 +426,170 @@ class ActorMesh(MeshShape, Generic[A]):
             if inflight[i] < inflight[best]:
                 best = i
         return best
+
+
+class _Route:
+    """What a call to the actors of a view reads, and the methods that send
+    one (:meth:`send`): apart from its :class:`ActorMesh`, whose
+    ``__getattr__`` (the endpoints as attributes) puts every attribute read
+    of the mesh on CPython's slow path (~3x a plain read, unspecialized):
+    the ~20 reads a call made of it cost ~12% of the caller's CPU per call.
+    Made anew whenever the mesh takes a shape (:meth:`ActorMesh._reshape`)."""
+
+    __slots__ = ("addrs", "inflight", "max_queued", "mesh", "name", "numbered", "procs",
+                 "ranks", "rt", "sites", "target")
+
+    def __init__(self, mesh: ActorMesh[Any]) -> None:
+        self.mesh = mesh
+        self.target = mesh._target
+        self.name = mesh._name
+        self.addrs = mesh._addrs
+        self.ranks = mesh._region.ranks
+        self.procs = mesh._procs
+        self.numbered = mesh._numbered
+        self.inflight = mesh._inflight
+        self.max_queued = mesh._max_queued
+        #: this loop's runtime, once asked (:meth:`runtime`)
+        self.rt: Runtime | None = None
+        #: who each call went to (:meth:`call_sites`)
+        self.sites: list[_CallSite] | None = None
+
+    def runtime(self) -> Runtime:
+        """The runtime of the running loop (a plain ``def`` endpoint's
+        thread has none: a clear error)."""
+        rt = self.rt
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if getattr(actor_thread, "rt", None) is None:
+                raise
+            raise RuntimeError(
+                f"calls to {self.name!r} cannot be made from a plain 'def' endpoint: it runs in "
+                "its actor's thread, where only broadcast() and port.send() work; make the "
+                "endpoint 'async def' to await calls") from None
+        if rt is None or rt.loop is not loop:
+            rt = self.rt = runtime()
+        return rt
+
+    def send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+             body: bytes, out: OutBuffers, answer: Settle | None,
+             deadline: float | None) -> Waiting | None:
+        """Send one call to the actor at ``index`` of this view; its answer
+        settles ``answer`` (None: no answer wanted).  ``rt``: this loop's
+        runtime (:meth:`runtime`).  When the actor's mailbox has no room
+        for another call of this process, the call waits here, in order,
+        until there is (:mod:`meshio._transport._credit`): returned then
+        (None: it went now)."""
+        if self.dead(rt, index, desc, answer):
+            return None
+        addr = self.addrs[self.ranks[index]]
+        conn = rt.conns.get(addr) or rt.connect(addr)
+        req = self.pending(conn, index, desc, answer) if answer is not None else 0
+        # (a concurrent call starts on arrival, never queued)
+        bounded = not desc.concurrent
+        if self.numbered:
+            return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline)
+        if bounded:
+            window = conn.windows.get(self.target) or self.window(conn)
+            if window.used >= window.limit or window.waiting:
+                return window.wait(Call(req, self.target, desc.name, msgspec.Raw(body),
+                                        call_chain(), 0, "", None, True,
+                                        current_trace() if TRACING else ""), out, deadline)
+            window.used += 1
+        conn.call(Call(req, self.target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
+                       budget(deadline), bounded, current_trace() if TRACING else ""), out)
+        return None
+
+    def send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
+                      desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
+                      bounded: bool, deadline: float | None) -> Waiting | None:
+        """:meth:`send` of request ``req`` on ``conn`` to a mesh spanning
+        hosts: the call is numbered as it goes (see
+        :mod:`meshio._transport._credit`).  (Apart from :meth:`send`, whose
+        frame then makes no closure cells per call.)"""
+        gate, target = self.gate(rt), self.target
+        chain, trace = call_chain(), current_trace() if TRACING else ""
+
+        def go() -> None:
+            if req and req not in conn.pending:
+                return  # given up meanwhile: not sent
+            if bounded:
+                gate.take([addr])
+            conn.call(Call(
+                req, target, desc.name, msgspec.Raw(body), chain,
+                rt.fanout.number(target, addr), "", budget(deadline), bounded, trace), out)
+
+        if bounded and gate.full([addr]):
+            return gate.wait([addr], go, bool(req), deadline)
+        go()
+        return None
+
+    def window(self, conn: Connection) -> Window:
+        """This process's calls to this mesh's actor over ``conn``."""
+        window = conn.windows[self.target] = Window(conn, self.max_queued)
+        return window
+
+    def gate(self, rt: Runtime) -> Gate:
+        """This process's calls to the actors of this mesh spanning hosts."""
+        gate = rt.fanout.gates.get(self.target)
+        if gate is None:
+            gate = rt.fanout.gates[self.target] = Gate(self.max_queued)
+        return gate
+
+    def down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
+        """The error of a call to ``index`` if its process is known dead (or
+        restarting: a new connection may be up before its actors are rebuilt,
+        so the dead list is checked first) or its proc mesh stopped; None
+        while it serves calls."""
+        dead = rt.dead.get(self.addrs[self.ranks[index]]) if rt.dead else None
+        if dead is None and self.procs is not None and self.procs._state.stopped:
+            dead = self.procs._state.stopped_error  # stopped and forgotten by the runtime
+        return dead
+
+    def dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
+             answer: Settle | None) -> bool:
+        """Fail the call to ``index`` at once if it is :meth:`down`."""
+        dead = self.down(rt, index)
+        if dead is None:
+            return False
+        if answer is not None:
+            answer.set_exception(dead(self.as_pending(index, desc, answer)))
+        return True
+
+    def as_pending(self, index: int, desc: EndpointDescriptor[Any, Any, Any],
+                   answer: Settle) -> Pending:
+        """The request to the actor at ``index`` whose answer settles ``answer``
+        (a Gathering's slot is one already)."""
+        if isinstance(answer, Slot):
+            return answer
+        return Pending(answer, desc.schema.unpack_result, desc.fn.__qualname__, self.name,
+                       self.call_sites()[index])
+
+    def pending(self, conn: Connection, index: int, desc: EndpointDescriptor[Any, Any, Any],
+                answer: Settle) -> int:
+        """A request on ``conn`` whose answer settles ``answer``."""
+        if isinstance(answer, Slot):  # a Gathering's: it counts itself
+            req = conn.next_req(answer)
+            answer.sent(conn, req)
+            return req
+        p = _Request(answer, desc.unpack_result, desc.qualname, self.name,
+                     (self.sites or self.call_sites())[index])
+        p.req = req = conn.next_req(p)
+        p.conn, p.index, p.inflight, p.target = conn, index, self.inflight, self.target
+        p.started = False
+        self.inflight[index] += 1
+        if type(answer) is _CallFuture:
+            answer.request = p
+        else:  # a future of the caller's (a fan-out's)
+            cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
+        return req
+
+    def call_sites(self) -> list[_CallSite]:
+        """Who each call of this view goes to (made once per view, not once per call)."""
+        sites = self.sites
+        if sites is None:
+            sites = self.sites = [_CallSite(self.mesh, i) for i in range(len(self.ranks))]
+        return sites
 
 
 def _request_of(fut: asyncio.Future[Any]) -> _Request | None:

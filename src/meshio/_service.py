@@ -111,7 +111,8 @@ class _Replica:
 
     def up(self) -> bool:
         """It serves calls: not known dead, restarting or stopped."""
-        return self.mesh._down(self.mesh._runtime(), 0) is None
+        route = self.mesh._route
+        return route.down(route.runtime(), 0) is None
 
     def back(self) -> asyncio.Future[None] | None:
         """While it is down and may come back: the future its restart resolves."""
