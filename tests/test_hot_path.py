@@ -1,0 +1,68 @@
+"""The functions every small call runs make no closure cells.
+
+A Python function that defines a closure anywhere in its body makes the
+closure's cells each time it is called, whether or not the closure itself is
+made: ``ActorMesh._send`` once made 13 per call for a closure only calls to
+meshes spanning hosts use (~4k instructions of ~70k per call; see
+``benchmarks/bench_instructions.py``).  Speed is measured there, not here:
+this pins the shape that keeps that cost out, naming the function that
+regrew one."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import pytest
+
+#: module -> the functions on the path of one call and its answer, both ends
+HOT = {
+    "meshio._actor_mesh": ["ActorMesh._request", "_Route.runtime", "_Route.send",
+                           "_Route.dead", "_Route.down", "_Route.pending",
+                           "_Request.set_result", "_Request._settled"],
+    "meshio.endpoints._endpoint": ["Endpoint.call_one", "Endpoint._deadline", "Endpoint._encode"],
+    "meshio.endpoints._schema": ["Schema.pack_call", "Schema.pack_result", "Schema.unpack_args",
+                                 "Schema.unpack_result"],
+    "meshio._transport._serial": ["Packer.pack", "Packer.pack_map", "Packer.encode",
+                                  "TypedDecoder.decode", "TypedDecoder._validated", "_inline"],
+    "meshio._transport._connection": ["Connection.call", "Connection.reply",
+                                      "Connection._merge", "Connection.deliver",
+                                      "Connection._reply", "Connection.next_req",
+                                      "Pending.__init__"],
+    "meshio._transport._runtime": ["Runtime.dispatch", "Runtime._admit", "Runtime.admit",
+                                   "Runtime._post"],
+    "meshio._transport._credit": ["took", "budget"],
+    "meshio._cell": ["ActorCell.post", "ActorCell._begin", "ActorCell._serve",
+                     "ActorCell._run", "ActorCell._done"],
+    "meshio._metrics": ["Meter.record"],
+    "meshio._context": ["call_chain", "CallScope.chain"],
+}
+
+
+def _function(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = vars(obj)[part]  # (the class's own, not an inherited or wrapped one)
+    if isinstance(obj, property):
+        obj = obj.fget
+    return inspect.unwrap(obj)  # (a traced adverb: the adverb itself)
+
+
+@pytest.mark.parametrize(("module", "qualname"),
+                         [(m, q) for m, names in HOT.items() for q in names])
+def test_no_closure_cells_on_the_call_path(module: str, qualname: str) -> None:
+    code = _function(module, qualname).__code__
+    assert code.co_cellvars == (), (
+        f"{module}.{qualname} makes closure cells {code.co_cellvars} on every call: move "
+        "the closure that needs them into a function of its own")
+
+
+def test_a_closure_is_seen() -> None:
+    """The check above sees a closure that is only defined on a path not taken."""
+    def rarely(flag: bool, x: int) -> int:
+        if flag:
+            return (lambda: x)()
+        return x
+
+    assert rarely.__code__.co_cellvars == ("x",)
