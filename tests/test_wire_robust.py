@@ -466,19 +466,19 @@ def _break_dispatch() -> None:
     the runtime hands a message on)."""
     from meshio._transport import _runtime
 
-    admit, relay = _runtime.Runtime.admit, _runtime.relay
+    post, relay = _runtime.Runtime.post, _runtime.relay
 
-    def broken_admit(rt: Any, conn: Any, msg: Any, bufs: Any) -> None:
+    def broken_post(rt: Any, conn: Any, msg: Any, bufs: Any) -> None:
         if msg.method == "explode":
             raise RuntimeError("injected admit bug")
-        admit(rt, conn, msg, bufs)
+        post(rt, conn, msg, bufs)
 
     def broken_relay(rt: Any, up: Any, msg: Any, bufs: Any, post: Any) -> None:
         if msg.method == "explode":
             raise RuntimeError("injected relay bug")
         relay(rt, up, msg, bufs, post)
 
-    _runtime.Runtime.admit = broken_admit  # type: ignore[method-assign]
+    _runtime.Runtime.post = broken_post  # type: ignore[method-assign, assignment]
     _runtime.relay = broken_relay
 
 

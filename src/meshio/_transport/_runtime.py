@@ -475,10 +475,10 @@ class Runtime:
             return
         match msg:
             case Call():
-                self._admit(conn, msg, bufs)
+                self.admit(conn, msg, bufs)
             case Calls():
                 for call in msg.calls:
-                    self._admit(conn, call, [])
+                    self.admit(conn, call, [])
             case Fanout():
                 try:
                     relay(self, conn, msg, bufs, self.admit)
@@ -580,26 +580,24 @@ class Runtime:
             return
         self.handlers[type(msg)](self, conn, msg, bufs)
 
-    def _admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
-        """:meth:`admit` a call that arrived on ``conn``."""
+    def admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        """Hand a call that arrived on ``conn`` (or, a tree call's, was
+        relayed by its peer) to the actor it is for; a numbered one
+        (``Call.seq``) in its order."""
         try:
-            self.admit(conn, msg, bufs)
+            if msg.seq:
+                self.order.admit(conn, msg, bufs, self.post)
+            else:
+                self.post(conn, msg, bufs)
         except Exception as e:  # a bug here: the caller hears of it, not a hang
             log.exception("meshio: admitting a call of %s.%s from %s failed",
                           msg.target, msg.method, conn.peer or "unidentified peer")
             conn.send_message(Fail(msg.req, ErrorInfo(
                 "protocol", "ProtocolError", _internal(self, "call", e))))
 
-    def admit(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
-        """Hand a call to the actor it is for; a numbered one (``Call.seq``)
-        in its order."""
-        if msg.seq:
-            self.order.admit(conn, msg, bufs, self._post)
-        else:
-            self._post(conn, msg, bufs)
-
-    def _post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
-        """Hand a call to the actor it is for."""
+    def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
+        """Hand a call to the actor it is for (in :meth:`admit`, which
+        answers for a failure here)."""
         cell = self.actors.get(msg.target)
         if cell is None:
             if msg.req:
