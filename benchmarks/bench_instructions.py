@@ -34,10 +34,10 @@ import subprocess
 import sys
 import tempfile
 
-PEERS = os.environ.get(
-    "MESHIO_BENCH_PEERS",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench-peers"))
-UVLOOP_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "uvloop_site")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = os.environ.get("MESHIO_BENCH_PEERS",
+                       os.path.join(HERE, "..", "..", "shared", "bench-peers"))
+UVLOOP_SITE = os.path.join(HERE, "peers", "uvloop_site")
 
 #: the driver: warm up, then ``batches`` rounds of 1,000 calls in flight;
 #: ``worker`` (a wrapper running callgrind) is what actors are started with
@@ -48,12 +48,7 @@ if worker:
     sys.executable = worker
 if side == "meshio":
     import meshio
-    from meshio import Actor, endpoint
-
-    class Bench(Actor):
-        @endpoint
-        async def ping(self, x: int) -> int:
-            return x
+    from bench_small import Bench  # (the actor bench_small.py times)
 
     async def main() -> None:
         procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
@@ -88,7 +83,7 @@ def count(work: str, side: str, batches: int, where: str, src: str | None) -> in
     out = os.path.join(work, f"{side}.{where}.{batches}.out")
     log = os.path.join(work, "valgrind.log")
     env = dict(os.environ, MESHIO_BUSY_POLL="0")
-    path = [work]  # (the driver and the harness's scripts)
+    path = [work, HERE]  # (the driver, the harness's scripts, bench_small's actor)
     if src is not None:
         path.append(src)
     if side == "plain":
