@@ -364,6 +364,9 @@ class ActorCell:
         if msg.bounded:
             took(conn, self.target, self.credit_batch, msg.origin)
         coro = self._serve(conn, msg, bufs, deadline)
+        if coro is None:  # answered already
+            self.waiter = waiter
+            return
         loop, task = self.rt.loop, self.task
         _enter_task(loop, task)
         try:
@@ -540,14 +543,21 @@ class ActorCell:
             if msg.bounded:
                 took(conn, self.target, self.credit_batch, msg.origin)
             key = (conn, msg.req)
+            run = None
             if not msg.req or key in queued:  # (not: cancelled by its caller)
                 queued.discard(key)
-                await self._serve(conn, msg, bufs, deadline)
-            del conn, msg, bufs  # an idle actor keeps no value of its last call
+                run = self._serve(conn, msg, bufs, deadline)
+            del conn, msg, bufs, key  # an idle actor keeps no value of its last call
+            if run is not None:
+                await run  # (a coroutine done keeps nothing of its call)
 
-    async def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
-                     deadline: float | None) -> None:
-        """Serve a mailbox call whose turn has come (in the mailbox task)."""
+    def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
+               deadline: float | None) -> Coroutine[Any, Any, None] | None:
+        """What serves a mailbox call whose turn has come (to run in the
+        mailbox task): the coroutine that runs it, or None if it ends here
+        (its deadline passed, no such endpoint, bad arguments: answered).
+        (Not a coroutine itself: a call served runs one coroutine of meshio's,
+        :meth:`_run`, not two.)"""
         if deadline is not None and (late := time.monotonic() - deadline) >= 0:
             self.expired += 1
             if msg.req:
@@ -556,7 +566,7 @@ class ActorCell:
                     f"{self.where}: {msg.method} dropped without running: its deadline "
                     f"passed {late:.3f} s ago while it waited in the mailbox",
                     actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
-            return
+            return None
         desc = self.endpoints.get(msg.method)
         if desc is None:
             self._fail(conn, msg.req, ErrorInfo(
@@ -564,36 +574,21 @@ class ActorCell:
                 f"{type(self.instance).__qualname__} has no endpoint {msg.method!r} "
                 f"(it has {sorted(self.endpoints)})", actor=self.ctx.actor_name,
                 rank=self.ctx.point.rank))
-            return
+            return None
         try:
             args, kwargs = desc.schema.unpack_args(msg.args, bufs)
         except SchemaError as e:
             self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
-            return
-        del bufs
-        if msg.req and desc.retry is not None:
-            await _started(conn, msg.req)
+            return None
         self.seq += 1
-        self.serving = desc
-        self.since = time.monotonic()
-        if _context.get(None) is not self.ctx:  # (a new one once its mesh grew or shrank)
-            _context.set(self.ctx)
-        try:
-            run = self._run(conn, msg.req, desc, args, kwargs,
-                            CallScope(deadline, msg.chain, self.identity, self.seq), self.task)
-            del args, kwargs
-            await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
-        finally:
-            self.serving = None
-            _scope.set(None)
+        run = self._run(conn, msg.req, desc, args, kwargs,
+                        CallScope(deadline, msg.chain, self.identity, self.seq), self.task)
+        return served(run, msg.trace, desc.qualname, self.where) if TRACING else run
 
     async def _run_concurrent(self, conn: Connection, msg: Call,
                               desc: EndpointDescriptor[Any, Any, Any],
                               args: tuple[Any, ...], kwargs: dict[str, Any],
                               deadline: float | None) -> None:
-        _context.set(self.ctx)  # this task's own copy of the context
-        if msg.req and desc.retry is not None:
-            await _started(conn, msg.req)
         task = asyncio.current_task()
         assert task is not None
         run = self._run(conn, msg.req, desc, args, kwargs,
@@ -605,53 +600,63 @@ class ActorCell:
                    scope: CallScope, task: asyncio.Task[Any]) -> None:
         """Serve a call in ``task`` (the mailbox's, or a concurrent call's own)
         within ``scope``."""
-        key = (conn, req)
+        if req and desc.retry is not None:
+            await _started(conn, req)
+        if _context.get(None) is not self.ctx:  # (a new one once its mesh grew or shrank)
+            _context.set(self.ctx)
         _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
-        if not desc.concurrent:
-            self.scope = scope
+        key = (conn, req)
         if req:
             self.scopes[key] = scope
             if desc.is_async:
                 self.running[key] = task
         meter = self.meters[desc.name]
-        start = time.perf_counter()
+        start = time.monotonic()
+        mailbox = not desc.concurrent
+        if mailbox:
+            self.serving, self.scope, self.since = desc, scope, start
         try:
-            if desc.is_async:
-                result = await desc.fn(self.instance, *args, **kwargs)
-            else:
-                result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
-        except BaseException as e:
-            error = not isinstance(e, asyncio.CancelledError)
-            meter.record(time.perf_counter() - start, error)
-            if TRACING and error:
-                failed(e)
-            by_caller = self._done(key, task)
-            if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
-                if task.cancelling():  # the actor is stopping
-                    if req:
-                        conn.send_message(Fail(req, self._stopped(
-                            "supervision", "SupervisionError", "while handling this call")))
-                    raise
-                return  # its caller gave up: nobody to answer
-            self._error(conn, req, e)
-            return
-        meter.record(time.perf_counter() - start, False)
-        self._done(key, task)
-        if not req:
-            return
-        packer = Packer()
-        try:
-            body = desc.schema.pack_result(result, packer)
-        except BaseException as e:  # the result's own code (e.g. __reduce__) may raise anything
-            why = actor_error(e, self.ctx, "schema")
-            conn.send_message(Fail(req, ErrorInfo(
-                "schema", "SchemaError",
-                f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
-                actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
-            return
-        read = conn.reply(req, body, packer)
-        if read is not None:
-            await self._until_read(read)
+            try:
+                if desc.is_async:
+                    result = await desc.fn(self.instance, *args, **kwargs)
+                else:
+                    result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
+            except BaseException as e:
+                error = not isinstance(e, asyncio.CancelledError)
+                meter.record(time.monotonic() - start, error)
+                if TRACING and error:
+                    failed(e)
+                by_caller = self._done(key, task)
+                if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
+                    if task.cancelling():  # the actor is stopping
+                        if req:
+                            conn.send_message(Fail(req, self._stopped(
+                                "supervision", "SupervisionError", "while handling this call")))
+                        raise
+                    return  # its caller gave up: nobody to answer
+                self._error(conn, req, e)
+                return
+            meter.record(time.monotonic() - start, False)
+            self._done(key, task)
+            if not req:
+                return
+            packer = Packer()
+            try:
+                body = desc.schema.pack_result(result, packer)
+            except BaseException as e:  # the result's own code (e.g. __reduce__) may raise anything
+                why = actor_error(e, self.ctx, "schema")
+                conn.send_message(Fail(req, ErrorInfo(
+                    "schema", "SchemaError",
+                    f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
+                    actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
+                return
+            read = conn.reply(req, body, packer)
+            if read is not None:
+                await self._until_read(read)
+        finally:
+            if mailbox:
+                self.serving = None
+                _scope.set(None)
 
     async def _until_read(self, read: asyncio.Future[None]) -> None:
         """A large result is read from this process's memory after it was

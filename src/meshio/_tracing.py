@@ -28,7 +28,7 @@ import contextvars
 import functools
 import inspect
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -191,7 +191,8 @@ def parent(traceparent: str) -> Any:
     return _trace.set_span_in_context(_trace.NonRecordingSpan(ctx)) if ctx.is_valid else None
 
 
-def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> Awaitable[T]:
+def served(run: Coroutine[Any, Any, T], traceparent: str, endpoint: str,
+           where: str) -> Coroutine[Any, Any, T]:
     """``run`` (an endpoint's call being served), to await in a ``SERVER``
     span, child of the caller's span ``traceparent`` ("" : a trace of its
     own), current meanwhile so that the calls it makes are its children;
@@ -204,7 +205,7 @@ def served(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> Aw
     return run
 
 
-async def _passing_on(run: Awaitable[T], traceparent: str) -> T:
+async def _passing_on(run: Coroutine[Any, Any, T], traceparent: str) -> T:
     forwarded = _inbound.set(traceparent)
     try:
         return await run
@@ -212,7 +213,8 @@ async def _passing_on(run: Awaitable[T], traceparent: str) -> T:
         _inbound.reset(forwarded)
 
 
-async def _in_span(run: Awaitable[T], traceparent: str, endpoint: str, where: str) -> T:
+async def _in_span(run: Coroutine[Any, Any, T], traceparent: str, endpoint: str,
+                   where: str) -> T:
     span = _tracer.start_span(endpoint, context=parent(traceparent) if traceparent else None,
                               kind=_SERVER, attributes={"meshio.actor": where})
     token = _otel_context.attach(_trace.set_span_in_context(span))
