@@ -436,8 +436,8 @@ class _Route:
     the ~20 reads a call made of it cost ~12% of the caller's CPU per call.
     Made anew whenever the mesh takes a shape (:meth:`ActorMesh._reshape`)."""
 
-    __slots__ = ("addrs", "inflight", "max_queued", "mesh", "name", "numbered", "procs",
-                 "ranks", "rt", "sites", "target")
+    __slots__ = ("addrs", "inflight", "max_queued", "mesh", "name", "numbered", "ranks", "rt",
+                 "sites", "state", "target")
 
     def __init__(self, mesh: ActorMesh[Any]) -> None:
         self.mesh = mesh
@@ -445,7 +445,8 @@ class _Route:
         self.name = mesh._name
         self.addrs = mesh._addrs
         self.ranks = mesh._region.ranks
-        self.procs = mesh._procs
+        #: its proc mesh's state (None: not known here), read per call by :meth:`send`
+        self.state = mesh._procs._state if mesh._procs is not None else None
         self.numbered = mesh._numbered
         self.inflight = mesh._inflight
         self.max_queued = mesh._max_queued
@@ -480,7 +481,9 @@ class _Route:
         for another call of this process, the call waits here, in order,
         until there is (:mod:`meshio._transport._credit`): returned then
         (None: it went now)."""
-        if self.dead(rt, index, desc, answer):
+        state = self.state  # (asked first: a call rarely finds a process dead or stopped)
+        if (rt.dead or (state is not None and state.stopped)) \
+                and self.dead(rt, index, desc, answer):
             return None
         addr = self.addrs[self.ranks[index]]
         conn = rt.conns.get(addr) or rt.connect(addr)
@@ -497,7 +500,8 @@ class _Route:
                                         current_trace() if TRACING else ""), out, deadline)
             window.used += 1
         conn.call(Call(req, self.target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
-                       budget(deadline), bounded, current_trace() if TRACING else ""), out)
+                       None if deadline is None else budget(deadline), bounded,
+                       current_trace() if TRACING else ""), out)
         return None
 
     def send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
@@ -542,8 +546,8 @@ class _Route:
         so the dead list is checked first) or its proc mesh stopped; None
         while it serves calls."""
         dead = rt.dead.get(self.addrs[self.ranks[index]]) if rt.dead else None
-        if dead is None and self.procs is not None and self.procs._state.stopped:
-            dead = self.procs._state.stopped_error  # stopped and forgotten by the runtime
+        if dead is None and self.state is not None and self.state.stopped:
+            dead = self.state.stopped_error  # stopped and forgotten by the runtime
         return dead
 
     def dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
@@ -651,8 +655,11 @@ class _Request(Pending):
         self.started = True
 
     def set_result(self, result: Any, /) -> None:
-        self._settled()
-        self._fut.set_result(result)
+        self.inflight[self.index] -= 1  # (_settled, inline: this runs per call)
+        fut = self._fut
+        if type(fut) is _CallFuture:
+            fut.request = None
+        fut.set_result(result)
 
     def set_exception(self, exception: BaseException, /) -> None:
         self._settled()

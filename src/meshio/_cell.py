@@ -276,7 +276,8 @@ class ActorCell:
         self.queued: set[tuple[Connection, int]] = set()
         #: calls under way, by (connection, req): their scope (deadline, given up)
         self.scopes: dict[tuple[Connection, int], CallScope] = {}
-        #: async calls under way, by (connection, req): their task (cancellable)
+        #: concurrent async calls under way, by (connection, req): their task
+        #: (cancellable; a mailbox call's is :attr:`task`)
         self.running: dict[tuple[Connection, int], asyncio.Task[Any]] = {}
         #: calls dropped without running because their deadline passed first
         self.expired = 0
@@ -311,7 +312,7 @@ class ActorCell:
         self.task = rt.tasks.start(self._pump(), name="mailbox", context=self.context)
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
-        deadline = _deadline(msg.deadline)
+        deadline = None if msg.deadline is None else _deadline(msg.deadline)
         desc = self.endpoints.get(msg.method)
         if desc is not None and desc.concurrent:
             # Concurrent endpoints do not queue behind a busy actor: start now.
@@ -339,10 +340,8 @@ class ActorCell:
             self._fail(conn, msg.req, self._deadlock(msg, desc))
             return
         waiter = self.waiter
-        # (the loop given: no get_running_loop, whose pid check is a system call on 3.11)
-        if waiter is not None and not waiter.done() and asyncio.current_task(self.rt.loop) is None:
-            self.waiter = None  # (calls that arrive meanwhile queue)
-            self._begin(waiter, conn, msg, bufs, deadline)
+        if waiter is not None and not waiter.done() and self._begin(waiter, conn, msg, bufs,
+                                                                    deadline):
             return
         if msg.req:
             self.queued.add((conn, msg.req))
@@ -353,39 +352,49 @@ class ActorCell:
                 waiter.set_result(None)
 
     def _begin(self, waiter: asyncio.Future[None], conn: Connection, msg: Call, bufs: Buffers,
-               deadline: float | None) -> None:
+               deadline: float | None) -> bool:
         """Serve a call that found the actor idle here, in the loop callback
         that brought it, rather than by waking the mailbox task (which waits
         on ``waiter``): the call runs without a wake-up or a turn of the loop
         first, and its answer goes out in the same turn.  It runs as if in
         that task (``asyncio.current_task()`` is the task, in its context),
         so everything else sees a mailbox call; one that has to wait is
-        handed to the task, which goes on with it (:class:`_GoOn`)."""
-        if msg.bounded:
-            took(conn, self.target, self.credit_batch, msg.origin)
-        coro = self._serve(conn, msg, bufs, deadline)
-        if coro is None:  # answered already
-            self.waiter = waiter
-            return
+        handed to the task, which goes on with it (:class:`_GoOn`).  False
+        (nothing done) when called within a task (a call made in this
+        process): the call queues."""
         loop, task = self.rt.loop, self.task
-        _enter_task(loop, task)
         try:
-            yielded = self.context.run(coro.send, None)
-        except StopIteration:  # served
-            if not waiter.done():  # (done: the call stopped the actor)
-                if self.mailbox:  # calls that came meanwhile (a budget it freed let them in)
-                    waiter.set_result(None)
-                else:
-                    self.waiter = waiter
-            return
-        except BaseException as e:  # (a bug): raised in the task, as it would have been
-            self.begun = _GoOn(coro, None, e)
-        else:
-            self.begun = _GoOn(coro, yielded, None)
+            # (It refuses when a task runs: asking current_task() first
+            # would cost a Python call per call on 3.11.)
+            _enter_task(loop, task)
+        except RuntimeError:
+            return False
+        try:
+            if msg.bounded:
+                took(conn, self.target, self.credit_batch, msg.origin)
+            context = self.context
+            coro = context.run(self._serve, conn, msg, bufs, deadline)
+            if coro is None:  # answered already
+                return True
+            self.waiter = None  # (calls that arrive meanwhile queue)
+            try:
+                yielded = context.run(coro.send, None)
+            except StopIteration:  # served
+                if not waiter.done():  # (done: the call stopped the actor)
+                    if self.mailbox:  # calls that came meanwhile (a budget it freed let them in)
+                        waiter.set_result(None)
+                    else:
+                        self.waiter = waiter
+                return True
+            except BaseException as e:  # (a bug): raised in the task, as it would have been
+                self.begun = _GoOn(coro, None, e)
+            else:
+                self.begun = _GoOn(coro, yielded, None)
         finally:
             _leave_task(loop, task)
         if not waiter.done():
             waiter.set_result(None)
+        return True
 
     def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None) -> ErrorInfo:
         names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
@@ -414,6 +423,9 @@ class ActorCell:
         if scope is not None:
             scope.cancelled = True
         task = self.running.get(key)
+        if task is None and scope is not None and scope is self.scope \
+                and self.serving is not None and self.serving.is_async:
+            task = self.task  # the mailbox call under way
         if task is not None and key not in self.cancelled:
             self.cancelled.add(key)
             task.cancel()
@@ -606,10 +618,8 @@ class ActorCell:
             _context.set(self.ctx)
         _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
         key = (conn, req)
-        if req:
-            self.scopes[key] = scope
-            if desc.is_async:
-                self.running[key] = task
+        if req:  # (a concurrent call's task is in ``running`` already; a mailbox call's is
+            self.scopes[key] = scope  # the mailbox task, found by its scope: see cancel())
         meter = self.meters[desc.name]
         start = time.monotonic()
         mailbox = not desc.concurrent
@@ -655,8 +665,10 @@ class ActorCell:
                 await self._until_read(read)
         finally:
             if mailbox:
+                # (Its scope stays set in the mailbox task's context, where
+                # nothing else runs before the next call sets its own: a
+                # context variable set costs ~1k instructions.)
                 self.serving = None
-                _scope.set(None)
 
     async def _until_read(self, read: asyncio.Future[None]) -> None:
         """A large result is read from this process's memory after it was
@@ -684,7 +696,8 @@ class ActorCell:
     def _done(self, key: tuple[Connection, int], task: asyncio.Task[Any]) -> bool:
         """The call ``key`` ended; True if its caller had cancelled it (the
         cancellation request is then withdrawn from the task)."""
-        self.running.pop(key, None)
+        if task is not self.task:  # a concurrent call's
+            self.running.pop(key, None)
         self.scopes.pop(key, None)
         if key not in self.cancelled:
             return False

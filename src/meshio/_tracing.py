@@ -198,7 +198,7 @@ def served(run: Coroutine[Any, Any, T], traceparent: str, endpoint: str,
     own), current meanwhile so that the calls it makes are its children;
     with no tracer provider, no span: the calls it makes carry
     ``traceparent`` on (``run`` itself when there is none)."""
-    if _recording():
+    if _trace._TRACER_PROVIDER is not None and _recording():
         return _in_span(run, traceparent, endpoint, where)
     if traceparent and _TRACEPARENT.match(traceparent):  # (a peer's bytes: checked)
         return _passing_on(run, traceparent)

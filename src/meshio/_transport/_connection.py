@@ -435,9 +435,9 @@ class Connection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------ sending
 
     def next_req(self, pending: Pending) -> int:
-        self._req += 1
-        self.pending[self._req] = pending
-        return self._req
+        req = self._req = self._req + 1
+        self.pending[req] = pending
+        return req
 
     def next_reqs(self, pending: Sequence[Pending]) -> int:
         """Requests for all of ``pending``, numbered in order; the first."""

@@ -69,6 +69,8 @@ class Schema:
         self.names: frozenset[str] = frozenset(p.name for p in params if p.kind not in _VARIADIC)
         self.required: frozenset[str] = frozenset(
             p.name for p in params if p.kind not in _VARIADIC and p.default is p.empty)
+        #: some parameter has a default (an argument may be left out)
+        self._defaults = self.required != self.names
         #: how many positional arguments bind alone (-1: none do)
         self._npos = len(self.positional) if (
             not self.loose and self.names == frozenset(self.positional)) else -1
@@ -91,7 +93,6 @@ class Schema:
         struct = msgspec.defstruct(
             f"{self.qualname}.args", fields, kw_only=True, forbid_unknown_fields=True)
         self._args = TypedDecoder(Any if self.loose else struct)
-        self._fields = tuple(f[0] for f in fields)
         rtp = hints.get("return", Any)
         if rtp is type(None):
             rtp = None
@@ -178,11 +179,9 @@ class Schema:
             return self._unpack_each(data, bufs)
         if self.loose:
             return self._variadic(value)
-        kwargs: dict[str, Any] = {}
-        for name in self._fields:
-            v = getattr(value, name)
-            if v is not msgspec.UNSET:
-                kwargs[name] = v
+        kwargs: dict[str, Any] = msgspec.structs.asdict(value)
+        if self._defaults:  # a parameter not sent keeps its default (UNSET: left out)
+            kwargs = {name: v for name, v in kwargs.items() if v is not msgspec.UNSET}
         return (), kwargs
 
     def _unpack_each(self, data: Any, bufs: Buffers) -> tuple[tuple[Any, ...], dict[str, Any]]:
