@@ -4,7 +4,7 @@ everything an endpoint can see must be as if it ran in that task.  It runs
 as the task (``asyncio.current_task()``) in the task's context; one that
 has to wait is taken over by the task, in mailbox order, and cancellations
 (its caller's, its own ``asyncio.timeout``, the actor's stop) reach it
-wherever it waits.  That it pays is measured in
+wherever it waits; one posted within a task queues for the mailbox task.  That it pays is measured in
 ``benchmarks/bench_small.py``, not here."""
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
+import msgspec
 import pytest
 
 import meshio
 from meshio import Actor, ActorError, SupervisionError, endpoint
+from meshio._transport._connection import Pending
+from meshio._transport._messages import Call
+from meshio._transport._runtime import _local, runtime
 
 GUARD = 30.0
 
@@ -142,3 +146,26 @@ async def test_stopping_the_actor_ends_a_waiting_call(procs: meshio.ProcMesh) ->
     await asyncio.wait_for(actors.stop(), GUARD)
     with pytest.raises((SupervisionError, ActorError), match="stopped"):
         await asyncio.wait_for(call, GUARD)
+
+
+@pytest.mark.meshio_transports("in-process")
+async def test_a_call_posted_within_a_task_waits_for_the_mailbox_task(
+        procs: meshio.ProcMesh) -> None:
+    # Calls arrive in loop callbacks, outside any task; one posted within a
+    # task (here the test's own, on the loop the in-process worker shares)
+    # cannot run as the mailbox task there: it queues, and that task runs it.
+    served = (await procs.spawn("served", Served)).slice(procs=0)
+    assert await asyncio.wait_for(served.hold.call_one(0), GUARD) == 0  # idle again
+    controller = runtime()
+    worker = next(rt for rt in list(_local.values()) if rt is not controller and rt.actors)
+    target, cell = next(iter(worker.actors.items()))
+    desc = cell.endpoints["hold"]
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    up = controller.conns[worker.addr]
+    req = up.next_req(Pending(fut, desc.unpack_result, "hold", "served", None))
+    cell.post(worker.conns[controller.addr], Call(
+        req, target, "hold", msgspec.Raw(msgspec.msgpack.encode({"i": 5}))), [])
+    assert cell.serving is None and len(cell.mailbox) == 1  # not started here
+    assert await asyncio.wait_for(fut, GUARD) == 5
+    assert await asyncio.wait_for(served.history.call_one(), GUARD) == [
+        "start 0", "end 0", "start 5", "end 5"]
