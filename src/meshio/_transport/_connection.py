@@ -865,13 +865,14 @@ class Connection(asyncio.BufferedProtocol):
             if f is None:
                 before = self._start
                 avail = self._end - before
-                if avail >= 8:  # fast path: a small frame without buffers, all here
-                    body_len, nbufs = _HDR.unpack_from(self._buf, before)
-                    if (not nbufs and body_len <= avail - 8
-                            and body_len <= limits.max_message):
-                        self._start = before + 8 + body_len
-                        self.deliver(bytes(self._mv[before + 8:self._start]), [])
-                        continue
+                if avail < 8:  # no header yet
+                    break
+                # fast path: a small frame without buffers, all here
+                body_len, nbufs = _HDR.unpack_from(self._buf, before)
+                if not nbufs and body_len <= avail - 8 and body_len <= limits.max_message:
+                    self._start = before + 8 + body_len
+                    self.deliver(bytes(self._mv[before + 8:self._start]), [])
+                    continue
                 f = self._header()
                 if f is None:
                     if self._start != before:  # refused: skip it
@@ -898,12 +899,11 @@ class Connection(asyncio.BufferedProtocol):
                 self._mv = memoryview(self._buf)
 
     def _header(self) -> _Frame | None:
-        """The next frame, once its header is in and memory is reserved for
-        it; None while waiting (or after refusing one over the limit)."""
+        """The next frame (its 8-byte start is in), once the rest of its
+        header is in and memory is reserved for it; None while waiting (or
+        after refusing one over the limit)."""
         start = self._start
         avail = self._end - start
-        if avail < 8:
-            return None
         body_len, nbufs = _HDR.unpack_from(self._buf, start)
         if body_len > MAX_BODY or nbufs > MAX_BUFS:
             raise ProtocolError(
