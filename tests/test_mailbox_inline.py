@@ -4,8 +4,8 @@ everything an endpoint can see must be as if it ran in that task.  It runs
 as the task (``asyncio.current_task()``) in the task's context; one that
 has to wait is taken over by the task, in mailbox order, and cancellations
 (its caller's, its own ``asyncio.timeout``, the actor's stop) reach it
-wherever it waits; one posted within a task queues for the mailbox task.  That it pays is measured in
-``benchmarks/bench_small.py``, not here."""
+wherever it waits; one posted within a task queues for the mailbox task.
+That it pays is measured in ``benchmarks/bench_small.py``, not here."""
 
 from __future__ import annotations
 
