@@ -576,17 +576,12 @@ class _Route:
             req = conn.next_req(answer)
             answer.sent(conn, req)
             return req
-        p = _Request(answer, desc.unpack_result, desc.qualname, self.name,
-                     (self.sites or self.call_sites())[index])
-        p.req = req = conn.next_req(p)
-        p.conn, p.index, p.inflight, p.target = conn, index, self.inflight, self.target
-        p.started = False
-        self.inflight[index] += 1
+        p = _Request(answer, desc, self, conn, index)
         if type(answer) is _CallFuture:
             answer.request = p
         else:  # a future of the caller's (a fan-out's)
             cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
-        return req
+        return p.req
 
     def call_sites(self) -> list[_CallSite]:
         """Who each call of this view goes to (made once per view, not once per call)."""
@@ -641,15 +636,29 @@ class _Request(Pending):
     """A call to one actor whose answer settles a future: it counts itself
     out of the actor's calls in flight when settled or given up."""
 
-    __slots__ = ("conn", "index", "inflight", "req", "started", "target")
+    __slots__ = ("conn", "index", "inflight", "req", "route", "started")
 
-    conn: Connection
-    index: int
-    inflight: list[int]
-    req: int
-    target: str
-    #: the callee said the call started running (endpoints with a retry policy)
-    started: bool
+    def __init__(self, fut: Settle, desc: EndpointDescriptor[Any, Any, Any], route: _Route,
+                 conn: Connection, index: int) -> None:
+        """The request on ``conn`` for the call to the actor at ``index`` of
+        ``route``'s view, counted in flight.  (Pending's fields set here, in
+        one frame; who was called is made only if an error message asks.)"""
+        self._fut = fut
+        self.decode = desc.unpack_result
+        self.endpoint = desc.qualname
+        self.mesh = route.name
+        self.route = route
+        self.conn = conn
+        self.index = index
+        self.inflight = inflight = route.inflight
+        inflight[index] += 1
+        #: the callee said the call started running (endpoints with a retry policy)
+        self.started = False
+        self.req = conn.next_req(self)
+
+    @property
+    def point(self) -> Any:
+        return self.route.call_sites()[self.index]
 
     def begun(self) -> None:
         self.started = True
@@ -675,7 +684,7 @@ class _Request(Pending):
         because its deadline passed)."""
         self.inflight[self.index] -= 1
         if self.conn.pending.pop(self.req, None) is not None:
-            self.conn.send_message(Cancel(self.req, self.target, expired))
+            self.conn.send_message(Cancel(self.req, self.route.target, expired))
 
     def on_done(self, f: asyncio.Future[Any]) -> None:
         """The done callback of a future that is not a :class:`_CallFuture`."""

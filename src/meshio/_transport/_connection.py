@@ -165,7 +165,7 @@ class Pending:
     :meth:`set_result` and the other methods of a future), how to decode the
     result, and who was called (for error messages)."""
 
-    __slots__ = ("_fut", "decode", "endpoint", "mesh", "point")
+    __slots__ = ("_fut", "_point", "decode", "endpoint", "mesh")
 
     def __init__(
         self,
@@ -179,7 +179,12 @@ class Pending:
         self.decode: Callable[[Any, Buffers], Any] = decode
         self.endpoint: str = endpoint
         self.mesh: str = mesh
-        self.point: Any = point
+        self._point = point
+
+    @property
+    def point(self) -> Any:
+        """Who was called, for error messages."""
+        return self._point
 
     @property
     def rank(self) -> int:
@@ -300,7 +305,7 @@ class Slot(Pending):
         self.decode = decode
         self.endpoint = endpoint
         self.mesh = mesh
-        self.point = point
+        self._point = point
         self.gathering = gathering
         self.index = index
         self.settled = False
