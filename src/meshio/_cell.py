@@ -822,6 +822,12 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
                                       msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
                                       msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
     rt.state(StallWatch)  # (started with the first actor)
+    # One turn first: the mailbox task's first step (scheduled before this
+    # task's wake-up) sets it waiting, so that the first call, which may
+    # come as soon as the answer lands, finds the actor idle and begins at
+    # once, as every later call to an idle actor does (ActorCell._begin),
+    # rather than queueing for a task not yet started.
+    await asyncio.sleep(0)
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
 

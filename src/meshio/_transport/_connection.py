@@ -479,7 +479,7 @@ class Connection(asyncio.BufferedProtocol):
                 # burst of calls or replies, instead of one each.
                 transport.write(header + body)
                 self._batch = []
-                self.rt.loop.call_soon(self._flush)
+                self.rt.batching(self)
             else:
                 batch.append(header)
                 batch.append(body)
@@ -646,9 +646,9 @@ class Connection(asyncio.BufferedProtocol):
                 return
             await asyncio.sleep(0.001)  # (the loop writes as the socket drains)
 
-    def _flush(self) -> None:
-        """The end of the turn: write what is batched; the next small frame
-        goes out at once."""
+    def flush(self) -> None:
+        """The end of the turn (:meth:`Runtime.batching`): write what is
+        batched; the next small frame goes out at once."""
         if self._merged:
             self._frame_merged()
         batch, self._batch = self._batch, None

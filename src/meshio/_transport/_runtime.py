@@ -297,6 +297,9 @@ class Runtime:
         #: (``perf_counter``)
         self.polling: bool = False
         self._heard_at = self._polled_at = -math.inf
+        #: the connections batching small frames until the end of this turn
+        #: of the loop (:meth:`batching`)
+        self._batching: list[Connection] = []
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
             addr = self.sockets.listen(tcp_listener(*endpoint), advertise or endpoint[0],
@@ -432,6 +435,22 @@ class Runtime:
                 pid=conn.peer_pid, cause=cause))
         if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
             self.fanout.gone(conn.peer)
+
+    # --------------------------------------------------- end of the turn
+
+    def batching(self, conn: Connection) -> None:
+        """``conn`` sent the first frame of this turn of the loop and batches
+        the small frames that follow until the turn ends: one callback per
+        turn writes every connection's batch (a call to 4 actors goes on
+        4 connections: one callback, not 4)."""
+        if not self._batching:
+            self.loop.call_soon(self._end_turn)
+        self._batching.append(conn)
+
+    def _end_turn(self) -> None:
+        conns, self._batching = self._batching, []
+        for conn in conns:
+            conn.flush()
 
     # ---------------------------------------------------------- polling
 
