@@ -123,6 +123,9 @@ class FakeRuntime:
     def dispatch(self, conn: Connection, msg: M.Message, bufs: list[Any]) -> None:
         self.got.append((msg, bufs))
 
+    def batching(self, conn: Connection) -> None:  # (the end of the turn: flushed then)
+        self.loop.call_soon(conn.flush)
+
     def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
         pass
 
