@@ -304,8 +304,8 @@ class ActorMesh(MeshShape, Generic[A]):
         settles = answers.slots if isinstance(answers, Gathering) else answers
         dead = rt.dead
         groups = self._hosts
-        if dead or (self._procs is not None and self._procs._state.stopped):
-            route = self._route
+        route = self._route
+        if dead or (route.state is not None and route.state.stopped):  # (as _Route.send asks)
             groups = [(host, [i for i in indices
                               if not route.dead(rt, i, desc, settles[i] if settles else None)])
                       for host, indices in groups]
