@@ -197,6 +197,51 @@ def test_a_process_without_a_tracer_provider_passes_the_trace_on(tmp_path: Path)
     assert (served["trace"], served["parent"]) == (client["trace"], client["id"])
 
 
+LATE = SCRIPT.rsplit("async def main():", 1)[0] + '''
+from meshio._tracing import sending
+from meshio.endpoints import Endpoint
+
+
+async def main():
+    assert not hasattr(Endpoint.call_one, "__wrapped__")  # tested inline, never wrapped
+    async with meshio.this_host().spawn_procs({"procs": 2}) as procs:
+        echo = await procs.spawn("echo", Echo)
+        one = echo.slice(procs=0)
+        assert await one.echo.call_one(1) == 1  # no provider yet: no span
+        if sys.argv[1] == "noop":
+            trace.set_tracer_provider(trace.NoOpTracerProvider())
+        else:
+            setup()
+        # the same handles, once a provider is set
+        assert await one.echo.call_one(2) == 2
+        assert (await echo.echo.call(3)).values() == [3, 3]
+        assert await echo.echo.choose(4) == 4
+        await echo.note.broadcast()
+        try:
+            await one.fail.call_one()
+        except meshio.ActorError:
+            pass
+        assert not sending.get()
+        names = [] if sys.argv[1] == "noop" else [s["name"] for s in finished()]
+    print(json.dumps(sorted(names)))
+
+
+asyncio.run(main())
+'''
+
+
+def test_a_provider_set_later_traces_the_handles_made_before(tmp_path: Path) -> None:
+    """The plain adverbs test for a provider on every call (inline, not
+    through a wrapper): one set after a handle was made traces its next
+    calls, not the one before; a no-op provider records nothing and every
+    adverb still answers (a failure still raises)."""
+    (tmp_path / "late.py").write_text(LATE)
+    spans = json.loads(_run(["late.py", "sdk"], tmp_path).splitlines()[-1])
+    assert spans == ["Echo.echo call", "Echo.echo call_one", "Echo.echo choose",
+                     "Echo.fail call_one", "Echo.note broadcast"]
+    assert json.loads(_run(["late.py", "noop"], tmp_path).splitlines()[-1]) == []
+
+
 BLOCK = "import sys\nsys.modules['opentelemetry'] = None  # as if the extra were absent\n"
 
 WITHOUT = '''

@@ -15,9 +15,12 @@ without one they are OpenTelemetry's no-op spans.
 Without the package nothing of it is imported and nothing is paid per call:
 :data:`ENABLED` is decided once, at import, and the adverbs are then not
 wrapped at all (:func:`traced` returns them as they are); the call path
-checks one module constant.  With the package but no tracer provider set in
-this process (:func:`_recording`), no span is made either: a call being
-served only passes its caller's ``traceparent`` on to the calls it makes
+checks one module constant.  The plain adverbs (``call``, ``call_one``,
+``choose``, ``broadcast``) are never wrapped: each tests for a tracer
+provider itself, inline, and only then goes through :func:`in_span`.
+With the package but no tracer provider set in this process
+(:func:`_recording`), no span is made either: a call being served only
+passes its caller's ``traceparent`` on to the calls it makes
 (:data:`_inbound`), so a trace crosses a process that records nothing.
 """
 
@@ -32,7 +35,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-__all__ = ("ENABLED", "current", "failed", "parent", "served", "traced")
+__all__ = ("ENABLED", "OTEL", "current", "failed", "in_span", "parent", "served", "sending",
+           "traced")
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -53,6 +57,16 @@ if ENABLED or TYPE_CHECKING:  # (type checkers see the extra: it is in the dev o
     #: what a process has before it sets a tracer provider (or with the no-op one)
     _NO_PROVIDER = (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
     _trace.get_tracer_provider()  # one named by OTEL_PYTHON_TRACER_PROVIDER is set now
+
+#: opentelemetry's ``trace`` module (None without the extra): a plain adverb
+#: tests ``TRACING and OTEL._TRACER_PROVIDER is not None`` inline (see
+#: :func:`in_span`)
+OTEL: Any = _trace if ENABLED else None
+
+#: set while :func:`in_span` runs a plain adverb within its span: the
+#: adverb's inline test then lets it run as is
+sending: contextvars.ContextVar[bool] = contextvars.ContextVar("meshiosending",
+                                                               default=False)
 
 #: while a call is served in a process that records no spans: its caller's
 #: ``traceparent``, passed on as is by the calls it makes
@@ -99,12 +113,12 @@ def _end_with_result(span: Any, fut: asyncio.Future[Any]) -> None:
 
 
 def traced(adverb: F) -> F:
-    """``adverb`` (a method of an endpoint handle) with a ``CLIENT`` span
-    per use, named ``"<Actor.endpoint> <adverb>"``; ``adverb`` itself when
-    the extra is absent.  The span is current while the adverb sends (and
-    in the tasks it starts, e.g. a retry's), and ends when what it returns
-    is done: a future's result, a coroutine's or a stream's end; at once
-    for anything else (``broadcast``)."""
+    """``adverb`` (an ``async`` method of an endpoint handle: ``stream``, a
+    service's ``route``) with a ``CLIENT`` span per use, named
+    ``"<Actor.endpoint> <adverb>"``, current while it runs and ended at the
+    coroutine's or the stream's end; ``adverb`` itself when the extra is
+    absent.  (A plain adverb, which sends at once, tests for a provider
+    inline and calls :func:`in_span`: no wrapper on the path of every call.)"""
     if not ENABLED:
         return adverb
     name = adverb.__name__
@@ -155,26 +169,44 @@ def traced(adverb: F) -> F:
                 return await adverb(handle, *args, **kwargs)
         return coroutine  # type: ignore[return-value]
 
-    @functools.wraps(adverb)
-    def sends(handle: Any, *args: Any, **kwargs: Any) -> Any:
-        if _trace._TRACER_PROVIDER is None or not _recording():
-            return adverb(handle, *args, **kwargs)
-        span = start(handle)
-        token = _otel_context.attach(_trace.set_span_in_context(span))
+    raise TypeError(f"traced: {adverb.__qualname__} is neither a coroutine nor an async "
+                    "generator function; a plain adverb tests OTEL inline and calls in_span")
+
+
+def in_span(handle: Any, adverb: Callable[..., T], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> T:
+    """``adverb(*args, **kwargs)`` (a plain adverb of ``handle``: ``call``,
+    ``call_one``, ``choose``, ``broadcast``) within a ``CLIENT`` span, current
+    while it sends and ended when what it returns is done (at once if not a
+    future).  The adverb calls this first thing when a tracer provider was
+    ever set (``OTEL._TRACER_PROVIDER is not None``, tested inline: a wrapper
+    around it, its frame and its arguments packed again, cost ~5% of a small
+    call's CPU in the caller); it is called again from here with
+    :data:`sending` set, which its test reads, and then runs as is."""
+    token = sending.set(True)
+    try:
+        if not _recording():  # (a no-op provider)
+            return adverb(*args, **kwargs)
+        span = _tracer.start_span(f"{handle._qualname} {adverb.__name__}", kind=_CLIENT,
+                                  attributes={"meshio.mesh": handle._mesh._name,
+                                              "meshio.adverb": adverb.__name__})
+        attached = _otel_context.attach(_trace.set_span_in_context(span))
         try:
-            result: object = adverb(handle, *args, **kwargs)
+            result = adverb(*args, **kwargs)
         except BaseException as e:
             _fail(span, e)
             span.end()
             raise
         finally:
-            _otel_context.detach(token)
-        if isinstance(result, asyncio.Future):
-            _end_with_result(span, result)  # pyright: ignore[reportUnknownArgumentType]
-        else:
-            span.end()
-        return cast(Any, result)
-    return sends  # type: ignore[return-value]
+            _otel_context.detach(attached)
+    finally:
+        sending.reset(token)
+    sent: object = result
+    if isinstance(sent, asyncio.Future):
+        _end_with_result(span, sent)  # pyright: ignore[reportUnknownArgumentType]
+    else:
+        span.end()
+    return result
 
 
 def parent(traceparent: str) -> Any:

@@ -47,7 +47,8 @@ from .._exceptions import (
     SupervisionError,
     rebuild_error,
 )
-from .._tracing import traced
+from .._tracing import ENABLED as TRACING
+from .._tracing import OTEL, in_span, sending, traced
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
@@ -381,7 +382,6 @@ class Endpoint(Generic[P, R]):
 
     # ------------------------------------------------------------ adverbs
 
-    @traced
     def call(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """Call every actor of the mesh; a ValueMesh of the results.
 
@@ -394,6 +394,8 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, an actor's
                 mailbox is full; nothing was sent.
         """
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+            return in_span(self, self.call, args, kwargs)  # (see meshio._tracing)
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
         if self._on_full == "raise":
@@ -465,7 +467,6 @@ class Endpoint(Generic[P, R]):
         error.inherited = inherited
         raise error
 
-    @traced
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call the only actor of a one-actor mesh (e.g. a slice) and return its result.
 
@@ -475,6 +476,8 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, its
                 mailbox is full; nothing was sent.
         """
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+            return in_span(self, self.call_one, args, kwargs)  # (see meshio._tracing)
         mesh = self._mesh
         if len(mesh._region.ranks) != 1:
             raise MeshShapeError(
@@ -487,7 +490,6 @@ class Endpoint(Generic[P, R]):
         fut = mesh._request(0, self._desc, body, packer, deadline)
         return fut if deadline is None else self._single(fut, 0, deadline)
 
-    @traced
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller.
 
@@ -495,6 +497,8 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, the chosen
                 actor's mailbox is full; nothing was sent.
         """
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+            return in_span(self, self.choose, args, kwargs)  # (see meshio._tracing)
         mesh = self._mesh
         if len(mesh) == 0:
             raise MeshShapeError(f"choose on {mesh._name!r}: the mesh is empty; choose "
@@ -580,7 +584,6 @@ class Endpoint(Generic[P, R]):
             f"service's adverb; make a service of the mesh (meshio.Service(mesh)) or call "
             f"one actor with choose()")
 
-    @traced
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[None]:
         """Send to every actor without waiting for answers; an exception in
         the endpoint is reported as a supervision event, not to the caller.
@@ -610,6 +613,8 @@ class Endpoint(Generic[P, R]):
             SupervisionError: (awaited) an actor's process died (its
                 connection was lost) while the message waited for room.
         """
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+            return in_span(self, self.broadcast, args, kwargs)  # (see meshio._tracing)
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: large values are copied now, so that
         # changing them in place afterwards cannot reach an actor
