@@ -18,7 +18,7 @@ import pytest
 
 #: module -> the functions on the path of one call and its answer, both ends
 HOT = {
-    "meshio._actor_mesh": ["ActorMesh._request", "_Route.runtime", "_Route.send",
+    "meshio._actor_mesh": ["_Route.request", "_Route.runtime", "_Route.send",
                            "_Route.dead", "_Route.down", "_Route.pending",
                            "_Request.__init__", "_Request.set_result", "_Request._settled"],
     "meshio.endpoints._endpoint": ["Endpoint.call_one", "Endpoint._deadline", "Endpoint._encode"],

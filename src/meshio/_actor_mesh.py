@@ -170,7 +170,7 @@ class ActorMesh(MeshShape, Generic[A]):
             for index, grank in enumerate(self._region.ranks)], timeout)
 
     # -------------------------------------------------------- internals
-    # _request, _gather_all, _request_all, _send_all, _check_room, _site,
+    # _route, _gather_all, _request_all, _send_all, _check_room, _site,
     # _least_loaded (with _name, _region, the shape): the CallTarget protocol
     # its endpoints (meshio.endpoints) call; a call is sent by its _Route.
 
@@ -228,12 +228,13 @@ class ActorMesh(MeshShape, Generic[A]):
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
         """Call every actor of this view (through the fan-out tree when it
         spans several hosts), the answers gathered without a future each."""
-        rt = self._route.runtime()
-        g = Gathering(rt.loop, self._target, self._inflight, desc.schema.unpack_result,
-                      desc.fn.__qualname__, self._name, self._route.call_sites())
+        route = self._route
+        rt = route.runtime()
+        g = Gathering(rt.loop, route.target, route.inflight, desc.schema.unpack_result,
+                      desc.fn.__qualname__, route.name, route.call_sites())
         if self._hosts is None or not limits.fanout_width:
             for i, slot in enumerate(g.slots):
-                self._route.send(rt, i, desc, body, out, slot, deadline)
+                route.send(rt, i, desc, body, out, slot, deadline)
         else:
             self._fanout(desc, body, out, g, True, deadline)
         return g
@@ -246,8 +247,8 @@ class ActorMesh(MeshShape, Generic[A]):
         ``gather``: the caller wants them all at once (relays batch the
         answers) rather than each as it comes (a stream)."""
         if self._hosts is None or not limits.fanout_width:
-            return [self._request(i, desc, body, out, deadline)
-                    for i in range(len(self._region.ranks))]
+            route = self._route
+            return [route.request(i, desc, body, out, deadline) for i in range(len(route.ranks))]
         loop = self._route.runtime().loop
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
@@ -262,9 +263,10 @@ class ActorMesh(MeshShape, Generic[A]):
         """Send to every actor of this view, no answers wanted; the sends
         waiting for room in a mailbox (none: all went now)."""
         if self._hosts is None or not limits.fanout_width:
-            rt = self._route.runtime()
-            return [f for i in range(len(self._region.ranks))
-                    if (f := self._route.send(rt, i, desc, body, out, None, deadline)) is not None]
+            route = self._route
+            rt = route.runtime()
+            return [f for i in range(len(route.ranks))
+                    if (f := route.send(rt, i, desc, body, out, None, deadline)) is not None]
         waiting = self._fanout(desc, body, out, None, False, deadline)
         return [] if waiting is None else [waiting]
 
@@ -335,21 +337,6 @@ class ActorMesh(MeshShape, Generic[A]):
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
                                             budget(deadline), trace, gate is not None)), out)
-
-    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers, deadline: float | None = None, *,
-                 once: bool = False) -> asyncio.Future[Any]:
-        """A call expecting a reply; sent again as the endpoint's retry
-        policy says (:class:`~meshio.Retry`), unless ``once`` (a service
-        fails it over to another replica instead)."""
-        route = self._route
-        rt = route.runtime()
-        fut = _CallFuture(loop=rt.loop)
-        route.send(rt, index, desc, body, out, fut, deadline)
-        if desc.retry is None or once:
-            return fut
-        return cancels(awaited(
-            self._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,
@@ -503,6 +490,23 @@ class _Route:
                        None if deadline is None else budget(deadline), bounded,
                        current_trace() if TRACING else ""), out)
         return None
+
+    def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                out: OutBuffers, deadline: float | None = None,
+                once: bool = False) -> asyncio.Future[Any]:
+        """A call to the actor at ``index`` expecting a reply
+        (:class:`~meshio.endpoints.Route`); sent again as the endpoint's retry policy says
+        (:class:`~meshio.Retry`), unless ``once`` (a service fails it over
+        to another replica instead).  (No keyword-only parameter: CPython
+        3.11 does not specialize a call to a function with one, ~1k
+        instructions a call here.)"""
+        rt = self.runtime()
+        fut = _CallFuture(loop=rt.loop)
+        self.send(rt, index, desc, body, out, fut, deadline)
+        if desc.retry is None or once:
+            return fut
+        return cancels(awaited(
+            self.mesh._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
 
     def send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
                       desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,

@@ -387,9 +387,9 @@ class Service(MeshShape):
 
     # ------------------------------------------------------------ routing
 
-    async def _route(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                     out: OutBuffers, session: Hashable | None, deadline: float | None,
-                     on_full: OnFull = "wait") -> Any:
+    async def _routed(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                      out: OutBuffers, session: Hashable | None, deadline: float | None,
+                      on_full: OnFull = "wait") -> Any:
         """Call one replica; a call of a retried endpoint whose replica died
         with it in flight goes to another one (up to its retry policy's
         attempts, within its deadline).  ``on_full="raise"``: if the chosen
@@ -401,7 +401,7 @@ class Service(MeshShape):
             replica = await self._pick(session)
             if on_full == "raise":
                 replica.mesh._check_room(desc)
-            fut = replica.mesh._request(0, desc, body, out, deadline, once=True)
+            fut = replica.mesh._route.request(0, desc, body, out, deadline, True)
             replica.track(fut)
             try:
                 return await fut
@@ -466,17 +466,14 @@ class Service(MeshShape):
     # What its endpoints' adverbs call (meshio.endpoints.CallTarget), by
     # index in the replicas.
 
-    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
-        replica = self._replicas[index]
-        fut = replica.mesh._request(0, desc, body, out, deadline)
-        replica.track(fut)
-        return fut
+    @property
+    def _route(self) -> _Replicas:
+        return _Replicas(self)
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, gather: bool, deadline: float | None = None
                      ) -> list[asyncio.Future[Any]]:
-        return [r.mesh._request(0, desc, body, out, deadline) for r in self._replicas]
+        return [r.mesh._route.request(0, desc, body, out, deadline) for r in self._replicas]
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
@@ -549,6 +546,28 @@ class _Joined(Gathering):
         super().abandon(msg)
 
 
+class _Replicas:
+    """A service's calls to one replica at a time (its ``_route``, as a
+    mesh's): index ``i`` is its ``i``-th replica, whose calls it counts."""
+
+    __slots__ = ("_service",)
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        return self._service._region.ranks
+
+    def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                out: OutBuffers, deadline: float | None = None,
+                once: bool = False) -> asyncio.Future[Any]:
+        replica = self._service._replicas[index]
+        fut = replica.mesh._route.request(0, desc, body, out, deadline, once)
+        replica.track(fut)
+        return fut
+
+
 class _ServiceEndpoint(Endpoint[P, R]):
     """An endpoint of a service: the mesh's adverbs over the replicas, and
     :meth:`route`."""
@@ -570,8 +589,8 @@ class _ServiceEndpoint(Endpoint[P, R]):
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
                 f"for the routing key; rename the parameter to route calls to it")
         body, packer = self._encode(args, kwargs)
-        routed = self._service._route(self._desc, body, packer, session, self._deadline(),
-                                      self._on_full)
+        routed = self._service._routed(self._desc, body, packer, session, self._deadline(),
+                                       self._on_full)
         if self._timeout is None:
             result: R = await routed
             return result

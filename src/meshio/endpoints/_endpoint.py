@@ -87,6 +87,25 @@ class Site(Protocol):
         ...
 
 
+class Route(Protocol):
+    """A :class:`CallTarget`'s calls to one actor at a time."""
+
+    @property
+    def ranks(self) -> Sequence[int]:
+        """The view's actors (their global ranks, in index order)."""
+        ...
+
+    def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
+                out: OutBuffers, deadline: float | None = None,
+                once: bool = False) -> asyncio.Future[Any]:
+        """Call the actor at ``index`` (an encoded call: ``body`` and its
+        out-of-band buffers ``out``); the future of its decoded result.
+        ``deadline`` (``time.monotonic()``; None: none) travels with the
+        call, here and in :class:`CallTarget`'s methods.  Sent again as the
+        endpoint's retry policy says, unless ``once``."""
+        ...
+
+
 class CallTarget(Protocol):
     """What an :class:`Endpoint` needs of the actors it calls: a mesh (or a
     view of one) whose actors it addresses by index in the view.
@@ -123,12 +142,10 @@ class CallTarget(Protocol):
         """The view's region (the shape of a :class:`~meshio.ValueMesh` of its results)."""
         ...
 
-    def _request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
-                 out: OutBuffers, deadline: float | None = None) -> asyncio.Future[Any]:
-        """Call the actor at ``index`` (an encoded call: ``body`` and its
-        out-of-band buffers ``out``); the future of its decoded result.
-        ``deadline`` (``time.monotonic()``; None: none) travels with the
-        call, here and in the methods below."""
+    @property
+    def _route(self) -> Route:
+        """What a call to one actor of the view reads (read once per call:
+        a mesh's own attribute reads are slow, see ``meshio._actor_mesh``)."""
         ...
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -479,7 +496,8 @@ class Endpoint(Generic[P, R]):
         if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
             return in_span(self, self.call_one, args, kwargs)  # (see meshio._tracing)
         mesh = self._mesh
-        if len(mesh._region.ranks) != 1:
+        route = mesh._route
+        if len(route.ranks) != 1:
             raise MeshShapeError(
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
@@ -487,7 +505,7 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (0,))
         deadline = self._deadline()
-        fut = mesh._request(0, self._desc, body, packer, deadline)
+        fut = route.request(0, self._desc, body, packer, deadline)
         return fut if deadline is None else self._single(fut, 0, deadline)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
@@ -508,7 +526,7 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
-        fut = mesh._request(index, self._desc, body, packer, deadline)
+        fut = mesh._route.request(index, self._desc, body, packer, deadline)
         return fut if deadline is None else self._single(fut, index, deadline)
 
     def _single(self, fut: asyncio.Future[Any], index: int, deadline: float
