@@ -70,6 +70,24 @@ def test_a_closure_is_seen() -> None:
     assert rarely.__code__.co_cellvars == ("x",)
 
 
+#: the adverbs take the endpoint's own arguments as they come
+TAKES_ANY = {"Endpoint.call_one"}
+
+
+@pytest.mark.parametrize(("module", "qualname"),
+                         [(m, q) for m, names in HOT.items() for q in names
+                          if q not in TAKES_ANY])
+def test_calls_on_the_call_path_can_be_specialized(module: str, qualname: str) -> None:
+    """CPython 3.11 specializes a call (the interpreter sets up the
+    callee's frame itself) only to a function without keyword-only
+    parameters, ``*args`` or ``**kwargs``; a call to one goes the generic
+    way: ``_Route.request``'s keyword-only ``once`` cost ~400 instructions
+    a call (``benchmarks/bench_instructions.py``)."""
+    code = _function(module, qualname).__code__
+    assert code.co_kwonlyargcount == 0, f"{module}.{qualname} has keyword-only parameters"
+    assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), (
+        f"{module}.{qualname} takes *args or **kwargs")
+
 @pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "broadcast"])
 def test_the_plain_adverbs_are_not_wrapped(adverb: str) -> None:
     """With the ``otel`` extra installed (as here), a wrapper around an
