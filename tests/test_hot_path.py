@@ -91,7 +91,7 @@ def test_calls_on_the_call_path_can_be_specialized(module: str, qualname: str) -
 @pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "broadcast"])
 def test_the_plain_adverbs_are_not_wrapped(adverb: str) -> None:
     """With the ``otel`` extra installed (as here), a wrapper around an
-    adverb (its frame, its arguments packed again) cost ~5% of a small
+    adverb (its frame, its arguments packed again) cost ~4% of a small
     call's CPU in the caller: each tests for a tracer provider inline
     instead (``meshio._tracing.in_span``; its spans: ``tests/test_tracing.py``)."""
     from meshio import _tracing

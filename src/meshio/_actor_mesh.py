@@ -494,12 +494,12 @@ class _Route:
     def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                 out: OutBuffers, deadline: float | None = None,
                 once: bool = False) -> asyncio.Future[Any]:
-        """A call to the actor at ``index`` expecting a reply
-        (:class:`~meshio.endpoints.Route`); sent again as the endpoint's retry policy says
-        (:class:`~meshio.Retry`), unless ``once`` (a service fails it over
-        to another replica instead).  (No keyword-only parameter: CPython
-        3.11 does not specialize a call to a function with one, ~1k
-        instructions a call here.)"""
+        """A call to the actor at ``index`` expecting a reply (the ``Route``
+        of the endpoints' ``CallTarget`` protocol); sent again as the
+        endpoint's retry policy says (:class:`~meshio.Retry`), unless
+        ``once`` (a service fails it over to another replica instead).  (No
+        keyword-only parameter: CPython 3.11 does not specialize a call to a
+        function with one, ~400 instructions a call here.)"""
         rt = self.runtime()
         fut = _CallFuture(loop=rt.loop)
         self.send(rt, index, desc, body, out, fut, deadline)
