@@ -88,6 +88,7 @@ def test_calls_on_the_call_path_can_be_specialized(module: str, qualname: str) -
     assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), (
         f"{module}.{qualname} takes *args or **kwargs")
 
+
 @pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "broadcast"])
 def test_the_plain_adverbs_are_not_wrapped(adverb: str) -> None:
     """With the ``otel`` extra installed (as here), a wrapper around an

@@ -291,6 +291,21 @@ async def test_stats(procs: meshio.ProcMesh) -> None:
     assert [(s.in_flight, s.completed) for s in svc.stats()] == [(0, 4), (0, 3)]
 
 
+async def test_the_mesh_adverbs_over_the_replicas(procs: meshio.ProcMesh) -> None:
+    """``choose``, ``stream`` and ``call_one`` of a service go to its
+    replicas by index (its route), each call counted in the replica's
+    stats as a routed one is."""
+    svc = meshio.Service(await procs.spawn("gens", Gen, "t"))
+    assert await svc.whoami.choose() in procs.pids
+    assert sorted([pid async for _, pid in svc.whoami.stream()]) == sorted(procs.pids)
+    assert sum(s.completed for s in svc.stats()) == 1  # (only choose is routed to one)
+    with pytest.raises(meshio.MeshShapeError, match="the mesh has 2 actors"):
+        svc.whoami.call_one()
+    one = meshio.Service(await procs.slice(procs=1).spawn("one", Gen, "t"))
+    assert await one.whoami.call_one() == procs.pids[1]
+    assert [(s.in_flight, s.completed) for s in one.stats()] == [(0, 1)]
+
+
 async def test_bad_arguments(procs: meshio.ProcMesh) -> None:
     gens = await procs.spawn("gens", Gen, "t")
     with pytest.raises(TypeError, match="expected an actor mesh"):

@@ -221,6 +221,8 @@ async def main():
             await one.fail.call_one()
         except meshio.ActorError:
             pass
+        else:
+            raise AssertionError("the failing endpoint's call did not raise")
         assert not sending.get()
         names = [] if sys.argv[1] == "noop" else [s["name"] for s in finished()]
     print(json.dumps(sorted(names)))
