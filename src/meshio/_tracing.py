@@ -112,6 +112,13 @@ def _end_with_result(span: Any, fut: asyncio.Future[Any]) -> None:
     fut.add_done_callback(end)
 
 
+def _client_span(handle: Any, adverb: str) -> Any:
+    """A new ``CLIENT`` span for a use of ``adverb`` of the endpoint handle
+    ``handle``, named ``"<Actor.endpoint> <adverb>"``."""
+    return _tracer.start_span(f"{handle._qualname} {adverb}", kind=_CLIENT, attributes={
+        "meshio.mesh": handle._mesh._name, "meshio.adverb": adverb})
+
+
 def traced(adverb: F) -> F:
     """``adverb`` (an ``async`` method of an endpoint handle: ``stream``, a
     service's ``route``) with a ``CLIENT`` span per use, named
@@ -123,10 +130,6 @@ def traced(adverb: F) -> F:
         return adverb
     name = adverb.__name__
 
-    def start(handle: Any) -> Any:
-        return _tracer.start_span(f"{handle._qualname} {name}", kind=_CLIENT, attributes={
-            "meshio.mesh": handle._mesh._name, "meshio.adverb": name})
-
     if inspect.isasyncgenfunction(adverb):
         @functools.wraps(adverb)
         def stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -135,7 +138,7 @@ def traced(adverb: F) -> F:
             return traced_stream(handle, *args, **kwargs)
 
         async def traced_stream(handle: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            span = start(handle)
+            span = _client_span(handle, name)
             items = adverb(handle, *args, **kwargs)
             try:
                 while True:
@@ -163,9 +166,7 @@ def traced(adverb: F) -> F:
             return traced_coroutine(handle, *args, **kwargs)
 
         async def traced_coroutine(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            with _tracer.start_as_current_span(f"{handle._qualname} {name}", kind=_CLIENT,
-                                               attributes={"meshio.mesh": handle._mesh._name,
-                                                           "meshio.adverb": name}):
+            with _trace.use_span(_client_span(handle, name), end_on_exit=True):
                 return await adverb(handle, *args, **kwargs)
         return coroutine  # type: ignore[return-value]
 
@@ -187,9 +188,7 @@ def in_span(handle: Any, adverb: Callable[..., T], args: tuple[Any, ...],
     try:
         if not _recording():  # (a no-op provider)
             return adverb(*args, **kwargs)
-        span = _tracer.start_span(f"{handle._qualname} {adverb.__name__}", kind=_CLIENT,
-                                  attributes={"meshio.mesh": handle._mesh._name,
-                                              "meshio.adverb": adverb.__name__})
+        span = _client_span(handle, adverb.__name__)
         attached = _otel_context.attach(_trace.set_span_in_context(span))
         try:
             result = adverb(*args, **kwargs)
