@@ -12,6 +12,10 @@ code per call, which decides the small-call rows where CPU is scarce.
 
 The run: one actor, 1,000 calls in flight (``asyncio.gather``) on uvloop,
 ``K`` batches after warm-up, busy polling off (its spinning would count).
+``--pattern lone`` makes the 1,000 calls of a batch one after another
+instead (each awaited before the next is made): what a lone call costs,
+every turn of the loop and system call paid by one call, which decides the
+latency and a call on a few actors where cores are few.
 A process's count includes its start-up, so each side runs twice, with 1 and
 with ``1 + K`` batches: the difference over ``K * 1000`` calls is the cost
 per call.  The controller runs under callgrind directly; the worker under it
@@ -21,7 +25,8 @@ Needs ``valgrind`` (Debian: ``apt-get install valgrind``).  Each run takes
 ~20-40 s (callgrind runs ~50x slower than native).
 
 Usage: python benchmarks/bench_instructions.py [--batches 5] [--sides meshio plain]
-       [--src PATH]   (PATH: another meshio ``src`` to count, e.g. an old commit's)
+       [--pattern inflight|lone] [--src PATH]
+       (PATH: another meshio ``src`` to count, e.g. an old commit's)
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ UVLOOP_SITE = os.path.join(HERE, "peers", "uvloop_site")
 #: ``worker`` (a wrapper running callgrind) is what actors are started with
 DRIVER = """
 import asyncio, sys
-side, batches, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+side, batches, lone, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "lone", sys.argv[4]
 if worker:
     sys.executable = worker
 if side == "meshio":
@@ -54,7 +59,11 @@ if side == "meshio":
         procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
         one = (await procs.spawn("bench", Bench)).slice(procs=0)
         for _ in range(3 + batches):
-            await asyncio.gather(*[one.ping.call_one(i) for i in range(1000)])
+            if lone:
+                for i in range(1000):
+                    await one.ping.call_one(i)
+            else:
+                await asyncio.gather(*[one.ping.call_one(i) for i in range(1000)])
         await procs.stop()
 
     meshio.run(main())
@@ -65,7 +74,11 @@ else:
     async def main() -> None:
         group = await bench_rawasyncio.RawBackend().spawn(1)
         for _ in range(3 + batches):
-            await asyncio.gather(*[group.ping_nowait(0, i) for i in range(1000)])
+            if lone:
+                for i in range(1000):
+                    await group.ping_nowait(0, i)
+            else:
+                await asyncio.gather(*[group.ping_nowait(0, i) for i in range(1000)])
         await group.stop()
 
     uvloop.run(main())
@@ -77,9 +90,10 @@ exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file={out} {python
 """
 
 
-def count(work: str, side: str, batches: int, where: str, src: str | None) -> int:
+def count(work: str, side: str, batches: int, pattern: str, where: str,
+          src: str | None) -> int:
     """Instructions of the ``where`` process ("controller" or "worker") in a
-    run of ``side`` with ``batches`` batches."""
+    run of ``side`` with ``batches`` batches of calls made as ``pattern``."""
     out = os.path.join(work, f"{side}.{where}.{batches}.out")
     log = os.path.join(work, "valgrind.log")
     env = dict(os.environ, MESHIO_BUSY_POLL="0")
@@ -89,7 +103,7 @@ def count(work: str, side: str, batches: int, where: str, src: str | None) -> in
     if side == "plain":
         path.append(UVLOOP_SITE)  # its worker on uvloop too, as meshio's
     env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")])
-    driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches)]
+    driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches), pattern]
     if where == "worker":
         wrapper = os.path.join(work, "worker.sh")
         with open(wrapper, "w") as f:
@@ -115,6 +129,8 @@ def main() -> None:
                     default=["meshio", "plain"])
     ap.add_argument("--where", nargs="+", choices=("controller", "worker"),
                     default=["controller", "worker"])
+    ap.add_argument("--pattern", choices=("inflight", "lone"), default="inflight",
+                    help="1,000 calls in flight (default), or one after another")
     ap.add_argument("--src", help="a meshio source tree to count instead of the installed one")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
@@ -130,13 +146,13 @@ def main() -> None:
         per_call: dict[tuple[str, str], float] = {}
         for side in args.sides:
             for where in args.where:
-                first = count(work, side, 1, where, args.src)
-                last = count(work, side, 1 + args.batches, where, args.src)
+                first = count(work, side, 1, args.pattern, where, args.src)
+                last = count(work, side, 1 + args.batches, args.pattern, where, args.src)
                 per_call[side, where] = (last - first) / calls
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"instructions per call (callgrind; 1,000 in flight, uvloop, {calls:,} calls "
-          "counted)")
+    made = "1,000 in flight" if args.pattern == "inflight" else "one after another"
+    print(f"instructions per call (callgrind; {made}, uvloop, {calls:,} calls counted)")
     print("| process | " + " | ".join(args.sides) + (" | meshio / plain |" if len(
         args.sides) == 2 else " |"))
     print("|---" * (len(args.sides) + 1 + (len(args.sides) == 2)) + "|")

@@ -33,7 +33,7 @@ HOT = {
                                       "Connection.buffer_updated", "Connection._parse",
                                       "Pending.__init__"],
     "meshio._transport._runtime": ["Runtime.dispatch", "Runtime.admit", "Runtime.post",
-                                   "Runtime.batching", "Runtime._end_turn", "Runtime.heard"],
+                                   "Runtime.batching", "Runtime.end_turn", "Runtime.heard"],
     "meshio._transport._credit": ["took", "budget"],
     "meshio._cell": ["ActorCell.post", "ActorCell._begin", "ActorCell._serve",
                      "ActorCell._run", "ActorCell._done"],

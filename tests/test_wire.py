@@ -20,6 +20,7 @@ import pytest_asyncio
 import meshio
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
+from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
@@ -292,3 +293,54 @@ async def test_runtime_state_is_made_once_and_closed_with_the_runtime() -> None:
     assert closed == [second, first]
     with pytest.raises(meshio.ClosedResourceError, match="is closed"):
         rt.state(First)
+
+
+class _Recorded:
+    """A transport that keeps what a connection writes, one entry a write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _messages(data: bytes) -> list[M.Message]:
+    """The messages of the small frames in ``data``."""
+    out: list[M.Message] = []
+    while data:
+        body_len, nbufs = struct.unpack_from("<II", data)
+        assert nbufs == 0
+        out.append(M.decode_message(data[8:8 + body_len]))
+        data = data[8 + body_len:]
+    return out
+
+
+async def test_what_a_read_answers_is_written_when_the_read_returns() -> None:
+    """Frames sent while a connection's read runs (here the runtime's Pongs
+    to three Pings read at once) are written by the time the read returns:
+    the first at once, the others together, and no end-of-turn callback is
+    left for them (so a call served as it came in is answered without
+    waiting for a turn of the loop).  Frames sent outside a read still
+    batch until the end of the turn."""
+    rt = Runtime(asyncio.get_running_loop(), in_process=True)
+    try:
+        conn = Connection(rt, "peer")
+        transport = _Recorded()
+        conn.transport = transport  # type: ignore[assignment]  # (what sending uses)
+        data = b"".join(frame(M.Ping(seq)) for seq in (1, 2, 3))
+        conn.get_buffer(len(data))[:len(data)] = data
+        conn.buffer_updated(len(data))
+        assert [_messages(w) for w in transport.writes] == [[M.Pong(1)], [M.Pong(2), M.Pong(3)]]
+        assert rt.batched == [] and not rt.reading
+
+        conn.send_message(M.Ping(4))
+        conn.send_message(M.Ping(5))
+        assert _messages(transport.writes[-1]) == [M.Ping(4)] and rt.batched == [conn]
+        await asyncio.sleep(0)  # (the end of this turn)
+        assert _messages(transport.writes[-1]) == [M.Ping(5)] and rt.batched == []
+    finally:
+        rt.close()

@@ -119,6 +119,8 @@ class FakeRuntime:
         self.loop = FakeLoop()
         self.ports: dict[int, PortReceiver[Any]] = {}
         self.got: list[tuple[M.Message, list[Any]]] = []
+        self.reading = False  # (set by a read; batching() below ignores it)
+        self.batched: list[Connection] = []  # (always empty: nothing for a read to write)
 
     def dispatch(self, conn: Connection, msg: M.Message, bufs: list[Any]) -> None:
         self.got.append((msg, bufs))

@@ -717,8 +717,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._rx += nbytes
+        rt = self.rt
         if self._socket:
-            self.rt.heard()
+            rt.heard()
         if self._cur is not None:
             pos = self._cur_pos
             self._cur_pos = pos + nbytes
@@ -731,7 +732,15 @@ class Connection(asyncio.BufferedProtocol):
             self._cur, self._text, self._text_ok = None, False, True
         else:
             self._end += nbytes
-        self._run_parse()
+        rt.reading = True
+        try:
+            self._run_parse()
+        finally:
+            # What the calls it delivered answered goes out now, not after
+            # a callback at the end of the turn (Runtime.batching).
+            rt.reading = False
+            if rt.batched:
+                rt.end_turn()
 
     def _run_parse(self) -> None:
         try:

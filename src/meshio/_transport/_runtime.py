@@ -299,7 +299,10 @@ class Runtime:
         self._heard_at = self._polled_at = -math.inf
         #: the connections batching small frames until the end of this turn
         #: of the loop (:meth:`batching`)
-        self._batching: list[Connection] = []
+        self.batched: list[Connection] = []
+        #: a connection's read (``buffer_updated``) is running: it writes
+        #: what was batched meanwhile when it returns
+        self.reading = False
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
             addr = self.sockets.listen(tcp_listener(*endpoint), advertise or endpoint[0],
@@ -442,13 +445,16 @@ class Runtime:
         """``conn`` sent the first frame of this turn of the loop and batches
         the small frames that follow until the turn ends: one callback per
         turn writes every connection's batch (a call to 4 actors goes on
-        4 connections: one callback, not 4)."""
-        if not self._batching:
-            self.loop.call_soon(self._end_turn)
-        self._batching.append(conn)
+        4 connections: one callback, not 4).  Within a read
+        (:attr:`reading`), the read writes them when it returns, without a
+        callback: a call served as it came in is answered then."""
+        if not self.batched and not self.reading:
+            self.loop.call_soon(self.end_turn)
+        self.batched.append(conn)
 
-    def _end_turn(self) -> None:
-        conns, self._batching = self._batching, []
+    def end_turn(self) -> None:
+        """Write every connection's batch (:meth:`batching`)."""
+        conns, self.batched = self.batched, []
         for conn in conns:
             conn.flush()
 
