@@ -308,14 +308,16 @@ class _Recorded:
         return False
 
 
-def _messages(data: bytes) -> list[M.Message]:
-    """The messages of the small frames in ``data``."""
+async def _messages(data: bytes) -> list[M.Message]:
+    """The messages of the frames in ``data`` (none with buffers)."""
+    r = asyncio.StreamReader()
+    r.feed_data(data)
+    r.feed_eof()
     out: list[M.Message] = []
-    while data:
-        body_len, nbufs = struct.unpack_from("<II", data)
-        assert nbufs == 0
-        out.append(M.decode_message(data[8:8 + body_len]))
-        data = data[8 + body_len:]
+    while not r.at_eof():
+        msg, bufs = await read_frame(r)
+        assert bufs == []
+        out.append(msg)
     return out
 
 
@@ -334,13 +336,14 @@ async def test_what_a_read_answers_is_written_when_the_read_returns() -> None:
         data = b"".join(frame(M.Ping(seq)) for seq in (1, 2, 3))
         conn.get_buffer(len(data))[:len(data)] = data
         conn.buffer_updated(len(data))
-        assert [_messages(w) for w in transport.writes] == [[M.Pong(1)], [M.Pong(2), M.Pong(3)]]
+        assert [await _messages(w) for w in transport.writes] == [
+            [M.Pong(1)], [M.Pong(2), M.Pong(3)]]
         assert rt.batched == [] and not rt.reading
 
         conn.send_message(M.Ping(4))
         conn.send_message(M.Ping(5))
-        assert _messages(transport.writes[-1]) == [M.Ping(4)] and rt.batched == [conn]
+        assert await _messages(transport.writes[-1]) == [M.Ping(4)] and rt.batched == [conn]
         await asyncio.sleep(0)  # (the end of this turn)
-        assert _messages(transport.writes[-1]) == [M.Ping(5)] and rt.batched == []
+        assert await _messages(transport.writes[-1]) == [M.Ping(5)] and rt.batched == []
     finally:
         rt.close()
