@@ -281,6 +281,8 @@ class ProcState:
         self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
         self.stopped: bool = False
+        #: done once the stop under way has stopped every process (:meth:`stop`)
+        self._stop_done: asyncio.Future[None] | None = None
         #: stopped by its owner for good: nothing of it is left in the runtime
         self.released: bool = False
         #: called once it is released (the proc-mesh service forgets it)
@@ -1210,9 +1212,16 @@ class ProcState:
             w.handle.send_signal(signal.SIGKILL)
 
     async def stop(self) -> None:
+        """Stop every process (gracefully, then SIGKILL: ``shutdown``) and
+        wait for their exits.  A stop while one is under way (the owner's, as
+        its supervisor gives up and stops its children) waits for that one:
+        it returns only once every process has exited either way."""
         if self.stopped:
+            if self._stop_done is not None:
+                await asyncio.shield(self._stop_done)
             return
         self.stopped = True
+        self._stop_done = done = self.rt.loop.create_future()
         for w in self.workers:
             w.move(SlotState.STOPPED)
         if self.keep_alive is not None:
@@ -1243,6 +1252,7 @@ class ProcState:
                 self._no_restart(w, SupervisionError(
                     f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
                     cause="proc mesh stopped"))
+            done.set_result(None)
 
     def release(self) -> None:
         """Forget this mesh (its owner stopped it for good): nothing of it

@@ -140,6 +140,23 @@ async def test_constructor_failing_on_rebuild_counts_as_failure_and_escalates(
     assert ei.value is s.sup.failure
 
 
+async def test_an_owner_leaving_as_its_supervisor_gives_up_waits_for_every_exit() -> None:
+    """The call that saw a process die fails as its supervisor gives up, and
+    the owner's ``async with`` exits on that error while the supervisor's
+    stop of its children is under way: the owner's stop waits for that one,
+    so no process is left running (CI found rank 0 left, with its pidfd,
+    pipes and socket, once a stop returned because another had begun)."""
+    with pytest.raises(meshio.SupervisionError, match="SIGKILL"):
+        async with supervised(max_restarts=0) as s:
+            w = await s.procs.spawn("w", W, 0)
+            pids = list(s.procs.pids)
+            hung = asyncio.ensure_future(w.slice(procs=0).hang_on.call_one(0))
+            os.kill(s.old[0], signal.SIGKILL)
+            await asyncio.wait_for(hung, DEADLINE)
+    assert s.sup.failure is not None
+    assert not set(pids) & child_pids()
+
+
 async def test_process_dying_during_its_rebuild_counts_once(tmp_path: Path) -> None:
     flag = tmp_path / "die"
     with pytest.raises(meshio.SupervisionError):
