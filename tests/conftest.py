@@ -5,6 +5,7 @@ an fd behind, and each test loop's runtime is closed after it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 import meshio
 from log_watch import LogWatch
@@ -34,6 +36,13 @@ def runtime_closed_without_leak_check(request: pytest.FixtureRequest) -> None:
     as a quick local run may do, each test still closes its loop's runtime."""
     if not request.config.getini("meshio_leak_check"):
         request.getfixturevalue("meshio_runtime_cleanup")
+
+
+@pytest.fixture(scope="session")
+def uvloop_started() -> None:
+    """uvloop opens a pipe pair for the whole process on its first run: open
+    it before any test's leak check (tests that run loops of their own)."""
+    uvloop.run(asyncio.sleep(0))
 
 
 @pytest.fixture

@@ -34,11 +34,7 @@ LOOPS: dict[str, Callable[[Coroutine[Any, Any, None]], None]] = {
     "asyncio": asyncio.run, "uvloop": uvloop.run}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _uvloop_started() -> None:
-    """uvloop opens a pipe pair for the whole process on its first run: open
-    it before any test's leak check."""
-    uvloop.run(asyncio.sleep(0))
+pytestmark = pytest.mark.usefixtures("uvloop_started")
 
 
 def _tls(tmp_path: Path) -> TLSConfig:

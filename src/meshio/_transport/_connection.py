@@ -108,6 +108,9 @@ _SLICE: Final = 1 << 18
 #: (it copies a large value, or waits for its receive budget): each beat is
 #: an unasked ``Pong``, since the peer's heartbeats wait unread meanwhile
 _BEAT: Final = 0.1
+#: bytes read at most from a socket whose connection a failed write ended
+#: (:meth:`Connection.connection_lost`): more than its receive buffer holds
+_DRAIN: Final = 16 << 20
 
 
 class _ReceiveBudget:
@@ -670,8 +673,11 @@ class Connection(asyncio.BufferedProtocol):
                 stream.writelines(backlog)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        transport = self.transport
         self.closed = True
         self.transport = None
+        if exc is not None and transport is not None and self._socket:
+            self._read_the_rest(transport)
         for item in self._queue or ():
             if isinstance(item, asyncio.Future):
                 item.set_result(None)  # nothing of it is read any more
@@ -683,6 +689,28 @@ class Connection(asyncio.BufferedProtocol):
                         self.peer or "unidentified peer")
         self._stop_receiving()
         self.rt._connection_lost(self, exc)
+
+    def _read_the_rest(self, transport: asyncio.BaseTransport) -> None:
+        """Read what the peer sent before it went.  A write that finds the
+        peer gone (a broken pipe, a reset) makes the loop close the
+        transport at once, without reading what the socket still holds: a
+        reply, a ``Started`` (a call that killed its process would not count
+        as running when it did), all written before the peer died.  The
+        socket is still open here (both loops close it after this)."""
+        if transport.get_extra_info("ssl_object") is not None:
+            return  # (bytes under TLS: the record layer is gone with the transport)
+        sock = transport.get_extra_info("socket")
+        fd = -1 if sock is None else sock.fileno()
+        got = 0
+        while fd >= 0 and got < _DRAIN:
+            try:
+                n = os.readv(fd, [self.get_buffer(-1)])
+            except OSError:  # nothing more (EAGAIN), or the reset after the data
+                return
+            if n == 0:
+                return
+            got += n
+            self.buffer_updated(n)
 
     def fail_all(self, make_error: Callable[[Pending], BaseException]) -> None:
         """Fail every call waiting on this connection; none may be left
