@@ -676,8 +676,8 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         self.closed = True
         self.transport = None
-        if exc is not None and transport is not None and self._socket:
-            self._read_the_rest(transport)
+        if isinstance(exc, OSError) and transport is not None and self._socket:
+            self._read_the_rest(transport)  # (the socket said the peer is gone)
         for item in self._queue or ():
             if isinstance(item, asyncio.Future):
                 item.set_result(None)  # nothing of it is read any more
