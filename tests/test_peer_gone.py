@@ -6,8 +6,9 @@ event loop close the transport at once, without reading what the socket
 still holds.  A worker that sends ``Started`` and then kills itself (a
 poison message) while its caller writes to it lost that ``Started``: the
 crash did not count as the call's, and a supervisor allowing one restart
-gave up (found by CI, one run in ~15 on one loaded core).  Real sockets on
-both event loops users run: the standard one and uvloop (``meshio.run``).
+gave up (found by CI, one run in ~15 on one loaded core).  Real sockets
+(Unix, and TCP on loopback, where the peer's close is a reset) on both
+event loops users run: the standard one and uvloop (``meshio.run``).
 """
 
 from __future__ import annotations
@@ -39,15 +40,30 @@ def frame(msg: M.Message) -> bytes:
     return frame_header(len(body), []) + body
 
 
-async def _answer_of_a_peer_gone_before_it_was_read() -> object:
+def _sockets(family: str) -> tuple[socket.socket, socket.socket]:
+    """Both ends of a connection: ``(ours, theirs)``."""
+    if family == "unix":
+        return socket.socketpair()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        ours = socket.create_connection(server.getsockname())
+        theirs, _ = server.accept()
+    return ours, theirs
+
+
+async def _answer_of_a_peer_gone_before_it_was_read(family: str) -> object:
     """A call's reply is in this side's socket and the peer is gone (it
-    left this side's Hello unread); this side writes before reading."""
+    left this side's Hello unread: a reset on TCP); this side writes
+    before reading."""
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, in_process=True)
-    ours, theirs = socket.socketpair()
+    ours, theirs = _sockets(family)
     try:
         conn = Connection(rt, "peer")
-        await loop.create_unix_connection(lambda: conn, sock=ours)
+        if family == "unix":
+            await loop.create_unix_connection(lambda: conn, sock=ours)
+        else:
+            await loop.create_connection(lambda: conn, sock=ours)
+        theirs.recv(1, socket.MSG_PEEK)  # (the Hello is there, unread)
         answered: asyncio.Future[object] = loop.create_future()
         req = conn.next_req(Pending(answered, lambda value, bufs: msgspec.msgpack.decode(value),
                                     "Peer.work", "peer", 0))
@@ -61,8 +77,9 @@ async def _answer_of_a_peer_gone_before_it_was_read() -> object:
         rt.close()
 
 
+@pytest.mark.parametrize("family", ["unix", "tcp"])
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_a_reply_written_before_the_peer_died_is_read_when_a_write_finds_it_gone(
-        loop: str) -> None:
+        loop: str, family: str) -> None:
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        assert runner.run(_answer_of_a_peer_gone_before_it_was_read()) == 42
+        assert runner.run(_answer_of_a_peer_gone_before_it_was_read(family)) == 42
