@@ -110,7 +110,7 @@ _SLICE: Final = 1 << 18
 _BEAT: Final = 0.1
 #: bytes read at most from a socket whose connection a failed write ended
 #: (:meth:`Connection.connection_lost`): more than its receive buffer holds
-_DRAIN: Final = 16 << 20
+_REST_MAX: Final = 16 << 20
 
 
 class _ReceiveBudget:
@@ -702,7 +702,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         fd = -1 if sock is None else sock.fileno()
         got = 0
-        while fd >= 0 and got < _DRAIN:
+        while fd >= 0 and got < _REST_MAX:
             try:
                 n = os.readv(fd, [self.get_buffer(-1)])
             except OSError:  # nothing more (EAGAIN), or the reset after the data
