@@ -1241,6 +1241,9 @@ class ProcState:
             self.kill()
             raise
         finally:
+            # (first: nothing here awaits, so a waiter runs after the rest
+            # all the same, and an error below cannot leave it waiting)
+            done.set_result(None)
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
                 self.rt.watch.on_fault_from.pop(w.addr, None)
@@ -1252,7 +1255,6 @@ class ProcState:
                 self._no_restart(w, SupervisionError(
                     f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
                     cause="proc mesh stopped"))
-            done.set_result(None)
 
     def release(self) -> None:
         """Forget this mesh (its owner stopped it for good): nothing of it

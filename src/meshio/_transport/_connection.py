@@ -699,10 +699,9 @@ class Connection(asyncio.BufferedProtocol):
         socket is still open here (both loops close it after this)."""
         if transport.get_extra_info("ssl_object") is not None:
             return  # (bytes under TLS: the record layer is gone with the transport)
-        sock = transport.get_extra_info("socket")
-        fd = -1 if sock is None else sock.fileno()
+        fd = transport.get_extra_info("socket").fileno()  # (a socket: self._socket)
         got = 0
-        while fd >= 0 and got < _REST_MAX:
+        while got < _REST_MAX:
             try:
                 n = os.readv(fd, [self.get_buffer(-1)])
             except OSError:  # nothing more (EAGAIN), or the reset after the data
