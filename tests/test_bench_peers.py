@@ -115,6 +115,23 @@ def test_bench_small_with_its_floor_at_a_tiny_size(peers: Path) -> None:
     assert float(floor.split(" ")[0].replace(",", "")) > 0
 
 
+@pytest.mark.timeout(240)
+def test_bench_bulk_measures_every_row_on_both_loops() -> None:
+    """``benchmarks/bench_bulk.py`` (the large-value rows of benchmarks/README)
+    at a tiny size: memcpy, clone, a tensor argument and a tensor result,
+    each loop in a process of its own, every row with a rate (no timing
+    asserted)."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_bulk.py"
+    p = subprocess.run([sys.executable, str(bench), "--mib", "2", "--reps", "2"],
+                       capture_output=True, text=True, timeout=200)
+    assert p.returncode == 0, p.stderr
+    rows = {(line.split()[0], line.split()[3]): line for line in p.stdout.splitlines()}
+    assert set(rows) == {(loop, name) for loop in ("std", "uvloop")
+                         for name in ("memcpy", "clone", "argument", "result")}, p.stdout
+    for line in rows.values():
+        assert float(line.split("median")[1].split()[0]) > 0, line
+
+
 def test_bench_fanout_controller_cost_measured_alone_and_floor() -> None:
     """``benchmarks/bench_fanout.py``'s in-process part (the controller's CPU
     per actor of a gathered call) runs against the current internals, and
