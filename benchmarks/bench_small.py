@@ -12,14 +12,14 @@ loop, its workers run the standard loop as the harness starts them (uvloop
 with ``benchmarks/peers/uvloop_site`` on ``PYTHONPATH``, as in the peer
 run's uvloop column).
 
-A third side, the floor, is what a framework whose processes sleep between
-messages cannot beat on these loops: a bare ``asyncio.Protocol`` that writes
-8 bytes to a worker process whose protocol echoes them back (on uvloop, as
-meshio's workers), no framing, no encoding, each end woken by the kernel
-for each message.  meshio's busy polling (``set_limits(busy_poll=...)``,
-on by default) keeps both of its ends awake between calls made back to
-back, so its latency goes below that floor; ``MESHIO_BUSY_POLL=0`` measures
-it without.
+A third side, the floor, is what no framework on these loops can beat: a
+bare ``asyncio.Protocol`` that writes 8 bytes to each of as many worker
+processes (uvloop, as meshio's) whose protocols echo them back, no framing,
+no encoding, no work, with both ends busy polling as meshio's do (the
+window of ``MESHIO_BUSY_POLL``, default 200 µs: the loop keeps turning
+after data that came back to back and yields the core on a turn that heard
+nothing).  ``MESHIO_BUSY_POLL=0`` measures meshio and the floor with every
+process sleeping between messages, woken by the kernel for each.
 
 Usage: python benchmarks/bench_small.py [--loop asyncio|uvloop] [--reps 7]
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import math
 import os
 import shutil
 import statistics
@@ -37,6 +38,8 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
+
+import uvloop
 
 import meshio
 from meshio import Actor, endpoint
@@ -79,11 +82,44 @@ class RawSide:
         return result
 
 
-class _Echo(asyncio.Protocol):
-    """The floor's client end: each ``ping_nowait`` writes its 8 bytes, the
-    worker sends them back."""
+#: the floor's polling window: meshio's (``MESHIO_BUSY_POLL``, default 200 µs)
+POLL = float(os.environ.get("MESHIO_BUSY_POLL") or 200e-6)
+
+
+class Poller:
+    """meshio's busy polling without meshio, for the floor: after data
+    that came within ``POLL`` of the data before, the loop keeps polling
+    (a callback each turn) until ``POLL`` after the last data, and yields
+    the core on a turn that heard nothing."""
 
     def __init__(self) -> None:
+        self.heard_at = self.polled_at = -math.inf
+        self.polling = False
+
+    def heard(self) -> None:
+        now = time.perf_counter()
+        recent, self.heard_at = now - self.heard_at < POLL, now
+        if recent and not self.polling:
+            self.polling = True
+            asyncio.get_running_loop().call_soon(self.poll)
+
+    def poll(self) -> None:
+        now = time.perf_counter()
+        if now - self.heard_at >= POLL:
+            self.polling = False
+            return
+        if self.heard_at < self.polled_at:
+            os.sched_yield()
+        self.polled_at = now
+        asyncio.get_running_loop().call_soon(self.poll)
+
+
+class _Echo(asyncio.Protocol):
+    """One end of the floor: a worker's writes back what it reads; the
+    controller's settles the future of each 8-byte number it reads back."""
+
+    def __init__(self, poller: Poller, worker: bool) -> None:
+        self.poller, self.worker = poller, worker
         self.waiting: dict[int, asyncio.Future[int]] = {}
         self.rest = b""
 
@@ -91,50 +127,63 @@ class _Echo(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        data = self.rest + data
-        end = len(data) - len(data) % 8
-        for i in range(0, end, 8):
-            x = int.from_bytes(data[i:i + 8], "little")
-            self.waiting.pop(x).set_result(x)
-        self.rest = data[end:]
+        if self.worker:
+            self.transport.write(data)
+        else:
+            data = self.rest + data
+            end = len(data) - len(data) % 8
+            for i in range(0, end, 8):
+                x = int.from_bytes(data[i:i + 8], "little")
+                self.waiting.pop(x).set_result(x)
+            self.rest = data[end:]
+        self.poller.heard()
 
 
-FLOOR_WORKER = """
-import asyncio, sys, uvloop
-class Echo(asyncio.Protocol):
-    def connection_made(self, t): self.t = t
-    def data_received(self, d): self.t.write(d)
-async def main():
-    server = await asyncio.get_running_loop().create_unix_server(Echo, sys.argv[1])
+async def floor_worker(path: str) -> None:
+    """A floor worker (``--floor-worker PATH``): echoes on a Unix socket."""
+    poller = Poller()
+    server = await asyncio.get_running_loop().create_unix_server(
+        lambda: _Echo(poller, True), path)
     print("READY", flush=True)
     await server.serve_forever()
-uvloop.run(main())
-"""
 
 
 class FloorSide:
-    """A bare transport round trip to a uvloop process (see the module's doc)."""
+    """Bare transport round trips to uvloop processes (see the module's doc)."""
 
     @classmethod
-    async def start(cls, path: str) -> FloorSide:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FLOOR_WORKER, path, stdout=asyncio.subprocess.PIPE)
-        assert proc.stdout is not None and await proc.stdout.readline() == b"READY\n"
-        _, echo = await asyncio.get_running_loop().create_unix_connection(_Echo, path)
-        return cls(proc, echo)
+    async def start(cls, work: str, n: int) -> FloorSide:
+        loop, poller = asyncio.get_running_loop(), Poller()
+        procs, echoes = [], []
+        for i in range(n):
+            path = os.path.join(work, f"floor{i}.sock")
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, os.path.abspath(__file__), "--floor-worker", path,
+                stdout=asyncio.subprocess.PIPE)
+            procs.append(proc)
+            assert proc.stdout is not None and await proc.stdout.readline() == b"READY\n"
+            _, echo = await loop.create_unix_connection(lambda: _Echo(poller, False), path)
+            echoes.append(echo)
+        return cls(procs, echoes)
 
-    def __init__(self, proc: asyncio.subprocess.Process, echo: _Echo) -> None:
-        self.proc, self.echo = proc, echo
+    def __init__(self, procs: list[asyncio.subprocess.Process], echoes: list[_Echo]) -> None:
+        self.procs, self.echoes = procs, echoes
 
-    def ping_nowait(self, x: int) -> Awaitable[int]:
-        fut = self.echo.waiting[x] = asyncio.get_running_loop().create_future()
-        self.echo.transport.write(x.to_bytes(8, "little"))
+    def ping_nowait(self, x: int, echo: int = 0) -> Awaitable[int]:
+        e = self.echoes[echo]
+        fut = e.waiting[x] = asyncio.get_running_loop().create_future()
+        e.transport.write(x.to_bytes(8, "little"))
         return fut
 
+    async def ping_all(self, x: int) -> list[int]:
+        return list(await asyncio.gather(*(self.ping_nowait(x, i)
+                                           for i in range(len(self.echoes)))))
+
     async def stop(self) -> None:
-        self.echo.transport.close()
-        self.proc.kill()
-        await self.proc.wait()
+        for echo, proc in zip(self.echoes, self.procs):
+            echo.transport.close()
+            proc.kill()
+            await proc.wait()
 
 
 Side = MeshioSide | RawSide | FloorSide
@@ -160,7 +209,7 @@ async def throughput(side: Side, inflight: int, batches: int) -> float:
     return inflight * batches / total
 
 
-async def gather4(side: MeshioSide | RawSide, calls: int) -> list[float]:
+async def gather4(side: Side, calls: int) -> list[float]:
     samples: list[float] = []
     for i in range(calls):
         t0 = time.perf_counter()
@@ -202,15 +251,14 @@ async def main(args: argparse.Namespace) -> None:
         actors = await procs.spawn("bench", Bench)
         await actors.ping.call(0)
         raw = await raw_backend.spawn(n)
-        floor = await FloorSide.start(os.path.join(work, "floor.sock")) if n == 2 else None
-        sides: dict[str, Side] = {"meshio": MeshioSide(procs, actors), "raw": RawSide(raw)}
-        if floor is not None:
-            sides["floor"] = floor
+        floor = await FloorSide.start(work, n)
+        sides: dict[str, Side] = {"meshio": MeshioSide(procs, actors), "raw": RawSide(raw),
+                                  "floor": floor}
         try:
             for side in sides.values():  # warm up
                 await latency(side, args.warmup)
                 await throughput(side, args.inflight, 1)
-                if not isinstance(side, FloorSide) and n == 4:
+                if n == 4:
                     await gather4(side, args.warmup)
             if n == 2:
                 async def small(side: Side) -> dict[str, float]:
@@ -222,15 +270,13 @@ async def main(args: argparse.Namespace) -> None:
                 results.update(await interleave(sides, args.reps, small))
             else:
                 async def casting(side: Side) -> dict[str, float]:
-                    assert not isinstance(side, FloorSide)  # (only with 2 processes)
                     lat = await gather4(side, args.bcast_calls)
                     return {"call on 4 + gather median us": statistics.median(lat) * 1e6,
                             "call on 4 + gather p99 us": pct(lat, 99) * 1e6}
                 for name, row in (await interleave(sides, args.reps, casting)).items():
                     results.setdefault(name, {}).update(row)
         finally:
-            if floor is not None:
-                await floor.stop()
+            await floor.stop()
             await raw.stop()
             await procs.stop()
     shutil.rmtree(work, ignore_errors=True)
@@ -245,10 +291,9 @@ async def main(args: argparse.Namespace) -> None:
     for key in results["meshio"]:
         m, r = results["meshio"][key], results["raw"][key]
         rm = statistics.median(r)
-        fl = results["floor"].get(key)
-        floor_cells = (f"{cell(fl)} | {statistics.median(fl) / rm:.2f}x" if fl else "— | —")
+        fl = results["floor"][key]
         print(f"| {key} | {cell(m)} | {cell(r)} | {statistics.median(m) / rm:.2f}x "
-              f"| {floor_cells} |")
+              f"| {cell(fl)} | {statistics.median(fl) / rm:.2f}x |")
     lat = results["meshio"]
     p99, med = (statistics.median(lat[f"latency {k} us"]) for k in ("p99", "median"))
     print(f"meshio p99 / median latency: {p99 / med:.2f}")
@@ -263,8 +308,11 @@ if __name__ == "__main__":
     ap.add_argument("--inflight", type=int, default=1000)
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--bcast-calls", type=int, default=500)
+    ap.add_argument("--floor-worker", metavar="PATH", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.loop == "uvloop":
+    if a.floor_worker:
+        uvloop.run(floor_worker(a.floor_worker))
+    elif a.loop == "uvloop":
         meshio.run(main(a))
     else:
         asyncio.run(main(a))
