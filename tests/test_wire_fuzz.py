@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from meshio import SchemaError
 from meshio._port import PortReceiver
 from meshio._transport import _connection as R
+from meshio._transport import _frames as F
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection, Pending
 from meshio._transport._frames import frame_header
@@ -43,26 +44,24 @@ TIMEOUT = 5.0
 
 
 @contextlib.contextmanager
-def small_limits() -> Iterator[None]:
+def small_limits() -> Generator[None]:
     """Small limits and a receive budget of this example's own; every
-    receive allocation is checked against them."""
-    saved = (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget,
-             R._allocate)
-    allocate = R._allocate
+    receive allocation of a connection is checked against them."""
+    saved = (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget)
 
     def checked(kind: int, n: int) -> tuple[Any, memoryview]:
         assert n <= MAX_MESSAGE, f"allocated {n} bytes, over the message size limit"
-        return allocate(kind, n)
+        return F._allocate(kind, n)
 
     limits.max_message, limits.receive_budget, limits.frame_timeout = (
         MAX_MESSAGE, BUDGET, TIMEOUT)
     R._budget = R._ReceiveBudget()
-    R._allocate = checked
     try:
-        yield
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(R, "_allocate", checked)  # (the name the connection calls)
+            yield
     finally:
-        (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget,
-         R._allocate) = saved
+        limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget = saved
 
 
 # ------------------------------------------------------- fake loop/runtime
@@ -169,7 +168,7 @@ def connect(rt: FakeRuntime) -> tuple[Connection, FakeTransport]:
 
 # ------------------------------------------------------------ invariants
 
-SCRATCH_BOUND = 2 * (8 + 8 * R.MAX_BUFS + R._PEEK)
+SCRATCH_BOUND = 2 * (8 + 8 * F.MAX_BUFS + F._PEEK)
 
 
 def check_bounds(conns: list[Connection]) -> None:
@@ -236,7 +235,7 @@ VARIADIC = Schema(Target.variadic, "Target.variadic")
 def valid_frames() -> list[bytes]:
     """A stream of real messages: calls with out-of-band values and pickles,
     a reply, small calls and replies framed together, a port value."""
-    frames = []
+    frames: list[bytes] = []
     for i, (data, note, blob) in enumerate([
             (b"x" * 10, "short", None),
             (b"y" * 70_000, "z" * 40_000, {1: 2}),  # bytes, str and pickle out of band
@@ -376,7 +375,7 @@ def test_parser_mutated_frames(data: bytes, cut_at: list[int]) -> None:
 
 
 @FUZZ
-@given(sizes=st.lists(st.integers(R._SCRATCH + 1, MAX_MESSAGE + 4096), min_size=2,
+@given(sizes=st.lists(st.integers(F._SCRATCH + 1, MAX_MESSAGE + 4096), min_size=2,
                       max_size=4),
        stop_at=st.lists(st.integers(0, MAX_MESSAGE), min_size=4, max_size=4))
 def test_budget_across_connections(sizes: list[int], stop_at: list[int]) -> None:
@@ -425,17 +424,17 @@ def test_scratch_buffer_shrinks_after_large_header() -> None:
         conn, tr = connect(rt)
         assert conn.receiving[0] == 0
         feed(conn, tr, VALID[0], [])
-        assert len(rt.got) == 1 and conn.receiving[0] == R._SCRATCH
+        assert len(rt.got) == 1 and conn.receiving[0] == F._SCRATCH
         n = 40_000
         msg = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
         frame = frame_header(len(msg), [(b"a", KIND_BYTES)] * n) + msg + b"a" * n
         header = 8 + 8 * n  # all of it but its last byte: it waits in the buffer
         feed(conn, tr, frame[:header - 1], list(range(0, header, 4096)))
-        assert conn.receiving[0] >= header > R._SCRATCH
+        assert conn.receiving[0] >= header > F._SCRATCH
         header -= 1
         feed(conn, tr, frame[header:], list(range(0, len(frame) - header, 4096)))
         assert len(rt.got) == 2 and len(rt.got[1][1]) == n
-        assert conn.receiving[0] <= R._SCRATCH
+        assert conn.receiving[0] <= F._SCRATCH
         finish(rt, [conn])
 
 
@@ -443,7 +442,7 @@ def test_scratch_buffer_shrinks_after_large_header() -> None:
 
 
 def _encodings() -> list[tuple[bytes, list[Any]]]:
-    out = []
+    out: list[tuple[bytes, list[Any]]] = []
     for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
                  (3, b"", "", {"nested": [[1.5, None]]}),
                  (4, b"", "", [torch.arange(6.0).reshape(2, 3).t()])]:
