@@ -20,6 +20,7 @@ import meshio
 import meshio._proc_state
 from gone import wait_gone
 from hop_actors import Hop
+from layout_actors import Layout
 from meshio import (
     AuthenticationError,
     MeshioError,
@@ -79,6 +80,17 @@ async def test_process_job_spawns_on_each_host_and_calls_across_hosts(job: Proce
     pids = agent_pids(job)
     await job.kill()
     await wait_gone(pids)
+
+
+async def test_workers_with_a_tcp_port_keep_a_random_layout(job: ProcessJob) -> None:
+    """issue 16: workers on this host share one address layout
+    (tests/test_worker_layout.py); those a host agent starts listen on TCP,
+    so each keeps a random one."""
+    state = await job.state()
+    async with state.trainers.spawn_procs(per_host={"gpus": 2}) as procs:
+        found = (await asyncio.wait_for(
+            (await procs.spawn("layout", Layout)).layout.call(), DEADLINE)).values()
+    assert len({at for _, at in found}) == 4, found  # (28 bits of randomness each)
 
 
 async def test_second_run_reattaches_from_the_cache(job: ProcessJob, tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
+import ctypes
 import functools
 import io
 import json
@@ -28,7 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, cast
 
@@ -41,7 +43,8 @@ from ._transport._tls import TLSConfig
 __all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
            "AdoptedProc", "ExitWatch", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
-           "check_env", "describe_exit", "forward_text", "start_payload")
+           "check_env", "describe_exit", "forward_text", "random_layouts_for_children",
+           "start_payload")
 
 #: exit status of a worker whose ``bootstrap`` raised (sysexits' EX_CONFIG)
 BOOTSTRAP_FAILED = 78
@@ -51,6 +54,9 @@ PAYLOAD_HEADER = struct.Struct("!IQ")
 #: environment variables meshio sets for its workers; ``spawn_procs(env=...)``
 #: may not set these
 RESERVED_ENV_PREFIX = "MESHIO_"
+#: ``personality(2)``'s flag for a program whose address space is laid out
+#: without randomization (``setarch -R``)
+_ADDR_NO_RANDOMIZE: Final = 0x0040000
 
 
 @dataclass(frozen=True)
@@ -556,15 +562,17 @@ class LocalLauncher:
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the controller as they are printed
         ours, theirs = socket.socketpair()
         try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
-                 "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
-                 *(["--restart"] if spec.restart else []),
-                 *(["--addr", spec.addr] if spec.addr else []),
-                 *([] if spec.keep_alive is None else ["--keep-alive", repr(spec.keep_alive)]),
-                 *_tls_args(spec.tls)],
-                env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                close_fds=True)
+            with _one_layout(_local_only(spec)) as shared:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "meshio.worker", "--controller", spec.controller,
+                     "--listen", spec.listen, "--worker", spec.worker, "--parent", str(os.getpid()),
+                     *(["--restart"] if spec.restart else []),
+                     *(["--one-layout"] if shared else []),
+                     *(["--addr", spec.addr] if spec.addr else []),
+                     *([] if spec.keep_alive is None else ["--keep-alive", repr(spec.keep_alive)]),
+                     *_tls_args(spec.tls)],
+                    env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    close_fds=True)
         except BaseException:
             ours.close()
             raise
@@ -573,6 +581,61 @@ class LocalLauncher:
         ours.setblocking(False)
         return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker, ours,
                          start_payload(spec), self._output, spec.worker)
+
+
+def _local_only(spec: WorkerSpec) -> bool:
+    """Whether the worker is reached only through Unix sockets of this host
+    (it listens on one and reports to a controller on this host), never
+    over TCP."""
+    return not (spec.listen.startswith("tcp://") or spec.controller.startswith("tcp://"))
+
+
+@contextlib.contextmanager
+def _one_layout(on: bool) -> Iterator[bool]:
+    """Processes started within (``on``) get one address-space layout, the
+    same in each of them, rather than a random one each; yields whether
+    they do.  On a core shared by several processes (more of them than
+    cores), the same code at the same addresses keeps the core's branch
+    predictor trained for all of them: a call to 4 actors on 2 cores took
+    ~150 µs with random layouts and ~90-115 µs with the workers' alike
+    (benchmarks/README.md).  Only for workers reached through Unix sockets
+    alone: other users' processes cannot talk to them (the handshake checks
+    the peer's uid first), and the user's own can read any layout in
+    ``/proc/<pid>/maps``, so randomizing hides nothing there; a worker with
+    a TCP port keeps a random layout, and the worker gives random ones back
+    to what it starts itself (:func:`random_layouts_for_children`).  Linux
+    only; where ``personality(2)`` refuses (a seccomp profile), nothing
+    changes.  The flag is this thread's (the loop's), set around the start
+    of a worker and restored: this process's own layout, and what its other
+    threads start, are untouched."""
+    was = _personality(_ASK) if on else -1
+    if was == -1 or was & _ADDR_NO_RANDOMIZE or _personality(was | _ADDR_NO_RANDOMIZE) == -1:
+        yield False  # (already so: the user's choice, e.g. setarch -R, left as it is)
+        return
+    try:
+        yield True
+    finally:
+        _personality(was)
+
+
+def random_layouts_for_children() -> None:
+    """In a worker started with :func:`_one_layout`'s layout: the processes
+    it starts (the user's servers, tools) get random layouts again."""
+    was = _personality(_ASK)
+    if was != -1:
+        _personality(was & ~_ADDR_NO_RANDOMIZE)
+
+
+#: ``personality(2)``'s argument that only asks
+_ASK: Final = 0xFFFFFFFF
+
+
+def _personality(persona: int) -> int:
+    """``personality(2)`` (this thread's execution domain and flags): the
+    one before; -1 where there is none (not Linux) or it refused."""
+    if sys.platform != "linux":
+        return -1
+    return int(ctypes.CDLL(None, use_errno=True).personality(persona))
 
 
 def _tls_args(tls: TLSConfig | None) -> list[str]:

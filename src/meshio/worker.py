@@ -41,7 +41,7 @@ from typing import Any
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
 from ._debug import install as install_debugger
-from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER
+from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER, random_layouts_for_children
 from ._logs import install as install_log_records
 from ._transport._roles import Incarnation
 from ._transport._runtime import Runtime, _runtimes
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--worker", required=True)
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--restart", action="store_true")
+    # started with its host's workers' shared layout (_launcher._one_layout)
+    ap.add_argument("--one-layout", action="store_true")
     ap.add_argument("--addr")  # a replacement answers to its predecessor's address
     ap.add_argument("--keep-alive", type=float)  # spawn_procs(keep_alive=...)
     ap.add_argument("--tls-cert")  # TLS of a worker on another host (its agent's files)
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls-no-mutual", action="store_true")
     ap.add_argument("--tls-no-check-hostname", action="store_true")
     args = ap.parse_args(argv)
+    if args.one_layout:
+        random_layouts_for_children()
     # A host agent, our parent on a job's host, outlives the controller: we
     # die with it, kept alive or not; the controller (this host) we outlive.
     _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)

@@ -1,0 +1,36 @@
+"""Workers on the controller's host share one address-space layout (issue
+16: a call to 4 actors on 2 cores ran ~30% faster with the workers' code
+at the same addresses, benchmarks/README.md); workers with a TCP port keep a
+random one, and the controller's own is left alone.  Read from
+``/proc/<pid>/personality`` and ``/proc/<pid>/maps`` of the real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+import meshio
+from layout_actors import ADDR_NO_RANDOMIZE, Layout, personality, python_at
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="personality(2) is Linux's")
+
+
+async def test_workers_on_this_host_share_one_layout_and_nothing_else_does() -> None:
+    """The workers alike; the controller keeps its own layout, and what a
+    worker starts (a user's server, a tool) gets a random one again."""
+    mine = personality(os.getpid())
+    if mine & ADDR_NO_RANDOMIZE:
+        pytest.skip("this test runs without address randomization already (setarch -R)")
+    async with await meshio.this_host().spawn_procs(per_host={"procs": 3}) as procs:
+        actors = await procs.spawn("layout", Layout)
+        found = (await actors.layout.call()).values()
+        assert [p for p, _ in found] == [personality(pid) for pid in procs.pids]
+        children = (await actors.child_personality.call()).values()
+    assert len({at for _, at in found}) == 1, found  # one layout: the same addresses
+    assert python_at(os.getpid()) != found[0][1]  # the controller's is its own
+    assert personality(os.getpid()) == mine  # (the flag was set only around each start)
+    # the workers cleared it at once, so that what they start is random again
+    assert not any(p & ADDR_NO_RANDOMIZE for p, _ in found), found
+    assert not any(p & ADDR_NO_RANDOMIZE for p in children), children
