@@ -30,7 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, cast
 
@@ -591,7 +591,7 @@ def _local_only(spec: WorkerSpec) -> bool:
 
 
 @contextlib.contextmanager
-def _one_layout(on: bool) -> Iterator[bool]:
+def _one_layout(on: bool) -> Generator[bool]:
     """Processes started within (``on``) get one address-space layout, the
     same in each of them, rather than a random one each; yields whether
     they do.  On a core shared by several processes (more of them than
