@@ -610,7 +610,7 @@ def _one_layout(on: bool) -> Generator[bool]:
     threads start, are untouched."""
     was = _personality(_ASK) if on else -1
     if was == -1 or was & _ADDR_NO_RANDOMIZE or _personality(was | _ADDR_NO_RANDOMIZE) == -1:
-        yield False  # (already so: the user's choice, e.g. setarch -R, left as it is)
+        yield False  # (off, refused, or set already: a user's setarch -R is left as it is)
         return
     try:
         yield True
