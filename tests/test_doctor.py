@@ -22,6 +22,12 @@ from typing import Any
 import pytest
 
 import meshio
+from layout_actors import (
+    ADDR_NO_RANDOMIZE,
+    no_randomization,
+    personality,
+    personality_refused,
+)
 from meshio._doctor import CHECKS
 from meshio.rdma import available_backends
 from meshio.rdma._buffer import backend_status
@@ -181,6 +187,28 @@ def _nofile(soft: int) -> Any:
         resource.setrlimit(resource.RLIMIT_NOFILE,
                            (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     return lower
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="personality(2) is Linux's")
+def test_layout_check_says_whether_workers_share_one_layout() -> None:
+    """issue 16: ``layout`` says what the workers started here get
+    (docs/design.md); a real seccomp filter refusing ``personality(2)``, as a
+    container's profile, is a warning, not missing."""
+    _, report, _ = doctor_json()
+    layout = report["checks"]["layout"]
+    mine = personality(os.getpid()) & ADDR_NO_RANDOMIZE
+    assert (layout["status"], layout["facts"]) == (
+        "ok", {"sharing": "inherited" if mine else "shared"})
+    _, report, _ = doctor_json(preexec_fn=no_randomization)
+    layout = report["checks"]["layout"]
+    assert (layout["status"], layout["facts"]) == ("ok", {"sharing": "inherited"})
+    assert "setarch -R" in layout["detail"]
+    if platform.machine() != "x86_64" or mine:
+        return  # (the filter names x86_64's system call; a set flag is only asked about)
+    rc, report, _ = doctor_json("--require", "layout", preexec_fn=personality_refused)
+    layout = report["checks"]["layout"]
+    assert rc == 0 and (layout["status"], layout["facts"]) == ("warning", {"sharing": "refused"})
+    assert "personality(2) refused" in layout["detail"]
 
 
 def test_low_fd_limit_is_a_warning() -> None:

@@ -6,13 +6,22 @@ random one, and the controller's own is left alone.  Read from
 
 from __future__ import annotations
 
+import ast
 import os
+import platform
+import subprocess
 import sys
 
 import pytest
 
 import meshio
-from layout_actors import ADDR_NO_RANDOMIZE, Layout, personality, python_at
+from layout_actors import (
+    ADDR_NO_RANDOMIZE,
+    Layout,
+    personality,
+    personality_refused,
+    python_at,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="personality(2) is Linux's")
 
@@ -34,3 +43,31 @@ async def test_workers_on_this_host_share_one_layout_and_nothing_else_does() -> 
     # the workers cleared it at once, so that what they start is random again
     assert not any(p & ADDR_NO_RANDOMIZE for p, _ in found), found
     assert not any(p & ADDR_NO_RANDOMIZE for p in children), children
+
+
+REFUSED = """
+import asyncio, os, sys
+sys.path.insert(0, sys.argv[1])
+import meshio
+from layout_actors import Layout, python_at
+
+async def main() -> None:
+    async with await meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        found = (await (await procs.spawn("layout", Layout)).layout.call()).values()
+    print(sorted({at for _, at in found}), python_at(os.getpid()))
+
+meshio.run(main())
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the filter names x86_64's call")
+def test_workers_start_randomized_where_personality_is_refused() -> None:
+    """A controller under a real seccomp filter that refuses to change
+    ``personality(2)`` (as a container's profile does) starts its workers
+    as before, each with its own layout."""
+    out = subprocess.run([sys.executable, "-c", REFUSED, os.path.dirname(__file__)],
+                         capture_output=True, text=True, timeout=120,
+                         preexec_fn=personality_refused)
+    assert out.returncode == 0, out.stderr
+    workers, _ = out.stdout.rsplit(" ", 1)
+    assert len(ast.literal_eval(workers)) == 2, out.stdout  # two layouts, not one

@@ -25,6 +25,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from ._launcher import layout_sharing
 from ._transport._bulk import CAP_IPC_LOCK, CAP_SYS_PTRACE, capable, ptrace_scope
 from .jobs._kubernetes import ClusterError, ClusterNotConfiguredError
 from .jobs._kubernetes import probe as kubernetes_probe
@@ -36,7 +37,7 @@ __all__ = ("CHECKS", "DoctorCheck", "Fact", "doctor", "report_json", "report_tex
 
 #: every check :func:`doctor` runs, in the order it reports them
 CHECKS: Final = ("python", "uvloop", "torch", "cuda", "same_host", "ibverbs", "tcp", "slurm",
-                 "kubernetes", "clock", "fds")
+                 "kubernetes", "clock", "fds", "layout")
 
 #: a value of :attr:`DoctorCheck.facts`
 Fact = str | int | float | bool | list[str] | None
@@ -59,7 +60,7 @@ class DoctorCheck(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         name: one of ``python``, ``uvloop``, ``torch``, ``cuda``,
             ``same_host``, ``ibverbs``, ``tcp``, ``slurm``, ``kubernetes``,
-            ``clock``, ``fds``.
+            ``clock``, ``fds``, ``layout``.
         status: ``"ok"``; ``"missing"`` (not usable here: ``detail`` says
             why); or ``"warning"`` (usable, with a limit that will bite:
             ``detail`` says which and what to do).
@@ -99,6 +100,11 @@ async def doctor(*, timeout: float = 5.0) -> tuple[DoctorCheck, ...]:
     - ``fds``: ``soft`` and ``hard`` ``RLIMIT_NOFILE`` (None: unlimited),
       ``procs`` (worker processes a controller can start here before the
       soft limit stops it).
+    - ``layout``: whether the workers a controller starts here share one
+      address layout (docs/design.md): ``sharing`` is ``shared``,
+      ``inherited`` (this process runs without randomization: its workers
+      get its layout), ``refused`` (``personality(2)`` refused: a seccomp
+      profile; a warning) or ``unavailable`` (not Linux).
 
     Args:
         timeout: seconds Slurm and the Kubernetes API server get to answer.
@@ -112,7 +118,7 @@ async def doctor(*, timeout: float = 5.0) -> tuple[DoctorCheck, ...]:
         slurm = tg.create_task(_slurm(timeout))
         kubernetes = tg.create_task(asyncio.to_thread(_kubernetes, timeout))
     return (_python(), _uvloop(), *torch_cuda.result(), *rdma.result(), slurm.result(),
-            kubernetes.result(), _clock(), _fds())
+            kubernetes.result(), _clock(), _fds(), _layout())
 
 
 # ------------------------------------------------------------ the checks
@@ -286,6 +292,25 @@ def _fds() -> DoctorCheck:
         name="fds", status="warning", facts=facts,
         detail=f"{limits}: a controller holds about {_FDS_PER_PROC} per worker process it "
                f"starts here, so about {procs} processes before 'Too many open files'; {fix}")
+
+
+def _layout() -> DoctorCheck:
+    sharing = layout_sharing()
+    facts: dict[str, Fact] = {"sharing": sharing}
+    if sharing == "shared":
+        return DoctorCheck(name="layout", status="ok", facts=facts,
+                           detail="the workers started here share one address layout")
+    if sharing == "inherited":
+        return DoctorCheck(name="layout", status="ok", facts=facts, detail=(
+            "this process runs without address randomization (setarch -R): the workers it "
+            "starts here share its layout"))
+    if sharing == "refused":
+        return DoctorCheck(name="layout", status="warning", facts=facts, detail=(
+            "personality(2) refused (a seccomp profile?): workers start with random address "
+            "layouts, so where processes outnumber cores, calls to several actors are slower "
+            "(docs/howto/tuning.md)"))
+    return DoctorCheck(name="layout", status="missing", facts=facts,
+                       detail=f"no personality(2) on {platform.system()}: random layouts")
 
 
 # ---------------------------------------------------------------- report

@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 from ._transport._credentials import Credentials
 from ._transport._messages import Stream
@@ -43,8 +43,8 @@ from ._transport._tls import TLSConfig
 __all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
            "AdoptedProc", "ExitWatch", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
-           "check_env", "describe_exit", "forward_text", "random_layouts_for_children",
-           "start_payload")
+           "check_env", "describe_exit", "forward_text", "layout_sharing",
+           "random_layouts_for_children", "start_payload")
 
 #: exit status of a worker whose ``bootstrap`` raised (sysexits' EX_CONFIG)
 BOOTSTRAP_FAILED = 78
@@ -616,6 +616,21 @@ def _one_layout(on: bool) -> Generator[bool]:
         yield True
     finally:
         _personality(was)
+
+
+def layout_sharing() -> Literal["shared", "inherited", "refused", "unavailable"]:
+    """What :func:`_one_layout` does for workers started here: ``shared``
+    (they get one layout); ``inherited`` (this process runs without
+    randomization, e.g. under ``setarch -R``: they get its layout);
+    ``refused`` (``personality(2)`` may not set the flag: a seccomp profile);
+    ``unavailable`` (not Linux)."""
+    was = _personality(_ASK)
+    if was == -1:
+        return "unavailable"
+    if was & _ADDR_NO_RANDOMIZE:
+        return "inherited"
+    with _one_layout(True) as shared:
+        return "shared" if shared else "refused"
 
 
 def random_layouts_for_children() -> None:
