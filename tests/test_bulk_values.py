@@ -257,17 +257,61 @@ async def test_no_growth_over_many_large_calls(procs: meshio.ProcMesh) -> None:
     assert set(os.listdir("/dev/shm")) <= shm
 
 
-def test_copy_from_a_killed_sender_fails_cleanly() -> None:
-    """The one copy from a process that died is an error (``ESRCH``), which
-    the receiver turns into a dropped connection, never a hang."""
+def test_a_write_into_a_killed_receiver_fails_cleanly() -> None:
+    """The one copy into a process that died is an error (``ESRCH``), which
+    the sender turns into a dropped connection, never a hang."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    dst = bytearray(16)
+    src = bytearray(16)
     with pytest.raises(OSError) as e:
-        _bulk.cma("read", child.pid, _bulk.address_of(memoryview(dst), writable=True),
-                  4096, 16)
+        _bulk.cma("write", child.pid, _bulk.address_of(memoryview(src)), 4096, 16)
     assert e.value.errno == errno.ESRCH
+
+
+def stalled_writes() -> None:
+    """A bootstrap: this process's writes of large values into another never
+    end (the thread waits; the process can only be killed), and each says it
+    began by a byte into the named pipe ``BULK_TEST_FIFO``."""
+    import threading
+
+    def stalled(*args: Any) -> None:
+        fd = os.open(os.environ["BULK_TEST_FIFO"], os.O_WRONLY)
+        os.write(fd, b"w")
+        os.close(fd)
+        threading.Event().wait()
+
+    _bulk.cma = stalled
+
+
+async def test_a_worker_killed_while_writing_a_result(tmp_path: Path) -> None:
+    """A worker SIGKILLed while it writes a large result into the controller:
+    the call fails with a SupervisionError naming the lost process (the
+    controller drops the frame it held memory for), and the controller's
+    other meshes are served as before."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, env={"BULK_TEST_FIFO": str(fifo)},
+            bootstrap=stalled_writes) as writer, \
+            meshio.this_host().spawn_procs(per_host={"procs": 1}) as healthy:
+        s = (await writer.spawn("store", Store)).slice(procs=0)
+        await s.keep.call_one(torch.ones(4 * MiB))
+        call = asyncio.ensure_future(s.weights.call_one())
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            loop = asyncio.get_running_loop()
+            began = loop.create_future()
+            loop.add_reader(fd, lambda: began.done() or began.set_result(os.read(fd, 1)))
+            assert await asyncio.wait_for(began, GUARD) == b"w"  # the write is under way
+            loop.remove_reader(fd)
+        finally:
+            os.close(fd)
+        os.kill(writer.pids[0], signal.SIGKILL)
+        with pytest.raises(meshio.SupervisionError, match=r"Store\.weights"):
+            await asyncio.wait_for(call, GUARD)
+        h = (await healthy.spawn("store", Store)).slice(procs=0)
+        assert torch.equal(await h.echo.call_one(torch.ones(2 * MiB)), torch.ones(2 * MiB))
 
 
 _KILL = r"""

@@ -144,19 +144,19 @@ FAST_BEATS = {"heartbeat_interval": 0.1, "heartbeat_timeout": 0.3}
 
 def slow_copies() -> None:
     """A bootstrap (pickled by reference), also called in the test's own
-    process: every large value this process copies from another takes
+    process: every large value this process writes into another takes
     :data:`SLOW_COPY` seconds more (in the copy thread, as a slow copy does)."""
     import time
 
     from meshio._transport import _bulk
 
-    copy = _bulk._copy
+    copy = _bulk.cma
 
-    def slow(*args: Any) -> bool:
+    def slow(*args: Any) -> None:
         time.sleep(SLOW_COPY)
-        return copy(*args)
+        copy(*args)
 
-    _bulk._copy = slow
+    _bulk.cma = slow
 
 
 class Keeper(Actor):
@@ -169,13 +169,18 @@ class Keeper(Actor):
         return b"r" * n
 
 
-async def test_heartbeats_pass_while_an_argument_is_copied() -> None:
-    """A worker copying a large argument (reading nothing else from the
-    controller meanwhile, so that frames keep their order) beats on its own:
-    the supervisor does not take the slow copy for a hang."""
+async def test_heartbeats_pass_while_an_argument_is_copied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller writing a large argument into a worker (sending it
+    nothing else meanwhile, so that frames keep their order) still pings it,
+    and the worker answers: the supervisor does not take the slow copy for
+    a hang."""
+    from meshio._transport import _bulk
+
+    monkeypatch.setattr(_bulk, "cma", _bulk.cma)  # undone after the test
+    slow_copies()
     sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
-    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
-                                              bootstrap=slow_copies) as procs:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
         keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
         pids = procs.pids
         n = 16 << 20
@@ -183,15 +188,13 @@ async def test_heartbeats_pass_while_an_argument_is_copied() -> None:
         assert procs.pids == pids  # not killed and replaced
 
 
-async def test_heartbeats_pass_while_a_result_is_copied(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The controller copying a large result reads no answers to its
-    heartbeats from that worker meanwhile: it does not judge it then."""
-    from meshio._transport import _bulk
-
-    monkeypatch.setattr(_bulk, "_copy", _bulk._copy)  # undone after the test
-    slow_copies()
+async def test_heartbeats_pass_while_a_result_is_copied() -> None:
+    """A worker writing a large result into the controller (sending it
+    nothing else meanwhile) answers its heartbeats all the same: the
+    controller does not judge it hung."""
     sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
-    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
+                                              bootstrap=slow_copies) as procs:
         keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
         pids = procs.pids
         n = 16 << 20

@@ -15,6 +15,7 @@ loop whose clock the test advances.
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 from collections.abc import Callable, Generator
 from typing import Any
@@ -27,12 +28,20 @@ from hypothesis import strategies as st
 
 from meshio import SchemaError
 from meshio._port import PortReceiver
+from meshio._transport import _bulk
 from meshio._transport import _connection as R
 from meshio._transport import _frames as F
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection, Pending
 from meshio._transport._frames import frame_header
-from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, OOB_THRESHOLD, Packer, limits
+from meshio._transport._serial import (
+    KIND_BUFFER,
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    OOB_THRESHOLD,
+    Packer,
+    limits,
+)
 from meshio.endpoints._schema import Schema
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -50,7 +59,7 @@ def small_limits() -> Generator[None]:
     saved = (limits.max_message, limits.receive_budget, limits.frame_timeout, R._budget)
 
     def checked(kind: int, n: int) -> tuple[Any, memoryview]:
-        assert n <= MAX_MESSAGE, f"allocated {n} bytes, over the message size limit"
+        assert n <= limits.max_message, f"allocated {n} bytes, over the message size limit"
         return F._allocate(kind, n)
 
     limits.max_message, limits.receive_budget, limits.frame_timeout = (
@@ -436,6 +445,110 @@ def test_scratch_buffer_shrinks_after_large_header() -> None:
         assert len(rt.got) == 2 and len(rt.got[1][1]) == n
         assert conn.receiving[0] <= F._SCRATCH
         finish(rt, [conn])
+
+
+# ------------------------------------------------- large parts by descriptor
+
+
+def control(msg: M.Message) -> bytes:
+    body = M.encode_message(msg)
+    return frame_header(len(body), []) + body
+
+
+def described_call(req: int, eid: int, n: int = _bulk.THRESHOLD, start: int = 0) -> bytes:
+    """A call whose one buffer travels by descriptor: export ``eid``, ``n``
+    bytes from byte ``start`` of a cache line, written by the sender."""
+    msg = M.encode_message(M.Call(req, "t", "method", msgspec.Raw(b"\x80")))
+    kind = (KIND_BUFFER | _bulk.REMOTE) << 56
+    return (frame_header(len(msg), [(b"", KIND_BYTEARRAY)])[:8]
+            + struct.pack("<Q", kind | _bulk._DESC.size) + msg + _bulk._DESC.pack(eid, n, start))
+
+
+def fills(transport: FakeTransport) -> list[M.Message]:
+    """The ``Fill`` messages the connection wrote (small frames, one each)."""
+    sent = [M.decode_message(w[8:]) for w in transport.written]
+    return [m for m in sent if isinstance(m, M.Fill)]
+
+
+@contextlib.contextmanager
+def by_descriptor() -> Generator[tuple[FakeRuntime, Connection, FakeTransport]]:
+    """A connection to a process of this host (its peer writes large parts
+    into memory this one lends it), with a message limit above
+    :data:`_bulk.THRESHOLD`."""
+    with small_limits():
+        limits.max_message = 8 * _bulk.THRESHOLD
+        rt = FakeRuntime()
+        conn, transport = connect(rt)
+        conn.bulk = _bulk.Exports(os.getpid())
+        yield rt, conn, transport
+
+
+def test_a_described_frame_waits_for_its_parts() -> None:
+    """A frame whose large part the peer writes is delivered on the peer's
+    ``Filled``, not before, with the memory it asked the peer to fill;
+    ``Ping`` and ``Pong`` pass it meanwhile, the frames after it follow it."""
+    with by_descriptor() as (rt, conn, transport):
+        start = 16
+        feed(conn, transport, described_call(1, 5, start=start) + control(M.Ping(3)), [])
+        [fill] = fills(transport)
+        assert isinstance(fill, M.Fill) and fill.export == 5 and len(fill.to) == 1
+        assert fill.to[0] % 64 == start  # where the sender's part starts in a line
+        assert [type(m) for m, _ in rt.got] == [M.Ping]  # the call waits
+        feed(conn, transport, control(M.Filled(5)) + VALID[0], [])
+        assert [type(m) for m, _ in rt.got] == [M.Ping, M.Call, M.Call]
+        call, bufs = rt.got[1]
+        assert isinstance(call, M.Call) and call.req == 1
+        assert _bulk.address_of(bufs[0]) == fill.to[0] and bufs[0].nbytes == _bulk.THRESHOLD
+        assert not conn.incomplete() and not conn.closed
+        finish(rt, [conn])
+
+
+def test_a_frame_before_filled_drops_the_connection() -> None:
+    """A data frame where only ``Filled`` (or ``Fill``, ``Ping``, ``Pong``)
+    may come is a broken stream: the connection is dropped, with a typed
+    error to the peer, and the waiting frame is never delivered."""
+    with by_descriptor() as (rt, conn, transport):
+        feed(conn, transport, described_call(1, 5) + VALID[0] + control(M.Filled(5)), [])
+        rt.loop.run_due()
+        assert conn.closed and rt.got == []
+        sent = [M.decode_message(w[8:]) for w in transport.written]
+        assert any(isinstance(m, M.Fail) and "export 5" in m.error.message for m in sent)
+
+
+_STEPS = st.sampled_from(["filled", "wrong", "ping", "pong", "fill", "call", "described"])
+
+
+@FUZZ
+@given(first=st.sampled_from(["filled", "filled", "ping", "call", "wrong"]),
+       steps=st.lists(_STEPS, max_size=5),
+       n=st.sampled_from([_bulk.THRESHOLD, 3 * _bulk.THRESHOLD, 0, 100, 9 * _bulk.THRESHOLD]),
+       start=st.sampled_from([0, 16, 63, 64, 4096]),
+       cut_at=st.lists(st.integers(0, 400), max_size=6), mutate=st.booleans(), data=st.data())
+def test_descriptor_streams(first: str, steps: list[str], n: int, start: int,
+                            cut_at: list[int], mutate: bool, data: st.DataObject) -> None:
+    """Any sequence of frames after a described one, whole or mutated and cut
+    anywhere: no exception out of the parser, memory within its bounds, and
+    nothing left waiting; whole, the described call is delivered exactly
+    when ``Filled`` for its export came before any data frame, and in order."""
+    frames = {"filled": control(M.Filled(1)), "wrong": control(M.Filled(2)),
+              "ping": control(M.Ping(1)), "pong": control(M.Pong(1)),
+              "fill": control(M.Fill(9, [])), "call": VALID[0],
+              "described": described_call(3, 4)}
+    steps = [first, *steps]
+    stream = described_call(100, 1, n, start) + b"".join(frames[s] for s in steps)
+    if mutate:
+        stream = data.draw(mutated(stream))
+    with by_descriptor() as (rt, conn, transport):
+        feed(conn, transport, stream, cut_at)
+        finish(rt, [conn])
+    if mutate:
+        return
+    data_steps = [s for s in steps if s not in ("ping", "pong", "fill")]
+    good = (_bulk.THRESHOLD <= n < 8 * _bulk.THRESHOLD and start < 64
+            and data_steps[:1] == ["filled"])
+    delivered = [m.req for m, _ in rt.got if isinstance(m, M.Call)]
+    assert (100 in delivered) == good, (steps, n, start, delivered)
+    assert delivered == sorted(delivered, key=lambda req: req != 100)  # it came first
 
 
 # ---------------------------------------------------------- value decoders

@@ -766,7 +766,7 @@ class ProcState:
                 elif now - w.unanswered > self.heartbeat_timeout:
                     if self._hung(w, conn, now, now - w.unanswered):
                         continue  # killed
-                conn.send_message(Ping(w.incarnation))
+                conn.send_control(Ping(w.incarnation))
                 link = debug_link(self.rt, w.addr)
                 if link is not None:  # paused in pdb, perhaps holding its loop: it answers there
                     link.send_message(Ping(w.incarnation))

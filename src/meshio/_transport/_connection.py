@@ -56,9 +56,12 @@ from ._messages import (
     Cancel,
     ErrorInfo,
     Fail,
+    Fill,
+    Filled,
     Hello,
     Message,
     PeerDown,
+    Ping,
     Pong,
     PortSend,
     RdmaOp,
@@ -105,8 +108,8 @@ _MERGED_MAX: Final = 1024
 _SLICE: Final = 1 << 18
 
 #: seconds between the beats of a connection that reads nothing for a while
-#: (it copies a large value, or waits for its receive budget): each beat is
-#: an unasked ``Pong``, since the peer's heartbeats wait unread meanwhile
+#: (it waits for its receive budget): each beat is an unasked ``Pong``, since
+#: the peer's heartbeats wait unread meanwhile
 _BEAT: Final = 0.1
 #: bytes read at most from a socket whose connection a failed write ended
 #: (:meth:`Connection.connection_lost`): more than its receive buffer holds
@@ -373,6 +376,25 @@ def ignore_result(raw: Any, bufs: Buffers) -> None:
     return None
 
 
+#: what a receiver takes between a frame whose large parts it waits for and
+#: the sender's ``Filled`` (:mod:`._bulk`): they keep no order with frames
+_AHEAD: Final = frozenset((Fill, Ping, Pong))
+
+
+class _Gate:
+    """In a connection's write queue, behind a frame whose large parts are
+    written into the peer (:mod:`._bulk`): what follows waits until they
+    are; ``done`` then (or once the connection ended)."""
+
+    __slots__ = ("done", "eid", "filled")
+
+    def __init__(self, eid: int, done: asyncio.Future[None]) -> None:
+        self.eid = eid
+        self.done = done
+        #: None: being written; else whether a ``Filled`` goes out first
+        self.filled: bool | None = None
+
+
 class _Frame:
     """A frame being received: its parts (``kind << 56 | length``, the body
     first) and those received so far."""
@@ -408,7 +430,7 @@ class Connection(asyncio.BufferedProtocol):
         self._req = 0
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
         #: what waits for the transport to drain, in order (see _SLICE)
-        self._queue: deque[bytes | memoryview | asyncio.Future[None]] | None = None
+        self._queue: deque[bytes | memoryview | asyncio.Future[None] | _Gate] | None = None
         self._paused = False  # the transport asked us to stop writing
         #: the transport's ``(low, high)`` water marks while both are 0, so
         #: that it resumes us once it has sent everything (see :meth:`_drain`)
@@ -439,6 +461,9 @@ class Connection(asyncio.BufferedProtocol):
         self._stall: asyncio.TimerHandle | None = None
         #: large values to and from a process of this host (:mod:`._bulk`)
         self.bulk: Exports | None = None
+        #: a frame whose large parts the peer writes: ``(export id, parts)``,
+        #: delivered on the peer's ``Filled``
+        self._filling: tuple[int, Buffers] | None = None
 
     # ------------------------------------------------------------ sending
 
@@ -456,10 +481,10 @@ class Connection(asyncio.BufferedProtocol):
 
     def send(self, body: bytes, out: OutBuffers) -> asyncio.Future[None] | None:
         """Send a frame.  Its large parts are read from this process's memory
-        after this returns (lent to a peer of this host, :mod:`._bulk`, or
-        queued in slices): the future is done once they no longer are (the
-        peer has them, or the connection ended); None when nothing is read
-        later."""
+        after this returns (written into a peer of this host, :mod:`._bulk`,
+        or queued in slices): the future is done once they no longer are
+        (the peer has them, or the connection ended); None when nothing is
+        read later."""
         if self._merged:  # the replies or calls made before it go first
             self._frame_merged()
         lent = 0
@@ -473,7 +498,8 @@ class Connection(asyncio.BufferedProtocol):
             if out or self._queue is not None:
                 if batch:  # the small frames before it go first
                     self._write_batch(batch)
-                queued = self._write([header, body, *(b for b, _ in out)], bool(out))
+                queued = self._write([header, body, *(b for b, _ in out)],
+                                     bool(out) and not lent)
             elif batch is None:
                 # The first small frame of this turn of the loop goes out at
                 # once (a lone call waits for nothing); those that follow it
@@ -493,9 +519,46 @@ class Connection(asyncio.BufferedProtocol):
             self._backlog.append(body)
             self._backlog.extend(b for b, _ in out)
         # else: closed; pending calls were failed by connection_lost
-        if lent and self.bulk is not None:
-            return self.bulk.returned(lent, self.rt.loop)
+        if lent and transport is not None:
+            return self._gate(lent)
         return queued
+
+    def _gate(self, eid: int) -> asyncio.Future[None]:
+        """Queue what is sent from now on behind the frame of export
+        ``eid``, until its large parts are written into the peer
+        (:meth:`filled`); a future done then."""
+        gate = _Gate(eid, self.rt.loop.create_future())
+        if self._queue is None:
+            self._queue = deque()
+        self._queue.append(gate)
+        return gate.done
+
+    def filled(self, eid: int, written: bool) -> None:
+        """Export ``eid``'s parts are in the peer (``written``), or it
+        refused them: the frames behind them go, after a ``Filled`` if
+        written."""
+        gate = next((g for g in self._queue or () if type(g) is _Gate), None)
+        if gate is None or gate.eid != eid:  # (only the first gate's frame is out)
+            log.warning("meshio: export %d of the connection to %s is not the one the "
+                        "peer has; dropping the connection", eid, self.peer)
+            self.abort()
+            return
+        gate.filled = written
+        self._drain()
+
+    def send_control(self, msg: Fill | Ping | Pong) -> None:
+        """Send ``msg`` ahead of the frames waiting behind this side's
+        exports (:meth:`_gate`): those keep no order with other frames, and
+        the peer may wait on a ``Fill`` to let its own frames go."""
+        queue = self._queue
+        at = None if queue is None else next(
+            (i for i, item in enumerate(queue) if type(item) is _Gate), None)
+        if queue is None or at is None:
+            self.send_message(msg)
+            return
+        body = encode_message(msg)
+        queue.insert(at, frame_header(len(body), []) + body)
+        self._drain()
 
     def send_message(self, msg: Message,
                      out: OutBuffers | None = None) -> asyncio.Future[None] | None:
@@ -586,11 +649,20 @@ class Connection(asyncio.BufferedProtocol):
         """Write queued slices until the transport asks us to pause.  A
         frame's future is done once the transport is empty: uvloop, TLS and
         the standard loop from Python 3.12 keep views of what they could not
-        send yet, not copies, so until then they read the sender's memory."""
+        send yet, not copies, so until then they read the sender's memory.
+        A gate (:meth:`_gate`) holds what follows it until it opens."""
         queue, transport = self._queue, self.transport
         while queue and not self._paused and transport is not None:
             item = queue[0]
-            if not isinstance(item, asyncio.Future):
+            if isinstance(item, _Gate):
+                if item.filled is None:  # its export is being written
+                    return
+                queue.popleft()
+                if item.filled:
+                    body = encode_message(Filled(item.eid))
+                    transport.write(frame_header(len(body), []) + body)
+                item.done.set_result(None)
+            elif not isinstance(item, asyncio.Future):
                 queue.popleft()
                 transport.write(item)
             elif transport.get_write_buffer_size():
@@ -681,6 +753,8 @@ class Connection(asyncio.BufferedProtocol):
         for item in self._queue or ():
             if isinstance(item, asyncio.Future):
                 item.set_result(None)  # nothing of it is read any more
+            elif type(item) is _Gate:
+                item.done.set_result(None)
         self._queue = None
         self._batch = None
         self._merged = []
@@ -788,8 +862,10 @@ class Connection(asyncio.BufferedProtocol):
         return self._queue is not None
 
     def incomplete(self) -> bool:
-        """A frame is partly received (its stall timer runs)."""
-        return self._frame is not None or self._start != self._end or self._skip > 0
+        """A frame is partly received, or waits for its large parts (its
+        stall timer runs)."""
+        return (self._frame is not None or self._start != self._end or self._skip > 0
+                or self._filling is not None)
 
     @property
     def receiving(self) -> tuple[int, int, bool]:
@@ -821,9 +897,9 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def reading_paused(self) -> bool:
-        """Whether this side reads nothing from the peer for now (it copies
-        a large value, or waits for its receive budget): the peer's answers
-        to heartbeats wait unread meanwhile."""
+        """Whether this side reads nothing from the peer for now (it waits
+        for its receive budget): the peer's answers to heartbeats wait
+        unread meanwhile."""
         return self._waiting
 
     def _pause(self) -> None:
@@ -842,8 +918,7 @@ class Connection(asyncio.BufferedProtocol):
             self._beat = self.rt.loop.call_later(_BEAT, self._alive)
 
     def _resume(self) -> None:
-        """The receive budget granted the message this connection waits for,
-        or a frame's large parts were copied."""
+        """The receive budget granted the message this connection waits for."""
         self._waiting = False
         if self._beat is not None:
             self._beat.cancel()
@@ -855,11 +930,13 @@ class Connection(asyncio.BufferedProtocol):
         if not self._waiting and transport is not None and not transport.is_closing():
             transport.resume_reading()
 
-    def _pulled(self, got: Buffers) -> None:
-        """A frame's large parts were copied (:meth:`_bulk.Exports.pull`)."""
-        if not self.closed:
-            self.deliver(got[0], got[1:])
-            self._resume()
+    def _land(self, f: _Frame) -> int | None:
+        """:meth:`_bulk.Exports.land` of a complete frame; only one at a
+        time waits for its parts (the peer sends nothing else until then)."""
+        if self._filling is not None and any(d >> 56 > KIND_BUFFER for d in f.parts):
+            raise ProtocolError(f"malformed frame (large parts before those of export "
+                                f"{self._filling[0]} were written)")
+        return cast(Exports, self.bulk).land(self, f.parts, f.got)
 
     def _stop_receiving(self) -> None:
         """The connection is gone: give back what its message held."""
@@ -875,6 +952,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._held:
             _budget.give(self._held)
             self._held = 0
+        self._filling = None
         if self.bulk is not None:
             self.bulk.close()
 
@@ -926,13 +1004,11 @@ class Connection(asyncio.BufferedProtocol):
             if self._held:
                 held, self._held = self._held, 0
                 _budget.give(held)
-            pulled = None if self.bulk is None else self.bulk.pull(
-                self, f.parts, f.got, self._pulled)
-            if pulled is None:
+            landing = None if self.bulk is None else self._land(f)
+            if landing is None:
                 self.deliver(f.got[0], f.got[1:])
-            elif pulled:  # its large parts are being copied: nothing overtakes it
-                self._pause()
-                break
+            elif landing:  # the peer writes its large parts: delivered on its Filled
+                self._filling = (landing, f.got)
         if self._start == self._end:
             self._start = self._end = 0
             if len(self._buf) > _SCRATCH:  # given back after a large header
@@ -1058,6 +1134,9 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as e:
             self._malformed(body, e)
             return
+        if self._filling is not None and type(msg) not in _AHEAD:
+            self._filled(msg)
+            return
         if type(msg) is Reply:
             self._reply(msg.req, msg.value, bufs)
             return
@@ -1078,6 +1157,16 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:  # one message's handler failed; the connection serves on
             log.exception("meshio: handling %s from %s failed", type(msg).__name__,
                           self.peer or "unidentified peer")
+
+    def _filled(self, msg: Message) -> None:
+        """``msg`` came while a frame waits for its large parts: the
+        sender's ``Filled``, which delivers that frame, or a breach."""
+        eid, got = cast(tuple[int, Buffers], self._filling)
+        if type(msg) is not Filled or msg.export != eid:
+            raise ProtocolError(f"malformed stream (a {type(msg).__name__} before the large "
+                                f"parts of export {eid} were written)")
+        self._filling = None
+        self.deliver(got[0], got[1:])
 
     def _reply(self, req: int, value: Any, bufs: Buffers) -> None:
         p = self.pending.pop(req, None)

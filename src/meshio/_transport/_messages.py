@@ -29,6 +29,8 @@ __all__ = (
     "Fail",
     "Fanout",
     "Fault",
+    "Fill",
+    "Filled",
     "GetStacks",
     "GetStats",
     "Hello",
@@ -45,7 +47,6 @@ __all__ = (
     "PortSend",
     "RdmaOp",
     "RdmaOpName",
-    "Release",
     "Reply",
     "Reshaped",
     "ServeDashboard",
@@ -380,10 +381,21 @@ class Moved(_Msg, frozen=True, tag=23):
     pid: int = 0
 
 
-class Release(_Msg, frozen=True, tag=24):
-    """The receiver of a frame whose large parts travelled as descriptors
-    copied them (or gave up): the sender may drop export ``export``
-    (:mod:`._bulk`)."""
+class Fill(_Msg, frozen=True, tag=24):
+    """From the receiver of a frame whose large parts travelled as
+    descriptors (:mod:`._bulk`): write export ``export``'s parts, in order,
+    at the addresses ``to`` in the receiver's memory, then say
+    :class:`Filled`; ``to`` empty: the frame was refused, write nothing.
+    Sent ahead of frames waiting behind the sender's own exports."""
+
+    export: int
+    to: list[int]
+
+
+class Filled(_Msg, frozen=True, tag=44):
+    """From the sender: export ``export``'s parts are written where
+    :class:`Fill` asked; its frame may be delivered.  Nothing but ``Fill``,
+    ``Ping`` and ``Pong`` comes between that frame and this."""
 
     export: int
 
@@ -604,10 +616,10 @@ class Adopt(_Msg, frozen=True, tag=35):
 
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
-           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Release
+           | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Fill
            | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
-           | Adopt | WatchWorker | Credit)
+           | Adopt | WatchWorker | Credit | Filled)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()

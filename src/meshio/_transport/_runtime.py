@@ -26,7 +26,7 @@ from .._exceptions import (
     MeshioError,
     SupervisionError,
 )
-from ._bulk import release
+from ._bulk import fill
 from ._connection import Connection, Pending, ignore_result, not_responding
 from ._credentials import Credentials
 from ._credit import credit, took, windows_lost
@@ -42,6 +42,7 @@ from ._messages import (
     Fail,
     Fanout,
     Fault,
+    Fill,
     Hello,
     Message,
     Moved,
@@ -50,7 +51,6 @@ from ._messages import (
     Ping,
     Pong,
     PortSend,
-    Release,
     Started,
     _Msg,
 )
@@ -562,7 +562,7 @@ class Runtime:
                 else:
                     self.on_fault(conn, msg.error)
             case Ping():
-                conn.send_message(Pong(msg.seq))
+                conn.send_control(Pong(msg.seq))
             case Pong():
                 on_pong = self.watch.on_pong.get(conn.peer or "")
                 if on_pong is not None:
@@ -774,4 +774,4 @@ def _log_fault(conn: Connection, info: ErrorInfo) -> None:
     print_fault(info, pid, "no proc mesh of this process watches it: nothing restarts it")
 
 
-register_handler(Release, release)  # the transport's own: large values (._bulk)
+register_handler(Fill, fill)  # the transport's own: large values (._bulk)
