@@ -182,10 +182,10 @@ SCRATCH_BOUND = 2 * (8 + 8 * F.MAX_BUFS + F._PEEK)
 
 def check_bounds(conns: list[Connection]) -> None:
     """What the process has reserved for incomplete frames stays bounded."""
-    assert R._budget.used <= max(BUDGET, MAX_MESSAGE)
+    assert R._budget.used <= max(BUDGET, limits.max_message)
     for c in conns:
         scratch, held, _ = c.receiving
-        assert held <= MAX_MESSAGE
+        assert held <= limits.max_message
         assert scratch <= SCRATCH_BOUND
 
 
