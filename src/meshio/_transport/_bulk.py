@@ -400,19 +400,23 @@ class Exports:
         """The handler of :class:`Fill`: write export ``msg.export``'s parts
         at the peer's addresses in the copy threads, then let the frames
         queued behind it go (:meth:`Connection.filled`).  A ``Fill`` that
-        names no export of ours, or the wrong number of parts, or a write
+        names another export than the one whose frame the peer has
+        (:meth:`Connection.waiting_export`), or the wrong number of parts,
+        or a write
         that fails (the peer died, or named memory it does not have) drops
-        the connection."""
-        views = self.held.pop(msg.export, None)
+        the connection, before anything is written."""
+        waiting = conn.waiting_export()
+        views = self.held.pop(msg.export, None) if msg.export == waiting else None
         if views is None or (msg.to and len(msg.to) != len(views)):
-            what = "no export of ours" if views is None else f"{len(views)} parts"
+            what = (f"the export whose frame it has is {waiting or 'none'}" if views is None
+                    else f"{len(views)} parts")
             log.warning("meshio: a Fill from %s for export %d with %d addresses (%s); "
                         "dropping the connection", conn.peer or "unidentified peer",
                         msg.export, len(msg.to), what)
             conn.abort()
             return
         if not msg.to:  # refused: nothing to write
-            conn.filled(msg.export, False)
+            conn.filled(False)
             return
         loop = conn.rt.loop
         jobs = [loop.run_in_executor(executor(), cma, "write", self.pid,
@@ -431,7 +435,7 @@ class Exports:
                             conn.peer or "unidentified peer")
                 conn.abort()
                 return
-            conn.filled(msg.export, True)
+            conn.filled(True)
 
         asyncio.gather(*jobs, return_exceptions=True).add_done_callback(written)
 

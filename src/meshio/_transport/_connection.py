@@ -384,15 +384,14 @@ _AHEAD: Final = frozenset((Fill, Ping, Pong))
 class _Gate:
     """In a connection's write queue, behind a frame whose large parts are
     written into the peer (:mod:`._bulk`): what follows waits until they
-    are; ``done`` then (or once the connection ended)."""
+    are (``open``); ``done`` then (or once the connection ended)."""
 
-    __slots__ = ("done", "eid", "filled")
+    __slots__ = ("done", "eid", "open")
 
     def __init__(self, eid: int, done: asyncio.Future[None]) -> None:
         self.eid = eid
         self.done = done
-        #: None: being written; else whether a ``Filled`` goes out first
-        self.filled: bool | None = None
+        self.open = False
 
 
 class _Frame:
@@ -533,26 +532,34 @@ class Connection(asyncio.BufferedProtocol):
         self._queue.append(gate)
         return gate.done
 
-    def filled(self, eid: int, written: bool) -> None:
-        """Export ``eid``'s parts are in the peer (``written``), or it
-        refused them: the frames behind them go, after a ``Filled`` if
-        written."""
-        gate = next((g for g in self._queue or () if type(g) is _Gate), None)
-        if gate is None or gate.eid != eid:  # (only the first gate's frame is out)
-            log.warning("meshio: export %d of the connection to %s is not the one the "
-                        "peer has; dropping the connection", eid, self.peer)
-            self.abort()
-            return
-        gate.filled = written
+    def _first_gate(self) -> _Gate | None:
+        """The gate of the export whose frame the peer can have: the first."""
+        return next((g for g in self._queue or () if isinstance(g, _Gate)), None)
+
+    def waiting_export(self) -> int:
+        """The export whose parts the peer is to ask for next (0: none)."""
+        gate = self._first_gate()
+        return 0 if gate is None else gate.eid
+
+    def filled(self, written: bool) -> None:
+        """The parts of :meth:`waiting_export` are in the peer
+        (``written``), or it refused them: the frames behind them go, after
+        a ``Filled`` if written."""
+        gate = cast(_Gate, self._first_gate())  # (Exports.fill checked it is there)
+        if written:
+            self.send_control(Filled(gate.eid))
+        gate.open = True
         self._drain()
 
-    def send_control(self, msg: Fill | Ping | Pong) -> None:
+    def send_control(self, msg: Fill | Filled | Ping | Pong) -> None:
         """Send ``msg`` ahead of the frames waiting behind this side's
-        exports (:meth:`_gate`): those keep no order with other frames, and
-        the peer may wait on a ``Fill`` to let its own frames go."""
+        exports (:meth:`_gate`), right before the first gate: ``Fill``,
+        ``Ping`` and ``Pong`` keep no order with other frames, and the peer
+        may wait on a ``Fill`` to let its own frames go; ``Filled`` belongs
+        there, between its export's frame and what follows it."""
         queue = self._queue
         at = None if queue is None else next(
-            (i for i, item in enumerate(queue) if type(item) is _Gate), None)
+            (i for i, item in enumerate(queue) if isinstance(item, _Gate)), None)
         if queue is None or at is None:
             self.send_message(msg)
             return
@@ -655,12 +662,9 @@ class Connection(asyncio.BufferedProtocol):
         while queue and not self._paused and transport is not None:
             item = queue[0]
             if isinstance(item, _Gate):
-                if item.filled is None:  # its export is being written
+                if not item.open:  # its export is being written
                     return
                 queue.popleft()
-                if item.filled:
-                    body = encode_message(Filled(item.eid))
-                    transport.write(frame_header(len(body), []) + body)
                 item.done.set_result(None)
             elif not isinstance(item, asyncio.Future):
                 queue.popleft()
@@ -753,7 +757,7 @@ class Connection(asyncio.BufferedProtocol):
         for item in self._queue or ():
             if isinstance(item, asyncio.Future):
                 item.set_result(None)  # nothing of it is read any more
-            elif type(item) is _Gate:
+            elif isinstance(item, _Gate):
                 item.done.set_result(None)
         self._queue = None
         self._batch = None
