@@ -14,6 +14,7 @@ loop whose clock the test advances.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import struct
@@ -105,6 +106,12 @@ class FakeLoop:
 
     def call_soon(self, fn: Callable[..., None], *args: Any) -> Handle:
         return self.call_later(0, fn, *args)
+
+    def get_debug(self) -> bool:  # (asyncio.Future asks its loop)
+        return False
+
+    def create_future(self) -> asyncio.Future[None]:
+        return asyncio.Future(loop=self)  # type: ignore[arg-type]
 
     def run_due(self) -> None:
         while True:
@@ -513,6 +520,31 @@ def test_a_frame_before_filled_drops_the_connection() -> None:
         assert conn.closed and rt.got == []
         sent = [M.decode_message(w[8:]) for w in transport.written]
         assert any(isinstance(m, M.Fail) and "export 5" in m.error.message for m in sent)
+
+
+@pytest.mark.parametrize("export, parts", [(2, 1), (1, 2), (9, 1)],
+                         ids=["the export behind the first", "too many parts", "unknown"])
+def test_a_fill_the_sender_cannot_serve_drops_the_connection(export: int, parts: int) -> None:
+    """A ``Fill`` naming an export whose frame is still queued behind the
+    first (the peer cannot have its frame yet), or one the sender never
+    made, or with too many addresses, drops the connection before anything
+    is written into the peer, and the frames behind the gates never go."""
+    with by_descriptor() as (rt, conn, transport):
+        lent = [bytearray(b"a") * _bulk.THRESHOLD, bytearray(b"b") * _bulk.THRESHOLD]
+        body = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
+        done = [conn.send(body, [(buf, KIND_BYTEARRAY)]) for buf in lent]
+        assert conn.waiting_export() == 1 and all(d is not None for d in done)
+        sent = len(transport.written)  # the first frame, its descriptor: the second waits
+        target = bytearray(_bulk.THRESHOLD)
+        hostile = M.Fill(export, [_bulk.address_of(memoryview(target))] * parts)
+        bulk = conn.bulk
+        assert bulk is not None
+        bulk.fill(conn, hostile)  # (FakeLoop has no run_in_executor: a write would raise)
+        rt.loop.run_due()
+        assert conn.closed and transport.closing
+        assert len(transport.written) == sent
+        assert not any(target)
+        assert all(d is not None and d.done() for d in done)  # nothing waits on them
 
 
 _STEPS = st.sampled_from(["filled", "wrong", "ping", "pong", "fill", "call", "described"])
