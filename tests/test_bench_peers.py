@@ -41,6 +41,18 @@ def peers(monkeypatch: pytest.MonkeyPatch) -> Path:
     return harness
 
 
+def test_a_ratio_meets_its_goal_unrounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table says whether each goal is met from the ratio itself: 0.104x
+    prints as 0.10x, and misses a goal of 0.1x."""
+    monkeypatch.syspath_prepend(str(PEERS_DIR))
+    ratio = _module("run").ratio
+    assert ratio(118.0, 1126.0, "≤ 0.1x") == "0.10x (goal ≤ 0.1x: **missed**, 0.105x)"
+    assert ratio(112.0, 1154.0, "≤ 0.1x") == "0.10x (goal ≤ 0.1x: met)"
+    assert ratio(18036.0, 10076.0, "≥ 1.0x") == "1.79x (goal ≥ 1.0x: met)"
+    assert ratio(170.0, 167.0, "< 1.0x") == "1.02x (goal < 1.0x: **missed**, 1.018x)"
+    assert ratio(3.0, 2.0) == "1.50x" and ratio(None, 2.0, "≥ 1.0x") == "—"
+
+
 @pytest.mark.timeout(240)  # a hang guard: 4 proc meshes whose workers import torch
 async def test_meshio_backend_runs_through_the_harness_on_both_loops(
         peers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
