@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -159,6 +160,22 @@ def slow_copies() -> None:
     _bulk.cma = slow
 
 
+def slow_reads() -> None:
+    """A bootstrap (pickled by reference): this process reads what comes in
+    at 16 MiB/s, as a worker on a crowded core, or behind a slow link, does."""
+    import time
+
+    from meshio._transport import _connection
+
+    update = _connection.Connection.buffer_updated
+
+    def slow(self: Any, nbytes: int) -> None:
+        time.sleep(nbytes / (16 << 20))
+        update(self, nbytes)
+
+    _connection.Connection.buffer_updated = slow  # type: ignore[method-assign]
+
+
 class Keeper(Actor):
     @endpoint
     async def length(self, data: bytes) -> int:
@@ -167,6 +184,10 @@ class Keeper(Actor):
     @endpoint
     async def make(self, n: int) -> bytes:
         return b"r" * n
+
+    @endpoint
+    async def text(self, data: str) -> int:
+        return len(data)
 
 
 async def test_heartbeats_pass_while_an_argument_is_copied(
@@ -200,3 +221,56 @@ async def test_heartbeats_pass_while_a_result_is_copied() -> None:
         n = 16 << 20
         assert len(await asyncio.wait_for(keeper.make.call_one(n), GUARD)) == n
         assert procs.pids == pids
+
+
+async def test_heartbeats_pass_while_a_long_frame_streams() -> None:
+    """A large ``str`` (it travels in the stream, as values between hosts
+    do) to a worker that reads slowly takes many heartbeat timeouts; the
+    worker's pong waits behind it, but the data moving proves the worker
+    alive: no restart."""
+    sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
+                                              bootstrap=slow_reads) as procs:
+        keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
+        pids = procs.pids
+        n = 40 << 20  # 2.5 s: 8 heartbeat timeouts
+        assert await asyncio.wait_for(keeper.text.call_one("t" * n), GUARD) == n
+        assert procs.pids == pids
+
+
+@pytest.mark.parametrize("kind", ["bytes", "str"])
+async def test_a_receiver_that_never_reads(kind: str) -> None:
+    """A worker stopped (SIGSTOP) before a large argument reaches it never
+    reads it (a ``bytes`` value: never asks for it; a ``str``, in the
+    stream: fills the socket): the call fails with a typed error once the
+    worker misses its heartbeats, instead of waiting forever; the other
+    worker takes large values all along; the stopped one's replacement
+    takes them too."""
+    # (beats less fast than FAST_BEATS: the replacement must start and
+    # answer in time on a crowded core, or the supervisor gives up on it)
+    sup = meshio.Supervisor("one_for_one", heartbeat_interval=0.2, heartbeat_timeout=1.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=sup) as procs:
+        keepers = await procs.spawn("keeper", Keeper)
+        stopped, other = keepers.slice(procs=0), keepers.slice(procs=1)
+        n = 16 << 20
+
+        def send(to: Any) -> Any:
+            return to.length.call_one(b"a" * n) if kind == "bytes" else to.text.call_one("a" * n)
+
+        assert await send(stopped) == n
+        old = procs.pids[0]
+        os.kill(old, signal.SIGSTOP)
+        call = asyncio.ensure_future(send(stopped))
+        assert await asyncio.wait_for(send(other), GUARD) == n
+        with pytest.raises(meshio.SupervisionError, match=r"hung.*Keeper\.(length|text)"):
+            await asyncio.wait_for(call, GUARD)
+
+        async def restarted() -> None:
+            async for event in sup.events():
+                assert event.kind in ("failure", "restart"), event
+                if event.kind == "restart":
+                    return
+
+        await asyncio.wait_for(restarted(), GUARD)
+        assert procs.pids[0] != old
+        assert await asyncio.wait_for(send(stopped), GUARD) == n

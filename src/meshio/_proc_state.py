@@ -143,8 +143,9 @@ class _Worker:
         self.ready: asyncio.Future[None] = loop.create_future()
         #: clock time of the oldest heartbeat not answered yet (None: all answered)
         self.unanswered: float | None = None
-        #: (bytes received from it, bytes waiting to be sent to it) at the last heartbeat
-        self.moved: tuple[int, int] = (0, 0)
+        #: (bytes received from it, times writing to it resumed, bytes
+        #: waiting to be sent to it) at the last heartbeat (:func:`_moved`)
+        self.moved: tuple[int, int, int] = (0, 0, 0)
         #: while NOT_RESPONDING: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
         #: constructors in flight (in their actors' threads, but one that holds the GIL,
@@ -1333,10 +1334,14 @@ def _exit_cause(handle: ProcHandle) -> tuple[str, str]:
 
 def _moved(w: _Worker, conn: Connection) -> bool:
     """Data moved between us and ``w`` since the last heartbeat (a large
-    message): it is alive, though its pong may be queued behind that data."""
+    message): it is alive, though its pong may be queued behind that data
+    (or our ping behind what we send it).  What we send moves when the
+    transport resumed our writing (it had sent what it held: the peer
+    reads) or its buffer shrank."""
     transport = conn.transport
-    mark = (conn._rx, transport.get_write_buffer_size() if transport is not None else 0)
-    moved = mark[0] != w.moved[0] or mark[1] < w.moved[1]
+    mark = (conn._rx, conn._resumed,
+            transport.get_write_buffer_size() if transport is not None else 0)
+    moved = mark[:2] != w.moved[:2] or mark[2] < w.moved[2]
     w.moved = mark
     return moved
 

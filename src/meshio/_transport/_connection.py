@@ -456,6 +456,8 @@ class Connection(asyncio.BufferedProtocol):
         self._waiting = False  # paused until the receive budget grants it
         self._beat: asyncio.TimerHandle | None = None  # while _waiting: see _BEAT
         self._rx = self._rx_seen = 0  # bytes received; as of the stall timer's start
+        #: times the transport resumed our writing: it sent what it held, the peer reads
+        self._resumed = 0
         self._socket = False  # a socket's (another process's), not in memory
         self._stall: asyncio.TimerHandle | None = None
         #: large values to and from a process of this host (:mod:`._bulk`)
@@ -692,6 +694,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._resumed += 1
         if self._marks is not None and self.transport is not None:
             low, high = self._marks
             self._marks = None
