@@ -9,6 +9,7 @@ when it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ import pytest
 
 import meshio
 from meshio import Actor, endpoint
+from meshio.jobs import ProcessJob
+from test_large_frames import _tls
 
 #: the script's own bound on the call; the test's bound on the script
 DEADLINE = 240
@@ -162,17 +165,23 @@ def slow_copies() -> None:
 
 def slow_reads() -> None:
     """A bootstrap (pickled by reference): this process reads what comes in
-    at 16 MiB/s, as a worker on a crowded core, or behind a slow link, does."""
+    at 16 MiB/s, 64 KiB at a time, as a worker on a crowded core, or behind
+    a slow link, does."""
     import time
 
     from meshio._transport import _connection
 
+    get_buffer = _connection.Connection.get_buffer
     update = _connection.Connection.buffer_updated
+
+    def small(self: Any, sizehint: int) -> memoryview:
+        return get_buffer(self, sizehint)[:64 << 10]
 
     def slow(self: Any, nbytes: int) -> None:
         time.sleep(nbytes / (16 << 20))
         update(self, nbytes)
 
+    _connection.Connection.get_buffer = small  # type: ignore[method-assign]
     _connection.Connection.buffer_updated = slow  # type: ignore[method-assign]
 
 
@@ -223,18 +232,29 @@ async def test_heartbeats_pass_while_a_result_is_copied() -> None:
         assert procs.pids == pids
 
 
-async def test_heartbeats_pass_while_a_long_frame_streams() -> None:
-    """A large ``str`` (it travels in the stream, as values between hosts
-    do) to a worker that reads slowly takes many heartbeat timeouts; the
-    worker's pong waits behind it, but the data moving proves the worker
-    alive: no restart."""
+@pytest.mark.parametrize("path", ["unix", "tcp", "tls"])
+async def test_heartbeats_pass_while_a_long_frame_streams(path: str, tmp_path: Path) -> None:
+    """A large value that travels in the stream (a ``str`` on this host;
+    any value to another host, here over loopback TCP, plain or TLS) to a
+    worker that reads slowly takes many heartbeat timeouts; our ping waits
+    behind it, but the data moving proves the worker alive: no restart."""
     sup = meshio.Supervisor("one_for_one", **FAST_BEATS)
-    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup,
-                                              bootstrap=slow_reads) as procs:
+    n = 40 << 20  # 2.5 s: 8 heartbeat timeouts
+    async with contextlib.AsyncExitStack() as stack:
+        if path == "unix":
+            host = meshio.this_host()
+        else:
+            job = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio",
+                             tls=_tls(tmp_path) if path == "tls" else None)
+            stack.push_async_callback(job.kill)
+            host = (await job.state()).hosts
+        procs = await stack.enter_async_context(host.spawn_procs(
+            per_host={"procs": 1}, supervisor=sup, bootstrap=slow_reads))
         keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
         pids = procs.pids
-        n = 40 << 20  # 2.5 s: 8 heartbeat timeouts
-        assert await asyncio.wait_for(keeper.text.call_one("t" * n), GUARD) == n
+        call = keeper.text.call_one("t" * n) if path == "unix" else keeper.length.call_one(
+            b"t" * n)
+        assert await asyncio.wait_for(call, GUARD) == n
         assert procs.pids == pids
 
 
