@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import meshio
+from fifo_gate import Gate, hold
 from meshio import Actor, endpoint
 from meshio._transport import _bulk
 from meshio.jobs import ProcessJob
@@ -270,16 +271,14 @@ def test_a_write_into_a_killed_receiver_fails_cleanly() -> None:
 
 
 def stalled_writes() -> None:
-    """A bootstrap: this process's writes of large values into another never
-    end (the thread waits; the process can only be killed), and each says it
-    began by a byte into the named pipe ``BULK_TEST_FIFO``."""
-    import threading
+    """A bootstrap: this process's writes of large values into another say
+    they began and never end (held at the :class:`fifo_gate.Gate` in
+    ``BULK_TEST_GATE``, which the test never opens: the process can only be
+    killed)."""
+    folder = os.environ["BULK_TEST_GATE"]
 
     def stalled(*args: Any) -> None:
-        fd = os.open(os.environ["BULK_TEST_FIFO"], os.O_WRONLY)
-        os.write(fd, b"w")
-        os.close(fd)
-        threading.Event().wait()
+        hold(os.path.join(folder, "ready"), os.path.join(folder, "release"))
 
     _bulk.cma = stalled
 
@@ -289,24 +288,15 @@ async def test_a_worker_killed_while_writing_a_result(tmp_path: Path) -> None:
     the call fails with a SupervisionError naming the lost process (the
     controller drops the frame it held memory for), and the controller's
     other meshes are served as before."""
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
+    gate = Gate(tmp_path)
     async with meshio.this_host().spawn_procs(
-            per_host={"procs": 1}, env={"BULK_TEST_FIFO": str(fifo)},
+            per_host={"procs": 1}, env={"BULK_TEST_GATE": str(tmp_path)},
             bootstrap=stalled_writes) as writer, \
             meshio.this_host().spawn_procs(per_host={"procs": 1}) as healthy:
         s = (await writer.spawn("store", Store)).slice(procs=0)
         await s.keep.call_one(torch.ones(4 * MiB))
         call = asyncio.ensure_future(s.weights.call_one())
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            loop = asyncio.get_running_loop()
-            began = loop.create_future()
-            loop.add_reader(fd, lambda: began.done() or began.set_result(os.read(fd, 1)))
-            assert await asyncio.wait_for(began, GUARD) == b"w"  # the write is under way
-            loop.remove_reader(fd)
-        finally:
-            os.close(fd)
+        await gate.wait_held(GUARD)  # the write is under way
         os.kill(writer.pids[0], signal.SIGKILL)
         with pytest.raises(meshio.SupervisionError, match=r"Store\.weights"):
             await asyncio.wait_for(call, GUARD)

@@ -462,19 +462,27 @@ def control(msg: M.Message) -> bytes:
     return frame_header(len(body), []) + body
 
 
+def call_body(req: int) -> bytes:
+    return M.encode_message(M.Call(req, "t", "method", msgspec.Raw(b"\x80")))
+
+
 def described_call(req: int, eid: int, n: int = _bulk.THRESHOLD, start: int = 0) -> bytes:
     """A call whose one buffer travels by descriptor: export ``eid``, ``n``
     bytes from byte ``start`` of a cache line, written by the sender."""
-    msg = M.encode_message(M.Call(req, "t", "method", msgspec.Raw(b"\x80")))
+    msg = call_body(req)
     kind = (KIND_BUFFER | _bulk.REMOTE) << 56
     return (frame_header(len(msg), [(b"", KIND_BYTEARRAY)])[:8]
             + struct.pack("<Q", kind | _bulk._DESC.size) + msg + _bulk._DESC.pack(eid, n, start))
 
 
+def sent_messages(transport: FakeTransport) -> list[M.Message]:
+    """The messages the connection wrote (small frames, one each)."""
+    return [M.decode_message(w[8:]) for w in transport.written]
+
+
 def fills(transport: FakeTransport) -> list[M.Message]:
-    """The ``Fill`` messages the connection wrote (small frames, one each)."""
-    sent = [M.decode_message(w[8:]) for w in transport.written]
-    return [m for m in sent if isinstance(m, M.Fill)]
+    """The ``Fill`` messages the connection wrote."""
+    return [m for m in sent_messages(transport) if isinstance(m, M.Fill)]
 
 
 @contextlib.contextmanager
@@ -518,8 +526,8 @@ def test_a_frame_before_filled_drops_the_connection() -> None:
         feed(conn, transport, described_call(1, 5) + VALID[0] + control(M.Filled(5)), [])
         rt.loop.run_due()
         assert conn.closed and rt.got == []
-        sent = [M.decode_message(w[8:]) for w in transport.written]
-        assert any(isinstance(m, M.Fail) and "export 5" in m.error.message for m in sent)
+        assert any(isinstance(m, M.Fail) and "export 5" in m.error.message
+                   for m in sent_messages(transport))
 
 
 @pytest.mark.parametrize("export, parts", [(2, 1), (1, 2), (9, 1)],
@@ -531,8 +539,7 @@ def test_a_fill_the_sender_cannot_serve_drops_the_connection(export: int, parts:
     is written into the peer, and the frames behind the gates never go."""
     with by_descriptor() as (rt, conn, transport):
         lent = [bytearray(b"a") * _bulk.THRESHOLD, bytearray(b"b") * _bulk.THRESHOLD]
-        body = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
-        done = [conn.send(body, [(buf, KIND_BYTEARRAY)]) for buf in lent]
+        done = [conn.send(call_body(1), [(buf, KIND_BYTEARRAY)]) for buf in lent]
         assert conn.waiting_export() == 1 and all(d is not None for d in done)
         sent = len(transport.written)  # the first frame, its descriptor: the second waits
         target = bytearray(_bulk.THRESHOLD)

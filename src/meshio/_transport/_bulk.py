@@ -402,9 +402,8 @@ class Exports:
         queued behind it go (:meth:`Connection.filled`).  A ``Fill`` that
         names another export than the one whose frame the peer has
         (:meth:`Connection.waiting_export`), or the wrong number of parts,
-        or a write
-        that fails (the peer died, or named memory it does not have) drops
-        the connection, before anything is written."""
+        drops the connection before anything is written; so does a write
+        that fails (the peer died, or named memory it does not have)."""
         waiting = conn.waiting_export()
         views = self.held.pop(msg.export, None) if msg.export == waiting else None
         if views is None or (msg.to and len(msg.to) != len(views)):

@@ -534,20 +534,22 @@ class Connection(asyncio.BufferedProtocol):
         self._queue.append(gate)
         return gate.done
 
-    def _first_gate(self) -> _Gate | None:
-        """The gate of the export whose frame the peer can have: the first."""
-        return next((g for g in self._queue or () if isinstance(g, _Gate)), None)
+    def _first_gate(self) -> tuple[int, _Gate] | None:
+        """Where in the write queue the first gate is, and the gate: that of
+        the export whose frame the peer can have."""
+        return next(((i, g) for i, g in enumerate(self._queue or ()) if isinstance(g, _Gate)),
+                    None)
 
     def waiting_export(self) -> int:
         """The export whose parts the peer is to ask for next (0: none)."""
-        gate = self._first_gate()
-        return 0 if gate is None else gate.eid
+        first = self._first_gate()
+        return 0 if first is None else first[1].eid
 
     def filled(self, written: bool) -> None:
         """The parts of :meth:`waiting_export` are in the peer
         (``written``), or it refused them: the frames behind them go, after
         a ``Filled`` if written."""
-        gate = cast(_Gate, self._first_gate())  # (Exports.fill checked it is there)
+        _, gate = cast(tuple[int, _Gate], self._first_gate())  # (Exports.fill checked it)
         if written:
             self.send_control(Filled(gate.eid))
         gate.open = True
@@ -559,14 +561,12 @@ class Connection(asyncio.BufferedProtocol):
         ``Ping`` and ``Pong`` keep no order with other frames, and the peer
         may wait on a ``Fill`` to let its own frames go; ``Filled`` belongs
         there, between its export's frame and what follows it."""
-        queue = self._queue
-        at = None if queue is None else next(
-            (i for i, item in enumerate(queue) if isinstance(item, _Gate)), None)
-        if queue is None or at is None:
+        first = self._first_gate()
+        if first is None:
             self.send_message(msg)
             return
         body = encode_message(msg)
-        queue.insert(at, frame_header(len(body), []) + body)
+        cast(deque[Any], self._queue).insert(first[0], frame_header(len(body), []) + body)
         self._drain()
 
     def send_message(self, msg: Message,
