@@ -48,13 +48,18 @@ def _parse(head: bytes) -> Request:
         ValueError: it is no HTTP request.
     """
     first, *lines = head.decode("latin-1").split("\r\n")
-    method, target, _version = first.split()
+    words = first.split()
+    if len(words) != 3 or not words[2].startswith("HTTP/"):
+        raise ValueError(f"request line {first[:60]!r} is not 'METHOD TARGET HTTP/VERSION'")
+    method, target, _version = words
     headers: dict[str, str] = {}
     for line in lines:
         if line:
-            name, _, value = line.partition(":")
+            name, colon, value = line.partition(":")
+            if not colon or not name.strip():
+                raise ValueError(f"header line {line[:60]!r} is not 'NAME: VALUE'")
             headers[name.strip().lower()] = value.strip()
-    url = urlsplit(target)
+    url = urlsplit(target)  # (ValueError: a malformed host, as "http://[")
     return Request(method, url.path, {k: v[0] for k, v in parse_qs(url.query).items()},
                    headers)
 
@@ -66,6 +71,14 @@ def response_head(status: str, content_type: str, length: int | None = None,
     size = "" if length is None else f"Content-Length: {length}\r\n"
     return (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{size}"
             f"Cache-Control: no-store\r\n{extra}Connection: close\r\n\r\n").encode()
+
+
+def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:
+    """Answer a request that gets nothing else with ``status`` and why
+    (plain text, at most 200 characters of ``why``)."""
+    body = f"{status}: {why[:200]}\n".encode()
+    writer.write(response_head(status, "text/plain; charset=utf-8", len(body),
+                               "X-Content-Type-Options: nosniff\r\n") + body)
 
 
 def start(cls: type[_S], port: int, host: str, who: str) -> _S:
@@ -158,17 +171,25 @@ class HTTPServer:
         assert task is not None
         self._answering.add(task)
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
-            request = _parse(head)
-            if request.method != "GET":
-                body = b"GET only\n"
-                writer.write(response_head("405 Method Not Allowed", "text/plain", len(body))
-                             + body)
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+                request = _parse(head)
+            except asyncio.LimitOverrunError:
+                _refuse(writer, "431 Request Header Fields Too Large",
+                        f"a request's head is at most {MAX_REQUEST} bytes")
+            except TimeoutError:
+                _refuse(writer, "408 Request Timeout",
+                        f"no request's head within {REQUEST_TIMEOUT:g} s")
+            except ValueError as e:
+                _refuse(writer, "400 Bad Request", f"not an HTTP request ({e})")
             else:
-                await self._respond(request, writer)
+                if request.method != "GET":
+                    _refuse(writer, "405 Method Not Allowed", f"GET only, not {request.method}")
+                else:
+                    await self._respond(request, writer)
             await writer.drain()
-        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
-            pass  # a client that went away or sent no HTTP request: nothing to answer
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # a client that went away: nothing to answer
         finally:
             self._answering.discard(task)
             writer.close()

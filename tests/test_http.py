@@ -1,0 +1,107 @@
+"""The small HTTP server under ``serve_metrics`` and ``serve_dashboard``
+against what any client on the network may send: a request that is no
+HTTP, a head over the size limit, a method other than GET, no request at
+all.  Each gets a status that says what was wrong (400, 431, 405, 408) and
+nothing is logged as an unhandled error; the server answers the next
+request.  Its request-head parser, fuzzed: any bytes give a request or a
+``ValueError``, and well-formed heads parse to what they say."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import string
+from urllib.parse import urlencode
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import meshio
+from meshio import _http
+
+GUARD = 30.0
+
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+#: what each request gets: its status and a phrase of the body
+HOSTILE = [
+    (b"garbage\r\n\r\n", "400 Bad Request", "'METHOD TARGET HTTP/VERSION'"),
+    (b"\xff\xfe\x00\r\n\r\n", "400 Bad Request", "'METHOD TARGET HTTP/VERSION'"),
+    (b"GET /metrics SPDY/3\r\n\r\n", "400 Bad Request", "'METHOD TARGET HTTP/VERSION'"),
+    (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", "400 Bad Request", "'NAME: VALUE'"),
+    (b"GET http://[ HTTP/1.1\r\n\r\n", "400 Bad Request", "not an HTTP request"),
+    (b"A" * (_http.MAX_REQUEST + 10), "431 Request Header Fields Too Large",
+     f"at most {_http.MAX_REQUEST} bytes"),
+    (b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: " + b"p" * _http.MAX_REQUEST + b"\r\n\r\n",
+     "431 Request Header Fields Too Large", f"at most {_http.MAX_REQUEST} bytes"),
+    (b"POST /metrics HTTP/1.1\r\n\r\n", "405 Method Not Allowed", "GET only, not POST"),
+]
+
+
+async def exchange(port: int, request: bytes, *, send_eof: bool = True) -> bytes:
+    """Send ``request`` and read the answer until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        if send_eof:
+            writer.write_eof()
+        return await asyncio.wait_for(reader.read(), GUARD)
+    finally:
+        writer.close()
+
+
+def status_and_body(answer: bytes) -> tuple[str, str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0].decode().removeprefix("HTTP/1.1 "), body.decode()
+
+
+async def test_hostile_requests_get_a_status_saying_what_was_wrong(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(_http, "REQUEST_TIMEOUT", 0.3)
+    caplog.set_level(logging.ERROR)
+    async with meshio.serve_metrics(0) as server:
+        for request, status, phrase in HOSTILE:
+            got, body = status_and_body(await exchange(server.port, request))
+            assert (got, phrase in body) == (status, True), (request[:40], got, body)
+        # a client that connects and sends nothing (its connection held open)
+        got, body = status_and_body(await exchange(server.port, b"", send_eof=False))
+        assert got == "408 Request Timeout" and "0.3 s" in body, body
+        # the server goes on answering
+        got, body = status_and_body(await exchange(server.port, b"GET /metrics HTTP/1.1\r\n\r\n"))
+        assert got == "200 OK" and "meshio_" in body
+    gc.collect()  # (a task's exception nobody retrieved is logged when it is collected)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+@FUZZ
+@given(head=st.binary(max_size=512))
+def test_any_bytes_parse_to_a_request_or_a_value_error(head: bytes) -> None:
+    try:
+        request = _http._parse(head)
+    except ValueError:
+        return
+    assert isinstance(request, _http.Request)
+
+
+_TOKEN = st.text(string.ascii_letters + string.digits + "-!#$&'*+.^_`|~", min_size=1,
+                 max_size=12)
+_WORD = st.text(string.ascii_letters + string.digits + "-._~", min_size=1, max_size=12)
+_VALUE = st.text(string.ascii_letters + string.digits + " -._~=/:;,", max_size=30).map(
+    str.strip)
+
+
+@FUZZ
+@given(method=_TOKEN, path=st.lists(_WORD, max_size=4).map(lambda ws: "/" + "/".join(ws)),
+       query=st.dictionaries(_WORD, _WORD, max_size=3),
+       headers=st.dictionaries(_TOKEN.map(str.lower), _VALUE, max_size=5))
+def test_a_well_formed_head_parses_to_what_it_says(
+        method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> None:
+    target = path + ("?" + urlencode(query) if query else "")
+    head = (f"{method} {target} HTTP/1.1\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            + "\r\n").encode()
+    assert _http._parse(head) == _http.Request(method, path, query, headers)
