@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from fuzz import FUZZ
 from meshio import AuthenticationError
 from meshio._transport._handshake import (
     CHALLENGE_SIZE,
@@ -20,9 +21,6 @@ from meshio._transport._handshake import (
     PROOF_SIZE,
     Handshake,
 )
-
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
 
 SECRET = b"s" * 32
 END = "tcp://127.0.0.1:4000"

@@ -15,16 +15,14 @@ import string
 from urllib.parse import urlencode
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import meshio
+from fuzz import FUZZ
 from meshio import _http
 
 GUARD = 30.0
-
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
 
 #: what each request gets: its status and a phrase of the body
 HOSTILE = [

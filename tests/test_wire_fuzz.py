@@ -24,9 +24,10 @@ from typing import Any
 import msgspec
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from fuzz import FUZZ
 from meshio import SchemaError
 from meshio._port import PortReceiver
 from meshio._transport import _bulk
@@ -44,9 +45,6 @@ from meshio._transport._serial import (
     limits,
 )
 from meshio.endpoints._schema import Schema
-
-FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow])
 
 MAX_MESSAGE = 1 << 20  # small limits, so that the fuzzer reaches them
 BUDGET = 3 << 19
