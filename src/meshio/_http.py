@@ -180,6 +180,8 @@ class HTTPServer:
             except TimeoutError:
                 _refuse(writer, "408 Request Timeout",
                         f"no request's head within {REQUEST_TIMEOUT:g} s")
+            except asyncio.IncompleteReadError:
+                _refuse(writer, "400 Bad Request", "the request's head ends before its blank line")
             except ValueError as e:
                 _refuse(writer, "400 Bad Request", f"not an HTTP request ({e})")
             else:
@@ -188,7 +190,7 @@ class HTTPServer:
                 else:
                     await self._respond(request, writer)
             await writer.drain()
-        except (OSError, asyncio.IncompleteReadError):
+        except OSError:
             pass  # a client that went away: nothing to answer
         finally:
             self._answering.discard(task)
