@@ -35,8 +35,6 @@ HOSTILE = [
     (b"A" * (_http.MAX_REQUEST + 4), "431 Request Header Fields Too Large",
      f"at most {_http.MAX_REQUEST} bytes"),
     (b"GET /metrics HTTP/1.1\r\nHost: x\r\n", "400 Bad Request", "ends before its blank line"),
-    (b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: " + b"p" * _http.MAX_REQUEST + b"\r\n\r\n",
-     "431 Request Header Fields Too Large", f"at most {_http.MAX_REQUEST} bytes"),
     (b"POST /metrics HTTP/1.1\r\n\r\n", "405 Method Not Allowed", "GET only, not POST"),
 ]
 
