@@ -3,7 +3,8 @@ against what any client on the network may send: a request that is no
 HTTP, a head over the size limit, a method other than GET, no request at
 all.  Each gets a status that says what was wrong (400, 431, 405, 408) and
 nothing is logged as an unhandled error; the server answers the next
-request.  Its request-head parser, fuzzed: any bytes give a request or a
+request.  An answer that fails (a bug of the server's own) is a 500,
+logged by meshio.  Its request-head parser, fuzzed: any bytes give a request or a
 ``ValueError``, and well-formed heads parse to what they say."""
 
 from __future__ import annotations
@@ -73,6 +74,30 @@ async def test_hostile_requests_get_a_status_saying_what_was_wrong(
         assert got == "200 OK" and "meshio_" in body
     gc.collect()  # (a task's exception nobody retrieved is logged when it is collected)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+class Failing(_http.HTTPServer):
+    """A server whose answer to ``/boom`` fails (a bug of its own)."""
+
+    async def _respond(self, request: _http.Request, writer: asyncio.StreamWriter) -> None:
+        if request.path == "/boom":
+            raise RuntimeError("boom")
+        writer.write(_http.response_head("200 OK", "text/plain", 3) + b"ok\n")
+
+
+async def test_a_failing_answer_is_a_500_logged_by_meshio_and_the_server_serves_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    async with _http.start(Failing, 0, "127.0.0.1", "test") as server:
+        got, body = status_and_body(await exchange(server.port, b"GET /boom HTTP/1.1\r\n\r\n"))
+        assert (got, body) == ("500 Internal Server Error",
+                               "500 Internal Server Error: RuntimeError: boom\n")
+        got, body = status_and_body(await exchange(server.port, b"GET / HTTP/1.1\r\n\r\n"))
+        assert (got, body) == ("200 OK", "ok\n")
+    gc.collect()
+    errors = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [("meshio", f"meshio: answering GET /boom on http://127.0.0.1:{server.port}"
+                                 " failed")], errors
 
 
 @FUZZ

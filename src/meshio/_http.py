@@ -11,6 +11,7 @@ Subclasses say what each request gets (``_respond``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from dataclasses import dataclass
 from types import TracebackType
@@ -22,6 +23,8 @@ from ._transport._tasks import awaited
 __all__ = ("HTTPServer", "Request", "response_head", "start")
 
 _S = TypeVar("_S", bound="HTTPServer")
+
+log = logging.getLogger("meshio")
 
 #: seconds a client has to send its request
 REQUEST_TIMEOUT = 10.0
@@ -166,6 +169,17 @@ class HTTPServer:
         """Write the response to ``request`` (the connection is closed after)."""
         raise NotImplementedError
 
+    async def _answer_get(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        """:meth:`_respond`; a failure of its own (a bug) is logged and
+        answered with 500, and the server serves on."""
+        try:
+            await self._respond(request, writer)
+        except OSError:
+            raise  # (the client went away)
+        except Exception as e:
+            log.exception("meshio: answering GET %s on %s failed", request.path, self._base())
+            _refuse(writer, "500 Internal Server Error", f"{type(e).__name__}: {e}")
+
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -188,7 +202,7 @@ class HTTPServer:
                 if request.method != "GET":
                     _refuse(writer, "405 Method Not Allowed", f"GET only, not {request.method}")
                 else:
-                    await self._respond(request, writer)
+                    await self._answer_get(request, writer)
             await writer.drain()
         except OSError:
             pass  # a client that went away: nothing to answer
