@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from ._checks import is_number
 from ._exceptions import UnknownProcMeshError
 from ._inspect import private_dir
 
@@ -94,7 +95,7 @@ def check_keep_alive(keep_alive: object) -> float | None:
     """
     if keep_alive is None:
         return None
-    if isinstance(keep_alive, bool) or not isinstance(keep_alive, (int, float)):
+    if not is_number(keep_alive):
         raise TypeError(f"spawn_procs: keep_alive must be seconds (a number) or None, got "
                         f"{type(keep_alive).__name__} {keep_alive!r}")
     if not 0 < keep_alive < float("inf"):

@@ -15,6 +15,7 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
+from ._checks import is_number
 from ._constants import PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
@@ -106,7 +107,7 @@ class ProcMesh(MeshShape):
                                  f"'temporary', got {restart!r}")
             options = replace(options, restart=restart)
         if stall_after is not None:
-            if not isinstance(stall_after, (int, float)) or not 0 < stall_after < math.inf:
+            if not (is_number(stall_after) and 0 < stall_after < math.inf):
                 raise ValueError(f"options(stall_after=...) must be a positive number of "
                                  f"seconds, got {stall_after!r}")
             options = replace(options, stall_after=float(stall_after))
@@ -826,14 +827,12 @@ class HostMesh(MeshShape):
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
-        if shutdown != "brutal_kill" and not (
-                isinstance(shutdown, (int, float)) and shutdown >= 0):
+        if shutdown != "brutal_kill" and not (is_number(shutdown) and shutdown >= 0):
             raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
                              f"got {shutdown!r}")
         for arg, value in (("heartbeat_interval", heartbeat_interval),
                            ("heartbeat_timeout", heartbeat_timeout)):
-            if (value is not None or arg == "heartbeat_interval") and (
-                    isinstance(value, bool) or not isinstance(value, (int, float))):
+            if (value is not None or arg == "heartbeat_interval") and not is_number(value):
                 raise TypeError(f"spawn_procs: {arg} must be a number of seconds, "
                                 f"got {type(value).__name__} {value!r}")
         if heartbeat_timeout is None:
@@ -841,8 +840,7 @@ class HostMesh(MeshShape):
         if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
             raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
-        if (isinstance(partition_timeout, bool) or not isinstance(partition_timeout, (int, float))
-                or not 0 < partition_timeout < math.inf):
+        if not (is_number(partition_timeout) and 0 < partition_timeout < math.inf):
             raise ValueError(f"spawn_procs: partition_timeout must be seconds > 0, got "
                              f"{type(partition_timeout).__name__} {partition_timeout!r}")
         env = check_env({} if env is None else env)

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
+from .._checks import is_number
 from .._exceptions import (
     AuthenticationError,
     ClosedResourceError,
@@ -719,7 +720,7 @@ async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Messag
     Raises:
         ValueError: ``timeout`` is not a positive number.
     """
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if not (is_number(timeout) and timeout > 0):
         raise ValueError(f"{what.removesuffix('()')}(timeout=...) must be seconds > 0, "
                          f"got {timeout!r}")
     futs: list[asyncio.Future[_T]] = []

@@ -38,6 +38,7 @@ from typing import (
     overload,
 )
 
+from .._checks import is_number
 from .._context import _scope
 from .._exceptions import (
     CallTimeout,
@@ -373,7 +374,7 @@ class Endpoint(Generic[P, R]):
             ValueError: ``timeout`` is not a positive number, or ``on_full``
                 is neither ``"wait"`` nor ``"raise"``.
         """
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
             raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
         if on_full is None:
             on_full = self._on_full

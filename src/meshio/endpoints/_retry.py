@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from .._checks import is_number
 from .._exceptions import ActorError, SupervisionError
 
 __all__ = ("PROCESS_DEATH", "Retry")
@@ -47,7 +48,7 @@ class Retry:
         if any(issubclass(t, asyncio.CancelledError) for t in self.on):
             raise ValueError("Retry(on=...) cannot retry CancelledError: a cancelled call is "
                              "given up, not failed")
-        if not isinstance(self.backoff, (int, float)) or not self.backoff >= 0:
+        if not (is_number(self.backoff) and self.backoff >= 0):
             raise ValueError(f"Retry(backoff=...) must be a number >= 0, got {self.backoff!r}")
 
     def matches(self, error: BaseException) -> bool:

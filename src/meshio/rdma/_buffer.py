@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from .._checks import is_number
 from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
@@ -181,9 +182,12 @@ class RDMABuffer:
         Args:
             timeout: seconds before a transfer (any backend) or :meth:`drop`
                 raises :class:`~meshio.CallTimeout`.
+
+        Raises:
+            ValueError: ``timeout`` is not a number of seconds > 0.
         """
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"options(timeout=...) must be positive, got {timeout!r}")
+        if timeout is not None and not (is_number(timeout) and timeout > 0):
+            raise ValueError(f"options(timeout=...) must be seconds > 0, got {timeout!r}")
         return RDMABuffer._from_handle(self._handle, timeout)
 
     # ------------------------------------------------------- transfers

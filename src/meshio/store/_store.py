@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
+from .._checks import is_number
 from .._context import _context
 from .._exceptions import MeshioError
 from .._transport._bulk import HOST_ID, address_of, cma, executor, pin_for_cuda, pool_view
@@ -607,7 +608,7 @@ class WeightStore:
         relay of this host, or from the owner when the relay fails."""
         if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
             raise TypeError(f"WeightStore.read: at_least must be an int >= 0, got {at_least!r}")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout >= 0):
+        if timeout is not None and not (is_number(timeout) and timeout >= 0):
             raise ValueError(f"WeightStore.read: timeout must be seconds >= 0, got {timeout!r}")
         try:
             async with _Lease(self, at_least or 0, timeout, relayed=True) as held:

@@ -27,6 +27,7 @@ import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
+from .._checks import is_number
 from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
@@ -133,6 +134,11 @@ class Supervisor:
             children stay stopped, and :attr:`failure` and :meth:`wait_failed`
             still report it). If it raises, the exception is logged and the
             escalation goes on.
+
+    Raises:
+        ValueError: an argument is out of its range or not of its kind
+            (seconds: an int or float > 0, not a bool or NaN), named in the
+            message.
     """
 
     def __init__(
@@ -152,15 +158,20 @@ class Supervisor:
     ) -> None:
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
-        if not isinstance(max_restarts, int) or max_restarts < 0:
+        if type(max_restarts) is not int or max_restarts < 0:
             raise ValueError(f"Supervisor: max_restarts must be an int >= 0, got {max_restarts!r}")
-        if not within > 0:
+        if not (is_number(within) and within > 0):
             raise ValueError(f"Supervisor: within must be > 0 seconds, got {within!r}")
         if type(poison_after) is not int or poison_after < 1:
             raise ValueError(f"Supervisor: poison_after must be an int >= 1, got {poison_after!r}")
-        if not heartbeat_interval > 0:
+        if not (is_number(heartbeat_interval) and heartbeat_interval > 0):
             raise ValueError(
-                f"Supervisor: heartbeat_interval must be > 0, got {heartbeat_interval!r}")
+                f"Supervisor: heartbeat_interval must be > 0 seconds, got {heartbeat_interval!r}")
+        if heartbeat_timeout is not None and not (
+                is_number(heartbeat_timeout) and heartbeat_timeout > 0):
+            raise ValueError(
+                f"Supervisor: heartbeat_timeout must be > 0 seconds or None, got "
+                f"{heartbeat_timeout!r}")
         self.strategy: Strategy = strategy
         self.max_restarts: int = max_restarts
         self.within: float = within

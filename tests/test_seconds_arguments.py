@@ -1,0 +1,94 @@
+"""Every public argument that is a number of seconds refuses what is none:
+NaN (which compares false with everything, so a bare ``> 0`` let it
+through: ``options(timeout=nan)`` made every call time out at once,
+"within nans"), a bool (an int to Python: ``True`` was one second), a
+string or None where a number is due (an unclear ``TypeError`` from a
+comparison), and out-of-range values, with the error its function documents
+naming the argument, before anything is sent or started."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import meshio
+from meshio import Actor, RDMABuffer, endpoint
+
+NAN = math.nan
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+
+#: (what, the call with a bad value, the bad values, the error, a phrase of its
+#: message); called on the loop (an RDMABuffer registers with its runtime)
+SYNC: list[tuple[str, Callable[[Any], object], tuple[object, ...], type[Exception], str]] = [
+    ("RDMABuffer.options(timeout)", lambda v: RDMABuffer(bytearray(8)).options(timeout=v),
+     (NAN, True, "1", 0, -1.0), ValueError, "options(timeout=...) must be seconds > 0"),
+    ("Supervisor(within)", lambda v: meshio.Supervisor(within=v),
+     (NAN, True, "1", None, 0), ValueError, "within must be > 0 seconds"),
+    ("Supervisor(heartbeat_interval)", lambda v: meshio.Supervisor(heartbeat_interval=v),
+     (NAN, True, "1", None, 0), ValueError, "heartbeat_interval must be > 0 seconds"),
+    ("Supervisor(heartbeat_timeout)", lambda v: meshio.Supervisor(heartbeat_timeout=v),
+     (NAN, True, "1", 0, -1.0), ValueError, "heartbeat_timeout must be > 0 seconds or None"),
+    ("Supervisor(max_restarts)", lambda v: meshio.Supervisor(max_restarts=v),
+     (True, 1.0, "1", -1), ValueError, "max_restarts must be an int >= 0"),
+    ("Retry(backoff)", lambda v: meshio.Retry(backoff=v),
+     (NAN, True, "1", -1.0), ValueError, "Retry(backoff=...) must be a number >= 0"),
+]
+
+#: the same for spawn_procs, checked when awaited, before any process starts
+SPAWN: list[tuple[str, tuple[object, ...], type[Exception], str]] = [
+    ("shutdown", (NAN, True, "1", -1.0), ValueError,
+     "shutdown must be 'brutal_kill' or seconds >= 0"),
+    ("heartbeat_interval", (True, "1", None), TypeError,
+     "heartbeat_interval must be a number of seconds"),
+    ("heartbeat_timeout", (NAN, 0, -1.0), ValueError, "must be > 0"),
+    ("partition_timeout", (NAN, True, "1", math.inf, 0), ValueError,
+     "partition_timeout must be seconds > 0"),
+    ("keep_alive", (True, "1"), TypeError, "keep_alive must be seconds"),
+    ("keep_alive", (NAN, math.inf, 0), ValueError, "keep_alive must be seconds > 0"),
+]
+
+
+@pytest.mark.parametrize(("what", "make", "bad", "error", "phrase"), SYNC,
+                         ids=[row[0] for row in SYNC])
+async def test_a_seconds_argument_refuses_what_is_no_seconds(
+        what: str, make: Callable[[Any], object], bad: tuple[object, ...],
+        error: type[Exception], phrase: str) -> None:
+    for value in bad:
+        with pytest.raises(error) as refused:
+            make(value)
+        assert phrase in str(refused.value) and repr(value) in str(refused.value), (
+            what, value, str(refused.value))
+
+
+@pytest.mark.parametrize(("arg", "bad", "error", "phrase"), SPAWN,
+                         ids=[f"{row[0]}-{row[2].__name__}" for row in SPAWN])
+async def test_spawn_procs_refuses_what_is_no_seconds(
+        arg: str, bad: tuple[object, ...], error: type[Exception], phrase: str) -> None:
+    for value in bad:
+        spawn: Callable[..., Awaitable[meshio.ProcMesh]] = meshio.this_host().spawn_procs
+        with pytest.raises(error, match=rf"spawn_procs: .*{phrase}") as refused:
+            await spawn(per_host={"procs": 1}, **{arg: value})
+        assert repr(value) in str(refused.value), (arg, value, str(refused.value))
+
+
+async def test_the_options_of_calls_and_meshes_refuse_what_is_no_seconds(
+        procs: meshio.ProcMesh) -> None:
+    echo = await procs.spawn("echo", Echo)
+    for value in (NAN, True, "1", 0, -1.0):
+        with pytest.raises(ValueError, match=r"options\(timeout=...\) must be a positive number"):
+            echo.echo.options(timeout=value)  # type: ignore[arg-type]
+    for value in (NAN, True, "1", 0, math.inf):
+        with pytest.raises(ValueError, match=r"options\(stall_after=...\) must be a positive"):
+            procs.options(stall_after=value)  # type: ignore[arg-type]
+    # what is seconds still is (infinity: no bound), and calls go on as before
+    assert set((await echo.echo.options(timeout=math.inf).call(3)).values()) == {3}
+    assert set((await echo.echo.options(timeout=30).call(4)).values()) == {4}
