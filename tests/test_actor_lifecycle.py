@@ -24,6 +24,7 @@ import pytest
 from supervision_helpers import Events
 
 import meshio
+from fifo_gate import Gate, hold
 from meshio import (
     Actor,
     ActorError,
@@ -405,6 +406,51 @@ async def test_cancelled_failing_calls_leave_no_unretrieved_exceptions(
     # every reply to those calls has arrived once this one has
     await asyncio.wait_for(w.count.call(), GUARD)
     del futs
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+class Held(Actor):
+    """Its constructor holds at the gate in the folder ``gate`` (if given);
+    its cleanup says so through the FIFO ``cleaned`` (if given)."""
+
+    def __init__(self, gate: str, cleaned: str) -> None:
+        if gate:
+            hold(os.path.join(gate, "ready"), os.path.join(gate, "release"))
+        self.cleaned = cleaned
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        if self.cleaned:
+            os.close(os.open(self.cleaned, os.O_WRONLY))  # (until the test reads)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_a_cancelled_spawn_frees_its_name_and_stops_what_it_built(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A spawn given up while its constructor runs (a timeout around it, a
+    cancelled task): the name is free at once for a new spawn, and the actor
+    it was building is stopped once built (its cleanup runs) instead of
+    replacing the new one; nothing is logged as never retrieved."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "cleaned").mkdir()
+    gate, cleaned = Gate(tmp_path / "gate"), Gate(tmp_path / "cleaned")
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        spawning = asyncio.ensure_future(
+            procs.spawn("held", Held, str(tmp_path / "gate"), cleaned.ready))
+        await gate.wait_held(GUARD)  # its constructor runs
+        spawning.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await spawning
+        again = await asyncio.wait_for(procs.spawn("held", Held, "", ""), GUARD)
+        pid = await asyncio.wait_for(again.pid.call_one(), GUARD)
+        await gate.open()  # the first constructor returns...
+        await cleaned.wait_held(GUARD)  # ...and that actor is stopped: its cleanup ran
+        assert await asyncio.wait_for(again.pid.call_one(), GUARD) == pid  # the new one serves
+        await asyncio.wait_for(again.stop(), GUARD)
     gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 

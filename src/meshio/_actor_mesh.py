@@ -134,6 +134,11 @@ class ActorMesh(MeshShape, Generic[A]):
         """Stop these actors (their processes keep running).  Stopping every
         actor of the mesh frees its name on the proc mesh, and a restart of
         their processes no longer rebuilds them."""
+        await self._stopping()
+
+    def _stopping(self) -> asyncio.Future[list[Any]]:
+        """Send :meth:`stop`'s messages now; done once every process has
+        answered (or is gone: never an exception)."""
         rt = self._route.runtime()
         rt.fanout.forget(self._target)
         procs = self._procs
@@ -147,7 +152,7 @@ class ActorMesh(MeshShape, Generic[A]):
                                         self._site(index)))
             conn.send_message(StopActor(req, self._target))
             futs.append(fut)
-        await asyncio.gather(*futs, return_exceptions=True)
+        return asyncio.gather(*futs, return_exceptions=True)
 
     async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
         """What these actors are doing now: the current Python stacks of each

@@ -773,16 +773,59 @@ def _thread_name(name: str, rank: int) -> str:
     return f"meshio-actor {name}[{rank}]"
 
 
+class Building:
+    """Per runtime: the actors whose constructor runs, by target, each with
+    the stops asked of it meanwhile (a ``StopActor`` that came first, as a
+    spawn its caller gave up on sends).  A stopped one is stopped once built
+    instead of taking calls, and its stops are answered then; its target is
+    free at once, for a new spawn of the same name."""
+
+    def __init__(self, rt: Runtime) -> None:
+        #: the construction under way of each target: the stops asked of it
+        self.stops: dict[str, list[tuple[Connection, int]]] = {}
+
+    def stop(self, target: str, conn: Connection, req: int) -> bool:
+        """Ask ``target``'s construction, if one runs, to stop once built
+        (answering ``req`` on ``conn`` then); False if none runs."""
+        stops = self.stops.pop(target, None)
+        if stops is None:
+            return False
+        stops.append((conn, req))
+        return True
+
+    def close(self) -> None:
+        self.stops.clear()
+
+
+def _built(building: Building, target: str, stops: list[tuple[Connection, int]]) -> bool:
+    """``target``'s construction (whose stops are ``stops``) has ended: True
+    if nobody asked it to stop meanwhile."""
+    if building.stops.get(target) is stops:
+        del building.stops[target]
+        return True
+    return False
+
+
+def _stopped_meanwhile(stops: list[tuple[Connection, int]]) -> None:
+    """Answer the stops asked of an actor while it was built."""
+    for conn, req in stops:
+        conn.send_message(Reply(req, MSGPACK_NIL))
+
+
 async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
     """Build the actor of a SpawnActor message and answer the spawner.  Its
     ``__init__`` (and a sync ``on_restart``) runs in the actor's thread, where
     its ``def`` endpoints will run, so thread-local state it sets (a
-    ``threading.local``, ``torch.set_grad_enabled``) is theirs."""
+    ``threading.local``, ``torch.set_grad_enabled``) is theirs.  Stopped
+    while built (:class:`Building`): stopped once built, never serving."""
     ctx: Context[Any] | None = None
     thread = ActorThread(rt, _thread_name(msg.name, msg.rank))
+    building = rt.state(Building)
+    stops: list[tuple[Connection, int]] = []
     try:
-        if msg.target in rt.actors:
+        if msg.target in rt.actors or msg.target in building.stops:
             raise ValueError(f"an actor mesh named {msg.name!r} already lives in this process")
+        building.stops[msg.target] = stops
         cls = loads(msg.cls, [], 0)
         mesh = loads(msg.mesh, [], 0)
         point = Region.full(msg.labels, msg.sizes).point(msg.rank)
@@ -804,12 +847,15 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
             _context.reset(token)
     except SchemaError as e:
         thread.close()
+        _built(building, msg.target, stops)
         conn.send_message(Fail(msg.req, actor_error(e, ctx, "schema")))
+        _stopped_meanwhile(stops)
         return
     except BaseException as e:  # SystemExit, KeyboardInterrupt too: the spawn fails
         thread.close()
         if _own_cancellation(e):
             raise
+        _built(building, msg.target, stops)
         if ctx is not None:  # what the constructor started goes with it
             await _stop_owned(ctx, f"{msg.name}[{msg.rank}]")
         info = actor_error(e, ctx)
@@ -817,10 +863,19 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
             info = ErrorInfo(info.kind, info.type_name, info.message, info.traceback,
                              msg.name, msg.rank)
         conn.send_message(Fail(msg.req, info))
+        _stopped_meanwhile(stops)
         return
-    rt.actors[msg.target] = ActorCell(rt, msg.target, ctx, instance, thread,
-                                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
-                                      msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
+    cell = ActorCell(rt, msg.target, ctx, instance, thread,
+                     msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
+                     msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
+    if not _built(building, msg.target, stops):  # stopped while built: stopped now
+        conn.send_message(Fail(msg.req, ErrorInfo(
+            "unknown_actor", "UnknownActorError",
+            f"actor {msg.name}[{msg.rank}] in process {os.getpid()} was stopped while its "
+            f"constructor ran; it was stopped once built", "", msg.name, msg.rank)))
+        cell.stop().add_done_callback(lambda _: _stopped_meanwhile(stops))
+        return
+    rt.actors[msg.target] = cell
     rt.state(StallWatch)  # (started with the first actor)
     # One turn first: the mailbox task's first step (scheduled before this
     # task's wake-up) sets it waiting, so that the first call, which may
@@ -901,7 +956,8 @@ def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> No
     rt.order.forget(msg.target)
     cell = rt.actors.pop(msg.target, None)
     if cell is None:
-        conn.send_message(Reply(msg.req, MSGPACK_NIL))
+        if not rt.state(Building).stop(msg.target, conn, msg.req):  # (else: once built)
+            conn.send_message(Reply(msg.req, MSGPACK_NIL))
     else:
         req = msg.req
         cell.stop().add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))

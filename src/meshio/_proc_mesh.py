@@ -249,7 +249,17 @@ class ProcMesh(MeshShape):
                                          labels, sizes, self._region.ranks,
                                          self._options, mesh if self._view is None else None,
                                          (cls.__module__, cls.__qualname__)))
-        await asyncio.wait(futs)
+        try:
+            await asyncio.wait(futs)
+        except asyncio.CancelledError:
+            # The caller gave up: each actor is stopped once built (a
+            # constructor cannot be interrupted), the name is free at once for
+            # a new spawn, and nothing waits on the answers.
+            for fut in futs:
+                fut.cancel()
+            mesh._stopping()
+            state.forget(name)
+            raise
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
             await mesh.stop()
