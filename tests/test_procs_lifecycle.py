@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import functools
 import gc
 import inspect
 import os
@@ -26,6 +27,7 @@ from supervision_helpers import next_event
 
 import meshio
 import meshio._transport._runtime
+from fifo_gate import Gate, hold
 from meshio import Actor, endpoint
 from meshio._transport._messages import ErrorInfo
 from meshio.supervision import ManualClock
@@ -585,3 +587,39 @@ async def test_slow_constructor_is_not_a_hang(
         assert procs.pids == [pid]
     assert sup is None or sup.failure is None
     assert "not responding" not in capsys.readouterr().err
+
+
+async def test_a_start_given_up_stops_its_processes(tmp_path: Path) -> None:
+    """The first await of what spawn_procs returned owns the start: cancelled
+    before the processes are up (``await asyncio.wait_for(host.spawn_procs(...),
+    60)`` timing out, where nobody holds the mesh to stop it), it stops them.
+    Before, they ran on until the controller exited, one more set per retry.
+    A call that awaits the start on its own (a spawn) does not own it."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    gates = [Gate(tmp_path / "a"), Gate(tmp_path / "b")]
+    host = meshio.this_host()
+
+    def held(gate: Gate) -> meshio.ProcMesh:
+        return host.spawn_procs(per_host={"procs": 1}, shutdown="brutal_kill",
+                                bootstrap=functools.partial(hold, gate.ready, gate.release))
+
+    procs = held(gates[0])
+    starting = asyncio.ensure_future(asyncio.wait_for(procs, DEADLINE))
+    await gates[0].wait_held(DEADLINE)  # its process runs the bootstrap: not up
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert procs.stopped and not child_pids()
+
+    procs = held(gates[1])
+    spawning = asyncio.ensure_future(procs.spawn("w", W))
+    await gates[1].wait_held(DEADLINE)
+    spawning.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await spawning
+    assert not procs.stopped
+    await gates[1].open()
+    async with procs:
+        w = await asyncio.wait_for(procs.spawn("w", W), DEADLINE)
+        assert await asyncio.wait_for(w.pid.call_one(), DEADLINE) in set(procs.pids)

@@ -48,14 +48,19 @@ class ProcMesh(MeshShape):
     Start one with ``this_host().spawn_procs(per_host={"gpus": 4})`` and
     either ``await`` it (then ``await procs.stop()``) or use it as
     ``async with ... as procs`` (stopped on exit, error or cancellation).
+    The first ``await`` of what ``spawn_procs`` returned owns the start, as
+    ``async with`` does: cancelled before the processes are up (a timeout
+    around it), it stops them.
     """
 
     def __init__(self, state: ProcState, region: Region | None,
-                 options: SpawnOptions = DEFAULT_OPTIONS) -> None:
+                 options: SpawnOptions = DEFAULT_OPTIONS, *, fresh: bool = False) -> None:
         self._state = state
         #: the points of a slice (None: the whole mesh, whatever its shape now)
         self._view = region
         self._options = options
+        #: what spawn_procs returned, not awaited yet: its first await owns the start
+        self._fresh = fresh
 
     @property
     def _region(self) -> Region:  # type: ignore[override]  # (read-only here)
@@ -129,11 +134,26 @@ class ProcMesh(MeshShape):
                                e.labels, e.sizes, self._region.ranks, self._options))
 
     def __await__(self) -> Generator[Any, None, ProcMesh]:
+        if self._fresh:
+            self._fresh = False
+            return self._start_owned().__await__()
         return self._wait_ready().__await__()
 
     async def _wait_ready(self) -> ProcMesh:
         await asyncio.shield(self._state.ready)
         return self
+
+    async def _start_owned(self) -> ProcMesh:
+        """The first await of what ``spawn_procs`` returned: cancelled before
+        the processes are up, it stops them (``await
+        asyncio.wait_for(host.spawn_procs(...), 60)`` timing out leaves no
+        process behind, and nobody holds one to stop it)."""
+        try:
+            return await self._wait_ready()
+        except asyncio.CancelledError:
+            if not self._state.ready.done():
+                await self.stop()
+            raise
 
     async def __aenter__(self) -> ProcMesh:
         try:
@@ -208,7 +228,7 @@ class ProcMesh(MeshShape):
         """:meth:`_spawn` with the constructor arguments packed already (a
         service's new replica gets those of the actors it copies)."""
         state = self._state
-        await self
+        await self._wait_ready()
         if state.stopped:
             raise SupervisionError(f"spawn {name!r}: proc mesh {state.name!r} was stopped; "
                                    f"spawn a new one", actor=state.name,
@@ -313,7 +333,7 @@ class ProcMesh(MeshShape):
         Raises:
             ValueError: ``timeout`` is not a positive number.
         """
-        await self
+        await self._wait_ready()
         state = self._state
         if state.stopped:
             return Stacks((), (f"proc mesh {state.name!r} was stopped",))
@@ -348,7 +368,7 @@ class ProcMesh(MeshShape):
                 :class:`ProcessStartError` if the mesh failed to start.
         """
         state = self._state
-        await self
+        await self._wait_ready()
         workers = [state.worker(grank) for grank in self._region.ranks]
         while waits := [w.ready for w in workers if not w.ready.done() or w.ready.exception()]:
             for fut in waits:  # each raises the error of a process that will not come back
@@ -365,7 +385,7 @@ class ProcMesh(MeshShape):
                 failed.
         """
         state = self._state
-        await self
+        await self._wait_ready()
         while True:
             for rank in self._region.ranks:
                 failure = state.failures.get(rank)
@@ -426,7 +446,7 @@ class ProcMesh(MeshShape):
         else:
             raise TypeError(f"replace: expected a rank (int) or a point's coordinates, got "
                             f"{type(rank_or_point).__name__} {rank_or_point!r}")
-        await self
+        await self._wait_ready()
         await self._state.replace(region.ranks[index])
 
     async def grow(self, **dim: int) -> None:
@@ -454,7 +474,7 @@ class ProcMesh(MeshShape):
             ActorError: a constructor raised on a new process.
         """
         name, by = self._resize_arg("grow", dim)
-        await self
+        await self._wait_ready()
         await self._state.grow(name, by)
 
     async def shrink(self, **dim: int) -> None:
@@ -480,7 +500,7 @@ class ProcMesh(MeshShape):
             raise ValueError(f"shrink({name}={by}): proc mesh {self._state.name!r} has "
                              f"{name}={self._region.extent[name]}; a dimension keeps at least "
                              f"1 point (stop the mesh to remove every process)")
-        await self
+        await self._wait_ready()
         await self._state.shrink(name, by)
 
     def _resize_arg(self, what: str, dims: Mapping[str, int]) -> tuple[str, int]:
@@ -913,7 +933,7 @@ class HostMesh(MeshShape):
             hosts = self._hosts
             hosts.elastic.append(state)
             state.on_release.append(lambda: hosts.elastic.remove(state))
-        return ProcMesh(state, None)
+        return ProcMesh(state, None, fresh=True)
 
     async def reattach(self, name: str, *, supervisor: Supervisor | None = None) -> ProcMesh:
         """The proc mesh ``name`` that a controller now gone spawned here with

@@ -251,6 +251,8 @@ class ProcState:
                  partition_timeout: float = PARTITION_TIMEOUT, keep_alive: float | None = None,
                  adopt: KeptMesh | None = None) -> None:
         self.id: str = f"{name}-{uuid.uuid4().hex[:8]}" if adopt is None else adopt.id
+        #: re-attached to a gone controller's processes (not started here)
+        self.adopted: bool = adopt is not None
         #: ``spawn_procs(keep_alive=...)``: seconds its workers outlive a lost
         #: controller; the mesh is published for ``reattach`` (:mod:`._keep_alive`)
         self.keep_alive: float | None = keep_alive
@@ -1233,8 +1235,15 @@ class ProcState:
         for tell in list(self.monitors):
             tell(None)
         try:
+            if not self.ready.done() and not self.adopted:
+                self.ready.cancel()  # a start under way ends: it kills what it launched
+            me = asyncio.current_task()
+            cancels = me.cancelling() if me is not None else 0
             try:
                 await self.ready
+            except asyncio.CancelledError:
+                if not self.ready.cancelled() or (me is not None and me.cancelling() > cancels):
+                    raise  # (we are cancelled ourselves, not only the start)
             except Exception:
                 pass
             await _shutdown(self.workers, self.shutdown)

@@ -127,7 +127,7 @@ async def setup_torch_distributed(procs: ProcMesh, *,
             died meanwhile.
     """
     state = procs._state
-    await procs
+    await procs._wait_ready()
     holes = set(state.holes)
     points = [p for p, r in zip(procs._region.points(), procs._region.ranks) if r not in holes]
     ranks = [r for r in procs._region.ranks if r not in holes]
