@@ -14,6 +14,7 @@ import atexit
 import gc
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -731,3 +732,51 @@ async def test_constructor_runs_where_def_endpoints_run(procs: meshio.ProcMesh) 
     assert await asyncio.wait_for(actor.infer.call_one(), GUARD) == (
         "meshio-actor tls[0]", "meshio-actor tls[0]", False, False)
     assert await asyncio.wait_for(actor.on_loop.call_one(), GUARD)
+
+
+class HeldOnRestart(Actor):
+    """Rebuilt after a restart, it holds at the gate in the folder ``gate``
+    (its ``on_restart``); its cleanup says so through the FIFO ``cleaned``."""
+
+    def __init__(self, gate: str, cleaned: str) -> None:
+        self.gate, self.cleaned = gate, cleaned
+
+    def on_restart(self) -> None:
+        hold(os.path.join(self.gate, "ready"), os.path.join(self.gate, "release"))
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        os.close(os.open(self.cleaned, os.O_WRONLY))  # (until the test reads)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_an_actor_mesh_stopped_while_a_restart_rebuilds_it_stays_stopped(
+        tmp_path: Path) -> None:
+    """A supervisor rebuilds an actor in a restarted process; its mesh is
+    stopped while the constructor runs.  The stop is answered within its
+    bound (a constructor cannot be interrupted), and the actor, once built,
+    is stopped (its cleanup runs) rather than taking calls: before, it came
+    back serving after its mesh's stop had returned."""
+    (tmp_path / "gate").mkdir()
+    (tmp_path / "cleaned").mkdir()
+    gate, cleaned = Gate(tmp_path / "gate"), Gate(tmp_path / "cleaned")
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+        held = await procs.spawn("held", HeldOnRestart, str(tmp_path / "gate"), cleaned.ready)
+        events = sup.events()
+        os.kill(await asyncio.wait_for(held.pid.call_one(), GUARD), signal.SIGKILL)
+        await gate.wait_held(GUARD)  # the replacement rebuilds it: its on_restart holds
+        await asyncio.wait_for(held.stop(), GUARD)  # answered though the constructor runs
+        await gate.open()
+        await cleaned.wait_held(GUARD)  # built, then stopped: its cleanup ran
+        with pytest.raises(UnknownActorError):
+            await asyncio.wait_for(held.pid.call_one(), GUARD)
+        kinds = []
+        async for event in events:  # the restart counts as one; nothing failed after it
+            kinds.append(event.kind)
+            if event.kind == "restart":
+                break
+        assert kinds == ["failure", "restart"], kinds
+        assert sup.failure is None

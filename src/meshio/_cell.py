@@ -777,27 +777,35 @@ class Building:
     """Per runtime: the actors whose constructor runs, by target, each with
     the stops asked of it meanwhile (a ``StopActor`` that came first, as a
     spawn its caller gave up on sends).  A stopped one is stopped once built
-    instead of taking calls, and its stops are answered then; its target is
-    free at once, for a new spawn of the same name."""
+    instead of taking calls; its target is free at once, for a new spawn of
+    the same name.  A constructor cannot be interrupted: each stop is
+    answered once the actor is built and stopped, or after
+    :data:`CLEANUP_TIMEOUT`, whichever comes first (as a stop goes on
+    without a ``__cleanup__`` that takes longer)."""
 
     def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         #: the construction under way of each target: the stops asked of it
-        self.stops: dict[str, list[tuple[Connection, int]]] = {}
+        self.stops: dict[str, list[asyncio.Future[None]]] = {}
 
     def stop(self, target: str, conn: Connection, req: int) -> bool:
         """Ask ``target``'s construction, if one runs, to stop once built
-        (answering ``req`` on ``conn`` then); False if none runs."""
+        (answering ``req`` on ``conn``); False if none runs."""
         stops = self.stops.pop(target, None)
         if stops is None:
             return False
-        stops.append((conn, req))
+        answered: asyncio.Future[None] = self.rt.loop.create_future()
+        timer = self.rt.loop.call_later(CLEANUP_TIMEOUT, _settle, answered, True, None)
+        answered.add_done_callback(lambda _: timer.cancel())
+        answered.add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
+        stops.append(answered)
         return True
 
     def close(self) -> None:
         self.stops.clear()
 
 
-def _built(building: Building, target: str, stops: list[tuple[Connection, int]]) -> bool:
+def _built(building: Building, target: str, stops: list[asyncio.Future[None]]) -> bool:
     """``target``'s construction (whose stops are ``stops``) has ended: True
     if nobody asked it to stop meanwhile."""
     if building.stops.get(target) is stops:
@@ -806,10 +814,11 @@ def _built(building: Building, target: str, stops: list[tuple[Connection, int]])
     return False
 
 
-def _stopped_meanwhile(stops: list[tuple[Connection, int]]) -> None:
-    """Answer the stops asked of an actor while it was built."""
-    for conn, req in stops:
-        conn.send_message(Reply(req, MSGPACK_NIL))
+def _stopped_meanwhile(stops: list[asyncio.Future[None]]) -> None:
+    """Answer the stops asked of an actor while it was built (those not
+    answered already)."""
+    for answered in stops:
+        _settle(answered, True, None)
 
 
 async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
@@ -821,7 +830,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     ctx: Context[Any] | None = None
     thread = ActorThread(rt, _thread_name(msg.name, msg.rank))
     building = rt.state(Building)
-    stops: list[tuple[Connection, int]] = []
+    stops: list[asyncio.Future[None]] = []
     try:
         if msg.target in rt.actors or msg.target in building.stops:
             raise ValueError(f"an actor mesh named {msg.name!r} already lives in this process")
@@ -869,10 +878,9 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
                      msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
     if not _built(building, msg.target, stops):  # stopped while built: stopped now
-        conn.send_message(Fail(msg.req, ErrorInfo(
-            "unknown_actor", "UnknownActorError",
-            f"actor {msg.name}[{msg.rank}] in process {os.getpid()} was stopped while its "
-            f"constructor ran; it was stopped once built", "", msg.name, msg.rank)))
+        # (built all the same: a supervisor's rebuild does not count a failure
+        # for an actor mesh stopped on purpose; a spawn given up hears nothing)
+        conn.send_message(Reply(msg.req, MSGPACK_NIL))
         cell.stop().add_done_callback(lambda _: _stopped_meanwhile(stops))
         return
     rt.actors[msg.target] = cell
