@@ -49,7 +49,7 @@ import socket
 import struct
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -195,6 +195,29 @@ def executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(2, thread_name_prefix="meshio-copy")
         return _executor
+
+
+async def copied(jobs: Sequence[asyncio.Future[Any]]) -> None:
+    """Await copies running in the copy threads (:func:`executor`), which
+    nothing can stop: cancelled meanwhile, it waits for them all the same,
+    then raises ``CancelledError``.  Once it returns or raises, no thread
+    reads or writes the memory they were given by address, which the caller
+    may then free or reuse (a destination written after a cancelled read
+    returned would be written after its owner dropped it)."""
+    done = asyncio.gather(*jobs)
+    cancelled = False
+    while not done.done():
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            if done.done():
+                break  # (its own outcome: below)
+            cancelled = True
+    if cancelled:
+        if not done.cancelled():
+            done.exception()  # (retrieved: the caller gave up on it)
+        raise asyncio.CancelledError
+    done.result()
 
 
 # ------------------------------------------------------------- the pool

@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from typing import Final
 
 from .._exceptions import RDMAError
-from .._transport._bulk import CAP_SYS_PTRACE, HOST_ID, capable, cma, executor, halves, ptrace_scope
+from .._transport._bulk import (
+    CAP_SYS_PTRACE,
+    HOST_ID,
+    capable,
+    cma,
+    copied,
+    executor,
+    halves,
+    ptrace_scope,
+)
 from .._transport._messages import RdmaOpName, Transfer
 from ._memory import Memory
 from ._registry import Handle, OwnerSide
@@ -81,5 +90,5 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
         _cma(op, h, local.addr, remote, length)
         return
     loop = asyncio.get_running_loop()
-    await asyncio.gather(*(loop.run_in_executor(executor(), _cma, op, h, local.addr + at,
-                                                remote + at, n) for at, n in halves(length)))
+    await copied([loop.run_in_executor(executor(), _cma, op, h, local.addr + at, remote + at, n)
+                  for at, n in halves(length)])

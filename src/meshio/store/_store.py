@@ -35,7 +35,15 @@ import msgspec
 from .._checks import is_number
 from .._context import _context
 from .._exceptions import MeshioError
-from .._transport._bulk import HOST_ID, address_of, cma, executor, pin_for_cuda, pool_view
+from .._transport._bulk import (
+    HOST_ID,
+    address_of,
+    cma,
+    copied,
+    executor,
+    pin_for_cuda,
+    pool_view,
+)
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
 from .._transport._runtime import Runtime, register_handler, runtime
@@ -801,8 +809,8 @@ async def _copy_range(grant: _Grant, memory: _Source, dst: Any, off: int, n: int
         memory = memory.memory
     if memory is not None:
         target = memory_of(dst, "WeightStore.read destination", writable=True)
-        await asyncio.get_running_loop().run_in_executor(
-            executor(), ctypes.memmove, target.addr, address_of(memory) + off, n)
+        await copied([asyncio.get_running_loop().run_in_executor(
+            executor(), ctypes.memmove, target.addr, address_of(memory) + off, n)])
         return
     assert grant.buffer is not None
     await RDMABuffer._from_handle(grant.buffer).read_into(dst, offset=off, length=n)
