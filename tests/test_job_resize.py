@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from supervision_helpers import Events
 
 import meshio
+from fifo_gate import Gate
 from gone import wait_gone
 from meshio import Actor, context, endpoint
 from meshio.jobs import LocalJob, ProcessJob
@@ -130,3 +132,39 @@ async def test_local_job_has_one_host() -> None:
         assert procs.sizes == {"procs": 1}
     with pytest.raises(ValueError, match="a LocalJob has one host"):
         await job.resize("workers", hosts=2)
+
+
+async def test_a_process_job_start_given_up_leaves_no_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ProcessJob.apply()`` cancelled while an agent starts (it has not
+    printed its address yet): that agent, which nobody else knows of, is
+    killed. Before, it ran on until its idle timeout (600 s).  The agent's
+    interpreter is held at a FIFO gate by a wrapper put in place of
+    ``sys.executable``."""
+    gate = Gate(tmp_path)
+    wrapper = tmp_path / "held-python"
+    wrapper.write_text(f'#!/bin/sh\n: > "{gate.ready}"\nread x < "{gate.release}"\n'
+                       f'exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
+    job = ProcessJob(meshes={"hosts": 1}, name="given-up", cache_dir=tmp_path / ".meshio")
+    applying = asyncio.ensure_future(job.apply())
+    await gate.wait_held(DEADLINE)  # the agent's process runs; nothing printed yet
+    agents = [pid for pid in _pids() if str(wrapper) in _cmdline(pid)]
+    assert len(agents) == 1, agents
+    applying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(applying, DEADLINE)
+    await wait_gone(agents, DEADLINE)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

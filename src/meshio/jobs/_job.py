@@ -15,6 +15,7 @@ never used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -388,15 +389,18 @@ class ProcessJob(AgentsJob):
                                      stderr=log_file)
         assert shell.stdout is not None
         out = shell.stdout
+        pid = 0
         try:
             pid = int(await asyncio.to_thread(out.readline))
             shell.wait()
-            try:
-                line = await asyncio.wait_for(asyncio.to_thread(out.readline),
-                                              AGENT_START_TIMEOUT)
-            except TimeoutError:
-                os.kill(pid, 9)  # its stdout closes: the reading thread ends
-                line = b""
+            line = await asyncio.wait_for(asyncio.to_thread(out.readline), AGENT_START_TIMEOUT)
+        except BaseException as e:  # too slow, or given up: nobody else knows of it
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)  # its stdout closes: the reading thread ends
+            if not isinstance(e, TimeoutError):
+                raise
+            line = b""
         finally:
             out.close()
         prefix = b"meshio agent listening on "
