@@ -142,29 +142,16 @@ async def test_a_process_job_start_given_up_leaves_no_agent(
     interpreter is held at a FIFO gate by a wrapper put in place of
     ``sys.executable``."""
     gate = Gate(tmp_path)
-    wrapper = tmp_path / "held-python"
-    wrapper.write_text(f'#!/bin/sh\n: > "{gate.ready}"\nread x < "{gate.release}"\n'
-                       f'exec "{sys.executable}" "$@"\n')
+    wrapper, pid_file = tmp_path / "held-python", tmp_path / "agent.pid"
+    wrapper.write_text(f'#!/bin/sh\necho $$ > "{pid_file}"\n: > "{gate.ready}"\n'
+                       f'read x < "{gate.release}"\nexec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(wrapper))
     job = ProcessJob(meshes={"hosts": 1}, name="given-up", cache_dir=tmp_path / ".meshio")
     applying = asyncio.ensure_future(job.apply())
     await gate.wait_held(DEADLINE)  # the agent's process runs; nothing printed yet
-    agents = [pid for pid in _pids() if str(wrapper) in _cmdline(pid)]
-    assert len(agents) == 1, agents
+    agent = int(pid_file.read_text())
     applying.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(applying, DEADLINE)
-    await wait_gone(agents, DEADLINE)
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    await wait_gone([agent], DEADLINE)

@@ -801,17 +801,16 @@ class Building:
         stops.append(answered)
         return True
 
+    def built(self, target: str, stops: list[asyncio.Future[None]]) -> bool:
+        """``target``'s construction (whose stops are ``stops``) has ended:
+        True if nobody asked it to stop meanwhile."""
+        if self.stops.get(target) is stops:
+            del self.stops[target]
+            return True
+        return False
+
     def close(self) -> None:
         self.stops.clear()
-
-
-def _built(building: Building, target: str, stops: list[asyncio.Future[None]]) -> bool:
-    """``target``'s construction (whose stops are ``stops``) has ended: True
-    if nobody asked it to stop meanwhile."""
-    if building.stops.get(target) is stops:
-        del building.stops[target]
-        return True
-    return False
 
 
 def _stopped_meanwhile(stops: list[asyncio.Future[None]]) -> None:
@@ -856,7 +855,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
             _context.reset(token)
     except SchemaError as e:
         thread.close()
-        _built(building, msg.target, stops)
+        building.built(msg.target, stops)
         conn.send_message(Fail(msg.req, actor_error(e, ctx, "schema")))
         _stopped_meanwhile(stops)
         return
@@ -864,7 +863,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         thread.close()
         if _own_cancellation(e):
             raise
-        _built(building, msg.target, stops)
+        building.built(msg.target, stops)
         if ctx is not None:  # what the constructor started goes with it
             await _stop_owned(ctx, f"{msg.name}[{msg.rank}]")
         info = actor_error(e, ctx)
@@ -877,7 +876,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     cell = ActorCell(rt, msg.target, ctx, instance, thread,
                      msg.stall_after if msg.stall_after > 0 else STALL_AFTER,
                      msg.max_queued if msg.max_queued > 0 else MAX_QUEUED)
-    if not _built(building, msg.target, stops):  # stopped while built: stopped now
+    if not building.built(msg.target, stops):  # stopped while built: stopped now
         # (built all the same: a supervisor's rebuild does not count a failure
         # for an actor mesh stopped on purpose; a spawn given up hears nothing)
         conn.send_message(Reply(msg.req, MSGPACK_NIL))
