@@ -11,7 +11,9 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -134,24 +136,42 @@ async def test_local_job_has_one_host() -> None:
         await job.resize("workers", hosts=2)
 
 
+@pytest.mark.parametrize("pid_read", ["done", "held"])
 async def test_a_process_job_start_given_up_leaves_no_agent(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pid_read: str) -> None:
     """``ProcessJob.apply()`` cancelled while an agent starts (it has not
     printed its address yet): that agent, which nobody else knows of, is
     killed. Before, it ran on until its idle timeout (600 s).  The agent's
     interpreter is held at a FIFO gate by a wrapper put in place of
-    ``sys.executable``."""
+    ``sys.executable``.  ``held``: cancelled before meshio read the agent's
+    pid, which the launching shell prints (the read waits behind the only
+    thread of the loop's executor, busy until after the cancel)."""
     gate = Gate(tmp_path)
     wrapper, pid_file = tmp_path / "held-python", tmp_path / "agent.pid"
     wrapper.write_text(f'#!/bin/sh\necho $$ > "{pid_file}"\n: > "{gate.ready}"\n'
                        f'read x < "{gate.release}"\nexec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(wrapper))
+    loop, busy = asyncio.get_running_loop(), threading.Event()
+    held = loop.create_future()
+    if pid_read == "held":  # the executor's thread waits at the gate, then stays busy
+        def wait_held() -> None:
+            os.close(os.open(gate.ready, os.O_RDONLY))
+            loop.call_soon_threadsafe(held.set_result, None)
+            busy.wait()
+
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        waiting = loop.run_in_executor(None, wait_held)
+    else:
+        waiting = asyncio.ensure_future(gate.wait_held(DEADLINE))
+        waiting.add_done_callback(lambda _: held.set_result(None))
     job = ProcessJob(meshes={"hosts": 1}, name="given-up", cache_dir=tmp_path / ".meshio")
     applying = asyncio.ensure_future(job.apply())
-    await gate.wait_held(DEADLINE)  # the agent's process runs; nothing printed yet
+    await asyncio.wait_for(held, DEADLINE)  # the agent's process runs; nothing printed yet
     agent = int(pid_file.read_text())
     applying.cancel()
+    busy.set()
+    await waiting
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(applying, DEADLINE)
     await wait_gone([agent], DEADLINE)

@@ -389,12 +389,15 @@ class ProcessJob(AgentsJob):
                                      stderr=log_file)
         assert shell.stdout is not None
         out = shell.stdout
+        pid_line = asyncio.get_running_loop().run_in_executor(None, out.readline)
         pid = 0
         try:
-            pid = int(await asyncio.to_thread(out.readline))
-            shell.wait()
+            pid = int(await asyncio.shield(pid_line))
             line = await asyncio.wait_for(asyncio.to_thread(out.readline), AGENT_START_TIMEOUT)
         except BaseException as e:  # too slow, or given up: nobody else knows of it
+            if isinstance(e, asyncio.CancelledError) and not pid:
+                with contextlib.suppress(ValueError):  # the shell prints it at once
+                    pid = int(await pid_line)
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)  # its stdout closes: the reading thread ends
@@ -403,6 +406,7 @@ class ProcessJob(AgentsJob):
             line = b""
         finally:
             out.close()
+            shell.wait()  # (it exits once it printed the pid)
         prefix = b"meshio agent listening on "
         if not line.startswith(prefix):
             raise RuntimeError(f"ProcessJob {self.name!r}: an agent did not start; see "
