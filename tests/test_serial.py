@@ -190,6 +190,9 @@ TENSORS = {
     "complex64": torch.tensor([1 + 2j, -3.5j], dtype=torch.complex64),
     "uint8": torch.arange(256, dtype=torch.uint8),
     "float16": torch.tensor([[0.5, -1.0], [65504.0, 0.0]], dtype=torch.float16),
+    # lazy views: their storage holds other values than they show
+    "conj-view": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj(),
+    "neg-view": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64).conj().imag,
 }
 
 
@@ -234,6 +237,29 @@ async def test_received_tensor_is_writable_and_separate(store: ActorMesh[Store])
 async def test_large_tensor_round_trip(store: ActorMesh[Store]) -> None:
     t = torch.randn(1024, 1024 * 2)  # 8 MiB
     same(t, await call(store, "tensor", t))
+
+
+@pytest.mark.parametrize("size", [3, 1 << 20])  # in the message; beside it (8 MiB)
+@LOOP
+async def test_lazy_views_and_gradients_travel_as_they_read(
+        store: ActorMesh[Store], size: int) -> None:
+    """A conjugate or negative view arrives with the values it shows, not
+    its storage's; a leaf that requires grad arrives as one (as pickle, and
+    so Ray and Monarch, keep it), a tensor computed from one as a leaf; a
+    sparse tensor arrives sparse.  Typed and untyped."""
+    z = torch.complex(torch.arange(size, dtype=torch.float32), torch.ones(size))
+    w = torch.arange(size, dtype=torch.float64, requires_grad=True)
+    sparse = torch.zeros(4, size).index_fill_(1, torch.tensor([1, size - 1]), 2.5).to_sparse()
+    for name in ("tensor", "anything"):
+        for sent in (z.conj(), z.conj().imag):
+            same(sent.resolve_conj().resolve_neg(), await call(store, name, sent))
+        for sent in (w, w * 2):
+            back = await call(store, name, sent)
+            assert back.requires_grad and back.is_leaf
+            same(sent.detach(), back.detach())
+        back = await call(store, name, sparse)
+        assert back.layout is torch.sparse_coo and torch.equal(back.to_dense(), sparse.to_dense())
+    assert not (await call(store, "tensor", z)).requires_grad
 
 
 # ------------------------------------------------------------ GPU tensors

@@ -237,6 +237,8 @@ def _tensor_memory(t: Any) -> tuple[Any, Any, str]:
     """``(contiguous cpu tensor, writable byte view of its storage, device)``:
     ``device`` is ``""`` for a CPU tensor, else where it lives (``"cuda:0"``)."""
     t = t.detach()
+    if t.is_conj() or t.is_neg():  # a lazy view: its storage holds other values
+        t = t.resolve_conj().resolve_neg()
     device = "" if t.device.type == "cpu" else str(t.device)
     if device:
         t = _to_host(t)
@@ -268,8 +270,14 @@ def _to_host(t: Any) -> Any:
     return torch.frombuffer(memory, dtype=t.dtype).view(t.shape).copy_(t)
 
 
+def _strided_tensor(torch: Any, obj: object) -> bool:
+    """``obj`` is a tensor meshio sends as its bytes; a sparse or otherwise
+    laid out one is pickled as torch pickles it (its parts are strided)."""
+    return torch is not None and isinstance(obj, torch.Tensor) and obj.layout is torch.strided
+
+
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
-                    device: str) -> Any:
+                    device: str, requires_grad: bool = False) -> Any:
     import torch  # deferred: optional and heavy; only a value holding a tensor needs it
 
     dt = getattr(torch, dtype.removeprefix("torch."), None)
@@ -279,13 +287,13 @@ def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
         t = torch.empty(shape, dtype=dt)
     else:
         t = torch.frombuffer(buf, dtype=dt).as_strided(shape, strides)
-    if not device or not _device_here(torch, device):
-        return t
-    if device.startswith("cuda"):
-        from ._bulk import pin_for_cuda  # (that module builds on this one)
+    if device and _device_here(torch, device):
+        if device.startswith("cuda"):
+            from ._bulk import pin_for_cuda  # (that module builds on this one)
 
-        pin_for_cuda(buf)  # a large value arrived in pooled memory
-    return t.to(device)
+            pin_for_cuda(buf)  # a large value arrived in pooled memory
+        t = t.to(device)
+    return t.requires_grad_() if requires_grad else t  # (a leaf, as pickle makes it)
 
 
 def _device_here(torch: Any, device: str) -> bool:
@@ -409,10 +417,10 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if isinstance(obj, types.CodeType) and _cloudpickle_code is not None:
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor):
+        if _strided_tensor(torch, obj):
             t, mem, device = _tensor_memory(obj)
-            return _rebuild_tensor, (
-                pickle.PickleBuffer(mem), str(t.dtype), list(t.shape), list(t.stride()), device)
+            return _rebuild_tensor, (pickle.PickleBuffer(mem), str(t.dtype), list(t.shape),
+                                     list(t.stride()), device, obj.requires_grad)
         if (isinstance(obj, type) and issubclass(obj, msgspec.Struct)
                 and obj is not msgspec.Struct and not _by_reference(obj)):
             return _reduce_struct_class(obj)
@@ -476,12 +484,13 @@ def _enc_hook(obj: Any) -> Any:
         out.append((buf, kind))
         return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
+    if _strided_tensor(torch, obj):
         t, mem, device = _tensor_memory(obj)
         index = len(out)
         out.append((mem, KIND_BUFFER))
+        ref = (str(t.dtype), list(t.shape), list(t.stride()), index, device)
         return msgspec.msgpack.Ext(EXT_TENSOR, _small.encode(
-            (str(t.dtype), list(t.shape), list(t.stride()), index, device)))
+            (*ref, True) if obj.requires_grad else ref))
     if type(obj) is _Pickled:
         obj = obj.obj
     start = len(out)
@@ -518,7 +527,18 @@ def _refused(e: msgspec.ValidationError) -> bool:
 
 
 _buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
-_tensor_ref = msgspec.msgpack.Decoder(tuple[str, list[int], list[int], int, str])
+class _TensorRef(msgspec.Struct, array_like=True):
+    """How a tensor travels: its bytes are buffer ``index`` of the frame."""
+
+    dtype: str
+    shape: list[int]
+    strides: list[int]
+    index: int
+    device: str
+    requires_grad: bool = False  # (sent only when true)
+
+
+_tensor_ref = msgspec.msgpack.Decoder(_TensorRef)
 _pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
 
 
@@ -539,8 +559,9 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             return memoryview(buf)
         return buf
     if code == EXT_TENSOR:
-        dtype, shape, strides, index, device = _tensor_ref.decode(data)
-        return _rebuild_tensor(_buffer(bufs, index), dtype, shape, strides, device)
+        ref = _tensor_ref.decode(data)
+        return _rebuild_tensor(_buffer(bufs, ref.index), ref.dtype, ref.shape, ref.strides,
+                               ref.device, ref.requires_grad)
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
