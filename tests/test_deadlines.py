@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import meshio
+from fifo_gate import Gate, hold
 from meshio import Actor, CallTimeout, Channel, Port, endpoint
 from meshio._cell import _deadline
 from meshio.jobs import ProcessJob
@@ -86,6 +87,11 @@ class Probe(Actor):
         except (asyncio.CancelledError, CallTimeout):  # (the deadline may pass here first)
             self.chain_ended.set()
             raise
+
+    @endpoint
+    async def block(self, ready: str, release: str) -> None:
+        """Block this process's event loop (at a FIFO gate)."""
+        hold(ready, release)
 
     @endpoint(concurrent=True)
     async def forever(self) -> None:
@@ -205,6 +211,32 @@ async def test_cancelling_a_call_cancels_its_chain(procs: meshio.ProcMesh, how: 
         await asyncio.wait_for(call, GUARD)
     await asyncio.wait_for(asyncio.gather(*(p.wait_chain_ended.call_one() for p in chain)),
                            GUARD)
+
+
+@pytest.mark.parametrize("deadline", [None, 10 * GUARD])
+async def test_a_call_cancelled_in_the_read_that_brings_it_cancels_its_chain(
+        procs: meshio.ProcMesh, tmp_path: Path, deadline: float | None) -> None:
+    """A call and its Cancel reach an idle actor in one read: the call
+    starts in that read and waits on a call of its own, then the Cancel
+    comes.  That inner call is cancelled too (before, it ran on, and its
+    failure was "never retrieved").  The process's loop is held at a FIFO
+    gate (by another actor there) while both frames arrive.  With a
+    deadline, the inner call inherits it (and waits in a task of its own)."""
+    a, b = await probes(procs, "a", "b")
+    blocker = await procs.slice(procs=0).spawn("blocker", Probe)
+    gate = Gate(tmp_path)
+    blocking = asyncio.ensure_future(blocker.block.call_one(gate.ready, gate.release))
+    await gate.wait_held(GUARD)
+    call = asyncio.ensure_future(a.chain.options(timeout=deadline).call_one([b]))
+    await asyncio.wait_for(b.count.call_one(), GUARD)  # (a round trip: the call is written)
+    call.cancel()
+    await asyncio.wait_for(b.count.call_one(), GUARD)  # (and its Cancel)
+    await gate.open()
+    await asyncio.wait_for(blocking, GUARD)
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.wait_for(b.wait_chain_ended.call_one(), GUARD)
+    await asyncio.wait_for(a.wait_chain_ended.call_one(), GUARD)
 
 
 async def test_concurrent_calls_cancelled_as_they_arrive_do_not_run_on(

@@ -731,7 +731,16 @@ class _GoOn:
     def send(self, value: Any) -> Any:
         if self.thrown is not None:
             thrown, self.thrown = self.thrown, None
-            self.first = False
+            first, self.first = self.first, False
+            waited = self.yielded
+            if first and isinstance(thrown, asyncio.CancelledError) and asyncio.isfuture(waited):
+                # The task was cancelled before it took over the call: cancel
+                # what the call waits for, as Task.cancel does (an inner
+                # call's future sends its own Cancel); it wakes the task.
+                if waited.cancel(*thrown.args):
+                    return waited
+                if not waited.cancelled():
+                    waited.exception()  # (done: dropped, as a cancelled task drops it)
             return self.cr_await.throw(thrown)
         if self.first:  # the task's first step: it waits for what the call waits for
             self.first = False
