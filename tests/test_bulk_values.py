@@ -220,6 +220,44 @@ async def test_a_broadcast_value_changed_at_once_reaches_no_actor(
     assert await s.kept_sum.call_one() == 0.0
 
 
+class Blocker(Actor):
+    @endpoint
+    async def block(self, ready: str, release: str) -> None:
+        """Block this process's event loop (at a FIFO gate)."""
+        hold(ready, release)
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout", "cancel call", "timeout call"])
+async def test_a_call_given_up_ends_once_its_arguments_are_read(
+        procs: meshio.ProcMesh, tmp_path: Path, how: str) -> None:
+    """A call given up (cancelled, or its timeout passed; ``call_one`` or
+    ``call``) while its large argument is still to be read from the
+    caller's memory ends only once it is read: the caller may change the
+    argument then, and the actor, if it runs the call, has the value as it
+    was (before, the await ended at once and the actor could get the
+    changed or a torn value).  The receiver's loop is held at a FIFO gate
+    (by another actor there): it reads nothing until the gate opens."""
+    store = cast(Store, (await procs.spawn("store", Store)).slice(procs=0))
+    blocker = (await procs.spawn("blocker", Blocker)).slice(procs=0)
+    await store.keep.call_one(torch.zeros(1))
+    gate = Gate(tmp_path)
+    blocking = asyncio.ensure_future(blocker.block.call_one(gate.ready, gate.release))
+    await gate.wait_held(GUARD)
+    mine = torch.ones(4 * MiB)
+    ep = store.keep.options(timeout=0.05) if how.startswith("timeout") else store.keep
+    call = asyncio.ensure_future(ep.call(mine) if how.endswith("call") else ep.call_one(mine))
+    if how.startswith("cancel"):
+        call.cancel()
+    done, _ = await asyncio.wait([call], timeout=1.0)  # (its timeout is 0.05 s)
+    assert not done, "the call ended while its argument was still to be read"
+    await gate.open()
+    await asyncio.wait_for(blocking, GUARD)
+    with pytest.raises((asyncio.CancelledError, meshio.CallTimeout)):
+        await asyncio.wait_for(call, GUARD)
+    mine += 1
+    assert await store.kept_sum.call_one() in (0.0, 4 * MiB)  # not run, or run on ones
+
+
 async def test_fifo_after_a_large_value(procs: meshio.ProcMesh) -> None:
     """A small call sent after a large one to the same actor does not
     overtake it while the large one is copied off the loop."""

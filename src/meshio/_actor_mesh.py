@@ -8,6 +8,7 @@ directly (not through the controller).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
@@ -27,6 +28,7 @@ from ._transport._connection import (
     Pending,
     Settle,
     Slot,
+    after_reads,
     ignore_result,
 )
 from ._transport._credit import Gate, Waiting, Window, budget
@@ -625,19 +627,24 @@ class _CallFuture(asyncio.Future[Any]):
     the callee drops or cancels; its reply is then ignored.  No done
     callback per call: its request is settled with it."""
 
-    __slots__ = ("request",)
+    __slots__ = ("reads", "request")
 
     #: set once sent (no ``__init__``: one Python call less per call); unset
     #: for a call failed before it was sent
     request: _Request | None
+    #: set when its large arguments are read after it was sent
+    #: (:meth:`Pending.lent`): cancelled, it is done only once they are read
+    reads: list[asyncio.Future[None]]
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
+        if self.done():
             return False
         p = getattr(self, "request", None)
         self.request = None
         if p is not None:
             p.given_up(msg == DEADLINE)
+        if not after_reads(getattr(self, "reads", None), functools.partial(super().cancel, msg)):
+            return super().cancel(msg)
         return True
 
 
@@ -687,6 +694,11 @@ class _Request(Pending):
         self.inflight[self.index] -= 1
         if type(self._fut) is _CallFuture:
             self._fut.request = None
+
+    def lent(self, read: asyncio.Future[None]) -> None:
+        fut = self._fut
+        if type(fut) is _CallFuture:
+            fut.reads = [*getattr(fut, "reads", ()), read]
 
     def given_up(self, expired: bool = False) -> None:
         """The caller cancelled the call before its answer came (``expired``:

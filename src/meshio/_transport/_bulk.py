@@ -58,6 +58,7 @@ from ._frames import _LEN_MASK, _PEEK, _allocate
 from ._handshake import peer_creds
 from ._messages import Fill
 from ._serial import KIND_ASCII, KIND_BUFFER, KIND_BYTEARRAY, KIND_BYTES, OutBuffers, limits
+from ._tasks import finished
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -204,20 +205,12 @@ async def copied(jobs: Sequence[asyncio.Future[Any]]) -> None:
     reads or writes the memory they were given by address, which the caller
     may then free or reuse (a destination written after a cancelled read
     returned would be written after its owner dropped it)."""
-    done = asyncio.gather(*jobs)
-    cancelled = False
-    while not done.done():
-        try:
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            if done.done():
-                break  # (its own outcome: below)
-            cancelled = True
-    if cancelled:
-        if not done.cancelled():
-            done.exception()  # (retrieved: the caller gave up on it)
-        raise asyncio.CancelledError
-    done.result()
+    try:
+        await finished(jobs)
+    finally:
+        errors = [e for job in jobs if not job.cancelled() and (e := job.exception())]
+    if errors:
+        raise errors[0]
 
 
 # ------------------------------------------------------------- the pool

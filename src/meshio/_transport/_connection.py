@@ -13,6 +13,7 @@ pauses reading); a message that stops arriving drops its connection after
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import struct
@@ -217,6 +218,24 @@ class Pending:
     def begun(self) -> None:
         """The callee says the call has started running (:class:`Started`)."""
 
+    def lent(self, read: asyncio.Future[None]) -> None:
+        """The call's large arguments are read from this process's memory
+        until ``read`` is done (:meth:`Connection.send`): its future, if
+        cancelled meanwhile, is cancelled only then (:func:`after_reads`), so
+        that its caller may change them once the ``await`` ended.  (A future
+        of the caller's own is left as is.)"""
+
+
+def after_reads(reads: list[asyncio.Future[None]] | None, then: Callable[[], object]) -> bool:
+    """Call ``then`` once every future of ``reads`` (a call's lent
+    arguments, :meth:`Pending.lent`) is done; False, calling nothing, if
+    they all are already."""
+    left = [r for r in reads or () if not r.done()]
+    if not left:
+        return False
+    asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: then())
+    return True
+
 
 #: the message a call's future is cancelled with when its deadline passed
 #: (its callee is told so: :attr:`Cancel.expired`)
@@ -230,7 +249,8 @@ class Gathering:
     every slot is settled.  The values are in :attr:`values`, the failures
     in :attr:`errors`, both by index in the view."""
 
-    __slots__ = ("_inflight", "errors", "finish", "fut", "left", "slots", "target", "values")
+    __slots__ = ("_inflight", "abandoned", "errors", "finish", "fut", "left", "reads", "slots",
+                 "target", "values")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, target: str, inflight: list[int],
                  decode: Callable[[Any, Buffers], Any], endpoint: str, mesh: str,
@@ -246,6 +266,10 @@ class Gathering:
         self.slots: list[Slot] = [Slot(self, i, decode, endpoint, mesh, point)
                                   for i, point in enumerate(points)]
         self._inflight = inflight
+        #: the caller gave up (its future is cancelled once ``reads`` are done)
+        self.abandoned = False
+        #: the calls' lent arguments still read (:meth:`Pending.lent`)
+        self.reads: list[asyncio.Future[None]] | None = None
         if not n:
             self.fut.set_result(None)
 
@@ -262,7 +286,7 @@ class Gathering:
     def settled(self) -> None:
         """Every slot is settled."""
         fut = self.fut
-        if fut.done():
+        if fut.done() or self.abandoned:
             return
         if self.finish is None:
             fut.set_result(None)
@@ -273,7 +297,7 @@ class Gathering:
 
     def _finished(self) -> None:
         fut, finish = self.fut, self.finish
-        if fut.done() or finish is None:  # (cancelled meanwhile)
+        if fut.done() or finish is None or self.abandoned:  # (cancelled meanwhile)
             return
         try:
             value = finish()
@@ -295,6 +319,7 @@ class Gathering:
         """The caller gave up (cancelled, timed out: ``msg`` is
         :data:`DEADLINE`): the callees still running the call drop or cancel
         it; later answers are ignored."""
+        self.abandoned = True
         if self.left:
             for s in self.slots:
                 s.cancel(msg)
@@ -322,6 +347,12 @@ class Slot(Pending):
         """Its request is ``req`` on ``conn``."""
         self.conn, self.req = conn, req
         self.gathering._inflight[self.index] += 1
+
+    def lent(self, read: asyncio.Future[None]) -> None:
+        g = self.gathering
+        if g.reads is None:
+            g.reads = []
+        g.reads.append(read)
 
     def done(self) -> bool:
         return self.settled
@@ -365,9 +396,14 @@ class _Gathered(asyncio.Future[Any]):
         self.gathering = gathering
 
     def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
+        if self.done():
             return False
-        self.gathering.abandon(msg)
+        g = self.gathering
+        if g.abandoned:
+            return True  # (cancelled once its calls' arguments are read)
+        g.abandon(msg)
+        if not after_reads(g.reads, functools.partial(super().cancel, msg)):
+            super().cancel(msg)
         return True
 
 
@@ -591,7 +627,12 @@ class Connection(asyncio.BufferedProtocol):
         together, as one :class:`Calls`, as :meth:`reply` does."""
         if self._merge(Calls, msg, out, len(msg.args)):
             return None
-        return self.send(encode_message(msg), out)
+        read = self.send(encode_message(msg), out)
+        if read is not None and msg.req:
+            p = self.pending.get(msg.req)
+            if p is not None:
+                p.lent(read)
+        return read
 
     def _merge(self, kind: type[Answers] | type[Calls], item: Any, out: OutBuffers,
                size: int) -> bool:

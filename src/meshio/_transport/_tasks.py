@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 __all__ = ("TaskOwner", "awaited")
@@ -71,6 +71,22 @@ class TaskOwner:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+
+
+async def finished(futs: Sequence[asyncio.Future[Any]]) -> None:
+    """Wait until every future of ``futs`` is done, whose work nothing can
+    stop (a copy in a thread, a call's arguments still read): cancelled
+    meanwhile, it waits all the same, then raises ``CancelledError``.  Once
+    it returns or raises, none of them uses memory its caller may then free
+    or change."""
+    cancelled = False
+    while left := [f for f in futs if not f.done()]:
+        try:
+            await asyncio.wait(left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:

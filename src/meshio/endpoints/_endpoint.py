@@ -55,7 +55,7 @@ from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
 from .._transport._runtime import actor_thread, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
-from .._transport._tasks import awaited
+from .._transport._tasks import awaited, finished
 from .._value_mesh import ValueMesh
 from ._retry import PROCESS_DEATH, Retry
 from ._schema import Schema
@@ -441,10 +441,14 @@ class Endpoint(Generic[P, R]):
                                  for i, f in enumerate(futs)], errors)
 
     async def _gathered(self, g: Gathering, deadline: float) -> ValueMesh[R]:
-        done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
+        try:
+            done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
+        except asyncio.CancelledError:
+            await _given_up([g.fut], None)
+            raise
         if not done:
             late = g.unsettled()
-            g.abandon(DEADLINE)
+            await _given_up([g.fut], DEADLINE)
             self._raise_timeout(late, (), deadline)
         return self._value_mesh(g.values, g.errors)
 
@@ -538,9 +542,14 @@ class Endpoint(Generic[P, R]):
 
     async def _single_timeout(self, fut: asyncio.Future[Any], index: int,
                               deadline: float) -> R:
-        done, _ = await asyncio.wait([fut], timeout=_left(deadline))
+        try:
+            done, _ = await asyncio.wait([fut], timeout=_left(deadline))
+        except asyncio.CancelledError:
+            await _given_up([fut], None)
+            raise
         if not done:
-            self._raise_timeout([index], [fut], deadline)
+            await _given_up([fut], DEADLINE)
+            self._raise_timeout([index], (), deadline)
         result: R = fut.result()
         return result
 
@@ -690,6 +699,16 @@ _SENT = _Sent([], None, None)
 def _left(deadline: float | None) -> float | None:
     """Seconds until ``deadline`` (``time.monotonic()``), for ``asyncio.wait``."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+async def _given_up(calls: Sequence[asyncio.Future[Any]], msg: str | None) -> None:
+    """Cancel ``calls`` (``msg``: :data:`DEADLINE` when their deadline
+    passed) and wait until they are done: at once, unless a call's large
+    arguments are still read from this process's memory, which its caller
+    may change once its ``await`` ended (see ``Pending.lent``)."""
+    for f in calls:
+        f.cancel(msg)
+    await finished(calls)
 
 
 def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asyncio.Future[T]:
