@@ -149,18 +149,22 @@ async def test_result_whose_pickling_raises_system_exit(procs: meshio.ProcMesh) 
 async def test_system_exit_stops_the_actor_and_runs_its_cleanup(
         procs: meshio.ProcMesh) -> None:
     """issue 7 item 2: SystemExit from an endpoint reaches the caller and ends
-    the actor (later calls: UnknownActorError; __cleanup__ gets the exception);
-    the process and its other actors go on."""
+    the actor (later calls: SupervisionError naming why; __cleanup__ gets the
+    exception); the process and its other actors go on."""
     port, cleanups = Channel[str].open()
     r = await procs.slice(procs=0).spawn("r", Raiser, port)
     other = await procs.slice(procs=0).spawn("other", Raiser)
     with pytest.raises(ActorError) as ei:
         await asyncio.wait_for(r.exit_async.call_one(3), GUARD)
     assert ei.value.remote_type == "SystemExit"
-    with pytest.raises(UnknownActorError):
+    with pytest.raises(SupervisionError, match=r"\(rank 0\) was stopped by the SystemExit an "
+                       r"endpoint raised: 3"):
         await asyncio.wait_for(r.pid.call_one(), GUARD)
     assert await asyncio.wait_for(other.pid.call_one(), GUARD) == procs.pids[0]
     assert await asyncio.wait_for(cleanups.recv(), GUARD) == "SystemExit(3)"
+    await asyncio.wait_for(r.stop(), GUARD)  # the name is free: spawned again, it serves
+    again = await procs.slice(procs=0).spawn("r", Raiser)
+    assert await asyncio.wait_for(again.pid.call_one(), GUARD) == procs.pids[0]
 
 
 @pytest.mark.parametrize("how", ["exit_call", "interrupt_call", "exit_broadcast",
@@ -330,6 +334,60 @@ class Worker(Actor):
     @endpoint
     async def fail(self) -> None:
         raise ValueError("fails")
+
+
+class Busy(Actor):
+    def __init__(self) -> None:
+        self.busy = asyncio.Event()
+
+    @endpoint
+    async def forever(self) -> None:
+        self.busy.set()
+        await asyncio.Event().wait()
+
+    @endpoint(concurrent=True)
+    async def wait_busy(self) -> None:
+        await self.busy.wait()
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_stopping_a_mesh_spawned_on_a_slice_frees_its_name(
+        procs: meshio.ProcMesh) -> None:
+    """An actor mesh spawned on a slice of the proc mesh and stopped whole
+    frees its name (it stayed taken: stopping freed it only for a mesh on
+    every process); stopping a slice of it does not."""
+    one = procs.slice(procs=1)
+    s = await one.spawn("s", Busy)
+    await asyncio.wait_for(s.stop(), GUARD)
+    again = await one.spawn("s", Busy)
+    assert await asyncio.wait_for(again.pid.call_one(), GUARD) == procs.pids[1]
+    both = await procs.spawn("both", Busy)
+    await asyncio.wait_for(both.slice(procs=0).stop(), GUARD)
+    with pytest.raises(ValueError, match="already has actors named 'both'"):
+        await procs.spawn("both", Busy)
+
+
+async def test_calls_under_way_and_queued_fail_with_supervision_error_on_stop(
+        procs: meshio.ProcMesh) -> None:
+    """An actor stopped while it handles a call with another queued behind
+    it: both callers get SupervisionError (the queued one got
+    UnknownActorError, "never spawned here", before); a later call gets
+    UnknownActorError (it is gone on purpose)."""
+    b = await procs.slice(procs=0).spawn("b", Busy)
+    running = asyncio.ensure_future(b.forever.call_one())
+    await asyncio.wait_for(b.wait_busy.call_one(), GUARD)
+    queued = asyncio.ensure_future(b.pid.call_one())
+    await asyncio.wait_for(b.wait_busy.call_one(), GUARD)  # (after it on the connection)
+    await asyncio.wait_for(b.stop(), GUARD)
+    with pytest.raises(SupervisionError, match="was stopped while handling this call"):
+        await asyncio.wait_for(running, GUARD)
+    with pytest.raises(SupervisionError, match="was stopped before handling this call"):
+        await asyncio.wait_for(queued, GUARD)
+    with pytest.raises(UnknownActorError):
+        await asyncio.wait_for(b.pid.call_one(), GUARD)
 
 
 async def test_cancelled_queued_calls_are_dropped(procs: meshio.ProcMesh) -> None:

@@ -144,7 +144,7 @@ class ActorMesh(MeshShape, Generic[A]):
         rt = self._route.runtime()
         rt.fanout.forget(self._target)
         procs = self._procs
-        if procs is not None and set(self._region.ranks) >= set(procs._state.region.ranks):
+        if procs is not None and set(self._region.ranks) >= set(self._base):
             procs._state.forget(self._name)
         futs: list[asyncio.Future[Any]] = []
         for index, grank in enumerate(self._region.ranks):

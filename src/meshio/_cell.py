@@ -457,7 +457,7 @@ class ActorCell:
                 given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
             if (conn, msg.req) in self.queued:
                 conn.send_message(Fail(msg.req, self._stopped(
-                    "unknown_actor", "UnknownActorError", "before handling this call")))
+                    "supervision", "SupervisionError", "before handling this call")))
         self.queued.clear()
         for (conn, origin), n in given.items():  # its callers' calls from now on find no actor
             took(conn, self.target, 1, origin, n)
@@ -523,6 +523,9 @@ class ActorCell:
         if self.stopping is None:
             if self.rt.actors.get(self.target) is self:
                 del self.rt.actors[self.target]
+                self.rt.incarnation.failed[self.target] = (
+                    f"(rank {self.ctx.point.rank}) was stopped by the {info.type_name} an "
+                    f"endpoint raised: {info.message}")
             fault = ErrorInfo(info.kind, info.type_name,
                               f"{info.message} (raised by an endpoint: the actor was stopped)",
                               info.traceback, info.actor, info.rank)
@@ -892,6 +895,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         cell.stop().add_done_callback(lambda _: _stopped_meanwhile(stops))
         return
     rt.actors[msg.target] = cell
+    rt.incarnation.failed.pop(msg.target, None)
     rt.state(StallWatch)  # (started with the first actor)
     # One turn first: the mailbox task's first step (scheduled before this
     # task's wake-up) sets it waiting, so that the first call, which may

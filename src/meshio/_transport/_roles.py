@@ -34,7 +34,7 @@ class Watch:
 class Incarnation:
     """This worker process as one incarnation of its slot."""
 
-    __slots__ = ("lost", "replacement", "restoring")
+    __slots__ = ("failed", "lost", "replacement", "restoring")
 
     def __init__(self, restart: bool = False) -> None:
         #: this process replaces one that failed (its callers' numbered
@@ -44,6 +44,9 @@ class Incarnation:
         self.restoring: bool = restart
         #: targets of the temporary actors not rebuilt after the restart
         self.lost: set[str] = set()
+        #: actors ended by what an endpoint raised (``SystemExit``,
+        #: ``KeyboardInterrupt``), until spawned again: target → why
+        self.failed: dict[str, str] = {}
 
     def missing(self, target: str) -> str | None:
         """Why the actor ``target`` is not here though it was (None: no
@@ -52,4 +55,4 @@ class Incarnation:
             return "is being rebuilt after a restart"
         if target in self.lost:
             return "was temporary and not rebuilt after a restart"
-        return None
+        return self.failed.get(target)
