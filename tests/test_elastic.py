@@ -20,6 +20,7 @@ import pytest
 from supervision_helpers import DEADLINE, Events, manual_sup
 
 import meshio
+from gone import wait_gone
 from meshio import Actor, endpoint
 from meshio.testing import child_pids, wait_exited
 
@@ -298,6 +299,25 @@ async def test_grow_is_all_or_nothing() -> None:
         assert (await small.pid.call()).values() == procs.pids
         await procs.grow(gpus=1)  # rank 2 is fine
         assert (await small.pid.call()).values() == procs.pids and len(procs.pids) == 3
+
+
+async def test_a_grow_cancelled_at_any_turn_grows_nothing() -> None:
+    """``grow()`` cancelled after 0, 1, ... turns of the loop raises
+    CancelledError and leaves the mesh and its processes as they were.
+    Before, a cancellation that came as a process started (its launch is
+    one step) was lost in ``asyncio.wait_for`` (Python 3.11): the grow went
+    on and finished."""
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        before = child_pids()
+        for turns in range(4):
+            growing = asyncio.ensure_future(procs.grow(gpus=1))
+            for _ in range(turns):
+                await asyncio.sleep(0)  # (one turn of the loop, not a wait)
+            growing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(growing, DEADLINE)
+            assert procs.sizes == {"gpus": 1}, f"grown though cancelled after {turns} turns"
+            await wait_gone(list(child_pids() - before), DEADLINE)
 
 
 # ------------------------------------------------------------ bad arguments

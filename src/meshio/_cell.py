@@ -59,7 +59,7 @@ from ._transport._messages import (
 )
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
-from ._transport._tasks import awaited
+from ._transport._tasks import awaited, within
 from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import Registry
 
@@ -681,7 +681,7 @@ class ActorCell:
         :data:`LEND_TIMEOUT` seconds (a stopped caller must not stop the
         actor for its other callers)."""
         try:
-            await asyncio.wait_for(asyncio.shield(read), LEND_TIMEOUT)
+            await within(asyncio.shield(read), LEND_TIMEOUT)
         except TimeoutError:
             log.warning("meshio: %s: a large result is still being read after %g s; the "
                         "actor goes on (changing that value in place now may reach its "

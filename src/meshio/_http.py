@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from ._transport._tasks import awaited
+from ._transport._tasks import awaited, within
 
 __all__ = ("HTTPServer", "Request", "response_head", "start")
 
@@ -186,7 +186,7 @@ class HTTPServer:
         self._answering.add(task)
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+                head = await within(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
                 request = _parse(head)
             except asyncio.LimitOverrunError:
                 _refuse(writer, "431 Request Header Fields Too Large",

@@ -48,7 +48,7 @@ from ._transport._messages import (
 from ._transport._runtime import Runtime, print_fault, register_handler, runtime
 from ._transport._serial import Buffers, dumps
 from ._transport._sockets import tcp_endpoint
-from ._transport._tasks import awaited
+from ._transport._tasks import awaited, within
 from .endpoints._endpoint import combine_failures, rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -395,7 +395,7 @@ class ProcState:
         launcher = self.launchers[grank // self.per_host]
         try:
             # a host agent cut off by a partition never answers: no waiting forever
-            return await asyncio.wait_for(launcher.launch(spec), START_TIMEOUT), waiter
+            return await within(launcher.launch(spec), START_TIMEOUT), waiter
         except BaseException as e:
             self.rt.watch.hello_waiters.pop(spec.worker, None)
             if not isinstance(e, TimeoutError):
@@ -596,7 +596,7 @@ class ProcState:
                              handle: ProcHandle) -> None:
         if not self.stopped:
             try:
-                await asyncio.wait_for(handle.wait(), EXIT_STATUS_WAIT)
+                await within(handle.wait(), EXIT_STATUS_WAIT)
             except TimeoutError:
                 pass
         # ``cause``: the errors' ``.cause``; ``said``: what their messages say
@@ -888,7 +888,7 @@ class ProcState:
         # is downed (its agent has killed it by then): never two incarnations.
         wait = KILL_WAIT + self.partition_timeout
         try:
-            await asyncio.wait_for(w.handle.wait(), wait)
+            await within(w.handle.wait(), wait)
         except TimeoutError:
             raise TimeoutError(
                 f"proc mesh {self.name!r} rank {grank}: process {w.handle.pid} on "

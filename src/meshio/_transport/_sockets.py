@@ -19,6 +19,7 @@ from .._exceptions import AuthenticationError, ClosedResourceError, MeshioError,
 from ._connection import Connection, Pending
 from ._credentials import Credentials
 from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, tcp_address
+from ._tasks import within
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -364,7 +365,7 @@ class SocketBackend:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await asyncio.wait_for(self.rt.loop.sock_connect(sock, (host, port)),
+            await within(self.rt.loop.sock_connect(sock, (host, port)),
                                    max(deadline - self.rt.loop.time(), 0.001))
         except BaseException:
             sock.close()

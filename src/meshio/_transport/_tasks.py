@@ -89,6 +89,16 @@ async def finished(futs: Sequence[asyncio.Future[Any]]) -> None:
         raise asyncio.CancelledError
 
 
+async def within(aw: Awaitable[T], seconds: float | None) -> T:
+    """``await aw``, raising ``TimeoutError`` after ``seconds`` (None: no
+    limit): ``asyncio.wait_for`` without its flaw on Python 3.11, where a
+    cancellation that comes as ``aw`` completes is lost (it returns the
+    result and its caller goes on as if never cancelled: a ``grow()``
+    cancelled while it started processes finished growing)."""
+    async with asyncio.timeout(seconds):
+        return await aw
+
+
 def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
     """``aw`` as a future its caller awaits (or hands to the user, who
     awaits it): the caller owns it, and cancelling it cancels ``aw``."""

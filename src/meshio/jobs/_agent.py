@@ -53,6 +53,7 @@ from .._transport._messages import (
 from .._transport._runtime import Runtime, register_handler, tcp_address
 from .._transport._serial import Buffers
 from .._transport._sockets import tcp_endpoint
+from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._remote import read_secret_file
 
@@ -290,7 +291,7 @@ async def _until_idle(rt: Runtime, stop: asyncio.Event, idle_timeout: float) -> 
     step = min(idle_timeout / 4, 5.0)
     while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), step)
+            await within(stop.wait(), step)
         except TimeoutError:
             pass
         if any(not c.closed for c in rt.all_conns) or rt.state(Agent).procs:

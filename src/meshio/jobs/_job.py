@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
+from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach
@@ -393,7 +394,7 @@ class ProcessJob(AgentsJob):
         pid = 0
         try:
             pid = int(await asyncio.shield(pid_line))
-            line = await asyncio.wait_for(asyncio.to_thread(out.readline), AGENT_START_TIMEOUT)
+            line = await within(asyncio.to_thread(out.readline), AGENT_START_TIMEOUT)
         except BaseException as e:  # too slow, or given up: nobody else knows of it
             if isinstance(e, asyncio.CancelledError) and not pid:
                 with contextlib.suppress(ValueError):  # the shell prints it at once

@@ -43,6 +43,7 @@ from subprocess import DEVNULL, PIPE
 from typing import Any
 
 from .._proc_mesh import HostMesh
+from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import AgentsJob, check_meshes, read_cache, resize_job, write_cache, write_secret
@@ -305,7 +306,7 @@ class SlurmJob(AgentsJob):
         entry = {"kind": self.kind, "meshes": dict(meshes), "job_id": job_id, "token": token,
                  "log": str(log_path)}
         try:
-            agents, nodes = await asyncio.wait_for(self._agents(entry, total),
+            agents, nodes = await within(self._agents(entry, total),
                                                    self.start_timeout)
         except TimeoutError:
             await _cancel(entry)

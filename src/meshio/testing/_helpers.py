@@ -14,6 +14,7 @@ from .._proc_mesh import ProcMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime
 from .._transport._sockets import sockaddr
+from .._transport._tasks import within
 from ..jobs._job import ProcessJob
 from ..jobs._slurm import SlurmJob
 
@@ -139,7 +140,7 @@ async def wait_exited(pidfd: int, timeout: float) -> None:
 
     loop.add_reader(pidfd, readable)
     try:
-        await asyncio.wait_for(fut, timeout)
+        await within(fut, timeout)
     finally:
         loop.remove_reader(pidfd)
 
