@@ -14,17 +14,22 @@ from typing import Any
 from unittest import mock
 
 import msgspec
+import numpy as np
 import pytest
 import pytest_asyncio
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import meshio
+from fuzz import FUZZ
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _bulk
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._serial import (
+    EXT_BUFFER,
     EXT_TENSOR,
     KIND_ASCII,
     KIND_BUFFER,
@@ -107,6 +112,10 @@ class Store(Actor):
     @endpoint
     async def bytes_(self, b: bytes) -> bytes:
         return b
+
+    @endpoint
+    async def memoryview_(self, m: memoryview) -> memoryview:
+        return m
 
     @endpoint
     async def bytearray_(self, b: bytearray) -> bytearray:
@@ -430,6 +439,45 @@ async def test_memoryview_arrives_as_memoryview(store: ActorMesh[Store]) -> None
     strided = memoryview(raw)[::2]
     back = await call(store, "anything", strided)
     assert type(back) is memoryview and back.tobytes() == raw[::2]
+
+
+MEMORYVIEWS = {
+    "int32-2d": lambda: memoryview(np.arange(8, dtype=np.int32).reshape(2, 4)),
+    "float64-3d-strided": lambda: memoryview(
+        np.arange(60, dtype=np.float64).reshape(3, 4, 5)[:, ::2]),
+    "uint16-large": lambda: memoryview(np.arange(MiB, dtype=np.uint16).reshape(2, -1)),
+    "int8-0d": lambda: memoryview(np.array(7, dtype=np.int8)),
+    "bytes-empty": lambda: memoryview(b""),
+}
+
+
+@pytest.mark.parametrize("name", list(MEMORYVIEWS))
+@LOOP
+async def test_a_memoryview_keeps_its_format_and_shape(store: ActorMesh[Store], name: str) -> None:
+    """Before, every memoryview arrived flat, of bytes (format 'B')."""
+    view = MEMORYVIEWS[name]()
+    for name_ in ("anything", "memoryview_"):
+        back = await call(store, name_, view)
+        assert type(back) is memoryview
+        assert (back.format, back.shape, back.tobytes()) == (
+            view.format, view.shape, view.tobytes())
+
+
+@given(fmt=st.text(max_size=4), shape=st.lists(st.integers(-2, 40), max_size=4),
+       size=st.integers(0, 48))
+@FUZZ
+def test_any_memoryview_reference_decodes_or_is_refused(
+        fmt: str, shape: list[int], size: int) -> None:
+    """A peer's memoryview reference (format, shape) that does not fit its
+    bytes is refused with an error naming both; one that fits decodes."""
+    ref = msgspec.msgpack.encode((0, 2, fmt, shape))
+    body = msgspec.msgpack.encode(msgspec.msgpack.Ext(EXT_BUFFER, ref))
+    try:
+        view = TypedDecoder(Any).decode(body, [bytearray(size)])
+    except (ValueError, meshio.SchemaError) as e:
+        assert "memoryview of format" in str(e)
+    else:
+        assert view.nbytes == size and view.shape == tuple(shape)
 
 
 @pytest.mark.parametrize("size", [0, 1, OOB_THRESHOLD - 1, OOB_THRESHOLD, OOB_THRESHOLD + 1])

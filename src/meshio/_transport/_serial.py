@@ -478,8 +478,14 @@ def _enc_hook(obj: Any) -> Any:
         else:
             as_, kind = ((_AS_BYTEARRAY, KIND_BYTEARRAY) if type(buf) is bytearray
                          else (_AS_MEMORYVIEW, KIND_BUFFER))
-            if type(buf) is memoryview and not buf.c_contiguous:
-                buf = buf.tobytes()
+            if type(buf) is memoryview:
+                view = buf
+                if not view.c_contiguous:
+                    buf = view.tobytes()
+                if view.format != "B" or view.ndim != 1:  # rebuilt as it reads
+                    out.append((buf, kind))
+                    return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode(
+                        (len(out) - 1, as_, view.format, list(view.shape))))
         index = len(out)
         out.append((buf, kind))
         return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
@@ -526,7 +532,17 @@ def _refused(e: msgspec.ValidationError) -> bool:
     return any(r in str(e) for r in _REFUSED)
 
 
-_buffer_ref = msgspec.msgpack.Decoder(tuple[int, int])
+class _BufferRef(msgspec.Struct, array_like=True):
+    """How a ``bytes``-like value travels: its bytes are buffer ``index``
+    of the frame; a ``memoryview`` of another format or shape says which."""
+
+    index: int
+    as_: int
+    format: str = "B"
+    shape: list[int] | None = None
+
+
+_buffer_ref = msgspec.msgpack.Decoder(_BufferRef)
 class _TensorRef(msgspec.Struct, array_like=True):
     """How a tensor travels: its bytes are buffer ``index`` of the frame."""
 
@@ -551,12 +567,19 @@ def _buffer(bufs: Buffers, index: int) -> Any:
 def _ext_hook(code: int, data: memoryview) -> Any:
     bufs = _in()
     if code == EXT_BUFFER:
-        index, as_ = _buffer_ref.decode(data)
-        buf = _buffer(bufs, index)
+        ref = _buffer_ref.decode(data)
+        as_, buf = ref.as_, _buffer(bufs, ref.index)
         if as_ == _AS_STR:  # received as a str when it is ASCII
             return buf if type(buf) is str else str(buf, "utf-8")
         if as_ == _AS_MEMORYVIEW:
-            return memoryview(buf)
+            view = memoryview(buf)
+            if ref.shape is None:
+                return view
+            try:
+                return view.cast("B").cast(ref.format, ref.shape)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"memoryview of format {ref.format!r} and shape "
+                                 f"{ref.shape} does not fit its {view.nbytes} bytes: {e}") from None
         return buf
     if code == EXT_TENSOR:
         ref = _tensor_ref.decode(data)
