@@ -237,6 +237,46 @@ async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
     assert not (records / "supervised.json").exists()
 
 
+@pytest.mark.parametrize("supervised", [False, True])
+async def test_reattach_to_a_mesh_that_lost_a_worker_meanwhile(
+        controller: type[Controller], records: Path, supervised: bool) -> None:
+    """A worker of a kept-alive mesh dies while no controller serves it: the
+    others are re-attached, and the dead one fails as if after it (a
+    supervisor restarts it and rebuilds its actors; without one it is a
+    hole), so the mesh serves and stops.  Before, reattach refused
+    ("Connection refused"), and so did spawn_procs of that name (it told
+    the user to reattach and stop it): the survivors ran unreachable until
+    their keep_alive ran out."""
+    first = controller("half", 60)
+    first.sigkill()
+    os.kill(first.pids[1], signal.SIGKILL)
+    wait_exited([first.pids[1]])
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0) if supervised else None
+    events = sup.events() if sup is not None else None
+    procs = await meshio.this_host().reattach("half", supervisor=sup)
+    try:
+        trainers = procs.actors("trainers", Trainer)
+        if events is not None:
+            seen: list[tuple[str, int]] = []
+            async with asyncio.timeout(GUARD):
+                async for ev in events:
+                    seen.append((ev.kind, ev.rank))
+                    if ev.kind == "restart":
+                        break
+            assert seen == [("failure", 1), ("restart", 1)]
+            await procs.ready()
+            assert list((await trainers.state.call()).values()) == [(3, 1.5), (0, 0.0)]
+        else:
+            states = await trainers.state.call()
+            assert [p.rank for p in states.holes] == [1] and states.values() == [(3, 1.5)]
+    finally:
+        if events is not None:
+            await events.aclose()
+        await procs.stop()
+    wait_exited(first.pids)
+    assert not (records / "half.json").exists()
+
+
 async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None:
     host = meshio.this_host()
     with pytest.raises(TypeError, match="keep_alive must be seconds"):

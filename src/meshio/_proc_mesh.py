@@ -953,7 +953,9 @@ class HostMesh(MeshShape):
             UnknownProcMeshError: no proc mesh of that name is kept alive on
                 this host (the message lists those that are).
             SupervisionError: a process could not be re-attached (its
-                controller is still connected, or it is gone).
+                controller is still connected), or every one is gone.  One
+                gone meanwhile fails as if after the re-attach: the
+                supervisor restarts it, else it is a hole.
             ValueError: this host mesh is not the one (the same hosts, in the
                 same order) the proc mesh was spawned on, or this process is
                 that mesh's controller.
@@ -983,6 +985,7 @@ class HostMesh(MeshShape):
             state.release()
             raise
         state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
+        state.fail_gone()
         state.published()
         return procs
 

@@ -283,6 +283,8 @@ class ProcState:
         self.workers: list[_Worker] = []
         self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
+        #: workers found dead on re-attaching, failed once their actors are known
+        self.gone: list[_Worker] = []
         self.stopped: bool = False
         #: done once the stop under way has stopped every process (:meth:`stop`)
         self._stop_done: asyncio.Future[None] | None = None
@@ -457,15 +459,30 @@ class ProcState:
                                           self.region.point(kept.rank)))
             w.conn.send_message(Adopt(req, rt.addr, controller))
         await asyncio.wait(futs)
-        for fut in futs:  # the first worker that cannot be re-attached says why
-            if fut.exception() is not None:
-                raise cast(BaseException, fut.exception())
+        failed = [(w, fut.exception()) for w, fut in zip(self.workers, futs)
+                  if fut.exception() is not None]
+        # A worker that died since its controller went fails as if after the
+        # re-attach (:meth:`fail_gone`: restarted by a supervisor, or a
+        # hole), and the others are served; one alive but out of reach, or
+        # every one gone: nothing is re-attached (the first says why).
+        alive = [e for w, e in failed if w.handle.returncode is None]
+        self.gone = [w for w, _ in failed if w.handle.returncode is not None]
+        if alive or (self.gone and len(self.gone) == len(self.workers)):
+            raise cast(BaseException, (alive or [failed[0][1]])[0])
         for w in self.workers:
             assert w.conn is not None
             self._watch(w, w.conn)
             w.started()
         self.actor_names = {a.name for a in record.actors}
         self._beating = rt.tasks.start(self._heartbeats())
+
+    def fail_gone(self) -> None:
+        """Fail the workers found dead on re-attaching (:meth:`_adopt`), once
+        the actors a supervisor rebuilds on a restart are known."""
+        gone, self.gone = self.gone, []
+        for w in gone:
+            assert w.conn is not None
+            self._lost(w, w.conn)
 
     def published(self) -> None:
         """Publish (again) the record of a kept-alive mesh: what a new
