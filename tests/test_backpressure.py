@@ -203,6 +203,7 @@ async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh
     # BOUND waiting here
     assert sent in (2 * BOUND, 2 * BOUND + 1)
     assert "await what an earlier broadcast() returned" in str(ei.value)
+    assert f"{BOUND} more sends of this process (calls or broadcasts) wait" in str(ei.value)
     assert ei.value.max_queued == BOUND
     # pushed back: the last one sent, awaited, returns once it went (the
     # actor took calls), and then there is room again

@@ -208,8 +208,9 @@ class ActorMesh(MeshShape, Generic[A]):
                 site = self._site(index)
                 raise Overloaded(
                     f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
-                    f"mailbox is full and {window.sends} more broadcasts of this process "
-                    f"wait for room in it (max_queued={self._max_queued}); the broadcast was "
+                    f"mailbox is full and {window.sends} more sends of this process (calls "
+                    f"or broadcasts) wait for room in it (max_queued={self._max_queued}); "
+                    f"the broadcast was "
                     f"not sent: await what an earlier broadcast() returned (or each one) to "
                     f"wait for room rather than run ahead of the actor", actor=self._name,
                     rank=site.rank,
