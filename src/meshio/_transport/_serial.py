@@ -582,9 +582,9 @@ def _ext_hook(code: int, data: memoryview) -> Any:
                                  f"{ref.shape} does not fit its {view.nbytes} bytes: {e}") from None
         return buf
     if code == EXT_TENSOR:
-        ref = _tensor_ref.decode(data)
-        return _rebuild_tensor(_buffer(bufs, ref.index), ref.dtype, ref.shape, ref.strides,
-                               ref.device, ref.requires_grad)
+        t = _tensor_ref.decode(data)
+        return _rebuild_tensor(_buffer(bufs, t.index), t.dtype, t.shape, t.strides,
+                               t.device, t.requires_grad)
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
