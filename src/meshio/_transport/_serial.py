@@ -270,7 +270,7 @@ def _to_host(t: Any) -> Any:
     return torch.frombuffer(memory, dtype=t.dtype).view(t.shape).copy_(t)
 
 
-def _strided_tensor(torch: Any, obj: object) -> bool:
+def _strided_tensor(torch: Any, obj: Any) -> bool:
     """``obj`` is a tensor meshio sends as its bytes; a sparse or otherwise
     laid out one is pickled as torch pickles it (its parts are strided)."""
     return torch is not None and isinstance(obj, torch.Tensor) and obj.layout is torch.strided
@@ -417,10 +417,11 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if isinstance(obj, types.CodeType) and _cloudpickle_code is not None:
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
-        if _strided_tensor(torch, obj):
-            t, mem, device = _tensor_memory(obj)
+        tensor: Any = obj
+        if _strided_tensor(torch, tensor):
+            t, mem, device = _tensor_memory(tensor)
             return _rebuild_tensor, (pickle.PickleBuffer(mem), str(t.dtype), list(t.shape),
-                                     list(t.stride()), device, obj.requires_grad)
+                                     list(t.stride()), device, tensor.requires_grad)
         if (isinstance(obj, type) and issubclass(obj, msgspec.Struct)
                 and obj is not msgspec.Struct and not _by_reference(obj)):
             return _reduce_struct_class(obj)
@@ -485,7 +486,7 @@ def _enc_hook(obj: Any) -> Any:
                 if view.format != "B" or view.ndim != 1:  # rebuilt as it reads
                     out.append((buf, kind))
                     return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode(
-                        (len(out) - 1, as_, view.format, list(view.shape))))
+                        (len(out) - 1, as_, view.format, list(view.shape or ()))))
         index = len(out)
         out.append((buf, kind))
         return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
@@ -576,7 +577,8 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             if ref.shape is None:
                 return view
             try:
-                return view.cast("B").cast(ref.format, ref.shape)
+                flat: Any = view.cast("B")  # (typeshed knows only the struct formats' letters)
+                return flat.cast(ref.format, ref.shape)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"memoryview of format {ref.format!r} and shape "
                                  f"{ref.shape} does not fit its {view.nbytes} bytes: {e}") from None
