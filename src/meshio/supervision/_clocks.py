@@ -11,7 +11,12 @@ __all__ = ("Clock", "ManualClock", "MonotonicClock")
 
 
 class Clock(Protocol):
-    """Time for heartbeats and intensity windows (injectable for tests)."""
+    """Time for heartbeats and intensity windows (injectable for tests).
+
+    Any object with these two methods is a clock (it need not derive from
+    this class); ``Supervisor(clock=...)`` refuses, with a ``TypeError``, one
+    that lacks either.
+    """
 
     def now(self) -> float: ...
     async def sleep(self, seconds: float) -> None: ...

@@ -21,10 +21,12 @@ when the supervised proc mesh's ``async with`` block exits).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from types import FunctionType
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 from .._checks import is_number
@@ -54,6 +56,8 @@ log = logging.getLogger("meshio")
 _STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 _RESTARTS = ("permanent", "transient", "temporary")
 _EVENT_HISTORY = 10_000
+#: what a supervisor calls on its clock (:class:`Clock`)
+_CLOCK_METHODS = ("now", "sleep")
 
 
 class _Ranked(Protocol):
@@ -124,7 +128,11 @@ class Supervisor:
             :class:`~meshio.PoisonMessageError`, a ``"poison"`` event says
             so, and its crashes count as one failure against the intensity
             (the crashes of its redeliveries do not count).
-        clock: time source for heartbeats and the intensity window.
+        clock: time source for heartbeats and the intensity window: a
+            :class:`~meshio.supervision.Clock`, an object with ``now()`` and
+            ``async sleep(seconds)`` (None: the real clock,
+            :class:`~meshio.supervision.MonotonicClock`;
+            ``meshio.supervision.ManualClock()`` in tests).
         on_escalate: called with the error when this supervisor gives up (after
             an owning actor's ``__supervise__``, if any, did not handle it), on
             the loop that created the supervisor; returning True (or an
@@ -136,6 +144,10 @@ class Supervisor:
             escalation goes on.
 
     Raises:
+        TypeError: ``strategy`` or ``name`` is not a str, ``parent`` not a
+            Supervisor, ``clock`` not a clock (an instance with ``now`` and
+            ``sleep``), or ``on_escalate`` not callable; the message names
+            the argument and the type received.
         ValueError: an argument is out of its range or not of its kind
             (seconds: an int or float > 0, not a bool or NaN), named in the
             message.
@@ -156,6 +168,7 @@ class Supervisor:
         on_escalate: Callable[[SupervisionError], bool | Awaitable[bool | None] | None]
         | None = None,
     ) -> None:
+        _check_types(strategy, name, parent, clock, on_escalate)
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
         if type(max_restarts) is not int or max_restarts < 0:
@@ -181,7 +194,7 @@ class Supervisor:
         self.heartbeat_timeout: float = (
             3 * heartbeat_interval if heartbeat_timeout is None else heartbeat_timeout)
         self.poison_after: int = poison_after
-        self.clock: Clock = clock or MonotonicClock()
+        self.clock: Clock = MonotonicClock() if clock is None else clock
         self.on_escalate: Callable[
             [SupervisionError], bool | Awaitable[bool | None] | None] | None = on_escalate
         self.children: list[Supervised | Supervisor] = []
@@ -463,6 +476,44 @@ class Supervisor:
         """Stop every child, in reverse declaration order."""
         for child in reversed(list(self.children)):  # an owner may release one meanwhile
             await child.stop()
+
+
+def _check_types(strategy: object, name: object, parent: object, clock: object,
+                 on_escalate: object) -> None:
+    """Refuse, when the supervisor is built, the arguments of the wrong type
+    that would otherwise fail only once a process fails (a clock without
+    ``now`` stopped its restarts and left calls to the mesh hanging)."""
+
+    def got(value: object) -> str:
+        return f"got {type(value).__name__} {value!r}"
+
+    if not isinstance(strategy, str):
+        raise TypeError(f"Supervisor: strategy must be a str, one of {_STRATEGIES}, "
+                        f"{got(strategy)}")
+    if not isinstance(name, str):
+        raise TypeError(f"Supervisor: name must be a str (it names the supervisor in events "
+                        f"and errors), {got(name)}")
+    if parent is not None and not isinstance(parent, Supervisor):
+        raise TypeError(f"Supervisor: parent must be the meshio.Supervisor this one is a child "
+                        f"of, or None, {got(parent)}")
+    if clock is not None:
+        if isinstance(clock, type) and any(
+                isinstance(inspect.getattr_static(clock, m, None), FunctionType)
+                for m in _CLOCK_METHODS):
+            raise TypeError(f"Supervisor: clock must be a clock object, got the class "
+                            f"{clock.__qualname__}; pass an instance: "
+                            f"clock={clock.__qualname__}()")
+        missing = [m for m in _CLOCK_METHODS if not callable(getattr(clock, m, None))]
+        if missing:
+            raise TypeError(
+                f"Supervisor: clock must be a meshio.supervision.Clock, an object with "
+                f"now() -> float and async sleep(seconds) (e.g. "
+                f"meshio.supervision.ManualClock() in tests; None for the real clock), "
+                f"{got(clock)}, which has no {' or '.join(f'{m}()' for m in missing)}")
+    if on_escalate is not None and not callable(on_escalate):
+        raise TypeError(f"Supervisor: on_escalate must be a function called with the "
+                        f"SupervisionError when the supervisor gives up, or None, "
+                        f"{got(on_escalate)}")
 
 
 def _gangs(units: list[tuple[Supervised | Supervisor, int]]
