@@ -630,9 +630,14 @@ class ProcState:
         stale = conn is not worker.conn
         restarting = stale or (worker.on_purpose and not self.stopped)
         if not restarting and self.supervisor is not None and not self.stopped:
-            restarting = self.supervisor.child_failed(
-                self, worker.rank, cause, abnormal=handle.returncode != 0, pid=handle.pid,
-                host=handle.host, counted=not self.redelivering.get(worker.rank))
+            try:
+                restarting = self.supervisor.child_failed(
+                    self, worker.rank, cause, abnormal=handle.returncode != 0, pid=handle.pid,
+                    host=handle.host, counted=not self.redelivering.get(worker.rank))
+            except Exception:  # (its clock, a hook: user code) its calls still fail
+                log.exception("meshio: supervisor %r could not decide on proc mesh %r rank %d; "
+                              "it is not restarted", self.supervisor.name, self.name,
+                              worker.rank)
         note = "; its supervisor is restarting it" if restarting else ""
 
         def error(p: Pending) -> SupervisionError:  # a call in flight when it died

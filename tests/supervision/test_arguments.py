@@ -138,3 +138,30 @@ async def test_a_supervisor_on_a_manual_clock_restarts_a_killed_process() -> Non
         _, restart = await s.restarted(0)
         pid = await asyncio.wait_for(w.pid.call_one(), DEADLINE)
         assert pid == restart.pid == s.procs.pids[0] != s.old[0]
+
+
+class BrokenClock(ManualClock):
+    """A clock whose ``now()`` raises once told to (user code can)."""
+
+    broken = False
+
+    def now(self) -> float:
+        if self.broken:
+            raise RuntimeError("clock broke")
+        return super().now()
+
+
+async def test_a_supervisor_that_raises_deciding_still_fails_the_calls() -> None:
+    """The supervisor's decision on a dead process raising (here its clock)
+    is logged and the process is not restarted; calls to it fail rather
+    than hang (they hung: the error ended the task that fails them)."""
+    clock = BrokenClock()
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=clock)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+        w = await procs.spawn("w", W, 1)
+        pid = await asyncio.wait_for(w.pid.call_one(), DEADLINE)
+        clock.broken = True
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(meshio.SupervisionError, match=f"process {pid}"):
+            await asyncio.wait_for(w.pid.call_one(), DEADLINE)
+        clock.broken = False
