@@ -11,9 +11,10 @@ supervisor's events, each under a generous guard.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from supervision_helpers import DEADLINE, Events, manual_sup
 
 import meshio
 from fifo_gate import Gate, hold
+from gone import wait_gone
 from meshio import Actor, Channel, Port, ReplicaStats, endpoint
 
 
@@ -42,6 +44,13 @@ class Gen(Actor):
     @endpoint(concurrent=True)
     async def hold(self, started: Port[int]) -> int:
         """Says it started, then answers once ``let_go`` is called."""
+        started.send(os.getpid())
+        await self.release.wait()
+        return os.getpid()
+
+    @endpoint
+    async def hold_alone(self, started: Port[int]) -> int:
+        """As ``hold``, not concurrent: the calls after it wait in the mailbox."""
         started.send(os.getpid())
         await self.release.wait()
         return os.getpid()
@@ -264,8 +273,160 @@ async def test_scale_up_and_down(procs: meshio.ProcMesh, tmp_path: Path) -> None
     await svc.scale(replicas=2)  # a new process again
     assert (await svc.whoami.call()).values()[0] == pids[0]
     await svc.stop()
-    with pytest.raises(meshio.SupervisionError, match="no replica"):
+    with pytest.raises(meshio.SupervisionError, match="was stopped"):
         await svc.whoami.route()
+
+
+# ------------------------------------------------------ stop, who owns what
+
+
+async def turns_until(done: Callable[[], bool]) -> None:
+    """Let the loop turn (no time passes) until ``done()``: tasks just made
+    have run up to their first real wait (a routed call: sent, counted)."""
+    for _ in range(1000):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("not done after 1000 turns of the loop")
+
+
+def held_start() -> None:
+    """Every process runs this first: one started while the gate is armed
+    (a replica ``scale`` adds) notes its pid and waits in the gate."""
+    gate = Path(os.environ["SVC_GATE"])
+    if (gate / "armed").exists():
+        (gate / "pids" / str(os.getpid())).touch()
+        hold(str(gate / "ready"), str(gate / "release"))
+
+
+def held_pids(tmp_path: Path) -> list[int]:
+    return [int(p.name) for p in (tmp_path / "pids").iterdir()]
+
+
+@asynccontextmanager
+async def held_scale(tmp_path: Path) -> AsyncIterator[tuple[meshio.ProcMesh, Gen,
+                                                            asyncio.Task[None]]]:
+    """A one-replica service growing to two: its new process waits in its
+    bootstrap (the gate) while the test stops something."""
+    gate = Gate(tmp_path)
+    (tmp_path / "pids").mkdir()
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, env={"SVC_GATE": str(tmp_path)},
+            bootstrap=held_start) as procs:
+        svc = meshio.Service(await procs.spawn("gens", Gen, "t"))
+        (tmp_path / "armed").touch()
+        scaling = asyncio.create_task(svc.scale(replicas=2))
+        await gate.wait_held(DEADLINE)
+        yield procs, svc, scaling
+
+
+async def test_stop_fails_calls_in_flight_and_queued(procs: meshio.ProcMesh) -> None:
+    """Routed calls running in a replica and those queued behind them all
+    fail with SupervisionError when the service stops (the queued ones got
+    UnknownActorError)."""
+    svc = meshio.Service(await procs.spawn("gens", Gen, "t"), routing="round_robin")
+    port, started = Channel[int].open()
+    running = [asyncio.create_task(svc.hold_alone.route(port)) for _ in range(2)]
+    pids = [await asyncio.wait_for(started.recv(), DEADLINE) for _ in range(2)]
+    assert sorted(pids) == sorted(procs.pids)  # both replicas busy
+    queued = [asyncio.create_task(svc.whoami.route()) for _ in range(2)]
+    await turns_until(lambda: [s.in_flight for s in svc.stats()] == [2, 2])
+    await asyncio.wait_for(svc.stop(), DEADLINE)
+    for call, when in zip(running + queued, ["while"] * 2 + ["before"] * 2):
+        with pytest.raises(meshio.SupervisionError, match=f"stopped {when} handling"):
+            await asyncio.wait_for(call, DEADLINE)
+
+
+async def test_a_stopped_service_stays_stopped(procs: meshio.ProcMesh) -> None:
+    """Every adverb and scale() of a stopped service raise SupervisionError
+    (call() returned an empty ValueMesh, choose() a MeshShapeError,
+    broadcast() nothing, and scale() started processes again)."""
+    svc = meshio.Service(await procs.spawn("gens", Gen, "t"))
+    await svc.scale(replicas=3)
+    await svc.stop()
+    await svc.stop()  # (again: nothing to do)
+    stopped = "service 'gens' was stopped"
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.whoami.route()
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.whoami.call()
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.whoami.call_one()
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.whoami.choose()
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.whoami.broadcast()
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        [x async for x in svc.whoami.stream()]
+    with pytest.raises(meshio.SupervisionError, match=stopped):
+        await svc.scale(replicas=2)
+    assert (len(svc), svc.stats()) == (0, [])  # and nothing started
+    for pid in procs.pids:  # the proc mesh's own processes keep running
+        os.kill(pid, 0)
+
+
+async def test_stop_does_not_wait_for_a_shrink(procs: meshio.ProcMesh) -> None:
+    """A shrink waits for the calls of the replicas it removes; stop()
+    stops those now and fails their calls (it waited for the shrink, so
+    for a call that never ends)."""
+    svc = meshio.Service(await procs.spawn("gens", Gen, "t"), routing=newest)
+    await svc.scale(replicas=3)
+    leaving = (await svc.whoami.call()).values()[2]
+    port, started = Channel[int].open()
+    held = asyncio.create_task(svc.hang_on.route(port, leaving))
+    assert await asyncio.wait_for(started.recv(), DEADLINE) == leaving
+    scaling = asyncio.create_task(svc.scale(replicas=2))
+    await turns_until(lambda: len(svc) == 2)
+    await asyncio.wait_for(svc.stop(), DEADLINE)
+    with pytest.raises(meshio.SupervisionError):
+        await asyncio.wait_for(held, DEADLINE)
+    await asyncio.wait_for(scaling, DEADLINE)
+    await wait_gone([leaving], DEADLINE)
+
+
+async def test_stop_while_scale_starts_replicas(tmp_path: Path) -> None:
+    """stop() during a grow stops the process being started, and the grow
+    raises SupervisionError (stop() waited for the grow, which waited for
+    the process)."""
+    async with held_scale(tmp_path) as (_, svc, scaling):
+        await asyncio.wait_for(svc.stop(), DEADLINE)
+        with pytest.raises(meshio.SupervisionError, match="service 'gens' was stopped"):
+            await asyncio.wait_for(scaling, DEADLINE)
+        await wait_gone(held_pids(tmp_path), DEADLINE)
+        assert len(svc) == 0
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["kept", "dropped"])
+async def test_scaled_replicas_stop_with_their_proc_mesh(drop: bool) -> None:
+    """The processes scale() started belong to the proc mesh of the service's
+    actor mesh: leaving its ``async with`` stops them, whether the service
+    is still held or was dropped; they are out of rotation at once (they ran
+    on, and route() reached them)."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        svc = meshio.Service(await procs.spawn("gens", Gen, "t"))
+        await svc.scale(replicas=3)
+        added = (await svc.whoami.call()).values()[1:]
+        assert len(set(added) - set(procs.pids)) == 2
+        if drop:
+            del svc
+            gc.collect()
+    assert procs.stopped
+    if not drop:
+        with pytest.raises(meshio.SupervisionError, match="'procs' they belong to was stopped"):
+            await svc.whoami.route()
+        assert [s.alive for s in svc.stats()] == [False] * 3
+    await wait_gone(added, DEADLINE)
+
+
+async def test_proc_mesh_stopped_while_scale_starts_replicas(tmp_path: Path) -> None:
+    """The proc mesh stopped during a grow: the process being started is
+    stopped with it, and the grow raises SupervisionError."""
+    async with held_scale(tmp_path) as (procs, svc, scaling):
+        await procs.stop()
+        with pytest.raises(meshio.SupervisionError, match="while new replicas started"):
+            await asyncio.wait_for(scaling, DEADLINE)
+        await wait_gone(held_pids(tmp_path), DEADLINE)
+        assert len(svc) == 1
 
 
 async def test_stats(procs: meshio.ProcMesh) -> None:

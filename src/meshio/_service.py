@@ -4,6 +4,13 @@ replicas, with routing, failover to live replicas, scaling and statistics.
 A service lives in the process that made it (the controller, or an actor):
 it learns of its replicas' deaths and restarts from that process's runtime
 and supervisors, so it is not a value passed to other actors.
+
+Who owns the processes: the replicas ``scale`` starts (a proc mesh each)
+belong to the proc mesh of the actor mesh the service was made from, as
+its own processes do: they stop when it stops for good (``procs.stop()``,
+leaving ``async with``, or the actor that started it stopping), when the
+service is stopped, or when ``scale`` removes them.  Dropping the service
+object stops nothing.
 """
 
 from __future__ import annotations
@@ -82,7 +89,8 @@ _POLICIES: tuple[Policy, ...] = get_args(Policy)
 
 class _Replica:
     """One replica: a one-actor view, the host it runs on, the proc mesh the
-    service started for it (None: the user's), and its call statistics."""
+    service started for it (None: the user's) with the one it belongs to
+    (``origin``, see :func:`_stops_with`), and its call statistics."""
 
     __slots__ = (
         "_sorted",
@@ -93,15 +101,21 @@ class _Replica:
         "idle",
         "in_flight",
         "mesh",
+        "origin",
         "procs",
+        "unhook",
     )
 
     def __init__(self, replica: int, mesh: ActorMesh[Any], host: int,
-                 procs: ProcMesh | None) -> None:
+                 procs: ProcMesh | None = None, origin: ProcState | None = None,
+                 unhook: Callable[[], None] | None = None) -> None:
         self.id = replica
         self.mesh = mesh
         self.host = host
         self.procs = procs
+        self.origin = origin
+        #: undoes :func:`_stops_with` (the replica is stopped by the service)
+        self.unhook = unhook
         self.in_flight = 0
         self.completed = 0
         #: set once no call is in flight, while the replica is being retired
@@ -110,7 +124,10 @@ class _Replica:
         self._sorted: list[float] = []
 
     def up(self) -> bool:
-        """It serves calls: not known dead, restarting or stopped."""
+        """It serves calls: not known dead, restarting or stopped (nor is the
+        proc mesh it belongs to: its stop is under way)."""
+        if self.origin is not None and self.origin.stopped:
+            return False
         route = self.mesh._route
         return route.down(route.runtime(), 0) is None
 
@@ -183,6 +200,15 @@ class Service(MeshShape):
     wait for one being restarted; with none coming back they raise
     :class:`~meshio.SupervisionError`.
 
+    Lifetime: the replicas :meth:`scale` starts belong to the proc mesh of
+    the actor mesh the service was made from, as its own processes do: they
+    stop when that proc mesh stops for good (``procs.stop()``, leaving its
+    ``async with``, or the actor that started it stopping; its supervisor
+    giving up stops them with it), and are out of rotation from the moment
+    its stop begins.  :meth:`stop` stops them all at once; dropping the
+    service object stops nothing.  A stopped service stays stopped: every
+    adverb and :meth:`scale` raise :class:`~meshio.SupervisionError`.
+
     Type checkers see a service as its actor class (as a mesh from
     ``procs.spawn``), so ``svc.generate.route(...)`` has the endpoint's
     result type; :meth:`scale` and :meth:`stats` are declared there too.
@@ -234,10 +260,24 @@ class Service(MeshShape):
         self._rr = 0
         self._sessions: OrderedDict[Hashable, _Replica] = OrderedDict()
         self._scaling = asyncio.Lock()
+        #: proc meshes a grow is starting (not replicas yet), and replicas a
+        #: shrink took out that wait for their calls: stop() stops them too
+        self._starting: set[ProcMesh] = set()
+        self._leaving: set[_Replica] = set()
+        #: set by stop(): done once its replicas are stopped
+        self._stopped: asyncio.Future[None] | None = None
 
     def _set(self, replicas: list[_Replica]) -> None:
         self._replicas = replicas
         self._region = Region.full(("replicas",), (len(replicas),))
+
+    def _check_open(self) -> None:
+        """Raise if the service was stopped: what every use of it does then."""
+        if self._stopped is not None:
+            raise SupervisionError(
+                f"service {self._name!r} was stopped (Service.stop()): it has no replicas and "
+                f"serves no calls; make a new service of a live actor mesh",
+                actor=self._name, cause="service stopped")
 
     def _with_region(self, region: Region) -> NoReturn:
         raise TypeError(f"service {self._name!r}: a service's replicas are not sliced; slice "
@@ -287,6 +327,9 @@ class Service(MeshShape):
         if the service started it, else its actor (the process belongs to
         the user's proc mesh and keeps running).  ``scale`` returns then.
 
+        The new replicas belong to the proc mesh of the actor mesh (see
+        :class:`Service`): they stop when it stops for good.
+
         Scale calls run one after the other.
 
         Raises:
@@ -295,8 +338,10 @@ class Service(MeshShape):
             RuntimeError: growing a service whose actor mesh was received
                 from another process (only the process that spawned it
                 holds its proc mesh).
-            SupervisionError: the proc mesh of the actor mesh was stopped,
-                or a new process failed to start
+            SupervisionError: the service was stopped (before or while
+                growing: nothing it started is left running); the proc mesh
+                of the actor mesh was stopped (before or while growing: the
+                same); or a new process failed to start
                 (:class:`~meshio.ProcessStartError`).
         """
         if isinstance(replicas, bool) or not isinstance(replicas, int):
@@ -305,7 +350,9 @@ class Service(MeshShape):
         if replicas < 1:
             raise ValueError(f"scale(replicas=...) must be >= 1 (service {self._name!r}), "
                              f"got {replicas}; stop() stops every replica")
+        self._check_open()
         async with self._scaling:
+            self._check_open()  # (stopped while an earlier scale ran)
             n = len(self._replicas)
             if replicas > n:
                 await self._grow(replicas - n)
@@ -313,15 +360,28 @@ class Service(MeshShape):
                 await self._shrink(n - replicas)
 
     async def stop(self) -> None:
-        """Stop every replica now (calls in flight fail with
-        :class:`~meshio.SupervisionError`): the proc meshes the service
-        started, and the actors of the mesh it was made from (their
-        processes keep running).  Later calls raise SupervisionError."""
-        async with self._scaling:
-            replicas = self._replicas
-            self._set([])
-            self._sessions.clear()
-            await asyncio.gather(*(_stop(r) for r in replicas))
+        """Stop every replica now: the proc meshes the service started (those
+        a ``scale`` under way is starting, and those it is removing, too),
+        and the actors of the mesh it was made from (their processes keep
+        running).  Calls in flight or queued fail with
+        :class:`~meshio.SupervisionError`; a ``scale`` under way raises it.
+        The service stays stopped: later calls, and ``scale``, raise
+        SupervisionError; ``len(svc)`` is 0 and ``stats()`` empty.
+        Returns once every replica is stopped; a stop while one is under way
+        waits for that one."""
+        if self._stopped is not None:
+            await asyncio.shield(self._stopped)
+            return
+        self._stopped = done = asyncio.get_running_loop().create_future()
+        replicas = [*self._replicas, *self._leaving]
+        starting = list(self._starting)
+        self._set([])
+        self._sessions.clear()
+        try:
+            await asyncio.gather(*(_stop(r) for r in replicas),
+                                 *(procs.stop() for procs in starting))
+        finally:
+            done.set_result(None)
 
     # ------------------------------------------------------------ scaling
 
@@ -360,22 +420,37 @@ class Service(MeshShape):
             return_exceptions=True)
         started = [r for r in results if isinstance(r, _Replica)]
         failures = [e for e in results if isinstance(e, BaseException)]
-        if failures:
+        if self._stopped is not None or state.stopped or failures:
+            # (stopped meanwhile, the service or the proc mesh they belong
+            # to: what was started would outlive it; a start that failed
+            # then was cancelled by that stop, and says nothing useful)
             await asyncio.gather(*(_stop(r) for r in started))
+            self._check_open()
+            if state.stopped:
+                raise SupervisionError(
+                    f"service {self._name!r}: scale() stopped: proc mesh {state.name!r} of "
+                    f"actor mesh {self._name!r} was stopped while new replicas started; "
+                    f"they are stopped", actor=self._name, cause="proc mesh stopped")
             raise failures[0]
         self._set(self._replicas + started)
 
     async def _start(self, replica: int, host: int, state: ProcState,
                      record: _ActorRecord) -> _Replica:
+        self._check_open()  # (stopped before this task ran: start nothing)
         procs = ProcMesh(state.like(f"{self._name}-replica-{replica}", host, "replicas"),
                          Region.full(("replicas",), (1,)), record.options)
+        unhook = _stops_with(state, procs)
+        self._starting.add(procs)
         try:
             mesh: ActorMesh[Any] = await procs._spawn_packed(self._name, self._cls,
                                                              record.body, record.out)
         except BaseException:
+            unhook()
             await procs.stop()
             raise
-        return _Replica(replica, mesh, host, procs)
+        finally:
+            self._starting.discard(procs)
+        return _Replica(replica, mesh, host, procs, state, unhook)
 
     async def _shrink(self, k: int) -> None:
         order = sorted(self._replicas, key=lambda r: (r.procs is not None, r.id))
@@ -383,7 +458,11 @@ class Service(MeshShape):
         self._set([r for r in self._replicas if r not in leaving])
         for session in [s for s, r in self._sessions.items() if r in leaving]:
             del self._sessions[session]
-        await asyncio.gather(*(_retire(r) for r in leaving))
+        self._leaving.update(leaving)
+        try:
+            await asyncio.gather(*(_retire(r) for r in leaving))
+        finally:
+            self._leaving.difference_update(leaving)
 
     # ------------------------------------------------------------ routing
 
@@ -414,16 +493,21 @@ class Service(MeshShape):
     async def _pick(self, session: Hashable | None) -> _Replica:
         """The live replica to call; while none is, wait for one coming back."""
         while True:
+            self._check_open()
             live = [r for r in self._replicas if r.up()]
             if live:
                 return self._choose(live, session)
             backs = [f for r in self._replicas if (f := r.back()) is not None]
             if not backs:
-                why = ("it has no replicas (stopped)" if not self._replicas else
-                       f"its {len(self._replicas)} replicas are down and nothing restarts them "
-                       f"(no supervisor, their restart type, or the supervisor gave up)")
-                raise SupervisionError(f"service {self._name!r}: no replica serves calls: "
-                                       f"{why}", actor=self._name, cause="no live replica")
+                procs = self._mesh._procs
+                why = (f"proc mesh {procs._state.name!r} they belong to was stopped"
+                       if procs is not None and procs._state.stopped else
+                       "nothing restarts them (no supervisor, their restart type, or the "
+                       "supervisor gave up)")
+                raise SupervisionError(
+                    f"service {self._name!r}: no replica serves calls: its "
+                    f"{len(self._replicas)} replicas are down and {why}",
+                    actor=self._name, cause="no live replica")
             await asyncio.wait(backs, return_when=asyncio.FIRST_COMPLETED)
 
     def _choose(self, live: list[_Replica], session: Hashable | None) -> _Replica:
@@ -464,29 +548,36 @@ class Service(MeshShape):
 
     # -------------------------------------------------- the call target
     # What its endpoints' adverbs call (meshio.endpoints.CallTarget), by
-    # index in the replicas.
+    # index in the replicas.  Each adverb reads _route or calls one of the
+    # others below _route before it sends anything (choose: see
+    # _ServiceEndpoint): a stopped service raises there.
 
     @property
     def _route(self) -> _Replicas:
+        self._check_open()
         return _Replicas(self)
 
     def _request_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, gather: bool, deadline: float | None = None
                      ) -> list[asyncio.Future[Any]]:
+        self._check_open()
         return [r.mesh._route.request(0, desc, body, out, deadline) for r in self._replicas]
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
+        self._check_open()
         parts = [r.mesh._gather_all(desc, body, out, deadline) for r in self._replicas]
         return _Joined(asyncio.get_running_loop(), parts, desc, self._name,
                        [r.mesh._site(0) for r in self._replicas])
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                   out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
+        self._check_open()
         return [f for r in self._replicas for f in r.mesh._send_all(desc, body, out, deadline)]
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
                     indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:
+        self._check_open()
         for index in range(len(self._replicas)) if indices is None else indices:
             self._replicas[index].mesh._check_room(desc, backlog=backlog)
 
@@ -510,10 +601,33 @@ async def _retire(r: _Replica) -> None:
 
 
 async def _stop(r: _Replica) -> None:
+    if r.unhook is not None:
+        r.unhook()
     if r.procs is not None:
         await r.procs.stop()
     else:
         await r.mesh.stop()
+
+
+def _stops_with(origin: ProcState, procs: ProcMesh) -> Callable[[], None]:
+    """Make ``procs`` (a replica's proc mesh) stop when ``origin`` (the proc
+    mesh it belongs to) is stopped for good: released, by ``procs.stop()``,
+    ``async with`` or its owning actor's stop.  The stop runs in a task of
+    the runtime's, which closes with it.  Returns what undoes this (the
+    service stopping ``procs`` itself), so that ``origin`` holds nothing of
+    replicas gone."""
+
+    def stop() -> None:
+        origin.rt.tasks.start(procs.stop(), name=f"meshio: stop {procs._state.name!r} with "
+                                                 f"proc mesh {origin.name!r}")
+
+    origin.on_release.append(stop)
+
+    def unhook() -> None:
+        if stop in origin.on_release:
+            origin.on_release.remove(stop)
+
+    return unhook
 
 
 class _Joined(Gathering):
@@ -579,6 +693,13 @@ class _ServiceEndpoint(Endpoint[P, R]):
         super().__init__(service, desc, timeout, on_full)
         self._service = service
         self._takes_session = "session" in inspect.signature(desc.fn).parameters
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
+        """As on a mesh (one replica, the least loaded); a stopped service
+        raises :class:`~meshio.SupervisionError` (not the empty mesh's
+        :class:`~meshio.MeshShapeError`)."""
+        self._service._check_open()
+        return super().choose(*args, **kwargs)
 
     @traced
     async def route(self, *args: Any, session: Hashable | None = None, **kwargs: Any) -> R:
