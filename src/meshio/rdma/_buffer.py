@@ -24,7 +24,6 @@ backends below it (and :mod:`._memory`, :mod:`._registry`) never import it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib.util
 import os
@@ -37,9 +36,19 @@ from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
 from .._transport._runtime import runtime
+from .._transport._tasks import within
 from . import _backends, _same_host
 from ._memory import BufferLike, Memory, memory_of
-from ._registry import BACKENDS, Backend, Handle, Registration, Registry, _ids, _request
+from ._registry import (
+    BACKENDS,
+    Backend,
+    Handle,
+    Registration,
+    Registry,
+    _ids,
+    ask_owner,
+    owner_may_live,
+)
 
 __all__ = ("BACKENDS", "Backend", "RDMABuffer", "available_backends", "backend_for",
            "backend_status")
@@ -181,7 +190,11 @@ class RDMABuffer:
 
         Args:
             timeout: seconds before a transfer (any backend) or :meth:`drop`
-                raises :class:`~meshio.CallTimeout`.
+                raises :class:`~meshio.CallTimeout`.  An owner found not
+                responding first (its proc mesh's ``heartbeat_timeout``, 3 s
+                by default) fails them sooner, as calls to it fail:
+                :meth:`drop` with :class:`~meshio.SupervisionError`, a
+                ``tcp`` transfer with :class:`~meshio.RDMAError`.
 
         Raises:
             ValueError: ``timeout`` is not a number of seconds > 0.
@@ -228,8 +241,22 @@ class RDMABuffer:
         """Release the registration (in the owner, wherever this is called);
         later transfers raise :class:`~meshio.RDMAError`.  Idempotent.
 
+        Returns once the owner released it (or had already), or once the
+        owner's process is gone — exited, killed (a supervisor kills a hung
+        one), its proc mesh stopped, its host downed: its registrations went
+        with it.
+
         Raises:
-            CallTimeout: the owner did not answer within ``options(timeout=...)``.
+            CallTimeout: the owner did not answer within ``options(timeout=...)``
+                (stopped, or its event loop blocked); the drop takes effect
+                if it resumes.
+            SupervisionError: the owner's process is alive but found not
+                responding (no heartbeat answer for the proc mesh's
+                ``heartbeat_timeout``, 3 s by default, when that comes before
+                the timeout, or without one), as calls to it are; or it could
+                not be reached.  The buffer stays registered; a drop already
+                sent takes effect when the owner answers again, and one made
+                meanwhile is not sent.  Call ``drop()`` again once it answers.
         """
         h = self._handle
         rt = runtime()
@@ -237,9 +264,17 @@ class RDMABuffer:
             rt.state(Registry).release(h.buf)
             return
         try:
-            await _request(rt, h, RdmaOp(0, "drop", h.buf, h.token), self._timeout)
-        except (SupervisionError, RDMAError):
-            pass  # the owner is gone: so is the registration
+            await ask_owner(rt, h, RdmaOp(0, "drop", h.buf, h.token), self._timeout)
+        except SupervisionError as e:
+            if not owner_may_live(e):
+                return  # its process is gone, and the registration with it
+            raise SupervisionError(
+                f"RDMABuffer.drop() of buffer {h.buf}: its owner (pid {h.pid} on "
+                f"{h.host.split('/')[0]}) does not answer and is not known to be gone, so the "
+                f"buffer stays registered there (a drop it received takes effect when it "
+                f"resumes); call drop() again once it answers, or stop its proc mesh, which "
+                f"releases every buffer in it. {e}",
+                actor=e.actor, rank=e.rank, host=e.host, pid=e.pid, cause=e.cause) from e
 
     async def _run(self, op: Transfer, local: Memory, offset: int, length: int) -> None:
         name = backend_for(self._handle)
@@ -250,7 +285,7 @@ class RDMABuffer:
             await coro
             return
         try:
-            await asyncio.wait_for(coro, self._timeout)
+            await within(coro, self._timeout)
         except TimeoutError:
             raise CallTimeout(
                 f"RDMA {op} of {length} bytes on {self!r} ({name}) took longer than "

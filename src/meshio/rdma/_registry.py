@@ -22,6 +22,7 @@ from .._transport._connection import Connection, Pending
 from .._transport._messages import RdmaOp, RdmaOpName, Transfer
 from .._transport._runtime import Runtime
 from .._transport._serial import Buffers
+from .._transport._tasks import within
 from ._memory import Memory
 
 if TYPE_CHECKING:
@@ -147,27 +148,67 @@ def _take_buffer(raw: Any, bufs: Buffers) -> Any:
     return bufs[0] if bufs else b""
 
 
-async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
-                   out: list[tuple[Any, int]] | None = None) -> Any:
-    """One request served by the owner's runtime; :class:`CallTimeout` if
-    no answer comes within ``timeout`` seconds."""
-    conn = rt.connect(h.owner)
+async def ask_owner(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
+                    out: list[tuple[Any, int]] | None = None) -> Any:
+    """One request served by the runtime of ``h``'s owner.  Like a call, it
+    is not sent when that process is known down or found not responding
+    (``rt.dead``): it fails at once.
+
+    Raises:
+        CallTimeout: no answer within ``timeout`` seconds (None: no limit).
+        SupervisionError: the transport's own, unchanged: the owner's process
+            is gone, not responding (heartbeats), or could not be reached;
+            :func:`owner_may_live` tells which.
+        RDMAError: the owner refused the request (the buffer was dropped, a
+            range outside it).
+    """
     fut: asyncio.Future[Any] = rt.loop.create_future()
-    req = conn.next_req(Pending(fut, _take_buffer, f"RDMA {msg.op}", f"buffer {h.buf}",
-                                f"owner pid {h.pid}"))
+    pending = Pending(fut, _take_buffer, f"RDMA {msg.op}", f"buffer {h.buf}",
+                      f"owner pid {h.pid}")
+    dead = rt.dead.get(h.owner)
+    if dead is not None:
+        raise dead(pending)
+    conn = rt.connect(h.owner)
+    req = conn.next_req(pending)
     conn.send_message(replace_req(msg, req), out or [])
     try:
-        return await (fut if timeout is None else asyncio.wait_for(fut, timeout))
+        return await within(fut, timeout)
     except TimeoutError:
         raise CallTimeout(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) did not "
                           f"answer within {timeout}s (stopped, or its loop is blocked); the "
                           f"request may still take effect if it resumes",
                           endpoint=f"RDMABuffer.{msg.op}") from None
+    finally:
+        conn.pending.pop(req, None)  # given up (timeout, cancel): a late reply is ignored
+
+
+async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
+                   out: list[tuple[Any, int]] | None = None) -> Any:
+    """:func:`ask_owner` for a transfer (a ``tcp`` chunk, the ``ibverbs``
+    set-up): an owner that cannot serve it, whatever the reason, is an
+    :class:`RDMAError`; :class:`CallTimeout` if no answer comes within
+    ``timeout`` seconds."""
+    try:
+        return await ask_owner(rt, h, msg, timeout, out)
     except SupervisionError as e:
         raise RDMAError(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) is "
                         f"unreachable: {e}") from None
-    finally:
-        conn.pending.pop(req, None)  # given up (timeout, cancel): a late reply is ignored
+
+
+#: ``SupervisionError.cause`` of an owner not known to be gone: found not
+#: responding by heartbeats (``not_responding`` in ``_transport/_connection.py``:
+#: "not responding for 3.0 s"), or not reached by a dial (``_dial_error`` in
+#: ``_transport/_sockets.py``).  Every other cause says its process is gone:
+#: it exited or was killed (a supervisor kills a hung one), its connection
+#: was lost (the controller then kills it), its proc mesh was stopped, its
+#: host downed ("partitioned").
+_MAY_LIVE: Final = ("connect timed out", "connect failed")
+
+
+def owner_may_live(e: SupervisionError) -> bool:
+    """Whether the owner whose request failed with ``e`` may still be alive,
+    its registrations with it (else its process is gone, and they are too)."""
+    return e.cause.startswith("not responding") or e.cause in _MAY_LIVE
 
 
 def replace_req(msg: RdmaOp, req: int) -> RdmaOp:
