@@ -18,6 +18,18 @@ store of its runtime (named :func:`_relay_key`); the owner sends the other
 readers of that host to the relay, which they copy from at memory speed.
 So the owner sends each version once per host.  A reader whose relay dies
 or fails reads from the owner instead.
+
+A store is one object: a handle names it by name and a random id, so a
+store created anew under the same name (a restarted learner's) is another
+store, never reached through the old one's handles.  A store closes when
+the actor that created it stops (:class:`_Anchor`: the RDMA registry hears
+of the stop) or its process's runtime closes: every waiting reader, in any
+process, is woken with :class:`~meshio.RDMAError` naming the store, and so
+is every later read.  Its versions go once no reader copies them.  Its
+number of the newest version lives in a cell kept for the life of the
+process (:data:`_cells`), so a handle read after the close, even by
+cross-memory attach from another process, reads the store's last version,
+never freed memory.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import asyncio
 import ctypes
 import itertools
 import os
+import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -33,8 +46,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import msgspec
 
 from .._checks import is_number
-from .._context import _context
-from .._exceptions import MeshioError
+from .._context import Context, _context
+from .._exceptions import MeshioError, RDMAError
 from .._transport._bulk import (
     HOST_ID,
     address_of,
@@ -49,8 +62,8 @@ from .._transport._messages import Reply, StoreOp
 from .._transport._runtime import Runtime, register_handler, runtime
 from .._transport._serial import Buffers
 from ..rdma import RDMABuffer
-from ..rdma._memory import memory_of
-from ..rdma._registry import Handle, Registry
+from ..rdma._memory import Memory, memory_of
+from ..rdma._registry import Handle, Registration, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -64,17 +77,26 @@ _T = TypeVar("_T")
 _Layout = list[tuple[str, str, list[int], int, int]]
 
 
+#: a grant's ``version`` when none came in time, when the relay's pull
+#: failed, and when the store is closed (:attr:`_Grant.closed` says why)
+_TIMED_OUT: Final = -1
+_RELAY_FAILED: Final = -2
+_CLOSED: Final = -3
+
+
 class _Grant(msgspec.Struct, frozen=True, array_like=True):
     """The owner's answer to "acquire": a version held for the reader under
-    ``lease``, where it lies and how it is laid out (``version`` -1: none
-    came in time; -2: the relay failed).  ``relay``: no lease, read the
-    version from the relay of the reader's host at this runtime address."""
+    ``lease``, where it lies and how it is laid out (``version`` < 0: see
+    :data:`_TIMED_OUT`...).  ``relay``: no lease, read the version from the
+    relay of the reader's host at this runtime address.  ``closed``: why the
+    store closed (``version`` :data:`_CLOSED`)."""
 
     version: int
     lease: int = 0
     buffer: Handle | None = None
     layout: _Layout = []
     relay: str = ""
+    closed: str = ""
 
 
 _grant = msgspec.msgpack.Decoder(_Grant)
@@ -82,6 +104,25 @@ _encode = msgspec.msgpack.Encoder().encode
 
 
 # ------------------------------------------------------------ the owner
+
+_Cell = ctypes.c_int64 * 2
+#: every store's cell, by store id: the id (a reader of another process
+#: checks it, so a reused pid or address never passes for the store) and
+#: the newest version's number (-1: none).  Kept for the life of the
+#: process, never freed: a handle of a closed store reads its last version
+#: (by cross-memory attach from another process of its host), not memory
+#: since given to something else.  16 bytes a store.
+_cells: dict[int, ctypes.Array[ctypes.c_int64]] = {}
+
+
+def _new_cell() -> tuple[int, ctypes.Array[ctypes.c_int64]]:
+    """A new store's id (random, > 0, unused in this process) and its cell."""
+    while True:
+        sid = secrets.randbits(63)
+        if sid and sid not in _cells:
+            cell = _cells[sid] = _Cell(sid, -1)
+            return sid, cell
+
 
 class _Version:
     __slots__ = ("buffer", "layout", "leases", "memory", "version")
@@ -93,9 +134,12 @@ class _Version:
         self.layout = layout
         self.leases = 0
 
-    def drop(self) -> None:
-        """Unregister the block (a reader still copying it gets RDMAError)."""
-        runtime().state(Registry).release(self.buffer.handle.buf)
+    def drop(self, registry: Registry | None) -> None:
+        """Unregister the block (a reader starting a copy of it gets
+        RDMAError); nothing if the runtime's registry is gone (its close
+        released every block)."""
+        if registry is not None:
+            registry.release(self.buffer.handle.buf)
 
 
 class _Waiter:
@@ -109,16 +153,23 @@ class _Waiter:
 
 
 class _Owner:
-    """A store's versions in the process that publishes them."""
+    """A store's versions in the process that publishes them (or a relay's,
+    in a process that relays them: ``name`` is then its key)."""
 
-    def __init__(self, name: str, keep: int, actor: str) -> None:
+    def __init__(self, rt: Runtime, name: str, keep: int, actor: str = "",
+                 where: str = "", key: str = "") -> None:
+        self.rt = rt
         self.name = name
         self.keep = keep
-        #: the actor that created the store ("": the controller, or no actor)
+        #: the actor that created the store, and its name[rank] ("": the
+        #: controller, or no actor)
         self.actor = actor
+        self.where = where
+        #: its id (unique in this process) and the cell of its newest version
+        self.id, self.cell = _new_cell()
+        #: what names it on the wire (:attr:`StoreOp.store`)
+        self.key = key or f"{name}#{self.id:x}"
         self.versions: dict[int, _Version] = {}  # oldest first
-        #: the newest version's number (-1: none), read by readers of this host
-        self.latest = ctypes.c_int64(-1)
         #: by lease id: the version it holds, and the reader's connection
         #: (None: a reader of this process)
         self.leases: dict[int, tuple[_Version, Connection | None]] = {}
@@ -133,6 +184,8 @@ class _Owner:
         #: a relay's: the newest version its pull of failed (its readers
         #: asking for it read from the owner)
         self.failed = -1
+        #: why the store closed ("": open)
+        self.closed = ""
 
     @staticmethod
     def of(store: WeightStore) -> _Owner:
@@ -142,9 +195,22 @@ class _Owner:
             raise RuntimeError(f"{store!r} is not owned by this process")
         return owner
 
+    @property
+    def latest(self) -> int:
+        """The newest version's number (-1: none), read by readers of this host."""
+        return int(self.cell[1])
+
+    def registry(self) -> Registry | None:
+        """The runtime's RDMA registry, where the versions are registered
+        (None: none was made, or the runtime closed it)."""
+        return self.rt.state(Registry) if self.rt.has_state(Registry) else None
+
     def add(self, v: _Version) -> None:
+        if self.closed:  # (a relay's pull that ended as its runtime closed)
+            v.drop(self.registry())
+            return
         self.versions[v.version] = v
-        self.latest.value = max(self.latest.value, v.version)
+        self.cell[1] = max(self.latest, v.version)
         ready = [w for w in self.waiters if w.at_least <= v.version]
         self.waiters = [w for w in self.waiters if w.at_least > v.version
                         and (w.conn is None or not w.conn.closed)]
@@ -158,7 +224,7 @@ class _Owner:
         """A lease on the newest version; for a reader that may relay
         (``relay``, on ``host``), the relay of its host instead when that
         host has one for this version (else the reader becomes it)."""
-        v = self.versions[self.latest.value]
+        v = self.versions[self.latest]
         if relay and conn is not None:
             at = self.relays.get(host)
             if at is not None and at[0] == v.version and not at[1].closed:
@@ -183,36 +249,40 @@ class _Owner:
             self.prune()
 
     def prune(self) -> None:
-        """Drop versions beyond the newest ``keep`` that no reader holds
-        (a reader whose connection ended holds nothing)."""
+        """Drop versions beyond the newest ``keep`` (all, once closed) that
+        no reader holds (a reader whose connection ended holds nothing)."""
         for lease, (v, conn) in list(self.leases.items()):
             if conn is not None and conn.closed:
                 del self.leases[lease]
                 v.leases -= 1
         self.relays = {h: at for h, at in self.relays.items() if not at[1].closed}
-        newest = sorted(self.versions)[-self.keep:]
+        newest = [] if self.closed else sorted(self.versions)[-self.keep:]
         for number in [n for n in self.versions if n not in newest]:
             v = self.versions[number]
             if v.leases == 0:
                 del self.versions[number]
-                v.drop()
+                v.drop(self.registry())
 
     def wait(self, at_least: int, fire: Callable[[int], None], conn: Connection | None,
              timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
         """``fire(version)`` once a version from ``at_least`` on exists
-        (at once if one does), or ``fire(-1)`` after ``timeout`` seconds."""
-        if self.latest.value >= at_least:
-            fire(self.latest.value)
+        (at once if one does), ``fire(-1)`` after ``timeout`` seconds, or
+        ``fire(-3)`` once the store is closed (at once if it is)."""
+        if self.closed:
+            fire(_CLOSED)
+            return
+        if self.latest >= at_least:
+            fire(self.latest)
             return
         if at_least <= self.failed:
-            fire(-2)
+            fire(_RELAY_FAILED)
             return
         waiter = _Waiter(at_least, fire, conn, None)
         if timeout is not None:
             def expire() -> None:
                 if waiter in self.waiters:
                     self.waiters.remove(waiter)
-                    fire(-1)
+                    fire(_TIMED_OUT)
 
             waiter.timer = loop.call_later(timeout, expire)
         self.waiters.append(waiter)
@@ -221,50 +291,124 @@ class _Owner:
         """A relay's pull of ``version`` failed: its readers read from the
         owner."""
         self.failed = max(self.failed, version)
+        self._wake(_RELAY_FAILED)
+
+    def close(self, why: str) -> None:
+        """Close the store (once; :meth:`_Stores.retire` does, which keeps
+        what remains): its waiters, in this process and others, learn
+        ``why``; its versions are unregistered at once (no new copy of
+        one starts) and go once no reader copies them; none comes again.
+        The cell keeps the newest version's number."""
+        if self.closed:
+            return
+        self.closed = why
+        self._wake(_CLOSED)
+        self.relays.clear()
+        registry = self.registry()
+        for v in self.versions.values():
+            v.drop(registry)
+        self.prune()
+
+    def _wake(self, code: int) -> None:
+        """Every waiter gets ``code`` (< 0)."""
         waiters, self.waiters = self.waiters, []
         for w in waiters:
             if w.timer is not None:
                 w.timer.cancel()
-            w.fire(-2)
+            w.fire(code)
 
-    def close(self) -> None:
-        for w in self.waiters:
-            if w.timer is not None:
-                w.timer.cancel()
-        self.waiters.clear()
-        self.leases.clear()
-        self.versions.clear()  # (the runtime's Registry, closed after, unregisters them)
+
+#: why a store closed with its process's runtime
+_RUNTIME_CLOSED: Final = ("the runtime of its process closed (its meshio.run returned, or "
+                          "its worker exited)")
+
+
+_anchor_ids = itertools.count(1)
+
+
+class _Anchor(Registration):
+    """A store's entry in the RDMA registry of its runtime, registered under
+    the actor that created the store.  Stopping an actor releases its
+    registrations (``ActorCell.stop`` calls :meth:`Registry.release_owned`),
+    and closing the runtime releases them all: the one moment this layer
+    hears of either.  Releasing the anchor closes the store.  It registers
+    no memory (its id is < 0: no handle names it)."""
+
+    __slots__ = ("store", "stores")
+
+    def __init__(self, stores: _Stores, store: _Owner) -> None:
+        super().__init__(-next(_anchor_ids), Memory(None, 0, 0, False), store.actor)
+        self.stores, self.store = stores, store
+
+    def release(self) -> None:
+        super().release()
+        store = self.store
+        self.stores.retire(store, _RUNTIME_CLOSED if store.rt.closed else
+                           f"the actor {store.where} that created it was stopped")
 
 
 class _Stores:
-    """The stores owned by one runtime, by name (``rt.state(_Stores)``)."""
+    """The stores owned by one runtime, and those it relays
+    (``rt.state(_Stores)``)."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.by_name: dict[str, _Owner] = {}
+        self.rt = rt
+        #: open stores and relays, by key
+        self.by_key: dict[str, _Owner] = {}
+        #: the open store of each name (a relay has none)
+        self.named: dict[str, _Owner] = {}
+        #: closed stores, by key: why, and the versions readers still copy
+        self.closed: dict[str, _Owner] = {}
+
+    def create(self, name: str, keep: int, ctx: Context[Any] | None) -> _Owner:
+        """A new store ``name`` of the actor of ``ctx`` (None: of no actor),
+        closed when that actor stops."""
+        if ctx is None:
+            owner = _Owner(self.rt, name, keep)
+        else:
+            owner = _Owner(self.rt, name, keep, ctx.mesh._target,
+                           f"{ctx.actor_name!r} (rank {ctx.point.rank})")
+            anchor = _Anchor(self, owner)
+            self.rt.state(Registry).by_id[anchor.id] = anchor
+        self.by_key[owner.key] = self.named[name] = owner
+        return owner
+
+    def find(self, key: str) -> _Owner | None:
+        """Store (or relay) ``key``, open or closed."""
+        return self.by_key.get(key) or self.closed.get(key)
 
     def relay(self, key: str) -> _Owner:
         """The versions this process relays to its host's readers under
         ``key`` (:func:`_relay_key`): the newest one is kept."""
-        owner = self.by_name.get(key)
+        owner = self.by_key.get(key)
         if owner is None:
-            owner = self.by_name[key] = _Owner(key, 1, "")
+            owner = self.by_key[key] = _Owner(self.rt, key, 1, key=key)
         return owner
 
+    def retire(self, owner: _Owner, why: str) -> None:
+        """Close ``owner`` for ``why``; what remains answers its handles."""
+        owner.close(why)
+        if self.by_key.get(owner.key) is owner:
+            del self.by_key[owner.key]
+        if self.named.get(owner.name) is owner:
+            del self.named[owner.name]
+        self.closed[owner.key] = owner  # (its handles, and its leases' releases, find it)
+
     def close(self) -> None:
-        owners, self.by_name = self.by_name, {}
+        owners, self.by_key, self.named = self.by_key, {}, {}
         for owner in owners.values():
-            owner.close()
+            owner.close(_RUNTIME_CLOSED)
 
 
-def _relay_key(owner: str, name: str) -> str:
-    """The name a relay serves store ``name`` of runtime ``owner`` under."""
-    return f"relay:{owner}/{name}"
+def _relay_key(owner: str, key: str) -> str:
+    """The key a relay serves store ``key`` of runtime ``owner`` under."""
+    return f"relay:{owner}/{key}"
 
 
 def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
     """The owner's side of a reader's request (runs in its runtime)."""
     stores = rt.state(_Stores)
-    owner = stores.by_name.get(msg.store)
+    owner = stores.find(msg.store)
     if owner is None and msg.store.startswith("relay:") and msg.op == "acquire":
         owner = stores.relay(msg.store)  # a reader sent here before the relay's grant came
     if msg.op == "release":
@@ -282,7 +426,8 @@ def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
         if conn.closed:
             return
         if msg.op == "wait" or version < 0:
-            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(_Grant(version)))))
+            conn.send_message(Reply(msg.req, msgspec.Raw(_encode(_Grant(
+                version, closed=owner.closed if version == _CLOSED else "")))))
         else:
             conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
                 owner.acquire(conn, msg.host, msg.relay)))))
@@ -322,8 +467,17 @@ class WeightStore:
     store is a value: pass it to actors, return it from endpoints; every
     copy reads the owner's versions.
 
+    A store lives as long as the actor that created it (created outside an
+    actor: as its process's ``meshio.run``).  Once that actor is stopped the
+    store is closed: a read waiting for a version, in any process, raises
+    :class:`~meshio.RDMAError` naming the store, as does every later read
+    and publish; :attr:`latest` stays at its last version.  An actor spawned
+    in its place may create a store of the same name: that is another store,
+    with versions of its own, which the old store's copies never reach (they
+    say the old one is closed); read it through a copy of the new one.
+
     Args:
-        name: the store's name, unique in its process.
+        name: the store's name, unique among the open stores of its process.
         keep: versions kept beyond those a reader is copying (the newest
             ``keep``); memory stays bounded however many are published.
 
@@ -331,7 +485,8 @@ class WeightStore:
         ValueError: ``name`` is taken in this process, or ``keep`` < 1.
     """
 
-    __slots__ = ("_handle_owner", "_host", "_latest_addr", "_name", "_pid", "_seen")
+    __slots__ = ("_handle_owner", "_host", "_id", "_key", "_latest_addr", "_name", "_pid",
+                 "_seen")
 
     def __init__(self, name: str, *, keep: int = 2) -> None:
         if not isinstance(name, str) or not name:
@@ -340,31 +495,36 @@ class WeightStore:
             raise ValueError(f"WeightStore: keep must be an int >= 1, got {keep!r}")
         rt = runtime()
         stores = rt.state(_Stores)
-        old = stores.by_name.get(name)
+        old = stores.named.get(name)
         if old is not None:
             if not old.actor or old.actor in rt.actors:
                 raise ValueError(f"WeightStore: a store named {name!r} exists in this process")
-            old.close()  # its actor was stopped: an actor spawned anew takes the name
-        ctx = _context.get(None)
-        owner = stores.by_name[name] = _Owner(name, keep, ctx.mesh._target if ctx else "")
+            # its actor is gone without a stop (its constructor failed): an
+            # actor spawned anew takes the name
+            stores.retire(old, f"the actor {old.where} that created it is gone, and a new "
+                               f"store of that name was created")
+        owner = stores.create(name, keep, _context.get(None))
         self._name = name
+        self._id = owner.id
+        self._key = owner.key
         self._handle_owner = rt.addr
         self._pid = os.getpid()
         self._host = HOST_ID
-        self._latest_addr = ctypes.addressof(owner.latest)
+        self._latest_addr = ctypes.addressof(owner.cell)
         self._seen = -1
 
     @classmethod
-    def _remote(cls, name: str, owner: str, pid: int, host: str, latest_addr: int
+    def _remote(cls, name: str, sid: int, owner: str, pid: int, host: str, latest_addr: int
                 ) -> WeightStore:
         store = cls.__new__(cls)
-        store._name, store._handle_owner, store._pid = name, owner, pid
+        store._name, store._id, store._key = name, sid, f"{name}#{sid:x}"
+        store._handle_owner, store._pid = owner, pid
         store._host, store._latest_addr, store._seen = host, latest_addr, -1
         return store
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (WeightStore._remote, (self._name, self._handle_owner, self._pid, self._host,
-                                      self._latest_addr))
+        return (WeightStore._remote, (self._name, self._id, self._handle_owner, self._pid,
+                                      self._host, self._latest_addr))
 
     def __repr__(self) -> str:
         return f"<WeightStore {self._name!r} of pid {self._pid} on {self._host.split('/')[0]}>"
@@ -374,35 +534,47 @@ class WeightStore:
         return self._name
 
     def _local(self) -> _Owner | None:
-        """The owner's state, in the owner's process."""
+        """The owner's state (open or closed), in the owner's runtime."""
         if self._pid != os.getpid():
             return None
-        return runtime().state(_Stores).by_name.get(self._name)
+        rt = runtime()
+        if rt.addr != self._handle_owner:
+            return None  # (an in-process worker's actor: it reads as another process does)
+        return rt.state(_Stores).find(self._key)
+
+    def _closed(self, why: str) -> RDMAError:
+        return RDMAError(f"WeightStore {self._name!r} of pid {self._pid} on "
+                         f"{self._host.split('/')[0]} is closed: {why}; it publishes no "
+                         f"more versions (a store created again under that name is another "
+                         f"store: read it through a copy of that one)")
 
     @property
     def latest(self) -> int | None:
         """The newest version's number (None: none published yet).  Exact
         in the owner's process and on its host; from another host, the
-        newest this copy of the store has seen."""
+        newest this copy of the store has seen.  Once the store is closed,
+        its last version."""
         owner = self._local()
         if owner is not None:
-            return owner.latest.value if owner.latest.value >= 0 else None
+            return owner.latest if owner.latest >= 0 else None
         if self._host == HOST_ID:
-            cell = ctypes.c_int64(-1)
-            try:
-                cma("read", self._pid, ctypes.addressof(cell), self._latest_addr, 8)
+            cell = _Cell()
+            try:  # (the cell outlives the store: never freed memory)
+                cma("read", self._pid, ctypes.addressof(cell), self._latest_addr,
+                    ctypes.sizeof(cell))
             except OSError:
                 pass  # the owner is gone: what was seen last
             else:
-                self._seen = max(self._seen, cell.value)
+                if cell[0] == self._id:  # (else: another process took the owner's pid)
+                    self._seen = max(self._seen, cell[1])
         return self._seen if self._seen >= 0 else None
 
     @property
     def kept(self) -> tuple[int, ...]:
         """The versions held in memory, oldest first (in the owner's
-        process; empty elsewhere)."""
+        process while the store is open; empty elsewhere)."""
         owner = self._local()
-        return tuple(owner.versions) if owner is not None else ()
+        return tuple(owner.versions) if owner is not None and not owner.closed else ()
 
     # ----------------------------------------------------------- publish
 
@@ -415,6 +587,8 @@ class WeightStore:
             RuntimeError: this process does not own the store.
             TypeError: ``state_dict`` is not a mapping of ``str`` to tensors.
             ValueError: ``version`` is not above the newest version.
+            RDMAError: the store is closed (the actor that created it was
+                stopped).
         """
         owner = self._local()
         if owner is None:
@@ -443,14 +617,15 @@ class WeightStore:
             pin_for_cuda(memory)
         await asyncio.get_running_loop().run_in_executor(
             executor(), _fill, memory, tensors, layout)
-        self._check_newer(owner, version)  # (another publish may have run meanwhile)
+        self._check_newer(owner, version)  # (another publish, or the close, may have come)
         owner.add(_Version(version, memory, layout))
 
-    @staticmethod
-    def _check_newer(owner: _Owner, version: int) -> None:
-        if version <= owner.latest.value:
+    def _check_newer(self, owner: _Owner, version: int) -> None:
+        if owner.closed:
+            raise self._closed(owner.closed)
+        if version <= owner.latest:
             raise ValueError(f"WeightStore.publish: version {version} is not above the newest "
-                             f"({owner.latest.value}) of store {owner.name!r}")
+                             f"({owner.latest}) of store {owner.name!r}")
 
     # -------------------------------------------------------------- read
 
@@ -467,11 +642,26 @@ class WeightStore:
             keys: read these tensors only (default: all).
             shard: ``shard(name, tensor)`` returns the part of each tensor
                 to read, a view of it (``lambda n, t: t[rank::world]``):
-                only those bytes are copied.  Called on a ``meta`` tensor.
+                only the bytes from its first to its last element are
+                copied.  Called on a ``meta`` tensor.  A view is what
+                slicing, int indexing, ``narrow``, ``select``, ``view``
+                (to another dtype too), ``.T``, ``unsqueeze``, ``expand``,
+                ``as_strided``, ``.real``/``.imag`` and ``conj()`` return;
+                indexing by a tensor or a mask, ``flip``, ``clone``,
+                ``.to(dtype)`` and a ``reshape`` that must copy return a
+                new tensor, which is refused (take the view, then index the
+                tensor read).
 
         Raises:
             TimeoutError: no such version within ``timeout``.
             KeyError: a key of ``keys`` is not in the version.
+            TypeError: ``shard`` returned something other than a tensor.
+            ValueError: ``shard`` returned a tensor that is not a view of
+                the one it was given, or reaches outside it (the key and
+                what it returned are named).
+            RDMAError: the store is closed, before or while this waits (the
+                actor that created it was stopped), or the version was
+                dropped while copied (the same).
         """
         async def copy(grant: _Grant, memory: _Source) -> dict[str, Any]:
             wanted = _select(grant.layout, keys)
@@ -506,6 +696,7 @@ class WeightStore:
             ValueError: a key is missing or extra, or a shape or dtype differs
                 (the key and both are named).
             TimeoutError: no such version within ``timeout``.
+            RDMAError: the store is closed (see :meth:`read`).
         """
         async def copy(grant: _Grant, memory: _Source) -> int:
             torch = _torch()
@@ -548,7 +739,11 @@ class WeightStore:
 
     async def versions(self) -> AsyncIterator[int]:
         """Each newest version as it is published, from the current one on
-        (versions published faster than the loop body runs are skipped)."""
+        (versions published faster than the loop body runs are skipped).
+
+        Raises:
+            RDMAError: the store is closed (see :meth:`read`).
+        """
         last = -1
         while True:
             last = await self._wait(last + 1)
@@ -568,8 +763,11 @@ class WeightStore:
                     fut.set_result(version)
 
             owner.wait(at_least, fire, None, timeout, loop)
-            return await fut
-        grant = await self._request(StoreOp(0, "wait", self._name, at_least,
+            version = await fut
+            if version == _CLOSED:
+                raise self._closed(owner.closed)
+            return version
+        grant = await self._request(StoreOp(0, "wait", self._key, at_least,
                                             -1.0 if timeout is None else timeout))
         return grant.version
 
@@ -582,7 +780,7 @@ class WeightStore:
                                     f"store {self._name!r}", f"owner pid {self._pid}"))
         conn.send_message(msgspec.structs.replace(msg, req=req))
         try:
-            return await asyncio.shield(fut)
+            grant = await asyncio.shield(fut)
         except asyncio.CancelledError:
             if msg.op == "acquire":  # a lease granted after all goes back
                 def give_back(f: asyncio.Future[_Grant]) -> None:
@@ -594,19 +792,22 @@ class WeightStore:
 
                 fut.add_done_callback(give_back)
             raise
+        if grant.version == _CLOSED:
+            raise self._closed(grant.closed)
+        return grant
 
     def _release(self, lease: int, to: str | None = None, host: str = "") -> None:
         """Give a lease of the owner (in another process), or of the relay
         at ``to``, back (``host``: see :meth:`_Owner.release`)."""
         conn = runtime().conns.get(to or self._handle_owner)
         if conn is not None and not conn.closed:
-            name = _relay_key(self._handle_owner, self._name) if to else self._name
-            conn.send_message(StoreOp(0, "release", name, lease, host=host))
+            key = _relay_key(self._handle_owner, self._key) if to else self._key
+            conn.send_message(StoreOp(0, "release", key, lease, host=host))
 
     def _unrelay(self, grant: _Grant) -> None:
         """This process, made the relay of its host for ``grant``, will not
         pull it: the readers sent to it, and the owner, learn so."""
-        runtime().state(_Stores).relay(_relay_key(self._handle_owner, self._name)).fail(
+        runtime().state(_Stores).relay(_relay_key(self._handle_owner, self._key)).fail(
             grant.version)
         self._release(grant.lease, None, HOST_ID)
 
@@ -657,6 +858,8 @@ class _Lease:
             version = await store._wait(self.at_least, self.timeout)
             if version < 0:
                 raise self._timed_out()
+            if owner.closed:  # (since the wait ended)
+                raise store._closed(owner.closed)
             grant = self.grant = owner.acquire(None)
             memory: _Source = owner.versions[grant.version].memory
         elif not self.relayed:
@@ -670,7 +873,7 @@ class _Lease:
         return grant, memory
 
     def _acquire(self, at_least: int, relay: str) -> StoreOp:
-        return StoreOp(0, "acquire", self.store._name, at_least,
+        return StoreOp(0, "acquire", self.store._key, at_least,
                        -1.0 if self.timeout is None else self.timeout, HOST_ID, relay)
 
     async def _relayed(self) -> tuple[_Grant, _Source]:
@@ -678,7 +881,7 @@ class _Lease:
         (it pulls the version from the owner), or another is."""
         store = self.store
         rt = runtime()
-        key = _relay_key(store._handle_owner, store._name)
+        key = _relay_key(store._handle_owner, store._key)
         grant = await store._request(self._acquire(self.at_least, rt.addr))
         if grant.version < 0:
             raise self._timed_out()
@@ -836,20 +1039,52 @@ async def _read_shard(grant: _Grant, memory: _Source, key: str, dtype: str,
     """The part of one tensor ``shard`` selects: only the bytes between its
     first and last element are copied."""
     torch = _torch()
-    dt = _dtype(dtype)
-    meta = torch.empty(shape, dtype=dt, device="meta")
-    part = shard(key, meta)
-    if not isinstance(part, torch.Tensor) or part.device.type != "meta":
-        raise TypeError(f"WeightStore.read: shard({key!r}, t) must return a view of t "
-                        f"(a tensor), got {type(part).__name__}")
+    meta = torch.empty(shape, dtype=_dtype(dtype), device="meta")
+    part = _shard_view(key, meta, shard)
     if part.numel() == 0:
-        return torch.empty(part.shape, dtype=dt)
-    item = meta.element_size()
+        return torch.empty(part.shape, dtype=part.dtype)
+    item = part.element_size()  # (a view may be of another dtype: its own units)
     first = part.storage_offset()
     last = first + sum((size - 1) * stride for size, stride in zip(part.shape, part.stride(),
                                                                    strict=True))
     count = last - first + 1
     block = pool_view(count * item)
     await _copy_range(grant, memory, block, off + first * item, count * item)
-    flat = torch.frombuffer(block, dtype=dt, count=count)
-    return torch.as_strided(flat, part.shape, part.stride(), 0).contiguous()
+    flat = torch.frombuffer(block, dtype=part.dtype, count=count)
+    out = torch.as_strided(flat, part.shape, part.stride(), 0)
+    if part.is_conj():  # a lazily conjugated view (t.conj()): its values are conjugated
+        out = torch.conj_physical(out)
+    if part.is_neg():  # a lazily negated view (t.conj().imag)
+        out = torch.neg(out)
+    return out.contiguous()
+
+
+def _shard_view(key: str, meta: Any, shard: Callable[[str, Any], Any]) -> Any:
+    """What ``shard(key, meta)`` returns, checked: a view of ``meta`` (its
+    storage, identical for every view of it, and unshared by any new
+    tensor) within its bytes."""
+    torch = _torch()
+    storage = meta.untyped_storage()  # (held: each view of meta returns this same object)
+    nbytes = meta.numel() * meta.element_size()
+    part = shard(key, meta)
+    if not isinstance(part, torch.Tensor):
+        raise TypeError(f"WeightStore.read: shard({key!r}, t) must return a view of t "
+                        f"(a tensor), got {type(part).__name__}")
+    what = (f"{part.device.type} tensor of shape {tuple(part.shape)} ({part.dtype}, strides "
+            f"{part.stride()}, offset {part.storage_offset()})")
+    if (part.device.type != "meta" or part.layout != torch.strided
+            or part.untyped_storage() is not storage):
+        raise ValueError(
+            f"WeightStore.read: shard({key!r}, t) must return a view of t, got a new {what}: "
+            f"its elements are not t's (indexing by a tensor or a mask, flip, clone, "
+            f".to(dtype) and a reshape of a non-contiguous view make copies); return a view "
+            f"(slices, ints, narrow, select, view, .T, as_strided) and index the tensors read")
+    if part.numel():
+        end = (part.storage_offset() + sum((size - 1) * stride for size, stride
+                                           in zip(part.shape, part.stride(), strict=True))
+               + 1) * part.element_size()
+        if end > nbytes:
+            raise ValueError(f"WeightStore.read: shard({key!r}, t) returned a view of t that "
+                             f"reaches outside it: a {what} ends at byte {end} of t, which "
+                             f"has {nbytes}")
+    return part

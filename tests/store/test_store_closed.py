@@ -1,0 +1,199 @@
+"""A store closes when the actor that created it is stopped: readers
+waiting for a version that will never come, in any process, are told so
+(RDMAError naming the store) instead of waiting for ever; a store created
+anew under the name is another store; and an old handle's ``latest`` says
+the closed store's last version, never what freed memory holds."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import meshio
+import meshio.store._store as store_impl
+from meshio import Actor, endpoint
+from meshio.store import WeightStore
+
+#: below the per-test timeout: a read still waiting then fails the test here
+GUARD = 30.0
+CLOSED = r"WeightStore 'policy' of pid \d+ on .* is closed: the actor 'learner' \(rank 0\)"
+
+
+def state(version: int) -> dict[str, torch.Tensor]:
+    return {"w": torch.full((64, 4), float(version))}
+
+
+class Learner(Actor):
+    def __init__(self) -> None:
+        self.store = WeightStore("policy", keep=1)
+
+    @endpoint
+    async def handle(self) -> WeightStore:
+        return self.store
+
+    @endpoint
+    async def step(self, version: int) -> None:
+        await self.store.publish(state(version), version=version)
+
+    @endpoint
+    async def until_waiting(self, n: int) -> None:
+        """Until ``n`` reads wait for a version of this store (its runtime
+        holds the waits of readers of every process): each new wait sets
+        an event."""
+        owner = store_impl._Owner.of(self.store)
+        came = asyncio.Event()
+        wait = owner.wait
+
+        def counted(at_least: int, fire: Callable[[int], None], conn: Any,
+                    timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
+            wait(at_least, fire, conn, timeout, loop)
+            came.set()
+
+        owner.wait = counted  # type: ignore[method-assign]
+        try:
+            while len(owner.waiters) < n:
+                await came.wait()
+                came.clear()
+        finally:
+            owner.wait = wait  # type: ignore[method-assign]
+
+    @endpoint
+    async def churn(self) -> int:
+        """Allocate and free many small objects: memory freed in this
+        process is taken by others."""
+        junk = [bytearray(8) for _ in range(100_000)] + [[i, i << 40] for i in range(50_000)]
+        gc.collect()
+        return len(junk)
+
+
+class Reader(Actor):
+    """Its reads wait side by side (concurrent endpoints)."""
+
+    @endpoint(concurrent=True)
+    async def read(self, store: WeightStore, at_least: int) -> float:
+        return float((await store.read(at_least=at_least))["w"][0, 0])
+
+    @endpoint(concurrent=True)
+    async def read_into(self, store: WeightStore, at_least: int) -> int:
+        return await store.read_into(state(0), at_least=at_least)
+
+    @endpoint(concurrent=True)
+    async def watch(self, store: WeightStore) -> list[int]:
+        return [v async for v in store.versions()]
+
+    @endpoint(concurrent=True)
+    async def latest(self, store: WeightStore) -> int | None:
+        return store.latest
+
+
+def assert_closed(e: BaseException | None) -> None:
+    """``e`` is the closed store's RDMAError (raised in a reader's process,
+    it arrives as the ActorError of its endpoint)."""
+    if isinstance(e, meshio.ActorError):
+        assert e.remote_type == "meshio.RDMAError", e
+    else:
+        assert isinstance(e, meshio.RDMAError), e
+    assert re.search(CLOSED, str(e)), e
+
+
+async def raised(aw: Any) -> BaseException | None:
+    """What awaiting ``aw`` raised (bounded by GUARD)."""
+    try:
+        await asyncio.wait_for(aw, GUARD)
+    except Exception as e:
+        return e
+    return None
+
+
+async def follow(store: WeightStore) -> list[int]:
+    seen = []
+    async for v in store.versions():
+        seen.append(v)
+    return seen
+
+
+async def test_readers_waiting_on_a_stopped_owner_are_told_it_closed() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        learner = await procs.slice(procs=0).spawn("learner", Learner)
+        beside = await procs.slice(procs=0).spawn("beside", Reader)
+        other = await procs.slice(procs=1).spawn("other", Reader)
+        store = await learner.handle.call_one()
+        await learner.step.call_one(1)
+        waiting: dict[str, asyncio.Future[Any]] = {
+            "controller read": asyncio.ensure_future(store.read(at_least=2)),
+            "controller versions": asyncio.ensure_future(follow(store)),
+            "owner's process read": asyncio.ensure_future(beside.read.call_one(store, 2)),
+            "owner's process versions": asyncio.ensure_future(beside.watch.call_one(store)),
+            "other process read": asyncio.ensure_future(other.read.call_one(store, 2)),
+            "other process read_into": asyncio.ensure_future(other.read_into.call_one(store, 2)),
+            "other process versions": asyncio.ensure_future(other.watch.call_one(store)),
+        }
+        await asyncio.wait_for(learner.until_waiting.call_one(len(waiting)), GUARD)
+        assert not any(f.done() for f in waiting.values())
+        await learner.stop()
+        _, pending = await asyncio.wait(waiting.values(), timeout=GUARD)
+        stuck = [name for name, f in waiting.items() if f in pending]
+        for f in pending:
+            f.cancel()
+        assert not stuck, f"still waiting {GUARD} s after the owner stopped: {stuck}"
+        for f in waiting.values():
+            assert_closed(f.exception())
+        # later reads are told so at once, in every process
+        assert_closed(await raised(store.read()))
+        assert_closed(await raised(other.read.call_one(store, 0)))
+        assert_closed(await raised(beside.read.call_one(store, 0)))
+
+
+async def test_a_store_made_again_under_the_name_is_another_store() -> None:
+    """The learner rebuilt in the same process creates "policy" again: the
+    reads still waiting on the old store are told it closed, and the old
+    handle never reads the new store's versions (they restart at 1 and are
+    another model's); the new handle reads them."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        first = await procs.slice(procs=0).spawn("learner", Learner)
+        other = await procs.slice(procs=1).spawn("other", Reader)
+        old = await first.handle.call_one()
+        await first.step.call_one(3)
+        waiting = [asyncio.ensure_future(other.read.call_one(old, 4)),
+                   asyncio.ensure_future(old.read(at_least=4))]
+        await asyncio.wait_for(first.until_waiting.call_one(len(waiting)), GUARD)
+        await first.stop()
+        again = await procs.slice(procs=0).spawn("learner2", Learner)
+        new = await again.handle.call_one()
+        for v in (1, 2, 4):
+            await again.step.call_one(v)
+        for read in waiting:
+            assert_closed(await raised(read))  # not the new store's 4
+        assert await other.read.call_one(new, 4) == 4.0
+        assert float((await new.read())["w"][0, 0]) == 4.0
+        assert_closed(await raised(other.read.call_one(old, 0)))
+        assert_closed(await raised(old.read()))
+
+
+async def test_an_old_handle_keeps_its_last_version() -> None:
+    """Once its store is closed and another took the name, an old handle's
+    ``latest`` is the closed store's last version: in the owner's process,
+    in another process of its host (which reads it from the owner's
+    memory), and in the controller; never the new store's, never what
+    freed memory holds."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        first = await procs.slice(procs=0).spawn("learner", Learner)
+        beside = await procs.slice(procs=0).spawn("beside", Reader)
+        other = await procs.slice(procs=1).spawn("other", Reader)
+        old = await first.handle.call_one()
+        await first.step.call_one(3)
+        assert old.latest == 3 and await other.latest.call_one(old) == 3
+        await first.stop()
+        again = await procs.slice(procs=0).spawn("learner2", Learner)
+        new = await again.handle.call_one()
+        await again.step.call_one(1)
+        await again.churn.call_one()  # (memory the old store freed would be taken)
+        assert old.latest == 3 and new.latest == 1  # (read from the owner's memory)
+        for reader in (other, beside):
+            assert await reader.latest.call_one(old) == 3
+            assert await reader.latest.call_one(new) == 1
