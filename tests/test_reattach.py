@@ -296,6 +296,32 @@ async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None
     wait_exited(pids)
 
 
+async def test_reattach_refuses_a_name_that_no_proc_mesh_can_have(records: Path) -> None:
+    """``reattach(None)`` and ``reattach(123)`` raised UnknownProcMeshError,
+    whose hint told the user to spawn a proc mesh of that name; a name
+    longer than any proc mesh's got a message with it three times over.
+    Now a name of another type is a TypeError naming what it got, and one
+    that ``spawn_procs(name=..., keep_alive=...)`` refuses a ValueError
+    saying why, as there."""
+    host = meshio.this_host()
+    for bad in (None, 123, b"train"):
+        with pytest.raises(TypeError) as refused:
+            await host.reattach(bad)  # type: ignore[arg-type]
+        assert str(refused.value) == (
+            f"reattach: name must be a str, got {type(bad).__name__} {bad!r}")
+    with pytest.raises(ValueError, match=r"reattach: proc mesh name 'xxx.*' is 300 bytes "
+                                         r"long; at most \d+ fit"):
+        await host.reattach("x" * 300)
+    for bad_name in ("", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match=r"reattach: a kept-alive proc mesh's name is a "
+                                             r"file name"):
+            await host.reattach(bad_name)
+    with pytest.raises(ValueError, match=r"reattach: a proc mesh's name cannot have a NUL"):
+        await host.reattach("a\0b")
+    with pytest.raises(meshio.UnknownProcMeshError, match=r"no proc mesh named 'x'"):
+        await host.reattach("x")  # a name that can be, but is not
+
+
 async def test_reattach_on_a_jobs_hosts(controller: type[Controller], records: Path,
                                         tmp_path: Path) -> None:
     """The same on the two hosts of a ProcessJob (host agents): the workers

@@ -4,7 +4,13 @@ through: ``options(timeout=nan)`` made every call time out at once,
 "within nans"), a bool (an int to Python: ``True`` was one second), a
 string or None where a number is due (an unclear ``TypeError`` from a
 comparison), and out-of-range values, with the error its function documents
-naming the argument, before anything is sent or started."""
+naming the argument, before anything is sent or started.
+
+An int no float holds (``10**400``) is a wrong value everywhere, refused
+with the argument's own ``ValueError`` (where inf means "no limit" too: inf
+says it).  Taken, it raised ``OverflowError: int too large to convert to
+float`` later, from the call (``options(timeout=10**400)``) or from
+``spawn_procs(keep_alive=...)``."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ import meshio
 from meshio import Actor, RDMABuffer, endpoint
 
 NAN = math.nan
+#: an int beyond a float's range: a number, but of no seconds
+HUGE = 10**400
 
 
 class Echo(Actor):
@@ -30,30 +38,33 @@ class Echo(Actor):
 #: message); called on the loop (an RDMABuffer registers with its runtime)
 SYNC: list[tuple[str, Callable[[Any], object], tuple[object, ...], type[Exception], str]] = [
     ("RDMABuffer.options(timeout)", lambda v: RDMABuffer(bytearray(8)).options(timeout=v),
-     (NAN, True, "1", 0, -1.0), ValueError, "options(timeout=...) must be seconds > 0"),
+     (NAN, True, "1", 0, -1.0, HUGE), ValueError,
+     "options(timeout=...) must be seconds > 0"),
     ("Supervisor(within)", lambda v: meshio.Supervisor(within=v),
-     (NAN, True, "1", None, 0), ValueError, "within must be > 0 seconds"),
+     (NAN, True, "1", None, 0, HUGE), ValueError, "within must be > 0 seconds"),
     ("Supervisor(heartbeat_interval)", lambda v: meshio.Supervisor(heartbeat_interval=v),
-     (NAN, True, "1", None, 0), ValueError, "heartbeat_interval must be > 0 seconds"),
+     (NAN, True, "1", None, 0, HUGE), ValueError, "heartbeat_interval must be > 0 seconds"),
     ("Supervisor(heartbeat_timeout)", lambda v: meshio.Supervisor(heartbeat_timeout=v),
-     (NAN, True, "1", 0, -1.0), ValueError, "heartbeat_timeout must be > 0 seconds or None"),
+     (NAN, True, "1", 0, -1.0, HUGE), ValueError,
+     "heartbeat_timeout must be > 0 seconds or None"),
     ("Supervisor(max_restarts)", lambda v: meshio.Supervisor(max_restarts=v),
      (True, 1.0, "1", -1), ValueError, "max_restarts must be an int >= 0"),
     ("Retry(backoff)", lambda v: meshio.Retry(backoff=v),
-     (NAN, True, "1", -1.0), ValueError, "Retry(backoff=...) must be a number >= 0"),
+     (NAN, True, "1", -1.0, HUGE), ValueError, "Retry(backoff=...) must be a number >= 0"),
 ]
 
 #: the same for spawn_procs, checked when awaited, before any process starts
 SPAWN: list[tuple[str, tuple[object, ...], type[Exception], str]] = [
-    ("shutdown", (NAN, True, "1", -1.0), ValueError,
+    ("shutdown", (NAN, True, "1", -1.0, HUGE), ValueError,
      "shutdown must be 'brutal_kill' or seconds >= 0"),
     ("heartbeat_interval", (True, "1", None), TypeError,
      "heartbeat_interval must be a number of seconds"),
-    ("heartbeat_timeout", (NAN, 0, -1.0), ValueError, "must be > 0"),
-    ("partition_timeout", (NAN, True, "1", math.inf, 0), ValueError,
+    ("heartbeat_interval", (HUGE,), ValueError, "heartbeat_interval must be > 0 seconds"),
+    ("heartbeat_timeout", (NAN, 0, -1.0, HUGE), ValueError, "must be > 0"),
+    ("partition_timeout", (NAN, True, "1", math.inf, 0, HUGE), ValueError,
      "partition_timeout must be seconds > 0"),
     ("keep_alive", (True, "1"), TypeError, "keep_alive must be seconds"),
-    ("keep_alive", (NAN, math.inf, 0), ValueError, "keep_alive must be seconds > 0"),
+    ("keep_alive", (NAN, math.inf, 0, HUGE), ValueError, "keep_alive must be seconds > 0"),
 ]
 
 
@@ -78,17 +89,22 @@ async def test_spawn_procs_refuses_what_is_no_seconds(
         with pytest.raises(error, match=rf"spawn_procs: .*{phrase}") as refused:
             await spawn(per_host={"procs": 1}, **{arg: value})
         assert repr(value) in str(refused.value), (arg, value, str(refused.value))
+        if value is HUGE:
+            assert "too large, more than a float holds" in str(refused.value)
 
 
 async def test_the_options_of_calls_and_meshes_refuse_what_is_no_seconds(
         procs: meshio.ProcMesh) -> None:
     echo = await procs.spawn("echo", Echo)
-    for value in (NAN, True, "1", 0, -1.0):
+    for value in (NAN, True, "1", 0, -1.0, HUGE):
         with pytest.raises(ValueError, match=r"options\(timeout=...\) must be a positive number"):
             echo.echo.options(timeout=value)  # type: ignore[arg-type]
-    for value in (NAN, True, "1", 0, math.inf):
+    for value in (NAN, True, "1", 0, math.inf, HUGE):
         with pytest.raises(ValueError, match=r"options\(stall_after=...\) must be a positive"):
             procs.options(stall_after=value)  # type: ignore[arg-type]
+    for value in (NAN, True, "1", 0, HUGE):
+        with pytest.raises(ValueError, match=r"stacks\(timeout=...\) must be seconds > 0"):
+            await procs.stacks(timeout=value)  # type: ignore[arg-type]
     # what is seconds still is (infinity: no bound), and calls go on as before
     assert set((await echo.echo.options(timeout=math.inf).call(3)).values()) == {3}
     assert set((await echo.echo.options(timeout=30).call(4)).values()) == {4}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 import pytest
@@ -70,3 +71,78 @@ async def test_restart_keyword_goes_to_the_constructor() -> None:
             await procs.spawn("w", W, 1, restart="transient")  # type: ignore[call-arg]
         with pytest.raises(ValueError, match=r"options\(restart=\.\.\.\) must be"):
             procs.options(restart="sometimes")  # type: ignore[arg-type]
+
+
+def _name_limit() -> int:
+    """The most bytes a proc mesh's name may have, as spawn_procs says when
+    it refuses one (its workers' Unix socket addresses hold the name)."""
+    with pytest.raises(ValueError, match=r"at most (\d+) fit") as refused:
+        meshio.this_host().spawn_procs(name="n" * 300)
+    found = re.search(r"at most (\d+) fit", str(refused.value))
+    assert found is not None
+    return int(found.group(1))
+
+
+async def test_a_name_too_long_for_the_workers_sockets_is_refused_by_the_call() -> None:
+    """A name longer than its workers' Unix socket addresses hold was taken,
+    and then every worker failed to start (``OSError: AF_UNIX path too
+    long``, a traceback each: ProcessStartError).  The call itself raises
+    ValueError now, before any process starts, saying how long the name is
+    and how long it may be (in bytes: ``é`` is two)."""
+    host = meshio.this_host()
+    with pytest.raises(ValueError) as refused:
+        host.spawn_procs(per_host={"procs": 2}, name="n" * 300)  # not even awaited
+    message = str(refused.value)
+    assert message.startswith("spawn_procs: proc mesh name 'nnn"), message
+    assert "is 300 bytes long; at most" in message and "108 bytes" in message, message
+    limit = _name_limit()
+    assert 30 < limit < 100
+    with pytest.raises(ValueError, match=rf"is {limit + 1} bytes long; at most {limit} fit"):
+        host.spawn_procs(name="n" * (limit + 1), keep_alive=30)
+    wide = "é" * (limit // 2 + 1)
+    with pytest.raises(ValueError, match=rf"is {2 * len(wide)} bytes long; at most {limit}"):
+        host.spawn_procs(name=wide)
+    with pytest.raises(ValueError, match=r"spawn_procs: a proc mesh's name cannot have a NUL"):
+        host.spawn_procs(name="a\0b")
+
+
+async def test_the_longest_name_serves_grows_and_restarts() -> None:
+    """The limit is the workers' real one: a mesh with a name of exactly as
+    many bytes starts, grows (a grown process's address has the grow's
+    number) and has a grown process replaced (a replacement listens at a
+    longer address yet) under a supervisor."""
+    name = "n" * _name_limit()
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
+    events = sup.events()
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name=name,
+                                              supervisor=sup) as procs:
+        w = await procs.spawn("w", W, 1)
+        await asyncio.wait_for(procs.grow(procs=1), DEADLINE)
+        grown = procs.pids[1]
+        assert list((await w.pid.call()).values()) == procs.pids
+        os.kill(grown, signal.SIGKILL)
+
+        async def restarted() -> SupervisionEvent:
+            async for event in events:
+                if event.kind == "restart":
+                    return event
+            raise AssertionError("events() ended")
+
+        restart = await asyncio.wait_for(restarted(), DEADLINE)
+        assert (restart.mesh, restart.rank) == (name, 1) and restart.pid != grown
+        assert list((await w.pid.call()).values()) == [procs.pids[0], restart.pid]
+    await events.aclose()
+
+
+async def test_a_name_that_is_no_str_is_a_type_error() -> None:
+    """``spawn_procs(name=123, keep_alive=5)`` raised ``TypeError: argument of
+    type 'int' is not iterable`` (from the file-name check); without
+    ``keep_alive`` a name of any type was taken.  Now a TypeError names the
+    argument and what it got."""
+    host = meshio.this_host()
+    for bad in (123, None, b"procs"):
+        for keep_alive in (None, 5.0):
+            with pytest.raises(TypeError) as refused:
+                host.spawn_procs(name=bad, keep_alive=keep_alive)  # type: ignore[arg-type]
+            assert str(refused.value) == (
+                f"spawn_procs: name must be a str, got {type(bad).__name__} {bad!r}")

@@ -10,20 +10,28 @@ each worker's address, listening name and pid, and per actor mesh its name,
 class and constructor arguments (to rebuild its actors when a supervisor
 replaces a process).  It is rewritten as the mesh changes (spawns,
 restarts, grow/shrink) and removed when the mesh is stopped normally.
+
+Here too the check of a proc mesh's name (:func:`check_name`), for every
+``spawn_procs`` and ``reattach``: it is part of its workers' socket
+addresses, and a kept-alive one's file name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import reprlib
 import time
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
-from ._checks import is_number
+from ._checks import beyond_float, is_number, too_large
 from ._exceptions import UnknownProcMeshError
 from ._inspect import private_dir
+from ._transport._sockets import sockaddr
 
 __all__ = ("KeptActor", "KeptMesh", "KeptWorker", "check_keep_alive", "check_name", "claim",
            "forget", "lookup", "publish")
@@ -91,15 +99,17 @@ def check_keep_alive(keep_alive: object) -> float | None:
 
     Raises:
         TypeError: not a number.
-        ValueError: not a positive, finite number.
+        ValueError: not a positive, finite number (an int no float holds
+            is none).
     """
     if keep_alive is None:
         return None
+    if beyond_float(keep_alive) or (is_number(keep_alive) and not 0 < keep_alive < math.inf):
+        raise ValueError(f"spawn_procs: keep_alive must be seconds > 0, got "
+                         f"{keep_alive!r}{too_large(keep_alive)}")
     if not is_number(keep_alive):
         raise TypeError(f"spawn_procs: keep_alive must be seconds (a number) or None, got "
                         f"{type(keep_alive).__name__} {keep_alive!r}")
-    if not 0 < keep_alive < float("inf"):
-        raise ValueError(f"spawn_procs: keep_alive must be seconds > 0, got {keep_alive!r}")
     return float(keep_alive)
 
 
@@ -113,15 +123,60 @@ def _path(name: str) -> Path:
     return _dir() / f"{name}.json"
 
 
-def check_name(name: str) -> None:
-    """A name a kept-alive mesh can be published under (a file name).
+#: ``sizeof(sockaddr_un.sun_path)`` on Linux: the bytes of a Unix socket
+#: address (an abstract name's leading NUL counts; a path needs a NUL after it)
+SUN_PATH: Final = 108
+
+
+def _longest_worker_addr(namespace: str, name: str) -> str:
+    """The longest Unix address a worker of the proc mesh ``name`` listens at,
+    made as :meth:`ProcState._spec` makes it, ``<namespace>/<mesh id>-<rank>``
+    (the mesh id is ``<name>-<8 hex>``; ``g<n>`` after the n-th grow), and
+    for a replacement as :meth:`WorkerSpec.restarted` does, ``.<16 hex>``
+    after it; with room for ranks below 10**6 and 999 grows."""
+    return f"{namespace}/{name}-{'0' * 8}-999999g999.{'0' * 16}"
+
+
+def name_limit(namespace: str) -> int:
+    """The most bytes (UTF-8) a proc mesh's name may have, for the Unix
+    addresses of its workers, whose runtimes' names begin with ``namespace``
+    (``runtime().namespace``), to fit in :data:`SUN_PATH`."""
+    addr = os.fsencode(sockaddr(_longest_worker_addr(namespace, "")))
+    return SUN_PATH - len(addr) - (0 if addr.startswith(b"\0") else 1)
+
+
+def check_name(name: object, where: str, namespace: str, *, kept: bool) -> str:
+    """``name`` checked as the name of a proc mesh (``spawn_procs(name=...)``,
+    ``reattach(name)``; ``where`` names the function): it is part of its
+    workers' Unix socket addresses (under ``namespace``: :func:`name_limit`),
+    and, ``kept`` alive, the name of a file.
 
     Raises:
-        ValueError: empty, or with ``/``, NUL, or a leading dot.
+        TypeError: not a ``str``.
+        ValueError: with a NUL, too long for the socket addresses; ``kept``:
+            empty, with ``/``, or with a leading dot.
     """
-    if not name or "/" in name or "\0" in name or name.startswith("."):
-        raise ValueError(f"spawn_procs: a kept-alive proc mesh's name is a file name: "
+    if not isinstance(name, str):
+        raise TypeError(f"{where}: name must be a str, got {type(name).__name__} {name!r}")
+    if "\0" in name:
+        raise ValueError(f"{where}: a proc mesh's name cannot have a NUL character, got {name!r}")
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: a proc mesh's name must be encodable as a file name "
+                         f"(UTF-8), got {name!r}: {e.reason}") from None
+    limit = name_limit(namespace)
+    if size > limit:
+        raise ValueError(
+            f"{where}: proc mesh name {reprlib.repr(name)} is {size} bytes long; at most "
+            f"{limit} fit (UTF-8 bytes: one per ASCII character), since its workers listen "
+            f"at Unix socket addresses of at most {SUN_PATH} bytes that hold it "
+            f"({_longest_worker_addr(namespace, '<name>')!r} at the longest); choose a "
+            f"shorter name")
+    if kept and (not name or "/" in name or name.startswith(".")):
+        raise ValueError(f"{where}: a kept-alive proc mesh's name is a file name: "
                          f"non-empty, without '/' or NUL, not starting with '.'; got {name!r}")
+    return name
 
 
 def _alive(record: KeptMesh) -> bool:

@@ -15,7 +15,7 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
-from ._checks import is_number
+from ._checks import beyond_float, is_number, too_large
 from ._constants import PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
@@ -26,7 +26,7 @@ from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
-from ._transport._runtime import Runtime, on_loop_wait
+from ._transport._runtime import Runtime, on_loop_wait, runtime
 from ._transport._serial import OutBuffers, Packer, dumps, loads
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -848,20 +848,23 @@ class HostMesh(MeshShape):
                 cannot be pickled.
             ValueError: an argument has a wrong value, e.g. an ``env`` key
                 that is empty, has ``=`` or starts with ``MESHIO_``,
-                ``log_dir`` with ``log_records=False``, or ``keep_alive``
-                with the ``name`` of another kept-alive proc mesh.
+                ``log_dir`` with ``log_records=False``, ``keep_alive``
+                with the ``name`` of another kept-alive proc mesh, or a
+                ``name`` too long for its workers' Unix socket addresses
+                (46 bytes fit, as the message says).
         """
         keep_alive = check_keep_alive(keep_alive)
-        if keep_alive is not None:
-            check_name(name)
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
         if shutdown != "brutal_kill" and not (is_number(shutdown) and shutdown >= 0):
             raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
-                             f"got {shutdown!r}")
+                             f"got {shutdown!r}{too_large(shutdown)}")
         for arg, value in (("heartbeat_interval", heartbeat_interval),
                            ("heartbeat_timeout", heartbeat_timeout)):
+            if beyond_float(value):
+                raise ValueError(f"spawn_procs: {arg} must be > 0 seconds, got "
+                                 f"{value!r}{too_large(value)}")
             if (value is not None or arg == "heartbeat_interval") and not is_number(value):
                 raise TypeError(f"spawn_procs: {arg} must be a number of seconds, "
                                 f"got {type(value).__name__} {value!r}")
@@ -872,7 +875,8 @@ class HostMesh(MeshShape):
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
         if not (is_number(partition_timeout) and 0 < partition_timeout < math.inf):
             raise ValueError(f"spawn_procs: partition_timeout must be seconds > 0, got "
-                             f"{type(partition_timeout).__name__} {partition_timeout!r}")
+                             f"{type(partition_timeout).__name__} {partition_timeout!r}"
+                             f"{too_large(partition_timeout)}")
         env = check_env({} if env is None else env)
         if not isinstance(log_records, bool):
             raise TypeError(f"spawn_procs: log_records must be True or False, got "
@@ -919,6 +923,8 @@ class HostMesh(MeshShape):
             raise ValueError(f"spawn_procs: this slice {self.sizes} of a host mesh names hosts "
                              f"that the job's resize removed; it has {len(self._launchers)} "
                              f"hosts now (slice it again)")
+        # (after the other checks: a runtime is made for it, as for the processes)
+        name = check_name(name, "spawn_procs", runtime().namespace, kept=keep_alive is not None)
         launchers = [self._launchers[r] for r in self._region.ranks]
         n = 1
         for v in per_host.values():
@@ -950,6 +956,7 @@ class HostMesh(MeshShape):
                 reported and nothing restarts (as for ``spawn_procs``).
 
         Raises:
+            TypeError: ``name`` is not a ``str``.
             UnknownProcMeshError: no proc mesh of that name is kept alive on
                 this host (the message lists those that are).
             SupervisionError: a process could not be re-attached (its
@@ -958,8 +965,11 @@ class HostMesh(MeshShape):
                 supervisor restarts it, else it is a hole.
             ValueError: this host mesh is not the one (the same hosts, in the
                 same order) the proc mesh was spawned on, or this process is
-                that mesh's controller.
+                that mesh's controller; or ``name`` is none that
+                ``spawn_procs(name=..., keep_alive=...)`` takes (too long,
+                empty, with ``/`` or NUL, or a leading dot).
         """
+        name = check_name(name, "reattach", runtime().namespace, kept=True)
         record = lookup(name)
         if record.controller_pid == os.getpid():
             raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
