@@ -146,3 +146,15 @@ async def test_a_name_that_is_no_str_is_a_type_error() -> None:
                 host.spawn_procs(name=bad, keep_alive=keep_alive)  # type: ignore[arg-type]
             assert str(refused.value) == (
                 f"spawn_procs: name must be a str, got {type(bad).__name__} {bad!r}")
+
+
+async def test_a_supervisor_that_is_no_supervisor_is_a_type_error() -> None:
+    """``spawn_procs(supervisor=5)`` failed with ``AttributeError: 'int'
+    object has no attribute 'clock'``; ``reattach`` the same."""
+    host = meshio.this_host()
+    with pytest.raises(TypeError, match=r"spawn_procs: supervisor must be a meshio\.Supervisor "
+                       r"or None, got int 5"):
+        host.spawn_procs(supervisor=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"reattach: supervisor must be a meshio\.Supervisor "
+                       r"or None, got str 'sup'"):
+        await host.reattach("procs", supervisor="sup")  # type: ignore[arg-type]

@@ -854,6 +854,7 @@ class HostMesh(MeshShape):
                 (46 bytes fit, as the message says).
         """
         keep_alive = check_keep_alive(keep_alive)
+        _check_supervisor(supervisor, "spawn_procs")
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
@@ -970,6 +971,7 @@ class HostMesh(MeshShape):
                 empty, with ``/`` or NUL, or a leading dot).
         """
         name = check_name(name, "reattach", runtime().namespace, kept=True)
+        _check_supervisor(supervisor, "reattach")
         record = lookup(name)
         if record.controller_pid == os.getpid():
             raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
@@ -998,6 +1000,14 @@ class HostMesh(MeshShape):
         state.fail_gone()
         state.published()
         return procs
+
+
+def _check_supervisor(supervisor: object, where: str) -> None:
+    """Refuse a ``supervisor=`` that is no Supervisor (it failed later, with
+    an ``AttributeError``)."""
+    if supervisor is not None and not isinstance(supervisor, Supervisor):
+        raise TypeError(f"{where}: supervisor must be a meshio.Supervisor or None, got "
+                        f"{type(supervisor).__name__} {supervisor!r}")
 
 
 def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:
