@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -34,6 +35,14 @@ class Spawner(Actor):
         return await procs.options(restart="temporary").spawn("temp", W, 2)
 
 
+
+async def next_restart(events: AsyncIterator[SupervisionEvent]) -> SupervisionEvent:
+    """The next ``"restart"`` event of a supervisor's ``events()``."""
+    async for event in events:
+        if event.kind == "restart":
+            return event
+    raise AssertionError("events() ended")
+
 async def test_restart_option_through_a_reference() -> None:
     """issue 9 (types): ``options(restart=...)`` on a proc mesh reference held
     by an actor reaches the owning controller: a temporary actor mesh spawned
@@ -47,14 +56,7 @@ async def test_restart_option_through_a_reference() -> None:
         temp = await spawner.spawn_temporary.call_one(procs)
         old = await temp.pid.call_one()
         os.kill(old, signal.SIGKILL)
-
-        async def restarted() -> SupervisionEvent:
-            async for event in events:
-                if event.kind == "restart":
-                    return event
-            raise AssertionError("events() ended")
-
-        restart = await asyncio.wait_for(restarted(), DEADLINE)
+        restart = await asyncio.wait_for(next_restart(events), DEADLINE)
         assert await keep.pid.call_one() == restart.pid != old
         with pytest.raises(meshio.SupervisionError) as ei:
             await asyncio.wait_for(temp.pid.call_one(), DEADLINE)
@@ -121,14 +123,7 @@ async def test_the_longest_name_serves_grows_and_restarts() -> None:
         grown = procs.pids[1]
         assert list((await w.pid.call()).values()) == procs.pids
         os.kill(grown, signal.SIGKILL)
-
-        async def restarted() -> SupervisionEvent:
-            async for event in events:
-                if event.kind == "restart":
-                    return event
-            raise AssertionError("events() ended")
-
-        restart = await asyncio.wait_for(restarted(), DEADLINE)
+        restart = await asyncio.wait_for(next_restart(events), DEADLINE)
         assert (restart.mesh, restart.rank) == (name, 1) and restart.pid != grown
         assert list((await w.pid.call()).values()) == [procs.pids[0], restart.pid]
     await events.aclose()

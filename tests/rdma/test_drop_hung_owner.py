@@ -24,6 +24,7 @@ from meshio import RDMABuffer
 from meshio.rdma import RDMAError
 from meshio.testing import child_pids, wait_exited
 from rdma_actors import Owner, Peer
+from test_procs_lifecycle import next_pong
 
 #: guard on a wait that should end long before it (a regression fails, not hangs)
 GUARD = 45.0
@@ -31,23 +32,6 @@ GUARD = 45.0
 LONG = 30.0
 
 pytestmark = pytest.mark.filterwarnings("ignore::meshio.RDMAFallbackWarning")
-
-
-def next_pong(addr: str) -> asyncio.Future[None]:
-    """Resolved by the next heartbeat answer of the process at ``addr`` (its
-    runtime's address: an RDMA handle's ``owner``).  The controller's
-    runtime tables are internals: they are what this waits on."""
-    rt = meshio._transport._runtime.runtime()
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    orig = rt.watch.on_pong[addr]
-
-    def hook() -> None:
-        orig()
-        if not fut.done():
-            fut.set_result(None)
-
-    rt.watch.on_pong[addr] = hook
-    return fut
 
 
 async def _drop(buf: RDMABuffer, timeout: float | None) -> None:

@@ -28,6 +28,28 @@ def state(version: int) -> dict[str, torch.Tensor]:
     return {"w": torch.full((64, 4), float(version))}
 
 
+
+async def until_waiting(store: WeightStore, n: int) -> None:
+    """Until ``n`` reads wait for a version of ``store``, in the process that
+    owns it (its runtime holds the waits of readers of every process and
+    host): each new wait sets an event."""
+    owner = store_impl._Owner.of(store)
+    came = asyncio.Event()
+    wait = owner.wait
+
+    def counted(at_least: int, fire: Callable[[int], None], conn: Any,
+                timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
+        wait(at_least, fire, conn, timeout, loop)
+        came.set()
+
+    owner.wait = counted  # type: ignore[method-assign]
+    try:
+        while len(owner.waiters) < n:
+            await came.wait()
+            came.clear()
+    finally:
+        owner.wait = wait  # type: ignore[method-assign]
+
 class Learner(Actor):
     def __init__(self) -> None:
         self.store = WeightStore("policy", keep=1)
@@ -42,25 +64,7 @@ class Learner(Actor):
 
     @endpoint
     async def until_waiting(self, n: int) -> None:
-        """Until ``n`` reads wait for a version of this store (its runtime
-        holds the waits of readers of every process): each new wait sets
-        an event."""
-        owner = store_impl._Owner.of(self.store)
-        came = asyncio.Event()
-        wait = owner.wait
-
-        def counted(at_least: int, fire: Callable[[int], None], conn: Any,
-                    timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
-            wait(at_least, fire, conn, timeout, loop)
-            came.set()
-
-        owner.wait = counted  # type: ignore[method-assign]
-        try:
-            while len(owner.waiters) < n:
-                await came.wait()
-                came.clear()
-        finally:
-            owner.wait = wait  # type: ignore[method-assign]
+        await until_waiting(self.store, n)
 
     @endpoint
     async def churn(self) -> int:

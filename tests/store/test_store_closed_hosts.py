@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_store_closed import until_waiting
 
 import meshio
 import meshio.store._store as store_impl
@@ -45,24 +45,7 @@ class Learner(Actor):
 
     @endpoint
     async def until_waiting(self, n: int) -> None:
-        """Until ``n`` reads wait for a version of this store: each new wait
-        sets an event."""
-        owner = store_impl._Owner.of(self.store)
-        came = asyncio.Event()
-        wait = owner.wait
-
-        def counted(at_least: int, fire: Callable[[int], None], conn: Any,
-                    timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
-            wait(at_least, fire, conn, timeout, loop)
-            came.set()
-
-        owner.wait = counted  # type: ignore[method-assign]
-        try:
-            while len(owner.waiters) < n:
-                await came.wait()
-                came.clear()
-        finally:
-            owner.wait = wait  # type: ignore[method-assign]
+        await until_waiting(self.store, n)
 
 
 class Reader(Actor):
