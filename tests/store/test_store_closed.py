@@ -12,7 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import torch
+from test_weight_store import Learner as Publisher
+from test_weight_store import state
 
 import meshio
 import meshio.store._store as store_impl
@@ -22,10 +23,6 @@ from meshio.store import WeightStore
 #: below the per-test timeout: a read still waiting then fails the test here
 GUARD = 30.0
 CLOSED = r"WeightStore 'policy' of pid \d+ on .* is closed: the actor 'learner' \(rank 0\)"
-
-
-def state(version: int) -> dict[str, torch.Tensor]:
-    return {"w": torch.full((64, 4), float(version))}
 
 
 
@@ -50,17 +47,8 @@ async def until_waiting(store: WeightStore, n: int) -> None:
     finally:
         owner.wait = wait  # type: ignore[method-assign]
 
-class Learner(Actor):
-    def __init__(self) -> None:
-        self.store = WeightStore("policy", keep=1)
-
-    @endpoint
-    async def handle(self) -> WeightStore:
-        return self.store
-
-    @endpoint
-    async def step(self, version: int) -> None:
-        await self.store.publish(state(version), version=version)
+class Learner(Publisher):
+    """Its store's owner, which can also tell when readers wait."""
 
     @endpoint
     async def until_waiting(self, n: int) -> None:

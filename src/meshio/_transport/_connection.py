@@ -399,8 +399,6 @@ class _Gathered(asyncio.Future[Any]):
         if self.done():
             return False
         g = self.gathering
-        if g.abandoned:
-            return True  # (cancelled once its calls' arguments are read)
         g.abandon(msg)
         if not after_reads(g.reads, functools.partial(super().cancel, msg)):
             super().cancel(msg)
