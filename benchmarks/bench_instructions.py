@@ -15,7 +15,9 @@ The run: one actor, 1,000 calls in flight (``asyncio.gather``) on uvloop,
 ``--pattern lone`` makes the 1,000 calls of a batch one after another
 instead (each awaited before the next is made): what a lone call costs,
 every turn of the loop and system call paid by one call, which decides the
-latency and a call on a few actors where cores are few.
+latency.  ``--pattern cast`` makes them calls on 4 actors + gather (the
+harness's broadcast row: ``actors.ping.call(x)``, the baseline's
+``ping_all``), one after another; the worker counted is one of the four.
 A process's count includes its start-up, so each side runs twice, with 1 and
 with ``1 + K`` batches: the difference over ``K * 1000`` calls is the cost
 per call.  The controller runs under callgrind directly; the worker under it
@@ -25,7 +27,7 @@ Needs ``valgrind`` (Debian: ``apt-get install valgrind``).  Each run takes
 ~20-40 s (callgrind runs ~50x slower than native).
 
 Usage: python benchmarks/bench_instructions.py [--batches 5] [--sides meshio plain]
-       [--pattern inflight|lone] [--src PATH]
+       [--pattern inflight|lone|cast] [--src PATH]
        (PATH: another meshio ``src`` to count, e.g. an old commit's)
 """
 
@@ -48,7 +50,8 @@ UVLOOP_SITE = os.path.join(HERE, "peers", "uvloop_site")
 #: ``worker`` (a wrapper running callgrind) is what actors are started with
 DRIVER = """
 import asyncio, sys
-side, batches, lone, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "lone", sys.argv[4]
+side, batches, pattern, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+n = 4 if pattern == "cast" else 1
 if worker:
     sys.executable = worker
 if side == "meshio":
@@ -56,10 +59,14 @@ if side == "meshio":
     from bench_small import Bench  # (the actor bench_small.py times)
 
     async def main() -> None:
-        procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
-        one = (await procs.spawn("bench", Bench)).slice(procs=0)
+        procs = await meshio.this_host().spawn_procs(per_host={"procs": n})
+        actors = await procs.spawn("bench", Bench)
+        one = actors.slice(procs=0)
         for _ in range(3 + batches):
-            if lone:
+            if pattern == "cast":
+                for i in range(1000):
+                    await actors.ping.call(i)
+            elif pattern == "lone":
                 for i in range(1000):
                     await one.ping.call_one(i)
             else:
@@ -72,9 +79,12 @@ else:
     import bench_rawasyncio
 
     async def main() -> None:
-        group = await bench_rawasyncio.RawBackend().spawn(1)
+        group = await bench_rawasyncio.RawBackend().spawn(n)
         for _ in range(3 + batches):
-            if lone:
+            if pattern == "cast":
+                for i in range(1000):
+                    await group.ping_all(i)
+            elif pattern == "lone":
                 for i in range(1000):
                     await group.ping_nowait(0, i)
             else:
@@ -85,15 +95,16 @@ else:
 """
 
 WRAPPER = """#!/bin/sh
-exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file={out} {python} "$@" \
+exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file={out}.%p {python} "$@" \
     2>>{log}
 """
 
 
 def count(work: str, side: str, batches: int, pattern: str, where: str,
           src: str | None) -> int:
-    """Instructions of the ``where`` process ("controller" or "worker") in a
-    run of ``side`` with ``batches`` batches of calls made as ``pattern``."""
+    """Instructions of the ``where`` process ("controller", or a worker: their
+    mean) in a run of ``side`` with ``batches`` batches of calls made as
+    ``pattern``."""
     out = os.path.join(work, f"{side}.{where}.{batches}.out")
     log = os.path.join(work, "valgrind.log")
     env = dict(os.environ, MESHIO_BUSY_POLL="0")
@@ -115,10 +126,16 @@ def count(work: str, side: str, batches: int, pattern: str, where: str,
                f"--callgrind-out-file={out}", *driver, ""]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=900)
-    with open(out) as f:
-        totals = re.search(r"^totals: (\d+)", f.read(), re.M)
-    assert totals is not None, f"no totals in {out}"
-    return int(totals.group(1))
+    outs = [os.path.join(work, name) for name in os.listdir(work)
+            if name == os.path.basename(out) or name.startswith(os.path.basename(out) + ".")]
+    counts = []
+    for path in outs:
+        with open(path) as f:
+            totals = re.search(r"^totals: (\d+)", f.read(), re.M)
+        assert totals is not None, f"no totals in {path}"
+        counts.append(int(totals.group(1)))
+    assert counts, f"no callgrind output for {out}"
+    return sum(counts) // len(counts)
 
 
 def main() -> None:
@@ -129,8 +146,9 @@ def main() -> None:
                     default=["meshio", "plain"])
     ap.add_argument("--where", nargs="+", choices=("controller", "worker"),
                     default=["controller", "worker"])
-    ap.add_argument("--pattern", choices=("inflight", "lone"), default="inflight",
-                    help="1,000 calls in flight (default), or one after another")
+    ap.add_argument("--pattern", choices=("inflight", "lone", "cast"), default="inflight",
+                    help="1,000 calls in flight (default), one after another, or calls "
+                    "on 4 actors + gather one after another")
     ap.add_argument("--src", help="a meshio source tree to count instead of the installed one")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
@@ -151,7 +169,8 @@ def main() -> None:
                 per_call[side, where] = (last - first) / calls
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    made = "1,000 in flight" if args.pattern == "inflight" else "one after another"
+    made = {"inflight": "1,000 in flight", "lone": "one after another",
+            "cast": "calls on 4 actors + gather, one after another"}[args.pattern]
     print(f"instructions per call (callgrind; {made}, uvloop, {calls:,} calls counted)")
     print("| process | " + " | ".join(args.sides) + (" | meshio / plain |" if len(
         args.sides) == 2 else " |"))
