@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -68,6 +69,10 @@ class Store(Actor):
 
     @endpoint
     async def keep(self, value: Any) -> None:
+        self.kept = value
+
+    @endpoint(retry=meshio.Retry())
+    async def keep_again(self, value: Any) -> None:  # (may run twice: same result)
         self.kept = value
 
     @endpoint
@@ -227,16 +232,19 @@ class Blocker(Actor):
         hold(ready, release)
 
 
-@pytest.mark.parametrize("how", ["cancel", "timeout", "cancel call", "timeout call"])
+@pytest.mark.parametrize("how", ["cancel", "timeout", "cancel call", "timeout call",
+                                 "cancel retried call", "timeout retried call",
+                                 "cancel timed", "cancel timed call", "timeout stream"])
 async def test_a_call_given_up_ends_once_its_arguments_are_read(
         procs: meshio.ProcMesh, tmp_path: Path, how: str) -> None:
-    """A call given up (cancelled, or its timeout passed; ``call_one`` or
-    ``call``) while its large argument is still to be read from the
-    caller's memory ends only once it is read: the caller may change the
-    argument then, and the actor, if it runs the call, has the value as it
-    was (before, the await ended at once and the actor could get the
-    changed or a torn value).  The receiver's loop is held at a FIFO gate
-    (by another actor there): it reads nothing until the gate opens."""
+    """A call given up (cancelled, or its timeout passed; ``call_one``,
+    ``call``, ``call`` of a retried endpoint, ``stream``) while its large
+    argument is still to be read from the caller's memory ends only once it
+    is read: the caller may change the argument then, and the actor, if it
+    runs the call, has the value as it was (before, the await ended at once
+    and the actor could get the changed or a torn value).  The receiver's
+    loop is held at a FIFO gate (by another actor there): it reads nothing
+    until the gate opens."""
     store = cast(Store, (await procs.spawn("store", Store)).slice(procs=0))
     blocker = (await procs.spawn("blocker", Blocker)).slice(procs=0)
     await store.keep.call_one(torch.zeros(1))
@@ -244,8 +252,15 @@ async def test_a_call_given_up_ends_once_its_arguments_are_read(
     blocking = asyncio.ensure_future(blocker.block.call_one(gate.ready, gate.release))
     await gate.wait_held(GUARD)
     mine = torch.ones(4 * MiB)
-    ep = store.keep.options(timeout=0.05) if how.startswith("timeout") else store.keep
-    call = asyncio.ensure_future(ep.call(mine) if how.endswith("call") else ep.call_one(mine))
+    ep = store.keep_again if "retried" in how else store.keep
+    if how.startswith("timeout"):
+        ep = ep.options(timeout=0.05)
+    elif "timed" in how:  # (cancelled before its deadline)
+        ep = ep.options(timeout=GUARD)
+    if how.endswith("stream"):
+        call = asyncio.ensure_future(_drain(ep.stream(mine)))
+    else:
+        call = asyncio.ensure_future(ep.call(mine) if how.endswith("call") else ep.call_one(mine))
     if how.startswith("cancel"):
         call.cancel()
     done, _ = await asyncio.wait([call], timeout=1.0)  # (its timeout is 0.05 s)
@@ -256,6 +271,11 @@ async def test_a_call_given_up_ends_once_its_arguments_are_read(
         await asyncio.wait_for(call, GUARD)
     mine += 1
     assert await store.kept_sum.call_one() in (0.0, 4 * MiB)  # not run, or run on ones
+
+
+async def _drain(stream: AsyncIterator[Any]) -> None:
+    async for _ in stream:
+        pass
 
 
 async def test_fifo_after_a_large_value(procs: meshio.ProcMesh) -> None:

@@ -36,8 +36,8 @@ from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
 from ._transport._serial import OutBuffers, limits
-from ._transport._tasks import awaited
-from .endpoints._endpoint import Endpoint, EndpointDescriptor, cancels
+from ._transport._tasks import owning
+from .endpoints._endpoint import Endpoint, EndpointDescriptor
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
@@ -261,9 +261,8 @@ class ActorMesh(MeshShape, Generic[A]):
         futs: list[asyncio.Future[Any]] = [loop.create_future() for _ in self._region.ranks]
         self._fanout(desc, body, out, futs, gather, deadline)
         if desc.retry is not None:
-            return [cancels(awaited(
-                self._retry(i, desc, body, out, f, deadline, None)), [f])
-                for i, f in enumerate(futs)]
+            return [owning(self._retry(i, desc, body, out, f, deadline, None), [f])
+                    for i, f in enumerate(futs)]
         return futs
 
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -513,8 +512,8 @@ class _Route:
         self.send(rt, index, desc, body, out, fut, deadline)
         if desc.retry is None or once:
             return fut
-        return cancels(awaited(
-            self.mesh._retry(index, desc, body, out, fut, deadline, _request_of(fut))), [fut])
+        return owning(
+            self.mesh._retry(index, desc, body, out, fut, deadline, _request_of(fut)), [fut])
 
     def send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
                       desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,

@@ -20,7 +20,7 @@ import contextvars
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("TaskOwner", "awaited")
+__all__ = ("TaskOwner", "awaited", "owning")
 
 T = TypeVar("T")
 
@@ -103,3 +103,58 @@ def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
     """``aw`` as a future its caller awaits (or hands to the user, who
     awaits it): the caller owns it, and cancelling it cancels ``aw``."""
     return asyncio.ensure_future(aw)
+
+
+def owning(coro: Coroutine[Any, Any, T], calls: Sequence[asyncio.Future[Any]]
+           ) -> asyncio.Future[T]:
+    """:func:`awaited` for ``coro`` (what an adverb with a deadline or a
+    retry policy awaits) whose ``calls`` may be done only later than
+    cancelled (a call's large arguments still read from this process's
+    memory, see ``Pending.lent``): once ``coro`` ends, what is left of
+    them is cancelled, and the future is done with its outcome only when
+    they are done too, also if it is cancelled before ``coro`` even started
+    (then no ``except``/``finally`` of it runs)."""
+    return _Owning(awaited(coro), calls)
+
+
+class _Owning(asyncio.Future[T]):
+    """See :func:`owning`: the outcome of ``task`` once ``calls`` are done."""
+
+    def __init__(self, task: asyncio.Future[T], calls: Sequence[asyncio.Future[Any]]) -> None:
+        super().__init__(loop=task.get_loop())
+        self._task = task
+        self._calls = calls
+        self._cancel: tuple[Any, ...] | None = None  # cancelled after ``task`` ended: its args
+        task.add_done_callback(self._ended)
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.done():
+            return False
+        if not self._task.cancel(msg) and self._cancel is None:  # ended: its calls are ending
+            self._cancel = () if msg is None else (msg,)
+        return True
+
+    def _ended(self, task: asyncio.Future[T]) -> None:
+        for f in self._calls:
+            f.cancel()
+        left = [f for f in self._calls if not f.done()]
+        if left:
+            asyncio.gather(*left, return_exceptions=True).add_done_callback(self._settle)
+        else:
+            self._settle(None)
+
+    def _settle(self, _: object) -> None:
+        task = self._task
+        if self.done():
+            return
+        if self._cancel is not None:
+            super().cancel(*self._cancel)
+        elif task.cancelled():
+            try:
+                task.result()
+            except asyncio.CancelledError as e:
+                super().cancel(*e.args[:1])
+        elif (error := task.exception()) is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(task.result())

@@ -55,7 +55,7 @@ from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
 from .._transport._runtime import actor_thread, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
-from .._transport._tasks import awaited, finished
+from .._transport._tasks import finished, owning
 from .._value_mesh import ValueMesh
 from ._retry import PROCESS_DEATH, Retry
 from ._schema import Schema
@@ -421,13 +421,11 @@ class Endpoint(Generic[P, R]):
         deadline = self._deadline()
         if self._desc.retry is not None:  # each actor's call retried on its own
             futs = mesh._request_all(self._desc, body, packer, True, deadline)
-            return cancels(awaited(self._gather(futs, deadline)), futs)
+            return owning(self._gather(futs, deadline), futs)
         g = mesh._gather_all(self._desc, body, packer, deadline)
         if deadline is None:
             return g.outcome(lambda: self._value_mesh(g.values, g.errors))
-        task = awaited(self._gathered(g, deadline))
-        task.add_done_callback(lambda _: g.abandon())
-        return task
+        return owning(self._gathered(g, deadline), [g.fut])
 
     async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None
                       ) -> ValueMesh[R]:
@@ -441,15 +439,9 @@ class Endpoint(Generic[P, R]):
                                  for i, f in enumerate(futs)], errors)
 
     async def _gathered(self, g: Gathering, deadline: float) -> ValueMesh[R]:
-        try:
-            done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
-        except asyncio.CancelledError:
-            await _given_up([g.fut], None)
-            raise
+        done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
         if not done:
-            late = g.unsettled()
-            await _given_up([g.fut], DEADLINE)
-            self._raise_timeout(late, (), deadline)
+            self._raise_timeout(g.unsettled(), [g.fut], deadline)
         return self._value_mesh(g.values, g.errors)
 
     def _value_mesh(self, values: list[Any], errors: dict[int, BaseException]) -> ValueMesh[R]:
@@ -470,8 +462,11 @@ class Endpoint(Generic[P, R]):
 
     def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]],
                        deadline: float | None) -> None:
-        """Cancel what is still pending; raise naming the late actors (their
-        indices in this view; ranks as in ActorError/SupervisionError).
+        """Cancel what is still pending (which may be done only once its
+        arguments are read: an adverb's future waits, see
+        :func:`~meshio._transport._tasks.owning`); raise naming the late
+        actors (their indices in this view; ranks as in
+        ActorError/SupervisionError).
         When ``deadline`` is the one of the call being served, that call's
         caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
         for f in pending:
@@ -537,19 +532,13 @@ class Endpoint(Generic[P, R]):
     def _single(self, fut: asyncio.Future[Any], index: int, deadline: float
                 ) -> asyncio.Future[R]:
         """The answer of one actor, due by ``deadline``."""
-        return cancels(awaited(self._single_timeout(fut, index, deadline)),
-                       [fut])
+        return owning(self._single_timeout(fut, index, deadline), [fut])
 
     async def _single_timeout(self, fut: asyncio.Future[Any], index: int,
                               deadline: float) -> R:
-        try:
-            done, _ = await asyncio.wait([fut], timeout=_left(deadline))
-        except asyncio.CancelledError:
-            await _given_up([fut], None)
-            raise
+        done, _ = await asyncio.wait([fut], timeout=_left(deadline))
         if not done:
-            await _given_up([fut], DEADLINE)
-            self._raise_timeout([index], (), deadline)
+            self._raise_timeout([index], [fut], deadline)
         result: R = fut.result()
         return result
 
@@ -587,9 +576,8 @@ class Endpoint(Generic[P, R]):
                         yield point, f.result()
                     elif not mesh._hole(point.rank, exc):
                         raise exc
-        finally:
-            for f in remaining:
-                f.cancel()
+        finally:  # (ended early, timed out or cancelled: once its arguments are read)
+            await finished(list(remaining))
 
     @overload
     def route(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
@@ -699,24 +687,6 @@ _SENT = _Sent([], None, None)
 def _left(deadline: float | None) -> float | None:
     """Seconds until ``deadline`` (``time.monotonic()``), for ``asyncio.wait``."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-async def _given_up(calls: Sequence[asyncio.Future[Any]], msg: str | None) -> None:
-    """Cancel ``calls`` (``msg``: :data:`DEADLINE` when their deadline
-    passed) and wait until they are done: at once, unless a call's large
-    arguments are still read from this process's memory, which its caller
-    may change once its ``await`` ended (see ``Pending.lent``)."""
-    for f in calls:
-        f.cancel(msg)
-    await finished(calls)
-
-
-def cancels(task: asyncio.Future[T], calls: list[asyncio.Future[Any]]) -> asyncio.Future[T]:
-    """``task``, whose end cancels ``calls`` still pending: cancelling what
-    the user awaits (even before it starts) cancels the calls themselves,
-    which their callees then drop or cancel (see ``ActorMesh._send``)."""
-    task.add_done_callback(lambda _: [f.cancel() for f in calls])
-    return task
 
 
 _SEVERITY = (SupervisionError, CallTimeout, MeshioError)
