@@ -4,6 +4,8 @@ broadcast, and per-call options (timeouts)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 
 import pytest
@@ -225,6 +227,19 @@ async def test_stream_in_arrival_order_the_other_way(workers: Worker) -> None:
 async def test_stream_over_a_slice(workers: Worker) -> None:
     got = [(dict(p), v) async for p, v in workers.slice(procs=1).add.stream(x=0)]
     assert got == [({}, 101)]
+
+
+async def test_a_stream_failing_on_every_rank_leaves_nothing_unretrieved(
+        workers: Worker, caplog: pytest.LogCaptureFixture) -> None:
+    """The first failure is raised; the other ranks' are not logged as
+    "exception was never retrieved" (before: one such report per rank)."""
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    for _ in range(3):
+        with pytest.raises(MeshioError, match="no good"):
+            async for _ in workers.fail.stream("no good"):
+                pass
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 # ------------------------------------------------------------- broadcast

@@ -38,6 +38,10 @@ class Gen(Actor):
         return os.getpid()
 
     @endpoint
+    async def interrupt(self) -> None:
+        raise KeyboardInterrupt("ended by its own endpoint")
+
+    @endpoint
     async def tag_of(self) -> tuple[int, str]:
         return os.getpid(), self.tag
 
@@ -186,6 +190,35 @@ async def let_restart(events: Events, gate: Gate, tmp_path: Path) -> None:
     (tmp_path / "armed").unlink()
     await gate.open()
     await events.next("restart", rank=0)
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 2})
+async def test_a_replica_whose_actor_an_endpoint_ended_leaves_rotation(
+        procs: meshio.ProcMesh) -> None:
+    """With no supervisor, a replica's actor ended by the KeyboardInterrupt
+    its endpoint raised (its process serves on) is a hole: out of rotation,
+    a hole of the mesh's ``call()``; the mesh stopped and spawned again under
+    its name serves on every rank.  (Before, the replica stayed in rotation
+    and every call routed to it failed with SupervisionError.)  The
+    controller hears of it after the actor's stop, on its own: calls are made
+    until then (each a real round trip)."""
+    gens = await procs.spawn("gens", Gen, "t")
+    svc = meshio.Service(gens, routing="round_robin")
+    with pytest.raises(meshio.ActorError, match="KeyboardInterrupt"):
+        await asyncio.wait_for(gens.slice(procs=1).interrupt.call_one(), DEADLINE)
+
+    async def until_out() -> None:
+        while svc.stats()[1].alive:
+            with pytest.raises(meshio.SupervisionError, match="was stopped by the Keyboard"):
+                await gens.slice(procs=1).whoami.call_one()
+
+    await asyncio.wait_for(until_out(), DEADLINE)
+    assert await routed(svc, 6) == [procs.pids[0]] * 6
+    answers = await asyncio.wait_for(gens.whoami.call(), DEADLINE)
+    assert [p.rank for p in answers.holes] == [1] and answers.values() == [procs.pids[0]]
+    await asyncio.wait_for(gens.stop(), DEADLINE)
+    again = await procs.spawn("gens", Gen, "t")
+    assert (await asyncio.wait_for(again.whoami.call(), DEADLINE)).values() == procs.pids
 
 
 async def test_dead_replica_out_of_rotation_until_restarted(tmp_path: Path) -> None:

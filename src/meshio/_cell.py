@@ -532,7 +532,7 @@ class ActorCell:
 
             def report(stopping: asyncio.Task[None]) -> None:
                 if not stopping.cancelled():  # (cancelled: the worker is exiting)
-                    self.rt.report_fault(fault)
+                    self.rt.report_fault(fault, stopped=True)
 
             self.stop(e).add_done_callback(report)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import os
 import signal
@@ -312,8 +313,10 @@ class ProcState:
         self._beating: asyncio.Task[None] | None = None
         #: rank → why that process failed with nothing to restart it (wait_failed)
         self.failures: dict[int, SupervisionError] = {}
-        #: per actor mesh (target) the ranks where its temporary actors were not rebuilt
-        self.not_rebuilt: dict[str, set[int]] = {}
+        #: per actor mesh (target) the ranks where its actor is gone for good
+        #: while the process serves: a temporary actor a restart did not
+        #: rebuild, one ended by what an endpoint raised with nothing to restart it
+        self.lost_actors: dict[str, set[int]] = {}
         #: replace/grow/shrink, one at a time
         self.reshaping: asyncio.Lock = asyncio.Lock()
         #: how many times the mesh grew: the processes of a grow get new worker ids
@@ -363,18 +366,20 @@ class ProcState:
     def hole(self, grank: int, target: str) -> bool:
         """Whether the actor of ``target`` at ``grank`` is a hole: its process
         died and nothing restarts it by design (no supervisor; restart type
-        ``temporary``, or ``transient`` and it exited normally), or it is a
-        temporary actor a restart did not rebuild.  A process being
+        ``temporary``, or ``transient`` and it exited normally), it is a
+        temporary actor a restart did not rebuild, or, with no supervisor, an
+        endpoint's ``SystemExit``/``KeyboardInterrupt`` ended it.  A process being
         restarted, or given up on by its supervisor (which then stops the
         mesh), is not a hole; nor is anything of a stopped mesh."""
         return not self.stopped and (grank in self.holes
-                                     or grank in self.not_rebuilt.get(target, ()))
+                                     or grank in self.lost_actors.get(target, ()))
 
     def forget(self, name: str) -> None:
         """Forget the actor mesh ``name`` (stopped everywhere, or never
         built): a restart does not rebuild it, and the name is free again."""
         self.actors = [a for a in self.actors if a.name != name]
         self.actor_names.discard(name)
+        self.lost_actors.pop(f"{self.id}/{name}", None)
 
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
         worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
@@ -546,7 +551,7 @@ class ProcState:
         its loss, faults, stalls and heartbeats."""
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
-        self.rt.watch.on_fault_from[worker.addr] = lambda info: self._fault(worker, info)
+        self.rt.watch.on_fault_from[worker.addr] = functools.partial(self._fault, worker)
         self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
         self.rt.watch.on_pong[worker.addr] = lambda: self._pong(worker)
         if self.rt.watch.down.pop(worker.addr, None) is not None:  # a downed one's replacement
@@ -746,14 +751,18 @@ class ProcState:
                                   line.removeprefix("meshio: "), worker.handle.pid,
                                   worker.handle.host)
 
-    def _fault(self, worker: _Worker, info: ErrorInfo) -> None:
+    def _fault(self, worker: _Worker, info: ErrorInfo, stopped: bool) -> None:
         """An actor failed with nobody to tell (a broadcast, a hook) or was
-        ended by ``SystemExit``/``KeyboardInterrupt``."""
+        ended (``stopped``) by ``SystemExit``/``KeyboardInterrupt``."""
         sup = self.supervisor
         restarts = (sup is not None and not self.stopped
                     and worker.state in (SlotState.STARTING, SlotState.SERVING))
         if sup is None:
             what_now = "nothing restarts it (no supervisor)"
+            if stopped:  # a hole, as a process that died would be
+                for a in self.actors:
+                    if a.name == info.actor:
+                        self.lost_actors.setdefault(a.target, set()).add(worker.rank)
         elif self.stopped:
             what_now = "its proc mesh is being stopped"
         elif not restarts:
@@ -964,9 +973,9 @@ class ProcState:
             w.move(SlotState.SERVING)
         for a in mine:
             if a.target in lost:
-                self.not_rebuilt.setdefault(a.target, set()).add(grank)
+                self.lost_actors.setdefault(a.target, set()).add(grank)
             else:
-                self.not_rebuilt.get(a.target, set()).discard(grank)
+                self.lost_actors.get(a.target, set()).discard(grank)
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
         w.ready.set_result(None)
@@ -1184,7 +1193,7 @@ class ProcState:
             self.published()
             for w in removed:
                 self.failures.pop(w.rank, None)
-                for ranks in self.not_rebuilt.values():
+                for ranks in self.lost_actors.values():
                     ranks.discard(w.rank)
             await self._remove(removed, cause)
             if self.supervisor is not None:

@@ -125,11 +125,15 @@ class _Replica:
 
     def up(self) -> bool:
         """It serves calls: not known dead, restarting or stopped (nor is the
-        proc mesh it belongs to: its stop is under way)."""
+        proc mesh it belongs to: its stop is under way), nor a hole (its
+        actor ended for good: ``ProcState.hole``)."""
         if self.origin is not None and self.origin.stopped:
             return False
-        route = self.mesh._route
-        return route.down(route.runtime(), 0) is None
+        mesh = self.mesh
+        route = mesh._route
+        procs = mesh._procs
+        return route.down(route.runtime(), 0) is None and not (
+            procs is not None and procs._state.hole(mesh._region.ranks[0], mesh._target))
 
     def back(self) -> asyncio.Future[None] | None:
         """While it is down and may come back: the future its restart resolves."""

@@ -43,7 +43,9 @@ class ValueMesh(MeshShape, Generic[R]):
     @property
     def holes(self) -> list[Point]:
         """The points without a value, in row-major order: their processes
-        died and nothing restarts them (``procs.replace(point)`` fills one)."""
+        died and nothing restarts them (``procs.replace(point)`` fills one),
+        or, with no supervisor, their actors were ended by the
+        ``SystemExit``/``KeyboardInterrupt`` an endpoint raised."""
         if not self._holes:
             return []
         return [p for p, r in zip(self._region.points(), self._region.ranks) if r in self._holes]

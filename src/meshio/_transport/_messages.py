@@ -191,9 +191,12 @@ class PortSend(_Msg, frozen=True, tag=7):
 
 
 class Fault(_Msg, frozen=True, tag=8):
-    """An actor failed with no caller to tell (broadcast, failing hook)."""
+    """An actor failed with no caller to tell (broadcast, failing hook), or
+    was ended by what an endpoint raised (``stopped``: ``SystemExit``,
+    ``KeyboardInterrupt``; its process goes on serving its other actors)."""
 
     error: ErrorInfo
+    stopped: bool = False
 
 
 class Shutdown(_Msg, frozen=True, tag=9):

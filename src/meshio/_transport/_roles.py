@@ -23,8 +23,8 @@ class Watch:
         #: worker id → future of its Hello connection
         self.hello_waiters: dict[str, asyncio.Future[Connection]] = {}
         #: by worker address: what its faults (an actor failed with nobody
-        #: to tell) and its heartbeat answers go to
-        self.on_fault_from: dict[str, Callable[[ErrorInfo], None]] = {}
+        #: to tell; ended by it: ``Fault.stopped``) and its heartbeat answers go to
+        self.on_fault_from: dict[str, Callable[[ErrorInfo, bool], None]] = {}
         self.on_pong: dict[str, Callable[[], None]] = {}
         #: by worker address, the workers found not responding: their
         #: PeerDown as of now (told to each worker that connects)

@@ -559,7 +559,7 @@ class Runtime:
             case Fault():
                 handler = self.watch.on_fault_from.get(conn.peer or "")
                 if handler is not None:
-                    handler(msg.error)
+                    handler(msg.error, msg.stopped)
                 else:
                     self.on_fault(conn, msg.error)
             case Ping():
@@ -643,12 +643,13 @@ class Runtime:
             f"no actor {target!r} in process {os.getpid()} "
             f"({self.worker or 'controller'}); it was never spawned here or has been stopped")
 
-    def report_fault(self, info: ErrorInfo) -> None:
-        """Tell the supervising controller that an actor failed with nobody waiting."""
+    def report_fault(self, info: ErrorInfo, stopped: bool = False) -> None:
+        """Tell the supervising controller that an actor failed with nobody
+        waiting (``stopped``: the failure ended the actor)."""
         if self.controller is None:
             self.on_fault(Connection(self, None), info)
         else:
-            self.connect(self.controller).send_message(Fault(info))
+            self.connect(self.controller).send_message(Fault(info, stopped))
 
     def state(self, make: Callable[[Runtime], _S]) -> _S:
         """This runtime's instance of a layer's state: ``make(self)`` on first

@@ -577,7 +577,12 @@ class Endpoint(Generic[P, R]):
                     elif not mesh._hole(point.rank, exc):
                         raise exc
         finally:  # (ended early, timed out or cancelled: once its arguments are read)
+            for f in remaining:
+                f.cancel()
             await finished(list(remaining))
+            for f in futs:  # failures not raised (another's was, or it ended early): seen
+                if not f.cancelled():
+                    f.exception()
 
     @overload
     def route(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
