@@ -69,12 +69,18 @@ RAISES: dict[str, Any] = {
     "cancelled": lambda: asyncio.CancelledError("user cancelled"),
     "unprintable": Unprintable,
     "surrogate": Surrogate,
+    "generator_exit": lambda: GeneratorExit("closing time"),
 }
 EXPECT = {  # kind: (remote_type suffix, text in the message)
     "cancelled": ("CancelledError", "user cancelled"),
     "unprintable": ("Unprintable", "str() raised RuntimeError"),
     "surrogate": ("Surrogate", "bad bytes \\udcff here"),
+    "generator_exit": ("GeneratorExit", "closing time"),
 }
+
+
+def _raise(kind: str) -> None:
+    raise RAISES[kind]()
 
 
 class Raiser(Actor):
@@ -100,6 +106,14 @@ class Raiser(Actor):
     @endpoint(concurrent=True)
     async def raise_concurrent(self, kind: str) -> None:
         raise RAISES[kind]()
+
+    @endpoint
+    async def raise_in_a_thread(self, kind: str) -> None:
+        await asyncio.to_thread(_raise, kind)
+
+    @endpoint(concurrent=True)
+    async def raise_in_a_thread_concurrent(self, kind: str) -> None:
+        await asyncio.to_thread(_raise, kind)
 
     @endpoint
     async def exit_async(self, code: int) -> None:
@@ -135,6 +149,22 @@ async def test_endpoint_raising_the_unusual_reaches_the_caller(
     assert ei.value.actor == "r" and ei.value.rank == 0
     assert method in ei.value.remote_traceback
     assert await asyncio.wait_for(r.pid.call_one(), GUARD) == procs.pids[0]
+
+
+@pytest.mark.parametrize("method", ["raise_in_a_thread", "raise_in_a_thread_concurrent"])
+async def test_generator_exit_from_an_awaited_thread_is_the_call_s_error(
+        procs: meshio.ProcMesh, method: str) -> None:
+    """A GeneratorExit that an async endpoint gets from a future it awaits
+    (here ``asyncio.to_thread``) fails that call only: the actor serves the
+    next ones.  (Before, the mailbox task died with it: every later call
+    hung.  Its message is lost: thrown into a coroutine, GeneratorExit
+    closes it.)"""
+    r = await procs.slice(procs=0).spawn("r", Raiser)
+    for _ in range(2):  # (the first finds the actor idle, the second behind nothing)
+        with pytest.raises(ActorError) as ei:
+            await asyncio.wait_for(getattr(r, method).call_one("generator_exit"), GUARD)
+        assert ei.value.remote_type == "GeneratorExit"
+        assert await asyncio.wait_for(r.pid.call_one(), GUARD) == procs.pids[0]
 
 
 async def test_result_whose_pickling_raises_system_exit(procs: meshio.ProcMesh) -> None:

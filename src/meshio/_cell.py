@@ -202,6 +202,26 @@ async def _stop_procs(state: ProcState, where: str) -> None:
         state.release()
 
 
+def _thrown_in(task: asyncio.Task[Any]) -> bool:
+    """Whether the ``GeneratorExit`` just caught in ``task``'s coroutine was
+    the outcome of a future a call awaited (a thread of the user's code
+    raised it), thrown in by the task: that closed the coroutines of the
+    call, which answered its caller, and the task goes on.  Else its own
+    coroutine is being closed (it was dropped): it ends."""
+    return asyncio.current_task() is task
+
+
+class _Carried(Exception):
+    """A ``GeneratorExit`` raised in an actor's thread, on its way to the
+    coroutine awaiting it (:meth:`ActorThread.run`): a task throwing it in
+    from a future would close the coroutines awaiting instead (as
+    ``yield from`` does with ``GeneratorExit``), losing it and the task."""
+
+    def __init__(self, error: GeneratorExit) -> None:
+        super().__init__()
+        self.error = error
+
+
 class ActorThread:
     """The thread of one actor, where its ``__init__``, plain ``def``
     endpoints and sync hooks (``on_restart``, ``__cleanup__``) run: one call
@@ -216,8 +236,16 @@ class ActorThread:
                                            functools.partial[Any]] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args, **kwargs)`` in the thread; its outcome, on the loop."""
+    async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` in the thread: what it returns or raises."""
+        try:
+            return await self.submit(fn, *args, **kwargs)
+        except _Carried as carried:  # raised here, not thrown into the awaiting coroutines
+            raise carried.error from None
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` in the thread; its outcome, on the loop
+        (a ``GeneratorExit`` it raised :class:`_Carried`)."""
         fut = self.rt.loop.create_future()
         if self.thread is None:
             self.thread = threading.Thread(target=self._work, name=self.name, daemon=True)
@@ -242,6 +270,8 @@ class ActorThread:
                 error = RuntimeError(f"{call.func.__qualname__} raised StopIteration")
                 error.__cause__ = e
                 outcome = (False, error)
+            except GeneratorExit as e:
+                outcome = (False, _Carried(e))
             except BaseException as e:  # reported by the awaiting call
                 outcome = (False, e)
             try:
@@ -469,7 +499,7 @@ class ActorCell:
         me = asyncio.current_task()
         ends: list[asyncio.Future[Any]] = [t for t in tasks if t is not me]
         if self.thread.thread is not None:  # a def call under way ends first
-            ends.append(self.thread.run(lambda: None))
+            ends.append(self.thread.submit(lambda: None))
         if ends:
             await asyncio.wait(ends, timeout=CLEANUP_TIMEOUT)
         try:
@@ -552,7 +582,11 @@ class ActorCell:
                     self.begun.thrown = e  # (this task was cancelled: it is the begun call's)
                 begun, self.begun = self.begun, None
                 if begun is not None:
-                    await begun
+                    try:
+                        await begun
+                    except GeneratorExit:
+                        if not _thrown_in(self.task):
+                            raise
                 continue
             conn, msg, bufs, deadline = mailbox.popleft()
             if msg.bounded:
@@ -564,7 +598,11 @@ class ActorCell:
                 run = self._serve(conn, msg, bufs, deadline)
             del conn, msg, bufs, key  # an idle actor keeps no value of its last call
             if run is not None:
-                await run  # (a coroutine done keeps nothing of its call)
+                try:
+                    await run  # (a coroutine done keeps nothing of its call)
+                except GeneratorExit:
+                    if not _thrown_in(self.task):
+                        raise
 
     def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
                deadline: float | None) -> Coroutine[Any, Any, None] | None:
@@ -608,7 +646,11 @@ class ActorCell:
         assert task is not None
         run = self._run(conn, msg.req, desc, args, kwargs,
                         CallScope(deadline, msg.chain, self.identity), task)
-        await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
+        try:
+            await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
+        except GeneratorExit:
+            if not _thrown_in(task):
+                raise
 
     async def _run(self, conn: Connection, req: int, desc: EndpointDescriptor[Any, Any, Any],
                    args: tuple[Any, ...], kwargs: dict[str, Any],
