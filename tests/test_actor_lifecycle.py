@@ -171,7 +171,7 @@ async def test_result_whose_pickling_raises_system_exit(procs: meshio.ProcMesh) 
     """issue 7 item 2: a result that cannot be pickled (its __reduce__ raises
     SystemExit) fails the call with SchemaError; the worker keeps serving."""
     r = await procs.slice(procs=0).spawn("r", Raiser)
-    with pytest.raises(meshio.SchemaError, match="could not be encoded: not picklable"):
+    with pytest.raises(meshio.SchemaError, match="could not be encoded: SystemExit: not picklable"):
         await asyncio.wait_for(r.unpicklable_result.call_one(), GUARD)
     assert await asyncio.wait_for(r.pid.call_one(), GUARD) == procs.pids[0]
 

@@ -700,9 +700,11 @@ class ActorCell:
                 body = desc.schema.pack_result(result, packer)
             except BaseException as e:  # the result's own code (e.g. __reduce__) may raise anything
                 why = actor_error(e, self.ctx, "schema")
+                detail = why.message if isinstance(e, SchemaError) else \
+                    f"{why.type_name}: {why.message}"
                 conn.send_message(Fail(req, ErrorInfo(
                     "schema", "SchemaError",
-                    f"result of {desc.fn.__qualname__} could not be encoded: {why.message}",
+                    f"result of {desc.fn.__qualname__} could not be encoded: {detail}",
                     actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
                 return
             read = conn.reply(req, body, packer)
