@@ -155,8 +155,8 @@ def next_fault(addr: str) -> asyncio.Future[ErrorInfo]:
     fut: asyncio.Future[ErrorInfo] = rt.loop.create_future()
     orig = rt.watch.on_fault_from[addr]
 
-    def hook(info: ErrorInfo) -> None:
-        orig(info)
+    def hook(info: ErrorInfo, stopped: bool) -> None:
+        orig(info, stopped)
         if not fut.done():
             fut.set_result(info)
 

@@ -12,6 +12,7 @@ import functools
 import logging
 import secrets
 import socket
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -335,6 +336,12 @@ class SocketBackend:
             conn._backlog = None
             dead = self.rt.dead.get(addr)
             conn.fail_all(dead or self._dial_error(addr, e))
+            if addr == self.rt.controller:  # a worker that cannot reach its controller lost it
+                print(f"meshio: worker {self.rt.worker} cannot connect to its controller at "
+                      f"{addr}: {str(e) or type(e).__name__}", file=sys.stderr, flush=True)
+                hook = self.rt.on_lost.get(addr)
+                if hook is not None:
+                    hook(conn)
 
     async def _connect(self, addr: str, deadline: float) -> socket.socket:
         """A socket connected to ``addr``; a full listen backlog (``EAGAIN``:
