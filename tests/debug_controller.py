@@ -6,7 +6,8 @@
 rank 1 the ``def`` endpoint ``step_sync``, which calls ``pdb.set_trace()``.
 Once a line arrives on its stdin it calls another actor of rank 1's
 process and prints that it answered; then it prints the results once both
-paused calls return.
+paused calls return, and what the paused actors answer to one more call
+(each rank its rank).
 
 ``python debug_controller.py terminal``: the same two ranks paused, and
 nothing else: debugged on the controller's own terminal; it prints the
@@ -85,6 +86,7 @@ async def pair() -> None:
             rank = await bystanders.slice(gpus=1).ping.call_one()
             print(f"bystander {rank} answered", flush=True)
             print(f"results {await calls}", flush=True)
+            print(f"steppers answered {(await paused.ping.call()).values()}", flush=True)
         finally:
             calls.cancel()
 

@@ -163,6 +163,105 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         close(controller, *([debug] if debug is not None else []))
 
 
+def step_out(debug: pexpect.spawn) -> list[str]:
+    """Type pdb's ``n`` in ``debug`` until its session ends (its prompt is
+    ``meshio debug``'s again); the lines it showed.  Each stop is in the
+    endpoint stepped in: none in meshio's own code, none in another call."""
+    shown: list[str] = []
+    for _ in range(8):
+        debug.sendline("n")
+        ended = debug.expect_exact([PDB, PROMPT]) == 1
+        lines = debug.before.splitlines()[1:]
+        shown += lines
+        stops = [line for line in lines if line.startswith("> ")]
+        assert all(stop.startswith(f"> {CONTROLLER}(") for stop in stops), shown
+        assert not any(stop.endswith("ping()") for stop in stops), shown
+        assert "--Call--" not in lines, shown
+        if ended:
+            return shown
+    raise AssertionError(f"still in pdb after 8 `n`: {shown}")
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["async", "def"])
+def test_stepping_out_of_the_endpoint_continues(env: dict[str, str], rank: int) -> None:
+    """pdb's ``n`` past the end of the endpoint (``async`` on rank 0, ``def``
+    on rank 1) ends the session as ``c`` does: the call returns, pdb stops
+    neither in meshio's frames nor in the actor's next call (which answers,
+    unannounced), and ``meshio debug``'s prompt is back."""
+    controller = spawn(str(CONTROLLER), "pair", env=env)
+    debug = None
+    try:
+        for _ in range(2):
+            controller.expect(r"meshio: steppers rank \d paused at ")
+        controller.sendline("go")
+        controller.expect_exact("bystander 1 answered")
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        other = 1 - rank  # continued first: stepping out returns the last paused call
+        ask(debug, f"attach steppers {other}")
+        assert ask(debug, "c", PROMPT) == [f"meshio: steppers rank {other} continued"]
+        ask(debug, f"attach steppers {rank}")
+        assert step_out(debug)[-1] == f"meshio: steppers rank {rank} continued"
+        controller.expect(r"results \[21, 61\]")
+        controller.expect(r"steppers answered \[0, 1\]")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+        assert "paused at" not in seen_on(controller).split("bystander 1 answered")[1]
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
+def test_attach_names_what_exists(env: dict[str, str]) -> None:
+    """``attach`` of an actor mesh or a rank this controller does not have
+    says so, naming those it has, instead of waiting for it to pause;
+    waiting for one that has not paused stops at a line typed or at the end
+    of ``meshio debug``'s input; ``detach`` with nothing attached says
+    what it is for."""
+    controller = spawn(str(CONTROLLER), "pair", env=env)
+    debug = None
+
+    def answer(line: str) -> list[str]:
+        """``ask(debug, line, PROMPT)``, failing at once if it waits instead."""
+        assert debug is not None
+        debug.sendline(line)
+        assert debug.expect_exact([PROMPT, "to pause"]) == 0, debug.before
+        return cast(str, debug.before).splitlines()[1:]
+    try:
+        for _ in range(2):
+            controller.expect(r"meshio: steppers rank \d paused at ")
+        debug = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        assert answer("detach") == ["meshio debug: not attached to any actor: `detach` leaves a "
+                                    "pdb session (`attach <actor> <rank>` starts one)"]
+        assert answer("attach nosuch 99") == [
+            f"meshio debug: no actor mesh named 'nosuch' in the proc meshes of this controller "
+            f"(pid {controller.pid}); its actor meshes: bystanders (ranks 0-1), "
+            "steppers (ranks 0-1)"]
+        assert answer("attach steppers 7") == [
+            "meshio debug: actor mesh 'steppers' has no rank 7 (it has ranks 0-1)"]
+        waiting = "meshio: waiting for bystanders rank 1 to pause (`detach` stops waiting)"
+        debug.sendline("attach bystanders 1")  # (it never pauses)
+        debug.expect_exact(waiting)
+        listing = "\n".join(answer("list"))
+        assert "meshio: stopped waiting for bystanders rank 1" in listing
+        assert "steppers rank 0: " in listing and "steppers rank 1: " in listing
+        assert answer("continue all") == ["meshio: continuing 2 paused actor(s)"]
+        debug.sendline("attach bystanders 1")
+        debug.expect_exact(waiting)
+        debug.sendeof()
+        debug.expect(pexpect.EOF)
+        debug.close()
+        assert debug.exitstatus == 0
+        controller.sendline("go")
+        controller.expect(r"results \[21, 61\]")
+        controller.expect(pexpect.EOF)
+        controller.close()
+        assert controller.exitstatus == 0
+    finally:
+        close(controller, *([debug] if debug is not None else []))
+
+
 def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
     """An ``async`` endpoint paused in ``breakpoint()`` holds its worker's
     loop, yet its process answers heartbeats (through its debug link) for
@@ -202,7 +301,7 @@ def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
         debug = spawn("-m", "meshio", "debug", env=env)
         debug.expect_exact(PROMPT)
         debug.sendline("attach remote 0")
-        debug.expect_exact("meshio: waiting for remote rank 0 to pause (Ctrl-C to stop)")
+        debug.expect_exact("meshio: waiting for remote rank 0 to pause (`detach` stops waiting)")
         controller.sendline("go")
         debug.expect_exact(PDB)
         assert "meshio: attached to remote rank 0 at " in debug.before

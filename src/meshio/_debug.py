@@ -29,6 +29,8 @@ the terminal is the program's again.
 from __future__ import annotations
 
 import asyncio
+import dis
+import inspect
 import itertools
 import os
 import pdb
@@ -56,17 +58,22 @@ PROMPT = "(meshio debug) "
 #: its stdin is not a terminal; ``0``: never (``meshio debug`` only)
 TERMINAL_ENV = "MESHIO_DEBUG_TERMINAL"
 #: modules pdb's ``step``/``next`` do not stop in (meshio's and the loop's own)
-_SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "concurrent.*",
-         "threading", "contextvars", "queue", "pdb", "bdb")
+_SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "selectors",
+         "concurrent.*", "threading", "contextvars", "queue", "pdb", "bdb")
 _HELP = """\
 commands:
   list                   the paused actors, oldest first
   attach <actor> <rank>  run the pdb session of that actor (attach: the oldest;
                          waits for that actor to pause if it has not yet); then
                          pdb's commands (p, n, s, bt, c, ...) and detach
+  detach                 in a pdb session: back here, the actor staying paused;
+                         while waiting for an actor to pause: stop waiting
   continue all           continue every paused actor
   quit                   leave meshio debug (the actors stay paused)
 """
+#: code flags of the frames whose return event may be a suspension
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_YIELD_VALUE, _RESUME = dis.opmap["YIELD_VALUE"], dis.opmap["RESUME"]
 
 
 # ------------------------------------------------------------------ worker
@@ -210,13 +217,18 @@ class _Terminal:
 class _RemotePdb(pdb.Pdb):
     """pdb whose terminal is the controller's (``meshio debug``): each time
     it stops after running freely it announces itself (a new session);
-    ``continue`` or ``quit`` ends that session."""
+    ``continue`` or ``quit`` ends that session, and so does stepping out of
+    the outermost frame of the user's code it stopped in (the endpoint's,
+    into meshio's own frames, where pdb does not stop): the request is
+    over, so the session is too, as after ``continue``."""
 
     def __init__(self, link: DebugLink, ctx: Context[Any]) -> None:
         self.terminal = _Terminal(link)
         self.ctx = ctx
         #: the call it paused (see :class:`~meshio._context.CallScope`)
         self.scope: CallScope | None = None
+        #: the session's outermost frame of the user's code (the endpoint's)
+        self.outer: FrameType | None = None
         io = cast(IO[str], self.terminal)  # (pdb uses write, flush and readline of its files)
         super().__init__(stdin=io, stdout=io, skip=_SKIP, nosigint=True, readrc=False)
         self.prompt = "(Pdb) "
@@ -227,6 +239,9 @@ class _RemotePdb(pdb.Pdb):
             self.scope = _scope.get()
             if self.scope is not None:  # its call is paused, not stalled
                 self.scope.pause(True)
+            self.outer = frame
+            while self.outer.f_back is not None and not self._skipped(self.outer.f_back):
+                self.outer = self.outer.f_back
             term.session, term.lines = term.link.open()
             ctx = self.ctx
             term.link.send(DebugPaused(
@@ -234,6 +249,28 @@ class _RemotePdb(pdb.Pdb):
                 term.link.addr, frame.f_code.co_qualname, frame.f_code.co_filename,
                 frame.f_lineno))
         super().interaction(frame, traceback)
+
+    def dispatch_call(self, frame: FrameType, arg: None) -> Any:
+        trace = super().dispatch_call(frame, arg)
+        if frame is self.outer:  # (an async endpoint resumed) its return must be seen
+            return self.trace_dispatch
+        return trace
+
+    def dispatch_return(self, frame: FrameType, arg: Any) -> Any:
+        trace = super().dispatch_return(frame, arg)
+        if frame is self.outer and not _suspends(frame):
+            # stepped out of the user's code: pdb would stop next in whatever
+            # this thread runs after (another call), or in no frame ever again
+            self.set_continue()
+        return trace
+
+    def dispatch_exception(self, frame: FrameType, arg: Any) -> Any:
+        if self._skipped(frame):  # (bdb stops at a StopIteration that ends a
+            return self.trace_dispatch  # coroutine stepped in, even in a skipped module)
+        return super().dispatch_exception(frame, arg)
+
+    def _skipped(self, frame: FrameType) -> bool:
+        return self.is_skipped_module(frame.f_globals.get("__name__", ""))
 
     def set_continue(self) -> None:
         super().set_continue()
@@ -245,12 +282,25 @@ class _RemotePdb(pdb.Pdb):
 
     def _end(self, how: str) -> None:
         term = self.terminal
+        self.outer = None
         if self.scope is not None:
             self.scope.pause(False)
         if term.session:
             term.flush()
             term.link.close(term.session, how)
             term.session = 0
+
+
+def _suspends(frame: FrameType) -> bool:
+    """Whether the return event of ``frame`` is its coroutine's (or
+    generator's) suspension at an ``await`` or ``yield``, not its end: its
+    last instruction is ``YIELD_VALUE`` (the ``RESUME`` after it, from
+    Python 3.13 on)."""
+    if not frame.f_code.co_flags & _SUSPENDS:
+        return False
+    code, at = frame.f_code.co_code, frame.f_lasti
+    return code[at] == _YIELD_VALUE or (code[at] == _RESUME and at >= 2
+                                        and code[at - 2] == _YIELD_VALUE)
 
 
 def _on_debug_io(rt: Runtime, conn: Connection, msg: DebugIO, bufs: Buffers) -> None:
@@ -434,6 +484,16 @@ class Debugger:
         if msg.kind != "input":
             return
         line = msg.text.strip()
+        awaited = self.waiting.get(client)
+        if awaited is not None:  # a line typed while waiting for a pause
+            if not line:
+                client.send_message(DebugIO(0, "read", ""))  # (it waits on)
+                return
+            del self.waiting[client]
+            self._say(client, f"meshio: stopped waiting for {awaited[0]} rank {awaited[1]}\n")
+            if line == "detach":
+                self._prompt(client)
+                return
         if attached is not None and line != "detach":
             attached.reading = False
             attached.link.send_message(DebugIO(attached.paused.session, "input", msg.text))
@@ -446,6 +506,9 @@ class Debugger:
             attached.client = None
             self.clients[client] = None
             self._say(client, f"meshio: detached from {attached.name} (it stays paused)\n")
+        elif words == ["detach"]:
+            self._say(client, "meshio debug: not attached to any actor: `detach` leaves a pdb "
+                              "session (`attach <actor> <rank>` starts one)\n")
         elif not words:
             pass
         elif words == ["list"]:
@@ -491,12 +554,41 @@ class Debugger:
                               "meshio debug\n")
         elif not words:
             self._say(client, "meshio debug: no paused actors\n")
+        elif (unknown := self._unknown(words[0], words[1])) is not None:
+            self._say(client, unknown)
         else:
             self.waiting[client] = (words[0], words[1])
-            self._say(client, f"meshio: waiting for {words[0]} rank {words[1]} to pause "
-                              "(Ctrl-C to stop)\n")
+            # (it reads on meanwhile: a line typed, or the end of its input, stops waiting)
+            client.send_message(DebugIO(0, "read", f"meshio: waiting for {words[0]} rank "
+                                                   f"{words[1]} to pause (`detach` stops "
+                                                   "waiting)\n"))
             return True
         return False
+
+    def _unknown(self, actor: str, rank: str) -> str | None:
+        """Why ``attach <actor> <rank>`` can never attach: no actor mesh of
+        that name in this controller's proc meshes, or none with that rank
+        (None: it can, once that actor pauses)."""
+        sizes: dict[str, int] = {}
+        procs = self.rt.state(Inspection).procs if self.rt.has_state(Inspection) else []
+        for state in procs:
+            for record in state.actors if not state.stopped else ():
+                sizes[record.name] = max(sizes.get(record.name, 0), len(record.ranks))
+        for session in self.sessions.values():  # (of a proc mesh that an actor started)
+            paused = session.paused
+            sizes[paused.actor] = max(sizes.get(paused.actor, 0), paused.rank + 1)
+
+        def ranks(name: str) -> str:
+            return "rank 0" if sizes[name] == 1 else f"ranks 0-{sizes[name] - 1}"
+        if actor not in sizes:
+            there = ", ".join(f"{name} ({ranks(name)})" for name in sorted(sizes))
+            return (f"meshio debug: no actor mesh named {actor!r} in the proc meshes of this "
+                    f"controller (pid {os.getpid()}); "
+                    + (f"its actor meshes: {there}\n" if there else "it has none\n"))
+        if not rank.isdigit() or int(rank) >= sizes[actor]:
+            return (f"meshio debug: actor mesh {actor!r} has no rank {rank} (it has "
+                    f"{ranks(actor)})\n")
+        return None
 
     def _list(self, client: Connection) -> None:
         if not self.sessions:
@@ -549,6 +641,8 @@ class _Client:
         self.rt = rt
         self.conn: Connection | None = None
         self.done: asyncio.Future[int] = rt.loop.create_future()
+        #: a thread reads a line of stdin (one at a time: lines stay in order)
+        self.reading = False
 
     def close(self) -> None:
         self._finish(1)
@@ -556,7 +650,8 @@ class _Client:
     def got(self, msg: DebugIO) -> None:
         sys.stdout.write(msg.text)
         sys.stdout.flush()
-        if msg.kind == "read":
+        if msg.kind == "read" and not self.reading:
+            self.reading = True
             threading.Thread(target=self._read, name="meshio debug stdin", daemon=True).start()
         elif msg.kind == "end":
             self._finish(0)
@@ -569,6 +664,7 @@ class _Client:
             pass
 
     def _line(self, line: str) -> None:
+        self.reading = False
         if self.conn is None:
             return
         if line:
