@@ -8,10 +8,13 @@ controller serve it.  The page itself, in a real browser:
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import os
 import signal
 import socket
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
@@ -93,13 +96,15 @@ async def test_page_state_stacks_metrics_and_stream_on_loopback(
         assert state["job"]["pid"] == os.getpid()
         [pm] = state["proc_meshes"]
         assert pm["name"] == "procs" and [p["rank"] for p in pm["processes"]] == [0, 1]
+        assert pm["id"].startswith("procs-")
         assert [p["pid"] for p in pm["processes"]] == procs.pids
         assert all(p["rss"] > 1 << 20 and p["cpu_user"] > 0 for p in pm["processes"])
         [actor] = pm["processes"][0]["actors"]
         [ep] = actor["endpoints"]
         assert (actor["actor"], ep["endpoint"], ep["calls"]) == ("echo", "Echo.echo", 3)
-        assert state["meshes"]["procs"] == {"supervisor": None, "strategy": None,
-                                            "extent": {"procs": 2}, "actor_meshes": ["echo"]}
+        assert state["meshes"] == {pm["id"]: {"name": "procs", "supervisor": None,
+                                              "strategy": None, "extent": {"procs": 2},
+                                              "actor_meshes": ["echo"]}}
         status, headers, body = await aget(base + "/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
         calls = {s.labels["rank"]: s.value
@@ -153,7 +158,8 @@ async def test_supervision_events_stream_live() -> None:
                         if kind == "state":
                             break
                     assert [p["restarts"] for p in data["proc_meshes"][0]["processes"]] == [0, 1]
-                    assert data["meshes"]["procs"]["supervisor"] == s.sup.name
+                    mesh_id = data["proc_meshes"][0]["id"]
+                    assert data["meshes"][mesh_id]["supervisor"] == s.sup.name
             finally:
                 await stream.aclose()
             # a page opened later is told the past events first
@@ -194,6 +200,111 @@ async def test_off_loopback_every_request_needs_the_token(procs: meshio.ProcMesh
             await stream.aclose()
 
 
+async def status_of(port: int, request: bytes) -> str:
+    """The status of the answer to ``request``, sent as it is."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(GUARD):
+            head = await reader.readuntil(b"\r\n")
+        return head.decode().removeprefix("HTTP/1.1 ").strip()
+    finally:
+        writer.close()
+
+
+async def test_loopback_answers_local_clients_naming_no_host_or_localhost_in_any_case(
+        procs: meshio.ProcMesh) -> None:
+    await procs.spawn("echo", Echo)
+    async with meshio.serve_dashboard() as server:
+        port = server.port
+        for host in (f"LOCALHOST:{port}", "LocalHost", f"localhost.:{port}", f"[::1]:{port}",
+                     f"127.0.0.1:{port}", ""):
+            request = f"GET /api/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+            assert await status_of(port, request) == "200 OK", host
+        # HTTP/1.0 needs no Host; without one a request names no other host (a
+        # browser always names one: it is no web page's trick)
+        assert await status_of(port, b"GET /api/state HTTP/1.0\r\n\r\n") == "200 OK"
+        for host in ("EVIL.example", "localhost.evil.example", "127.0.0.1.evil.example"):
+            request = f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+            assert await status_of(port, request) == "401 Unauthorized", host
+    async with meshio.serve_dashboard(host="0.0.0.0") as server:  # off loopback: the token
+        assert await status_of(server.port, b"GET /api/state HTTP/1.0\r\n\r\n") \
+            == "401 Unauthorized"
+        named = f"GET /api/state HTTP/1.1\r\nHost: LOCALHOST:{server.port}\r\n\r\n"
+        assert await status_of(server.port, named.encode()) == "401 Unauthorized"
+
+
+async def test_proc_meshes_of_one_name_are_told_apart() -> None:
+    host = meshio.this_host()
+    async with host.spawn_procs(per_host={"procs": 1}) as one, \
+            host.spawn_procs(per_host={"procs": 2}) as two:  # both named "procs"
+        await one.spawn("echo", Echo)
+        await two.spawn("other", Echo)
+        async with meshio.serve_dashboard() as server:
+            base = f"http://127.0.0.1:{server.port}"
+            status, _, body = await aget(base + "/api/state")
+            assert status == 200
+            state = json.loads(body)
+            first, second = state["proc_meshes"]
+            assert (first["name"], second["name"]) == ("procs", "procs")
+            assert [len(first["processes"]), len(second["processes"])] == [1, 2]
+            assert state["meshes"] == {
+                first["id"]: {"name": "procs", "supervisor": None, "strategy": None,
+                              "extent": {"procs": 1}, "actor_meshes": ["echo"]},
+                second["id"]: {"name": "procs", "supervisor": None, "strategy": None,
+                               "extent": {"procs": 2}, "actor_meshes": ["other"]}}
+            status, _, body = await aget(base + "/metrics")
+            up = {(s.labels["mesh_id"], s.labels["proc"])
+                  for f in text_string_to_metric_families(body.decode())
+                  if f.name == "meshio_process_up" for s in f.samples}
+            assert up == {(first["id"], "0"), (second["id"], "0"), (second["id"], "1")}
+
+
+async def test_text_utf8_cannot_encode_is_replaced(
+        procs: meshio.ProcMesh, monkeypatch: pytest.MonkeyPatch) -> None:
+    await procs.spawn("echo", Echo)
+    # a command line of bytes that were not UTF-8, as Python decodes them
+    monkeypatch.setattr(sys, "argv", [sys.argv[0], "caf\udce9", "lone\ud800"])
+    want = [sys.argv[0], "caf\ufffd", "lone?"]
+    async with meshio.serve_dashboard() as server:
+        status, _, body = await aget(f"http://127.0.0.1:{server.port}/api/state")
+        assert status == 200, body
+        assert json.loads(body)["job"]["argv"] == want
+        stream = events(server.port)
+        try:
+            async with asyncio.timeout(GUARD):
+                kind, data = await anext(stream)
+                assert (kind, data["job"]["argv"]) == ("state", want)
+        finally:
+            await stream.aclose()
+
+
+async def test_closing_with_a_live_stream_open_is_quiet(
+        procs: meshio.ProcMesh, caplog: pytest.LogCaptureFixture) -> None:
+    await procs.spawn("echo", Echo)
+    caplog.set_level(logging.ERROR)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async with meshio.serve_dashboard() as server:
+            stream = events(server.port)  # a browser's tab, open
+            try:
+                async with asyncio.timeout(GUARD):
+                    assert (await anext(stream))[0] == "state"
+                    await server.aclose()
+                    with pytest.raises(asyncio.IncompleteReadError):  # the stream ended
+                        await anext(stream)
+            finally:
+                await stream.aclose()
+        gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == [], reported
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
 async def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(TypeError, match="serve_dashboard: port must be an int, got str"):
         meshio.serve_dashboard("80")  # type: ignore[arg-type]
@@ -224,7 +335,7 @@ def test_meshio_dashboard_has_a_running_controller_serve_it(tmp_path: Path) -> N
         state = json.loads(get(url.replace("/?", "/api/state?"))[2])
         assert state["job"]["pid"] == controller.pid
         [pm] = state["proc_meshes"]
-        assert len(pm["processes"]) == 4 and state["meshes"][pm["name"]]["actor_meshes"] \
+        assert len(pm["processes"]) == 4 and state["meshes"][pm["id"]]["actor_meshes"] \
             == ["busy"]
         stacks = json.loads(get(url.replace("/?", "/api/stacks?"))[2])["text"]
         assert "busy ranks 0-1: in Busy.block at stacks_controller.py" in stacks

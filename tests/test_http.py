@@ -4,15 +4,19 @@ HTTP, a head over the size limit, a method other than GET, no request at
 all.  Each gets a status that says what was wrong (400, 431, 405, 408) and
 nothing is logged as an unhandled error; the server answers the next
 request.  An answer that fails (a bug of the server's own) is a 500,
-logged by meshio.  Its request-head parser, fuzzed: any bytes give a request or a
-``ValueError``, and well-formed heads parse to what they say."""
+logged by meshio.  Closed while it answers (a server-sent event stream
+held open), it ends the answer quietly.  Its request-head parser, fuzzed:
+any bytes give a request or a ``ValueError``, and well-formed heads parse
+to what they say."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import socket
 import string
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -128,3 +132,43 @@ def test_a_well_formed_head_parses_to_what_it_says(
             + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
             + "\r\n").encode()
     assert _http._parse(head) == _http.Request(method, path, query, headers)
+
+
+class Hanging(_http.HTTPServer):
+    """A server whose answer to each request waits until it is cancelled
+    (as a server-sent event stream does), having said it started."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self.answering = asyncio.Event()
+
+    async def _respond(self, request: _http.Request, writer: asyncio.StreamWriter) -> None:
+        writer.write(_http.response_head("200 OK", "text/event-stream"))
+        self.answering.set()
+        await asyncio.Event().wait()
+
+
+async def test_closing_while_a_request_is_answered_ends_it_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async with _http.start(Hanging, 0, "127.0.0.1", "test") as server:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            try:
+                writer.write(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                async with asyncio.timeout(GUARD):
+                    await server.answering.wait()
+                    await server.aclose()
+                    answer = await reader.read()  # (until the server closed the connection)
+                    assert answer == _http.response_head("200 OK", "text/event-stream")
+            finally:
+                writer.close()
+        gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert reported == [], reported
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

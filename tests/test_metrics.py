@@ -20,8 +20,19 @@ from prometheus_client.samples import Sample
 from supervision_helpers import W, supervised
 
 import meshio
-from meshio import Actor, Channel, EndpointStats, Port, ProcessStats, Stats, endpoint
+from meshio import (
+    Actor,
+    ActorStats,
+    Channel,
+    EndpointStats,
+    Port,
+    ProcessStats,
+    ProcMeshStats,
+    Stats,
+    endpoint,
+)
 from meshio._metrics import WINDOW, Meter
+from meshio._prometheus import prometheus_text
 
 GUARD = 30.0
 HOST = socket.gethostname()
@@ -191,7 +202,9 @@ async def test_prometheus_scrape_over_http(procs: meshio.ProcMesh) -> None:
         status, ctype, text = await asyncio.to_thread(fetch, server.url)
         assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
         got = samples(text)
-        where = {"mesh": "procs", "proc": "0", "host": HOST}
+        [mesh_id] = {s.labels["mesh_id"] for family in got.values() for s in family}
+        assert mesh_id.startswith("procs-") and len(mesh_id) == len("procs-") + 8
+        where = {"mesh": "procs", "mesh_id": mesh_id, "proc": "0", "host": HOST}
         labels = {**where, "actor": "counted", "rank": "0", "endpoint": "Counted.work"}
 
         def value(name: str, **extra: str) -> float:
@@ -244,6 +257,44 @@ async def test_serve_metrics_checks_its_arguments() -> None:
 def test_serve_metrics_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError, match="call it in async code"):
         meshio.serve_metrics()
+
+
+async def test_proc_meshes_of_one_name_are_told_apart_by_mesh_id() -> None:
+    host = meshio.this_host()
+    async with host.spawn_procs(per_host={"procs": 1}) as one, \
+            host.spawn_procs(per_host={"procs": 1}) as two:  # both named "procs"
+        first = await one.spawn("counted", Counted)
+        second = await two.spawn("counted", Counted)
+        assert await first.work.call_one(False) == 1
+        for _ in range(3):
+            assert await second.work.call_one(False) == 1
+        async with meshio.serve_metrics(port=0) as server:
+            status, _, text = await asyncio.to_thread(fetch, server.url)
+    assert status == 200
+    got = samples(text)
+    # no two samples of a scrape may have one name and one label set
+    series = [(s.name, tuple(sorted(s.labels.items()))) for f in got.values() for s in f]
+    assert len(series) == len(set(series)), sorted(series)
+    by_id = {s.labels["mesh_id"]: s.value for s in got["meshio_endpoint_calls"]
+             if s.labels["endpoint"] == "Counted.work"}
+    assert sorted(by_id.values()) == [1.0, 3.0], by_id
+    assert all(i.startswith("procs-") for i in by_id)
+    up = {(s.labels["mesh"], s.labels["mesh_id"]): s.value for s in got["meshio_process_up"]}
+    assert up == {("procs", i): 1.0 for i in by_id}
+
+
+def test_prometheus_text_replaces_what_utf8_cannot_encode() -> None:
+    # (a host name or an actor's name from bytes that were not UTF-8)
+    endpoint_stats = EndpointStats("W.step", 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.5)
+    actor = ActorStats("caf\udce9", 0, {"procs": 0}, 0, 0, (endpoint_stats,))
+    process = ProcessStats(0, {"procs": 0}, "host\ud800", 1, 0, 1.0, 0.0, 1 << 20, 0,
+                           (actor,))
+    text = prometheus_text(Stats((ProcMeshStats("procs", (process,), "procs-0123abcd"),)))
+    [calls] = samples(text.decode())["meshio_endpoint_calls"]
+    assert calls.labels == {"mesh": "procs", "mesh_id": "procs-0123abcd", "proc": "0",
+                            "host": "host?", "actor": "caf\ufffd", "rank": "0",
+                            "endpoint": "W.step"}
+    assert calls.value == 1
 
 
 def test_process_stats_cpu_seconds_adds_user_and_system() -> None:

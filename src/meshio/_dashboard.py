@@ -16,8 +16,9 @@ what it reads, all from the controller's loop (:class:`~._http.HTTPServer`):
 ==================  ===========================================================
 
 On loopback (the default) any local client is answered (a request naming
-another host, a web page's DNS-rebinding trick, needs the token); on any
-other address every request must carry the job's dashboard token
+another host, a web page's DNS-rebinding trick, needs the token; one that
+names no host, as HTTP/1.0 allows, comes from no browser: it is answered);
+on any other address every request must carry the job's dashboard token
 (:func:`token`: an HMAC of the job's secret), as ``?token=`` or
 ``Authorization: Bearer``: without it the answer is 401, with a wrong one
 403.  ``meshio dashboard`` asks a running controller, through its
@@ -39,7 +40,7 @@ from importlib.resources import files
 
 import msgspec
 
-from ._http import HTTPServer, Request, response_head, start
+from ._http import HTTPServer, Request, response_head, start, utf8
 from ._inspect import Controller, Inspection, ask, from_inspection
 from ._metrics import stats
 from ._prometheus import SCRAPE_TIMEOUT, write_metrics
@@ -75,7 +76,9 @@ def token(secret: bytes) -> str:
 
 
 def _loopback(host: str) -> bool:
-    """``host`` (an address, or ``localhost``) is this machine's loopback."""
+    """``host`` (an address, or ``localhost`` in any case, a final dot or
+    not) is this machine's loopback."""
+    host = host.lower().removesuffix(".")
     if host == "localhost":
         return True
     try:
@@ -91,21 +94,47 @@ def _host_name(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
+def _utf8_all(value: object) -> object:
+    """``value`` (of ``msgspec.to_builtins``) with every string, keys
+    too, made UTF-8 by :func:`~._http.utf8`."""
+    if isinstance(value, str):
+        return utf8(value)
+    if isinstance(value, dict):
+        return {_utf8_all(k): _utf8_all(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8_all(v) for v in value]
+    return value
+
+
+def _to_json(value: object) -> bytes:
+    """``value`` as JSON; its strings that UTF-8 cannot encode (from
+    ``sys.argv``, a name, an error message) with those characters
+    replaced (:func:`~._http.utf8`), not a failure."""
+    try:
+        return _encode(value)
+    except UnicodeEncodeError:
+        return _encode(_utf8_all(msgspec.to_builtins(value)))
+
+
 async def state(rt: Runtime) -> bytes:
     """What the page shows, as JSON: ``job`` (the controller: pid, host,
-    argv), ``time``, ``proc_meshes`` (:func:`meshio.stats`) and ``meshes``
-    (per proc mesh name: its supervisor, strategy and actor meshes)."""
+    argv), ``time``, ``proc_meshes`` (:func:`meshio.stats`, each with its
+    ``id`` too) and ``meshes`` (per proc mesh id, unique where names may
+    repeat: its name, supervisor, strategy, extent and actor meshes).
+    Text that UTF-8 cannot encode has those characters replaced."""
     snapshot = await stats(timeout=SCRAPE_TIMEOUT)
     procs = rt.state(Inspection).procs if rt.has_state(Inspection) else []
-    meshes = {s.name: {"supervisor": None if s.supervisor is None else s.supervisor.name,
-                       "strategy": None if s.supervisor is None else s.supervisor.strategy,
-                       "extent": dict(s.region.extent),
-                       "actor_meshes": [a.name for a in s.actors]}
+    meshes = {s.id: {"name": s.name,
+                     "supervisor": None if s.supervisor is None else s.supervisor.name,
+                     "strategy": None if s.supervisor is None else s.supervisor.strategy,
+                     "extent": dict(s.region.extent),
+                     "actor_meshes": [a.name for a in s.actors]}
               for s in procs}
-    return _encode({"job": {"pid": os.getpid(), "host": socket.gethostname(),
-                            "argv": sys.argv},
-                    "time": time.time(), "proc_meshes": snapshot.proc_meshes,
-                    "meshes": meshes})
+    return _to_json({"job": {"pid": os.getpid(), "host": socket.gethostname(),
+                             "argv": sys.argv},
+                     "time": time.time(),
+                     "proc_meshes": snapshot.proc_meshes,
+                     "meshes": meshes})
 
 
 def _sse(kind: str, data: bytes) -> bytes:
@@ -121,7 +150,7 @@ class DashboardServer(HTTPServer):
         port: the port it listens on (the one picked, if asked for 0).
         token: the job's dashboard token (:attr:`url` includes it); every
             request needs it unless ``host`` is a loopback address and the
-            request names a loopback host.
+            request names a loopback host, or none.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -177,7 +206,7 @@ class DashboardServer(HTTPServer):
 
     async def _watch(self, sup: Supervisor) -> None:
         async for event in sup.events():
-            data = _encode(event)
+            data = _to_json(event)
             self._feed.append(data)
             del self._feed[:-FEED]
             self._offer(_sse("supervision", data))
@@ -187,8 +216,12 @@ class DashboardServer(HTTPServer):
     def _refused(self, request: Request) -> str | None:
         """Why ``request`` is refused (a status), or None.  On loopback a
         request that names a loopback host needs no token (one naming
-        another host is a web page's trick, DNS rebinding: it needs one)."""
-        if self._open and _loopback(_host_name(request.headers.get("host", ""))):
+        another host is a web page's trick, DNS rebinding: it needs one),
+        nor one that names no host (no ``Host``, as HTTP/1.0 allows: a
+        browser always names one, so it is no web page's, and it reached
+        this loopback address, the host it would name)."""
+        host = request.headers.get("host", "")
+        if self._open and (not host or _loopback(_host_name(host))):
             return None
         given = request.query.get("token")
         auth = request.headers.get("authorization", "")
@@ -220,7 +253,7 @@ class DashboardServer(HTTPServer):
             case "/api/stacks":
                 stacks = (await self._rt.state(Inspection).stacks(STACKS_TIMEOUT)
                           if self._rt.has_state(Inspection) else Stacks(()))
-                self._json(writer, _encode({"text": stacks.text(), "stacks": stacks}))
+                self._json(writer, _to_json({"text": stacks.text(), "stacks": stacks}))
             case "/metrics":
                 await write_metrics(writer)
             case _:
@@ -283,8 +316,10 @@ def serve_dashboard(port: int = 0, host: str = "127.0.0.1") -> DashboardServer:
     (:attr:`DashboardServer.url`, with the job's token) is printed once,
     on stderr.
 
-    On loopback (the default) any local client is answered; on any other
-    address (``host="0.0.0.0"``) every request without the job's token
+    On loopback (the default) any local client is answered (one whose
+    ``Host`` names another host, as a web page's DNS-rebinding trick does,
+    needs the token); on any other address (``host="0.0.0.0"``) every
+    request without the job's token
     (``?token=`` or ``Authorization: Bearer``) gets 401, with a wrong one 403.
 
     Args:

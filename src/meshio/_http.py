@@ -4,8 +4,10 @@ An :class:`HTTPServer` listens on the controller's loop from its start
 (asyncio streams: each request is one ``GET`` read by its head, answered,
 and the connection closed), answers each request in a task it owns, and
 on :meth:`~HTTPServer.aclose` stops listening and cancels and awaits the
-requests being answered (a server-sent event stream among them).
-Subclasses say what each request gets (``_respond``).
+requests being answered (a server-sent event stream among them), quietly.
+Subclasses say what each request gets (``_respond``); what they write is
+UTF-8, so text that came from the OS or a user (``sys.argv``, a name)
+goes through :func:`utf8` first.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from types import TracebackType
 from typing import Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from ._transport._tasks import awaited, within
+from ._transport._tasks import TaskOwner, awaited, within
 
-__all__ = ("HTTPServer", "Request", "response_head", "start")
+__all__ = ("HTTPServer", "Request", "response_head", "start", "utf8")
 
 _S = TypeVar("_S", bound="HTTPServer")
 
@@ -84,6 +86,21 @@ def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:
                                "X-Content-Type-Options: nosniff\r\n") + body)
 
 
+def utf8(text: str) -> str:
+    """``text`` with what UTF-8 cannot encode replaced: a lone surrogate
+    (Python's stand-in for a byte of ``sys.argv``, a path or an environment
+    variable that was not UTF-8) becomes U+FFFD, or ``?`` if it stood for
+    no byte."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "replace").decode()
+    return text
+
+
 def start(cls: type[_S], port: int, host: str, who: str) -> _S:
     """A ``cls`` server listening on ``host``:``port``, for ``who`` (the
     public function, named in errors), on the running loop.
@@ -128,8 +145,10 @@ class HTTPServer:
         self.port: int = sock.getsockname()[1]
         self._sock = sock
         self._closed = False
-        #: the requests being answered (cancelled by aclose)
+        #: asyncio's task of each connection, waiting for the request's task
         self._answering: set[asyncio.Task[None]] = set()
+        #: each request's task (cancelled by aclose)
+        self._requests = TaskOwner(f"the requests to {self._base()}")
         self._starting: asyncio.Future[asyncio.Server] = awaited(
             asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
 
@@ -144,8 +163,7 @@ class HTTPServer:
             return
         self._closed = True
         self._starting.cancel()
-        for task in self._answering:
-            task.cancel()
+        self._requests.cancel()  # (before wait_closed: from 3.12 it waits for them)
         try:
             server = await self._starting
         except asyncio.CancelledError:
@@ -155,7 +173,8 @@ class HTTPServer:
         else:
             server.close()
             await server.wait_closed()
-        if self._answering:
+        await self._requests.aclose()
+        if self._answering:  # (so asyncio has seen them end when we return)
             await asyncio.wait(self._answering)
 
     async def __aenter__(self) -> Self:
@@ -181,9 +200,30 @@ class HTTPServer:
             _refuse(writer, "500 Internal Server Error", f"{type(e).__name__}: {e}")
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._answering.add(task)
+        """asyncio's callback for a connection: answers it in a task of the
+        server's own (:meth:`_serve`), the one :meth:`aclose` cancels (a
+        callback's task that ends cancelled is reported by asyncio as an
+        error on Python 3.11, a traceback on stderr)."""
+        if self._closed:  # (accepted as the server closed)
+            writer.transport.abort()
+            return
+        connection = asyncio.current_task()
+        assert connection is not None
+        self._answering.add(connection)
+        try:
+            request = self._requests.start(self._serve(reader, writer))
+            try:
+                await asyncio.wait([request])
+            except asyncio.CancelledError:  # (we are cancelled ourselves)
+                request.cancel()
+                raise
+            if not request.cancelled():
+                request.result()  # (it catches all it expects: anything else is a bug)
+        finally:
+            self._answering.discard(connection)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read the request of a connection, answer it and close the connection."""
         try:
             try:
                 head = await within(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
@@ -207,5 +247,7 @@ class HTTPServer:
         except OSError:
             pass  # a client that went away: nothing to answer
         finally:
-            self._answering.discard(task)
-            writer.close()
+            if self._closed:  # (cut short: what it did not read yet is not waited for)
+                writer.transport.abort()
+            else:
+                writer.close()

@@ -162,10 +162,13 @@ class ProcessStats:
 
 @dataclass(frozen=True)
 class ProcMeshStats:
-    """One proc mesh: its ``name`` and its processes, by rank."""
+    """One proc mesh: its ``name``, its processes, by rank, and its ``id``
+    (unique in the job where names repeat, as two ``spawn_procs`` of the
+    default name do: the name and 8 hex digits)."""
 
     name: str
     processes: tuple[ProcessStats, ...]
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -293,5 +296,5 @@ async def stats(*, timeout: float = STATS_TIMEOUT) -> Stats:
                              answer.log_records_dropped, tuple(answer.actors))
         processes[state.id].append(p)
     return Stats(tuple(ProcMeshStats(state.name, tuple(sorted(processes[state.id],
-                                                                key=lambda p: p.rank)))
+                                                                key=lambda p: p.rank)), state.id)
                        for state in states))

@@ -4,9 +4,12 @@ A small HTTP server on the controller's loop answers ``GET /metrics`` by
 gathering :func:`~meshio.stats` from every process (each scrape asks them
 afresh, each given :data:`SCRAPE_TIMEOUT` seconds) and writing it in the
 Prometheus text format (``prometheus_client`` renders it).  The metrics
-(labels: ``mesh``, the proc mesh; ``proc``, the process's rank in it;
-``host``; and for actors ``actor``, the actor mesh, ``rank``, the actor's
-rank, and ``endpoint``, its qualified name):
+(labels: ``mesh``, the proc mesh's name; ``mesh_id``, its id, unique in
+the job where names may repeat (two ``spawn_procs`` of the default name
+``"procs"``): the name and 8 hex digits, as ``procs-1a2b3c4d``; ``proc``,
+the process's rank in it; ``host``; and for actors ``actor``, the actor
+mesh, ``rank``, the actor's rank, and ``endpoint``, its qualified name;
+each value made UTF-8 by :func:`~._http.utf8`):
 
 =============================================  =======  =======================================
 ``meshio_endpoint_calls_total``                counter  calls that ended
@@ -33,7 +36,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ._http import HTTPServer, Request, response_head, start
+from ._http import HTTPServer, Request, response_head, start, utf8
 from ._metrics import Stats, stats
 
 __all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics", "write_metrics")
@@ -44,7 +47,7 @@ SCRAPE_TIMEOUT = 5.0
 #: escaping): the text format every Prometheus reads
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_PROC = ["mesh", "proc", "host"]
+_PROC = ["mesh", "mesh_id", "proc", "host"]
 _ENDPOINT = [*_PROC, "actor", "rank", "endpoint"]
 
 
@@ -70,18 +73,6 @@ def prometheus_text(snapshot: Stats) -> bytes:
     latency = Metric("meshio_endpoint_latency_seconds",
                      "Run time of the endpoint's calls (quantiles over the last 1024).",
                      "summary")
-    for pm, p, a, e in snapshot.endpoints():
-        values = [pm.name, str(p.rank), p.host, a.actor, str(a.rank), e.endpoint]
-        calls.add_metric(values, e.calls)
-        errors.add_metric(values, e.errors)
-        queued.add_metric(values, e.queued)
-        running.add_metric(values, e.running)
-        labels = dict(zip(_ENDPOINT, values))
-        for q, v in (("0.5", e.p50), ("0.9", e.p90), ("0.99", e.p99)):
-            if v is not None:
-                latency.add_sample(latency.name, {**labels, "quantile": q}, v)
-        latency.add_sample(f"{latency.name}_sum", labels, e.seconds)
-        latency.add_sample(f"{latency.name}_count", labels, e.calls)
     up = GaugeMetricFamily("meshio_process_up", "1 if the process answered, else 0.",
                            labels=_PROC)
     cpu = CounterMetricFamily("meshio_process_cpu_seconds", "CPU time of the process.",
@@ -95,14 +86,27 @@ def prometheus_text(snapshot: Stats) -> bytes:
                                   labels=_PROC)
     for pm in snapshot.proc_meshes:
         for p in pm.processes:
-            values = [pm.name, str(p.rank), p.host]
-            up.add_metric(values, 1 if p.error is None else 0)
-            restarts.add_metric(values, p.restarts)
+            where = [utf8(pm.name), utf8(pm.id), str(p.rank), utf8(p.host)]
+            up.add_metric(where, 1 if p.error is None else 0)
+            restarts.add_metric(where, p.restarts)
             if p.error is None:
-                cpu.add_metric([*values, "user"], p.cpu_user)
-                cpu.add_metric([*values, "system"], p.cpu_system)
-                rss.add_metric(values, p.rss)
-                dropped.add_metric(values, p.log_records_dropped)
+                cpu.add_metric([*where, "user"], p.cpu_user)
+                cpu.add_metric([*where, "system"], p.cpu_system)
+                rss.add_metric(where, p.rss)
+                dropped.add_metric(where, p.log_records_dropped)
+            for a in p.actors:
+                for e in a.endpoints:
+                    values = [*where, utf8(a.actor), str(a.rank), utf8(e.endpoint)]
+                    calls.add_metric(values, e.calls)
+                    errors.add_metric(values, e.errors)
+                    queued.add_metric(values, e.queued)
+                    running.add_metric(values, e.running)
+                    labels = dict(zip(_ENDPOINT, values))
+                    for q, v in (("0.5", e.p50), ("0.9", e.p90), ("0.99", e.p99)):
+                        if v is not None:
+                            latency.add_sample(latency.name, {**labels, "quantile": q}, v)
+                    latency.add_sample(f"{latency.name}_sum", labels, e.seconds)
+                    latency.add_sample(f"{latency.name}_count", labels, e.calls)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families([calls, errors, queued, running, latency, up, cpu, rss,
                                  restarts, dropped]))
