@@ -74,7 +74,7 @@ RAISES: dict[str, Any] = {
 EXPECT = {  # kind: (remote_type suffix, text in the message)
     "cancelled": ("CancelledError", "user cancelled"),
     "unprintable": ("Unprintable", "str() raised RuntimeError"),
-    "surrogate": ("Surrogate", "bad bytes \\udcff here"),
+    "surrogate": ("Surrogate", "bad bytes \\xff here"),
     "generator_exit": ("GeneratorExit", "closing time"),
 }
 

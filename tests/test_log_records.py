@@ -31,6 +31,14 @@ HOST = socket.gethostname()
 MARK = "after-the-records"
 
 
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
 class Talk(Actor):
     @endpoint
     async def say(self, text: str) -> int:
@@ -51,6 +59,15 @@ class Talk(Actor):
     async def unpicklable(self) -> None:
         logging.getLogger("mine").warning("holding %s", threading.Lock(),
                                           extra={"tag": "kept", "handle": threading.Lock()})
+
+    @endpoint
+    def unprintable(self) -> None:
+        logging.getLogger("mine").warning("cannot print %s", Unprintable())
+        logging.getLogger("mine").warning(Unprintable())
+
+    @endpoint
+    async def extra(self, extra: dict[str, str]) -> None:
+        logging.getLogger("mine").warning("with extra %s", sorted(extra), extra=extra)
 
     @endpoint
     async def flood(self, n: int, tag: str) -> None:
@@ -208,6 +225,43 @@ async def test_unpicklable_argument_is_formatted_first(
     assert record.tag == "kept"  # type: ignore[attr-defined]
     assert record.handle.startswith("<unlocked _thread.lock")  # type: ignore[attr-defined]
     assert (record.actor, record.rank) == ("talk", 0)  # type: ignore[attr-defined]
+
+
+async def test_a_message_that_does_not_print_arrives_as_text(
+        procs: meshio.ProcMesh, mine: Records) -> None:
+    """A record whose ``msg % args`` fails, even to ``repr()``, is not lost
+    ("--- Logging error ---" in the worker): it arrives with its message
+    saying what there was, which the controller's handlers can print."""
+    talk = await procs.spawn("talk", Talk)
+    await talk.slice(procs=1).unprintable.call_one()
+    with_arg, as_msg = await mine.until(2)
+    assert with_arg.getMessage() == (
+        "'cannot print %s' % (<unprintable Unprintable>,) (RuntimeError: no str)")
+    assert as_msg.getMessage() == "<unprintable Unprintable> (RuntimeError: no str)"
+    for r in (with_arg, as_msg):
+        assert r.args is None
+        assert (r.actor, r.rank, r.mesh, r.pid) == (  # type: ignore[attr-defined]
+            "talk", 1, "procs", procs.pids[1])
+        assert logging.Formatter("%(actor)s[%(rank)s] %(message)s").format(r).startswith(
+            "talk[1] <unprintable Unprintable>" if r is as_msg else "talk[1] 'cannot print")
+
+
+async def test_an_extra_named_like_a_stamp_keeps_the_other_stamps(
+        procs: meshio.ProcMesh, mine: Records) -> None:
+    """``extra={"mesh": ...}`` (a user's own meaning of the word) is kept,
+    and the record still has meshio's other stamps: a controller formatter
+    using ``%(actor)s`` prints it."""
+    talk = await procs.spawn("talk", Talk)
+    await talk.slice(procs=0).extra.call_one({"mesh": "wing.stl"})
+    await talk.slice(procs=1).extra.call_one({"rank": "custom", "host": "mine"})
+    by_pid = {r.pid: r for r in await mine.until(2)}  # type: ignore[attr-defined]
+    first, second = by_pid[procs.pids[0]], by_pid[procs.pids[1]]  # (two processes: any order)
+    assert (first.mesh, first.actor, first.rank, first.host, first.pid) == (  # type: ignore[attr-defined]
+        "wing.stl", "talk", 0, HOST, procs.pids[0])
+    assert (second.mesh, second.actor, second.rank, second.host, second.pid) == (  # type: ignore[attr-defined]
+        "procs", "talk", "custom", "mine", procs.pids[1])
+    shown = logging.Formatter("%(actor)s pid=%(pid)s host=%(host)s: %(message)s").format(first)
+    assert shown == f"talk pid={procs.pids[0]} host={HOST}: with extra ['mesh']"
 
 
 @pytest.mark.meshio_procs(per_host={"procs": 1})

@@ -292,7 +292,7 @@ def test_prometheus_text_replaces_what_utf8_cannot_encode() -> None:
     text = prometheus_text(Stats((ProcMeshStats("procs", (process,), "procs-0123abcd"),)))
     [calls] = samples(text.decode())["meshio_endpoint_calls"]
     assert calls.labels == {"mesh": "procs", "mesh_id": "procs-0123abcd", "proc": "0",
-                            "host": "host?", "actor": "caf\ufffd", "rank": "0",
+                            "host": "host\\ud800", "actor": "caf\\xe9", "rank": "0",
                             "endpoint": "W.step"}
     assert calls.value == 1
 

@@ -126,3 +126,146 @@ def test_worker_lines_held_behind_a_partial_line_come_out_at_exit(
     assert tail.startswith("\n") and tail.endswith("\n"), proc.stdout
     assert sorted(tail.splitlines()[1:]) == [
         f"[procs procs={r}] worker stdout late #{i}" for r in (0, 1) for i in (0, 1)], proc.stdout
+
+
+#: the longest piece of an unfinished line the controller holds (bytes):
+#: ``Forward.LINE_LIMIT``
+LINE_LIMIT = 1 << 16
+
+LONG_LINES = """
+import asyncio
+import sys
+
+import meshio
+from meshio import Actor, endpoint
+
+LIMIT = 1 << 16
+PREFIX = "[procs procs=0] "
+
+
+def text_of(n: int) -> str:
+    '''n characters, of 1 to 4 bytes each in UTF-8.'''
+    unit = "abcd\\u00e9\\u20ac\\U0001d11exyz0123456789"
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+class Recorder:
+    '''The controller's stdout: what worker output reached it.'''
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.grew = asyncio.Event()
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        self.grew.set()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def content(self) -> str:
+        '''the text forwarded so far, without prefixes and newlines'''
+        text = "".join(self.parts)
+        return "".join(line.removeprefix(PREFIX) for line in text.split("\\n"))
+
+    async def until(self, test) -> None:
+        async with asyncio.timeout(30):
+            while not test():
+                self.grew.clear()
+                await self.grew.wait()
+
+
+class Writer(Actor):
+    @endpoint
+    def unfinished(self, n: int) -> None:
+        text = text_of(n)
+        for i in range(0, n, 1000):
+            sys.stdout.write(text[i:i + 1000])
+            sys.stdout.flush()
+
+    @endpoint
+    def end_line(self) -> None:
+        print(flush=True)
+
+    @endpoint
+    def progress(self, steps: int) -> None:
+        for i in range(steps):  # as tqdm redraws its bar
+            sys.stdout.write(f"\\r{i:>6} of {steps} " + "#" * (i % 80))
+            sys.stdout.flush()
+        sys.stdout.write(f"\\rall {steps} done\\n")
+        sys.stdout.write("crlf line\\r\\n")
+        sys.stdout.flush()
+
+
+async def main() -> None:
+    n = 5 * LIMIT + 1001
+    total = len(text_of(n).encode())
+    out = sys.stdout
+    rec = sys.stdout = Recorder()
+    try:
+        async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+            writer = await procs.spawn("writer", Writer)
+            await writer.unfinished.call_one(n)
+            # the line is not finished: all of it but what one piece holds comes out
+            try:
+                await rec.until(lambda: len(rec.content().encode()) >= total - LIMIT)
+            except TimeoutError:
+                print(f"held back: {total - len(rec.content().encode())} bytes", file=out)
+            await writer.end_line.call_one()
+            await rec.until(lambda: rec.content() == text_of(n))
+            await writer.progress.call_one(3000)
+            await rec.until(lambda: "crlf line" in rec.content())
+    finally:
+        sys.stdout = out
+    with open("forwarded.txt", "w", encoding="utf-8", newline="") as f:
+        f.write("".join(rec.parts))
+
+
+meshio.run(main())
+"""
+
+
+@pytest.fixture(scope="module")
+def long_lines(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """LONG_LINES's run: its output and what worker output it forwarded."""
+    tmp_path = tmp_path_factory.mktemp("long_lines")
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(LONG_LINES))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONWARNINGS": "error"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(tmp_path / "forwarded.txt", encoding="utf-8", newline="") as f:
+        return proc.stdout + proc.stderr, f.read()
+
+
+def test_an_unfinished_line_is_forwarded_in_bounded_pieces(long_lines: tuple[str, str]) -> None:
+    """A worker line without a newline (here 5 x 64 KiB and more) is not
+    held whole by the controller (memory without bound, quadratic time):
+    pieces of at most 64 KiB go out while it is still unfinished (the
+    controller saw all but the last before the newline), each on a line of
+    its own, and put together they are the worker's text exactly, no
+    character cut in two."""
+    output, forwarded = long_lines
+    assert "held back" not in output, output
+    lines = forwarded.split("\n")
+    assert lines[-1] == "" and all(line.startswith("[procs procs=0] ") for line in lines[:-1])
+    pieces = [line.removeprefix("[procs procs=0] ") for line in lines[:-3]]
+    assert len(pieces) >= 6
+    assert all(0 < len(p.encode()) <= LINE_LIMIT for p in pieces), [len(p) for p in pieces]
+    unit = "abcd\u00e9\u20ac\U0001d11exyz0123456789"
+    n = 5 * LINE_LIMIT + 1001
+    assert "".join(pieces) == (unit * (n // len(unit) + 1))[:n]
+    assert "\ufffd" not in forwarded
+
+
+def test_a_line_redrawn_with_carriage_returns_goes_out_as_it_last_looked(
+        long_lines: tuple[str, str]) -> None:
+    """A progress bar (3000 redraws after ``\\r``, some 160 KB, one line)
+    is held as its last drawing only, and goes out once, as a terminal
+    would show it at its end; ``\\r\\n`` ends a line as ``\\n`` does."""
+    _, forwarded = long_lines
+    assert forwarded.split("\n")[-3:] == [
+        "[procs procs=0] all 3000 done", "[procs procs=0] crlf line", ""]
+    assert "\r" not in forwarded

@@ -25,7 +25,7 @@ import traceback
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -38,7 +38,7 @@ from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import Meter, encode_report, process_report
-from ._stacks import Stacks, capture, encode_actors
+from ._stacks import Stacks, capture, capture_construction, encode_actors
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
 from ._transport._connection import Connection
@@ -60,6 +60,7 @@ from ._transport._messages import (
 from ._transport._runtime import Runtime, actor_thread, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from ._transport._tasks import awaited, within
+from ._util import utf8
 from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import Registry
 
@@ -95,11 +96,6 @@ def _type_name(e: BaseException) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
-def _encodable(s: str) -> str:
-    """``s`` with what UTF-8 cannot carry (lone surrogates) escaped."""
-    return str.encode(s, "utf-8", "backslashreplace").decode("utf-8")
-
-
 def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "actor") -> ErrorInfo:
     """What the caller is told of ``e``: everything that can be told, even of
     an exception whose ``__str__`` raises or whose traceback cannot be
@@ -125,7 +121,7 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
                       + f"{type_name}: {message} (the rest could not be formatted)\n")
             except BaseException:
                 tb = f"{type_name}: {message} (its traceback could not be formatted)\n"
-    return ErrorInfo(kind, _encodable(type_name), _encodable(message), _encodable(tb),
+    return ErrorInfo(kind, utf8(type_name), utf8(message), utf8(tb),
                      ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1)
 
 
@@ -829,20 +825,37 @@ def _thread_name(name: str, rank: int) -> str:
     return f"meshio-actor {name}[{rank}]"
 
 
+@dataclass(eq=False)
+class Construction:
+    """An actor whose constructor runs (its ``__init__``, then an
+    ``on_restart`` hook), as ``stacks()`` shows it: its mesh's target, its
+    context, its thread, the task building it, since when
+    (``time.monotonic()``)."""
+
+    target: str
+    ctx: Context[Any]
+    thread: ActorThread
+    task: asyncio.Task[Any] | None
+    since: float = field(default_factory=time.monotonic)
+
+
 class Building:
     """Per runtime: the actors whose constructor runs, by target, each with
     the stops asked of it meanwhile (a ``StopActor`` that came first, as a
-    spawn its caller gave up on sends).  A stopped one is stopped once built
-    instead of taking calls; its target is free at once, for a new spawn of
-    the same name.  A constructor cannot be interrupted: each stop is
-    answered once the actor is built and stopped, or after
-    :data:`CLEANUP_TIMEOUT`, whichever comes first (as a stop goes on
-    without a ``__cleanup__`` that takes longer)."""
+    spawn its caller gave up on sends); and every construction under way
+    (:attr:`under_way`, stopped or not), for ``stacks()``.  A stopped one
+    is stopped once built instead of taking calls; its target is free at
+    once, for a new spawn of the same name.  A constructor cannot be
+    interrupted: each stop is answered once the actor is built and stopped,
+    or after :data:`CLEANUP_TIMEOUT`, whichever comes first (as a stop goes
+    on without a ``__cleanup__`` that takes longer)."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         #: the construction under way of each target: the stops asked of it
         self.stops: dict[str, list[asyncio.Future[None]]] = {}
+        #: every construction under way
+        self.under_way: set[Construction] = set()
 
     def stop(self, target: str, conn: Connection, req: int) -> bool:
         """Ask ``target``'s construction, if one runs, to stop once built
@@ -867,6 +880,7 @@ class Building:
 
     def close(self) -> None:
         self.stops.clear()
+        self.under_way.clear()
 
 
 def _stopped_meanwhile(stops: list[asyncio.Future[None]]) -> None:
@@ -897,6 +911,8 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         ctx = Context(point, msg.name, ProcInfo(proc_rank, os.getpid(), rt.host, rt.addr), mesh)
         args, kwargs = cls._meshio_ctor.unpack_args(msg.args, bufs)
         token = _context.set(ctx)
+        construction = Construction(msg.target, ctx, thread, asyncio.current_task())
+        building.under_way.add(construction)
         try:
             instance = cls.__new__(cls)
             instance._meshio_context = ctx
@@ -909,6 +925,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
                     await thread.run(hook)
         finally:
             _context.reset(token)
+            building.under_way.discard(construction)
     except SchemaError as e:
         thread.close()
         building.built(msg.target, stops)
@@ -1072,9 +1089,12 @@ def _cells(rt: Runtime, target: str = "") -> list[ActorCell]:
 
 def _on_stacks(rt: Runtime, conn: Connection, msg: GetStacks, bufs: Buffers) -> None:
     """Answer a :class:`GetStacks` with the stacks of the actors of this
-    process (of ``msg.target``, or all), on the loop: no mailbox is involved."""
+    process (of ``msg.target``, or all), those being built too, on the
+    loop: no mailbox is involved."""
+    building = [c for c in list(rt.state(Building).under_way) if msg.target in ("", c.target)]
     _answer(rt, conn, msg.req, "capturing the actors' stacks",
-            lambda: encode_actors([capture(cell) for cell in _cells(rt, msg.target)]))
+            lambda: encode_actors([*(capture(cell) for cell in _cells(rt, msg.target)),
+                                   *(capture_construction(c) for c in building)]))
 
 
 register_handler(GetStacks, _on_stacks)

@@ -40,7 +40,7 @@ from importlib.resources import files
 
 import msgspec
 
-from ._http import HTTPServer, Request, response_head, start, utf8
+from ._http import HTTPServer, Request, response_head, start
 from ._inspect import Controller, Inspection, ask, from_inspection
 from ._metrics import stats
 from ._prometheus import SCRAPE_TIMEOUT, write_metrics
@@ -50,6 +50,7 @@ from ._transport._messages import ErrorInfo, Fail, Reply, ServeDashboard
 from ._transport._runtime import Runtime, register_handler, runtime
 from ._transport._serial import Buffers
 from ._transport._tasks import TaskOwner
+from ._util import utf8
 from .supervision._supervisor import Supervisor
 
 __all__ = ("INTERVAL", "DashboardServer", "ask_dashboard", "serve_dashboard", "state", "token")
@@ -96,7 +97,7 @@ def _host_name(header: str) -> str:
 
 def _utf8_all(value: object) -> object:
     """``value`` (of ``msgspec.to_builtins``) with every string, keys
-    too, made UTF-8 by :func:`~._http.utf8`."""
+    too, made UTF-8 by :func:`~._util.utf8`."""
     if isinstance(value, str):
         return utf8(value)
     if isinstance(value, dict):
@@ -109,7 +110,7 @@ def _utf8_all(value: object) -> object:
 def _to_json(value: object) -> bytes:
     """``value`` as JSON; its strings that UTF-8 cannot encode (from
     ``sys.argv``, a name, an error message) with those characters
-    replaced (:func:`~._http.utf8`), not a failure."""
+    replaced (:func:`~._util.utf8`), not a failure."""
     try:
         return _encode(value)
     except UnicodeEncodeError:

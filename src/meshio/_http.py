@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ._transport._tasks import TaskOwner, awaited, within
 
-__all__ = ("HTTPServer", "Request", "response_head", "start", "utf8")
+__all__ = ("HTTPServer", "Request", "response_head", "start")
 
 _S = TypeVar("_S", bound="HTTPServer")
 
@@ -84,21 +84,6 @@ def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:
     body = f"{status}: {why[:200]}\n".encode()
     writer.write(response_head(status, "text/plain; charset=utf-8", len(body),
                                "X-Content-Type-Options: nosniff\r\n") + body)
-
-
-def utf8(text: str) -> str:
-    """``text`` with what UTF-8 cannot encode replaced: a lone surrogate
-    (Python's stand-in for a byte of ``sys.argv``, a path or an environment
-    variable that was not UTF-8) becomes U+FFFD, or ``?`` if it stood for
-    no byte."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        try:
-            return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        except UnicodeEncodeError:
-            return text.encode("utf-8", "replace").decode()
-    return text
 
 
 def start(cls: type[_S], port: int, host: str, who: str) -> _S:

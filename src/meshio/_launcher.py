@@ -366,25 +366,66 @@ class _Relay(asyncio.Protocol):
 
 class Forward(asyncio.Protocol):
     """Copies a worker's stdout or stderr to the controller's, line by line,
-    each line prefixed with the worker's label."""
+    each line prefixed with the worker's label.
+
+    The line being written is held until its newline comes, in linear time
+    (only new data is searched), and never more than :data:`LINE_LIMIT`
+    bytes of it: past that, what is held goes out as a line of its own and
+    the rest follows on the next ones (cut between UTF-8 characters).  A
+    ``\\r`` within a line (a progress bar redrawn in place, as tqdm does)
+    is honoured as a terminal would show it: text after it replaces what is
+    held, so such a line goes out once, as it last looked, when it ends."""
+
+    #: bytes of an unfinished line held at most before they go out
+    LINE_LIMIT = 1 << 16
 
     def __init__(self, label: str, stream: Stream) -> None:
         self._prefix = f"{label} ".encode()
         self._stream: Stream = stream
-        self._partial = b""
+        #: the unfinished line's pieces (the last text after a CR), their length
+        self._held: list[bytes] = []
+        self._held_len = 0
+        #: a CR came after what is held: new text replaces it
+        self._redraw = False
         _LineGate.install(stream)
         _watch_cells()
 
     def data_received(self, data: bytes) -> None:
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        if lines:
-            self._write(b"".join(self._prefix + line + b"\n" for line in lines))
+        out: list[bytes] = []
+        *ends, rest = data.split(b"\n")
+        for piece in ends:
+            self._hold(piece, out)
+            out.append(self._prefix + b"".join(self._held) + b"\n")
+            self._held, self._held_len, self._redraw = [], 0, False
+        self._hold(rest, out)
+        if out:
+            self._write(b"".join(out))
 
     def eof_received(self) -> bool | None:
-        if self._partial:
-            self._write(self._prefix + self._partial + b"\n")
-            self._partial = b""
+        if self._held:
+            self._write(self._prefix + b"".join(self._held) + b"\n")
+            self._held, self._held_len, self._redraw = [], 0, False
         return None
+
+    def _hold(self, piece: bytes, out: list[bytes]) -> None:
+        """Add ``piece`` (no newline in it) to the unfinished line; lines
+        of it that went over :data:`LINE_LIMIT` to ``out``."""
+        for i, text in enumerate(piece.split(b"\r") if b"\r" in piece else (piece,)):
+            if i:
+                self._redraw = bool(self._held)
+            if not text:
+                continue
+            if self._redraw:
+                self._held, self._held_len, self._redraw = [], 0, False
+            self._held.append(text)
+            self._held_len += len(text)
+        while self._held_len > self.LINE_LIMIT:
+            held = b"".join(self._held)
+            cut = self.LINE_LIMIT
+            while cut > self.LINE_LIMIT - 3 and held[cut] & 0xC0 == 0x80:
+                cut -= 1  # (not within a UTF-8 character)
+            out.append(self._prefix + held[:cut] + b"\n")
+            self._held, self._held_len = [held[cut:]], len(held) - cut
 
     def _write(self, data: bytes) -> None:
         forward_text(self._stream, data.decode(errors="replace"))

@@ -79,8 +79,10 @@ class _Stamp(logging.Filter):
     """Adds where a record comes from: ``actor`` (the actor mesh's name;
     None outside an actor's code), ``rank`` (the actor's rank; outside an
     actor, the process's rank in its proc mesh), ``mesh`` (the proc mesh's
-    name), ``host`` and ``pid``.  A record forwarded from a proc mesh an
-    actor of this process started keeps its own."""
+    name), ``host`` and ``pid``: each one the record does not have
+    already.  So a record forwarded from a proc mesh an actor of this
+    process started keeps its own (it has all five), and a user's ``extra``
+    of one of those names is kept, the other four stamped all the same."""
 
     def __init__(self, mesh: str, rank: int, host: str) -> None:
         super().__init__()
@@ -90,36 +92,53 @@ class _Stamp(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         d = record.__dict__
-        if "mesh" not in d:
-            ctx = _context.get(None)
-            d.setdefault("actor", None if ctx is None else ctx.actor_name)
-            d.setdefault("rank", self.rank if ctx is None else ctx.point.rank)
-            d["mesh"] = self.mesh
-            d.setdefault("host", self.host)
-            d.setdefault("pid", record.process)
+        ctx = _context.get(None)
+        d.setdefault("actor", None if ctx is None else ctx.actor_name)
+        d.setdefault("rank", self.rank if ctx is None else ctx.point.rank)
+        d.setdefault("mesh", self.mesh)
+        d.setdefault("host", self.host)
+        d.setdefault("pid", record.process)
         return True
 
 
 _formatter = logging.Formatter()
 
 
-def _text(record: logging.LogRecord) -> str:
-    """The record's message with its traceback and stack, as text."""
+def _message(record: logging.LogRecord) -> tuple[str, bool]:
+    """The record's message, and whether it printed; if it did not
+    (``msg % args`` failed, or ``str()`` of one of them), what there was,
+    as text: ``'x=%s' % (<unprintable Bad>,) (RuntimeError: no str)``."""
     try:
-        message = record.getMessage()
-    except Exception as e:  # msg % args failed: say what there was
-        message = f"{record.msg!r} % {record.args!r} ({type(e).__name__}: {e})"
+        return record.getMessage(), True
+    except Exception as e:
+        args = record.args
+        shown = (f"({', '.join(_repr(a) for a in args)}{',' if len(args) == 1 else ''})"
+                 if isinstance(args, tuple) else _repr(args))
+        what = f"{_repr(record.msg)} % {shown}" if args else _repr(record.msg)
+        return f"{what} ({type(e).__name__}: {_str(e)})", False
+
+
+def _text(record: logging.LogRecord) -> tuple[str, str | None]:
+    """The record's message with its traceback and stack, as text; and,
+    if its message does not print, what is sent as its ``msg`` instead
+    (:func:`_message`)."""
+    message, printed = _message(record)
     if record.exc_info and not record.exc_text:
         record.exc_text = _formatter.formatException(record.exc_info)
-    return "\n".join(part for part in (message, record.exc_text, record.stack_info) if part)
+    text = "\n".join(part for part in (message, record.exc_text, record.stack_info) if part)
+    return text, None if printed else message
 
 
 def _entry(record: logging.LogRecord) -> LogEntry:
     """``record`` for the wire: its ``__dict__`` pickled; if that fails,
     with its message formatted to text and what else cannot be pickled as
-    its ``repr``."""
-    text = _text(record)
+    its ``repr``.  A message that does not print goes as the text saying
+    what there was (:func:`_message`), so the controller's handlers can
+    print it."""
+    text, unprintable = _text(record)
     d = dict(record.__dict__, exc_info=None)  # (its traceback is in exc_text)
+    if unprintable is not None:
+        d.update(msg=unprintable, args=None)
     try:
         blob = pickle.dumps(d, pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -140,6 +159,13 @@ def _entry(record: logging.LogRecord) -> LogEntry:
 def _repr(v: object) -> str:
     try:
         return repr(v)
+    except Exception:
+        return f"<unprintable {type(v).__name__}>"
+
+
+def _str(v: object) -> str:
+    try:
+        return str(v)
     except Exception:
         return f"<unprintable {type(v).__name__}>"
 
@@ -243,7 +269,15 @@ def records_dropped() -> int:
 
 
 class _FileFormatter(logging.Formatter):
-    """``2024-05-01 12:00:00,123 WARNING mine trainers[3]: text``."""
+    """``2024-05-01 12:00:00,123 WARNING mine trainers[3]: text``; a
+    message that does not print is written as what there was
+    (:func:`_message`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message, printed = _message(record)
+        if not printed:
+            record = logging.makeLogRecord(dict(record.__dict__, msg=message, args=None))
+        return super().format(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         actor: str | None = getattr(record, "actor", None)

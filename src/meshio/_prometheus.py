@@ -9,7 +9,7 @@ the job where names may repeat (two ``spawn_procs`` of the default name
 ``"procs"``): the name and 8 hex digits, as ``procs-1a2b3c4d``; ``proc``,
 the process's rank in it; ``host``; and for actors ``actor``, the actor
 mesh, ``rank``, the actor's rank, and ``endpoint``, its qualified name;
-each value made UTF-8 by :func:`~._http.utf8`):
+each value made UTF-8 by :func:`~._util.utf8`):
 
 =============================================  =======  =======================================
 ``meshio_endpoint_calls_total``                counter  calls that ended
@@ -36,8 +36,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ._http import HTTPServer, Request, response_head, start, utf8
+from ._http import HTTPServer, Request, response_head, start
 from ._metrics import Stats, stats
+from ._util import utf8
 
 __all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics", "write_metrics")
 

@@ -3,7 +3,11 @@
 :func:`capture` reads one actor's stacks in its own process: the stack of
 each task of its cell (the mailbox task running its current call, one task
 per ``concurrent`` call under way) and, when a plain ``def`` endpoint runs,
-the frames of the actor's thread.  The worker's runtime answers a
+the frames of the actor's thread; :func:`capture_construction` those of an
+actor whose constructor still runs (``__init__`` in its thread, or an
+``on_restart`` hook).  Every string is made one UTF-8 can carry (a file
+name that is not: ``caf\\xe9.py``), so no frame keeps the others from
+being sent.  The worker's runtime answers a
 :class:`~meshio._transport._messages.GetStacks` request with them on its
 event loop, not through the actor's mailbox, so a busy actor (a ``def``
 endpoint blocked in its thread, an ``async`` one awaiting forever) is seen
@@ -34,12 +38,13 @@ import msgspec
 from ._transport._messages import GetStacks
 from ._transport._runtime import Runtime, ask_each
 from ._transport._serial import Buffers
+from ._util import utf8
 
 if TYPE_CHECKING:
-    from ._cell import ActorCell
+    from ._cell import ActorCell, Construction
 
-__all__ = ("ActorStacks", "StackFrame", "Stacks", "TaskStack", "capture", "decode_actors",
-           "encode_actors", "gather")
+__all__ = ("ActorStacks", "StackFrame", "Stacks", "TaskStack", "capture",
+           "capture_construction", "decode_actors", "encode_actors", "gather")
 
 #: seconds ``stacks()`` waits for a process's answer by default
 STACKS_TIMEOUT = 10.0
@@ -99,10 +104,17 @@ class ActorStacks:
         tasks: the stack of each of the actor's tasks that is running its
             code (the mailbox call, ``concurrent`` calls).
         thread: the stack of the actor's thread (outermost first) while a
-            plain ``def`` endpoint or hook runs in it, else empty.
+            plain ``def`` endpoint or hook runs in it, or its constructor,
+            else empty.
         queued: calls waiting in the actor's mailbox.
         expired: calls dropped so far without running, because their
             deadline (``options(timeout=...)``) passed while they waited.
+        constructing: the actor is still being built: its ``__init__`` (in
+            ``thread``) or, rebuilt by a supervisor, its ``on_restart``
+            hook (in ``thread``, or an ``async`` one in the task named
+            ``constructor``) runs; ``running_for`` counts from the start of
+            its construction.
+            It takes no calls yet (``endpoint`` is None).
     """
 
     actor: str
@@ -116,11 +128,13 @@ class ActorStacks:
     thread: tuple[StackFrame, ...]
     queued: int = 0
     expired: int = 0
+    constructing: bool = False
 
     @property
     def idle(self) -> bool:
-        """Whether none of the actor's code is running."""
-        return not self.tasks and not self.thread
+        """Whether none of the actor's code is running (an actor being
+        built is not idle)."""
+        return not self.tasks and not self.thread and not self.constructing
 
     def innermost(self) -> StackFrame | None:
         """The frame the actor is in, as a user reads it: the innermost
@@ -154,7 +168,8 @@ class Stacks:
         """The stacks grouped: actors of one mesh with identical stacks are
         one group, headed ``trainers ranks 0-3: in Trainer.step at
         train.py:41 (for 1.2-1.5 s)``, then that stack once; idle actors
-        are one line; then the errors."""
+        are one line; actors being built are headed ``constructing, in
+        load at model.py:12 (for 3.0 s)``; then the errors."""
         lines: list[str] = []
         for group in _groups(self.actors):
             first = group[0]
@@ -211,8 +226,8 @@ def _internal(file: str) -> bool:
 def _frame(frame: FrameType) -> StackFrame:
     code = frame.f_code
     line = frame.f_lineno or code.co_firstlineno
-    return StackFrame(code.co_filename, line, code.co_qualname,
-                      linecache.getline(code.co_filename, line).strip())
+    return StackFrame(utf8(code.co_filename), line, utf8(code.co_qualname),
+                      utf8(linecache.getline(code.co_filename, line).strip()))
 
 
 def _from_user_code(frames: list[FrameType]) -> tuple[StackFrame, ...]:
@@ -255,17 +270,34 @@ def capture(cell: ActorCell) -> ActorStacks:
             continue
         frames = _from_user_code(list(_awaited(task.get_coro())))
         if frames:
-            tasks.append(TaskStack(task.get_name(), frames))
+            tasks.append(TaskStack(utf8(task.get_name()), frames))
     thread = cell.thread.thread
     serving = cell.serving
     return ActorStacks(
-        ctx.actor_name, ctx.point.rank, dict(ctx.point), ctx.proc.host, ctx.proc.pid,
-        serving.qualname if serving is not None else None,
+        utf8(ctx.actor_name), ctx.point.rank, dict(ctx.point), ctx.proc.host, ctx.proc.pid,
+        utf8(serving.qualname) if serving is not None else None,
         time.monotonic() - cell.since if serving is not None else None,
         tuple(tasks),
         _from_user_code(_thread_frames(thread.ident if thread is not None else None)),
         sum(1 for conn, msg, _, _ in cell.mailbox if not msg.req or (conn, msg.req) in cell.queued),
         cell.expired)
+
+
+def capture_construction(building: Construction) -> ActorStacks:
+    """The current stacks of an actor being built (on its process's loop):
+    its thread's frames while its ``__init__`` (or a ``def on_restart``)
+    runs there; an ``async`` ``on_restart``'s in the task ``constructor``."""
+    ctx = building.ctx
+    task = building.task
+    frames = (_from_user_code(list(_awaited(task.get_coro())))
+              if task is not None and not task.done() else ())
+    thread = building.thread.thread
+    return ActorStacks(
+        utf8(ctx.actor_name), ctx.point.rank, dict(ctx.point), ctx.proc.host, ctx.proc.pid,
+        None, time.monotonic() - building.since,
+        (TaskStack("constructor", frames),) if frames else (),
+        _from_user_code(_thread_frames(thread.ident if thread is not None else None)),
+        constructing=True)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -318,7 +350,8 @@ def _groups(actors: Sequence[ActorStacks]) -> list[list[ActorStacks]]:
     first appearance."""
     groups: dict[tuple[Any, ...], list[ActorStacks]] = {}
     for a in actors:
-        groups.setdefault((a.actor, a.endpoint, a.tasks, a.thread), []).append(a)
+        groups.setdefault((a.actor, a.constructing, a.endpoint, a.tasks, a.thread),
+                          []).append(a)
     return list(groups.values())
 
 
@@ -337,14 +370,19 @@ def _ranks(ranks: Sequence[int]) -> str:
 def _headline(group: Sequence[ActorStacks]) -> str:
     first = group[0]
     at = first.innermost()
+    times = [a.running_for for a in group if a.running_for is not None]
+    took = ""
+    if times:
+        lo, hi = min(times), max(times)
+        took = f"{lo:.1f} s" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} s"
+    if first.constructing:
+        where = f", in {at.where()}" if at is not None else ""
+        return f"constructing{where}" + (f" (for {took})" if took else "")
     if at is None:
         return "idle"
     where = f"in {at.where()}"
-    times = [a.running_for for a in group if a.running_for is not None]
     if first.endpoint is None or not times:
         return where
-    lo, hi = min(times), max(times)
-    took = f"{lo:.1f} s" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} s"
     return f"{where} (endpoint {first.endpoint}, running for {took})"
 
 

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, cast
 
-__all__ = ("fixup_module_metadata",)
+__all__ = ("fixup_module_metadata", "utf8")
 
 
 def _private(module: str) -> bool:
@@ -86,3 +86,21 @@ def fixup_module_metadata(module_name: str, namespace: Mapping[str, Any]) -> Non
 
     for name in namespace["__all__"]:
         fix(namespace[name], "")
+
+
+def utf8(text: str) -> str:
+    """``text`` as UTF-8 can carry it (msgpack and JSON strings must be):
+    a lone surrogate standing for a byte that was not UTF-8 (Python's
+    ``surrogateescape``: ``sys.argv``, a file name, an environment
+    variable) shows that byte (``caf\\xe9.py``), any other its escape
+    (``\\ud800``)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace").decode()
+    return text

@@ -1,0 +1,133 @@
+"""``stacks()`` sees every actor of a process: one whose constructor is
+still running (a model loading in ``__init__``) shows where it is, and a
+frame whose file name UTF-8 cannot carry does not lose the process's
+stacks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import meshio
+from fifo_gate import Gate, hold
+from meshio import Actor, ActorStacks, StackFrame, Stacks, endpoint
+
+GUARD = 30.0
+HERE = str(Path(__file__).resolve())
+#: a file name decoded from bytes that are not UTF-8 (``b"caf\xe9.py"``), as
+#: Python decodes file names (``surrogateescape``)
+UNDECODABLE = "caf\udce9.py"
+
+pytestmark = pytest.mark.meshio_transports("processes", "in-process")
+
+
+def load_model(ready: str, release: str) -> None:
+    hold(ready, release)  # the constructor waits here
+
+
+class Loading(Actor):
+    """Its ``__init__`` waits at the gate (as loading a model takes long)."""
+
+    def __init__(self, ready: str, release: str) -> None:
+        load_model(ready, release)
+
+    @endpoint
+    async def ping(self) -> int:
+        return 1
+
+
+class Ready(Actor):
+    @endpoint
+    async def ping(self) -> int:
+        return 2
+
+
+class Strange(Actor):
+    """Runs code compiled from a file whose name UTF-8 cannot carry."""
+
+    @endpoint
+    def block(self, where: str, ready: str, release: str) -> None:
+        source = "def blocked(hold, ready, release):\n    hold(ready, release)\n"
+        ns: dict[str, object] = {}
+        exec(compile(source, f"{where}/{UNDECODABLE}", "exec"), ns)
+        ns["blocked"](hold, ready, release)  # type: ignore[operator]
+
+
+def frame_at(frames: tuple[StackFrame, ...], function: str) -> StackFrame:
+    return next(f for f in frames if f.function == function)
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 1})
+async def test_an_actor_whose_constructor_runs_shows_where_it_is(
+        procs: meshio.ProcMesh, tmp_path: Path) -> None:
+    """While ``Loading.__init__`` waits in the actor's thread, the
+    process's stacks list it, constructing, with its thread's frames, beside
+    the actors already built; once built it is an ordinary idle actor."""
+    gate = Gate(tmp_path)
+    ready = await procs.spawn("ready", Ready)
+    spawning = asyncio.ensure_future(procs.spawn("loading", Loading, gate.ready, gate.release))
+    try:
+        async with asyncio.timeout(GUARD):
+            await gate.wait_held(GUARD)
+            stacks = await procs.stacks()
+    finally:
+        await gate.open()
+    loading = await asyncio.wait_for(spawning, GUARD)
+
+    assert not stacks.errors
+    assert [(a.actor, a.rank) for a in stacks.actors] == [("loading", 0), ("ready", 0)]
+    assert [a.constructing for a in stacks.actors] == [True, False]
+    building, built = stacks.actors
+    assert building.endpoint is None and building.running_for is not None
+    assert building.running_for >= 0 and not building.idle and built.idle
+    assert building.pid == procs.pids[0] and building.point == {"procs": 0}
+    init = frame_at(building.thread, "Loading.__init__")
+    assert init.file == HERE and init.code == "load_model(ready, release)"
+    load = frame_at(building.thread, "load_model")
+    assert load.file == HERE and load.code.startswith("hold(ready, release)")
+    innermost = building.innermost()
+    assert innermost is not None and innermost.function == "hold"
+    text = stacks.text()
+    assert text.startswith("loading rank 0: constructing, in hold at fifo_gate.py:"), text
+    assert f'File "{HERE}", line {load.line}, in load_model' in text
+    assert "  thread:\n" in text and "ready rank 0: idle\n" in text
+    assert Stacks.from_json(stacks.json()) == stacks
+
+    after = await procs.stacks()
+    assert [(a.actor, a.constructing, a.idle) for a in after.actors] == [
+        ("loading", False, True), ("ready", False, True)]
+    assert await loading.ping.call_one() == 1 and await ready.ping.call_one() == 2
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 1})
+async def test_a_file_name_utf8_cannot_carry_loses_no_stacks(
+        procs: meshio.ProcMesh, tmp_path: Path) -> None:
+    """A frame of a file whose name holds undecodable bytes is sent with
+    those bytes escaped; the process's other actors and frames come too."""
+    gate = Gate(tmp_path)
+    strange = await procs.spawn("strange", Strange)
+    await procs.spawn("ready", Ready)
+    call = asyncio.ensure_future(
+        strange.block.call_one(str(tmp_path), gate.ready, gate.release))
+    try:
+        async with asyncio.timeout(GUARD):
+            await gate.wait_held(GUARD)
+            stacks = await procs.stacks()
+            own = await strange.stacks()
+    finally:
+        await gate.open()
+    await asyncio.wait_for(call, GUARD)
+
+    assert not stacks.errors and not own.errors
+    assert [a.actor for a in stacks.actors] == ["ready", "strange"]
+    blocking: ActorStacks = stacks.actors[1]
+    assert blocking.endpoint == "Strange.block"
+    frame = frame_at(blocking.thread, "blocked")
+    assert frame.file == f"{tmp_path}/caf\\xe9.py" and frame.line == 2
+    assert frame_at(blocking.thread, "Strange.block").file == HERE
+    [alone] = own.actors
+    assert frame_at(alone.thread, "blocked") == frame
+    assert f'File "{tmp_path}/caf\\xe9.py", line 2, in blocked' in stacks.text()
+    assert Stacks.from_json(stacks.json()) == stacks
