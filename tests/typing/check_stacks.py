@@ -42,6 +42,7 @@ async def use(trainers: Trainer, untyped: meshio.ActorMesh[Trainer],
     assert_type(actor.thread, tuple[StackFrame, ...])
     assert_type(actor.innermost(), StackFrame | None)
     assert_type(actor.idle, bool)
+    assert_type(actor.constructing, bool)
     assert_type(actor.tasks[0].frames[0].line, int)
     await trainers.stacks(timeout="1")  # type: ignore[arg-type]
     await procs.stacks(2.0)  # type: ignore[call-arg]
