@@ -531,6 +531,7 @@ async def test_controller_returning_without_stop_leaves_no_orphans(
     ({"heartbeat_timeout": "3"}, TypeError, "heartbeat_timeout must be a number"),
     ({"heartbeat_interval": 0}, ValueError, "heartbeat_interval and heartbeat_timeout must"),
     ({"per_host": {"gpus": 0}}, ValueError, "per_host must map dim names to ints"),
+    ({"per_host": {"gpus": 10**9}}, ValueError, "per_host .* is 1000000000 processes on each"),
     ({"shutdown": "gently"}, ValueError, "shutdown must be 'brutal_kill' or seconds"),
     ({"restart": "always"}, ValueError, "restart must be 'permanent'")])
 async def test_spawn_procs_rejects_bad_arguments_before_starting_anything(

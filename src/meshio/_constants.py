@@ -31,6 +31,12 @@ PARTITION_TIMEOUT: Final = 60.0
 #: in it (``procs.options(max_queued=...)``, :mod:`meshio._transport._credit`)
 MAX_QUEUED: Final = 10_000
 
+#: the most processes ``spawn_procs(per_host=...)`` starts on one host (the
+#: product of its sizes): more than any host runs, and a typo such as
+#: ``{"gpus": 10**9}`` must be an error, not the controller's memory filling
+#: with the ranks of a mesh that can never start
+MAX_PER_HOST: Final = 4096
+
 #: ``prctl(2)`` options (``<linux/prctl.h>``): the signal this process gets
 #: when its parent dies, and the process allowed to ptrace it (Yama)
 PR_SET_PDEATHSIG: Final = 1

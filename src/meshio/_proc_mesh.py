@@ -16,7 +16,7 @@ from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
 from ._checks import beyond_float, is_number, too_large
-from ._constants import PARTITION_TIMEOUT
+from ._constants import MAX_PER_HOST, PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
 from ._extent import Extent, MeshShape, Point, Region
@@ -911,6 +911,10 @@ class HostMesh(MeshShape):
         clash = set(per_host) & set(self.extent.labels)
         if clash:
             raise ValueError(f"spawn_procs: per_host dims {sorted(clash)} clash with host dims")
+        if math.prod(per_host.values()) > MAX_PER_HOST:
+            raise ValueError(f"spawn_procs: per_host {per_host} is {math.prod(per_host.values())} "
+                             f"processes on each host; at most {MAX_PER_HOST} can be started "
+                             "on one")
         if not isinstance(elastic, bool):
             raise TypeError(f"spawn_procs: elastic must be True or False, got "
                             f"{type(elastic).__name__} {elastic!r}")
@@ -927,9 +931,7 @@ class HostMesh(MeshShape):
         # (after the other checks: a runtime is made for it, as for the processes)
         name = check_name(name, "spawn_procs", runtime().namespace, kept=keep_alive is not None)
         launchers = [self._launchers[r] for r in self._region.ranks]
-        n = 1
-        for v in per_host.values():
-            n *= v
+        n = math.prod(per_host.values())
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
         state = on_loop_wait(  # (it starts tasks: from an actor's thread, on its loop)
