@@ -261,6 +261,21 @@ def test_value_mesh_values_items_item() -> None:
         m.item(x=2, y=0)
 
 
+@pytest.mark.parametrize("bad", [True, False, 1.0, "1"])
+def test_value_mesh_item_refuses_a_coordinate_that_is_not_an_int(bad: object) -> None:
+    """As slice() does: a TypeError naming the dim and the value (a bool is
+    not a coordinate, though it is an int to Python)."""
+    m = vm(["a", "b", "c", "d", "e", "f"], x=2, y=3)
+    with pytest.raises(TypeError, match=rf"x must be an int, got {type(bad).__name__} "):
+        m.item(x=bad, y=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"x must be an int or a slice"):
+        m.slice(x=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=rf"y must be an int, got {type(bad).__name__} "):
+        vm(["p", "q"], x=1, y=2).item(y=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"x must be an int, got NoneType None"):
+        m.item(x=None, y=0)  # type: ignore[arg-type]
+
+
 def test_value_mesh_item_may_omit_size_one_dims() -> None:
     m = vm(["p", "q"], hosts=1, gpus=2)
     assert m.item(gpus=1) == "q"

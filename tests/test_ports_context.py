@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any, cast
 
 import pytest
 
 import meshio
 from meshio import Actor, Channel, Point, Port, context, current_rank, endpoint
+from meshio._transport import _runtime
 
 #: these tests hold on both transports: worker processes and in-process
 pytestmark = pytest.mark.meshio_transports()
@@ -34,6 +36,10 @@ class Streamer(Actor):
     @endpoint
     def send_rank(self, port: Port[Any]) -> None:
         port.send((current_rank().rank, os.getpid()))
+
+    @endpoint
+    async def echo_any(self, value: Any) -> Any:
+        return value
 
     @endpoint
     async def send_many(self, port: Port[Any], n: int) -> None:
@@ -164,14 +170,31 @@ async def test_port_send_from_the_controller_itself() -> None:
 
 
 async def test_closed_receiver_drops_later_values(streamers: Streamer) -> None:
+    ports = _runtime.runtime().ports
+    before = len(ports)
     port, recv = Channel[int].open()
     recv.close()
     await streamers.slice(procs=0).stream_to.call_one(port, 3)
-    assert all(r is not recv for r in meshio._transport._runtime.runtime().ports.values())
+    assert len(ports) == before
+    with pytest.raises(meshio.ClosedResourceError):
+        await recv.recv()
     # a new channel is unaffected
     port2, recv2 = Channel[int].open()
     await streamers.slice(procs=0).stream_to.call_one(port2, 2)
     assert await asyncio.wait_for(_collect(recv2), GUARD) == [0, 1]
+
+
+async def test_port_send_of_a_value_that_cannot_be_encoded_is_a_schema_error(
+        streamers: Streamer) -> None:
+    """As for an endpoint's argument: SchemaError (a ValueError), saying why."""
+    port, recv = Channel[Any].open()
+    with pytest.raises(meshio.SchemaError, match=r"cannot be sent: TypeError: cannot pickle") as e:
+        port.send(threading.Lock())
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(meshio.SchemaError, match=r"arguments cannot be sent: TypeError"):
+        await streamers.slice(procs=0).echo_any.call_one(threading.Lock())
+    port.send("still open")  # nothing was sent, the port still works
+    assert await asyncio.wait_for(recv.recv(), GUARD) == "still open"
 
 
 async def test_port_argument_is_type_checked(streamers: Streamer) -> None:

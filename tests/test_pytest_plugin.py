@@ -129,6 +129,60 @@ def test_closes_what_it_opens():
     ])
 
 
+def test_a_leaking_test_leaves_the_next_one_alone(pytester: pytest.Pytester) -> None:
+    """A test that forgets to stop a proc mesh fails its leak check, and
+    only it: the pipes and sockets of the mesh it dropped are finalized in
+    its own teardown, so under ``filterwarnings = error`` (as the docs
+    advise) no ResourceWarning of theirs fails a later, innocent test. A
+    ResourceWarning of a test with no leak still fails that test."""
+    pytester.makeini(SETTINGS + "filterwarnings = error\nmeshio_leak_check = true\n")
+    pytester.makepyfile(test_user="""
+import os
+import pytest
+import meshio
+
+class Echo(meshio.Actor):
+    @meshio.endpoint
+    async def rank(self) -> int:
+        return meshio.current_rank().rank
+
+async def test_1_leaks():
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+    echo = await procs.spawn("echo", Echo)
+    assert await echo.rank.call_one() == 0  # and forgets procs.stop()
+
+def test_2_innocent():
+    pass
+
+async def test_3_innocent():
+    pass
+
+@pytest.fixture
+def sloppy():
+    yield
+    f = open(os.devnull)
+    del f  # never closed: its own ResourceWarning, in its own teardown
+
+def test_4_sloppy(sloppy):
+    pass
+
+def test_5_innocent():
+    pass
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_1_leaks*",
+        "*meshio_leak_check: the test left behind*",
+        "*ERROR at teardown of test_4_sloppy*",
+        "*ResourceWarning*",
+    ])
+    result.stdout.fnmatch_lines(["PASSED test_user.py::test_2_innocent",
+                                 "PASSED test_user.py::test_3_innocent",
+                                 "PASSED test_user.py::test_5_innocent"], consecutive=False)
+    result.stdout.no_fnmatch_line("ERROR test_user.py::test_*_innocent*")
+    result.assert_outcomes(passed=5, errors=2)
+
+
 def test_leak_check_is_opt_in_by_ini_or_marker(pytester: pytest.Pytester) -> None:
     """issue 9: without the ini option the plugin checks only tests marked
     meshio_leak_check, so installing meshio changes no other suite."""

@@ -236,6 +236,11 @@ class Region:
             raise KeyError(self._where(
                 f"coordinates {dict(coords)}: unknown {unknown}, missing {missing}"))
         idx = [coords.get(k, 0) for k in labels]
+        for k, i in zip(labels, idx):
+            if not isinstance(i, int) or isinstance(i, bool):  # (as slice() has it)
+                raise TypeError(self._where(
+                    f"coordinates {dict(coords)}: {k} must be an int, got "
+                    f"{type(i).__name__} {i!r}"))
         for k, i, s in zip(labels, idx, sizes):
             if not 0 <= i < s:
                 raise IndexError(self._where(f"coordinate {k}={i} out of range"))

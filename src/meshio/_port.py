@@ -4,14 +4,20 @@
 actor); pass ``port`` to actors as an argument; they ``port.send(v)`` as
 often as they like and ``port.close()`` when done; the owner reads with
 ``await receiver.recv()`` or ``async for v in receiver``.
+
+The runtime holds each open receiver weakly, by port id, until the
+channel ends: the sender's close arrives, the owner closes the receiver,
+or nothing holds the receiver any more.  Values for a port no longer
+registered are dropped, as for a closed one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -20,7 +26,7 @@ from ._constants import MSGPACK_NIL
 from ._exceptions import ClosedResourceError, MeshioError, SchemaError, SupervisionError
 from ._transport._connection import Connection
 from ._transport._messages import PortSend
-from ._transport._runtime import Runtime, actor_thread, on_loop, runtime
+from ._transport._runtime import PortSink, Runtime, actor_thread, on_loop, runtime
 from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder
 
 __all__ = ("Channel", "Port", "PortReceiver")
@@ -56,18 +62,37 @@ class Port(Generic[T]):
         return f"<Port {self._id} at {self._addr}>"
 
     def send(self, value: T) -> None:
-        """Send ``value`` to the receiver (fire and forget, in order)."""
+        """Send ``value`` to the receiver (fire and forget, in order); once
+        the receiver is closed (or gone), values are dropped.
+
+        Raises:
+            SchemaError: ``value`` cannot be encoded (its pickling raised,
+                or it is over the message size limit); nothing is sent.
+        """
         packer = Packer()
-        body = packer.pack(value, False)
+        try:
+            body = packer.pack(value, False)
+        except SchemaError as e:  # over the message size limit
+            raise SchemaError(f"{self!r}: the value cannot be sent: {e}") from None
+        except Exception as e:  # the value's own pickling code may raise anything
+            raise SchemaError(f"{self!r}: the value cannot be sent: {type(e).__name__}: {e}; "
+                              "send a value msgpack or pickle can encode") from e
         on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), packer)
 
     def close(self) -> None:
         """Tell the receiver no more values will come."""
-        on_loop(_send, self._addr, PortSend(self._id, MSGPACK_NIL, True), [])
+        on_loop(_send_close, self._addr, self._id)
 
 
 def _send(addr: str, msg: PortSend, out: OutBuffers) -> None:
     runtime().connect(addr).send_message(msg, out)
+
+
+def _send_close(addr: str, port_id: int) -> None:
+    rt = runtime()
+    if rt.has_state(_Held):  # (told again if the port arrives here again)
+        rt.state(_Held).told.discard((addr, port_id))
+    rt.connect(addr).send_message(PortSend(port_id, MSGPACK_NIL, True), [])
 
 
 def _received(addr: str, port_id: int) -> Port[Any]:
@@ -102,17 +127,26 @@ def _announce(addr: str, port_id: int) -> None:
 
 
 class PortReceiver(Generic[T]):
-    """The receiving end of a channel, in the process that opened it."""
+    """The receiving end of a channel, in the process that opened it.
+
+    Any number of tasks may wait in :meth:`recv` at once; each value goes to
+    one of them.
+    """
 
     def __init__(self, port_id: int) -> None:
         self._id = port_id
         self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        #: the tasks waiting in recv (each woken to look again on news)
+        self._waiters: set[asyncio.Future[None]] = set()
         self._decoder = TypedDecoder(Any)
         #: connections of the other processes that hold the port
         self._holders: set[Connection] = set()
         #: once every holder is gone (and none came since): what recv raises
         self._orphaned: SupervisionError | None = None
+        #: closed by its owner (:meth:`close`): recv raises at once
+        self._closed = False
+        #: takes this receiver out of the runtime's open ports (see Channel.open)
+        self._unregister: Callable[[], None] | None = None
 
     def _held(self, conn: Connection) -> None:
         self._holders.add(conn)
@@ -131,6 +165,7 @@ class PortReceiver(Generic[T]):
 
     def _put(self, msg: PortSend, bufs: Buffers) -> None:
         if msg.close:
+            self._end()  # nothing sent after it can be read
             self._append(_CLOSE)
             return
         try:
@@ -150,14 +185,23 @@ class PortReceiver(Generic[T]):
         self._wake()
 
     def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _end(self) -> None:
+        """Leave the runtime's open ports (once)."""
+        unregister, self._unregister = self._unregister, None
+        if unregister is not None:
+            unregister()
 
     async def recv(self) -> T:
         """The next value.
 
         Raises:
-            ClosedResourceError: the port was closed and every value has been read.
+            ClosedResourceError: the port was closed and every value has been
+                read, or this receiver was closed (:meth:`close`), even
+                while waiting here.
             SchemaError: the next value could not be decoded here (its
                 reconstruction raised, or it was over the message size
                 limit); later values can still be received.
@@ -165,11 +209,21 @@ class PortReceiver(Generic[T]):
                 process the port was passed to is gone without closing it
                 (instead of waiting forever).
         """
-        while not self._items:
+        while True:
+            if self._closed:
+                raise ClosedResourceError(f"port {self._id}: its receiver was closed "
+                                          "(PortReceiver.close()); nothing more can be "
+                                          "received from it")
+            if self._items:
+                break
             if self._orphaned is not None:
                 raise self._orphaned
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiters.discard(waiter)
         item = self._items[0]
         if item is _CLOSE:
             raise ClosedResourceError(f"port {self._id} is closed and every value sent "
@@ -188,8 +242,56 @@ class PortReceiver(Generic[T]):
                 return
 
     def close(self) -> None:
-        """Stop receiving; later sends to the port are dropped."""
-        runtime().ports.pop(self._id, None)
+        """Stop receiving: values not yet read are dropped, and so are later
+        sends to the port; :meth:`recv` raises :class:`ClosedResourceError`
+        (in tasks waiting there too)."""
+        self._closed = True
+        self._items.clear()
+        self._end()
+        self._wake()
+
+
+class _Sink:
+    """What the runtime holds of an open receiver: a weak reference (values
+    for a receiver nobody holds any more are dropped)."""
+
+    __slots__ = ("_receiver",)
+
+    def __init__(self, receiver: PortReceiver[Any],
+                 callback: Callable[[weakref.ref[PortReceiver[Any]]], None]) -> None:
+        self._receiver = weakref.ref(receiver, callback)
+
+    def _put(self, msg: PortSend, bufs: Buffers, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._put(msg, bufs)
+
+    def _put_error(self, error: MeshioError, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._put_error(error)
+
+    def _held(self, conn: Connection, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._held(conn)
+
+    def _lost(self, conn: Connection, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._lost(conn)
+
+
+def _register(ports: dict[int, PortSink], receiver: PortReceiver[Any]) -> None:
+    """Enter ``receiver`` in ``ports`` (a runtime's open ports) until it ends
+    or is garbage-collected, whichever comes first."""
+    port_id = receiver._id
+
+    def gone(_: object = None) -> None:  # (may run in any thread: one dict operation)
+        ports.pop(port_id, None)
+
+    ports[port_id] = _Sink(receiver, gone)
+    receiver._unregister = gone
 
 
 class Channel(Generic[T]):
@@ -200,5 +302,5 @@ class Channel(Generic[T]):
         rt = runtime()
         port_id = next(_ids)
         receiver: PortReceiver[T] = PortReceiver(port_id)
-        rt.ports[port_id] = receiver
+        _register(rt.ports, receiver)
         return Port(rt.addr, port_id), receiver

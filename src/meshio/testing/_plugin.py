@@ -20,7 +20,9 @@ It adds nothing to a test that does not ask for it:
 - ``meshio_runtime_cleanup``: closes the test loop's meshio runtime (its
   listening socket and connections) after the test; ``meshio_procs`` uses it.
 - ``meshio_leak_check``: fails a test that leaves child processes or open
-  file descriptors (sockets, pipes, files) behind. On for every test with the
+  file descriptors (sockets, pipes, files) behind, and cleans up after it
+  (kills those processes, collects what the test dropped without closing,
+  so the next test does not inherit its warnings). On for every test with the
   ini option ``meshio_leak_check = true``, or per test/module with the
   ``meshio_leak_check`` marker.
 
@@ -30,9 +32,11 @@ docs/guide.md, "Testing your meshio program").
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+import warnings
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -51,6 +55,11 @@ except ImportError:  # async fixtures then run only where another plugin runs th
 __all__ = ()
 
 DEFAULT_PER_HOST = {"procs": 2}
+
+#: set on a test the leak check watches (from its setup on)
+_CHECKED = pytest.StashKey[bool]()
+#: what the leak check found: failed by :func:`pytest_runtest_teardown`
+_LEAKED = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -122,6 +131,7 @@ def _own_loop(node: pytest.Item) -> bool:
 def _meshio_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     check_fds = _own_loop(request.node)
     pids, fds = child_pids(), open_fds() if check_fds else {}
+    request.node.stash[_CHECKED] = True
     yield
     leaked_pids = sorted(child_pids() - pids)
     for pid in leaked_pids:
@@ -137,10 +147,67 @@ def _meshio_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"child processes {leaked_pids} (now killed)")
     if leaked_fds:
         problems.append("open file descriptors:\n    " + "\n    ".join(leaked_fds))
-    if problems:
-        pytest.fail("meshio_leak_check: the test left behind " + "; ".join(problems)
-                    + "\nStop proc meshes (async with / await procs.stop()) and close "
-                      "sockets and files before the test ends.", pytrace=False)
+    if problems:  # (failed once the whole teardown is done: see pytest_runtest_teardown)
+        request.node.stash[_LEAKED] = (
+            "meshio_leak_check: the test left behind " + "; ".join(problems)
+            + "\nStop proc meshes (async with / await procs.stop()) and close "
+              "sockets and files before the test ends.")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """The teardown of a test the leak check watches.  What a leaking test
+    left open is finalized during it (the test loop's close drops the pipe
+    transports of a worker nobody stopped; the garbage collector the rest):
+    the ``ResourceWarning``s that raises are held back until the leak check
+    has spoken.  If it found leaks, they are that leak's echo: dropped, with
+    what the test left behind collected here, so that no later test inherits
+    them (under ``filterwarnings = error`` each would fail whichever test ran
+    when it came), and the leak check fails this test.  Otherwise they are
+    given back, as the test's own."""
+    if not item.stash.get(_CHECKED, False):
+        return (yield)
+    failed: Exception | None = None
+    with warnings.catch_warnings(record=True) as held:
+        warnings.simplefilter("always", ResourceWarning)  # (held, not raised: see below)
+        try:
+            result = yield
+        except Exception as e:  # another fixture's teardown failed: raised below
+            failed, result = e, None
+        leaked = item.stash.get(_LEAKED, None)
+        if leaked is not None:
+            del item.stash[_LEAKED]
+            held[:] = [w for w in held if not issubclass(w.category, ResourceWarning)]
+            _collect_quietly()
+    errors: list[Warning] = []
+    for w in held:  # under the test's own warning filters again
+        try:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        except Warning as e:  # (filterwarnings = error)
+            errors.append(e)
+    del held
+    if failed is not None:
+        if leaked is not None:
+            failed.add_note(leaked)
+        raise failed
+    if leaked is not None:
+        pytest.fail(leaked, pytrace=False)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup("warnings while tearing the test down", errors)
+    return result
+
+
+def _collect_quietly() -> None:
+    """Collect what a leaking test left behind while its leaks are being
+    reported, without their finalizers' ``ResourceWarning``s (an unclosed
+    pipe or socket, a subprocess "still running")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        for _ in range(5):  # (what one pass's finalizers let go of needs another)
+            if not gc.collect():
+                break
 
 
 @_async_fixture
