@@ -438,3 +438,39 @@ def test_secret_is_bytes_and_a_file_is_secret_file(tmp_path: Path) -> None:
     for hosts in (meshio.attach(["127.0.0.1:1"], secret_file=path),
                   meshio.attach(["127.0.0.1:1"], secret=token.encode())):
         assert token not in repr(hosts) and token not in str(hosts)
+
+
+async def test_tls_without_hostname_checks_reaches_the_agents_workers(tmp_path: Path) -> None:
+    """docs/cluster.md's setup for certificates that cannot name the hosts'
+    IPs: one certificate (a DNS name only) and
+    ``TLSConfig(check_hostname=False)``.  The agents get the setting, and
+    so do their workers, which dial the controller by IP.  Before, the
+    workers checked names, failed every TLS handshake, and the proc mesh
+    never started (ProcessStartError after 60 s)."""
+    ca = trustme.CA()
+    ca.issue_cert("agents.example").private_key_and_cert_chain_pem.write_to_path(
+        tmp_path / "job.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    tls = TLSConfig(tmp_path / "job.pem", tmp_path / "job.pem", tmp_path / "ca.pem",
+                    check_hostname=False)
+    j = ProcessJob(meshes={"hosts": 2}, cache_dir=tmp_path / ".meshio", tls=tls)
+    try:
+        state = await j.state()
+        async with state.hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            assert (await asyncio.wait_for(w.echo.call(4), DEADLINE)).values() == [4, 4]
+    finally:
+        await j.kill()
+
+
+async def test_an_agent_that_does_not_start_leaves_no_secret(tmp_path: Path) -> None:
+    """An agent that cannot start (a listen address that does not resolve)
+    fails apply() and leaves neither the job secret nor a cache: no cache
+    names the secret, so no kill() would remove it."""
+    cache = tmp_path / ".meshio"
+    j = ProcessJob(meshes={"hosts": 1}, host="no-such-host.invalid", cache_dir=cache)
+    with pytest.raises(RuntimeError, match="an agent did not start"):
+        await j.apply()
+    assert sorted(p.name for p in cache.iterdir()) == ["job.log"]
+    assert "cannot resolve 'no-such-host.invalid'" in (cache / "job.log").read_text()
+    await j.kill()

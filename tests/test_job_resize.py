@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ import meshio
 from fifo_gate import Gate
 from gone import wait_gone
 from meshio import Actor, context, endpoint
-from meshio.jobs import LocalJob, ProcessJob
+from meshio.jobs import JobCacheError, LocalJob, ProcessJob
 from meshio.testing import job_record
 
 DEADLINE = 60.0
@@ -175,3 +176,71 @@ async def test_a_process_job_start_given_up_leaves_no_agent(
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(applying, DEADLINE)
     await wait_gone([agent], DEADLINE)
+
+
+async def test_a_run_with_the_original_shape_gives_the_resized_job_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The resize flow of docs/cluster.md: the script resized its job, then
+    runs again with its original ``meshes=``; the cache is of another shape,
+    so that run reports it, stops the cached agents and starts new ones.
+    Before, it forgot them: they served nobody until their idle timeout
+    (600 s), and no ``kill()`` could reach them."""
+    cache = tmp_path / ".meshio"
+    first = ProcessJob(meshes={"workers": 1}, cache_dir=cache)
+    again = ProcessJob(meshes={"workers": 1}, cache_dir=cache)
+    try:
+        await first.state()
+        await asyncio.wait_for(first.resize("workers", hosts=2), DEADLINE)
+        old = agents(first, "workers")
+        with caplog.at_level(logging.WARNING, logger="meshio"):
+            await again.apply()
+        assert "is a ProcessJob with meshes {'workers': 2}, not {'workers': 1}: stopping its " \
+            "agents and starting a new job" in caplog.text
+        await wait_gone(old, DEADLINE)
+        new = agents(again, "workers")
+        assert len(new) == 1 and not set(new) & set(old)
+        assert json.loads(again.cache.read_text())["meshes"] == {"workers": 1}
+    finally:
+        await again.kill()
+        await first.kill()
+
+
+async def test_kill_gives_back_what_the_cache_names_whatever_the_shape(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``kill()`` on a job of another shape than the cached one (the script
+    edited since, or a cleanup script) stops the cached agents and removes
+    the cache and the secret; it starts nothing and says nothing of a new
+    job.  Before, it deleted the cache and left the agents and the secret."""
+    cache = tmp_path / ".meshio"
+    running = ProcessJob(meshes={"workers": 2}, name="shaped", cache_dir=cache)
+    try:
+        await running.apply()
+        pids = agents(running, "workers")
+        with caplog.at_level(logging.INFO, logger="meshio"):
+            await ProcessJob(meshes={"other": 3}, name="shaped", cache_dir=cache).kill()
+        assert not (cache / "shaped.secret").exists()
+        assert not (cache / "shaped.json").exists()
+        assert "new job" not in caplog.text
+        await wait_gone(pids, DEADLINE)
+    finally:
+        await running.kill()
+
+
+async def test_a_cache_of_another_job_kind_is_refused_not_forgotten(tmp_path: Path) -> None:
+    """A cache holding a SlurmJob of this name: a ProcessJob can neither
+    use it nor give it back, so apply() and kill() refuse it with
+    JobCacheError naming both kinds, and leave it for a SlurmJob's kill()."""
+    cache = tmp_path / ".meshio"
+    cache.mkdir(mode=0o700)
+    entry = {"meshio_job": 1, "kind": "SlurmJob", "meshes": {"workers": 1}, "job_id": "7",
+             "token": "meshio:x", "log": str(cache / "job.7.log"), "nodes": "n1",
+             "hosts": {"workers": [{"node": "n1", "pid": "1", "addr": "tcp://10.0.0.1:1"}]},
+             "secret_file": str(cache / "job.secret"), "extra": []}
+    fd = os.open(cache / "job.json", os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f)
+    job = ProcessJob(meshes={"workers": 1}, cache_dir=cache)
+    for op in (job.apply, job.kill):
+        with pytest.raises(JobCacheError, match=r"holds a SlurmJob .* not a ProcessJob"):
+            await op()
+    assert json.loads((cache / "job.json").read_text()) == entry

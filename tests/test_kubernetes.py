@@ -187,6 +187,43 @@ def test_bad_names_and_options_are_refused(tmp_path: Path) -> None:
             make(**kw)
 
 
+def test_arguments_of_the_wrong_type_are_refused_at_construction(tmp_path: Path) -> None:
+    """An ``env`` value that is not a str (it would be ``value: 1`` or
+    ``null`` in the manifest), a ``pod_spec`` that replaces the agent's
+    container or its volumes, an ``idle_timeout`` that is not seconds > 0
+    (NaN made an agent spin), a ``tls`` that is not a TLSConfig: refused
+    when the job is made, naming the argument."""
+    def make(**kw: Any) -> KubernetesJob:
+        args: dict[str, Any] = {"meshes": {"trainers": 1}, "image": "i",
+                                "cache_dir": tmp_path}
+        return KubernetesJob(**(args | kw))
+
+    for kw, error, match in [
+            ({"env": {"A": 1}}, TypeError, r"env\['A'\] must be a str"),
+            ({"env": {"B": None}}, TypeError, r"env\['B'\] must be a str"),
+            ({"env": "A=1"}, TypeError, "env must be a mapping"),
+            ({"pod_spec": {"containers": []}}, ValueError,
+             r"pod_spec must not set \['containers'\]"),
+            ({"pod_spec": {"volumes": []}}, ValueError,
+             r"pod_spec must not set \['volumes'\]"),
+            ({"resources": "lots"}, TypeError, "resources must be a mapping"),
+            ({"idle_timeout": float("nan")}, ValueError, "idle_timeout must be seconds > 0"),
+            ({"idle_timeout": 0}, ValueError, "idle_timeout must be seconds > 0"),
+            ({"idle_timeout": "600"}, TypeError, "idle_timeout must be seconds > 0"),
+            ({"start_timeout": -1}, ValueError, "start_timeout must be seconds > 0"),
+            ({"tls": "cert.pem"}, TypeError, "tls must be a meshio.TLSConfig"),
+            ({"image": ""}, ValueError, "image must name"),
+            ({"name": 5}, TypeError, "name must be a str")]:
+        with pytest.raises(error, match=match):
+            make(**kw)
+    job = make(env={"A": "1"}, pod_spec={"nodeSelector": {"gpu": "h100"}},
+               idle_timeout=float("inf"))
+    (wl,) = [d for d in job.manifests() if d["kind"] == "Job"]
+    (container,) = wl["spec"]["template"]["spec"]["containers"]
+    assert {"name": "A", "value": "1"} in container["env"]
+    assert container["command"][-2:] == ["--idle-timeout", "inf"]
+
+
 def test_an_unsafe_secret_file_is_refused(tmp_path: Path) -> None:
     job = KubernetesJob(meshes={"trainers": 1}, image="i", cache_dir=tmp_path)
     write_secret(job.secret_file, SECRET)
@@ -205,10 +242,15 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
     async def serve(listen: str, secret: bytes, **kw: Any) -> None:
         seen.update(listen=listen, secret=secret, **kw)
 
-    def tls_config(cert: str, key: str, ca: str, mutual: bool) -> tuple[str, str, str, bool]:
-        return cert, key, ca, mutual
+    def tls_config(cert: str, key: str, ca: str, mutual: bool,
+                   check_hostname: bool) -> tuple[str, str, str, bool, bool]:
+        return cert, key, ca, mutual, check_hostname
+
+    def loadable(cert: str, key: str, ca: str) -> None:
+        return None
 
     monkeypatch.setattr(agent_module, "serve_agent", serve)
+    monkeypatch.setattr(agent_module, "_unloadable", loadable)
     def read_secret_file(path: str) -> bytes:
         return f"read {path}".encode()
 
@@ -227,7 +269,19 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
         assert seen["advertise"] == "$(POD_IP)"  # Kubernetes expands it from the env
         assert seen["idle_timeout"] == job.idle_timeout
         assert seen["tls"] == (None if job.tls is None else (
-            "/etc/meshio/tls/tls.crt", "/etc/meshio/tls/tls.key", "/etc/meshio/tls/ca.crt", True))
+            "/etc/meshio/tls/tls.crt", "/etc/meshio/tls/tls.key", "/etc/meshio/tls/ca.crt", True,
+            True))
+    # a certificate that cannot name the pods' IPs: their workers do not check names
+    tls = golden_jobs(tmp_path)["kubernetes_statefulset_tls"].tls
+    assert tls is not None
+    job = KubernetesJob(meshes={"trainers": 1}, image="i", cache_dir=tmp_path / ".meshio",
+                        tls=TLSConfig(tls.cert, tls.key, tls.ca, check_hostname=False))
+    seen.clear()
+    with pytest.raises(SystemExit) as exit_:
+        meshio._cli.main(job.agent_command()[1:])
+    assert exit_.value.code == 0
+    assert seen["tls"] == ("/etc/meshio/tls/tls.crt", "/etc/meshio/tls/tls.key",
+                           "/etc/meshio/tls/ca.crt", True, False)
 
 
 # ------------------------------------------------------------------ no cluster

@@ -322,6 +322,8 @@ async def test_sbatch_refusal_is_a_slurm_error(slurm: None, tmp_path: Path) -> N
     with pytest.raises(SlurmError, match=r"sbatch refused the job.*partition"):
         await j.apply()
     assert not (tmp_path / ".meshio" / "job.json").exists()
+    # nor the job secret, which no cache names (no kill() would remove it)
+    assert not (tmp_path / ".meshio" / "job.secret").exists()
 
 
 def test_doctor_reaches_the_cluster(slurm: None) -> None:
@@ -404,3 +406,53 @@ async def test_shrink_ends_an_agent_of_the_first_allocation(slurm: None, tmp_pat
             assert kept != node
     finally:
         await job.kill()
+
+
+async def test_a_run_with_the_original_shape_cancels_the_resized_job(
+        slurm: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The resize flow of docs/cluster.md on Slurm: a job resized to two
+    hosts (its allocation and one more), then the script run again with its
+    original ``meshes=``.  The cache is of another shape: reported, both
+    Slurm jobs cancelled (their nodes free), a new one allocated.  Before,
+    both stayed RUNNING, forgotten, until their idle timeout."""
+    cache = tmp_path / ".meshio"
+    first = SlurmJob(meshes={"workers": 1}, partition="debug", time_limit="00:10:00",
+                     cache_dir=cache, idle_timeout=60)
+    again = SlurmJob(meshes={"workers": 1}, partition="debug", time_limit="00:10:00",
+                     cache_dir=cache, idle_timeout=60, start_timeout=DEADLINE)
+    try:
+        await first.apply()
+        await asyncio.wait_for(first.resize("workers", hosts=2), 120)
+        record = job_record(first)
+        assert record is not None
+        old = [str(record["job_id"]), *(str(j["job_id"]) for j in record["extra"])]
+        assert len(old) == 2
+        with caplog.at_level(logging.WARNING, logger="meshio"):
+            await again.apply()
+        assert (f"is a SlurmJob with meshes {{'workers': 2}} (Slurm job {old[0]}, {old[1]}), "
+                "not {'workers': 1}: cancelling it") in caplog.text
+        for job_id in old:
+            assert job_state(job_id) not in _slurm._ACTIVE
+        assert again.job_id not in old and job_state(again.job_id or "") == "RUNNING"
+    finally:
+        await again.kill()
+        await first.kill()
+
+
+async def test_kill_cancels_what_the_cache_names_whatever_the_shape(
+        slurm: None, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``kill()`` on a SlurmJob of another shape than the cached one cancels
+    the cached Slurm job and removes the cache, its log and the secret,
+    saying nothing of a new job.  Before, the job stayed RUNNING."""
+    cache = tmp_path / ".meshio"
+    running = SlurmJob(meshes={"hosts": 1}, cache_dir=cache, idle_timeout=60)
+    try:
+        await running.apply()
+        assert running.job_id is not None
+        with caplog.at_level(logging.INFO, logger="meshio"):
+            await SlurmJob(meshes={"others": 2}, cache_dir=cache).kill()
+        assert job_state(running.job_id) not in _slurm._ACTIVE
+        assert "new" not in caplog.text
+        assert sorted(p.name for p in cache.iterdir()) == []
+    finally:
+        await running.kill()

@@ -30,11 +30,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--version", action="version", version=f"meshio {version('meshio')}")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="spawn a mesh on this host and tour every adverb")
-    demo.add_argument("--procs", type=int, default=2, help="worker processes (default 2)")
+    demo.add_argument("--procs", type=_count, default=2, help="worker processes (default 2)")
     bench = sub.add_parser("bench", help="measure per-call latency and throughput on this host")
-    bench.add_argument("--calls", type=int, default=2000, help="sequential calls (default 2000)")
-    bench.add_argument("--inflight", type=int, default=1000, help="concurrent calls (default 1000)")
-    bench.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
+    bench.add_argument("--calls", type=_count, default=2000,
+                       help="sequential calls (default 2000)")
+    bench.add_argument("--inflight", type=_count, default=1000,
+                       help="concurrent calls (default 1000)")
+    bench.add_argument("--procs", type=_count, default=4, help="worker processes (default 4)")
     sub.add_parser("agent", help="serve this host's workers to a controller on another host "
                                  "(meshio agent --help)")
     stacks = _asking(
@@ -89,6 +91,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run(_dashboard(args.pid, args.port, args.host)))
     elif args.command == "debug":
         sys.exit(run(_debug(args.pid)))
+
+
+def _count(text: str) -> int:
+    """A count option (``--procs``, ``--calls``): an int >= 1, as argparse's ``type``."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return n
 
 
 def _asking(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:

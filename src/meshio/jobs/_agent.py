@@ -29,12 +29,14 @@ import ipaddress
 import logging
 import signal
 import socket
+import ssl
 import struct
 import sys
 from typing import Any
 
 import msgspec
 
+from .._checks import beyond_float, is_number, too_large
 from .._launcher import LocalLauncher, LocalProc, WorkerSpec
 from .._transport._connection import Connection
 from .._transport._messages import (
@@ -57,7 +59,7 @@ from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._remote import read_secret_file
 
-__all__ = ("Agent", "host_address", "main", "serve_agent")
+__all__ = ("Agent", "check_idle_timeout", "host_address", "main", "serve_agent")
 
 log = logging.getLogger("meshio")
 
@@ -262,13 +264,12 @@ async def serve_agent(listen: str, secret: bytes, *, advertise: str | None = Non
     ``idle_timeout`` seconds.  ``ready(address)`` is called once it listens
     (its ``tcp://`` address, naming ``advertise``, by default the host
     listened on, or this host's address when that is ``0.0.0.0``)."""
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    bind = host.strip("[]")
+    bind, port = _host_port(listen)
+    if idle_timeout is not None:
+        check_idle_timeout(idle_timeout, "serve_agent: idle_timeout")
     name = advertise or (host_address() if bind in ("0.0.0.0", "::") else bind)
     loop = asyncio.get_running_loop()
-    rt = Runtime(loop, tcp_address(bind, int(port)), worker="agent", secret=secret, tls=tls,
+    rt = Runtime(loop, tcp_address(bind, port), worker="agent", secret=secret, tls=tls,
                  advertise=name)
     rt.state(Agent)
     stop = asyncio.Event()
@@ -302,11 +303,68 @@ async def _until_idle(rt: Runtime, stop: asyncio.Event, idle_timeout: float) -> 
             return
 
 
-def tls_flags(cert: str, key: str, ca: str, mutual: bool) -> list[str]:
+def check_idle_timeout(value: object, what: str) -> float:
+    """``idle_timeout`` (``--idle-timeout``) checked: seconds > 0, ``math.inf``
+    for never (``what`` names it in the error: ``"ProcessJob 'job': idle_timeout"``).
+
+    Raises:
+        TypeError: not a number (``None`` included; a bool).
+        ValueError: zero, negative, NaN, or an int no float holds.
+    """
+    if not (is_number(value) and value > 0):  # (NaN too)
+        kind = ValueError if is_number(value) or beyond_float(value) else TypeError
+        raise kind(f"{what} must be seconds > 0 (math.inf: never), got "
+                   f"{value!r}{too_large(value)}")
+    return float(value)
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT``) split, the port checked (0: any).
+
+    Raises:
+        ValueError: not ``HOST:PORT``, or a port beyond 65535.
+    """
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    if int(port) > 65535:
+        raise ValueError(f"--listen {listen!r}: the port must be 0..65535 (0: any free one)")
+    return host.strip("[]"), int(port)
+
+
+def tls_flags(cert: str, key: str, ca: str, *, mutual: bool,
+              check_hostname: bool) -> list[str]:
     """The ``meshio agent`` options of a TLS setting (``cert``, ``key``,
     ``ca``: the paths as the agent's host sees them)."""
     return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca,
-            *([] if mutual else ["--tls-no-mutual"])]
+            *([] if mutual else ["--tls-no-mutual"]),
+            *([] if check_hostname else ["--tls-no-check-hostname"])]
+
+
+def _idle_timeout_arg(text: str) -> float:
+    """``--idle-timeout``, as argparse's ``type``."""
+    try:
+        return check_idle_timeout(float(text), "--idle-timeout")
+    except ValueError:  # (not a number, or not > 0)
+        raise argparse.ArgumentTypeError(
+            f"must be seconds > 0 (inf: never), got {text!r}") from None
+
+
+def _unloadable(cert: str, key: str, ca: str) -> str | None:
+    """Why the agent's TLS files cannot be loaded (naming the options), or
+    None: a bad file is a usage error now, not a failure at the first
+    connection."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ValueError) as e:
+        return (f"--tls-cert {cert!r} / --tls-key {key!r}: not a PEM certificate chain and "
+                f"its private key ({e})")
+    try:
+        ctx.load_verify_locations(ca)
+    except (OSError, ValueError) as e:
+        return f"--tls-ca {ca!r}: not a PEM CA bundle ({e})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -323,21 +381,52 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls-ca", help="PEM CA bundle peers must chain to")
     ap.add_argument("--tls-no-mutual", action="store_true",
                     help="do not demand client certificates (the secret still does)")
-    ap.add_argument("--idle-timeout", type=float,
-                    help="exit after this many seconds without a controller")
+    ap.add_argument("--tls-no-check-hostname", action="store_true",
+                    help="this host's workers do not check that the certificates of the hosts "
+                         "they dial name them (for certificates without their IP addresses; "
+                         "the CA and the secret still authenticate every peer)")
+    ap.add_argument("--idle-timeout", type=_idle_timeout_arg,
+                    help="exit after this many seconds (> 0) without a controller")
     args = ap.parse_args(argv)
+    try:
+        bind, port = _host_port(args.listen)
+        socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
+    except ValueError as e:
+        ap.error(str(e))
+    except OSError as e:  # (socket.gaierror)
+        ap.error(f"--listen {args.listen!r}: cannot resolve {bind!r}: {e.strerror or e}")
     tls_args = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_args) and not all(tls_args):
         ap.error("--tls-cert, --tls-key and --tls-ca go together")
-    tls = (TLSConfig(args.tls_cert, args.tls_key, args.tls_ca, mutual=not args.tls_no_mutual)
-           if all(tls_args) else None)
-    secret = read_secret_file(args.secret_file)
+    tls = None
+    if all(tls_args):
+        try:
+            tls = TLSConfig(*tls_args, mutual=not args.tls_no_mutual,
+                            check_hostname=not args.tls_no_check_hostname)
+        except OSError as e:  # (a file that does not exist)
+            ap.error(str(e))
+        if (why := _unloadable(*tls_args)) is not None:
+            ap.error(why)
+    try:
+        secret = read_secret_file(args.secret_file)
+    except OSError as e:
+        ap.error(f"--secret-file {args.secret_file!r}: cannot read it: {e.strerror or e}")
+    except ValueError as e:
+        ap.error(f"--secret-file {args.secret_file!r}: {e}")
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    listening = False
 
     def ready(addr: str) -> None:
+        nonlocal listening
+        listening = True
         print(f"meshio agent listening on {addr}", flush=True)
 
     # asyncio's own loop: an agent only starts and watches processes
-    asyncio.run(serve_agent(args.listen, secret, advertise=args.advertise, tls=tls,
-                            idle_timeout=args.idle_timeout, ready=ready))
+    try:
+        asyncio.run(serve_agent(args.listen, secret, advertise=args.advertise, tls=tls,
+                                idle_timeout=args.idle_timeout, ready=ready))
+    except OSError as e:
+        if listening:
+            raise
+        sys.exit(f"meshio agent: cannot listen on {args.listen}: {e.strerror or e}")
     sys.exit(0)

@@ -8,8 +8,8 @@ runs, ``kill()`` gives them back.  A job that outlives its controller
 (``ProcessJob``, ``SlurmJob``) is written to a cache file in ``.meshio/``
 so that running the controller script again re-attaches to the same live
 hosts instead of starting new ones; an entry that is stale (its agents are
-gone) or foreign (another user's, another job's shape) is reported and
-never used.
+gone) or of another shape (other meshes) is reported and given back, one
+that is foreign (another user's, another job kind's) is refused.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any, Protocol, cast
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
-from ._agent import tls_flags
+from ._agent import check_idle_timeout, tls_flags
 from ._remote import attach
 
 __all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_meshes", "read_cache", "record_resize", "resize_job", "write_cache")
+           "check_job_name", "check_meshes", "check_tls", "read_cache", "read_own_cache",
+           "record_resize", "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -124,6 +125,34 @@ def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
             raise ValueError(f"meshes[{name!r}] must be at least 1, got {n}")
         checked[name] = n
     return checked
+
+
+def check_job_name(kind: str, name: object) -> str:
+    """A ``ProcessJob``'s or ``SlurmJob``'s ``name=``, checked: it names
+    files (``<name>.json``) and the scheduler's job.
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not letters, digits, - and _.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{kind}: name must be a str (letters, digits, - and _), got "
+                        f"{type(name).__name__} {name!r}")
+    if not name.replace("-", "_").isidentifier():
+        raise ValueError(f"{kind}: job name {name!r} must be letters, digits, - and _")
+    return name
+
+
+def check_tls(what: str, tls: object) -> TLSConfig | None:
+    """A job's ``tls=``: a :class:`~meshio.TLSConfig` or None.
+
+    Raises:
+        TypeError: anything else (a path: make a ``TLSConfig(cert, key, ca)``).
+    """
+    if tls is not None and not isinstance(tls, TLSConfig):
+        raise TypeError(f"{what}: tls must be a meshio.TLSConfig(cert, key, ca) or None, got "
+                        f"{type(tls).__name__} {tls!r}")
+    return tls
 
 
 def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> None:
@@ -217,9 +246,9 @@ class AgentsJob:
 
 # ------------------------------------------------------------------ cache
 
-def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, Any] | None:
-    """The cached job at ``path`` if it is this user's, private, of this kind
-    and shape; None if there is none or it is of another shape (reported).
+def _load_cache(path: Path) -> dict[str, Any] | None:
+    """The job cache at ``path`` if it is this user's, private and a meshio
+    job cache; None if there is none.
 
     Raises:
         JobCacheError: the file is another user's or others may read or
@@ -243,12 +272,44 @@ def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, An
     if not isinstance(loaded, dict) or cast(dict[str, Any], loaded).get("meshio_job") != 1:
         raise JobCacheError(f"job cache {path} is not a meshio job cache; it is not used. "
                             "Remove it.")
-    entry = cast(dict[str, Any], loaded)
+    return cast(dict[str, Any], loaded)
+
+
+def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, Any] | None:
+    """The cached job at ``path`` if it is this user's, private, of this kind
+    and shape; None if there is none or it is of another shape (reported).
+
+    Raises:
+        JobCacheError: the file is another user's or others may read or
+            write it, or it is not a meshio job cache.
+    """
+    entry = _load_cache(path)
+    if entry is None:
+        return None
     if entry.get("kind") != kind or entry.get("meshes") != dict(meshes):
         log.warning("meshio: job cache %s is a %s job with meshes %s, not a %s job with "
                     "%s; starting a new job", path, entry.get("kind"), entry.get("meshes"),
                     kind, dict(meshes))
         return None
+    return entry
+
+
+def read_own_cache(path: Path, kind: str) -> dict[str, Any] | None:
+    """The cached job at ``path`` if it is this user's, private and of this
+    kind, whatever its meshes (a job of another shape is still what the
+    cache holds: given back, never forgotten); None if there is none.
+
+    Raises:
+        JobCacheError: the file is another user's or others may read or
+            write it, it is not a meshio job cache, or it holds a job of
+            another kind (which only that kind can give back).
+    """
+    entry = _load_cache(path)
+    if entry is not None and entry.get("kind") != kind:
+        raise JobCacheError(
+            f"job cache {path} holds a {entry.get('kind')} with meshes {entry.get('meshes')}, "
+            f"not a {kind}; it is not used. Give that job back with kill() on a "
+            f"{entry.get('kind')} of the same name, or choose another job name.")
     return entry
 
 
@@ -328,20 +389,37 @@ class ProcessJob(AgentsJob):
                  cache_dir: str | os.PathLike[str] = ".meshio",
                  idle_timeout: float = 600.0) -> None:
         self.meshes: dict[str, int] = check_meshes(meshes)
-        if not name.replace("-", "_").isidentifier():
-            raise ValueError(f"job name {name!r} must be letters, digits, - and _")
-        self.name: str = name
+        self.name: str = check_job_name("ProcessJob", name)
+        what = f"ProcessJob {name!r}"
+        if not isinstance(host, str) or not host:
+            raise TypeError(f"{what}: host must be a str (an address of this machine), got "
+                            f"{type(host).__name__} {host!r}")
         self.host: str = host
-        self.tls: TLSConfig | None = tls
-        self.idle_timeout: float = idle_timeout
+        self.tls: TLSConfig | None = check_tls(what, tls)
+        self.idle_timeout: float = check_idle_timeout(idle_timeout, f"{what}: idle_timeout")
         self.cache: Path = Path(cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
         self._state: JobState | None = None
 
     async def apply(self) -> None:
+        """Re-attach to the cached job if its agents all live, or start new
+        agents.  A cached job of another shape (other ``meshes``, or resized)
+        is reported and its agents stopped first.
+
+        Raises:
+            JobCacheError: the cache file is unsafe, not a meshio cache, or
+                holds a job of another kind.
+            RuntimeError: an agent did not start (see the job's log).
+        """
         if self._entry is not None:
             return
-        entry = read_cache(self.cache, self.kind, self.meshes)
+        entry = read_own_cache(self.cache, self.kind)
+        if entry is not None and entry.get("meshes") != self.meshes:
+            log.warning("meshio: job cache %s is a ProcessJob with meshes %s, not %s: stopping "
+                        "its agents and starting a new job", self.cache, entry.get("meshes"),
+                        self.meshes)
+            _kill_agents(entry)
+            entry = None
         if entry is not None:
             gone = [a for agents in entry["hosts"].values() for a in agents
                     if _start_time(a["pid"]) != a["start"]]
@@ -369,6 +447,7 @@ class ProcessJob(AgentsJob):
                     hosts[mesh].append(agent)
         except BaseException:
             _kill_agents({"hosts": {"all": started}})
+            secret_file.unlink(missing_ok=True)  # (no cache names it: nobody else would)
             raise
         return {"kind": self.kind, "meshes": self.meshes, "hosts": hosts,
                 "secret_file": str(secret_file)}
@@ -379,7 +458,7 @@ class ProcessJob(AgentsJob):
                 "--secret-file", str(secret_file), "--idle-timeout", str(self.idle_timeout)]
         if tls is not None:
             argv += tls_flags(os.fspath(tls.cert), os.fspath(tls.key), os.fspath(tls.ca),
-                              tls.mutual)
+                              mutual=tls.mutual, check_hostname=tls.check_hostname)
         log_path = self.cache.with_suffix(".log")
         with open(log_path, "ab") as log_file:
             # ``sh`` starts the agent in the background and exits: the agent is
@@ -445,7 +524,14 @@ class ProcessJob(AgentsJob):
         self._removed(name, n)
 
     async def kill(self) -> None:
-        entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
+        """Stop the agents the cache names (whatever its shape), and forget
+        the cached job and its secret.
+
+        Raises:
+            JobCacheError: the cache file is unsafe, not a meshio cache, or
+                holds a job of another kind (nothing is removed).
+        """
+        entry = self._entry or read_own_cache(self.cache, self.kind)
         if entry is not None:
             _kill_agents(entry)
             Path(entry["secret_file"]).unlink(missing_ok=True)

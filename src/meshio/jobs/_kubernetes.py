@@ -32,13 +32,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from .._checks import is_number, too_large
 from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
-from ._agent import tls_flags
+from ._agent import check_idle_timeout, tls_flags
 from ._job import (
     JobCacheError,
     JobState,
     check_meshes,
+    check_tls,
     read_cache,
     record_resize,
     resize_job,
@@ -135,7 +137,11 @@ class KubernetesJob:
 
     Raises:
         ValueError: a name that does not make valid Kubernetes names, a
-            bad option.
+            bad option (a ``pod_spec`` that sets ``containers`` or
+            ``volumes``, which meshio makes: the agent's container and its
+            secrets).
+        TypeError: an argument of the wrong type (an ``env`` value that is
+            not a str, a ``tls`` that is not a ``TLSConfig``).
     """
 
     kind = "KubernetesJob"
@@ -152,6 +158,9 @@ class KubernetesJob:
                  start_timeout: float = 600.0) -> None:
         self.meshes: dict[str, int] = check_meshes(meshes)
         for what, value in (("name", name), ("namespace", namespace)):
+            if not isinstance(value, str):
+                raise TypeError(f"KubernetesJob {what} must be a str (a DNS label), got "
+                                f"{type(value).__name__} {value!r}")
             if not _DNS_LABEL.fullmatch(value) or len(value) > 63:
                 raise ValueError(f"KubernetesJob {what} {value!r} must be a DNS label: lower-case "
                                  "letters, digits and -, at most 63 characters")
@@ -164,6 +173,31 @@ class KubernetesJob:
         if tls_secret is not None and tls is None:
             raise ValueError("tls_secret names the agents' certificate; the controller needs "
                              "its own: pass tls=TLSConfig(...) too")
+        this = f"KubernetesJob {name!r}"
+        if not isinstance(image, str) or not image:
+            raise ValueError(f"{this}: image must name the agents' container image, got "
+                             f"{image!r}")
+        if idle_timeout is not None:
+            check_idle_timeout(idle_timeout, f"{this}: idle_timeout")
+        if not (is_number(start_timeout) and start_timeout > 0):
+            kind = ValueError if is_number(start_timeout) else TypeError
+            raise kind(f"{this}: start_timeout must be seconds > 0, got {start_timeout!r}"
+                       f"{too_large(start_timeout)}")
+        for what, given in (("env", env), ("resources", resources), ("pod_spec", pod_spec)):
+            if given is not None and not (isinstance(given, Mapping)
+                                          and all(isinstance(k, str) for k in given)):
+                raise TypeError(f"{this}: {what} must be a mapping with str keys, got "
+                                f"{type(given).__name__} {given!r}")
+        for key, value in (env or {}).items():
+            if not isinstance(value, str):
+                raise TypeError(f"{this}: env[{key!r}] must be a str (a container's "
+                                f"environment holds strings), got {type(value).__name__} "
+                                f"{value!r}")
+        made = sorted({"containers", "volumes"} & set(pod_spec or {}))
+        if made:
+            raise ValueError(f"{this}: pod_spec must not set {made}: meshio makes the pods' "
+                             "containers and volumes (the agent's container, its secrets); "
+                             "use image, env and resources for the agent's container")
         self.name: str = name
         self.namespace: str = namespace
         self.image: str = image
@@ -172,7 +206,7 @@ class KubernetesJob:
         self.env: dict[str, str] = dict(env or {})
         self.resources: dict[str, Any] = dict(resources or {})
         self.pod_spec: dict[str, Any] = dict(pod_spec or {})
-        self.tls: TLSConfig | None = tls
+        self.tls: TLSConfig | None = check_tls(this, tls)
         self.tls_secret: str | None = tls_secret
         self.addresses: Literal["dns", "pod-ip"] = addresses
         self.idle_timeout: float | None = idle_timeout
@@ -276,7 +310,7 @@ class KubernetesJob:
             argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
         if self.tls is not None:
             argv += tls_flags(f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key", f"{TLS_DIR}/ca.crt",
-                              self.tls.mutual)
+                              mutual=self.tls.mutual, check_hostname=self.tls.check_hostname)
         return argv
 
     def _workload(self, mesh: str) -> dict[str, Any]:

@@ -42,11 +42,21 @@ from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
 
+from .._checks import is_number, too_large
 from .._proc_mesh import HostMesh
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
-from ._agent import tls_flags
-from ._job import AgentsJob, check_meshes, read_cache, resize_job, write_cache, write_secret
+from ._agent import check_idle_timeout, tls_flags
+from ._job import (
+    AgentsJob,
+    check_job_name,
+    check_meshes,
+    check_tls,
+    read_own_cache,
+    resize_job,
+    write_cache,
+    write_secret,
+)
 
 __all__ = ("SlurmError", "SlurmJob")
 
@@ -167,7 +177,9 @@ class SlurmJob(AgentsJob):
             (queueing included); the job is cancelled after that.
 
     Raises:
-        ValueError, TypeError: bad ``meshes`` or ``name``.
+        ValueError, TypeError: a bad argument (``meshes``, ``name``, a
+            ``tls`` that is not a ``TLSConfig``, ``sbatch_args`` given as
+            one str, ``idle_timeout`` or ``start_timeout`` not seconds > 0).
     """
 
     kind = "SlurmJob"
@@ -178,15 +190,27 @@ class SlurmJob(AgentsJob):
                  cache_dir: str | os.PathLike[str] = ".meshio", idle_timeout: float = 300.0,
                  start_timeout: float = 600.0) -> None:
         self.meshes: dict[str, int] = check_meshes(meshes)
-        if not name.replace("-", "_").isidentifier():
-            raise ValueError(f"job name {name!r} must be letters, digits, - and _")
-        self.name: str = name
+        self.name: str = check_job_name("SlurmJob", name)
+        what = f"SlurmJob {name!r}"
+        for arg, value in (("partition", partition), ("time_limit", time_limit)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{what}: {arg} must be a str or None, got "
+                                f"{type(value).__name__} {value!r}")
+        if not isinstance(exclusive, bool):
+            raise TypeError(f"{what}: exclusive must be a bool, got {exclusive!r}")
+        if isinstance(sbatch_args, str) or not all(isinstance(a, str) for a in sbatch_args):
+            raise TypeError(f"{what}: sbatch_args must be a list of str, one option each "
+                            f"(e.g. ['--gpus-per-node=8']), got {sbatch_args!r}")
+        if not (is_number(start_timeout) and start_timeout > 0):
+            kind = ValueError if is_number(start_timeout) else TypeError
+            raise kind(f"{what}: start_timeout must be seconds > 0, got {start_timeout!r}"
+                       f"{too_large(start_timeout)}")
         self.partition: str | None = partition
         self.time_limit: str | None = time_limit
         self.exclusive: bool = exclusive
         self.sbatch_args: list[str] = list(sbatch_args)
-        self.tls: TLSConfig | None = tls
-        self.idle_timeout: float = idle_timeout
+        self.tls: TLSConfig | None = check_tls(what, tls)
+        self.idle_timeout: float = check_idle_timeout(idle_timeout, f"{what}: idle_timeout")
         self.start_timeout: float = start_timeout
         self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None
@@ -199,10 +223,13 @@ class SlurmJob(AgentsJob):
 
     async def apply(self) -> None:
         """Re-attach to the cached job if Slurm still runs it on all its
-        nodes, or submit a new one and wait for its agents.
+        nodes, or submit a new one and wait for its agents.  A cached job of
+        another shape (other ``meshes``, or resized) is reported and
+        cancelled first.
 
         Raises:
-            JobCacheError: the cache file is unsafe or not a meshio cache.
+            JobCacheError: the cache file is unsafe, not a meshio cache, or
+                holds a job of another kind.
             SlurmError: Slurm refused the job, or it ended before its
                 agents started.
             TimeoutError: the agents did not all start within
@@ -210,19 +237,28 @@ class SlurmJob(AgentsJob):
         """
         if self._entry is not None:
             return
-        entry = read_cache(self.cache, self.kind, self.meshes)
-        if entry is not None:
+        entry = read_own_cache(self.cache, self.kind)
+        if entry is not None and entry.get("meshes") != self.meshes:
+            log.warning("meshio: job cache %s is a SlurmJob with meshes %s (Slurm job %s), not "
+                        "%s: cancelling it and allocating a new Slurm job", self.cache,
+                        entry.get("meshes"), _job_ids(entry), self.meshes)
+            await _release(entry)
+        elif entry is not None:
             stale = await self._stale(entry)
             if stale is None:
                 self._entry = entry
                 return
             log.warning("meshio: job cache %s is stale (%s); allocating a new Slurm job",
                         self.cache, stale)
-            await _cancel(entry)
+            await _release(entry, logs=False)
         secret_file = self.cache.with_suffix(".secret")
         write_secret(secret_file, secrets.token_bytes(32))
-        self._entry = {**await self._allocate(self.meshes, secret_file),
-                       "secret_file": str(secret_file), "extra": []}
+        try:
+            allocated = await self._allocate(self.meshes, secret_file)
+        except BaseException:  # (no cache names the secret: nobody else would remove it)
+            secret_file.unlink(missing_ok=True)
+            raise
+        self._entry = {**allocated, "secret_file": str(secret_file), "extra": []}
         write_cache(self.cache, self._entry)
 
     async def _stale(self, entry: dict[str, Any]) -> str | None:
@@ -331,7 +367,7 @@ class SlurmJob(AgentsJob):
         tls = self.tls
         if tls is not None:
             agent += tls_flags(os.fspath(tls.cert), os.fspath(tls.key), os.fspath(tls.ca),
-                               tls.mutual)
+                               mutual=tls.mutual, check_hostname=tls.check_hostname)
         step = ["srun", "--no-kill", "--kill-on-bad-exit=0", "--label", "--ntasks-per-node=1",
                 *(["--whole"] if self.exclusive else []),
                 "sh", "-c", 'echo "meshio node $SLURMD_NODENAME"; echo "meshio pid $$"; '
@@ -370,17 +406,35 @@ class SlurmJob(AgentsJob):
             await asyncio.sleep(_POLL)
 
     async def kill(self) -> None:
-        """End the Slurm job (its nodes are free when this returns) and
-        forget the cached job."""
-        entry = self._entry or read_cache(self.cache, self.kind, self.meshes)
+        """End the Slurm jobs the cache names, whatever its shape (their
+        nodes are free when this returns), and forget the cached job.
+
+        Raises:
+            JobCacheError: the cache file is unsafe, not a meshio cache, or
+                holds a job of another kind (nothing is cancelled).
+        """
+        entry = self._entry or read_own_cache(self.cache, self.kind)
         if entry is not None:
-            for job in [*entry.get("extra", []), entry]:
-                await _cancel(job)
-                Path(job["log"]).unlink(missing_ok=True)
+            await _release(entry)
             Path(entry["secret_file"]).unlink(missing_ok=True)
         self.cache.unlink(missing_ok=True)
         self._entry = None
         self._state = None
+
+
+def _job_ids(entry: dict[str, Any]) -> str:
+    """The Slurm job ids of a cached job: its first allocation, then those
+    ``resize`` added."""
+    return ", ".join(str(job["job_id"]) for job in [entry, *entry.get("extra", [])])
+
+
+async def _release(entry: dict[str, Any], *, logs: bool = True) -> None:
+    """Cancel every Slurm job of a cached job (those ``resize`` added too);
+    with ``logs``, remove their logs."""
+    for job in [*entry.get("extra", []), entry]:
+        await _cancel(job)
+        if logs:
+            Path(job["log"]).unlink(missing_ok=True)
 
 
 async def _stale_job(entry: dict[str, Any]) -> str | None:
