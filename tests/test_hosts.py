@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -474,3 +475,45 @@ async def test_an_agent_that_does_not_start_leaves_no_secret(tmp_path: Path) -> 
     assert sorted(p.name for p in cache.iterdir()) == ["job.log"]
     assert "cannot resolve 'no-such-host.invalid'" in (cache / "job.log").read_text()
     await j.kill()
+
+
+_GIVEN_UP = """
+import asyncio, os, signal, sys
+import meshio
+from meshio.jobs import ProcessJob
+from meshio.testing import job_record
+
+async def main(cache: str) -> None:
+    j = ProcessJob(meshes={"hosts": 1}, cache_dir=cache)
+    try:
+        state = await j.state()
+        agent = job_record(j)["hosts"]["hosts"][0]["pid"]
+        os.kill(agent, signal.SIGSTOP)  # (the kernel accepts its connections, nothing more)
+        try:
+            await asyncio.wait_for(state.hosts.spawn_procs(), 1.0)
+        except TimeoutError:
+            print("given up", flush=True)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        async with state.hosts.spawn_procs() as procs:  # it serves again
+            print("served", len(procs.pids), flush=True)
+    finally:
+        await j.kill()
+
+meshio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_spawn_given_up_while_its_agent_is_silent_leaves_nothing_behind(
+        tmp_path: Path) -> None:
+    """``spawn_procs`` given up (a timeout around it) while the host agent
+    does not answer: the agent serves the next one, and the start given up
+    leaves no "Future exception was never retrieved" for the controller to
+    print (its request, never sent, is dropped; one sent whose worker then
+    starts has that worker killed).  Run in a controller of its own, whose
+    exit collects every future."""
+    out = subprocess.run([sys.executable, "-c", _GIVEN_UP, str(tmp_path / ".meshio")],
+                         capture_output=True, text=True, timeout=DEADLINE * 4)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["given up", "served 1"], out.stdout
+    assert "never retrieved" not in out.stderr, out.stderr

@@ -258,21 +258,39 @@ class RemoteLauncher:
         fut: asyncio.Future[int] = rt.loop.create_future()
         req = conn.next_req(Pending(fut, _pid, "start worker", f"host agent {self.agent}",
                                     spec.label or spec.worker))
-        await rt.sockets.dialled(conn)
-        if not fut.done():  # the agent proved the job's credentials: serve its workers
-            rt.on_lost.setdefault(self.agent, self._agent_lost)
-            controller = rt.sockets.listen_tcp(advertise=route_to(self.host), job=self._job)
-            # the controller's import path goes first (a shared filesystem has it)
-            env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
-            conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
-                                           spec.restart, spec.label, spec.bootstrap,
-                                           spec.partition_timeout, spec.keep_alive))
-        pid = await fut  # a failed dial failed it, before anything listened for the job
+        sent = False
+        try:
+            await rt.sockets.dialled(conn)
+            if not fut.done():  # the agent proved the job's credentials: serve its workers
+                rt.on_lost.setdefault(self.agent, self._agent_lost)
+                controller = rt.sockets.listen_tcp(advertise=route_to(self.host), job=self._job)
+                # the controller's import path goes first (a shared filesystem has it)
+                env = {**spec.env, "MESHIO_SYS_PATH": json.dumps([p for p in sys.path if p])}
+                conn.send_message(LaunchWorker(req, spec.worker, spec.addr, controller, env,
+                                               spec.restart, spec.label, spec.bootstrap,
+                                               spec.partition_timeout, spec.keep_alive))
+                sent = True
+            # (a failed dial failed it, before anything listened for the job)
+            pid = await asyncio.shield(fut)
+        except BaseException:  # given up (cancelled): nobody will own what it starts
+            if not sent:
+                conn.pending.pop(req, None)
+                fut.cancel()
+            elif not fut.done():
+                fut.add_done_callback(lambda f: self._started_for_nobody(conn, spec.worker, f))
+            raise
         proc = self._watch(conn, spec.worker, pid, spec.label or spec.worker,
                            spec.partition_timeout)
         if spec.partition_timeout is not None:
             rt.state(_Remote).watch(proc)
         return proc
+
+    @staticmethod
+    def _started_for_nobody(conn: Connection, worker: str, fut: asyncio.Future[int]) -> None:
+        """The agent answered a launch given up meanwhile: a worker it started
+        is killed (nobody would ever stop it); a failure is nobody's."""
+        if not fut.cancelled() and fut.exception() is None:
+            conn.send_message(SignalWorker(worker, signal.SIGKILL))
 
     def _watch(self, conn: Connection, worker: str, pid: int, label: str,
                partition_timeout: float | None = None) -> RemoteProc:
