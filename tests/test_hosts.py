@@ -517,3 +517,17 @@ def test_a_spawn_given_up_while_its_agent_is_silent_leaves_nothing_behind(
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["given up", "served 1"], out.stdout
     assert "never retrieved" not in out.stderr, out.stderr
+
+
+async def test_agents_on_ipv6_serve(tmp_path: Path) -> None:
+    """Agents listening on an IPv6 address (``host="::1"``) serve: the
+    controller listens for their workers on IPv6 too (it listened on IPv4
+    only while telling them an IPv6 address: every start timed out)."""
+    j = ProcessJob(meshes={"hosts": 1}, host="::1", cache_dir=tmp_path / ".meshio")
+    try:
+        state = await j.state()
+        async with state.hosts.spawn_procs(per_host={"procs": 2}) as procs:
+            w = await procs.spawn("w", Where)
+            assert (await asyncio.wait_for(w.echo.call(7), DEADLINE)).values() == [7, 7]
+    finally:
+        await j.kill()

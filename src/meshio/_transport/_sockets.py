@@ -165,18 +165,21 @@ class SocketBackend:
         """Where this runtime listens on TCP, one address per job it drives."""
         return list(self._tcp_listeners.values())
 
-    def listen_tcp(self, bind: str = "0.0.0.0", port: int = 0, *, advertise: str,
+    def listen_tcp(self, bind: str | None = None, port: int = 0, *, advertise: str,
                    job: Credentials) -> str:
         """Listen on TCP too, for the processes of ``job`` (a connection there
         proves its secret, under its TLS): a controller whose workers run on
         other hosts.  Its ``tcp://`` address names the host ``advertise`` (how
-        those hosts reach this one).  One listener per job: a second call for
-        the same job returns the same address."""
+        those hosts reach this one), on every address of its family unless
+        ``bind`` names one.  One listener per job: a second call for the same
+        job returns the same address."""
         addr = self._tcp_listeners.get(job)
         if addr is not None:
             return addr
         if self.rt.closed:
             raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
+        if bind is None:
+            bind = "::" if ":" in advertise else "0.0.0.0"
         addr = self._tcp_listeners[job] = self.listen(tcp_listener(bind, port), advertise, job)
         return addr
 
