@@ -8,7 +8,6 @@ controller serve it.  The page itself, in a real browser:
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from supervision_helpers import W, supervised
 
 import meshio
+from log_watch import loop_reports
 from meshio import Actor, endpoint
 from meshio._dashboard import token
 from meshio._transport._runtime import runtime
@@ -283,11 +283,7 @@ async def test_closing_with_a_live_stream_open_is_quiet(
         procs: meshio.ProcMesh, caplog: pytest.LogCaptureFixture) -> None:
     await procs.spawn("echo", Echo)
     caplog.set_level(logging.ERROR)
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    handler = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _, context: reported.append(context))
-    try:
+    with loop_reports() as reported:
         async with meshio.serve_dashboard() as server:
             stream = events(server.port)  # a browser's tab, open
             try:
@@ -298,9 +294,6 @@ async def test_closing_with_a_live_stream_open_is_quiet(
                         await anext(stream)
             finally:
                 await stream.aclose()
-        gc.collect()
-    finally:
-        loop.set_exception_handler(handler)
     assert reported == [], reported
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 

@@ -16,7 +16,6 @@ import gc
 import logging
 import socket
 import string
-from typing import Any
 from urllib.parse import urlencode
 
 import pytest
@@ -25,6 +24,7 @@ from hypothesis import strategies as st
 
 import meshio
 from fuzz import FUZZ
+from log_watch import loop_reports
 from meshio import _http
 
 GUARD = 30.0
@@ -151,11 +151,7 @@ class Hanging(_http.HTTPServer):
 async def test_closing_while_a_request_is_answered_ends_it_quietly(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR)
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, Any]] = []
-    handler = loop.get_exception_handler()
-    loop.set_exception_handler(lambda _, context: reported.append(context))
-    try:
+    with loop_reports() as reported:
         async with _http.start(Hanging, 0, "127.0.0.1", "test") as server:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             try:
@@ -167,8 +163,5 @@ async def test_closing_while_a_request_is_answered_ends_it_quietly(
                     assert answer == _http.response_head("200 OK", "text/event-stream")
             finally:
                 writer.close()
-        gc.collect()
-    finally:
-        loop.set_exception_handler(handler)
     assert reported == [], reported
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import meshio
-from meshio import Actor, Channel, ClosedResourceError, Port, endpoint
+from meshio import Channel, ClosedResourceError, Port, endpoint
 from meshio._transport import _runtime
+from test_ports_context import Streamer
 
 #: these tests hold on both transports: worker processes and in-process
 pytestmark = pytest.mark.meshio_transports()
@@ -21,13 +22,7 @@ pytestmark = pytest.mark.meshio_transports()
 GUARD = 30.0
 
 
-class Sender(Actor):
-    @endpoint
-    async def stream_to(self, port: Port[int], n: int) -> None:
-        for i in range(n):
-            port.send(i)
-        port.close()
-
+class Sender(Streamer):  # (its stream_to)
     @endpoint
     async def send(self, port: Port[int], value: int) -> None:
         port.send(value)
