@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -61,9 +62,10 @@ def test_observe_example() -> None:
     for rank in (0, 1):
         assert (f"stats    train proc {rank} trainers[{rank}] Trainer.step: calls 3 errors 1 "
                 "p50 ok; restarts 0, cpu>0 True, rss>0 True") in out
-        assert (f'scraped  meshio_endpoint_calls_total{{actor="trainers",'
-                f'endpoint="Trainer.step",host="{socket.gethostname()}",mesh="train",'
-                f'proc="{rank}",rank="{rank}"}} 3.0') in out
+        assert re.search(re.escape(
+            f'scraped  meshio_endpoint_calls_total{{actor="trainers",endpoint="Trainer.step",'
+            f'host="{socket.gethostname()}",mesh="train",mesh_id="train-')
+            + "[0-9a-f]{8}" + re.escape(f'",proc="{rank}",rank="{rank}"}} 3.0'), out)
 
 
 def test_supervised_example() -> None:
