@@ -37,6 +37,7 @@ import socket
 import sys
 import time
 from importlib.resources import files
+from typing import cast
 
 import msgspec
 
@@ -101,9 +102,9 @@ def _utf8_all(value: object) -> object:
     if isinstance(value, str):
         return utf8(value)
     if isinstance(value, dict):
-        return {_utf8_all(k): _utf8_all(v) for k, v in value.items()}
+        return {_utf8_all(k): _utf8_all(v) for k, v in cast("dict[object, object]", value).items()}
     if isinstance(value, list):
-        return [_utf8_all(v) for v in value]
+        return [_utf8_all(v) for v in cast("list[object]", value)]
     return value
 
 

@@ -390,9 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         bind, port = _host_port(args.listen)
-        socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
     except ValueError as e:
         ap.error(str(e))
+    try:
+        socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
     except OSError as e:  # (socket.gaierror)
         ap.error(f"--listen {args.listen!r}: cannot resolve {bind!r}: {e.strerror or e}")
     tls_args = (args.tls_cert, args.tls_key, args.tls_ca)
