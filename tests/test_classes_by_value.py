@@ -69,3 +69,67 @@ def test_actor_class_by_value_refers_to_tensors_and_arrays(tmp_path: Path) -> No
     lines = proc.stdout.splitlines()
     assert f"TOTAL {[15.0 + 6 + 256 * 512] * 2}" in lines, proc.stdout
     assert "LOCAL [0.5, 1.5, 2.5]" in lines, proc.stdout
+
+
+
+ANNOTATED = """
+import asyncio
+import dataclasses
+import enum
+import sys
+from typing import Any
+
+import meshio
+from meshio import Actor, endpoint
+from meshio.testing import in_process_host
+
+
+@dataclasses.dataclass
+class Msg:
+    a: int
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+class UsesMsg(Actor):
+    @endpoint
+    async def typed(self, m: Msg, c: Color) -> int:
+        return m.a + c.value
+
+    @endpoint
+    async def untyped(self, m: Any) -> Any:
+        return m
+
+
+async def main() -> None:
+    host = in_process_host() if sys.argv[1] == "in-process" else meshio.this_host()
+    async with host.spawn_procs(per_host={"procs": 2}) as procs:
+        first = (await procs.spawn("first", UsesMsg)).slice(procs=0)
+        print("TYPED", await first.typed.call_one(Msg(1), Color.RED), flush=True)
+        again = (await procs.spawn("again", UsesMsg)).slice(procs=1)
+        print("AGAIN", await again.typed.call_one(Msg(2), Color.RED), flush=True)
+        print("UNTYPED", await again.untyped.call_one([Msg(3), Color.RED]), flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("transport", ["processes", "in-process"])
+def test_a_class_by_value_used_in_an_annotation_still_pickles(tmp_path: Path,
+                                                              transport: str) -> None:
+    """A dataclass (and an enum) in __main__ used as a parameter's
+    annotation: once msgspec had decoded it (keeping its
+    ``__msgspec_cache__`` on the class), spawning the actor class again
+    failed ("cannot pickle 'msgspec._core.DataclassInfo' object"), and so
+    did passing an instance where the annotation is ``Any``."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(ANNOTATED))
+    proc = subprocess.run([sys.executable, str(script), transport], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=DEADLINE,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "TYPED 2", "AGAIN 3", "UNTYPED [Msg(a=3), <Color.RED: 1>]"], proc.stdout

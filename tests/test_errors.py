@@ -105,6 +105,10 @@ class Faulty(Actor):
         return object()  # type: ignore[return-value]
 
     @endpoint
+    async def pickled_where_int(self) -> list[int]:
+        return [1, 2 + 3j]  # type: ignore[list-item]
+
+    @endpoint
     async def ok(self) -> str:
         return "ok"
 
@@ -328,6 +332,17 @@ async def test_result_not_matching_its_annotation(faulty: Faulty) -> None:
     with pytest.raises(SchemaError, match="unencodable"):
         await one.unencodable.call_one()
     assert await one.ok.call_one() == "ok"
+
+
+async def test_a_pickled_result_names_the_type_that_arrived(faulty: Faulty) -> None:
+    """A result that travels pickled where its annotation wants none said
+    only "Expected `int`, got `ext`"."""
+    one = faulty.slice(procs=0)
+    with pytest.raises(SchemaError, match=r"result of Faulty\.unencodable does not match its "
+                                          r"annotation: Expected `int`, got `object`"):
+        await one.unencodable.call_one()
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `complex` - at `\$\[1\]`"):
+        await one.pickled_where_int.call_one()
 
 
 # ------------------------------------------------------------ constructors

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import random
 import struct
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
@@ -39,6 +41,8 @@ from meshio._transport._serial import (
     Packer,
     TypedDecoder,
     _to_host,
+    dumps,
+    loads,
 )
 from meshio.endpoints._schema import Schema
 
@@ -572,6 +576,111 @@ async def test_bad_result_is_schema_error(store: ActorMesh[Store]) -> None:
         await call(store, "bad_result")
     assert "bad_result" in str(info.value)
     assert await call(store, "ints", [5]) == 5  # the actor is fine
+
+
+def test_a_class_msgspec_decoded_still_pickles_by_value() -> None:
+    """msgspec keeps a cache of its own on a dataclass, an enum, a
+    NamedTuple or a TypedDict it decoded (``__msgspec_cache__``, which
+    cannot be pickled): a class shipped by value (here: defined in a
+    function) then failed to pickle ("cannot pickle
+    'msgspec._core.DataclassInfo' object")."""
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    class Color(enum.Enum):
+        RED = 1
+
+    class Row(typing.NamedTuple):
+        n: int
+
+    class Doc(typing.TypedDict):
+        n: int
+
+    for cls, raw in ((Point, {"x": 1}), (Color, 1), (Row, [1]), (Doc, {"n": 1})):
+        value = msgspec.convert(raw, cls)
+        assert "__msgspec_cache__" in vars(cls), cls  # (what this test is about)
+        for obj in (cls, value, [value]):
+            assert loads(dumps(obj, None), [], 0) == obj
+        assert msgspec.convert(raw, loads(dumps(cls, None), [], 0)) == value
+
+
+class Opaque:
+    """A value msgpack cannot carry: it travels pickled."""
+
+    def __init__(self, n: object) -> None:
+        self.n = n
+
+
+def _refuse(why: str) -> None:
+    raise ValueError(why)
+
+
+class Unpicklable:
+    """Travels pickled; its unpickling raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _refuse, ("not here",)
+
+
+class Results:
+    def ints(self) -> list[int]:
+        raise NotImplementedError
+
+    def one(self) -> int:
+        raise NotImplementedError
+
+    def nothing(self) -> None:
+        raise NotImplementedError
+
+
+INTS = Schema(Results.ints, "Results.ints")
+ONE = Schema(Results.one, "Results.one")
+
+
+@FUZZ
+@given(value=st.complex_numbers(allow_nan=False) | st.fractions()
+       | st.builds(Opaque, st.integers() | st.just(b"o" * OOB_THRESHOLD)),  # (a big pickle:
+       #   out of band)
+       before=st.integers(0, 3), after=st.integers(0, 2), top=st.booleans())
+def test_a_pickled_result_that_does_not_fit_names_its_python_type(
+        value: Any, before: int, after: int, top: bool) -> None:
+    """A result pickled where the annotation wants no pickle said only
+    "Expected `int`, got `ext`": it names the type that arrived, and where."""
+    schema, result, where = ((ONE, value, "") if top else
+                             (INTS, [0] * before + [value] + [1] * after, f" - at `$[{before}]`"))
+    packer = Packer()
+    body = schema.pack_result(result, packer)
+    bufs = [bytes(memoryview(b)) for b, _ in packer]
+    with pytest.raises(meshio.SchemaError) as info:
+        schema.unpack_result(body, bufs)
+    assert str(info.value) == (f"result of Results.{'one' if top else 'ints'} does not match its "
+                               f"annotation: Expected `int`, got `{type(value).__name__}`{where}")
+
+
+def test_a_pickled_result_that_cannot_be_unpickled_says_why() -> None:
+    for schema, result, where in ((ONE, Unpicklable(), ""),
+                                  (INTS, [1, Unpicklable()], " - at `$[1]`")):
+        packer = Packer()
+        body = schema.pack_result(result, packer)
+        with pytest.raises(meshio.SchemaError) as info:
+            schema.unpack_result(body, [bytes(memoryview(b)) for b, _ in packer])
+        assert str(info.value).endswith(
+            "Expected `int`, got a pickle, which cannot be unpickled here "
+            f"(ValueError: not here){where}"), info.value
+
+
+@FUZZ
+@given(body=st.binary(max_size=256), bufs=st.lists(st.binary(max_size=32), max_size=2))
+def test_any_result_bytes_decode_or_are_refused(body: bytes, bufs: list[bytes]) -> None:
+    """Naming a pickle's type decodes the result again: any bytes still give
+    a value or a SchemaError."""
+    for schema in (INTS, ONE, Schema(Results.nothing, "Results.nothing")):
+        try:
+            schema.unpack_result(body, list(bufs))
+        except meshio.SchemaError:
+            pass
 
 
 # ------------------------------------------------------ Packer (unit tests)

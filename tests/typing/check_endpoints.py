@@ -158,6 +158,54 @@ async def wrong_arguments(procs: ProcMesh) -> None:
     del bad, worse
 
 
+# ------------------------------------------------------------------ signatures
+
+
+class Signatures(Actor):
+    """``*args``, ``**kwargs`` and positional-only parameters keep their types
+    (mypy once refused ``@endpoint`` on a method taking ``**kwargs``)."""
+
+    @endpoint
+    async def var(self, *a: int, **k: int) -> str:
+        return f"{a} {k}"
+
+    @endpoint
+    async def kw(self, **k: float) -> list[str]:
+        return list(k)
+
+    @endpoint
+    def dvar(self, x: int, *rest: int) -> str:
+        return f"{x} {rest}"
+
+    @endpoint(concurrent=True)
+    async def ckw(self, n: int, **k: str) -> int:
+        return n + len(k)
+
+    @endpoint
+    async def po(self, x: int, /) -> int:
+        return x
+
+
+async def signatures(procs: ProcMesh) -> None:
+    s = await procs.spawn("s", Signatures)
+    assert_type(await s.var.call_one(), str)
+    assert_type(await s.var.call_one(1, 2, z=3), str)
+    assert_type(await s.kw.call(z=1.5), ValueMesh[list[str]])
+    assert_type(await s.dvar.call_one(1, 2, 3), str)
+    assert_type(await s.dvar.choose(x=1), str)
+    assert_type(await s.ckw.call_one(1, a="b"), int)
+    assert_type(await s.po.call_one(1), int)
+    assert_type(await s.call(Signatures.var, 1, z=2), ValueMesh[str])
+    s.var.call_one(1, "two")  # type: ignore[arg-type]
+    s.var.call_one(z="three")  # type: ignore[arg-type]
+    s.kw.call_one(1.5)  # type: ignore[call-arg]
+    s.dvar.call_one()  # type: ignore[call-arg]
+    s.ckw.call_one(1, a=2)  # type: ignore[arg-type]
+    s.po.call_one(x=1)  # type: ignore[call-arg]
+    bad: int = await s.kw.call_one()  # type: ignore[assignment]
+    del bad
+
+
 # ------------------------------------------------------------------ the honest form
 
 

@@ -323,6 +323,11 @@ def ascii_memory(s: str) -> Any:
     return memoryview(array).cast("B")
 
 
+#: attributes msgspec sets on a class it decodes (a dataclass, an enum, a
+#: ``TypedDict``, a ``NamedTuple``, an attrs class): a cache of its own,
+#: which cannot be pickled; a class shipped by value travels without it
+#: (the receiver's msgspec makes its own)
+_CLASS_CACHES: Final = ("__msgspec_cache__",)
 _STRUCT_CONFIG: Final = ("frozen", "eq", "order", "array_like", "gc", "omit_defaults",
                          "forbid_unknown_fields", "repr_omit_defaults", "cache_hash", "dict",
                          "weakref", "tag", "tag_field")
@@ -359,7 +364,7 @@ def _reduce_struct_class(cls: Any) -> Any:
     kwargs["rename"] = rename or None
     if "__post_init__" in vars(cls):  # read by StructMeta at creation too
         ns["__post_init__"] = vars(cls)["__post_init__"]
-    skip = {*ns, *cls.__struct_fields__, "__slots__", "__dict__", "__weakref__"}
+    skip = {*ns, *cls.__struct_fields__, *_CLASS_CACHES, "__slots__", "__dict__", "__weakref__"}
     later = {k: v for k, v in vars(cls).items() if k not in skip}  # methods, class vars
     return (_make_struct_class,
             (type(cls), cls.__name__, cls.__bases__, ns, factories, kwargs, _tracker_id(cls)),
@@ -422,10 +427,23 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             t, mem, device = _tensor_memory(tensor)
             return _rebuild_tensor, (pickle.PickleBuffer(mem), str(t.dtype), list(t.shape),
                                      list(t.stride()), device, tensor.requires_grad)
-        if (isinstance(obj, type) and issubclass(obj, msgspec.Struct)
-                and obj is not msgspec.Struct and not _by_reference(obj)):
-            return _reduce_struct_class(obj)
+        if isinstance(obj, type) and not _by_reference(obj):
+            if issubclass(obj, msgspec.Struct) and obj is not msgspec.Struct:
+                return _reduce_struct_class(obj)
+            return _without_caches(super().reducer_override(obj))
         return super().reducer_override(obj)
+
+
+def _without_caches(reduced: Any) -> Any:
+    """cloudpickle's reduction of a class shipped by value (``(make,
+    args, (class dict, slots), ...)``, its class dict a copy), less
+    :data:`_CLASS_CACHES`: msgspec's cache of a dataclass used in an
+    annotation once made every later pickling of the class fail."""
+    if (type(reduced) is tuple and len(reduced) > 2 and type(reduced[2]) is tuple
+            and reduced[2] and type(reduced[2][0]) is dict):
+        for name in _CLASS_CACHES:
+            reduced[2][0].pop(name, None)
+    return reduced
 
 
 def dumps(obj: Any, out: OutBuffers | None) -> bytes:
@@ -785,6 +803,32 @@ class TypedDecoder:
             return self._validated(self._convert_lazily, data)
         finally:
             _tls.bufs = None
+
+    def explain(self, data: Any, bufs: Buffers, error: msgspec.ValidationError) -> str:
+        """msgspec's message for ``error``, met decoding ``data`` (not
+        lazily), naming the Python type of a pickled value where it says
+        only that an extension value arrived ("Expected `int`, got `ext`"):
+        the error path alone decodes ``data`` again, unpickling it as a
+        ``decode`` where the annotation allows a pickle would (where that
+        raises, the message says so)."""
+        message = str(error)
+        if "got `ext`" not in message:
+            return message
+        _tls.bufs = bufs
+        try:
+            msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+        except msgspec.ValidationError as e:
+            return str(e)
+        except BaseException as e:  # its reconstruction raised
+            try:
+                why = f"{type(e).__name__}: {e}"
+            except BaseException:  # (its __str__ too)
+                why = type(e).__name__
+            return message.replace(
+                "got `ext`", f"got a pickle, which cannot be unpickled here ({why})", 1)
+        finally:
+            _tls.bufs = None
+        return message
 
     def _convert_lazily(self, data: Any) -> Any:
         """:meth:`decode` with buffers, lazily.  (A method, not a closure: a

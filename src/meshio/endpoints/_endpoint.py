@@ -72,6 +72,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 A = TypeVar("A")
 T = TypeVar("T")
+_A_contra = TypeVar("_A_contra", contravariant=True)
+_R_co = TypeVar("_R_co", covariant=True)
 
 #: what a call does when the actor's mailbox is full (``Endpoint.options``)
 OnFull: TypeAlias = Literal["wait", "raise"]
@@ -261,6 +263,15 @@ class EndpointDescriptor(Generic[A, P, R]):
         return f"<endpoint {self.fn.__qualname__}>"
 
 
+class _Method(Protocol[_A_contra, P, _R_co]):
+    """A method whose first parameter is named ``self``, for mypy: a method
+    taking ``**kwargs`` is no ``Callable[Concatenate[A, P], R]`` there (its
+    ``self`` could also be passed by keyword, which ``Concatenate`` rules
+    out); this names it, so ``P`` is inferred all the same."""
+
+    def __call__(_method, self: _A_contra, *args: P.args, **kwargs: P.kwargs) -> _R_co: ...
+
+
 class _EndpointDecorator(Protocol):
     @overload
     def __call__(
@@ -268,6 +279,10 @@ class _EndpointDecorator(Protocol):
     ) -> EndpointDescriptor[A, P, R]: ...
     @overload
     def __call__(self, fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
+    @overload
+    def __call__(self, fn: _Method[A, P, Awaitable[R]], /) -> EndpointDescriptor[A, P, R]: ...
+    @overload
+    def __call__(self, fn: _Method[A, P, R], /) -> EndpointDescriptor[A, P, R]: ...
 
 
 @overload
@@ -276,6 +291,10 @@ def endpoint(
 ) -> EndpointDescriptor[A, P, R]: ...
 @overload
 def endpoint(fn: Callable[Concatenate[A, P], R], /) -> EndpointDescriptor[A, P, R]: ...
+@overload
+def endpoint(fn: _Method[A, P, Awaitable[R]], /) -> EndpointDescriptor[A, P, R]: ...
+@overload
+def endpoint(fn: _Method[A, P, R], /) -> EndpointDescriptor[A, P, R]: ...
 @overload
 def endpoint(*, concurrent: bool = False, retryable: bool = False,
              retry: Retry | None = None) -> _EndpointDecorator: ...

@@ -13,10 +13,12 @@ names a class the receiver cannot import, a bad extension or buffer.
 from __future__ import annotations
 
 import inspect
+import reprlib
 import sys
+import types
 import typing
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -36,12 +38,22 @@ class Schema:
     ``fn`` is an unbound method; its first parameter (``self``) is skipped.
     """
 
+    # Slots: the calls read these attributes (a dict would do too, until a
+    # process makes more schemas than CPython's shared instance keys allow
+    # for: reading one from a dict that no longer shares them costs more).
+    __slots__ = ("_args", "_check", "_clashes", "_defaults", "_each", "_fields", "_hints",
+                 "_keywords", "_none", "_npos", "_posonly", "_ready", "_result", "_sent",
+                 "_spreads", "_types", "_varkw", "_varpos", "fn", "names", "positional",
+                 "qualname", "required", "result_type", "result_typed", "typed")
+
     def __init__(self, fn: Callable[..., Any], qualname: str,
                  hints: dict[str, Any] | None = None) -> None:
-        self.fn = fn
-        self.qualname = qualname
-        self._hints = hints
-        self._ready = False
+        self.fn: Callable[..., Any] = fn
+        self.qualname: str = qualname
+        self._hints: dict[str, Any] | None = hints
+        self._ready: bool = False
+        #: whether :meth:`pack_result` checks a result (until built: builds)
+        self._check: bool = True
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Ship resolved annotations: a class pickled by value (defined in
@@ -55,77 +67,97 @@ class Schema:
 
     def _build(self) -> None:
         sig = inspect.signature(self.fn)
-        params = list(sig.parameters.values())[1:]
+        every = list(sig.parameters.values())
+        params = every[1:]
         try:
             hints = self._hints if self._hints is not None else typing.get_type_hints(self.fn)
         except Exception as e:  # unresolvable forward reference: stay untyped
             raise SchemaError(
                 f"{self.qualname}: cannot resolve annotations ({e}); define the "
                 "referenced types at module level") from e
-        self.loose: bool = any(p.kind in _VARIADIC for p in params)
+        kinds = {p.kind: p.name for p in params}
+        #: the names of the ``*args`` and ``**kwargs`` parameters (None: no such)
+        self._varpos: str | None = kinds.get(inspect.Parameter.VAR_POSITIONAL)
+        self._varkw: str | None = kinds.get(inspect.Parameter.VAR_KEYWORD)
+        named = [p for p in params if p.kind not in _VARIADIC]
         self.positional: tuple[str, ...] = tuple(
-            p.name for p in params
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-        self.names: frozenset[str] = frozenset(p.name for p in params if p.kind not in _VARIADIC)
+            p.name for p in named if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        self._posonly: tuple[str, ...] = tuple(
+            p.name for p in named if p.kind is p.POSITIONAL_ONLY)
+        #: the call is not ``fn(self, **fields)``: it is rebuilt from the
+        #: fields received (:meth:`_spread`)
+        self._spreads = bool(self._posonly) or self._varpos is not None or self._varkw is not None
+        self.names: frozenset[str] = frozenset(p.name for p in named)
+        #: the parameters an argument may be passed to by name (``self`` too,
+        #: unless positional-only: a ``**kwargs`` key of that name is a clash)
+        self._keywords = self.names - frozenset(self._posonly)
+        self._clashes = self._keywords | frozenset(
+            p.name for p in every[:1] if p.kind is not p.POSITIONAL_ONLY)
         self.required: frozenset[str] = frozenset(
-            p.name for p in params if p.kind not in _VARIADIC and p.default is p.empty)
+            p.name for p in named if p.default is p.empty)
         #: some parameter has a default (an argument may be left out)
         self._defaults = self.required != self.names
         #: how many positional arguments bind alone (-1: none do)
         self._npos = len(self.positional) if (
-            not self.loose and self.names == frozenset(self.positional)) else -1
+            self._varpos is None and self._varkw is None
+            and self.names == frozenset(self.positional)) else -1
         self.typed: dict[str, bool] = {}
-        self._types: dict[str, Any] = (
-            {"args": list[Any], "kwargs": dict[str, Any]} if self.loose else {})
+        #: by field of the argument Struct: its type (``*args``: a list of
+        #: the annotation's type, ``**kwargs``: a map of names to it)
+        self._types: dict[str, Any] = {}
         self._each: dict[str, TypedDecoder] = {}
         fields: list[tuple[str, Any, Any]] = []
         for p in params:
-            if p.kind in _VARIADIC:
-                continue
             tp, typed = decoder_for(hints.get(p.name, Any))
             self.typed[p.name] = typed
-            if not self.loose:
-                self._types[p.name] = tp
+            if p.kind is p.VAR_POSITIONAL:
+                tp = types.GenericAlias(list, (tp,))
+            elif p.kind is p.VAR_KEYWORD:
+                tp = types.GenericAlias(dict, (str, tp))
+            self._types[p.name] = tp
             if p.default is p.empty:
                 fields.append((p.name, tp, msgspec.NODEFAULT))
             else:
                 fields.append((p.name, tp | msgspec.UnsetType if typed else tp, msgspec.UNSET))
+        #: the argument Struct's fields (``*args`` and ``**kwargs``: always sent)
+        self._fields = frozenset(self._types)
+        self._sent = self.required | (self._fields - self.names)
         struct = msgspec.defstruct(
             f"{self.qualname}.args", fields, kw_only=True, forbid_unknown_fields=True)
-        self._args = TypedDecoder(Any if self.loose else struct)
+        self._args = TypedDecoder(struct)
         rtp = hints.get("return", Any)
-        if rtp is type(None):
-            rtp = None
         if _is_awaitable(rtp):
             rtp = typing.get_args(rtp)[-1] if typing.get_args(rtp) else Any
         self.result_type: Any
         self.result_typed: bool
         self.result_type, self.result_typed = decoder_for(rtp)
         self._result = TypedDecoder(self.result_type)
+        #: ``-> None``: a result is checked on the actor (:meth:`pack_result`)
+        self._none = rtp is type(None) or rtp is None
+        self._check = self._none
         self._ready = True
 
     # ------------------------------------------------------------- sender
 
     def pack_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], packer: Packer) -> bytes:
         """A call's arguments, encoded by name (positional ones bound to
-        their parameters, the names checked cheaply).
+        their parameters, the names checked cheaply; ``*args`` as a list,
+        ``**kwargs`` as a map, each by its parameter's name).
 
         Raises:
             SchemaError: they do not fit the signature, or cannot be sent.
+            TypeError: a positional-only parameter is given by keyword (as
+                Python raises).
         """
         if not self._ready:
             self._build()
-        if self.loose:
-            bound = {"args": args, "kwargs": kwargs}
-        elif not kwargs and len(args) == self._npos:  # every parameter, by position
+        if not kwargs and len(args) == self._npos:  # every parameter, by position
             # (one: a display, 4x cheaper than dict(zip()) per call)
             bound = ({self.positional[0]: args[0]} if self._npos == 1
                      else dict(zip(self.positional, args)))
         else:
             bound = self._bind(args, kwargs)
         try:
-            if self.loose:
-                return packer.pack(bound, False)
             return packer.pack_map(bound, self.typed)
         except SchemaError as e:  # over the message size limit
             raise SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
@@ -136,6 +168,8 @@ class Schema:
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Arguments by name, checked against the signature."""
+        if self._spreads:
+            return self._bind_spread(args, kwargs)
         if args:
             if len(args) > len(self.positional):
                 raise SchemaError(
@@ -149,19 +183,75 @@ class Schema:
         else:
             bound = kwargs
         if not bound.keys() <= self.names:
-            unknown = sorted(bound.keys() - self.names)
-            raise SchemaError(
-                f"{self.qualname}() got unexpected keyword argument(s) {unknown}; "
-                f"it accepts {sorted(self.names)}")
+            self._unexpected(bound.keys() - self.names)
         if not self.required <= bound.keys():
-            missing = sorted(self.required - bound.keys())
-            raise SchemaError(f"{self.qualname}() missing required argument(s) {missing}")
+            self._missing(bound.keys())
         return bound
 
+    def _bind_spread(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`_bind` for a signature with positional-only parameters,
+        ``*args`` or ``**kwargs``: bound as Python binds them, the extra
+        positional arguments a list, the extra keyword ones a map."""
+        npos = len(self.positional)
+        if len(args) > npos and self._varpos is None:
+            raise SchemaError(f"{self.qualname}() takes {npos} positional argument(s) but "
+                              f"{len(args)} were given")
+        bound = dict(zip(self.positional, args))
+        if self._varpos is not None:
+            bound[self._varpos] = list(args[npos:])
+        extra: dict[str, Any] = {}
+        unknown: list[str] = []
+        for k, v in kwargs.items():
+            if k in self._keywords:
+                if k in bound:
+                    raise SchemaError(f"{self.qualname}() got multiple values for argument {k!r}")
+                bound[k] = v
+            elif self._varkw is None:
+                unknown.append(k)
+            elif k in self._clashes:  # (``self``)
+                raise SchemaError(f"{self.qualname}() got multiple values for argument {k!r}")
+            else:
+                extra[k] = v
+        if unknown:
+            by_position = [k for k in unknown if k in self.names]
+            if by_position:
+                raise TypeError(
+                    f"{self.qualname}() got some positional-only arguments passed as keyword "
+                    f"arguments: {', '.join(map(repr, by_position))}; pass them by position")
+            self._unexpected(unknown)
+        if self._varkw is not None:
+            bound[self._varkw] = extra
+        if not self.required <= bound.keys():
+            self._missing(bound.keys())
+        return bound
+
+    def _unexpected(self, names: Iterable[str]) -> NoReturn:
+        raise SchemaError(
+            f"{self.qualname}() got unexpected keyword argument(s) {sorted(names)}; "
+            f"it accepts {sorted(self._keywords)}")
+
+    def _missing(self, given: Iterable[str]) -> NoReturn:
+        missing = sorted(self.required.difference(given))
+        raise SchemaError(f"{self.qualname}() missing required argument(s) {missing}")
+
     def pack_result(self, value: Any, packer: Packer) -> bytes:
+        """A result, encoded.
+
+        Raises:
+            SchemaError: ``fn`` is annotated ``-> None`` and ``value`` is not
+                None, or the result is over the message size limit.
+        """
+        if self._check:  # not built yet, or ``-> None``
+            self._check_result(value)
+        return packer.pack(value, self.result_typed)
+
+    def _check_result(self, value: Any) -> None:
         if not self._ready:
             self._build()
-        return packer.pack(value, self.result_typed)
+        if self._none and value is not None:
+            raise SchemaError(
+                f"it does not match its annotation `-> None`: got `{type(value).__qualname__}` "
+                f"{_describe(value)}; return None, or annotate the type it returns")
 
     # ----------------------------------------------------------- receiver
 
@@ -177,11 +267,11 @@ class Schema:
             raise SchemaError(f"bad arguments for {self.qualname}: {e}") from None
         except Exception:  # a pickle to run, or bad data: argument by argument
             return self._unpack_each(data, bufs)
-        if self.loose:
-            return self._variadic(value)
         kwargs: dict[str, Any] = msgspec.structs.asdict(value)
         if self._defaults:  # a parameter not sent keeps its default (UNSET: left out)
             kwargs = {name: v for name, v in kwargs.items() if v is not msgspec.UNSET}
+        if self._spreads:
+            return self._spread(kwargs)
         return (), kwargs
 
     def _unpack_each(self, data: Any, bufs: Buffers) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -192,11 +282,10 @@ class Schema:
             raws = _raw_map.decode(data)
         except Exception as e:
             raise SchemaError(f"undecodable arguments for {q}: {_why(e)}") from None
-        names = {"args", "kwargs"} if self.loose else self.names
-        if not raws.keys() <= names:
+        if not raws.keys() <= self._fields:
             raise SchemaError(f"bad arguments for {q}: unknown argument(s) "
-                              f"{sorted(raws.keys() - names)}")
-        missing = (names if self.loose else self.required) - raws.keys()
+                              f"{sorted(raws.keys() - self._fields)}")
+        missing = self._sent - raws.keys()
         if missing:
             raise SchemaError(f"bad arguments for {q}: missing argument(s) {sorted(missing)}")
         values: dict[str, Any] = {}
@@ -218,7 +307,7 @@ class Schema:
             except BaseException as e:  # the value's own reconstruction code raised
                 raise SchemaError(f"argument {name!r} of {q} cannot be decoded in this "
                                   f"process: {_why(e)}") from None
-        return self._variadic(values) if self.loose else ((), values)
+        return self._spread(values) if self._spreads else ((), values)
 
     def _decoder(self, name: str) -> TypedDecoder:
         dec = self._each.get(name)
@@ -226,14 +315,33 @@ class Schema:
             dec = self._each[name] = TypedDecoder(self._types[name])
         return dec
 
-    def _variadic(self, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        fields = cast("dict[str, Any]", value) if type(value) is dict else {}
-        args, kwargs = fields.get("args"), fields.get("kwargs")
-        if (type(args) is not list or type(kwargs) is not dict
-                or not all(type(k) is str for k in fields["kwargs"])):
-            raise SchemaError(f"bad arguments for {self.qualname}: expected a map of "
-                              "'args' (an array) and 'kwargs' (a map with string keys)")
-        return tuple(fields["args"]), fields["kwargs"]
+    def _spread(self, fields: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's ``(args, kwargs)`` from the fields received (``fields``
+        itself becomes ``kwargs``): positional-only parameters by position,
+        and every positional one where there is an ``*args``; the keys of
+        ``**kwargs`` by name beside the other parameters."""
+        by_position = self.positional if self._varpos is not None else self._posonly
+        args: list[Any] = []
+        for name in by_position:
+            if name not in fields:  # left out: it keeps its default, and those after it
+                break
+            args.append(fields.pop(name))
+        if self._varpos is not None:
+            rest: list[Any] = fields.pop(self._varpos)
+            if rest and len(args) < len(by_position):
+                raise SchemaError(f"bad arguments for {self.qualname}: {self._varpos!r} "
+                                  f"holds values, but {by_position[len(args)]!r} was left out")
+            args += rest
+        if not fields.keys().isdisjoint(by_position):
+            raise SchemaError(f"bad arguments for {self.qualname}: "
+                              f"{by_position[len(args)]!r} was left out, but not those after it")
+        if self._varkw is not None:
+            extra: dict[str, Any] = fields.pop(self._varkw)
+            if not self._clashes.isdisjoint(extra):
+                raise SchemaError(f"bad arguments for {self.qualname}: {self._varkw!r} "
+                                  f"names parameter(s) {sorted(self._clashes & extra.keys())}")
+            fields.update(extra)
+        return tuple(args), fields
 
     def unpack_result(self, data: Any, bufs: Buffers) -> Any:
         if not self._ready:
@@ -241,8 +349,8 @@ class Schema:
         try:
             return self._result.decode(data, bufs)
         except msgspec.ValidationError as e:
-            raise SchemaError(
-                f"result of {self.qualname} does not match its annotation: {e}") from None
+            raise SchemaError(f"result of {self.qualname} does not match its annotation: "
+                              f"{self._result.explain(data, bufs, e)}") from None
         except BaseException as e:  # bad data, or the value's reconstruction code raised
             raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
                               f"process: {_why(e)}") from None
@@ -255,6 +363,14 @@ def _why(e: BaseException) -> str:
     t = type(e)
     name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     return f"{name}: {e}"
+
+
+def _describe(value: Any) -> str:
+    """A short repr of ``value`` (a user's value: its ``__repr__`` may raise)."""
+    try:
+        return reprlib.repr(value)
+    except Exception as e:
+        return f"<unprintable: {_why(e)}>"
 
 
 def _at(e: msgspec.ValidationError, name: str) -> str:
