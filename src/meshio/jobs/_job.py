@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from .._checks import is_number, too_large
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
@@ -35,7 +36,8 @@ from ._agent import check_idle_timeout, tls_flags
 from ._remote import attach
 
 __all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_job_name", "check_meshes", "check_tls", "read_cache", "read_own_cache",
+           "check_job_name", "check_meshes", "check_start_timeout", "check_tls", "read_cache",
+           "read_own_cache",
            "record_resize", "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
@@ -141,6 +143,19 @@ def check_job_name(kind: str, name: object) -> str:
     if not name.replace("-", "_").isidentifier():
         raise ValueError(f"{kind}: job name {name!r} must be letters, digits, - and _")
     return name
+
+
+def check_start_timeout(what: str, start_timeout: object) -> None:
+    """A scheduler job's ``start_timeout=``: seconds > 0.
+
+    Raises:
+        TypeError: not a number.
+        ValueError: zero, negative or NaN.
+    """
+    if not (is_number(start_timeout) and start_timeout > 0):
+        kind = ValueError if is_number(start_timeout) else TypeError
+        raise kind(f"{what}: start_timeout must be seconds > 0, got {start_timeout!r}"
+                   f"{too_large(start_timeout)}")
 
 
 def check_tls(what: str, tls: object) -> TLSConfig | None:

@@ -32,7 +32,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from .._checks import is_number, too_large
 from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import check_idle_timeout, tls_flags
@@ -40,6 +39,7 @@ from ._job import (
     JobCacheError,
     JobState,
     check_meshes,
+    check_start_timeout,
     check_tls,
     read_cache,
     record_resize,
@@ -179,10 +179,7 @@ class KubernetesJob:
                              f"{image!r}")
         if idle_timeout is not None:
             check_idle_timeout(idle_timeout, f"{this}: idle_timeout")
-        if not (is_number(start_timeout) and start_timeout > 0):
-            kind = ValueError if is_number(start_timeout) else TypeError
-            raise kind(f"{this}: start_timeout must be seconds > 0, got {start_timeout!r}"
-                       f"{too_large(start_timeout)}")
+        check_start_timeout(this, start_timeout)
         for what, given in (("env", env), ("resources", resources), ("pod_spec", pod_spec)):
             if given is not None and not (isinstance(given, Mapping)
                                           and all(isinstance(k, str) for k in given)):

@@ -42,7 +42,6 @@ from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
 
-from .._checks import is_number, too_large
 from .._proc_mesh import HostMesh
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
@@ -51,6 +50,7 @@ from ._job import (
     AgentsJob,
     check_job_name,
     check_meshes,
+    check_start_timeout,
     check_tls,
     read_own_cache,
     resize_job,
@@ -201,10 +201,7 @@ class SlurmJob(AgentsJob):
         if isinstance(sbatch_args, str) or not all(isinstance(a, str) for a in sbatch_args):
             raise TypeError(f"{what}: sbatch_args must be a list of str, one option each "
                             f"(e.g. ['--gpus-per-node=8']), got {sbatch_args!r}")
-        if not (is_number(start_timeout) and start_timeout > 0):
-            kind = ValueError if is_number(start_timeout) else TypeError
-            raise kind(f"{what}: start_timeout must be seconds > 0, got {start_timeout!r}"
-                       f"{too_large(start_timeout)}")
+        check_start_timeout(what, start_timeout)
         self.partition: str | None = partition
         self.time_limit: str | None = time_limit
         self.exclusive: bool = exclusive
