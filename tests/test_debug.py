@@ -63,6 +63,13 @@ def ask(debug: pexpect.spawn, line: str, until: str = PDB) -> list[str]:
     return debug.before.splitlines()[1:]  # (after the echo of what was typed)
 
 
+def exited_cleanly(child: pexpect.spawn) -> None:
+    """Wait for ``child`` to end; it must exit with 0."""
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
 def close(*children: pexpect.spawn) -> None:
     """End ``children`` if still running, and close their terminals."""
     for child in children:
@@ -91,9 +98,7 @@ def test_the_controller_s_own_terminal_debugs(env: dict[str, str]) -> None:
         controller.sendline("continue all")
         controller.expect_exact("meshio: back to the program")
         controller.expect(r"results \[21, 61\]")
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
     finally:
         close(controller)
 
@@ -153,9 +158,7 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
 
         debug.sendline("continue all")
         controller.expect(r"results \[21, 61\]")
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
         assert controller.before.count("paused at") == 0  # each pause announced once
         assert "has been running for" not in seen_on(controller)  # paused, not stalled
         debug.expect(pexpect.EOF)
@@ -204,9 +207,7 @@ def test_stepping_out_of_the_endpoint_continues(env: dict[str, str], rank: int) 
         assert step_out(debug)[-1] == f"meshio: steppers rank {rank} continued"
         controller.expect(r"results \[21, 61\]")
         controller.expect(r"steppers answered \[0, 1\]")
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
         assert "paused at" not in seen_on(controller).split("bystander 1 answered")[1]
     finally:
         close(controller, *([debug] if debug is not None else []))
@@ -250,14 +251,10 @@ def test_attach_names_what_exists(env: dict[str, str]) -> None:
         debug.sendline("attach bystanders 1")
         debug.expect_exact(waiting)
         debug.sendeof()
-        debug.expect(pexpect.EOF)
-        debug.close()
-        assert debug.exitstatus == 0
+        exited_cleanly(debug)
         controller.sendline("go")
         controller.expect(r"results \[21, 61\]")
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
     finally:
         close(controller, *([debug] if debug is not None else []))
 
@@ -282,9 +279,7 @@ def test_paused_actor_answers_heartbeats(env: dict[str, str]) -> None:
         assert controller.match.group(1) == "11"
         assert "not responding" not in controller.before
         assert "has been running for" not in seen_on(controller)  # paused, not stalled
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
     finally:
         close(controller, *([debug] if debug is not None else []))
 
@@ -309,9 +304,7 @@ def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
         assert ask(debug, "q", PROMPT)[-1] == \
             "meshio: remote rank 0 quit (its endpoint raises bdb.BdbQuit)"
         controller.expect_exact("failed: bdb.BdbQuit")
-        controller.expect(pexpect.EOF)
-        controller.close()
-        assert controller.exitstatus == 0
+        exited_cleanly(controller)
     finally:
         close(controller, *([debug] if debug is not None else []))
 

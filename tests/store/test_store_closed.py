@@ -109,11 +109,16 @@ async def follow(store: WeightStore) -> list[int]:
     return seen
 
 
+async def learner_and_readers(procs: meshio.ProcMesh) -> tuple[Learner, Reader, Reader]:
+    """The store's owner, a reader in its process, and one in the other."""
+    return (await procs.slice(procs=0).spawn("learner", Learner),
+            await procs.slice(procs=0).spawn("beside", Reader),
+            await procs.slice(procs=1).spawn("other", Reader))
+
+
 async def test_readers_waiting_on_a_stopped_owner_are_told_it_closed() -> None:
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
-        learner = await procs.slice(procs=0).spawn("learner", Learner)
-        beside = await procs.slice(procs=0).spawn("beside", Reader)
-        other = await procs.slice(procs=1).spawn("other", Reader)
+        learner, beside, other = await learner_and_readers(procs)
         store = await learner.handle.call_one()
         await learner.step.call_one(1)
         waiting: dict[str, asyncio.Future[Any]] = {
@@ -174,9 +179,7 @@ async def test_an_old_handle_keeps_its_last_version() -> None:
     memory), and in the controller; never the new store's, never what
     freed memory holds."""
     async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
-        first = await procs.slice(procs=0).spawn("learner", Learner)
-        beside = await procs.slice(procs=0).spawn("beside", Reader)
-        other = await procs.slice(procs=1).spawn("other", Reader)
+        first, beside, other = await learner_and_readers(procs)
         old = await first.handle.call_one()
         await first.step.call_one(3)
         assert old.latest == 3 and await other.latest.call_one(old) == 3
