@@ -28,7 +28,6 @@ from ._transport._connection import (
     Pending,
     Settle,
     Slot,
-    after_reads,
     ignore_result,
 )
 from ._transport._credit import Gate, Waiting, Window, budget
@@ -36,7 +35,7 @@ from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
 from ._transport._runtime import Runtime, actor_thread, runtime
 from ._transport._serial import OutBuffers, limits
-from ._transport._tasks import owning
+from ._transport._tasks import owning, when_done
 from .endpoints._endpoint import Endpoint, EndpointDescriptor
 
 if TYPE_CHECKING:
@@ -643,7 +642,7 @@ class _CallFuture(asyncio.Future[Any]):
         self.request = None
         if p is not None:
             p.given_up(msg == DEADLINE)
-        if not after_reads(getattr(self, "reads", None), functools.partial(super().cancel, msg)):
+        if not when_done(getattr(self, "reads", None), functools.partial(super().cancel, msg)):
             return super().cancel(msg)
         return True
 

@@ -81,6 +81,7 @@ from ._serial import (
     OutBuffers,
     limits,
 )
+from ._tasks import when_done
 
 if TYPE_CHECKING:
     from ._credentials import Credentials
@@ -221,20 +222,9 @@ class Pending:
     def lent(self, read: asyncio.Future[None]) -> None:
         """The call's large arguments are read from this process's memory
         until ``read`` is done (:meth:`Connection.send`): its future, if
-        cancelled meanwhile, is cancelled only then (:func:`after_reads`), so
+        cancelled meanwhile, is cancelled only then (:func:`~._tasks.when_done`), so
         that its caller may change them once the ``await`` ended.  (A future
         of the caller's own is left as is.)"""
-
-
-def after_reads(reads: list[asyncio.Future[None]] | None, then: Callable[[], object]) -> bool:
-    """Call ``then`` once every future of ``reads`` (a call's lent
-    arguments, :meth:`Pending.lent`) is done; False, calling nothing, if
-    they all are already."""
-    left = [r for r in reads or () if not r.done()]
-    if not left:
-        return False
-    asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: then())
-    return True
 
 
 #: the message a call's future is cancelled with when its deadline passed
@@ -400,7 +390,7 @@ class _Gathered(asyncio.Future[Any]):
             return False
         g = self.gathering
         g.abandon(msg)
-        if not after_reads(g.reads, functools.partial(super().cancel, msg)):
+        if not when_done(g.reads, functools.partial(super().cancel, msg)):
             super().cancel(msg)
         return True
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("TaskOwner", "awaited", "owning")
+__all__ = ("TaskOwner", "awaited", "owning", "when_done")
 
 T = TypeVar("T")
 
@@ -105,6 +105,17 @@ def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
     return asyncio.ensure_future(aw)
 
 
+def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], object]) -> bool:
+    """Call ``then`` once every future of ``futs`` (a call's lent
+    arguments, ``Pending.lent``; the calls an adverb owns) is done; False,
+    calling nothing, if they all are already."""
+    left = [f for f in futs or () if not f.done()]
+    if not left:
+        return False
+    asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: then())
+    return True
+
+
 def owning(coro: Coroutine[Any, Any, T], calls: Sequence[asyncio.Future[Any]]
            ) -> asyncio.Future[T]:
     """:func:`awaited` for ``coro`` (what an adverb with a deadline or a
@@ -137,13 +148,10 @@ class _Owning(asyncio.Future[T]):
     def _ended(self, task: asyncio.Future[T]) -> None:
         for f in self._calls:
             f.cancel()
-        left = [f for f in self._calls if not f.done()]
-        if left:
-            asyncio.gather(*left, return_exceptions=True).add_done_callback(self._settle)
-        else:
-            self._settle(None)
+        if not when_done(self._calls, self._settle):
+            self._settle()
 
-    def _settle(self, _: object) -> None:
+    def _settle(self) -> None:
         task = self._task
         if self.done():
             return
