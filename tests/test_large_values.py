@@ -166,13 +166,25 @@ def slow_copies() -> None:
 def slow_reads() -> None:
     """A bootstrap (pickled by reference): this process reads what comes in
     at 16 MiB/s, 64 KiB at a time, as a worker on a crowded core, or behind
-    a slow link, does."""
+    a slow link, does.  Its sockets' receive buffers are bounded: the
+    sender sees data move only as its kernel takes it, and what the
+    kernel already holds for us (loopback grows a receive buffer up to
+    ``tcp_rmem``'s 32 MiB here, two seconds at this speed) is invisible to
+    it; a real slow link holds far less."""
+    import socket
     import time
 
     from meshio._transport import _connection
 
+    made = _connection.Connection.connection_made
     get_buffer = _connection.Connection.get_buffer
     update = _connection.Connection.buffer_updated
+
+    def bounded(self: Any, transport: Any) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+        made(self, transport)
 
     def small(self: Any, sizehint: int) -> memoryview:
         return get_buffer(self, sizehint)[:64 << 10]
@@ -181,6 +193,7 @@ def slow_reads() -> None:
         time.sleep(nbytes / (16 << 20))
         update(self, nbytes)
 
+    _connection.Connection.connection_made = bounded  # type: ignore[method-assign]
     _connection.Connection.get_buffer = small  # type: ignore[method-assign]
     _connection.Connection.buffer_updated = slow  # type: ignore[method-assign]
 
