@@ -1,11 +1,12 @@
 """The small HTTP server under ``serve_metrics`` and ``serve_dashboard``
 against what any client on the network may send: a request that is no
 HTTP, a head over the size limit, a method other than GET, no request at
-all.  Each gets a status that says what was wrong (400, 431, 405, 408) and
-nothing is logged as an unhandled error; the server answers the next
-request.  An answer that fails (a bug of the server's own) is a 500,
-logged by meshio.  Closed while it answers (a server-sent event stream
-held open), it ends the answer quietly.  Its request-head parser, fuzzed:
+all.  Each gets a status that says what was wrong (400, 431, 405 with
+``Allow``, 408) and nothing is logged as an unhandled error; the server
+answers the next request, its lines ended in CRLF or a bare LF.  An
+answer that fails (a bug of the server's own) is a 500, logged by
+meshio.  Closed while it answers (a server-sent event stream held open),
+it ends the answer quietly.  Its request-head parser, fuzzed:
 any bytes give a request or a ``ValueError``, and well-formed heads parse
 to what they say."""
 
@@ -73,9 +74,13 @@ async def test_hostile_requests_get_a_status_saying_what_was_wrong(
         # a client that connects and sends nothing (its connection held open)
         got, body = status_and_body(await exchange(server.port, b"", send_eof=False))
         assert got == "408 Request Timeout" and "0.3 s" in body, body
-        # the server goes on answering
-        got, body = status_and_body(await exchange(server.port, b"GET /metrics HTTP/1.1\r\n\r\n"))
-        assert got == "200 OK" and "meshio_" in body
+        # a method other than GET is told which is allowed
+        answer = await exchange(server.port, b"PUT /metrics HTTP/1.1\r\n\r\n")
+        assert b"\r\nAllow: GET\r\n" in answer.partition(b"\r\n\r\n")[0], answer
+        # the server goes on answering, lines ended in CRLF or a bare LF (typed by hand)
+        for request in (b"GET /metrics HTTP/1.1\r\n\r\n", b"GET /metrics HTTP/1.0\nHost: x\n\n"):
+            got, body = status_and_body(await exchange(server.port, request))
+            assert got == "200 OK" and "meshio_" in body, (request, got)
     gc.collect()  # (a task's exception nobody retrieved is logged when it is collected)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
@@ -124,13 +129,15 @@ _VALUE = st.text(string.ascii_letters + string.digits + " -._~=/:;,", max_size=3
 @FUZZ
 @given(method=_TOKEN, path=st.lists(_WORD, max_size=4).map(lambda ws: "/" + "/".join(ws)),
        query=st.dictionaries(_WORD, _WORD, max_size=3),
-       headers=st.dictionaries(_TOKEN.map(str.lower), _VALUE, max_size=5))
+       headers=st.dictionaries(_TOKEN.map(str.lower), _VALUE, max_size=5),
+       end=st.sampled_from(["\r\n", "\n"]))
 def test_a_well_formed_head_parses_to_what_it_says(
-        method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> None:
+        method: str, path: str, query: dict[str, str], headers: dict[str, str],
+        end: str) -> None:
     target = path + ("?" + urlencode(query) if query else "")
-    head = (f"{method} {target} HTTP/1.1\r\n"
-            + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-            + "\r\n").encode()
+    head = (f"{method} {target} HTTP/1.1{end}"
+            + "".join(f"{name}: {value}{end}" for name, value in headers.items())
+            + end).encode()
     assert _http._parse(head) == _http.Request(method, path, query, headers)
 
 

@@ -52,7 +52,7 @@ def _parse(head: bytes) -> Request:
     Raises:
         ValueError: it is no HTTP request.
     """
-    first, *lines = head.decode("latin-1").split("\r\n")
+    first, *lines = (line.removesuffix("\r") for line in head.decode("latin-1").split("\n"))
     words = first.split()
     if len(words) != 3 or not words[2].startswith("HTTP/"):
         raise ValueError(f"request line {first[:60]!r} is not 'METHOD TARGET HTTP/VERSION'")
@@ -78,12 +78,30 @@ def response_head(status: str, content_type: str, length: int | None = None,
             f"Cache-Control: no-store\r\n{extra}Connection: close\r\n\r\n").encode()
 
 
-def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:
+def _refuse(writer: asyncio.StreamWriter, status: str, why: str, extra: str = "") -> None:
     """Answer a request that gets nothing else with ``status`` and why
-    (plain text, at most 200 characters of ``why``)."""
+    (plain text, at most 200 characters of ``why``; ``extra`` headers)."""
     body = f"{status}: {why[:200]}\n".encode()
     writer.write(response_head(status, "text/plain; charset=utf-8", len(body),
-                               "X-Content-Type-Options: nosniff\r\n") + body)
+                               f"X-Content-Type-Options: nosniff\r\n{extra}") + body)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """A request's head, up to its blank line (lines may end in a bare LF,
+    as a hand-typed request's do).
+
+    Raises:
+        asyncio.LimitOverrunError: it is over :data:`MAX_REQUEST` bytes.
+        asyncio.IncompleteReadError: the client stopped sending before its end.
+    """
+    head = bytearray()
+    while True:
+        line = await reader.readuntil(b"\n")
+        head += line
+        if len(head) > MAX_REQUEST:
+            raise asyncio.LimitOverrunError("the request's head is too long", len(head))
+        if line in (b"\n", b"\r\n"):
+            return bytes(head)
 
 
 def start(cls: type[_S], port: int, host: str, who: str) -> _S:
@@ -211,7 +229,7 @@ class HTTPServer:
         """Read the request of a connection, answer it and close the connection."""
         try:
             try:
-                head = await within(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+                head = await within(_read_head(reader), REQUEST_TIMEOUT)
                 request = _parse(head)
             except asyncio.LimitOverrunError:
                 _refuse(writer, "431 Request Header Fields Too Large",
@@ -225,7 +243,8 @@ class HTTPServer:
                 _refuse(writer, "400 Bad Request", f"not an HTTP request ({e})")
             else:
                 if request.method != "GET":
-                    _refuse(writer, "405 Method Not Allowed", f"GET only, not {request.method}")
+                    _refuse(writer, "405 Method Not Allowed", f"GET only, not {request.method}",
+                            "Allow: GET\r\n")
                 else:
                     await self._answer_get(request, writer)
             await writer.drain()
