@@ -582,6 +582,31 @@ async def test_a_stale_cache_is_reported_and_replaced(tmp_path: Path, cluster: F
     assert len(cluster.names("pods")) == 3  # the old pods went with their jobs
 
 
+async def test_a_cache_of_another_shape_is_given_back_not_orphaned(
+        tmp_path: Path, cluster: FakeCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The script run with other meshes (or namespace): the job the cache
+    names is deleted before the new one is created (its objects of the
+    names in common would refuse the new ones, 409, and the others would
+    run on with nobody to delete them), but never a namesake of one of its
+    objects.  ``kill()`` of a job of any shape deletes what the cache names."""
+    await make_job(tmp_path).apply()  # trainers 2, generators 1
+    cluster.delete("ml", "services", "rl-generators")  # replaced by a namesake
+    cluster.create("ml", "services", {"metadata": {"name": "rl-generators"}})
+    namesake = cluster.objects["ml", "services", "rl-generators"]
+    smaller = make_job(tmp_path, meshes={"trainers": 1})
+    with caplog.at_level(logging.WARNING, "meshio"):
+        await smaller.apply()
+    assert "holds a job with meshes {'trainers': 2, 'generators': 1}" in caplog.text
+    assert cluster.names("jobs") == ["rl-trainers"] and len(cluster.names("pods")) == 1
+    assert cluster.objects["ml", "services", "rl-generators"] is namesake
+    assert json.loads(smaller.cache.read_text())["meshes"] == {"trainers": 1}
+    cluster.delete("ml", "services", "rl-generators")
+
+    await make_job(tmp_path, namespace="other").kill()  # the cache's job, in ml
+    assert not cluster.objects
+    assert not smaller.cache.exists() and not smaller.secret_file.exists()
+
+
 async def test_a_namesake_object_is_a_cluster_error_and_nothing_is_left(
         tmp_path: Path, cluster: FakeCluster) -> None:
     """An object of the job's name exists (another job, or kubectl): apply()

@@ -42,6 +42,7 @@ from ._job import (
     check_start_timeout,
     check_tls,
     read_cache,
+    read_own_cache,
     record_resize,
     resize_job,
     write_cache,
@@ -478,8 +479,10 @@ class KubernetesJob:
             ClusterError: the cluster refused a deletion.
             TimeoutError: objects still there after ``start_timeout`` (a
                 finalizer that does not finish); the cache is kept.
+            JobCacheError: an unsafe cache file, or one that holds a job of
+                another kind.
         """
-        await asyncio.to_thread(self._delete, _client(self.context))
+        await asyncio.to_thread(self._kill, _client(self.context))
         self.cache.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)
         self._ips = None
@@ -487,18 +490,18 @@ class KubernetesJob:
 
     # ------------------------------------------------------ the client (a thread)
 
+    def _kill(self, client: tuple[Any, Any]) -> None:
+        self._release_other(*client)
+        self._delete(client)
+
     def _apply(self) -> dict[str, str]:
         k8s, api = _client(self.context)
         with _reaching(self.name):
             return self._apply_with(k8s, api)
 
     def _apply_with(self, k8s: Any, api: Any) -> dict[str, str]:
-        entry = read_cache(self.cache, self.kind, self.meshes)
-        if entry is not None and (entry.get("namespace"), entry.get("workload")) != (
-                self.namespace, self.workload):
-            log.warning("meshio: job cache %s is for namespace %s (%s); starting a new job",
-                        self.cache, entry.get("namespace"), entry.get("workload"))
-            entry = None
+        self._release_other(k8s, api)
+        entry = read_own_cache(self.cache, self.kind)
         docs = self.manifests()
         if entry is not None:
             gone = self._gone(k8s, api, docs, entry["uids"])
@@ -517,7 +520,7 @@ class KubernetesJob:
         except BaseException:
             for made_as in uids:  # only what this call made, never a namesake found there
                 kind, name = made_as.split("/")
-                self._delete_one(k8s, api, kind, name)
+                self._delete_one(k8s, api, self.namespace, kind, name)
             raise
         write_cache(self.cache, {"kind": self.kind, "meshes": self.meshes,
                                  "namespace": self.namespace, "workload": self.workload,
@@ -529,10 +532,10 @@ class KubernetesJob:
         cls, suffix = _APIS[kind]
         return getattr(getattr(k8s.client, cls)(api), f"{verb}_{suffix}")
 
-    def _read(self, k8s: Any, api: Any, kind: str, name: str) -> Any | None:
-        """The live object ``kind``/``name``; None if there is none."""
+    def _read(self, k8s: Any, api: Any, ns: str, kind: str, name: str) -> Any | None:
+        """The live object ``kind``/``name`` of namespace ``ns``; None if there is none."""
         try:
-            return self._method(k8s, api, kind, "read")(name, self.namespace,
+            return self._method(k8s, api, kind, "read")(name, ns,
                                                         _request_timeout=REQUEST_TIMEOUT)
         except k8s.client.ApiException as e:
             if e.status != 404:
@@ -545,7 +548,7 @@ class KubernetesJob:
         gone: list[str] = []
         for doc in docs:
             kind, name = doc["kind"], doc["metadata"]["name"]
-            live = self._read(k8s, api, kind, name)
+            live = self._read(k8s, api, self.namespace, kind, name)
             if live is None:
                 gone.append(f"{kind} {name} is gone")
             elif live.metadata.uid != uids.get(f"{kind}/{name}"):
@@ -603,6 +606,7 @@ class KubernetesJob:
                            f"-l {JOB_LABEL}={self.name})")
 
     def _delete(self, client: tuple[Any, Any]) -> None:
+        """Delete the job's objects and wait until they are gone."""
         k8s, api = client
         workload = "Job" if self.workload == "job" else "StatefulSet"
         objects = [(kind, obj) for obj in self._objects.values()
@@ -612,15 +616,40 @@ class KubernetesJob:
             objects.append(("Secret", f"{self.name}-tls"))
         with _reaching(self.name):
             deleted = [(kind, name) for kind, name in objects
-                       if self._delete_one(k8s, api, kind, name)]
-            self._wait_gone(k8s, api, deleted)
+                       if self._delete_one(k8s, api, self.namespace, kind, name)]
+            self._wait_gone(k8s, api, self.namespace, deleted)
 
-    def _delete_one(self, k8s: Any, api: Any, kind: str, name: str) -> bool:
-        """Delete one object; whether there was one."""
+    def _release_other(self, k8s: Any, api: Any) -> None:
+        """Give back the job the cache names if it is not this job (other
+        meshes, namespace or workload: a script whose job changed shape),
+        rather than orphan it: delete the objects it made (those with the
+        uids it recorded, never a namesake) and forget it."""
+        entry = read_own_cache(self.cache, self.kind)
+        if entry is None or (entry.get("meshes"), entry.get("namespace"),
+                             entry.get("workload")) == (self.meshes, self.namespace,
+                                                        self.workload):
+            return
+        ns, uids = entry.get("namespace"), entry.get("uids")
+        log.warning("meshio: job cache %s holds a job with meshes %s in namespace %s (%s), not "
+                    "this one's; deleting its objects", self.cache, entry.get("meshes"), ns,
+                    entry.get("workload"))
+        if isinstance(ns, str) and isinstance(uids, dict):
+            objects = [(kind, name) for kind, _, name in (key.partition("/") for key in uids)
+                       if kind in _APIS]
+            with _reaching(self.name):
+                deleted = [(kind, name) for kind, name in objects
+                           if (live := self._read(k8s, api, ns, kind, name)) is not None
+                           and live.metadata.uid == uids[f"{kind}/{name}"]
+                           and self._delete_one(k8s, api, ns, kind, name)]
+                self._wait_gone(k8s, api, ns, deleted)
+        self.cache.unlink()
+
+    def _delete_one(self, k8s: Any, api: Any, ns: str, kind: str, name: str) -> bool:
+        """Delete one object of namespace ``ns``; whether there was one."""
         try:
             # Background: the Job's or StatefulSet's pods go too.  The answer
             # (the object or a Status, by kind and version) is not decoded.
-            self._method(k8s, api, kind, "delete")(name, self.namespace,
+            self._method(k8s, api, kind, "delete")(name, ns,
                                                    propagation_policy="Background",
                                                    _preload_content=False,
                                                    _request_timeout=REQUEST_TIMEOUT).read()
@@ -630,7 +659,7 @@ class KubernetesJob:
             return False
         return True
 
-    def _wait_gone(self, k8s: Any, api: Any, objects: list[tuple[str, str]]) -> None:
+    def _wait_gone(self, k8s: Any, api: Any, ns: str, objects: list[tuple[str, str]]) -> None:
         """Wait until the deleted ``objects`` are gone: one with a finalizer
         stays, terminating, and creating its name again meanwhile is refused
         (409).  An object of that name not terminating is a new one, not
@@ -639,7 +668,7 @@ class KubernetesJob:
         delay = 0.1
         while True:
             left = [(kind, name) for kind, name in objects
-                    if (live := self._read(k8s, api, kind, name)) is not None
+                    if (live := self._read(k8s, api, ns, kind, name)) is not None
                     and live.metadata.deletion_timestamp is not None]
             if not left:
                 return
@@ -648,7 +677,7 @@ class KubernetesJob:
                     f"KubernetesJob {self.name!r}: {', '.join(f'{k} {n}' for k, n in left)} "
                     f"still terminating after {self.start_timeout:g} s (a finalizer that does "
                     f"not finish? kubectl get {left[0][0].lower()} {left[0][1]} -n "
-                    f"{self.namespace} -o yaml)")
+                    f"{ns} -o yaml)")
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(2 * delay, 2.0)
             objects = left
