@@ -66,6 +66,7 @@ def test_slurm_job_options_of_the_wrong_type_are_refused(tmp_path: Path) -> None
             ({"exclusive": "no"}, TypeError, "exclusive must be a bool"),
             ({"start_timeout": 0}, ValueError, "start_timeout must be seconds > 0"),
             ({"start_timeout": float("nan")}, ValueError, "start_timeout must be seconds > 0"),
+            ({"start_timeout": 10**400}, ValueError, "start_timeout must be .* too large"),
             ({"start_timeout": None}, TypeError, "start_timeout must be seconds > 0")]
     for kw, error, match in cases:
         with pytest.raises(error, match=match):

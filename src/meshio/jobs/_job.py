@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from .._checks import is_number, too_large
+from .._checks import beyond_float, is_number, too_large
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
@@ -150,10 +150,11 @@ def check_start_timeout(what: str, start_timeout: object) -> None:
 
     Raises:
         TypeError: not a number.
-        ValueError: zero, negative or NaN.
+        ValueError: zero, negative, NaN, or an int no float holds (as
+            ``idle_timeout``).
     """
     if not (is_number(start_timeout) and start_timeout > 0):
-        kind = ValueError if is_number(start_timeout) else TypeError
+        kind = ValueError if is_number(start_timeout) or beyond_float(start_timeout) else TypeError
         raise kind(f"{what}: start_timeout must be seconds > 0, got {start_timeout!r}"
                    f"{too_large(start_timeout)}")
 
