@@ -138,6 +138,7 @@ import sys
 
 import meshio
 from meshio import Actor, endpoint
+from meshio._launcher import Forward
 
 LIMIT = 1 << 16
 PREFIX = "[procs procs=0] "
@@ -197,12 +198,19 @@ class Writer(Actor):
         sys.stdout.write("crlf line\\r\\n")
         sys.stdout.flush()
 
+    @endpoint
+    def draw(self, n: int) -> None:
+        for i in range(n):  # a line redrawn, not ended
+            sys.stdout.write(f"\\rframe {i}")
+            sys.stdout.flush()
+
 
 async def main() -> None:
     n = 5 * LIMIT + 1001
     total = len(text_of(n).encode())
     out = sys.stdout
     rec = sys.stdout = Recorder()
+    Forward.REDRAW_EVERY = float("inf")  # (however slow this machine is)
     try:
         async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
             writer = await procs.spawn("writer", Writer)
@@ -216,6 +224,11 @@ async def main() -> None:
             await rec.until(lambda: rec.content() == text_of(n))
             await writer.progress.call_one(3000)
             await rec.until(lambda: "crlf line" in rec.content())
+            Forward.REDRAW_EVERY = 0.0  # every drawing goes out once redrawn
+            await writer.draw.call_one(4)
+            await rec.until(lambda: "frame 2" in rec.content())
+            await writer.end_line.call_one()
+            await rec.until(lambda: "frame 3" in rec.content())
     finally:
         sys.stdout = out
     with open("forwarded.txt", "w", encoding="utf-8", newline="") as f:
@@ -251,7 +264,8 @@ def test_an_unfinished_line_is_forwarded_in_bounded_pieces(long_lines: tuple[str
     assert "held back" not in output, output
     lines = forwarded.split("\n")
     assert lines[-1] == "" and all(line.startswith("[procs procs=0] ") for line in lines[:-1])
-    pieces = [line.removeprefix("[procs procs=0] ") for line in lines[:-3]]
+    pieces = [line.removeprefix("[procs procs=0] ")
+              for line in lines[:lines.index("[procs procs=0] all 3000 done")]]
     assert len(pieces) >= 6
     assert all(0 < len(p.encode()) <= LINE_LIMIT for p in pieces), [len(p) for p in pieces]
     unit = "abcd\u00e9\u20ac\U0001d11exyz0123456789"
@@ -264,8 +278,11 @@ def test_a_line_redrawn_with_carriage_returns_goes_out_as_it_last_looked(
         long_lines: tuple[str, str]) -> None:
     """A progress bar (3000 redraws after ``\\r``, some 160 KB, one line)
     is held as its last drawing only, and goes out once, as a terminal
-    would show it at its end; ``\\r\\n`` ends a line as ``\\n`` does."""
+    would show it at its end; ``\\r\\n`` ends a line as ``\\n`` does.
+    While a line is redrawn, its drawings go out every ``REDRAW_EVERY``
+    seconds (here 0: each once the next begins), before the line ends."""
     _, forwarded = long_lines
-    assert forwarded.split("\n")[-3:] == [
-        "[procs procs=0] all 3000 done", "[procs procs=0] crlf line", ""]
+    assert forwarded.split("\n")[-7:] == [
+        "[procs procs=0] all 3000 done", "[procs procs=0] crlf line",
+        *(f"[procs procs=0] frame {i}" for i in range(4)), ""]
     assert "\r" not in forwarded

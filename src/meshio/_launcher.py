@@ -30,6 +30,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, cast
@@ -374,10 +375,14 @@ class Forward(asyncio.Protocol):
     the rest follows on the next ones (cut between UTF-8 characters).  A
     ``\\r`` within a line (a progress bar redrawn in place, as tqdm does)
     is honoured as a terminal would show it: text after it replaces what is
-    held, so such a line goes out once, as it last looked, when it ends."""
+    held, so such a line goes out as it last looked when it ends, and
+    while it is redrawn, as it looked then, every :data:`REDRAW_EVERY`
+    seconds (a bar that runs for an hour is seen moving)."""
 
     #: bytes of an unfinished line held at most before they go out
     LINE_LIMIT = 1 << 16
+    #: seconds between the drawings of a redrawn line that go out before it ends
+    REDRAW_EVERY = 5.0
 
     def __init__(self, label: str, stream: Stream) -> None:
         self._prefix = f"{label} ".encode()
@@ -387,6 +392,8 @@ class Forward(asyncio.Protocol):
         self._held_len = 0
         #: a CR came after what is held: new text replaces it
         self._redraw = False
+        #: when the line being held started, or last went out redrawn
+        self._shown = 0.0
         _LineGate.install(stream)
         _watch_cells()
 
@@ -415,8 +422,13 @@ class Forward(asyncio.Protocol):
                 self._redraw = bool(self._held)
             if not text:
                 continue
-            if self._redraw:
+            if self._redraw:  # (what is held is a whole drawing)
+                if time.monotonic() - self._shown >= self.REDRAW_EVERY:
+                    out.append(self._prefix + b"".join(self._held) + b"\n")
+                    self._shown = time.monotonic()
                 self._held, self._held_len, self._redraw = [], 0, False
+            elif not self._held:  # a line starts
+                self._shown = time.monotonic()
             self._held.append(text)
             self._held_len += len(text)
         while self._held_len > self.LINE_LIMIT:
