@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 import msgspec
 
 from ._constants import MAX_QUEUED
-from ._context import call_chain
+from ._context import call_scope
 from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
 from ._extent import Extent, MeshShape, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -286,7 +286,12 @@ class ActorMesh(MeshShape, Generic[A]):
         while it waits (None: it went now)."""
         assert self._hosts is not None
         rt = self._route.runtime()
-        chain, trace = call_chain(), current_trace() if TRACING else ""
+        scope, trace = call_scope(), current_trace() if TRACING else ""
+        chain = () if scope is None else scope.chain
+        if scope is not None and scope.seq and answers is not None and not desc.concurrent:
+            for rank, settle in zip(self._region.ranks, answers.slots
+                                    if isinstance(answers, Gathering) else answers):
+                scope.wait_for(self._target, rank, settle)
         gate = None if desc.concurrent else self._route.gate(rt)  # (concurrent: not bounded)
         addrs = [] if gate is None else [
             a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
@@ -483,16 +488,24 @@ class _Route:
         req = self.pending(conn, index, desc, answer) if answer is not None else 0
         # (a concurrent call starts on arrival, never queued)
         bounded = not desc.concurrent
+        scope = call_scope()
+        if scope is None:
+            chain: tuple[str, ...] = ()
+        else:
+            chain = scope.chain
+            if scope.seq and bounded and answer is not None:
+                scope.wait_for(self.target, self.ranks[index], answer)
         if self.numbered:
-            return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline)
+            return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline,
+                                      chain)
         if bounded:
             window = conn.windows.get(self.target) or self.window(conn)
             if window.used >= window.limit or window.waiting:
                 return window.wait(Call(req, self.target, desc.name, msgspec.Raw(body),
-                                        call_chain(), 0, "", None, True,
+                                        chain, 0, "", None, True,
                                         current_trace() if TRACING else ""), out, deadline)
             window.used += 1
-        conn.call(Call(req, self.target, desc.name, msgspec.Raw(body), call_chain(), 0, "",
+        conn.call(Call(req, self.target, desc.name, msgspec.Raw(body), chain, 0, "",
                        None if deadline is None else budget(deadline), bounded,
                        current_trace() if TRACING else ""), out)
         return None
@@ -516,13 +529,14 @@ class _Route:
 
     def send_numbered(self, rt: Runtime, conn: Connection, addr: str, req: int,
                       desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
-                      bounded: bool, deadline: float | None) -> Waiting | None:
+                      bounded: bool, deadline: float | None,
+                      chain: tuple[str, ...]) -> Waiting | None:
         """:meth:`send` of request ``req`` on ``conn`` to a mesh spanning
         hosts: the call is numbered as it goes (see
         :mod:`meshio._transport._credit`).  (Apart from :meth:`send`, whose
         frame then makes no closure cells per call.)"""
         gate, target = self.gate(rt), self.target
-        chain, trace = call_chain(), current_trace() if TRACING else ""
+        trace = current_trace() if TRACING else ""
 
         def go() -> None:
             if req and req not in conn.pending:

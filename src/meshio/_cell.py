@@ -359,12 +359,19 @@ class ActorCell:
             else:
                 task.add_done_callback(self.tasks.discard)
             return
-        if msg.req and msg.chain and self.serving is not None \
-                and f"{self.identity}#{self.seq}" in msg.chain:
-            if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin)
-            self._fail(conn, msg.req, self._deadlock(msg, desc))
-            return
+        if msg.req and msg.chain and self.serving is not None:
+            # A call that waits (through its chain) for the one under way
+            # here, or whose chain holds an actor the one under way waits
+            # for (two calls each waiting for a call to the other's actor)
+            # would wait forever: it fails now.
+            scope = self.scope
+            reentrant = f"{self.identity}#{self.seq}" in msg.chain
+            waited = None if reentrant or scope is None else scope.waiting_for(msg.chain)
+            if reentrant or waited is not None:
+                if msg.bounded:
+                    took(conn, self.target, self.credit_batch, msg.origin)
+                self._fail(conn, msg.req, self._deadlock(msg, desc, waited))
+                return
         waiter = self.waiter
         if waiter is not None and not waiter.done() and self._begin(waiter, conn, msg, bufs,
                                                                     deadline):
@@ -422,18 +429,27 @@ class ActorCell:
             waiter.set_result(None)
         return True
 
-    def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None) -> ErrorInfo:
+    def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None,
+                  waited: str | None) -> ErrorInfo:
+        """Why ``msg`` fails: it waits for the call under way (reentrant), or
+        the call under way waits for actor ``waited`` of its chain."""
         names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
         chain = " -> ".join([*names, self.where])
         busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
         called = desc.fn.__qualname__ if desc is not None else msg.method
+        if waited is None:
+            why = (f"reentrant call would deadlock: {chain}: {self.where} is busy with {busy}, "
+                   f"which waits (through this chain) for this call to {called}")
+        else:
+            other = waited.split("#")[0].rsplit("/", 1)[-1]
+            why = (f"call would deadlock: {chain}: {self.where} is busy with {busy}, which "
+                   f"waits for a call to {other}, while {other} is busy with a call that "
+                   f"waits (through this chain) for this call to {called}")
         return ErrorInfo(
             "deadlock", "DeadlockError",
-            f"reentrant call would deadlock: {chain}: {self.where} is busy with {busy}, "
-            f"which waits (through this chain) for this call to {called}, and a normal "
-            f"endpoint runs only after the call under way; mark {called} "
-            "@endpoint(concurrent=True) to let it run while the actor is busy, or do not "
-            "call back into a caller that waits", actor=self.ctx.actor_name,
+            f"{why}, and a normal endpoint runs only after the call under way; mark "
+            f"{called} @endpoint(concurrent=True) to let it run while the actor is busy, or "
+            "do not call an actor that waits for you", actor=self.ctx.actor_name,
             rank=self.ctx.point.rank)
 
     def cancel(self, conn: Connection, req: int, expired: bool = False) -> None:
@@ -710,8 +726,11 @@ class ActorCell:
             if mailbox:
                 # (Its scope stays set in the mailbox task's context, where
                 # nothing else runs before the next call sets its own: a
-                # context variable set costs ~1k instructions.)
+                # context variable set costs ~1k instructions.  What it
+                # waited for goes: answers are not kept until then.)
                 self.serving = None
+                if scope.waits is not None:
+                    scope.waits = None
 
     async def _until_read(self, read: asyncio.Future[None]) -> None:
         """A large result is read from this process's memory after it was

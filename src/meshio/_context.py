@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -97,6 +98,12 @@ class CallScope(msgspec.Struct, gc=False):
     cancelled: bool = False
     paused_at: float | None = None
     paused_for: float = 0.0
+    #: while the call holds its actor's mailbox: the answers it may wait
+    #: for from a mailbox of another actor, ``(target, rank, answer)``
+    #: (:meth:`wait_for`); None once it ended, or if it made none
+    waits: list[tuple[str, int, Any]] | None = None
+    #: how long :attr:`waits` may grow before answers in already are dropped
+    waits_limit: int = 64
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -106,6 +113,37 @@ class CallScope(msgspec.Struct, gc=False):
         is made, not per call served."""
         server = f"{self.server}#{self.seq}" if self.seq else self.server
         return (*self.caller_chain, server)
+
+    def wait_for(self, target: str, rank: int, answer: Any) -> None:
+        """Record that this call (holding its mailbox: :attr:`seq`) may wait
+        for ``answer`` (its ``done()`` says when not) from a normal
+        endpoint of actor ``rank`` of ``target``: that call queues behind
+        whatever that actor's mailbox serves, and a call that actor serves
+        which waits for a call to this one is a deadlock the cell tells
+        (:meth:`~meshio._cell.Cell.post`)."""
+        waits = self.waits
+        if waits is None:
+            waits = self.waits = []
+        elif len(waits) >= self.waits_limit:  # (a long call making many: amortized)
+            waits[:] = [w for w in waits if not w[2].done()]
+            self.waits_limit = 2 * len(waits) + 64
+        waits.append((target, rank, answer))
+
+    def waiting_for(self, chain: tuple[str, ...]) -> str | None:
+        """The entry of ``chain`` (``"<target>[<rank>]#<n>"``: an actor
+        whose mailbox call waits for the call ``chain`` came with) whose
+        actor this call waits for an answer from, if any."""
+        waits = self.waits
+        if not waits:
+            return None
+        for entry in chain:
+            server, hashed, _ = entry.partition("#")
+            target, _, rank = server.rpartition("[")
+            if hashed and rank[:-1].isdigit():
+                n = int(rank[:-1])
+                if any(w[0] == target and w[1] == n and not w[2].done() for w in waits):
+                    return entry
+        return None
 
     def pause(self, paused: bool) -> None:
         """pdb paused the call (True) or let it go on (False)."""
@@ -121,11 +159,10 @@ _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
     "meshio_call_scope", default=None)
 
 
-def call_chain() -> tuple[str, ...]:
-    """What a call made now carries as ``Call.chain``: :attr:`CallScope.chain`
-    of the call under way; empty outside any."""
-    scope = _scope.get()
-    return () if scope is None else scope.chain
+#: the call under way here (its :attr:`CallScope.chain` is what a call made
+#: now carries as ``Call.chain``); None outside any.  (The variable's own
+#: ``get``: no Python frame per call made.)
+call_scope: Callable[[], CallScope | None] = _scope.get
 
 
 def _own(thing: Any) -> None:
