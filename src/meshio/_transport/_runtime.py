@@ -426,16 +426,18 @@ class Runtime:
             receiver._lost(conn)
         self.fanout.lost(conn)
         cause = f"connection lost ({exc})" if exc else "connection closed"
+        tcp = tcp_endpoint(conn.peer or "")
+        host = self.host if tcp is None else tcp[0]
         windows_lost(conn, lambda: SupervisionError(
             f"{cause} to process {conn.peer_pid} at {conn.peer} while a broadcast waited for "
-            "room in its actors' mailboxes", pid=conn.peer_pid, cause=cause))
+            "room in its actors' mailboxes", host=host, pid=conn.peer_pid, cause=cause))
         hook = self.on_lost.get(conn.peer or "")
         if hook is not None:
             hook(conn)
         else:
             conn.fail_all(lambda p: SupervisionError(
                 f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
-                f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank,
+                f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank, host=host,
                 pid=conn.peer_pid, cause=cause))
         if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
             self.fanout.gone(conn.peer)
@@ -515,6 +517,8 @@ class Runtime:
             case Hello() if conn.peer is not None:  # a runtime this one dialled names itself
                 if msg.addr != conn.peer:
                     self.aliases[msg.addr] = conn.peer
+                if conn.peer_pid == -1:  # (named in the errors of calls to it)
+                    conn.peer_pid = msg.pid
             case Hello():
                 if conn.peer_pid not in (-1, msg.pid):  # SO_PEERCRED knows better
                     log.warning("meshio: refused a connection to %s from pid %d: its Hello "

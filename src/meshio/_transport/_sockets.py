@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from .._exceptions import AuthenticationError, ClosedResourceError, MeshioError, SupervisionError
 from ._connection import Connection, Pending
 from ._credentials import Credentials
-from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, tcp_address
+from ._handshake import HANDSHAKE_TIMEOUT, HandshakeProtocol, peer_creds, tcp_address
 from ._tasks import within
 
 if TYPE_CHECKING:
@@ -295,6 +295,9 @@ class SocketBackend:
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
             proven.set_result(None)
+            creds = peer_creds(transport)  # (named in the errors of calls to it)
+            if creds is not None:
+                conn.peer_pid = creds[0]
             transport.set_protocol(conn)
             conn.connection_made(transport)
             feed(conn, transport, leftover)
