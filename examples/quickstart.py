@@ -1,4 +1,7 @@
-"""The README example: a trainer mesh driven with every adverb."""
+"""The README's "In one screen" program, made visible: a trainer mesh driven
+with every adverb, printing what each returns.  Unlike the README's, each
+trainer adds its rank to the loss (so the values tell the ranks apart), and
+a ``count`` endpoint says how many calls each actor served."""
 
 from __future__ import annotations
 

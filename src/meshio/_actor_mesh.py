@@ -625,12 +625,16 @@ def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[A
     mesh or a service, for the message).
 
     Raises:
-        AttributeError: ``cls`` has no such endpoint (its endpoints listed).
+        UnknownEndpointError: ``cls`` has no such endpoint (its endpoints
+            listed); an ``AttributeError``, so ``hasattr`` still answers.
     """
     endpoints = cast("dict[str, EndpointDescriptor[Any, Any, Any]]", cls._meshio_endpoints)
     desc = endpoints.get(name) if not name.startswith("__") else None
     if desc is None:
-        raise AttributeError(f"{what} has no endpoint {name!r} (endpoints: {sorted(endpoints)})")
+        plain = callable(getattr(cls, name, None)) and not name.startswith("_")
+        hint = f"; {cls.__qualname__}.{name} is a method without @endpoint" if plain else ""
+        raise UnknownEndpointError(
+            f"{what} has no endpoint {name!r} (endpoints: {sorted(endpoints)}){hint}")
     return desc
 
 

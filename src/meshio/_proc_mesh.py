@@ -114,7 +114,7 @@ class ProcMesh(MeshShape):
         if stall_after is not None:
             if not (is_number(stall_after) and 0 < stall_after < math.inf):
                 raise ValueError(f"options(stall_after=...) must be a positive number of "
-                                 f"seconds, got {stall_after!r}")
+                                 f"seconds, got {stall_after!r}{too_large(stall_after)}")
             options = replace(options, stall_after=float(stall_after))
         if max_queued is not None:
             if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 1:
@@ -843,9 +843,11 @@ class HostMesh(MeshShape):
                 this user only while it runs; stopping it removes that.
 
         Raises:
-            TypeError: an argument has the wrong type, e.g. an ``env`` value
-                that is not a ``str``, or ``bootstrap`` is not callable or
-                cannot be pickled.
+            TypeError: an argument has the wrong type, e.g. seconds
+                (``heartbeat_interval``, ``partition_timeout``,
+                ``keep_alive``) given as a ``str`` or a ``bool``, an ``env``
+                value that is not a ``str``, or ``bootstrap`` is not
+                callable or cannot be pickled.
             ValueError: an argument has a wrong value, e.g. an ``env`` key
                 that is empty, has ``=`` or starts with ``MESHIO_``,
                 ``log_dir`` with ``log_records=False``, ``keep_alive``
@@ -874,6 +876,10 @@ class HostMesh(MeshShape):
         if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
             raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
                              f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
+        if not (is_number(partition_timeout) or beyond_float(partition_timeout)):
+            raise TypeError(f"spawn_procs: partition_timeout must be a number of seconds "
+                            f"(> 0), got {type(partition_timeout).__name__} "
+                            f"{partition_timeout!r}")
         if not (is_number(partition_timeout) and 0 < partition_timeout < math.inf):
             raise ValueError(f"spawn_procs: partition_timeout must be seconds > 0, got "
                              f"{type(partition_timeout).__name__} {partition_timeout!r}"

@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, ParamSpec, TypeVar, cast, get_args
+from typing import Any, ClassVar, Literal, NoReturn, ParamSpec, TypeVar, cast, get_args
 
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, endpoint_named
@@ -691,6 +691,14 @@ class _ServiceEndpoint(Endpoint[P, R]):
     :meth:`route`."""
 
     __slots__ = ("_service", "_takes_session")
+
+    _TARGET: ClassVar[str] = "service"
+    _ADVERBS: ClassVar[tuple[str, ...]] = (
+        "route(...) (one replica, chosen by the service's routing)",
+        "choose(...) (one replica, the least loaded)",
+        "call(...) (every replica, gathered into a ValueMesh)",
+        "stream(...) (answers as they arrive)",
+        "broadcast(...) (no answers)")
 
     def __init__(self, service: Service, desc: EndpointDescriptor[Any, P, R],
                  timeout: float | None = None, on_full: OnFull = "wait") -> None:

@@ -77,6 +77,14 @@ WRONG: list[tuple[str, object, str]] = [
     ("clock", MonotonicClock, "got the class MonotonicClock"),
     ("on_escalate", 5, "got int 5"),
     ("on_escalate", "log", "got str 'log'"),
+    # numbers: a str (or a float for a count) is a wrong type, not a wrong value
+    ("max_restarts", "3", "got str '3'"),
+    ("max_restarts", 3.0, "got float 3.0"),
+    ("max_restarts", True, "got bool True"),
+    ("within", "60", "got str '60'"),
+    ("heartbeat_interval", "1", "got str '1'"),
+    ("heartbeat_timeout", "3", "got str '3'"),
+    ("poison_after", "3", "got str '3'"),
 ]
 
 

@@ -28,6 +28,7 @@ from collections.abc import (
 from typing import (
     TYPE_CHECKING,
     Any,
+    ClassVar,
     Generic,
     Literal,
     ParamSpec,
@@ -38,7 +39,7 @@ from typing import (
     overload,
 )
 
-from .._checks import is_number
+from .._checks import is_number, too_large
 from .._context import _scope
 from .._exceptions import (
     CallTimeout,
@@ -354,6 +355,16 @@ class Endpoint(Generic[P, R]):
 
     __slots__ = ("_desc", "_mesh", "_on_full", "_timeout")
 
+    #: what holds the endpoint and the adverbs to name, for the message of
+    #: an endpoint called like a method
+    _TARGET: ClassVar[str] = "actor mesh"
+    _ADVERBS: ClassVar[tuple[str, ...]] = (
+        "call(...) (every actor, gathered into a ValueMesh)",
+        "call_one(...) (a mesh of one actor)",
+        "choose(...) (one actor, load-balanced)",
+        "stream(...) (answers as they arrive)",
+        "broadcast(...) (no answers)")
+
     def __init__(self, mesh: CallTarget, desc: EndpointDescriptor[Any, P, R],
                  timeout: float | None = None, on_full: OnFull = "wait") -> None:
         self._mesh = mesh
@@ -363,6 +374,22 @@ class Endpoint(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._desc.fn.__qualname__} of {self._mesh!r}>"
+
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, so that they still report
+        # ``mesh.train(step=0)`` as a call of something not callable.
+        def __call__(self, *args, **kwargs):
+            """``mesh.train(step=0)`` is a mistake: endpoints are called
+            through an adverb.
+
+            Raises:
+                TypeError: always, naming the endpoint and its adverbs.
+            """
+            name = self._desc.name
+            adverbs = ", ".join(f".{name}.{adverb}" for adverb in self._ADVERBS)
+            raise TypeError(
+                f"{self._qualname} on {self._TARGET} {self._mesh._name!r} is an endpoint, not "
+                f"a method: call it through an adverb: {adverbs}")
 
     @property
     def _qualname(self) -> str:
@@ -394,7 +421,8 @@ class Endpoint(Generic[P, R]):
                 is neither ``"wait"`` nor ``"raise"``.
         """
         if timeout is not None and not (is_number(timeout) and timeout > 0):
-            raise ValueError(f"options(timeout=...) must be a positive number, got {timeout!r}")
+            raise ValueError(f"options(timeout=...) must be a positive number, got "
+                             f"{timeout!r}{too_large(timeout)}")
         if on_full is None:
             on_full = self._on_full
         elif on_full not in _ON_FULL:

@@ -16,7 +16,7 @@ from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply
 from .._transport._runtime import Runtime, register_handler
 from .._transport._serial import Buffers
 from . import _same_host, _tcp
-from ._registry import BACKENDS, Backend, RdmaBackend, Registry
+from ._registry import BACKENDS, DROPPED, Backend, RdmaBackend, Registry
 
 __all__ = ("backend", "serve_op")
 
@@ -49,9 +49,9 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
     reg = registry.by_id.get(msg.buf)
     if reg is None or reg.token != msg.token:
         if msg.op != "drop":
+            # the holder's side names the transfer and the backend around it
             conn.send_message(Fail(msg.req, ErrorInfo(
-                "rdma", "RDMAError", f"RDMA {msg.op}: buffer {msg.buf} of pid {os.getpid()} "
-                "was dropped")))
+                "rdma", "RDMAError", DROPPED)))
         else:
             conn.send_message(Reply(msg.req, MSGPACK_NIL))
         return

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from .._checks import is_number
+from .._checks import is_number, too_large
 from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
@@ -200,7 +200,8 @@ class RDMABuffer:
             ValueError: ``timeout`` is not a number of seconds > 0.
         """
         if timeout is not None and not (is_number(timeout) and timeout > 0):
-            raise ValueError(f"options(timeout=...) must be seconds > 0, got {timeout!r}")
+            raise ValueError(f"options(timeout=...) must be seconds > 0, got {timeout!r}"
+                             f"{too_large(timeout)}")
         return RDMABuffer._from_handle(self._handle, timeout)
 
     # ------------------------------------------------------- transfers
@@ -209,6 +210,9 @@ class RDMABuffer:
         size = self._handle.size
         if not isinstance(offset, int) or offset < 0:
             raise RDMASizeError(f"{what}: offset must be an int >= 0, got {offset!r}")
+        if offset > size:
+            raise RDMASizeError(f"{what}: offset {offset} is past the end of the buffer "
+                                f"({size} bytes)")
         if length is None:
             length = size - offset
         if not isinstance(length, int) or length < 0 or offset + length > size:

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 Backend: TypeAlias = Literal["same_host", "ibverbs", "tcp"]
 #: every backend meshio knows, fastest first where they compete
 BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
+#: why a transfer on a dropped buffer fails, and what to do (each backend
+#: puts the transfer, the buffer, its owner and itself before it)
+DROPPED: Final = ("the buffer was dropped (drop() was called, its owning actor stopped or "
+                  "its runtime closed): ask its owner for a new RDMABuffer")
 
 
 #: the owner's side of one kind of request (:class:`RdmaOp`) on a registered
@@ -186,13 +190,13 @@ async def _request(rt: Runtime, h: Handle, msg: RdmaOp, timeout: float | None,
                    out: list[tuple[Any, int]] | None = None) -> Any:
     """:func:`ask_owner` for a transfer (a ``tcp`` chunk, the ``ibverbs``
     set-up): an owner that cannot serve it, whatever the reason, is an
-    :class:`RDMAError`; :class:`CallTimeout` if no answer comes within
-    ``timeout`` seconds."""
+    :class:`RDMAError` saying why, which the backend raises again naming
+    the transfer, the buffer and itself; :class:`CallTimeout` if no answer
+    comes within ``timeout`` seconds."""
     try:
         return await ask_owner(rt, h, msg, timeout, out)
     except SupervisionError as e:
-        raise RDMAError(f"RDMA {msg.op} on buffer {h.buf}: its owner (pid {h.pid}) is "
-                        f"unreachable: {e}") from None
+        raise RDMAError(f"its owner (pid {h.pid}) is unreachable: {e}") from None
 
 
 #: ``SupervisionError.cause`` of an owner not known to be gone: found not

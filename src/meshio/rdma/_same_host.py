@@ -26,7 +26,7 @@ from .._transport._bulk import (
 )
 from .._transport._messages import RdmaOpName, Transfer
 from ._memory import Memory
-from ._registry import Handle, OwnerSide
+from ._registry import DROPPED, Handle, OwnerSide
 
 __all__ = ("HOST_ID", "SERVES", "status", "transfer")
 
@@ -62,21 +62,29 @@ def _cma(op: Transfer, h: Handle, local: int, remote: int, n: int) -> None:
     try:
         cma(op, h.pid, local, remote, n)
     except OSError as e:
-        if e.errno == errno.ESRCH:
-            raise RDMAError(f"RDMA {op}: the owner of buffer {h.buf} (pid {h.pid}) is gone"
-                            ) from None
-        if e.errno == errno.EFAULT:  # unmapped in the owner
-            raise RDMAError(f"RDMA {op}: buffer {h.buf} is no longer mapped in its owner "
-                            f"(pid {h.pid}): dropped and freed") from None
-        raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): "
-                        f"{e.strerror}") from None
+        raise _error(e, op, h) from None
 
 
-def _check_token(h: Handle) -> None:
+def _error(e: OSError, op: Transfer, h: Handle) -> RDMAError:
+    """The :class:`RDMAError` of a failed copy of the transfer ``op`` on ``h``."""
+    where = f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host)"
+    if e.errno == errno.ESRCH:
+        return RDMAError(f"{where}: its owner is gone (its process exited or was killed)")
+    if e.errno == errno.EFAULT:  # unmapped in the owner
+        return RDMAError(f"{where}: no longer mapped in its owner: dropped and freed")
+    return RDMAError(f"{where}: {e.strerror}")
+
+
+def _check_token(h: Handle, op: Transfer) -> None:
+    """Refuse the transfer ``op`` on ``h`` if its buffer was dropped (its
+    token word, read from the owner, changed)."""
     cell = ctypes.c_uint64(0)
-    _cma("read", h, ctypes.addressof(cell), h.token_addr, 8)
+    try:
+        cma("read", h.pid, ctypes.addressof(cell), h.token_addr, 8)
+    except OSError as e:
+        raise _error(e, op, h) from None
     if cell.value != h.token:
-        raise RDMAError(f"RDMA: buffer {h.buf} of pid {h.pid} was dropped")
+        raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): {DROPPED}")
 
 
 async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: int) -> None:
@@ -84,7 +92,7 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
     bytes at ``offset`` of ``h``'s buffer, by cross-memory attach: in the
     copying threads from 1 MiB on (the loop stays free), split in two
     halves, one per thread, when large."""
-    _check_token(h)
+    _check_token(h, op)
     remote = h.addr + offset
     if length < 1 << 20:
         _cma(op, h, local.addr, remote, length)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from .._constants import MSGPACK_NIL
-from .._exceptions import RDMAFallbackWarning
+from .._exceptions import RDMAError, RDMAFallbackWarning
 from .._transport._connection import Connection
 from .._transport._messages import RdmaOp, RdmaOpName, Reply, Transfer
 from .._transport._runtime import Runtime, runtime
@@ -44,16 +44,21 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
     rt = runtime()
     view = memoryview((ctypes.c_char * local.size).from_address(local.addr)).cast("B")
     sem = asyncio.Semaphore(TCP_WINDOW)
+    where = f"RDMA {op} on buffer {h.buf} of pid {h.pid} on {h.host.split('/')[0]} (tcp)"
 
     async def chunk(start: int, n: int) -> None:
         async with sem:
-            if op == "read":
-                data = await _request(rt, h, RdmaOp(0, "read", h.buf, h.token, offset + start,
-                                                    n), None)
-                view[start:start + n] = data
-            else:
-                await _request(rt, h, RdmaOp(0, "write", h.buf, h.token, offset + start, n),
-                               None, [(view[start:start + n], KIND_BYTEARRAY)])
+            try:
+                if op == "read":
+                    data = await _request(rt, h, RdmaOp(0, "read", h.buf, h.token,
+                                                        offset + start, n), None)
+                    view[start:start + n] = data
+                else:
+                    await _request(rt, h, RdmaOp(0, "write", h.buf, h.token, offset + start,
+                                                 n), None,
+                                   [(view[start:start + n], KIND_BYTEARRAY)])
+            except RDMAError as e:  # the owner's reason (dropped, unreachable)
+                raise type(e)(f"{where}: {e}") from None
 
     await asyncio.gather(*(chunk(s, min(TCP_CHUNK, length - s))
                            for s in range(0, length, TCP_CHUNK)))

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import FunctionType
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from .._checks import is_number
+from .._checks import beyond_float, is_number, too_large
 from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
@@ -144,12 +144,16 @@ class Supervisor:
             escalation goes on.
 
     Raises:
-        TypeError: ``strategy`` or ``name`` is not a str, ``parent`` not a
-            Supervisor, ``clock`` not a clock (an instance with ``now`` and
-            ``sleep``), or ``on_escalate`` not callable; the message names
-            the argument and the type received.
-        ValueError: an argument is out of its range or not of its kind
-            (seconds: an int or float > 0, not a bool or NaN), named in the
+        TypeError: an argument has the wrong type: ``strategy`` or
+            ``name`` is not a str, ``max_restarts`` or ``poison_after`` not
+            an int (a bool or a float such as ``3.0`` is refused), a number
+            of seconds not an int or float (a str, a bool, None),
+            ``parent`` not a Supervisor, ``clock`` not a clock (an instance
+            with ``now`` and ``sleep``), or ``on_escalate`` not callable;
+            the message names the argument and the type received.
+        ValueError: an argument of the right type is out of its range: an
+            unknown ``strategy``, a count below its least, seconds that are
+            not > 0 (or NaN, or an int no float holds), named in the
             message.
     """
 
@@ -171,20 +175,12 @@ class Supervisor:
         _check_types(strategy, name, parent, clock, on_escalate)
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
-        if type(max_restarts) is not int or max_restarts < 0:
-            raise ValueError(f"Supervisor: max_restarts must be an int >= 0, got {max_restarts!r}")
-        if not (is_number(within) and within > 0):
-            raise ValueError(f"Supervisor: within must be > 0 seconds, got {within!r}")
-        if type(poison_after) is not int or poison_after < 1:
-            raise ValueError(f"Supervisor: poison_after must be an int >= 1, got {poison_after!r}")
-        if not (is_number(heartbeat_interval) and heartbeat_interval > 0):
-            raise ValueError(
-                f"Supervisor: heartbeat_interval must be > 0 seconds, got {heartbeat_interval!r}")
-        if heartbeat_timeout is not None and not (
-                is_number(heartbeat_timeout) and heartbeat_timeout > 0):
-            raise ValueError(
-                f"Supervisor: heartbeat_timeout must be > 0 seconds or None, got "
-                f"{heartbeat_timeout!r}")
+        _check_count("max_restarts", max_restarts, 0)
+        _check_seconds("within", within)
+        _check_count("poison_after", poison_after, 1)
+        _check_seconds("heartbeat_interval", heartbeat_interval)
+        if heartbeat_timeout is not None:
+            _check_seconds("heartbeat_timeout", heartbeat_timeout, " or None")
         self.strategy: Strategy = strategy
         self.max_restarts: int = max_restarts
         self.within: float = within
@@ -514,6 +510,32 @@ def _check_types(strategy: object, name: object, parent: object, clock: object,
         raise TypeError(f"Supervisor: on_escalate must be a function called with the "
                         f"SupervisionError when the supervisor gives up, or None, "
                         f"{got(on_escalate)}")
+
+
+def _check_count(arg: str, value: object, least: int) -> None:
+    """Refuse ``value`` unless it is an int (not a bool, nor a float such
+    as ``3.0``) of at least ``least``: TypeError for another type,
+    ValueError for one too small."""
+    if type(value) is not int:
+        raise TypeError(f"Supervisor: {arg} must be an int >= {least}, got "
+                        f"{type(value).__name__} {value!r}")
+    if value < least:
+        raise ValueError(f"Supervisor: {arg} must be an int >= {least}, got {value!r}")
+
+
+def _check_seconds(arg: str, value: object, alternative: str = "") -> None:
+    """Refuse ``value`` unless it is seconds > 0: TypeError for what is no
+    number (a str, None, a bool), ValueError for a number out of range (0
+    or less, NaN, an int no float holds); ``alternative`` names what else
+    the argument takes (``" or None"``)."""
+    if beyond_float(value):
+        raise ValueError(f"Supervisor: {arg} must be > 0 seconds{alternative}, got "
+                         f"{value!r}{too_large(value)}")
+    if not is_number(value):
+        raise TypeError(f"Supervisor: {arg} must be a number of seconds (> 0){alternative}, "
+                        f"got {type(value).__name__} {value!r}")
+    if not value > 0:
+        raise ValueError(f"Supervisor: {arg} must be > 0 seconds{alternative}, got {value!r}")
 
 
 def _gangs(units: list[tuple[Supervised | Supervisor, int]]
