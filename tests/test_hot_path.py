@@ -38,7 +38,7 @@ HOT = {
     "meshio._cell": ["ActorCell.post", "ActorCell._begin", "ActorCell._serve",
                      "ActorCell._run", "ActorCell._done"],
     "meshio._metrics": ["Meter.record"],
-    "meshio._context": ["call_chain", "CallScope.chain"],
+    "meshio._context": ["CallScope.chain", "CallScope.wait_for"],
 }
 
 
