@@ -128,12 +128,83 @@ def runtime() -> Runtime:
     current = _current.get()
     if current is not None:
         return current
-    loop = asyncio.get_running_loop()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "meshio was used from a thread that runs no event loop (e.g. one of "
+            "asyncio.to_thread): meshes and ports work on the event loop that made them; "
+            "from another thread, asyncio.run_coroutine_threadsafe(coro, loop).result() runs a "
+            "coroutine there, and loop.call_soon_threadsafe(fn, *args) a plain function such "
+            "as port.send") from None
     rt = _runtimes.get(loop)
     if rt is None:
         rt = _runtimes[loop] = Runtime(loop)
         _quiet_when_abandoned(loop)
+        rt.tasks.start(_close_with_loop(rt), name="meshio: close with its loop")
     return rt
+
+
+def existing_runtime() -> Runtime | None:
+    """What :func:`runtime` is here if there is one already, else None (no
+    running loop, or one meshio has not used yet): it never makes one."""
+    rt: Runtime | None = getattr(actor_thread, "rt", None) or _current.get()
+    if rt is not None:
+        return rt
+    try:
+        return _runtimes.get(asyncio.get_running_loop())
+    except RuntimeError:
+        return None
+
+
+def not_its_loop(rt: Runtime, what: str) -> Exception:
+    """The error of using ``what`` (``"actor mesh 'c'"``), which belongs to
+    ``rt``, where the running loop is not ``rt``'s: another loop (its
+    runtime has another job secret: it could not even reach the processes),
+    a thread that runs none, or ``rt``'s loop has ended."""
+    if rt.closed or rt.loop.is_closed():
+        return ClosedResourceError(
+            f"{what} belongs to the meshio runtime of an event loop that has ended (the loop "
+            f"it was created on is closed, or its meshio.run returned): it cannot be used any "
+            f"more; create the proc meshes and actors a loop uses on that loop (e.g. within "
+            f"the one asyncio.run or meshio.run)")
+    fix = ("use it from that loop: from another thread, asyncio.run_coroutine_threadsafe("
+           "coro, loop).result() runs a coroutine there, and loop.call_soon_threadsafe(fn, "
+           "*args) a plain function such as port.send")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return RuntimeError(
+            f"{what} cannot be used from a thread that runs no event loop (e.g. one of "
+            f"asyncio.to_thread): it belongs to the meshio runtime of the event loop it was "
+            f"created on; {fix}")
+    return RuntimeError(
+        f"{what} belongs to the meshio runtime of another event loop (the one it was "
+        f"created on), not the running one (each loop has a runtime of its own, and no "
+        f"mesh moves between them); {fix}")
+
+
+def check_loop(rt: Runtime, what: str) -> None:
+    """Raise :func:`not_its_loop`'s error unless the running loop is ``rt``'s."""
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not rt.loop:
+        raise not_its_loop(rt, what)
+
+
+async def _close_with_loop(rt: Runtime) -> None:
+    """Close ``rt`` if its loop ends with it open: ``asyncio.run`` (or
+    pytest-asyncio) cancels the tasks left once its main returns, this one
+    among them, where ``meshio.run`` closes the runtime itself.  So the
+    workers of a proc mesh never stopped exit (their connections drop)
+    and the controller's inspection file goes, on every loop alike."""
+    try:
+        await rt.loop.create_future()
+    finally:
+        if not rt.closed:
+            rt.close()
 
 
 def _quiet_when_abandoned(loop: asyncio.AbstractEventLoop) -> None:
