@@ -30,7 +30,7 @@ import time
 from collections.abc import Generator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
@@ -629,11 +629,12 @@ class KubernetesJob:
                              entry.get("workload")) == (self.meshes, self.namespace,
                                                         self.workload):
             return
-        ns, uids = entry.get("namespace"), entry.get("uids")
+        ns, recorded = entry.get("namespace"), entry.get("uids")
         log.warning("meshio: job cache %s holds a job with meshes %s in namespace %s (%s), not "
                     "this one's; deleting its objects", self.cache, entry.get("meshes"), ns,
                     entry.get("workload"))
-        if isinstance(ns, str) and isinstance(uids, dict):
+        if isinstance(ns, str) and isinstance(recorded, dict):
+            uids = cast(dict[str, str], recorded)
             objects = [(kind, name) for kind, _, name in (key.partition("/") for key in uids)
                        if kind in _APIS]
             with _reaching(self.name):
