@@ -34,7 +34,6 @@ from meshio import (
     DeadlockError,
     Port,
     SupervisionError,
-    UnknownActorError,
     context,
     endpoint,
 )
@@ -404,8 +403,8 @@ async def test_calls_under_way_and_queued_fail_with_supervision_error_on_stop(
         procs: meshio.ProcMesh) -> None:
     """An actor stopped while it handles a call with another queued behind
     it: both callers get SupervisionError (the queued one got
-    UnknownActorError, "never spawned here", before); a later call gets
-    UnknownActorError (it is gone on purpose)."""
+    UnknownActorError, "never spawned here", before); so does a later call
+    (it was UnknownActorError: "actor mesh 'b' was stopped" now)."""
     b = await procs.slice(procs=0).spawn("b", Busy)
     running = asyncio.ensure_future(b.forever.call_one())
     await asyncio.wait_for(b.wait_busy.call_one(), GUARD)
@@ -416,7 +415,7 @@ async def test_calls_under_way_and_queued_fail_with_supervision_error_on_stop(
         await asyncio.wait_for(running, GUARD)
     with pytest.raises(SupervisionError, match="was stopped before handling this call"):
         await asyncio.wait_for(queued, GUARD)
-    with pytest.raises(UnknownActorError):
+    with pytest.raises(SupervisionError, match="actor mesh 'b' was stopped"):
         await asyncio.wait_for(b.pid.call_one(), GUARD)
 
 
@@ -632,7 +631,7 @@ async def test_cleanup_runs_on_actor_mesh_stop(procs: meshio.ProcMesh, tmp_path:
     await asyncio.wait_for(s.stop(), GUARD)
     assert sorted(log.read_text().splitlines()) == [
         "async a None", "async a None", "sync s None False", "sync s None False"]
-    with pytest.raises(UnknownActorError):
+    with pytest.raises(SupervisionError, match="actor mesh 'a' was stopped"):
         await asyncio.wait_for(a.ping.call(), GUARD)
 
 
@@ -859,7 +858,7 @@ async def test_an_actor_mesh_stopped_while_a_restart_rebuilds_it_stays_stopped(
         await asyncio.wait_for(held.stop(), GUARD)  # answered though the constructor runs
         await gate.open()
         await cleaned.wait_held(GUARD)  # built, then stopped: its cleanup ran
-        with pytest.raises(UnknownActorError):
+        with pytest.raises(SupervisionError, match="actor mesh 'held' was stopped"):
             await asyncio.wait_for(held.pid.call_one(), GUARD)
         kinds = []
         async for event in events:  # the restart counts as one; nothing failed after it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
@@ -30,10 +31,10 @@ from ._transport._connection import (
     Slot,
     ignore_result,
 )
-from ._transport._credit import Gate, Waiting, Window, budget
+from ._transport._credit import Gate, Waiting, Window, budget, window_gone
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
-from ._transport._runtime import Runtime, actor_thread, runtime
+from ._transport._runtime import Runtime, actor_thread, existing_runtime, not_its_loop, runtime
 from ._transport._serial import OutBuffers, limits
 from ._transport._tasks import owning, when_done
 from .endpoints._endpoint import Endpoint, EndpointDescriptor
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from ._value_mesh import ValueMesh
 
 __all__ = ("ActorMesh",)
+
+log = logging.getLogger("meshio")
 
 
 A = TypeVar("A")
@@ -132,28 +135,74 @@ class ActorMesh(MeshShape, Generic[A]):
         return Endpoint(self, ep).call(*args, **kwargs)
 
     async def stop(self) -> None:
-        """Stop these actors (their processes keep running).  Stopping every
-        actor of the mesh frees its name on the proc mesh, and a restart of
-        their processes no longer rebuilds them."""
+        """Stop these actors (their processes keep running); returns once
+        each has stopped (its ``__cleanup__`` has run) or its process is
+        gone.  Stopping every actor of the mesh, at once or slice by slice,
+        frees its name on the proc mesh, and a restart of their processes
+        no longer rebuilds them.  A stopped actor stays stopped: calls
+        through any reference to it fail with :class:`SupervisionError`
+        ("actor mesh ... was stopped"), even once a new mesh has its name.
+
+        An actor whose process answers no heartbeat (stopped, hung, its loop
+        blocked: calls to it fail as "not responding") is not waited for,
+        nor one whose process stops answering while the stop waits (once
+        heartbeats find it so): it is taken as stopped, and a warning on
+        the ``meshio`` logger names it; it stops if its process answers
+        again (or is gone with it, if a supervisor kills it)."""
         await self._stopping()
 
-    def _stopping(self) -> asyncio.Future[list[Any]]:
+    def _stopping(self, tell: bool = True) -> asyncio.Future[list[Any]]:
         """Send :meth:`stop`'s messages now; done once every process has
-        answered (or is gone: never an exception)."""
+        answered, is gone, or answers no heartbeat (never an exception;
+        ``tell``: those that do not answer are logged)."""
         rt = self._route.runtime()
         rt.fanout.forget(self._target)
         procs = self._procs
-        if procs is not None and set(self._region.ranks) >= set(self._base):
-            procs._state.forget(self._name)
+        whole = set(self._region.ranks) >= set(self._base)
+        if procs is not None:  # (stopped slice by slice: the last stop is of the whole mesh)
+            whole = procs._state.stopped_actors(self._target, self._region.ranks) or whole
         futs: list[asyncio.Future[Any]] = []
+        asked: list[tuple[int, str]] = []
+        silent: list[SupervisionError] = []
         for index, grank in enumerate(self._region.ranks):
-            conn = rt.connect(self._addrs[grank])
-            fut = rt.loop.create_future()
-            req = conn.next_req(Pending(fut, ignore_result, "stop", self._name,
-                                        self._site(index)))
-            conn.send_message(StopActor(req, self._target))
-            futs.append(fut)
-        return asyncio.gather(*futs, return_exceptions=True)
+            addr = self._addrs[grank]
+            down = _silent(rt, addr)
+            if down is not None:  # told (it stops the actor if it answers again), not awaited
+                silent.append(down(Pending(rt.loop.create_future(), ignore_result, "stop",
+                                           self._name, self._site(index))))
+                conn = rt.conns.get(addr)
+                if conn is None or conn.closed:
+                    continue
+                conn.send_message(StopActor(0, self._target, whole))
+            else:
+                conn = rt.connect(addr)
+                fut = rt.loop.create_future()
+                req = conn.next_req(Pending(fut, ignore_result, "stop", self._name,
+                                            self._site(index)))
+                conn.send_message(StopActor(req, self._target, whole))
+                futs.append(fut)
+                asked.append((index, addr))
+            window_gone(conn, self._target)  # (its calls waiting for room go, to be refused)
+        gathered = asyncio.gather(*futs, return_exceptions=True)
+        if tell:
+            gathered.add_done_callback(functools.partial(self._unanswered, rt, asked, silent))
+        return gathered
+
+    def _unanswered(self, rt: Runtime, asked: list[tuple[int, str]],
+                    silent: list[SupervisionError], gathered: asyncio.Future[list[Any]]) -> None:
+        """Warn of the actors a stop did not wait for (``silent``, and those
+        of ``asked`` whose process stopped answering meanwhile): each is
+        taken as stopped."""
+        if not gathered.cancelled():
+            silent += [e for (_, addr), e in zip(asked, gathered.result())
+                       if isinstance(e, SupervisionError) and _silent(rt, addr) is not None]
+        if not silent:
+            return
+        which = "; ".join(f"rank {e.rank} (process {e.pid} on {e.host}: {e.cause})"
+                          for e in silent)
+        log.warning("meshio: actor mesh %r: stop() did not wait for %s: its process answers no "
+                    "heartbeat; taken as stopped (it stops if its process answers again, and "
+                    "calls to it fail meanwhile)", self._name, which)
 
     async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
         """What these actors are doing now: the current Python stacks of each
@@ -448,27 +497,66 @@ class _Route:
         self.numbered = mesh._numbered
         self.inflight = mesh._inflight
         self.max_queued = mesh._max_queued
-        #: this loop's runtime, once asked (:meth:`runtime`)
-        self.rt: Runtime | None = None
+        #: the runtime calls go through, once asked (:meth:`runtime`); a
+        #: reference that arrived here (no proc mesh): the runtime where it
+        #: did, if any yet (the mesh belongs to it, see :meth:`bind`)
+        self.rt: Runtime | None = None if self.state is not None else existing_runtime()
         #: who each call went to (:meth:`call_sites`)
         self.sites: list[_CallSite] | None = None
 
     def runtime(self) -> Runtime:
-        """The runtime of the running loop (a plain ``def`` endpoint's
-        thread has none: a clear error)."""
+        """The runtime of the running loop, which must be the one the mesh
+        belongs to (:meth:`bind`); an actor's thread, a thread with no
+        loop or another loop: a clear error.  (Per call, once bound: one
+        comparison.)"""
         rt = self.rt
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            if getattr(actor_thread, "rt", None) is None:
-                raise
-            raise RuntimeError(
+            raise self.no_loop() from None
+        if rt is None or rt.loop is not loop:
+            rt = self.rt = self.bind(loop)
+        return rt
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> Runtime:
+        """The runtime of the first call made on ``loop``.  A mesh belongs
+        to the runtime, and so the loop, that spawned its actors (a
+        reference: that it arrived in, else that first used it): the
+        runtime of another loop (its own job secret) could not even reach
+        their processes, and the owner's cannot serve a loop not its own.
+
+        Raises:
+            RuntimeError: the mesh belongs to another loop.
+            ClosedResourceError: the loop it belongs to has ended.
+        """
+        owner = self.state.rt if self.state is not None else self.rt
+        if owner is not None and owner.loop is not loop:
+            raise not_its_loop(owner, f"actor mesh {self.name!r}")
+        return runtime()
+
+    def no_loop(self) -> Exception:
+        """The error of a call made where no loop runs: an actor's own thread
+        (a plain ``def`` endpoint; its ``__init__`` or a sync hook, where no
+        call is being served), or a thread of the caller's."""
+        if getattr(actor_thread, "rt", None) is not None:
+            if call_scope() is None:
+                return RuntimeError(
+                    f"calls to {self.name!r} cannot be made from an actor's __init__ (nor a "
+                    "sync on_restart or __cleanup__): it runs in the actor's own thread, where "
+                    "only broadcast() and port.send() work; await the calls in an 'async def' "
+                    "endpoint (e.g. one the spawner calls once the actor is spawned)")
+            return RuntimeError(
                 f"calls to {self.name!r} cannot be made from a plain 'def' endpoint: it runs in "
                 "its actor's thread, where only broadcast() and port.send() work; make the "
-                "endpoint 'async def' to await calls") from None
-        if rt is None or rt.loop is not loop:
-            rt = self.rt = runtime()
-        return rt
+                "endpoint 'async def' to await calls")
+        owner = self.state.rt if self.state is not None else self.rt
+        if owner is not None:
+            return not_its_loop(owner, f"actor mesh {self.name!r}")
+        return RuntimeError(
+            f"calls to {self.name!r} cannot be made from a thread that runs no event loop "
+            "(e.g. one of asyncio.to_thread): make them on the event loop the mesh belongs to; "
+            "from another thread, asyncio.run_coroutine_threadsafe(coro, loop).result() runs a "
+            "coroutine that makes them there")
 
     def send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
              body: bytes, out: OutBuffers, answer: Settle | None,
@@ -613,6 +701,21 @@ class _Route:
         if sites is None:
             sites = self.sites = [_CallSite(self.mesh, i) for i in range(len(self.ranks))]
         return sites
+
+
+def _silent(rt: Runtime, addr: str) -> Callable[[Pending], SupervisionError] | None:
+    """The error of calls to the process at ``addr`` if it answers no
+    heartbeat (not responding, or cut off), as this runtime's heartbeats
+    found (a worker of its own) or its controller told it (``PeerDown``,
+    its connection open); None otherwise: it serves, is gone (a dial fails
+    at once), or is being restarted (its replacement answers)."""
+    down = rt.dead.get(addr) if rt.dead else None
+    if down is None or addr in rt.watch.down:
+        return down
+    if addr in rt.watch.on_pong:  # a worker of its own, down otherwise
+        return None
+    conn = rt.conns.get(addr)
+    return down if conn is not None and not conn.closed else None
 
 
 def _request_of(fut: asyncio.Future[Any]) -> _Request | None:

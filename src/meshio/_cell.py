@@ -42,7 +42,7 @@ from ._stacks import Stacks, capture, capture_construction, encode_actors
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
 from ._transport._connection import Connection
-from ._transport._credit import took
+from ._transport._credit import forget_target, took
 from ._transport._messages import (
     Call,
     ErrorInfo,
@@ -1045,7 +1045,10 @@ def cell_of(rt: Runtime, target: str) -> ActorCell | None:
 
 
 def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
-    rt.tasks.start(spawn_cell(rt, conn, msg, bufs))
+    building = rt.incarnation.building  # (a call for it meanwhile: not built yet, not stopped)
+    building.add(msg.target)
+    rt.tasks.start(spawn_cell(rt, conn, msg, bufs)).add_done_callback(
+        lambda _: building.discard(msg.target))
 
 
 register_handler(SpawnActor, _on_spawn)
@@ -1061,6 +1064,13 @@ def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> No
     else:
         req = msg.req
         cell.stop().add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
+    # Nothing of it stays here (its calls from now on are refused as stopped,
+    # :meth:`Incarnation.stopped`): why it was missing, its callers' counts
+    # (after the stop gave back those of its mailbox), its mesh's windows.
+    rt.incarnation.failed.pop(msg.target, None)
+    rt.incarnation.lost.discard(msg.target)
+    for c in list(rt.all_conns):
+        forget_target(c, msg.target, msg.whole)
 
 
 register_handler(StopActor, _on_stop)

@@ -89,6 +89,8 @@ class KeptMesh(msgspec.Struct, frozen=True):
     written: float
     workers: list[KeptWorker]
     actors: list[KeptActor]
+    #: actor meshes spawned on it so far (:meth:`ProcState.new_target`)
+    spawns: int = 0
 
 
 _decode = msgspec.json.Decoder(KeptMesh).decode

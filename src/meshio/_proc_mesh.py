@@ -26,7 +26,7 @@ from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
-from ._transport._runtime import Runtime, on_loop_wait, runtime
+from ._transport._runtime import Runtime, check_loop, on_loop_wait, runtime
 from ._transport._serial import OutBuffers, Packer, dumps, loads
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -140,8 +140,20 @@ class ProcMesh(MeshShape):
         return self._wait_ready().__await__()
 
     async def _wait_ready(self) -> ProcMesh:
+        self._check_loop()
         await asyncio.shield(self._state.ready)
         return self
+
+    def _check_loop(self) -> None:
+        """Raise unless running on the loop of the runtime owning the
+        processes (what every operation awaits, and ``stop``): the mesh
+        belongs to it, and another loop would wait on its futures forever.
+
+        Raises:
+            RuntimeError: another loop, or a thread that runs none.
+            ClosedResourceError: the owner's loop has ended.
+        """
+        check_loop(self._state.rt, f"proc mesh {self._state.name!r}")
 
     async def _start_owned(self) -> ProcMesh:
         """The first await of what ``spawn_procs`` returned: cancelled before
@@ -156,6 +168,7 @@ class ProcMesh(MeshShape):
             raise
 
     async def __aenter__(self) -> ProcMesh:
+        self._check_loop()
         try:
             return await self._wait_ready()
         except BaseException:
@@ -236,7 +249,7 @@ class ProcMesh(MeshShape):
         if name in state.actor_names:
             raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}")
         state.actor_names.add(name)
-        target = f"{state.id}/{name}"
+        target = state.new_target(name)
         addrs = [""] * state.region.extent.nelem
         for w in state.workers:
             addrs[w.rank] = w.addr
@@ -277,12 +290,13 @@ class ProcMesh(MeshShape):
             # a new spawn, and nothing waits on the answers.
             for fut in futs:
                 fut.cancel()
-            mesh._stopping()
+            mesh._stopping(tell=False)
             state.forget(name)
             raise
         failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
         if failures:
-            await mesh.stop()
+            # (not waiting for a process that answers no heartbeat: the error says it)
+            await mesh._stopping(tell=False)
             state.forget(name)  # stopped everywhere: the name is free again
             raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
                                    cast(list[tuple[Any, BaseException]], failures))
@@ -351,6 +365,7 @@ class ProcMesh(MeshShape):
                 returned by ``spawn_procs``).
         """
         _check_whole(self._region, self._state.region, self._state.name)
+        self._check_loop()
         await self._state.stop()
         self._state.release()
 
@@ -638,6 +653,9 @@ class _ProcMeshRef(ProcMesh):
 
     async def _wait_ready(self) -> ProcMesh:
         return self  # started before it could be passed on
+
+    def _check_loop(self) -> None:
+        pass  # (its calls to the owner's service check theirs)
 
     @property
     def pids(self) -> list[int]:

@@ -205,7 +205,7 @@ class _ActorRecord:
     to build them on the processes a ``grow`` adds)."""
 
     __slots__ = ("body", "cls_blob", "cls_name", "labels", "mesh", "mesh_blob", "name",
-                 "options", "out", "ranks", "sizes", "target")
+                 "options", "out", "ranks", "sizes", "stopped", "target")
 
     def __init__(self, name: str, target: str, cls_blob: bytes, mesh_blob: bytes, body: bytes,
                  out: Any, labels: list[str], sizes: list[int], ranks: Sequence[int],
@@ -219,6 +219,9 @@ class _ActorRecord:
         #: the actor mesh as spawned on the whole proc mesh, which grows and
         #: shrinks with it (None: spawned on a slice, its points stay as they are)
         self.mesh = mesh
+        #: the ranks whose actor was stopped (``actors.stop()`` on a slice):
+        #: not rebuilt; once every rank's is, the mesh is forgotten
+        self.stopped: set[int] = set()
 
     def spawn(self, w: _Worker, grank: int, restart: bool) -> asyncio.Future[Any]:
         """Build this mesh's actor at ``grank`` in ``w``'s process (its
@@ -284,6 +287,9 @@ class ProcState:
         self.workers: list[_Worker] = []
         self.actors: list[_ActorRecord] = []
         self.actor_names: set[str] = set()
+        #: actor meshes spawned so far (kept-alive: by every controller):
+        #: each spawn's target has its number (:meth:`new_target`)
+        self.spawns: int = 0 if adopt is None else adopt.spawns
         #: workers found dead on re-attaching, failed once their actors are known
         self.gone: list[_Worker] = []
         self.stopped: bool = False
@@ -374,14 +380,41 @@ class ProcState:
         return not self.stopped and (grank in self.holes
                                      or grank in self.lost_actors.get(target, ()))
 
+    def new_target(self, name: str) -> str:
+        """The target of a new actor mesh ``name``: this mesh's id, then the
+        spawn's number, so that a reference to a stopped mesh never reaches
+        a newer one of the same name (its actors are rebuilt under the same
+        target: a restart, ``replace`` or ``grow`` keeps it)."""
+        self.spawns += 1
+        return f"{self.id}/{self.spawns}/{name}"
+
     def forget(self, name: str) -> None:
         """Forget the actor mesh ``name`` (stopped everywhere, or never
         built): a restart does not rebuild it, and the name is free again."""
+        for a in self.actors:
+            if a.name == name:
+                self.lost_actors.pop(a.target, None)
         self.actors = [a for a in self.actors if a.name != name]
         self.actor_names.discard(name)
-        self.lost_actors.pop(f"{self.id}/{name}", None)
+
+    def stopped_actors(self, target: str, ranks: Sequence[int]) -> bool:
+        """The actors of mesh ``target`` at ``ranks`` are stopped (by
+        ``actors.stop()`` on the mesh or a slice): a restart does not
+        rebuild them, and once every rank's is stopped, in one stop or
+        slice by slice, the mesh is forgotten (its name free): True then.
+        A mesh forgotten already (a stale reference, its name perhaps taken
+        by a newer mesh): nothing."""
+        record = next((a for a in self.actors if a.target == target), None)
+        if record is None:
+            return False
+        record.stopped.update(ranks)
+        if not record.stopped.issuperset(record.ranks):
+            return False
+        self.forget(record.name)
+        return True
 
     def _spec(self, grank: int, point: Point) -> WorkerSpec:
+        # (a worker reads its proc mesh's id back from it: Incarnation.mesh)
         worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
         env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
         if "gpus" in self.region.extent.labels:
@@ -504,7 +537,7 @@ class ProcState:
                 [KeptActor(a.name, a.target, *a.cls_name, a.cls_blob,
                            None if a.out else a.body,
                            a.labels, a.sizes, list(a.ranks), a.options.restart,
-                           a.options.stall_after) for a in self.actors]))
+                           a.options.stall_after) for a in self.actors], self.spawns))
         except OSError as e:  # the mesh works on; only reattach cannot find it
             log.warning("meshio: cannot publish proc mesh %r for reattach (%s)", self.name, e)
 
@@ -958,7 +991,7 @@ class ProcState:
         if self.stopped:
             return None
         rt = self.rt
-        mine = [a for a in self.actors if grank in a.ranks]
+        mine = [a for a in self.actors if grank in a.ranks and grank not in a.stopped]
         lost = [a.target for a in mine if a.options.restart == "temporary" and not everything]
         futs = [a.spawn(w, grank, True) for a in mine if a.target not in lost]
         try:
@@ -1185,6 +1218,7 @@ class ProcState:
             for a in self.actors:
                 if a.mesh is not None:
                     a.labels, a.sizes, a.ranks = list(labels), sizes, region.ranks
+                    a.stopped.intersection_update(region.ranks)  # (a later grow's are new)
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
                                                   per_host=per_host,
                                                   max_queued=a.options.max_queued), None)

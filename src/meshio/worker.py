@@ -150,7 +150,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     rt = Runtime(loop, addr=args.listen, worker=args.worker, secret=secret, tls=tls,
                  name=args.addr)
     _runtimes[loop] = rt
-    rt.incarnation = Incarnation(restart=args.restart)
+    rt.incarnation = Incarnation(restart=args.restart, worker=args.worker)
     install_debugger(rt, args.controller)  # breakpoint() pauses for `meshio debug`
     forwarder = install_log_records(rt, args.controller)  # the user's logging, to the controller
     return await serve(rt, args.controller, forwarder.finish if forwarder is not None else None,

@@ -149,7 +149,7 @@ async def test_a_stopped_actor_mesh_is_not_rebuilt_by_a_restart() -> None:
         os.kill(s.old[1], signal.SIGKILL)
         _, restart = await s.restarted(1)
         assert (await kept.pid.call()).values() == [s.old[0], restart.pid]
-        with pytest.raises(meshio.UnknownActorError):
+        with pytest.raises(meshio.SupervisionError, match="actor mesh 'gone' was stopped"):
             await asyncio.wait_for(gone.slice(procs=1).pid.call_one(), DEADLINE)
         again = await s.procs.spawn("gone", W, 3)  # the name is free
         assert [k for k, *_ in (await again.info.call()).values()] == [3, 3]

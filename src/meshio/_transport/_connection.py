@@ -1249,9 +1249,10 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
         case "rdma":
             cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
             return cls(info.message + where)
-        case "supervision":
-            return SupervisionError(info.message + where, actor=info.actor, rank=info.rank,
-                                    cause=info.message)
+        case "supervision":  # (the callee's actor and rank, else the caller's: it may have none)
+            return SupervisionError(
+                info.message + where, actor=info.actor or (p.mesh if p else ""),
+                rank=info.rank if info.rank >= 0 or p is None else p.rank, cause=info.message)
         case "protocol":
             return ProtocolError(info.message + where)
         case "timeout":

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshio")
 
-__all__ = ("Gate", "Waiting", "Window", "budget", "credit", "took", "windows_lost")
+__all__ = ("Gate", "Waiting", "Window", "budget", "credit", "forget_target", "took",
+           "window_gone", "windows_lost")
 
 
 def budget(deadline: float | None) -> float | None:
@@ -232,6 +233,9 @@ def credit(conn: Connection, msg: Credit, gates: dict[str, Gate]) -> None:
     :class:`Window`, or at the :class:`Gate` of its mesh spanning hosts)."""
     window = conn.windows.get(msg.target)
     if window is not None:
+        if msg.n < 0:  # the actor is stopped (it said so, finding none): its window goes
+            window_gone(conn, msg.target)
+            return
         window.used = max(0, window.used - msg.n)
         window._release()
         return
@@ -254,6 +258,31 @@ def took(conn: Connection, target: str, batch: int, origin: str, n: int = 1) -> 
         conn.send_message(Credit(target, count, origin, conn.rt.addr))
     else:
         taken[key] = count
+
+
+def window_gone(conn: Connection, target: str) -> None:
+    """The actor ``target`` at the other end of ``conn`` is stopped: this
+    process's window for it goes (a stopped actor mesh leaves nothing in
+    its callers), and the calls waiting there for room are sent now, to be
+    refused."""
+    window = conn.windows.pop(target, None)
+    if window is not None and window.waiting:
+        window.used, window.limit = 0, len(window.waiting)
+        window._release()
+
+
+def forget_target(conn: Connection, target: str, whole: bool) -> None:
+    """The actor ``target`` of this process is stopped: nothing of it stays
+    in ``conn``: the counts of its calls that came on it not given back
+    (their caller forgets its window too); ``whole``: its whole mesh is
+    stopped, and so this process's own window for calls to the actor of
+    that mesh at the other end goes too (:func:`window_gone`)."""
+    if whole:
+        window_gone(conn, target)
+    taken = conn.taken
+    if taken:
+        for key in [k for k in taken if k[0] == target]:
+            del taken[key]
 
 
 def windows_lost(conn: Connection, error: Callable[[], BaseException]) -> None:

@@ -175,8 +175,13 @@ class SpawnActor(_Msg, frozen=True, tag=5):
 
 
 class StopActor(_Msg, frozen=True, tag=6):
+    """Stop the actor of mesh ``target`` here (``req`` 0: no answer is
+    awaited); ``whole``: every actor of the mesh is stopped with it, so
+    nothing of the mesh stays in the receiver (its own calls' windows)."""
+
     req: int
     target: str
+    whole: bool = False
 
 
 class PortSend(_Msg, frozen=True, tag=7):
@@ -499,7 +504,8 @@ class Credit(_Msg, frozen=True, tag=33):
     ``n`` of the bounded calls (``Call.bounded``) of the receiver (or, with
     ``origin``, of the process that made them, the fan-out tree's relays
     passing it up) have left its mailbox, so it may send ``n`` more
-    (:mod:`._credit`)."""
+    (:mod:`._credit`); ``n`` -1: the actor is stopped (a call found none),
+    and the receiver's window for it goes."""
 
     target: str
     n: int

@@ -34,9 +34,9 @@ class Watch:
 class Incarnation:
     """This worker process as one incarnation of its slot."""
 
-    __slots__ = ("failed", "lost", "replacement", "restoring")
+    __slots__ = ("building", "failed", "lost", "mesh", "replacement", "restoring")
 
-    def __init__(self, restart: bool = False) -> None:
+    def __init__(self, restart: bool = False, worker: str = "") -> None:
         #: this process replaces one that failed (its callers' numbered
         #: calls, ``Call.seq``, do not start at 1 here)
         self.replacement: bool = restart
@@ -47,6 +47,12 @@ class Incarnation:
         #: actors ended by what an endpoint raised (``SystemExit``,
         #: ``KeyboardInterrupt``), until spawned again: target → why
         self.failed: dict[str, str] = {}
+        #: what the targets of the actor meshes spawned on this worker's
+        #: proc mesh begin with: the mesh's id and "/" (``worker``, its id
+        #: as a worker, is ``<proc mesh id>-<rank>``); empty: no worker's
+        self.mesh: str = worker.rpartition("-")[0] + "/" if worker else ""
+        #: targets of the actors whose spawn is under way here
+        self.building: set[str] = set()
 
     def missing(self, target: str) -> str | None:
         """Why the actor ``target`` is not here though it was (None: no
@@ -56,3 +62,11 @@ class Incarnation:
         if target in self.lost:
             return "was temporary and not rebuilt after a restart"
         return self.failed.get(target)
+
+    def stopped(self, target: str) -> bool:
+        """Whether the actor ``target``, not here, was stopped (asked after
+        :meth:`missing`): an actor mesh spawned on this worker's proc mesh
+        (its target says so, and each spawn has a target of its own), not
+        being built here.  A reference to it stays dead: a new spawn under
+        its name is another actor mesh."""
+        return bool(self.mesh) and target.startswith(self.mesh) and target not in self.building

@@ -61,8 +61,9 @@ from ._sockets import SocketBackend, feed, tcp_endpoint, tcp_listener, unix_list
 from ._tasks import TaskOwner
 from ._tls import TLSConfig
 
-__all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "close_runtime",
-           "ignore_result", "print_fault", "runtime", "tcp_address")
+__all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "check_loop",
+           "close_runtime", "existing_runtime", "ignore_result", "not_its_loop", "print_fault",
+           "runtime", "tcp_address")
 
 log = logging.getLogger("meshio")
 
@@ -461,6 +462,9 @@ class Runtime:
         Raises:
             AuthenticationError: ``addr`` is connected already, as a process
                 of another job than ``job``.
+            RuntimeError: ``addr`` is the runtime of another loop of this
+                process, which this loop's runtime cannot reach (its own
+                job secret): a port opened there, used here.
         """
         conn = self.conns.get(addr)
         if conn is None and addr in self.aliases:
@@ -471,6 +475,9 @@ class Runtime:
                     f"{addr} is connected already, as a process of a job with another secret "
                     "or TLS setting; a process belongs to one job")
             return conn
+        peer = _local.get(addr)
+        if peer is not None and peer.loop is not self.loop and _runtimes.get(self.loop) is self:
+            raise not_its_loop(peer, f"the port (or handle) at {addr}")
         conn = Connection(self, addr)
         conn.job = job or self.peer_jobs.get(addr, self.tcp if addr.startswith("tcp://")
                                              else None)
@@ -701,10 +708,15 @@ class Runtime:
         answers for a failure here)."""
         cell = self.actors.get(msg.target)
         if cell is None:
+            if not msg.origin and self.incarnation.stopped(msg.target) \
+                    and self.incarnation.missing(msg.target) is None:
+                # stopped: the caller's window for it goes (:func:`._credit.credit`),
+                # before the caller hears of the call's failure
+                conn.send_message(Credit(msg.target, -1))
+            elif msg.bounded:  # no mailbox holds it
+                took(conn, msg.target, 1, msg.origin)
             if msg.req:
                 conn.send_message(Fail(msg.req, self._missing(msg.target)))
-            if msg.bounded:  # no mailbox holds it
-                took(conn, msg.target, 1, msg.origin)
             return
         cell.post(conn, msg, bufs)
 
@@ -713,6 +725,14 @@ class Runtime:
         if why is not None:
             return ErrorInfo("supervision", "SupervisionError",
                              f"actor {target!r} in process {os.getpid()} {why}")
+        if self.incarnation.stopped(target):
+            name = target.rpartition("/")[2]
+            return ErrorInfo(
+                "supervision", "SupervisionError",
+                f"actor mesh {name!r} was stopped (its actor {target!r} in process "
+                f"{os.getpid()} is gone); a reference to a stopped actor mesh stays stopped, "
+                f"and a mesh spawned again under its name is another one: call it through the "
+                f"reference that spawn returned", actor=name)
         return ErrorInfo(
             "unknown_actor", "UnknownActorError",
             f"no actor {target!r} in process {os.getpid()} "

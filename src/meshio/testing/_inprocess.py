@@ -98,7 +98,7 @@ class InProcessLauncher:
                              "transport starts none (test it on the 'processes' transport)")
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
                      secret=spec.secret, in_process=True, name=spec.addr or None)
-        rt.incarnation = Incarnation(restart=spec.restart)
+        rt.incarnation = Incarnation(restart=spec.restart, worker=spec.worker)
         return InProcessWorker(rt, spec.controller)
 
 

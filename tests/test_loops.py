@@ -1,0 +1,198 @@
+"""A mesh belongs to the event loop whose meshio runtime made it (one
+runtime per loop, each with its own job secret).  Used from another loop,
+or from a thread that runs none, it raises at once a ``RuntimeError``
+saying so and naming the fix (``asyncio.run_coroutine_threadsafe``); once
+its loop has ended, :class:`~meshio.ClosedResourceError`.  A mesh passed
+to an actor works there as ever.  (Probe report items 3 and 7: the call
+raised a misleading ``AuthenticationError``, ``procs.spawn`` never
+returned, ``procs.stop`` left a "Task exception was never retrieved"; from
+a thread, asyncio's bare "no running event loop".)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import meshio
+from meshio import Actor, ActorError, Channel, ClosedResourceError, endpoint
+from meshio._transport._runtime import _runtimes, close_runtime
+
+#: generous bound on any single wait: a regression fails instead of hanging
+GUARD = 30.0
+OTHER_LOOP = "belongs to the meshio runtime of another event loop"
+NO_LOOP = r"thread that runs no event loop.*run_coroutine_threadsafe"
+
+pytestmark = pytest.mark.usefixtures("uvloop_started")
+
+
+class C(Actor):
+    @endpoint
+    async def ping(self, x: int) -> int:
+        return x + 1
+
+
+class Caller(Actor):
+    @endpoint
+    async def relay(self, c: C, x: int) -> int:
+        return await c.ping.call_one(x)
+
+    @endpoint
+    async def echo(self, c: C) -> C:
+        return c
+
+
+class Builder(Actor):
+    def __init__(self, c: C) -> None:
+        self.first = c.ping.call_one(0)
+
+
+async def _raises(use: Callable[[], Awaitable[Any]], match: str,
+                  error: type[Exception] = RuntimeError) -> None:
+    """``use()`` raises ``error`` at once (or when awaited: a coroutine)."""
+    with pytest.raises(error, match=match):
+        await asyncio.wait_for(use(), GUARD)
+
+
+async def test_a_mesh_used_on_a_loop_of_another_thread_raises_at_once() -> None:
+    """``asyncio.run`` in ``asyncio.to_thread``: the meshes of the test's
+    loop (owned ones, a reference that arrived there, a service, a port
+    opened there) raise, and nothing makes a runtime on the other loop for
+    them; back on their loop they work."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+        caller = await procs.spawn("caller", Caller)
+        ref = await asyncio.wait_for(caller.echo.call_one(c), GUARD)  # no proc mesh here
+        svc = meshio.Service(c)
+
+        async def elsewhere() -> None:
+            try:
+                for use in (lambda: c.ping.call_one(1), lambda: c.ping.call(1),
+                            lambda: c.ping.choose(1), lambda: ref.ping.call_one(1),
+                            lambda: svc.ping.route(1), lambda: svc.ping.call(1), c.stop,
+                            lambda: procs.spawn("c2", C), procs.stop, procs.ready):
+                    await _raises(use, OTHER_LOOP)
+                with pytest.raises(RuntimeError, match=OTHER_LOOP):
+                    c.ping.broadcast(1)
+                # (no runtime was made here to call them from)
+                assert asyncio.get_running_loop() not in _runtimes
+            finally:
+                close_runtime()
+
+        await asyncio.to_thread(asyncio.run, elsewhere())
+        assert await asyncio.wait_for(c.ping.call_one(1), GUARD) == 2
+        assert await asyncio.wait_for(ref.ping.call_one(2), GUARD) == 3
+        assert await asyncio.wait_for(svc.ping.route(3), GUARD) == 4
+        assert await asyncio.wait_for(caller.relay.call_one(c, 4), GUARD) == 5  # in an actor
+        assert not procs.stopped
+
+
+async def test_a_port_used_on_a_loop_of_another_thread_raises() -> None:
+    """A port opened on this loop, sent to from another loop of this
+    process: an error, not values lost to a refused handshake."""
+    port, values = Channel[int].open()
+
+    async def elsewhere() -> None:
+        try:
+            with pytest.raises(RuntimeError, match="another event loop"):
+                port.send(1)
+        finally:
+            close_runtime()  # (port.send made this loop's runtime, to send from)
+
+    await asyncio.to_thread(asyncio.run, elsewhere())
+    port.send(2)
+    assert await asyncio.wait_for(values.recv(), GUARD) == 2
+
+
+async def _start() -> tuple[meshio.ProcMesh, C]:
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+    return procs, await procs.spawn("c", C)
+
+
+async def _ping(c: C) -> int:
+    return await asyncio.wait_for(c.ping.call_one(1), GUARD)
+
+
+async def _finish(procs: meshio.ProcMesh) -> None:
+    await procs.stop()
+    close_runtime()
+
+
+def test_a_later_loop_cannot_use_the_meshes_of_the_first() -> None:
+    """A second ``asyncio.run`` while the first loop is not running: each
+    use raises at once (``spawn`` used to wait forever); the first loop
+    still drives them."""
+    first = asyncio.new_event_loop()
+    try:
+        procs, c = first.run_until_complete(_start())
+        try:
+            async def later() -> None:
+                for use in (lambda: c.ping.call_one(1), lambda: procs.spawn("c2", C),
+                            procs.stop):
+                    await _raises(use, OTHER_LOOP)
+                assert asyncio.get_running_loop() not in _runtimes
+
+            asyncio.run(later())
+            assert first.run_until_complete(_ping(c)) == 2
+        finally:
+            first.run_until_complete(_finish(procs))
+    finally:
+        first.close()
+
+
+def test_the_meshes_of_a_loop_that_has_ended_say_so() -> None:
+    """Once the loop that made them has ended, a mesh and its proc mesh
+    raise ClosedResourceError saying so (they used to dial the processes
+    from the new loop's runtime)."""
+    first = asyncio.new_event_loop()
+    try:
+        procs, c = first.run_until_complete(_start())
+        first.run_until_complete(_finish(procs))
+    finally:
+        first.close()
+
+    async def ended() -> None:
+        for use in (lambda: c.ping.call_one(1), lambda: procs.spawn("c2", C), procs.stop):
+            await _raises(use, "event loop that has ended", ClosedResourceError)
+        assert asyncio.get_running_loop() not in _runtimes
+
+    asyncio.run(ended())
+
+
+async def test_calls_from_a_thread_without_a_loop_name_the_fix() -> None:
+    """From a thread of the controller (``asyncio.to_thread``) a call, a
+    broadcast and a port's send say how to make them on the loop
+    (``asyncio.run_coroutine_threadsafe``, which works, as does
+    ``loop.call_soon_threadsafe`` for a port)."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+        port, values = Channel[int].open()
+        with pytest.raises(RuntimeError, match=NO_LOOP):
+            await asyncio.to_thread(lambda: c.ping.call_one(1))
+        with pytest.raises(RuntimeError, match=NO_LOOP):
+            await asyncio.to_thread(lambda: c.ping.broadcast(1))
+        with pytest.raises(RuntimeError, match="call_soon_threadsafe"):
+            await asyncio.to_thread(port.send, 1)
+
+        loop = asyncio.get_running_loop()
+
+        async def ping() -> int:
+            return await c.ping.call_one(1)
+
+        assert await asyncio.to_thread(
+            lambda: asyncio.run_coroutine_threadsafe(ping(), loop).result(GUARD)) == 2
+        await asyncio.to_thread(loop.call_soon_threadsafe, port.send, 7)
+        assert await asyncio.wait_for(values.recv(), GUARD) == 7
+
+
+async def test_a_call_in_an_actors_init_names_init() -> None:
+    """A call awaited in an actor's ``__init__`` (its thread): the error
+    says so, not "a plain 'def' endpoint" the user never wrote."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+        with pytest.raises(ActorError, match=r"cannot be made from an actor's __init__") as ei:
+            await asyncio.wait_for(procs.spawn("b", Builder, c), GUARD)
+        assert ei.value.remote_type == "RuntimeError"
+        assert "plain 'def' endpoint" not in str(ei.value)
