@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from supervision_helpers import next_event
+from supervision_helpers import next_event, next_pong
 
 import meshio
 import meshio._transport._runtime
@@ -128,24 +128,8 @@ class Boss(Actor):
 
 
 # ----------------------------------------------------------------- helpers
-# No public event says "this process answered a heartbeat" or "sent a fault
-# report": these two hook the controller runtime's own tables (internals).
-
-
-def next_pong(addr: str) -> asyncio.Future[None]:
-    """Resolved by the next heartbeat answer of the process at ``addr``
-    (an actor's ``context().proc.addr``)."""
-    rt = meshio._transport._runtime.runtime()
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    orig = rt.watch.on_pong[addr]
-
-    def hook() -> None:
-        orig()
-        if not fut.done():
-            fut.set_result(None)
-
-    rt.watch.on_pong[addr] = hook
-    return fut
+# No public event says "this process sent a fault report": this hooks the
+# controller runtime's own table (internals), as supervision_helpers.next_pong.
 
 
 def next_fault(addr: str) -> asyncio.Future[ErrorInfo]:

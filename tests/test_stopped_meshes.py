@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from supervision_helpers import W, supervised
+from supervision_helpers import W, next_pong, supervised
 
 import meshio
 import meshio._transport._runtime
@@ -110,22 +110,6 @@ class Peer(Actor):
 def windows() -> int:
     gc.collect()
     return sum(type(o) is Window for o in gc.get_objects())
-
-
-def next_pong(addr: str) -> asyncio.Future[None]:
-    """Resolved by the next heartbeat answer of the process at ``addr``
-    (no public event says so: this hooks the controller runtime's table)."""
-    rt = meshio._transport._runtime.runtime()
-    fut: asyncio.Future[None] = rt.loop.create_future()
-    orig = rt.watch.on_pong[addr]
-
-    def hook() -> None:
-        orig()
-        if not fut.done():
-            fut.set_result(None)
-
-    rt.watch.on_pong[addr] = hook
-    return fut
 
 
 async def until_not_responding(mesh: A) -> None:

@@ -17,6 +17,7 @@ import pytest
 import meshio
 import meshio._transport._runtime
 from fifo_gate import Gate
+from gone import killed
 from meshio import RDMABuffer
 from meshio.rdma import (
     Backend,
@@ -80,12 +81,7 @@ async def test_dead_owner_fails_promptly(pair: tuple[Owner, Peer], backend: str)
     owner, peer = pair
     buf = await owner.register.call_one(backend)
     pid = await owner.pid.call_one()
-    fd = os.pidfd_open(pid)
-    os.kill(pid, signal.SIGKILL)
-    try:
-        await wait_exited(fd, GUARD)  # gone for good, not just signalled
-    finally:
-        os.close(fd)
+    await killed(pid, GUARD)
     with pytest.raises(meshio.ActorError) as err:
         await asyncio.wait_for(peer.read.call_one(buf, 0, 10), GUARD)
     assert err.value.remote_type.endswith("RDMAError")

@@ -6,14 +6,12 @@ the end of the buffer says so, not "length -5"."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
 
 import pytest
 
+from gone import killed
 from meshio.rdma import RDMAError, RDMASizeError
-from meshio.testing import wait_exited
 from rdma_actors import N, Owner, Peer
 
 GUARD = 60
@@ -57,12 +55,7 @@ async def test_a_dead_owner_names_the_backend(pair: tuple[Owner, Peer], backend:
     owner, _ = pair
     buf = await owner.register.call_one(backend)
     pid = await owner.pid.call_one()
-    fd = os.pidfd_open(pid)
-    os.kill(pid, signal.SIGKILL)
-    try:
-        await wait_exited(fd, GUARD)
-    finally:
-        os.close(fd)
+    await killed(pid, GUARD)
     with pytest.raises(RDMAError) as refused:
         await asyncio.wait_for(buf.read_into(bytearray(8), length=8), GUARD)
     message = str(refused.value)

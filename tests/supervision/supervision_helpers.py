@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import meshio
+import meshio._transport._runtime
 from meshio import Actor, endpoint
 from meshio.supervision import ManualClock, Strategy, SupervisionEvent
 from meshio.testing import wait_exited
@@ -251,3 +252,20 @@ async def wait_pidfds(fds: list[int], timeout: float = DEADLINE) -> None:
             await wait_exited(fd, timeout)
         finally:
             os.close(fd)
+
+
+def next_pong(addr: str) -> asyncio.Future[None]:
+    """Resolved by the next heartbeat answer of the process at ``addr`` (an
+    actor's ``context().proc.addr``).  No public event says so: this hooks
+    the controller runtime's own table (internals)."""
+    rt = meshio._transport._runtime.runtime()
+    fut: asyncio.Future[None] = rt.loop.create_future()
+    orig = rt.watch.on_pong[addr]
+
+    def hook() -> None:
+        orig()
+        if not fut.done():
+            fut.set_result(None)
+
+    rt.watch.on_pong[addr] = hook
+    return fut
