@@ -8,7 +8,16 @@ Typed values (a parameter or result with a precise annotation) are encoded
 natively and validated on decode against the annotation.  Untyped values
 (no annotation or ``Any``) keep their Python type: plain JSON-like data goes
 natively, anything else is pickled with cloudpickle inside an extension
-type, tensor storage still out of band.
+type, tensor storage still out of band.  Where a typed value's annotation
+has untyped parts (``dict[str, Any]``, a dataclass with an ``Any`` field),
+those parts travel as untyped values do (:func:`travel`).  An annotation
+msgspec cannot describe at all makes the value untyped (:func:`decoder_for`).
+
+msgpack carries ``int``, ``float``, ``str`` and ``bytes`` natively, but not
+their subclasses (``np.float64``): the encoder refuses those in a typed
+value (:class:`Refit`), and the value is packed again fitted to its
+annotation (:func:`refitter`): a subclass becomes its builtin where the
+annotation wants that builtin.
 
 Large values of every kind travel out of band: ``bytes`` and ``str`` from
 :data:`OOB_THRESHOLD` bytes on, and pickles of that size.  An ASCII ``str``
@@ -33,7 +42,10 @@ whatever goes wrong while decoding reaches the caller as an exception (the
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import ctypes
+import enum
 import inspect
 import io
 import linecache
@@ -42,17 +54,19 @@ import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Final
 
 import cloudpickle
 import msgspec
+import msgspec.inspect
 import msgspec.structs
 
 from .._exceptions import SchemaError
 
-__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "ascii_memory", "decoder_for", "dumps",
-           "limits", "loads", "set_limits")
+__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "Refit", "Unfit", "ascii_memory",
+           "decoder_for", "dumps", "lenient", "limits", "loads", "refitter", "set_limits",
+           "travel", "type_name")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
@@ -97,6 +111,9 @@ class _HookState(threading.local):
     out: OutBuffers | None = None
     bufs: Buffers | None = None
     later: bool = False
+    #: a builtin's subclass in a typed value is pickled as it is, not
+    #: refused with :class:`Refit` (:func:`lenient`)
+    lenient: bool = False
 
 
 _tls = _HookState()
@@ -518,6 +535,8 @@ def _enc_hook(obj: Any) -> Any:
             (*ref, True) if obj.requires_grad else ref))
     if type(obj) is _Pickled:
         obj = obj.obj
+    elif isinstance(obj, _BUILTINS) and not _tls.lenient and not isinstance(obj, enum.Enum):
+        raise Refit  # (msgspec encodes the builtins themselves: this is a subclass)
     start = len(out)
     data: bytes | int = dumps(obj, out)
     if len(data) >= OOB_THRESHOLD:  # type: ignore[arg-type]
@@ -638,6 +657,48 @@ def _dec_hook(tp: Any, obj: Any) -> Any:
     raise TypeError(f"Expected `{getattr(tp, '__qualname__', tp)}`, got `{type(obj).__name__}`")
 
 
+def _lazy_dec_hook(tp: Any, obj: Any) -> Any:
+    """:func:`_dec_hook`, taking a pickle not unpickled where a class is
+    expected (:meth:`TypedDecoder.explain_lazily`: another part is wrong)."""
+    return obj if obj is _LATER else _dec_hook(tp, obj)
+
+
+_HEAPTYPE: Final = 1 << 9
+
+
+def type_name(t: type) -> str:
+    """``t`` as msgspec names a type in its messages (CPython's ``tp_name``:
+    ``numpy.float64``, ``MyStr``)."""
+    if t.__flags__ & _HEAPTYPE or t.__module__ == "builtins":
+        return t.__name__
+    return f"{t.__module__}.{t.__name__}"
+
+
+#: stand-ins made by :func:`_named` (a few: only messages need them)
+_stand_ins: dict[type, Any] = {}
+
+
+def _named(t: type) -> Any:
+    """A stand-in msgspec names as ``t`` in its messages, but takes for no
+    builtin (:func:`_naming_ext_hook`)."""
+    stand_in = _stand_ins.get(t)
+    if stand_in is None:
+        if len(_stand_ins) >= 64:
+            _stand_ins.clear()
+        stand_in = _stand_ins[t] = type(type_name(t), (), {"__slots__": ()})()
+    return stand_in
+
+
+def _naming_ext_hook(code: int, data: memoryview) -> Any:
+    """:func:`_ext_hook`, but a pickled instance of a builtin's subclass is
+    stood for by :func:`_named` (msgspec would take a ``str`` subclass for a
+    ``str``; the annotation refused it pickled)."""
+    value = _ext_hook(code, data)
+    if code == EXT_PICKLE and _subclassed(value):
+        return _named(type(value))
+    return value
+
+
 # ---------------------------------------------------------------- walkers
 
 
@@ -680,11 +741,339 @@ def _prep_untyped(v: Any) -> Any:
     return _Pickled(v)
 
 
+# ---------------------------------------------------------------- fitting
+
+#: the builtins msgpack carries natively, though not their subclasses
+_BUILTINS: Final = (int, float, str, bytes)
+#: the exact types among :data:`_BUILTINS` (and ``bool``, an ``int``)
+_EXACT: Final = frozenset({int, float, str, bytes, bool})
+#: what msgspec hands a class of its own (a ``CustomType``) to check, where
+#: the value was sent natively: a class that admits one of these cannot tell
+#: from it what was sent (``object``, ``Hashable``: a tuple arrives a list)
+_NATIVE: Final = (dict, list, str, bytes, int, float, bool, type(None))
+_ARRAYS: Final = (list, tuple, set, frozenset)
+_MI: Final = msgspec.inspect
+_ARRAY_TYPES: Final = (_MI.ListType, _MI.SetType, _MI.FrozenSetType, _MI.VarTupleType)
+_MAP_TYPES: Final = (_MI.DictType, _MI.FrozenDictType)
+_OBJECT_TYPES: Final = (_MI.DataclassType, _MI.StructType)
+#: a function that prepares a value to travel as its type says (:func:`travel`,
+#: :func:`refitter`)
+Fit = Callable[[Any], Any]
+#: a field a value lacks (:func:`_fit_object`)
+_MISSING: Final = object()
+
+
+class Refit(Exception):
+    """The encoder met an instance of a subclass of ``int``, ``float``,
+    ``str`` or ``bytes`` (``np.float64``, which ``np.mean`` returns) in a typed
+    value: msgpack carries one only pickled, which its annotation may not
+    allow.  The schema packs the value again with :func:`refitter`'s
+    function, under :func:`lenient`."""
+
+
+class Unfit(Exception):
+    """A typed value cannot travel as its annotation says: ``value``, an int
+    outside the range msgpack carries (the schema names where it is)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        bits = value.bit_length()
+        shown = int.__repr__(value) if bits <= 256 else f"of {bits} bits"
+        super().__init__(f"the int {shown} is outside the range a typed int travels in "
+                         "(-2**63 to 2**64 - 1)")
+
+
+@contextlib.contextmanager
+def lenient() -> Generator[None, None, None]:
+    """Within: a builtin's subclass in a typed value is pickled as it is
+    (where :func:`refitter` left it: its annotation names a class of its
+    own), not refused with :class:`Refit`."""
+    _tls.lenient = True
+    try:
+        yield
+    finally:
+        _tls.lenient = False
+
+
+def _builtin(v: Any) -> Any:
+    """``v``, an instance of a subclass of a builtin of :data:`_BUILTINS`, as
+    that builtin, by the builtin's own conversion (the subclass's
+    ``__str__`` or ``__float__`` is not asked)."""
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, bytes):
+        return bytes.__bytes__(v)
+    if isinstance(v, float):
+        return float.__float__(v)
+    return int.__int__(v)
+
+
+def _subclassed(v: Any) -> bool:
+    """``v`` is an instance of a subclass of a builtin of :data:`_BUILTINS`
+    (not an enum member: msgspec encodes those by value)."""
+    return type(v) not in _EXACT and isinstance(v, _BUILTINS) and not isinstance(v, enum.Enum)
+
+
+def _fit_leaf(v: Any) -> Any:
+    """A value where the annotation wants a builtin (or no class of its own):
+    a builtin's subclass becomes the builtin; an int msgpack cannot carry
+    raises :class:`Unfit`."""
+    fitted = _builtin(v) if _subclassed(v) else v
+    if type(fitted) is int and not _INT_MIN <= fitted <= _INT_MAX:
+        raise Unfit(v)  # (the value as sent: the schema finds it by identity)
+    return _prep_typed(fitted)
+
+
+def _fit_custom(v: Any) -> Any:
+    """A value where the annotation names a class of its own (checked with
+    ``isinstance`` on arrival): a builtin's subclass, or an int msgpack
+    cannot carry, travels pickled, as it is."""
+    if _subclassed(v) or (type(v) is int and not _INT_MIN <= v <= _INT_MAX):
+        return _Pickled(v)
+    return _prep_typed(v)
+
+
+def _open_class(cls: Any) -> bool:
+    """Whether a value sent natively (a tuple, a dataclass: as a list, a
+    map) could pass for an instance of ``cls`` on arrival."""
+    try:
+        return any(issubclass(t, cls) for t in _NATIVE)
+    except TypeError:  # (a Protocol isinstance cannot check: msgspec's check fails alike)
+        return False
+
+
+class _Fitting:
+    """Builds the function that fits values to a msgspec type (its
+    ``msgspec.inspect`` description).  ``full``: every part (:func:`refitter`);
+    else only the untyped parts (:func:`travel`), the others as
+    :func:`_prep_typed` prepares them."""
+
+    def __init__(self, full: bool) -> None:
+        self.full = full
+        self._fits: dict[int, Fit] = {}
+        self._open: dict[int, bool] = {}
+
+    def open(self, info: Any) -> bool:
+        """Whether msgspec decodes a part of ``info`` as plain data: ``Any``,
+        or a class that admits it (:func:`_open_class`)."""
+        key = id(info)
+        known = self._open.get(key)
+        if known is not None:
+            return known
+        self._open[key] = False  # (while in progress: a type that refers to itself)
+        if isinstance(info, _MI.AnyType):
+            found = True
+        elif isinstance(info, _MI.CustomType):
+            found = _open_class(info.cls)
+        else:
+            found = any(self.open(part) for part in _parts(info))
+        self._open[key] = found
+        return found
+
+    def fit(self, info: Any) -> Fit | None:
+        """The function for ``info``; None where a partial one leaves it to
+        :func:`_prep_typed`."""
+        if not self.full and not self.open(info):
+            return None
+        key = id(info)
+        known = self._fits.get(key)
+        if known is not None:
+            return known
+        later: list[Fit] = []  # (a type that refers to itself: its function, once made)
+        self._fits[key] = lambda v: later[0](v)
+        made = self._make(info)
+        later.append(made)
+        self._fits[key] = made
+        return made
+
+    def part(self, info: Any) -> Fit:
+        return self.fit(info) or _prep_typed
+
+    def _make(self, info: Any) -> Fit:
+        if isinstance(info, _MI.AnyType):
+            return _prep_untyped
+        if isinstance(info, _MI.CustomType):
+            return _prep_untyped if _open_class(info.cls) else _fit_custom
+        if isinstance(info, _MI.Metadata):
+            return self.part(info.type)
+        if isinstance(info, _ARRAY_TYPES):
+            return _fit_array(self.part(info.item_type))
+        if isinstance(info, _MI.TupleType):
+            return _fit_tuple([self.part(t) for t in info.item_types])
+        if isinstance(info, _MAP_TYPES):
+            return _fit_map(self.part(info.key_type), self.part(info.value_type))
+        if isinstance(info, _MI.TypedDictType):
+            return _fit_typed_dict({f.encode_name: self.part(f.type) for f in info.fields})
+        if isinstance(info, _MI.NamedTupleType):
+            return _fit_tuple([self.part(f.type) for f in info.fields], longer=True)
+        if isinstance(info, _OBJECT_TYPES):
+            fields = [(f.name, f.encode_name, fit) for f in info.fields
+                      if (fit := self.fit(f.type)) is not None]
+            return _fit_object(info.cls, fields, isinstance(info, _MI.StructType))
+        if isinstance(info, _MI.UnionType):
+            return self._union(info.types)
+        return _fit_leaf
+
+    def _union(self, arms: tuple[Any, ...]) -> Fit:
+        classes: list[tuple[type, Fit]] = []
+        arrays: Fit | None = None
+        maps: Fit | None = None
+        for arm in arms:
+            fit = self.part(arm)
+            inner = arm.type if isinstance(arm, _MI.Metadata) else arm
+            if isinstance(inner, (_MI.CustomType, _MI.NamedTupleType, *_OBJECT_TYPES)):
+                classes.append((getattr(inner.cls, "__origin__", inner.cls), fit))
+            if isinstance(inner, (*_ARRAY_TYPES, _MI.TupleType)) and arrays is None:
+                arrays = fit
+            if isinstance(inner, (*_MAP_TYPES, _MI.TypedDictType)) and maps is None:
+                maps = fit
+        for arm in arms:  # a dataclass or Struct is also sent as a map
+            if isinstance(arm, _OBJECT_TYPES) and maps is None:
+                maps = self.part(arm)
+        return _fit_union(classes, arrays, maps)
+
+
+def _parts(info: Any) -> list[Any]:
+    """The types ``info`` is made of (its items, fields, arms)."""
+    if isinstance(info, _MI.Metadata):
+        return [info.type]
+    if isinstance(info, _ARRAY_TYPES):
+        return [info.item_type]
+    if isinstance(info, _MI.TupleType):
+        return list(info.item_types)
+    if isinstance(info, _MAP_TYPES):
+        return [info.key_type, info.value_type]
+    if isinstance(info, (_MI.TypedDictType, _MI.NamedTupleType, *_OBJECT_TYPES)):
+        return [f.type for f in info.fields]
+    if isinstance(info, _MI.UnionType):
+        return list(info.types)
+    return []
+
+
+def _fit_array(item: Fit) -> Fit:
+    def fit(v: Any) -> Any:
+        if isinstance(v, _ARRAYS):
+            return [item(x) for x in v]
+        return _fit_leaf(v)
+    return fit
+
+
+def _fit_tuple(items: list[Fit], longer: bool = False) -> Fit:
+    """A fixed-length array (``longer``: a NamedTuple's, which may be sent
+    short of its defaults; items past its fields are fitted as leaves)."""
+    n = len(items)
+
+    def fit(v: Any) -> Any:
+        if isinstance(v, (list, tuple)) and (len(v) == n or longer):
+            return [items[i](x) if i < n else _fit_leaf(x) for i, x in enumerate(v)]
+        return _fit_leaf(v)
+    return fit
+
+
+def _fit_map(key: Fit, value: Fit) -> Fit:
+    def fit(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k if type(k) is str else _fit_key(key, k): value(x) for k, x in v.items()}
+        return _fit_leaf(v)
+    return fit
+
+
+def _fit_key(key: Fit, k: Any) -> Any:
+    """A map key: fitted, but never out of band (msgpack keys are in band)."""
+    fitted = key(k)
+    return fitted.buf if type(fitted) is _OOB else fitted
+
+
+def _fit_typed_dict(fields: dict[str, Fit]) -> Fit:
+    def fit(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: fields[k](x) if k in fields else _fit_leaf(x) for k, x in v.items()}
+        return _fit_leaf(v)
+    return fit
+
+
+def _fit_object(cls: Any, fields: list[tuple[str, str, Fit]], struct: bool) -> Fit:
+    """A dataclass, attrs class or Struct: an instance whose fitted fields
+    differ from its own travels as a shallow copy holding them (its class's
+    code does not run: no ``__init__`` or ``__post_init__``); a map sent
+    for one is fitted as its fields."""
+    origin = getattr(cls, "__origin__", cls)  # (a generic one: Box[float])
+    by_key = {key: fit for _, key, fit in fields}
+
+    def fit(v: Any) -> Any:
+        if isinstance(v, origin):
+            changed: dict[str, Any] = {}
+            for name, _, fit_field in fields:
+                x = getattr(v, name, _MISSING)  # (missing: msgspec says so)
+                if x is not _MISSING:
+                    y = fit_field(x)
+                    if y is not x:
+                        changed[name] = y
+            return _replaced(v, changed, struct) if changed else v
+        if isinstance(v, dict):
+            return {k: by_key[k](x) if k in by_key else _fit_leaf(x) for k, x in v.items()}
+        return _fit_leaf(v)
+    return fit
+
+
+def _replaced(v: Any, changed: dict[str, Any], struct: bool) -> Any:
+    new = copy.copy(v)
+    for name, x in changed.items():
+        if struct:
+            msgspec.structs.force_setattr(new, name, x)
+        else:
+            object.__setattr__(new, name, x)  # (a frozen dataclass too)
+    return new
+
+
+def _fit_union(classes: list[tuple[type, Fit]], arrays: Fit | None, maps: Fit | None) -> Fit:
+    """An arm by the value's kind: an instance of an arm's class, an array,
+    a map; else a leaf (msgspec allows one arm of each kind)."""
+    def fit(v: Any) -> Any:
+        for cls, fit_arm in classes:
+            if isinstance(v, cls):
+                return fit_arm(v)
+        if arrays is not None and isinstance(v, _ARRAYS):
+            return arrays(v)
+        if maps is not None and isinstance(v, dict):
+            return maps(v)
+        return _fit_leaf(v)
+    return fit
+
+
+def travel(tp: Any) -> bool | Fit:
+    """How a value of the type ``tp`` (one :func:`decoder_for` accepted)
+    travels: True, natively (:func:`_prep_typed`); or, where msgspec would
+    decode a part as plain data (``Any``, ``object``: a dataclass would
+    arrive a dict, a tuple a list), a function that prepares the value so
+    that those parts travel as untyped values do, keeping their Python type."""
+    try:
+        fit = _Fitting(full=False).fit(msgspec.inspect.type_info(tp))
+    except Exception:  # (msgspec describes every type it decodes: not expected)
+        return True
+    return True if fit is None else fit
+
+
+def refitter(tp: Any) -> Fit:
+    """The function that prepares a value of the type ``tp`` to travel
+    when the encoder refused it (:class:`Refit`, :class:`Unfit`,
+    ``OverflowError``): as :func:`travel` prepares it, and in every typed
+    part, a builtin's subclass becomes the builtin (a ``str`` subclass a
+    ``str``), except where the annotation names a class of its own (it then
+    travels pickled, as it is); an int msgpack cannot carry raises
+    :class:`Unfit`."""
+    try:
+        return _Fitting(full=True).part(msgspec.inspect.type_info(tp))
+    except Exception:  # (as in travel)
+        return _fit_leaf
+
+
 # ------------------------------------------------------------------ packer
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
 _lazy_any_decoder = msgspec.msgpack.Decoder(ext_hook=_lazy_ext_hook)
+_naming_decoder = msgspec.msgpack.Decoder(ext_hook=_naming_ext_hook)
 
 
 def _inline(v: Any) -> bool:
@@ -698,11 +1087,12 @@ def _inline(v: Any) -> bool:
     return t in _PLAIN
 
 
-def _prepped(values: dict[str, Any], typed: Mapping[str, bool]) -> dict[str, Any]:
+def _prepped(values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> dict[str, Any]:
     """:meth:`Packer.pack_map`'s values, big buffers out of band and untyped
     ones pickled.  (Apart from it: its comprehension would make a closure
     cell on each call of it.)"""
-    return {k: v if _inline(v) else _prep_typed(v) if typed[k] else _prep_untyped(v)
+    return {k: v if _inline(v) else _prep_typed(v) if typed[k] is True
+            else _prep_untyped(v) if typed[k] is False else typed[k](v)  # type: ignore[operator]
             for k, v in values.items()}
 
 
@@ -712,19 +1102,26 @@ class Packer(list[tuple[Any, int]]):
     made per call sent).
 
     ``pack`` and ``pack_map`` raise :class:`~meshio.SchemaError` when the
-    message would exceed the size limit (:func:`set_limits`).
+    message would exceed the size limit (:func:`set_limits`); for a typed
+    value, :class:`Refit`, :class:`Unfit` or ``OverflowError`` when it
+    cannot travel as it is prepared (:func:`refitter` prepares it anew).
+
+    How a value travels (``typed``): False, untyped; True, typed
+    (natively); or a function that prepares it (:func:`travel`,
+    :func:`refitter`).
     """
 
     __slots__ = ()
 
-    def pack(self, value: Any, typed: bool) -> bytes:
+    def pack(self, value: Any, typed: bool | Fit) -> bytes:
         if _inline(value):
             return _small.encode(value)
-        prepped = _prep_typed(value) if typed else _prep_untyped(value)
+        prepped = (_prep_typed(value) if typed is True else _prep_untyped(value)
+                   if typed is False else typed(value))
         return self.encode(prepped)
 
-    def pack_map(self, values: dict[str, Any], typed: Mapping[str, bool]) -> bytes:
-        """``values`` by name; ``typed``: whether each is annotated with a type."""
+    def pack_map(self, values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> bytes:
+        """``values`` by name; ``typed``: how each travels."""
         for v in values.values():  # (a loop: all(map(...)) calls _inline from C, 2x the cost)
             if not _inline(v):
                 return self.encode(_prepped(values, typed))
@@ -755,19 +1152,19 @@ class Packer(list[tuple[Any, int]]):
 
 
 def decoder_for(tp: Any) -> tuple[Any, bool]:
-    """``(decodable type, typed)`` for an annotation: types msgspec cannot
-    describe fall back to their origin class, then to ``Any``."""
+    """``(decodable type, typed)`` for an annotation: ``(Any, False)`` for one
+    msgspec cannot describe (a union of two dataclasses, an enum of mixed
+    values, a class holding one): such a value travels untyped, keeping its
+    Python type, and the schema checks it against the annotation.  (Never
+    the annotation's origin, ``list`` for ``list[A | B]``: its items would
+    arrive as plain data, a dataclass as a dict.)"""
     if tp is Any or tp is object:
         return Any, False
-    for candidate in (tp, getattr(tp, "__origin__", None)):
-        if candidate is None:
-            continue
-        try:
-            msgspec.msgpack.Decoder(candidate, dec_hook=_dec_hook, ext_hook=_ext_hook)
-        except TypeError:
-            continue
-        return candidate, True
-    return Any, False
+    try:
+        msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
+    except TypeError:
+        return Any, False
+    return tp, True
 
 
 class TypedDecoder:
@@ -810,13 +1207,14 @@ class TypedDecoder:
         only that an extension value arrived ("Expected `int`, got `ext`"):
         the error path alone decodes ``data`` again, unpickling it as a
         ``decode`` where the annotation allows a pickle would (where that
-        raises, the message says so)."""
+        raises, the message says so).  A builtin's subclass, which msgspec
+        would take for the builtin, is named by its own type too."""
         message = str(error)
         if "got `ext`" not in message:
             return message
         _tls.bufs = bufs
         try:
-            msgspec.convert(_any_decoder.decode(data), self._tp, dec_hook=_dec_hook)
+            msgspec.convert(_naming_decoder.decode(data), self._tp, dec_hook=_dec_hook)
         except msgspec.ValidationError as e:
             return str(e)
         except BaseException as e:  # its reconstruction raised
@@ -828,7 +1226,26 @@ class TypedDecoder:
                 "got `ext`", f"got a pickle, which cannot be unpickled here ({why})", 1)
         finally:
             _tls.bufs = None
-        return message
+        return message.replace("got `ext`", "got a pickle", 1)
+
+    def explain_lazily(self, data: Any, bufs: Buffers, message: str) -> str:
+        """msgspec's ``message``, met decoding ``data`` lazily, naming what
+        arrived where it says only that an extension value did ("got
+        `ext`"), without unpickling anything: a tensor or a buffer by its
+        type, a pickle as ``pickle`` (as a lazy decoding with buffers says)."""
+        if "got `ext`" not in message:
+            return message
+        _tls.bufs = bufs
+        try:
+            msgspec.convert(_lazy_any_decoder.decode(data), self._tp, dec_hook=_lazy_dec_hook)
+        except msgspec.ValidationError as e:
+            message = str(e)
+        except Exception:  # (bad data: msgspec's first word stands)
+            pass
+        finally:
+            _tls.bufs = None
+            _tls.later = False
+        return message.replace("got `ext`", "got `pickle`", 1)
 
     def _convert_lazily(self, data: Any) -> Any:
         """:meth:`decode` with buffers, lazily.  (A method, not a closure: a
