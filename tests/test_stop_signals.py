@@ -124,7 +124,7 @@ class Controller:
 @pytest.mark.parametrize("how", ["timeout", "kubernetes"])
 async def test_sigterm_stops_the_controller_gracefully(tmp_path: Path, how: str) -> None:
     """SIGTERM as ``timeout`` sends it (to the controller, then at once to
-    its whole group, workers included) or as Kubernetes does (to the
+    its whole group, which the workers are not in) or as Kubernetes does (to the
     controller only): one line, the actors' ``__cleanup__`` ran in every
     worker, every worker exited, and the controller exits with 143."""
     c = await Controller.start(tmp_path, "run")

@@ -10,6 +10,17 @@ job secret) and what may be too big for either (the pickled ``bootstrap``)
 it reads from its stdin, a Unix socket the launcher writes
 :func:`start_payload` to; the worker answers on the same socket only if its
 bootstrap fails (:attr:`ProcHandle.start_failure`).
+
+Each worker leads a process group of its own (a worker's own workers, a
+nested proc mesh, join its group): what its actors start (a
+``subprocess.Popen``, an ``os.fork()`` child, a ``multiprocessing`` pool)
+is in that group, and goes with the worker: a SIGKILL of the worker goes
+to the whole group, and once the worker has exited, what is left of its
+group is killed before the worker is reaped (while its pid, the group's
+id, is still its own, never another process's).  A child that leaves the
+group (``start_new_session=True``, ``os.setsid()``) is on its own.  A
+terminal's Ctrl-C, and Jupyter's interrupt, signal the controller's group
+only: the controller stops its workers itself.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, Protocol, cast
@@ -44,8 +56,8 @@ from ._transport._tls import TLSConfig
 __all__ = ("BOOTSTRAP_FAILED", "EXIT_UNKNOWN", "PAYLOAD_HEADER", "RESERVED_ENV_PREFIX",
            "AdoptedProc", "ExitWatch", "Forward",
            "LocalLauncher", "LocalProc", "Output", "ProcHandle", "ProcLauncher", "WorkerSpec",
-           "check_env", "describe_exit", "forward_text", "layout_sharing",
-           "random_layouts_for_children", "start_payload")
+           "check_env", "describe_exit", "forward_text", "group_nested_workers",
+           "layout_sharing", "random_layouts_for_children", "start_payload")
 
 #: exit status of a worker whose ``bootstrap`` raised (sysexits' EX_CONFIG)
 BOOTSTRAP_FAILED = 78
@@ -212,11 +224,20 @@ class LocalProc:
     socket buffer), then closed for writing; a worker that dies first just
     stops the writing.  At its exit, what the worker wrote back (a failed
     bootstrap) becomes :attr:`start_failure`.
+
+    ``group``: the worker leads a process group of its own (see the module
+    docstring): SIGKILL goes to the group, and the group is killed once the
+    worker has exited, before it is reaped.  Only this object reaps the
+    worker, so while :meth:`wait` has not returned its pid is its own.
+    ``dies_with_us``: the worker dies with this process (not kept alive):
+    unless reaped, its group is killed when this process exits, even if
+    nothing watches it any more (its loop ended without a stop).
     """
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
                  label: str, stdin: socket.socket, payload: bytes,
-                 output: Output | None = None, worker: str = "") -> None:
+                 output: Output | None = None, worker: str = "", *, group: bool = False,
+                 dies_with_us: bool = False) -> None:
         self._popen = popen
         #: connecting its output pipes, handing the payload over its stdin
         self._tasks = TaskOwner(f"the launch of {label}", loop)
@@ -231,25 +252,42 @@ class LocalProc:
         self.host = socket.gethostname()
         self.start_failure: str | None = None
         self.downed: str | None = None  # a local process is never behind a partition
+        self._group = group
         self._loop = loop
         self._stdin = stdin
         self._handing_over = self._tasks.start(self._hand_over(payload))
         self._exit: asyncio.Future[int] = loop.create_future()
+        if dies_with_us:
+            _unreaped[popen.pid] = _Unreaped(popen, group, os.getpid(), weakref.ref(self))
         try:
             self._fd = os.pidfd_open(popen.pid)
         except (AttributeError, OSError):  # no pidfd: a thread waits instead
             self._fd = -1
-            fut = loop.run_in_executor(None, popen.wait)
-            fut.add_done_callback(lambda f: self._set(f.result()))
+            fut = loop.run_in_executor(None, _wait_exited, popen.pid)
+            fut.add_done_callback(lambda _: self._reap())
         else:
             loop.add_reader(self._fd, self._reap)
 
     def _reap(self) -> None:
-        rc = self._popen.poll()
-        if rc is not None:
+        """It has exited (its pidfd is readable, or the thread saw it):
+        what is left of its group goes, then it is reaped."""
+        if self._fd != -1:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
-            self._set(rc)
+            self._fd = -1
+        if self._exit.done():
+            return
+        # Not reaped yet: its pid, the id of its group, names nothing else.
+        if self._group:
+            _kill_group(self.pid)
+        _unreaped.pop(self.pid, None)
+        rc = self._popen.wait()  # (at once: it has exited)
+        # Whatever it wrote back before it exited is in the socket already.
+        self.start_failure = _read_report(self._stdin)
+        self._handing_over.cancel()  # (a worker that never read its stdin)
+        # closed once the loop no longer watches it for writing
+        self._handing_over.add_done_callback(lambda _: self._stdin.close())
+        self._exit.set_result(rc)
 
     async def _hand_over(self, payload: bytes) -> None:
         try:
@@ -258,29 +296,114 @@ class LocalProc:
         except OSError:  # it died before reading it all: its exit status says why
             pass
 
-    def _set(self, rc: int) -> None:
-        if self._exit.done():
-            return
-        # Whatever it wrote back before it exited is in the socket already.
-        self.start_failure = _read_report(self._stdin)
-        self._handing_over.cancel()  # (a worker that never read its stdin)
-        # closed once the loop no longer watches it for writing
-        self._handing_over.add_done_callback(lambda _: self._stdin.close())
-        self._exit.set_result(rc)
-
     @property
     def returncode(self) -> int | None:
-        return self._popen.returncode if self._exit.done() else self._popen.poll()
+        if not self._exit.done() and _has_exited(self.pid):
+            self._reap()  # (its pidfd says so on the loop's next turn)
+        return self._exit.result() if self._exit.done() else None
 
     async def wait(self) -> int:
         return await asyncio.shield(self._exit)
 
     def send_signal(self, sig: int) -> None:
-        if self._popen.returncode is None:
-            try:
+        """Send ``sig`` to the worker; SIGKILL to its whole group (see the
+        class docstring).  Nothing once it has been reaped."""
+        if self._exit.done():
+            return
+        try:
+            if self._group and sig == signal.SIGKILL:
+                os.killpg(self.pid, sig)
+            else:
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        except ProcessLookupError:
+            pass
+
+
+@dataclass(frozen=True)
+class _Unreaped:
+    """A worker started here that dies with this process, not reaped yet."""
+
+    popen: subprocess.Popen[bytes]
+    #: it leads a process group of its own
+    group: bool
+    #: the process that started it (a fork of that one does not own it)
+    parent: int
+    #: its watcher, gone with its loop (a loop that ended without a stop)
+    proc: weakref.ref[LocalProc]
+
+    def end(self) -> None:
+        """SIGKILL it, its group with it (not reaped: its pid is its own)."""
+        if self.group:
+            _kill_group(self.popen.pid)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, signal.SIGKILL)
+
+
+#: by pid.  Holding its ``Popen`` keeps ``subprocess`` from reaping it
+#: behind our back (it does for a ``Popen`` collected unreaped), so its pid
+#: stays its own until :meth:`LocalProc._reap`, or :func:`_reap_abandoned`.
+_unreaped: dict[int, _Unreaped] = {}
+#: this process is a worker leading a process group of its own: the workers
+#: it starts (a nested proc mesh) join its group (:func:`group_nested_workers`)
+_nested_in_group = False
+
+
+@atexit.register
+def _kill_groups_left() -> None:
+    """This process exits: the workers it started that are not reaped (still
+    running, or exited while no loop watched them) go now with their groups
+    (``PR_SET_PDEATHSIG`` would kill a worker a moment later, but not what
+    it started)."""
+    for w in list(_unreaped.values()):
+        if w.parent == os.getpid() and w.popen.returncode is None:
+            w.end()
+
+
+def _reap_abandoned() -> None:
+    """Reap the workers that exited after their loop ended (nothing watched
+    them), what is left of their groups killed first, as :meth:`LocalProc._reap`
+    does: at each start of a worker, so a long-lived process (a notebook's
+    kernel, a test run) keeps no zombies, nor what they started."""
+    for pid, w in list(_unreaped.items()):
+        if w.proc() is None and w.parent == os.getpid() and _has_exited(pid):
+            if w.group:
+                _kill_group(pid)
+            w.popen.wait()
+            del _unreaped[pid]
+
+
+def group_nested_workers() -> None:
+    """Called by a worker as it starts: if it leads a process group of its
+    own (its launcher made one), the workers it starts itself (a nested
+    proc mesh) join that group rather than making their own, so the
+    group's end (the worker killed, or exited) ends them and what they
+    started too."""
+    global _nested_in_group
+    _nested_in_group = os.getpgrp() == os.getpid()
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid``; none left: nothing to do."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # (only processes we may not signal)
+        pass
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already (by this object: see LocalProc)
+        return True
+
+
+def _wait_exited(pid: int) -> None:
+    """Block until our child ``pid`` has exited, without reaping it (in a
+    thread, where there is no pidfd)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 
 
 class ExitWatch:
@@ -300,7 +423,11 @@ class ExitWatch:
 class AdoptedProc(ExitWatch):
     """A worker on this host started by another controller (a kept-alive
     proc mesh re-attached to), watched with a pidfd.  It is not our child:
-    its exit status stays unknown (:data:`EXIT_UNKNOWN`)."""
+    its exit status stays unknown (:data:`EXIT_UNKNOWN`).  Its process
+    group (see the module docstring) is killed with it and after its exit,
+    as a :class:`LocalProc`'s is: its parent reaps it, but its pid names its
+    group while any process of the group is left, and is given to no other
+    process until the whole range of pids has gone round."""
 
     start_failure: str | None = None
     downed: str | None = None  # (on this host: never behind a partition)
@@ -323,10 +450,13 @@ class AdoptedProc(ExitWatch):
         os.close(self._fd)
         self._fd = -1
         if not self._exit.done():
+            _kill_group(self.pid)
             self._exit.set_result(EXIT_UNKNOWN)
 
     def send_signal(self, sig: int) -> None:
         if self._fd != -1:  # (the pidfd: never a process that reused the pid)
+            if sig == signal.SIGKILL:
+                _kill_group(self.pid)  # (a worker started before groups: no such group)
             try:
                 signal.pidfd_send_signal(self._fd, sig)
             except ProcessLookupError:  # exited, not seen yet
@@ -613,6 +743,7 @@ class LocalLauncher:
         paths = [*json.loads(spec.env.get("MESHIO_SYS_PATH", "[]")), *sys.path]
         env["MESHIO_SYS_PATH"] = json.dumps([p for p in dict.fromkeys(paths) if p])
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the controller as they are printed
+        _reap_abandoned()
         ours, theirs = socket.socketpair()
         try:
             with _one_layout(_local_only(spec)) as shared:
@@ -625,15 +756,21 @@ class LocalLauncher:
                      *([] if spec.keep_alive is None else ["--keep-alive", repr(spec.keep_alive)]),
                      *_tls_args(spec.tls)],
                     env=env, stdin=theirs.fileno(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    close_fds=True)
+                    close_fds=True,
+                    # the leader of a group of its own (in a worker: that worker's group)
+                    process_group=None if _nested_in_group else 0)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
         ours.setblocking(False)
+        # (as the worker decides: a kept-alive one outlives a controller on
+        # this host, never a host agent, which starts its workers over TCP)
+        dies_with_us = spec.keep_alive is None or spec.controller.startswith("tcp://")
         return LocalProc(popen, asyncio.get_running_loop(), spec.label or spec.worker, ours,
-                         start_payload(spec), self._output, spec.worker)
+                         start_payload(spec), self._output, spec.worker,
+                         group=not _nested_in_group, dies_with_us=dies_with_us)
 
 
 def _local_only(spec: WorkerSpec) -> bool:

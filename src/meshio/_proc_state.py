@@ -9,10 +9,13 @@ import enum
 import functools
 import logging
 import os
+import select
 import signal
+import socket
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -581,9 +584,11 @@ class ProcState:
 
     def _watch(self, worker: _Worker, conn: Connection) -> None:
         """Watch the incarnation of ``worker`` at the other end of ``conn``:
-        its loss, faults, stalls and heartbeats."""
+        its loss (its connection's, or its process's exit), faults, stalls
+        and heartbeats."""
         worker.unanswered = None
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
+        self.rt.tasks.start(self._exited(worker.handle, weakref.ref(conn)))
         self.rt.watch.on_fault_from[worker.addr] = functools.partial(self._fault, worker)
         self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
         self.rt.watch.on_pong[worker.addr] = lambda: self._pong(worker)
@@ -609,6 +614,25 @@ class ProcState:
                 conn.send_message(Moved(addr, listen, rt.pids.get(listen, 0)))
 
     # ------------------------------------------------------------ failures
+
+    async def _exited(self, handle: ProcHandle, ref: weakref.ref[Connection]) -> None:
+        """Once the process of ``handle`` has exited (its pidfd, or its host
+        agent's report), its connection (``ref``) goes, and with it the
+        process (:meth:`_lost`, as for any connection lost): a child that
+        shares its sockets (``os.fork()``, a ``multiprocessing`` child that
+        left its process group) would hold that connection open, and a dead
+        process is not a silent one.  What it wrote before its exit is read
+        first: where more of it may come (:func:`_may_follow`), the
+        connection goes :data:`EXIT_STATUS_WAIT` seconds later if it is
+        still open then.  (Holds no connection: a closed one is freed.)"""
+        await handle.wait()
+        conn = ref()
+        if conn is None or conn.closed:
+            return
+        if _may_follow(conn):
+            self.rt.loop.call_later(EXIT_STATUS_WAIT, _abort, ref)
+        else:
+            conn.abort()
 
     def _lost(self, worker: _Worker, conn: Connection) -> None:
         if conn is not worker.conn:  # an incarnation its supervisor is already replacing
@@ -1404,6 +1428,26 @@ def _exit_cause(handle: ProcHandle) -> tuple[str, str]:
         return "partitioned", handle.downed
     cause = describe_exit(handle.returncode)
     return cause, cause
+
+
+def _may_follow(conn: Connection) -> bool:
+    """Whether more of what the process at the other end of ``conn`` wrote
+    before its exit, or its end's close, may still come.  On a Unix socket,
+    its exit closed its end (unless another process shares it): what it
+    wrote, and the end, are in our socket already, unread only if it is
+    readable.  Over TCP (a worker on another host) they may be on their way."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is None or sock.family != socket.AF_UNIX:
+        return True
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN)
+    return bool(poll.poll(0))
+
+
+def _abort(ref: weakref.ref[Connection]) -> None:
+    conn = ref()
+    if conn is not None:
+        conn.abort()  # (closed meanwhile: nothing)
 
 
 def _moved(w: _Worker, conn: Connection) -> bool:

@@ -20,9 +20,15 @@ On the controller's ``Shutdown`` it stops its actors (their ``__cleanup__``
 hooks run, in reverse spawn order), closes its runtime and exits normally, so
 ``atexit`` handlers and finalizers of user code run; the controller kills it
 if that takes longer than the proc mesh's shutdown grace.  A lost controller
-connection runs the hooks too, then leaves with ``os._exit(1)``.  It ignores
-SIGINT and SIGTERM (a terminal, ``timeout`` and Slurm signal the whole
-process group): the controller stops it.
+connection runs the hooks too, then leaves with ``os._exit(1)``.
+
+It leads a process group of its own, made by its launcher, so a terminal's
+Ctrl-C and Jupyter's interrupt (both signal the controller's group) never
+reach it, not even while it starts; what its actors start is in its group
+and is killed with it, or once it has exited (:mod:`meshio._launcher`), and
+the workers it starts itself (a nested proc mesh) join its group.  It
+ignores SIGINT and SIGTERM (``timeout`` signals the controller's group,
+Slurm every process of the job step): the controller stops it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,12 @@ from typing import Any
 
 from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
 from ._debug import install as install_debugger
-from ._launcher import BOOTSTRAP_FAILED, PAYLOAD_HEADER, random_layouts_for_children
+from ._launcher import (
+    BOOTSTRAP_FAILED,
+    PAYLOAD_HEADER,
+    group_nested_workers,
+    random_layouts_for_children,
+)
 from ._logs import install as install_log_records
 from ._transport._roles import Incarnation
 from ._transport._runtime import Runtime, _runtimes
@@ -183,12 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.one_layout:
         random_layouts_for_children()
+    group_nested_workers()
     # A host agent, our parent on a job's host, outlives the controller: we
     # die with it, kept alive or not; the controller (this host) we outlive.
     _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
-    # The controller decides when we stop: a terminal's Ctrl-C, `timeout` and
-    # Slurm signal the whole process group, the controller stops us gracefully.
+    # The controller decides when we stop: `timeout` signals the controller's
+    # process group, Slurm every process of the step; the controller stops us
+    # gracefully.  (A terminal's Ctrl-C does not reach our group.)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):

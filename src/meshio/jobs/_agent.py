@@ -7,7 +7,9 @@ connection proves the job secret, under TLS when configured, before a
 frame is read.  It serves two requests (:class:`LaunchWorker`,
 :class:`SignalWorker`) and sends back its workers' output and exit status;
 the workers connect to the controller themselves.  Its workers are its
-children and die with it (``PR_SET_PDEATHSIG``).  With ``--idle-timeout``
+children and die with it (``PR_SET_PDEATHSIG``); each leads a process group
+of its own, killed with it and once it has exited, so what its actors
+started goes too (:mod:`meshio._launcher`).  With ``--idle-timeout``
 it exits once no controller has been connected for that long, so an
 allocation nobody uses ends instead of leaking.
 
