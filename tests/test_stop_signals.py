@@ -140,6 +140,22 @@ async def test_sigterm_stops_the_controller_gracefully(tmp_path: Path, how: str)
     assert c.cleaned_up() == sorted(c.pids)
 
 
+async def test_sighup_stops_the_controller_gracefully(tmp_path: Path) -> None:
+    """SIGHUP, as a closing terminal or ssh session sends it to the
+    controller's group (the workers lead groups of their own): stopped as
+    by SIGTERM, its actors' ``__cleanup__`` ran, exit status 129 (it died by
+    the signal, nothing cleaned up)."""
+    c = await Controller.start(tmp_path, "run")
+    try:
+        os.killpg(c.proc.pid, signal.SIGHUP)
+        code, err = await c.end()
+    finally:
+        c.close()
+    assert err == "meshio: hung up (SIGHUP: its terminal closed); stopping worker processes\n"
+    assert code == 128 + signal.SIGHUP
+    assert c.cleaned_up() == sorted(c.pids)
+
+
 async def test_more_ctrl_c_during_the_stop_is_safe(tmp_path: Path) -> None:
     """Ctrl-C again while the stop runs, after its line is out (a user
     pressing twice), and two SIGINTs back to back (``timeout -s INT``:

@@ -1,5 +1,5 @@
 """``meshio.run``: ``asyncio.run`` on uvloop when it is installed, stopping
-on Ctrl-C or SIGTERM with one line and exit status 130 or 143."""
+on Ctrl-C, SIGTERM or SIGHUP with one line and exit status 130, 143 or 129."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ T = TypeVar("T")
 
 #: the signals that stop ``run`` gracefully, and what the line printed says
 STOP_SIGNALS: Final = {signal.SIGINT: "interrupted (Ctrl-C)",
-                       signal.SIGTERM: "terminated (SIGTERM)"}
+                       signal.SIGTERM: "terminated (SIGTERM)",
+                       signal.SIGHUP: "hung up (SIGHUP: its terminal closed)"}
 #: seconds after a stop signal the loop has not taken yet that another one
 #: means the loop is blocked (not merely busy, nor sent the signal twice in
 #: a row as ``timeout`` does): that one raises KeyboardInterrupt where it is
@@ -50,7 +51,8 @@ class _Stop:
         replaced: list[tuple[int, Any]] = []
         if threading.current_thread() is threading.main_thread():
             for sig, default in ((signal.SIGINT, signal.default_int_handler),
-                                 (signal.SIGTERM, signal.SIG_DFL)):
+                                 (signal.SIGTERM, signal.SIG_DFL),
+                                 (signal.SIGHUP, signal.SIG_DFL)):
                 if signal.getsignal(sig) is default:
                     signal.signal(sig, self._on_signal)
                     replaced.append((sig, default))
@@ -82,10 +84,13 @@ class _Stop:
         if self.taken:
             return
         self.taken = True
-        print(f"meshio: {STOP_SIGNALS[signal.Signals(self.signum or signal.SIGINT)]}; "
-              "stopping worker processes", file=sys.stderr, flush=True)
         if self.task is not None:
             self.task.cancel()
+        try:  # (after a SIGHUP the terminal may be gone: EIO)
+            print(f"meshio: {STOP_SIGNALS[signal.Signals(self.signum or signal.SIGINT)]}; "
+                  "stopping worker processes", file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
     def exit(self) -> NoReturn:
         """The end of a stopped run (the line printed if the loop never took it)."""
@@ -110,13 +115,15 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
     otherwise.  meshio's listening socket and connections are closed at the
     end; worker processes still running exit with them.
 
-    Ctrl-C (SIGINT) and SIGTERM (what ``timeout``, Slurm and Kubernetes send)
-    stop the program gracefully: one line goes to stderr (``meshio:
+    Ctrl-C (SIGINT), SIGTERM (what ``timeout``, Slurm and Kubernetes send)
+    and SIGHUP (the terminal or ssh session closed) stop the program
+    gracefully: one line goes to stderr (``meshio:
     interrupted (Ctrl-C); stopping worker processes``), ``main`` is cancelled
     as ``asyncio.run`` does on Ctrl-C, so its ``async with`` blocks stop their
     proc meshes (actors' ``__cleanup__`` runs), and the program exits with
-    status 130 after SIGINT, 143 after SIGTERM (``SystemExit``), the shell's
-    convention for a command ended by a signal.  More signals during that
+    status 130 after SIGINT, 143 after SIGTERM, 129 after SIGHUP
+    (``SystemExit``), the shell's convention for a command ended by a
+    signal.  More signals during that
     stop are ignored; only while the loop is blocked by code that never
     yields does another one, a second or more after the first, raise
     ``KeyboardInterrupt`` in that code.  Signals whose handlers the program
@@ -124,7 +131,7 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
 
     Raises:
         SystemExit: with code 130 after SIGINT (or a ``KeyboardInterrupt``),
-            143 after SIGTERM.
+            143 after SIGTERM, 129 after SIGHUP.
         RuntimeError: called while an event loop runs in this thread (a
             notebook cell, an ``async def``): ``await main`` there instead.
     """
