@@ -12,7 +12,7 @@ names a class the receiver cannot import, a bad extension or buffer.
 A parameter or result whose annotation msgspec cannot describe (a union of
 two dataclasses, an enum of mixed values, a class holding one) travels
 untyped, exactly as sent, and is checked here against its annotation
-(:func:`_check_for`); nothing ever arrives as another type than the one
+(:func:`check_for`); nothing ever arrives as another type than the one
 sent or annotated (a dataclass as a dict).
 """
 
@@ -23,17 +23,11 @@ sent or annotated (a dataclass as a dict).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import datetime
 import inspect
-import operator
-import re
-import reprlib
 import sys
 import types
 import typing
-from collections import abc
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, NoReturn
 
@@ -52,8 +46,8 @@ from .._transport._serial import (
     lenient,
     refitter,
     travel,
-    type_name,
 )
+from ._annotations import Check, Mismatch, check_for, describe, items_of, mapping_of, why
 
 __all__ = ("Schema",)
 
@@ -140,19 +134,19 @@ class Schema:
         self._types: dict[str, Any] = {}
         self._each: dict[str, TypedDecoder] = {}
         #: by argument whose annotation msgspec cannot describe: its check
-        self._checks: dict[str, _Check] = {}
+        self._checks: dict[str, Check] = {}
         fields: list[tuple[str, Any, Any]] = []
         for p in params:
             hint = hints.get(p.name, Any)
             tp, typed = decoder_for(hint)
             self.typed[p.name] = typed
-            check = None if typed else _check_for(hint)
+            check = None if typed else check_for(hint)
             if p.kind is p.VAR_POSITIONAL:
                 tp = types.GenericAlias(list, (tp,))
-                check = check and _items(list, check, types.GenericAlias(list, (hint,)))
+                check = check and items_of(list, check, types.GenericAlias(list, (hint,)))
             elif p.kind is p.VAR_KEYWORD:
                 tp = types.GenericAlias(dict, (str, tp))
-                check = check and _mapping(dict, None, check,
+                check = check and mapping_of(dict, None, check,
                                            types.GenericAlias(dict, (str, hint)))
             if check is not None:
                 self._checks[p.name] = check
@@ -180,7 +174,7 @@ class Schema:
         self.result_type, self.result_typed = decoder_for(rtp)
         self._result_how = travel(self.result_type) if self.result_typed else False
         self._result_refit: Fit | None = None
-        check = None if self.result_typed else _check_for(rtp)
+        check = None if self.result_typed else check_for(rtp)
         self._result = (TypedDecoder(self.result_type) if check is None
                         else _Checked(self.result_type, [(None, check)]))
         #: ``-> None``: a result is checked on the actor (:meth:`pack_result`)
@@ -241,7 +235,7 @@ class Schema:
         if isinstance(e, SchemaError):  # over the message size limit
             return SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
                                f"argument: {max(bound.items(), key=_size_of)[0]!r})")
-        return SchemaError(f"{self.qualname}: arguments cannot be sent: {_why(e)}")
+        return SchemaError(f"{self.qualname}: arguments cannot be sent: {why(e)}")
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Arguments by name, checked against the signature."""
@@ -344,7 +338,7 @@ class Schema:
         if self._none and value is not None:
             raise SchemaError(
                 f"it does not match its annotation `-> None`: got `{type(value).__qualname__}` "
-                f"{_describe(value)}; return None, or annotate the type it returns")
+                f"{describe(value)}; return None, or annotate the type it returns")
 
     # ----------------------------------------------------------- receiver
 
@@ -375,7 +369,7 @@ class Schema:
         try:
             raws = _raw_map.decode(data)
         except Exception as e:
-            raise SchemaError(f"undecodable arguments for {q}: {_why(e)}") from None
+            raise SchemaError(f"undecodable arguments for {q}: {why(e)}") from None
         if not raws.keys() <= self._fields:
             raise SchemaError(f"bad arguments for {q}: unknown argument(s) "
                               f"{sorted(raws.keys() - self._fields)}")
@@ -391,10 +385,10 @@ class Schema:
             except _Deferred:
                 pickled.append(name)
             except msgspec.ValidationError as e:
-                why = dec.explain_lazily(raw, bufs, str(e))
-                raise SchemaError(f"bad arguments for {q}: {_at(why, name)}") from None
+                reason = dec.explain_lazily(raw, bufs, str(e))
+                raise SchemaError(f"bad arguments for {q}: {_at(reason, name)}") from None
             except Exception as e:
-                raise SchemaError(f"undecodable argument {name!r} for {q}: {_why(e)}") from None
+                raise SchemaError(f"undecodable argument {name!r} for {q}: {why(e)}") from None
         for name in pickled:
             try:
                 values[name] = self._decoder(name).decode(raws[name], bufs)
@@ -402,7 +396,7 @@ class Schema:
                 raise SchemaError(f"bad arguments for {q}: {_at(str(e), name)}") from None
             except BaseException as e:  # the value's own reconstruction code raised
                 raise SchemaError(f"argument {name!r} of {q} cannot be decoded in this "
-                                  f"process: {_why(e)}") from None
+                                  f"process: {why(e)}") from None
         return self._spread(values) if self._spreads else ((), values)
 
     def _decoder(self, name: str) -> TypedDecoder:
@@ -451,30 +445,13 @@ class Schema:
                               f"{self._result.explain(data, bufs, e)}") from None
         except BaseException as e:  # bad data, or the value's reconstruction code raised
             raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
-                              f"process: {_why(e)}") from None
+                              f"process: {why(e)}") from None
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     """``fn``'s annotations, resolved, ``Annotated`` kept: its
     ``msgspec.Meta`` constraints are checked too."""
     return typing.get_type_hints(fn, include_extras=True)
-
-
-def _why(e: BaseException) -> str:
-    """The cause of a failure to encode or decode, for a message."""
-    if isinstance(e, RecursionError):
-        return f"nested too deeply ({e})"
-    t = type(e)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return f"{name}: {e}"
-
-
-def _describe(value: Any) -> str:
-    """A short repr of ``value`` (a user's value: its ``__repr__`` may raise)."""
-    try:
-        return reprlib.repr(value)
-    except Exception as e:
-        return f"<unprintable: {_why(e)}>"
 
 
 def _at(msg: str, name: str) -> str:
@@ -517,8 +494,8 @@ def _path_to(v: Any, target: Any, seen: set[int]) -> str | None:
     seen.add(id(v))
     parts: Iterable[tuple[str, Any]]
     if isinstance(v, dict):
-        parts = [(f"[{_describe(k)}]", x) for k, x in v.items()]
-        parts += [(f"[{_describe(k)}]", k) for k in v]  # (a key)
+        parts = [(f"[{describe(k)}]", x) for k, x in v.items()]
+        parts += [(f"[{describe(k)}]", k) for k in v]  # (a key)
     elif isinstance(v, (list, tuple, set, frozenset)):
         parts = ((f"[{i}]", x) for i, x in enumerate(v))
     elif dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -542,7 +519,7 @@ class _Checked(TypedDecoder):
 
     __slots__ = ("_checks",)
 
-    def __init__(self, tp: Any, checks: list[tuple[str | None, _Check]]) -> None:
+    def __init__(self, tp: Any, checks: list[tuple[str | None, Check]]) -> None:
         super().__init__(tp)
         self._checks = checks
 
@@ -554,7 +531,7 @@ class _Checked(TypedDecoder):
                 continue
             try:
                 check(part, set())
-            except _Mismatch as e:
+            except Mismatch as e:
                 raise msgspec.ValidationError(e.text("$" if name is None else f"$.{name}")
                                               ) from None
         return value
@@ -563,414 +540,3 @@ class _Checked(TypedDecoder):
 def _is_awaitable(tp: Any) -> bool:
     origin = typing.get_origin(tp)
     return origin in (Awaitable, Coroutine)
-
-
-# ------------------------------------------------------ checked annotations
-#
-# An annotation msgspec cannot describe (a union of two dataclasses, an enum
-# of mixed values, a class holding one) makes its value travel untyped: it
-# arrives exactly as sent, and is checked here against the annotation, with
-# isinstance at every level that can be seen (unions, Literal, the items of
-# builtin containers, the fields of dataclasses, attrs classes, Structs,
-# NamedTuples and TypedDicts, msgspec.Meta constraints); nothing converted.
-
-
-class _Mismatch(Exception):
-    """A value does not fit its annotation: ``message`` at ``path`` (its
-    parts innermost first); ``matched``: the value was of the annotation's
-    kind, a part of it is wrong (a union reports that arm)."""
-
-    def __init__(self, message: str, matched: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.matched = matched
-        self.path: list[str] = []
-
-    def within(self, part: str) -> _Mismatch:
-        self.path.append(part)
-        self.matched = True
-        return self
-
-    def text(self, root: str) -> str:
-        """The message as msgspec words one, its path from ``root``."""
-        path = root + "".join(reversed(self.path))
-        return self.message if path == "$" else f"{self.message} - at `{path}`"
-
-
-#: checks a value; ``active``: the objects being checked further up (a
-#: value that refers to itself is checked once)
-_Check = Callable[[Any, set[tuple[int, int]]], None]
-_MISSING = object()
-_SEQUENCES = frozenset({list, set, frozenset, collections.deque, abc.Sequence,
-                        abc.MutableSequence, abc.Set, abc.MutableSet, abc.Collection})
-_MAPPINGS = frozenset({dict, collections.OrderedDict, collections.defaultdict, abc.Mapping,
-                       abc.MutableMapping})
-#: containers whose items are checked (iterating another runs its own code)
-_WALKED = (list, tuple, set, frozenset, collections.deque)
-_WRAPPERS = frozenset({typing.ClassVar, typing.Final, typing.Required, typing.NotRequired})
-
-
-def _check_for(tp: Any) -> _Check | None:
-    """The check of a value annotated ``tp`` that travels untyped; None: no
-    check (``Any``).  It raises :class:`_Mismatch`."""
-    return _Checks().of(tp)
-
-
-class _Checks:
-    """Builds the check of an annotation; a class that refers to itself
-    gets one check."""
-
-    def __init__(self) -> None:
-        self._classes: dict[Any, _Check | None] = {}
-
-    def of(self, tp: Any) -> _Check | None:
-        if tp is Any or tp is object or isinstance(tp, (typing.TypeVar, str, typing.ForwardRef)):
-            return None  # (a string or TypeVar left unresolved: not checked)
-        if tp is None or tp is type(None):
-            return _check_none
-        if isinstance(tp, typing.NewType):
-            return self.of(tp.__supertype__)
-        if type(tp).__name__ == "TypeAliasType":  # (``type X = ...``, Python 3.12)
-            return self.of(tp.__value__)
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-        if origin is typing.Annotated:
-            return _constrained(args[0], self.of(args[0]), tp.__metadata__)
-        if origin is typing.Union or origin is types.UnionType:
-            arms = [self.of(a) for a in args]
-            return None if None in arms else _union(tp, [a for a in arms if a is not None])
-        if origin is typing.Literal:
-            return _literal(tp, args)
-        if origin in _WRAPPERS:
-            return self.of(args[0]) if args else None
-        if origin is tuple:
-            if len(args) == 2 and args[1] is Ellipsis:
-                return _items(tuple, self.of(args[0]), tp)
-            return _fixed(tp, [self.of(a) for a in args])
-        if origin is type:
-            return _subclass(tp, args[0] if args else Any)
-        if origin in _SEQUENCES:
-            return _items(origin, self.of(args[0]) if args else None, tp)
-        if origin in _MAPPINGS and len(args) == 2:
-            return _mapping(origin, self.of(args[0]), self.of(args[1]), tp)
-        if isinstance(origin, type):
-            return self._class(origin, args, tp)
-        if isinstance(tp, type):
-            return self._class(tp, (), tp)
-        return None  # (another special form: not checked)
-
-    def _class(self, cls: type, args: tuple[Any, ...], tp: Any) -> _Check | None:
-        if cls is bool:
-            return _check_bool
-        if cls is int:
-            return _check_int
-        if cls is float:
-            return _check_float
-        if getattr(cls, "_is_protocol", False) and not getattr(cls, "_is_runtime_protocol", False):
-            return None  # (isinstance cannot check it)
-        fields = _fields(cls, args)
-        if fields is None:  # (a plain class; a generic one's arguments are not checked)
-            return _instance(cls, tp)
-        key: tuple[type, Any] = (cls, args)
-        try:
-            if key in self._classes:
-                return self._classes[key]
-        except TypeError:  # (unhashable arguments: it cannot refer to itself through them)
-            key = (cls, id(tp))
-        later: list[_Check] = []
-        self._classes[key] = lambda v, active: later[0](v, active)
-        checks = [(name, check) for name, hint in fields if (check := self.of(hint)) is not None]
-        if typing.is_typeddict(cls):
-            made = _typed_dict(tp, checks, frozenset(getattr(cls, "__required_keys__", ())))
-        else:
-            made = _object(cls, tp, checks)
-        later.append(made)
-        self._classes[key] = made
-        return made
-
-
-def _fields(cls: type, args: tuple[Any, ...]) -> list[tuple[str, Any]] | None:
-    """The fields of a class msgspec encodes by its fields (a dataclass, an
-    attrs class, a Struct, a NamedTuple, a TypedDict) with their
-    annotations (a generic one's type variables replaced by ``args``);
-    None for another class."""
-    if dataclasses.is_dataclass(cls):
-        names = [f.name for f in dataclasses.fields(cls)]
-    elif isinstance(cls, type) and issubclass(cls, msgspec.Struct):
-        names = list(cls.__struct_fields__)
-    elif hasattr(cls, "__attrs_attrs__"):
-        names = [a.name for a in cls.__attrs_attrs__]
-    elif issubclass(cls, tuple) and isinstance(named := getattr(cls, "_fields", None), tuple):
-        names = list(named)  # (a NamedTuple)
-    elif typing.is_typeddict(cls):
-        names = None
-    else:
-        return None
-    try:
-        hints = typing.get_type_hints(cls, include_extras=True)
-    except Exception:  # (unresolvable: the fields are not checked)
-        hints = {}
-    params = getattr(cls, "__parameters__", ())
-    values = dict(zip(params, args)) if params else {}
-    return [(name, _bound(hints.get(name, Any), values))
-            for name in (list(hints) if names is None else names)]
-
-
-def _bound(hint: Any, values: dict[Any, Any]) -> Any:
-    """``hint``, its type variables replaced by ``values`` (unknown ones:
-    ``Any``)."""
-    if isinstance(hint, typing.TypeVar):
-        return values.get(hint, Any)
-    params = getattr(hint, "__parameters__", ())
-    if not params:
-        return hint
-    try:
-        return hint[tuple(values.get(p, Any) for p in params)]
-    except TypeError:
-        return Any
-
-
-def _expected(tp: Any) -> str:
-    """An annotation as a message names it (``P | Q``, ``list[P | Q]``)."""
-    if tp is None or tp is type(None):
-        return "None"
-    if tp is Ellipsis:
-        return "..."
-    if isinstance(tp, list):  # (a Callable's parameters)
-        return f"[{', '.join(_expected(a) for a in tp)}]"
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union or origin is types.UnionType:
-        return " | ".join(_expected(a) for a in args)
-    if origin is typing.Literal:
-        return f"Literal[{', '.join(map(repr, args))}]"
-    if origin is typing.Annotated:
-        return _expected(args[0])
-    if origin is not None:
-        inner = ", ".join(_expected(a) for a in args)
-        return f"{_expected(origin)}[{inner}]" if args else _expected(origin)
-    if isinstance(tp, type):
-        return tp.__qualname__ if tp.__module__ in ("builtins", "typing") else tp.__name__
-    return repr(tp)
-
-
-def _got(tp: Any, v: Any) -> _Mismatch:
-    return _Mismatch(f"Expected `{_expected(tp)}`, got `{type_name(type(v))}`")
-
-
-def _check_none(v: Any, active: set[tuple[int, int]]) -> None:
-    if v is not None:
-        raise _got(None, v)
-
-
-def _check_bool(v: Any, active: set[tuple[int, int]]) -> None:
-    if type(v) is not bool:
-        raise _got(bool, v)
-
-
-def _check_int(v: Any, active: set[tuple[int, int]]) -> None:
-    if not isinstance(v, int) or isinstance(v, bool):  # (as msgspec: a bool is no int)
-        raise _got(int, v)
-
-
-def _check_float(v: Any, active: set[tuple[int, int]]) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):  # (an int is a float)
-        raise _got(float, v)
-
-
-def _instance(cls: type, tp: Any) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, cls):
-            raise _got(tp, v)
-    return check
-
-
-def _subclass(tp: Any, arg: Any) -> _Check:
-    """``type[X]``: a class, and a subclass of ``X`` (of an arm of a union)."""
-    bases = typing.get_args(arg) if typing.get_origin(arg) in (typing.Union, types.UnionType) \
-        else (arg,)
-    bases = tuple(typing.get_origin(b) or b for b in bases)
-
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, type):
-            raise _got(tp, v)
-        if Any in bases or object in bases:
-            return
-        if not all(isinstance(b, type) for b in bases) or not issubclass(v, bases):
-            raise _Mismatch(f"Expected `{_expected(tp)}`, got the class `{v.__qualname__}`")
-    return check
-
-
-def _union(tp: Any, arms: list[_Check]) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        deepest: _Mismatch | None = None
-        for arm in arms:
-            try:
-                arm(v, active)
-                return
-            except _Mismatch as e:
-                if e.matched and deepest is None:
-                    deepest = e
-        raise deepest if deepest is not None else _got(tp, v)
-    return check
-
-
-def _literal(tp: Any, values: tuple[Any, ...]) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        # (the same type first: True is no 1 here, as for msgspec)
-        if not any(type(v) is type(a) and v == a for a in values):
-            raise _Mismatch(f"Expected `{_expected(tp)}`, got `{type_name(type(v))}` "
-                            f"{_describe(v)}")
-    return check
-
-
-def _items(origin: type, item: _Check | None, tp: Any) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, origin):
-            raise _got(tp, v)
-        if item is None or not isinstance(v, _WALKED) or _entered(v, check, active):
-            return
-        try:
-            for i, x in enumerate(v):
-                try:
-                    item(x, active)
-                except _Mismatch as e:
-                    raise e.within(f"[{i}]") from None
-        finally:
-            active.discard((id(v), id(check)))
-    return check
-
-
-def _fixed(tp: Any, items: list[_Check | None]) -> _Check:
-    """``tuple[A, B]`` (``tuple[()]``: an empty one)."""
-    n = len(items)
-
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, tuple):
-            raise _got(tp, v)
-        if len(v) != n:
-            raise _Mismatch(f"Expected `{_expected(tp)}`, got a tuple of length {len(v)}",
-                            matched=True)
-        for i, (item, x) in enumerate(zip(items, v)):
-            if item is not None:
-                try:
-                    item(x, active)
-                except _Mismatch as e:
-                    raise e.within(f"[{i}]") from None
-    return check
-
-
-def _mapping(origin: type, key: _Check | None, value: _Check | None, tp: Any) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, origin):
-            raise _got(tp, v)
-        if not isinstance(v, dict) or (key is None and value is None) \
-                or _entered(v, check, active):
-            return
-        try:
-            for k, x in v.items():
-                where = f"[{_describe(k)}]"
-                if key is not None:
-                    try:
-                        key(k, active)
-                    except _Mismatch as e:
-                        e.message += " (a key)"
-                        raise e.within(where) from None
-                if value is not None:
-                    try:
-                        value(x, active)
-                    except _Mismatch as e:
-                        raise e.within(where) from None
-        finally:
-            active.discard((id(v), id(check)))
-    return check
-
-
-def _object(cls: type, tp: Any, fields: list[tuple[str, _Check]]) -> _Check:
-    """An instance of ``cls``, its fields checked (one it lacks is not: its
-    class allows that)."""
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, cls):
-            raise _got(tp, v)
-        if not fields or _entered(v, check, active):
-            return
-        try:
-            for name, field in fields:
-                x = getattr(v, name, _MISSING)
-                if x is not _MISSING:
-                    try:
-                        field(x, active)
-                    except _Mismatch as e:
-                        raise e.within(f".{name}") from None
-        finally:
-            active.discard((id(v), id(check)))
-    return check
-
-
-def _typed_dict(tp: Any, fields: list[tuple[str, _Check]], required: frozenset[str]) -> _Check:
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if not isinstance(v, dict):
-            raise _got(tp, v)
-        missing = sorted(required - v.keys())
-        if missing:
-            raise _Mismatch(f"Object missing required field `{missing[0]}`", matched=True)
-        for name, field in fields:
-            if name in v:
-                try:
-                    field(v[name], active)
-                except _Mismatch as e:
-                    raise e.within(f".{name}") from None
-    return check
-
-
-def _entered(v: Any, check: _Check, active: set[tuple[int, int]]) -> bool:
-    """Whether ``v`` is being checked by ``check`` further up (it refers to
-    itself: checked there); else it is now (the caller leaves it)."""
-    key = (id(v), id(check))
-    if key in active:
-        return True
-    active.add(key)
-    return False
-
-
-_BOUNDS = (("gt", operator.gt, ">"), ("ge", operator.ge, ">="), ("lt", operator.lt, "<"),
-           ("le", operator.le, "<="))
-_SIZED = (str, bytes, bytearray, list, tuple, dict, set, frozenset)
-
-
-def _constrained(tp: Any, base: _Check | None, metadata: tuple[Any, ...]) -> _Check | None:
-    """``Annotated[tp, msgspec.Meta(...)]``: ``tp``'s check (``base``), then
-    the constraints (bounds, ``multiple_of``, lengths, ``pattern``, ``tz``),
-    worded as msgspec words them."""
-    metas = [m for m in metadata if isinstance(m, msgspec.Meta)]
-    if not metas:
-        return base
-
-    def check(v: Any, active: set[tuple[int, int]]) -> None:
-        if base is not None:
-            base(v, active)
-        for meta in metas:
-            why = _unmet(meta, v)
-            if why is not None:
-                raise _Mismatch(f"Expected `{_expected(tp)}` {why}", matched=True)
-    return check
-
-
-def _unmet(meta: msgspec.Meta, v: Any) -> str | None:
-    """The constraint of ``meta`` that ``v`` does not meet, in words."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        for name, op, sign in _BOUNDS:
-            bound = getattr(meta, name)
-            if bound is not None and not op(v, bound):
-                return f"{sign} {bound}"
-        if meta.multiple_of is not None and v % meta.multiple_of != 0:
-            return f"that's a multiple of {meta.multiple_of}"
-    if isinstance(v, _SIZED):
-        if meta.min_length is not None and len(v) < meta.min_length:
-            return f"of length >= {meta.min_length}"
-        if meta.max_length is not None and len(v) > meta.max_length:
-            return f"of length <= {meta.max_length}"
-    if isinstance(v, str) and meta.pattern is not None and re.search(meta.pattern, v) is None:
-        return f"matching regex {meta.pattern!r}"
-    if meta.tz is not None and isinstance(v, (datetime.datetime, datetime.time)) \
-            and (v.tzinfo is not None) != meta.tz:
-        return "with a timezone component" if meta.tz else "with no timezone component"
-    return None
