@@ -56,7 +56,12 @@ if worker:
     sys.executable = worker
 if side == "meshio":
     import meshio
+    import meshio._proc_state
     from bench_small import Bench  # (the actor bench_small.py times)
+
+    # a worker under callgrind starts ~50x slower: more than the 60 s a
+    # worker gets to say hello on a busy machine
+    meshio._proc_state.START_TIMEOUT = 900.0
 
     async def main() -> None:
         procs = await meshio.this_host().spawn_procs(per_host={"procs": n})
