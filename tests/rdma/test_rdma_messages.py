@@ -46,8 +46,9 @@ async def test_a_dropped_buffer_names_the_backend(pair: tuple[Owner, Peer],
         with pytest.raises(RDMAError) as refused:
             await asyncio.wait_for(transfer(), GUARD)
         message = str(refused.value)
+        # (ibverbs names the stage first: "queue-pair set-up failed: ")
         assert re.match(rf"RDMA {op} on buffer {buf.handle.buf} of pid {pid}\b.* "
-                        rf"\({backend}\): the buffer was dropped", message), message
+                        rf"\({backend}\): (.*: )?the buffer was dropped", message), message
         assert "ask its owner for a new RDMABuffer" in message
 
 
@@ -60,4 +61,4 @@ async def test_a_dead_owner_names_the_backend(pair: tuple[Owner, Peer], backend:
         await asyncio.wait_for(buf.read_into(bytearray(8), length=8), GUARD)
     message = str(refused.value)
     assert message.startswith(f"RDMA read on buffer {buf.handle.buf} of pid {pid}"), message
-    assert f"({backend}): its owner" in message, message
+    assert re.search(rf"\({backend}\): (.*: )?its owner", message), message
