@@ -28,6 +28,7 @@ import pytest
 from supervision_helpers import supervised
 
 import meshio
+from gone import killed
 from hop_actors import Hop
 from meshio import Actor, ActorMesh, AuthenticationError, endpoint
 from meshio._transport import _messages as M
@@ -36,7 +37,7 @@ from meshio._transport._frames import frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import dumps
 from meshio.jobs import ProcessJob
-from meshio.testing import process_address, wait_exited
+from meshio.testing import process_address
 from meshio.testing._helpers import open_job_connection
 
 #: generous bound on any single wait: a regression fails instead of hanging
@@ -152,22 +153,13 @@ async def line(proc: asyncio.subprocess.Process) -> str:
     return (await asyncio.wait_for(proc.stdout.readline(), DEADLINE)).decode().strip()
 
 
-async def kill(pid: int) -> None:
-    fd = os.pidfd_open(pid)
-    try:
-        os.kill(pid, signal.SIGKILL)
-        await wait_exited(fd, DEADLINE)
-    finally:
-        os.close(fd)
-
-
 async def relay_is_refused(mesh: ActorMesh[Hop], pids: list[int], controller: str,
                            tmp_path: Path, user: int | None = None) -> None:
     """Rank 0 dies; the relay takes its address; rank 1 calls rank 0 and
     dials the relay, which passes its handshake to ``controller``."""
     marker = tmp_path / "spawned"
     dead = process_address(mesh, 0)
-    await kill(pids[0])
+    await killed(pids[0], DEADLINE)
     async with process(sys.executable if user is None else "/usr/bin/python3", "-c", RELAY,
                        dead, controller, forged_frames(mesh, marker).hex(), user=user) as relay:
         assert await line(relay) == "READY"
