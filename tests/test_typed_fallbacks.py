@@ -152,6 +152,12 @@ class Target:
     def i(self, x: int) -> int:
         raise NotImplementedError
 
+    def flag(self, x: bool) -> bool:
+        raise NotImplementedError
+
+    def np_own(self, x: np.int64) -> np.int64:
+        raise NotImplementedError
+
     def floats(self, xs: list[float], by: dict[str, float], pair: tuple[float, str],
                maybe: float | None = None) -> list[float]:
         raise NotImplementedError
@@ -351,6 +357,29 @@ def test_subclasses_in_containers_and_fields_arrive_as_the_builtin() -> None:
     assert type(m.loss) is np.float64  # (the caller's own value is left as it was)
     assert same(round_trip("point", Point(np.float64(1), 2.0))["p"], Point(1.0, 2.0))
     assert same(result_trip("floats", (np.float64(1), MyInt(2))), [1.0, 2.0])
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("i", np.int64(-3), -3),
+    ("i", np.uint8(200), 200),
+    ("f", np.float32(0.5), 0.5),
+    ("f", np.int32(2), 2.0),
+    ("flag", np.bool_(True), True),
+])
+def test_a_numpy_number_arrives_as_the_annotated_builtin(
+        name: str, value: Any, expected: Any) -> None:
+    """``np.int64`` (what ``argmax`` or ``len`` of an array's shape gives)
+    for ``x: int`` was refused with "Expected `int`, got `pickle`"."""
+    assert same(round_trip(name, value)["x"], expected)
+    assert same(result_trip(name, value), expected)
+
+
+def test_numpy_numbers_in_containers_and_where_the_annotation_names_them() -> None:
+    got = round_trip("floats", [np.float32(1.5), np.int16(2)], {"k": np.int64(3)},
+                     (np.float32(4), "t"), maybe=np.uint32(5))
+    assert same(got, {"xs": [1.5, 2.0], "by": {"k": 3.0}, "pair": (4.0, "t"), "maybe": 5.0})
+    assert same(round_trip("anys", [np.int64(1)])["xs"], [np.int64(1)])  # (untyped: as sent)
+    assert same(round_trip("np_own", np.int64(7))["x"], np.int64(7))
 
 
 def test_a_class_of_its_own_keeps_its_subclass() -> None:

@@ -535,7 +535,7 @@ def _enc_hook(obj: Any) -> Any:
             (*ref, True) if obj.requires_grad else ref))
     if type(obj) is _Pickled:
         obj = obj.obj
-    elif isinstance(obj, _BUILTINS) and not _tls.lenient and not isinstance(obj, enum.Enum):
+    elif not _tls.lenient and (_subclassed(obj) or _numpy_number(obj)):
         raise Refit  # (msgspec encodes the builtins themselves: this is a subclass)
     start = len(out)
     data: bytes | int = dumps(obj, out)
@@ -814,11 +814,20 @@ def _subclassed(v: Any) -> bool:
     return type(v) not in _EXACT and isinstance(v, _BUILTINS) and not isinstance(v, enum.Enum)
 
 
+def _numpy_number(v: Any) -> bool:
+    """``v`` is a NumPy number or bool no builtin is a base of (``np.int64``,
+    ``np.float32``, ``np.bool_``; ``np.float64`` is a ``float``)."""
+    np = sys.modules.get("numpy")
+    return (np is not None and isinstance(v, (np.integer, np.floating, np.bool_))
+            and not isinstance(v, float))
+
+
 def _fit_leaf(v: Any) -> Any:
     """A value where the annotation wants a builtin (or no class of its own):
-    a builtin's subclass becomes the builtin; an int msgpack cannot carry
+    a builtin's subclass becomes the builtin, a NumPy number the builtin its
+    ``item()`` gives (``np.int64`` an ``int``); an int msgpack cannot carry
     raises :class:`Unfit`."""
-    fitted = _builtin(v) if _subclassed(v) else v
+    fitted = _builtin(v) if _subclassed(v) else v.item() if _numpy_number(v) else v
     if type(fitted) is int and not _INT_MIN <= fitted <= _INT_MAX:
         raise Unfit(v)  # (the value as sent: the schema finds it by identity)
     return _prep_typed(fitted)
