@@ -118,6 +118,41 @@ async def test_sigkilled_worker_whose_child_holds_its_sockets_is_lost(
             await others.gone(children)
 
 
+def signal_masks(pid: int) -> tuple[int, int]:
+    """The signals the process ``pid`` ignores and those it catches (bit
+    ``n - 1`` for signal ``n``)."""
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    return int(status["SigIgn"], 16), int(status["SigCgt"], 16)
+
+
+def bit(sig: signal.Signals) -> int:
+    return 1 << (sig - 1)
+
+
+async def test_what_actors_start_takes_sigint_and_sigterm(others: Others) -> None:
+    """A worker ignores SIGINT and SIGTERM (its controller stops it), but
+    what its actors start does not: a program inherited ``SIG_IGN`` (an
+    actor's ``Popen(...).terminate()`` did nothing), an ``os.fork()`` child
+    the worker's ignoring."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        s = await procs.spawn("s", Starter)
+        worker = await asyncio.wait_for(s.pid.call_one(), DEADLINE)
+        children = await asyncio.wait_for(s.start.call_one(False), DEADLINE)
+        others.watch(children)
+        sleeper, child = children
+        assert signal_masks(sleeper)[0] & (bit(signal.SIGINT) | bit(signal.SIGTERM)) == 0
+        ignored, caught = signal_masks(child)
+        assert ignored & (bit(signal.SIGINT) | bit(signal.SIGTERM)) == 0
+        assert caught & bit(signal.SIGTERM) == 0  # (Python's default: none of its own)
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+        await others.gone(children)
+        os.kill(worker, signal.SIGTERM)
+        os.kill(worker, signal.SIGINT)
+        assert await asyncio.wait_for(s.pid.call_one(), DEADLINE) == worker
+
+
 async def test_nested_workers_go_with_their_worker(others: Others) -> None:
     """The workers of a proc mesh an actor started join its worker's group:
     SIGKILL that worker, and they go, with what their own actors started."""

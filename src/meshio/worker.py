@@ -28,7 +28,8 @@ reach it, not even while it starts; what its actors start is in its group
 and is killed with it, or once it has exited (:mod:`meshio._launcher`), and
 the workers it starts itself (a nested proc mesh) join its group.  It
 ignores SIGINT and SIGTERM (``timeout`` signals the controller's group,
-Slurm every process of the job step): the controller stops it.
+Slurm every process of the job step): the controller stops it; what its
+actors start takes them as usual.
 """
 
 from __future__ import annotations
@@ -89,6 +90,30 @@ def _orphaned() -> None:
     for fd in (1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM do nothing here: the controller decides when we
+    stop (`timeout` signals the controller's process group, Slurm every
+    process of the step; the controller stops us gracefully; a terminal's
+    Ctrl-C does not reach our group).  By a handler that does nothing, not
+    ``SIG_IGN``, which the programs our actors start would inherit (a
+    ``Popen(...).terminate()`` of theirs did nothing); an ``os.fork()`` child
+    (``multiprocessing``'s) gets Python's defaults back.  System calls the
+    signals interrupt restart, as they did when ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _do_nothing)
+        signal.siginterrupt(sig, False)
+    os.register_at_fork(after_in_child=_default_stop_signals)
+
+
+def _do_nothing(signum: int, frame: object) -> None:
+    """(:func:`_ignore_stop_signals`' handler.)"""
+
+
+def _default_stop_signals() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _read_payload() -> tuple[bytes, bytes, int]:
@@ -199,11 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     # die with it, kept alive or not; the controller (this host) we outlive.
     _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
-    # The controller decides when we stop: `timeout` signals the controller's
-    # process group, Slurm every process of the step; the controller stops us
-    # gracefully.  (A terminal's Ctrl-C does not reach our group.)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    _ignore_stop_signals()
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
         if p not in sys.path:
             sys.path.append(p)
