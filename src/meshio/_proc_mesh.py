@@ -206,8 +206,8 @@ class ProcMesh(MeshShape):
 
         Constructor arguments are checked against ``cls.__init__`` (statically
         by type checkers, at run time by the receiving workers).  Returns the
-        :class:`ActorMesh`, typed as ``cls`` so endpoints type-check (the one
-        deliberate ``cast`` of the library).
+        :class:`ActorMesh`, typed as ``cls`` so endpoints type-check (the
+        library's one deliberate lie, :meth:`actors` tells it too).
 
         Every argument after ``cls`` goes to ``cls.__init__``; meshio's own
         options come before: ``procs.options(restart="transient").spawn(...)``
@@ -303,11 +303,13 @@ class ProcMesh(MeshShape):
         state.published()
         return cast(A, mesh)
 
-    def actors(self, name: str, cls: type[A], /) -> ActorMesh[A]:
+    def actors(self, name: str, cls: type[A], /) -> A:
         """The actor mesh ``name`` (of class ``cls``) already running on this
-        proc mesh, typed: after ``this_host().reattach(...)``, the actors the
-        lost controller spawned, with their state as they left it.
-        ``trainers = procs.actors("trainers", Trainer)``.
+        proc mesh: after ``this_host().reattach(...)``, the actors the lost
+        controller spawned, with their state as they left it.
+        ``trainers = procs.actors("trainers", Trainer)``.  Typed as ``cls``,
+        as :meth:`spawn` returns it, so endpoints type-check
+        (``trainers.train.call(...)``) and one function takes either.
 
         Raises:
             UnknownActorError: no actor mesh of that name on this proc mesh
@@ -331,8 +333,8 @@ class ProcMesh(MeshShape):
         addrs = [""] * state.region.extent.nelem
         for w in state.workers:
             addrs[w.rank] = w.addr
-        return ActorMesh(record.target, name, cls, region, addrs, self,
-                         per_host=state.per_host)
+        return cast(A, ActorMesh(record.target, name, cls, region, addrs, self,
+                                 per_host=state.per_host))
 
     async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
         """What every actor in these processes is doing now: the current

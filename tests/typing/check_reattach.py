@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import assert_type
 
 import meshio
-from meshio import Actor, ActorMesh, ProcMesh, ValueMesh, endpoint
+from meshio import Actor, ProcMesh, ValueMesh, endpoint
 
 
 class Trainer(Actor):
@@ -29,8 +29,13 @@ async def use(sup: meshio.Supervisor) -> None:
     assert_type(procs, ProcMesh)
     assert_type(await meshio.this_host().reattach("train", supervisor=sup), ProcMesh)
     trainers = procs.actors("trainers", Trainer)
-    assert_type(trainers, ActorMesh[Trainer])
+    assert_type(trainers, Trainer)  # (as spawn's: one function takes either)
     assert_type(await trainers.call(Trainer.train, steps=2), ValueMesh[float])
+    assert_type(await trainers.train.call(steps=2), ValueMesh[float])
+    spawned: Trainer = await procs.spawn("more", Trainer, lr=0.1)
+    for mesh in (trainers, spawned):
+        assert_type(mesh, Trainer)
+    trainers.train.call(steps="2")  # type: ignore[arg-type]
     meshio.this_host().spawn_procs(keep_alive="600")  # type: ignore[arg-type]
     procs.actors("trainers", 3)  # type: ignore[arg-type]
     await meshio.this_host().reattach("train", sup)  # type: ignore[call-arg]
