@@ -419,6 +419,23 @@ async def test_slow_or_full_connects_say_so(monkeypatch: pytest.MonkeyPatch,
         for s in fillers:
             s.close()
         full.close()
+    # a TCP host that never completes the connect (here: a full accept queue
+    # drops the SYN; a partitioned host alike): the reason is said, not ""
+    tcp = socket.create_server(("127.0.0.1", 0), backlog=0)
+    fillers = []
+    try:
+        for _ in range(3):  # (the queue holds one; connects in progress beyond it)
+            fillers.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            fillers[-1].setblocking(False)
+            fillers[-1].connect_ex(tcp.getsockname())
+        with pytest.raises(SupervisionError, match="timed out connecting") as info:
+            await _call_missing(rt, f"tcp://127.0.0.1:{tcp.getsockname()[1]}")
+        assert "no connection within 0.3s (process busy or stopped, or its host " \
+               "unreachable?)" in str(info.value), info.value
+    finally:
+        for s in fillers:
+            s.close()
+        tcp.close()
     # a stopped worker: the connect is queued, the handshake never answered
     other = Runtime(rt.loop, f"{rt.namespace}/other", secret=rt.secret)
     pid = pids(targets)[0]

@@ -393,8 +393,10 @@ class SocketBackend:
                     f"{p.mesh} {p.point}: the process at {addr} failed authentication ({e}); "
                     "it is not a process of this job")
             if isinstance(e, TimeoutError):
-                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: {e} "
-                              "(process busy or stopped?)", "connect timed out")
+                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: "
+                              f"{str(e) or f'no connection within {CONNECT_TIMEOUT:g}s'} "
+                              "(process busy or stopped, or its host unreachable?)",
+                              "connect timed out")
             elif isinstance(e, (ConnectionRefusedError, FileNotFoundError)):
                 why, cause = (f"cannot reach {p.mesh} {p.point} at {addr}: "
                               f"{e.strerror or e} (the process is gone or was never started)",
