@@ -1,23 +1,30 @@
 """A mesh belongs to the event loop whose meshio runtime made it (one
 runtime per loop, each with its own job secret).  Used from another loop,
-or from a thread that runs none, it raises at once a ``RuntimeError``
-saying so and naming the fix (``asyncio.run_coroutine_threadsafe``); once
-its loop has ended, :class:`~meshio.ClosedResourceError`.  A mesh passed
-to an actor works there as ever.  (Probe report items 3 and 7: the call
-raised a misleading ``AuthenticationError``, ``procs.spawn`` never
-returned, ``procs.stop`` left a "Task exception was never retrieved"; from
-a thread, asyncio's bare "no running event loop".)"""
+or from a thread that runs none, it raises at once
+:class:`~meshio.WrongLoopError` (a ``RuntimeError``) saying so and naming
+the fix (``asyncio.run_coroutine_threadsafe``); once its loop has ended,
+:class:`~meshio.ClosedResourceError`.  So do a service's ``stop`` and
+``scale``, a port's receiver that has to wait, a supervisor's waits and
+``stop``, and a view sliced off a reference.  A mesh passed to an actor
+works there as ever.  (Probe report items 3 and 7: the call raised a
+misleading ``AuthenticationError``, ``procs.spawn`` never returned,
+``procs.stop`` left a "Task exception was never retrieved"; from a thread,
+asyncio's bare "no running event loop".  Then: ``recv``,
+``Supervisor.wait_failed`` and ``events`` waited forever, ``Service.scale``
+grew the service from the other loop and ``Service.stop`` stopped it
+before raising, a slice of a reference raised ``AuthenticationError``.)"""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import meshio
-from meshio import Actor, ActorError, Channel, ClosedResourceError, endpoint
+from meshio import Actor, ActorError, Channel, ClosedResourceError, WrongLoopError, endpoint
 from meshio._transport._runtime import _runtimes, close_runtime
 
 #: generous bound on any single wait: a regression fails instead of hanging
@@ -50,7 +57,7 @@ class Builder(Actor):
 
 
 async def _raises(use: Callable[[], Awaitable[Any]], match: str,
-                  error: type[Exception] = RuntimeError) -> None:
+                  error: type[Exception] = WrongLoopError) -> None:
     """``use()`` raises ``error`` at once (or when awaited: a coroutine)."""
     with pytest.raises(error, match=match):
         await asyncio.wait_for(use(), GUARD)
@@ -74,7 +81,7 @@ async def test_a_mesh_used_on_a_loop_of_another_thread_raises_at_once() -> None:
                             lambda: svc.ping.route(1), lambda: svc.ping.call(1), c.stop,
                             lambda: procs.spawn("c2", C), procs.stop, procs.ready):
                     await _raises(use, OTHER_LOOP)
-                with pytest.raises(RuntimeError, match=OTHER_LOOP):
+                with pytest.raises(WrongLoopError, match=OTHER_LOOP):
                     c.ping.broadcast(1)
                 # (no runtime was made here to call them from)
                 assert asyncio.get_running_loop() not in _runtimes
@@ -96,7 +103,7 @@ async def test_a_port_used_on_a_loop_of_another_thread_raises() -> None:
 
     async def elsewhere() -> None:
         try:
-            with pytest.raises(RuntimeError, match="another event loop"):
+            with pytest.raises(WrongLoopError, match="another event loop"):
                 port.send(1)
         finally:
             close_runtime()  # (port.send made this loop's runtime, to send from)
@@ -106,9 +113,131 @@ async def test_a_port_used_on_a_loop_of_another_thread_raises() -> None:
     assert await asyncio.wait_for(values.recv(), GUARD) == 2
 
 
+def test_the_error_of_a_foreign_loop_is_a_runtime_error() -> None:
+    """``WrongLoopError`` is a meshio error that code catching
+    ``RuntimeError`` (what these uses raised before it) still catches."""
+    assert issubclass(WrongLoopError, meshio.MeshioError)
+    assert issubclass(WrongLoopError, RuntimeError)
+
+
+async def test_a_receiver_waited_on_from_another_loop_raises() -> None:
+    """Only the loop a channel was opened on feeds its receiver: ``recv``
+    (and ``async for``) waiting on another loop raise at once, instead of
+    waiting forever on a future nobody sets; at home it goes on."""
+    port, values = Channel[int].open()
+
+    async def elsewhere() -> None:
+        async def first() -> int:
+            async for v in values:
+                return v
+            raise AssertionError("the receiver ended")
+
+        await _raises(values.recv, OTHER_LOOP)
+        await _raises(first, OTHER_LOOP)
+        assert asyncio.get_running_loop() not in _runtimes
+
+    await asyncio.to_thread(asyncio.run, elsewhere())
+    port.send(3)
+    assert await asyncio.wait_for(values.recv(), GUARD) == 3
+
+
+async def test_a_service_stopped_or_scaled_from_another_loop_raises_and_changes_nothing(
+) -> None:
+    """``Service.scale`` from another loop used to start replicas from that
+    loop's runtime, and ``Service.stop`` to stop the service before
+    raising: both raise at once now, and the service still serves."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+        svc = meshio.Service(c)
+
+        async def elsewhere() -> None:
+            try:
+                for use in (lambda: svc.scale(replicas=2), svc.stop):
+                    await _raises(use, f"service 'c' {OTHER_LOOP}")
+                assert asyncio.get_running_loop() not in _runtimes
+            finally:
+                close_runtime()
+
+        await asyncio.to_thread(asyncio.run, elsewhere())
+        assert len(svc.stats()) == 1
+        assert await asyncio.wait_for(svc.ping.route(1), GUARD) == 2
+        await asyncio.wait_for(svc.stop(), GUARD)  # at home it stops
+        assert svc.stats() == []
+
+
+async def test_a_supervisor_waited_on_from_another_loop_raises() -> None:
+    """A supervisor's ``wait_failed`` and ``events`` on another loop than
+    its proc meshes' used to wait forever (the loop that fails them is not
+    theirs), and its ``stop`` stopped them with errors of futures "attached
+    to a different loop": each raises at once; the proc mesh lives on."""
+    sup = meshio.Supervisor(name="sup")
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+        c = await procs.spawn("c", C)
+
+        async def elsewhere() -> None:
+            try:
+                await _raises(sup.wait_failed, "supervisor 'sup'.*another event loop")
+                await _raises(lambda: anext(aiter(sup.events())), OTHER_LOOP)
+                await _raises(sup.stop, OTHER_LOOP)
+            finally:
+                close_runtime()
+
+        await asyncio.to_thread(asyncio.run, elsewhere())
+        assert not procs.stopped and sup.failure is None
+        assert await _ping(c) == 2
+
+
+async def test_a_slice_of_a_reference_taken_on_another_loop_names_the_loop() -> None:
+    """A view sliced off a reference belongs to the runtime the reference
+    does: taken and called on another loop, it raises ``WrongLoopError``
+    (it used to dial the processes from that loop's runtime and fail with
+    an ``AuthenticationError``); on its loop it works."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        c = await procs.spawn("c", C)
+        caller = await procs.spawn("caller", Caller)
+        ref = await asyncio.wait_for(caller.slice(procs=0).echo.call_one(c), GUARD)
+
+        async def elsewhere() -> None:
+            try:
+                await _raises(lambda: ref.slice(procs=1).ping.call_one(1), OTHER_LOOP)
+                await _raises(lambda: ref.slice(procs=0).ping.call(1), OTHER_LOOP)
+            finally:
+                close_runtime()
+
+        await asyncio.to_thread(asyncio.run, elsewhere())
+        assert await asyncio.wait_for(ref.slice(procs=1).ping.call_one(1), GUARD) == 2
+
+
+async def test_every_use_from_a_thread_without_a_loop_says_it_in_the_same_words() -> None:
+    """Meshio used from a thread that runs no loop (``Channel.open``: the
+    runtime), a mesh of this loop, and a reference that belongs to no loop
+    yet (unpickled in that thread): one error, one wording but the subject."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+
+        def in_thread() -> list[str]:
+            ref = pickle.loads(pickle.dumps(c))  # (belongs to no runtime yet)
+            messages = []
+            for use in (Channel[int].open, lambda: c.ping.broadcast(1),
+                        lambda: ref.ping.broadcast(1)):
+                with pytest.raises(WrongLoopError, match=NO_LOOP) as ei:
+                    use()
+                messages.append(str(ei.value))
+            return messages
+
+        messages = await asyncio.to_thread(in_thread)
+        subjects = [m.split(" cannot be used from ", 1)[0] for m in messages]
+        assert subjects == ["meshio", "actor mesh 'c'", "actor mesh 'c'"]
+        assert len({m.split(" cannot be used from ", 1)[1] for m in messages}) == 1
+
+
 async def _start() -> tuple[meshio.ProcMesh, C]:
     procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
     return procs, await procs.spawn("c", C)
+
+
+async def _open() -> tuple[meshio.Port[int], meshio.PortReceiver[int]]:
+    return Channel[int].open()
 
 
 async def _ping(c: C) -> int:
@@ -145,16 +274,20 @@ def test_a_later_loop_cannot_use_the_meshes_of_the_first() -> None:
 def test_the_meshes_of_a_loop_that_has_ended_say_so() -> None:
     """Once the loop that made them has ended, a mesh and its proc mesh
     raise ClosedResourceError saying so (they used to dial the processes
-    from the new loop's runtime)."""
+    from the new loop's runtime), as do a service of the mesh and the
+    receiver of a port opened there."""
     first = asyncio.new_event_loop()
     try:
         procs, c = first.run_until_complete(_start())
+        svc = meshio.Service(c)
+        _, values = first.run_until_complete(_open())
         first.run_until_complete(_finish(procs))
     finally:
         first.close()
 
     async def ended() -> None:
-        for use in (lambda: c.ping.call_one(1), lambda: procs.spawn("c2", C), procs.stop):
+        for use in (lambda: c.ping.call_one(1), lambda: procs.spawn("c2", C), procs.stop,
+                    lambda: svc.scale(replicas=2), svc.stop, values.recv):
             await _raises(use, "event loop that has ended", ClosedResourceError)
         assert asyncio.get_running_loop() not in _runtimes
 
@@ -169,11 +302,11 @@ async def test_calls_from_a_thread_without_a_loop_name_the_fix() -> None:
     async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
         c = await procs.spawn("c", C)
         port, values = Channel[int].open()
-        with pytest.raises(RuntimeError, match=NO_LOOP):
+        with pytest.raises(WrongLoopError, match=NO_LOOP):
             await asyncio.to_thread(lambda: c.ping.call_one(1))
-        with pytest.raises(RuntimeError, match=NO_LOOP):
+        with pytest.raises(WrongLoopError, match=NO_LOOP):
             await asyncio.to_thread(lambda: c.ping.broadcast(1))
-        with pytest.raises(RuntimeError, match="call_soon_threadsafe"):
+        with pytest.raises(WrongLoopError, match="call_soon_threadsafe"):
             await asyncio.to_thread(port.send, 1)
 
         loop = asyncio.get_running_loop()

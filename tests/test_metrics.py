@@ -163,9 +163,11 @@ async def test_a_stopped_process_is_named_and_the_others_answer(
 
 async def test_stats_without_proc_meshes_and_bad_timeouts() -> None:
     assert await meshio.stats() == Stats(())
-    for bad in (0, -1.0, float("nan"), True):
+    for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match=r"stats\(timeout=...\) must be seconds > 0"):
             await meshio.stats(timeout=bad)
+    with pytest.raises(TypeError, match=r"stats\(timeout=...\) must be a number of seconds"):
+        await meshio.stats(timeout=True)
 
 
 def test_meter_window_is_bounded_and_its_percentiles_nearest_rank() -> None:

@@ -209,5 +209,5 @@ async def test_partition_timeout_is_checked(bad: object) -> None:
     starts: one that is no number with a TypeError, one out of range with a
     ValueError."""
     error = TypeError if isinstance(bad, (bool, str)) else ValueError
-    with pytest.raises(error, match="partition_timeout must be"):
+    with pytest.raises(error, match=r"spawn_procs\(partition_timeout=\.\.\.\) must be"):
         meshio.this_host().spawn_procs(partition_timeout=bad)  # type: ignore[arg-type]

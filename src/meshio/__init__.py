@@ -41,6 +41,7 @@ from ._exceptions import SupervisionError as SupervisionError
 from ._exceptions import UnknownActorError as UnknownActorError
 from ._exceptions import UnknownEndpointError as UnknownEndpointError
 from ._exceptions import UnknownProcMeshError as UnknownProcMeshError
+from ._exceptions import WrongLoopError as WrongLoopError
 from ._extent import Extent as Extent
 from ._extent import Point as Point
 from ._metrics import ActorStats as ActorStats
@@ -137,6 +138,7 @@ __all__ = (
     "UnknownProcMeshError",
     "UnknownEndpointError",
     "ValueMesh",
+    "WrongLoopError",
     "attach",
     "context",
     "current_rank",

@@ -34,7 +34,14 @@ from ._transport._connection import (
 from ._transport._credit import Gate, Waiting, Window, budget, window_gone
 from ._transport._fanout import split
 from ._transport._messages import Call, Cancel, Fanout, StopActor, encode_message
-from ._transport._runtime import Runtime, actor_thread, existing_runtime, not_its_loop, runtime
+from ._transport._runtime import (
+    Runtime,
+    actor_thread,
+    existing_runtime,
+    no_running_loop,
+    not_its_loop,
+    runtime,
+)
 from ._transport._serial import OutBuffers, limits
 from ._transport._tasks import owning, when_done
 from .endpoints._endpoint import Endpoint, EndpointDescriptor
@@ -100,8 +107,14 @@ class ActorMesh(MeshShape, Generic[A]):
         self._route = _Route(self)
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
-        return ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
+        view = ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
                          self._base, self._per_host, self._max_queued)
+        owner = self._route.owner()
+        if self._procs is None and owner is not None:
+            # a view of a reference belongs to the runtime the reference
+            # does (not to the one running where the slice was taken)
+            view._route.rt = owner
+        return view
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._cls.__qualname__} {self.sizes}>"
@@ -218,7 +231,9 @@ class ActorMesh(MeshShape, Generic[A]):
                 one that is gone.
 
         Raises:
-            ValueError: ``timeout`` is not a positive number.
+            TypeError: ``timeout`` is not a number (a str, a bool).
+            ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
+                float holds; ``math.inf``: no bound).
         """
         return await gather(self._route.runtime(), [
             (self._addrs[grank], self._target, f"actor mesh {self._name!r}", self._site(index))
@@ -526,10 +541,10 @@ class _Route:
         their processes, and the owner's cannot serve a loop not its own.
 
         Raises:
-            RuntimeError: the mesh belongs to another loop.
+            WrongLoopError: the mesh belongs to another loop.
             ClosedResourceError: the loop it belongs to has ended.
         """
-        owner = self.state.rt if self.state is not None else self.rt
+        owner = self.owner()
         if owner is not None and owner.loop is not loop:
             raise not_its_loop(owner, f"actor mesh {self.name!r}")
         return runtime()
@@ -549,14 +564,15 @@ class _Route:
                 f"calls to {self.name!r} cannot be made from a plain 'def' endpoint: it runs in "
                 "its actor's thread, where only broadcast() and port.send() work; make the "
                 "endpoint 'async def' to await calls")
-        owner = self.state.rt if self.state is not None else self.rt
-        if owner is not None:
-            return not_its_loop(owner, f"actor mesh {self.name!r}")
-        return RuntimeError(
-            f"calls to {self.name!r} cannot be made from a thread that runs no event loop "
-            "(e.g. one of asyncio.to_thread): make them on the event loop the mesh belongs to; "
-            "from another thread, asyncio.run_coroutine_threadsafe(coro, loop).result() runs a "
-            "coroutine that makes them there")
+        owner = self.owner()
+        what = f"actor mesh {self.name!r}"
+        return no_running_loop(what) if owner is None else not_its_loop(owner, what)
+
+    def owner(self) -> Runtime | None:
+        """The runtime the mesh belongs to: its proc mesh's, or for a
+        reference the one it arrived in or was first used from (None: not
+        yet known; see :meth:`bind`)."""
+        return self.state.rt if self.state is not None else self.rt
 
     def send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
              body: bytes, out: OutBuffers, answer: Settle | None,

@@ -25,6 +25,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from ._checks import check_seconds
 from ._launcher import layout_sharing
 from ._transport._bulk import CAP_IPC_LOCK, CAP_SYS_PTRACE, capable, ptrace_scope
 from .jobs._kubernetes import ClusterError, ClusterNotConfiguredError
@@ -111,7 +112,13 @@ async def doctor(*, timeout: float = 5.0) -> tuple[DoctorCheck, ...]:
 
     Returns:
         The checks, in the order of ``CHECKS``.
+
+    Raises:
+        TypeError: ``timeout`` is not a number (a str, a bool).
+        ValueError: ``timeout`` is not finite seconds > 0 (NaN, or an int
+            no float holds).
     """
+    check_seconds(timeout, "doctor", "timeout", inf=False)
     async with asyncio.TaskGroup() as tg:
         torch_cuda = tg.create_task(asyncio.to_thread(_torch_and_cuda))
         rdma = tg.create_task(asyncio.to_thread(_rdma))

@@ -16,6 +16,7 @@ mesh / rank / host, and what you can do about it::
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
     ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
     ├── NotInActorError (RuntimeError)  actor-only API used outside a spawned actor
+    ├── WrongLoopError (RuntimeError)   a mesh, port, service or supervisor used off its event loop
     ├── MeshShapeError (ValueError)  the mesh has the wrong number of actors for the adverb
     ├── ClosedResourceError          a port (every value read) or a runtime was closed
     ├── ProtocolError                a malformed or truncated frame was received
@@ -66,6 +67,7 @@ __all__ = (
     "UnknownActorError",
     "UnknownEndpointError",
     "UnknownProcMeshError",
+    "WrongLoopError",
 )
 
 E = TypeVar("E", bound="MeshioError")
@@ -387,6 +389,22 @@ class NotInActorError(MeshioError, RuntimeError):
     ``procs.spawn(...)``."""
 
 
+class WrongLoopError(MeshioError, RuntimeError):
+    """A proc mesh, actor mesh, service, port receiver or supervisor was used
+    from an event loop other than the one it belongs to (the loop whose
+    meshio runtime made it: a later ``asyncio.run``, or one in another
+    thread), or from a thread that runs no event loop (``asyncio.to_thread``).
+    Each loop has a meshio runtime of its own, with its own job secret, and
+    nothing moves between them.  Raised at once by the operation (a call,
+    ``spawn``, ``stop``, ``Service.scale``, ``PortReceiver.recv``,
+    ``Supervisor.wait_failed``, ...), before it changes anything.  The
+    message names what was used and the fix: run the code on that loop,
+    from another thread with ``asyncio.run_coroutine_threadsafe(coro,
+    loop).result()`` (``loop.call_soon_threadsafe(port.send, v)`` for a
+    port).  Once that loop has ended, the same uses raise
+    :class:`ClosedResourceError` instead."""
+
+
 class MeshShapeError(MeshioError, ValueError):
     """The actor mesh has the wrong number of actors for the adverb:
     ``call_one`` on a mesh that is not exactly one actor (slice it down
@@ -398,7 +416,9 @@ class ClosedResourceError(MeshioError):
     """The resource was closed: ``PortReceiver.recv()`` once the sender
     closed the port and every value sent before has been read (``async for``
     over the receiver simply ends); a layer's state asked of a runtime that
-    has closed (its loop's ``meshio.run`` returned)."""
+    has closed (its loop's ``meshio.run`` returned); a mesh, service, port
+    receiver or supervisor used after the event loop it belongs to has ended
+    (see :class:`WrongLoopError`)."""
 
 
 class ProtocolError(MeshioError):

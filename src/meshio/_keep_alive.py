@@ -19,7 +19,6 @@ addresses, and a kept-alive one's file name.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import reprlib
 import time
@@ -28,13 +27,12 @@ from typing import Final
 
 import msgspec
 
-from ._checks import beyond_float, is_number, too_large
 from ._exceptions import UnknownProcMeshError
 from ._inspect import private_dir
 from ._transport._sockets import sockaddr
 
-__all__ = ("KeptActor", "KeptMesh", "KeptWorker", "check_keep_alive", "check_name", "claim",
-           "forget", "lookup", "publish")
+__all__ = ("KeptActor", "KeptMesh", "KeptWorker", "check_name", "claim", "forget", "lookup",
+           "publish")
 
 
 class KeptWorker(msgspec.Struct, frozen=True):
@@ -94,25 +92,6 @@ class KeptMesh(msgspec.Struct, frozen=True):
 
 
 _decode = msgspec.json.Decoder(KeptMesh).decode
-
-
-def check_keep_alive(keep_alive: object) -> float | None:
-    """``spawn_procs(keep_alive=...)`` checked: seconds > 0, or None.
-
-    Raises:
-        TypeError: not a number.
-        ValueError: not a positive, finite number (an int no float holds
-            is none).
-    """
-    if keep_alive is None:
-        return None
-    if beyond_float(keep_alive) or (is_number(keep_alive) and not 0 < keep_alive < math.inf):
-        raise ValueError(f"spawn_procs: keep_alive must be seconds > 0, got "
-                         f"{keep_alive!r}{too_large(keep_alive)}")
-    if not is_number(keep_alive):
-        raise TypeError(f"spawn_procs: keep_alive must be seconds (a number) or None, got "
-                        f"{type(keep_alive).__name__} {keep_alive!r}")
-    return float(keep_alive)
 
 
 def _dir() -> Path:

@@ -275,7 +275,9 @@ async def stats(*, timeout: float = STATS_TIMEOUT) -> Stats:
             answered by then, or is gone, has its ``ProcessStats.error`` set.
 
     Raises:
-        ValueError: ``timeout`` is not a positive number.
+        TypeError: ``timeout`` is not a number (a str, a bool).
+        ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
+            holds; ``math.inf``: no bound).
     """
     rt = runtime()
     states = [state for state in (rt.state(Inspection).procs if rt.has_state(Inspection) else [])

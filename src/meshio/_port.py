@@ -26,7 +26,7 @@ from ._constants import MSGPACK_NIL
 from ._exceptions import ClosedResourceError, MeshioError, SchemaError, SupervisionError
 from ._transport._connection import Connection
 from ._transport._messages import PortSend
-from ._transport._runtime import PortSink, Runtime, actor_thread, on_loop, runtime
+from ._transport._runtime import Runtime, actor_thread, check_loop, not_its_loop, on_loop, runtime
 from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder
 
 __all__ = ("Channel", "Port", "PortReceiver")
@@ -135,6 +135,9 @@ class PortReceiver(Generic[T]):
 
     def __init__(self, port_id: int) -> None:
         self._id = port_id
+        #: the runtime whose open ports it is in (that of the loop the
+        #: channel was opened on: the only one that feeds it); None: in none
+        self._rt: Runtime | None = None
         self._items: deque[Any] = deque()
         #: the tasks waiting in recv (each woken to look again on news)
         self._waiters: set[asyncio.Future[None]] = set()
@@ -208,6 +211,10 @@ class PortReceiver(Generic[T]):
             SupervisionError: nothing is left to read and every other
                 process the port was passed to is gone without closing it
                 (instead of waiting forever).
+            WrongLoopError: it has to wait on another event loop than the
+                one the channel was opened on (only that loop's runtime
+                feeds it; a value already here is returned); or, once that
+                loop has ended, ClosedResourceError.
         """
         while True:
             if self._closed:
@@ -218,7 +225,11 @@ class PortReceiver(Generic[T]):
                 break
             if self._orphaned is not None:
                 raise self._orphaned
-            waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            rt = self._rt
+            if rt is not None and loop is not rt.loop:  # (asked here: a value ready is no wait)
+                raise not_its_loop(rt, f"the receiver of port {self._id}")
+            waiter = loop.create_future()
             self._waiters.add(waiter)
             try:
                 await waiter
@@ -235,6 +246,8 @@ class PortReceiver(Generic[T]):
         return value
 
     async def __aiter__(self) -> AsyncIterator[T]:
+        if self._rt is not None:
+            check_loop(self._rt, f"the receiver of port {self._id}")
         while True:
             try:
                 yield await self.recv()
@@ -282,10 +295,13 @@ class _Sink:
             receiver._lost(conn)
 
 
-def _register(ports: dict[int, PortSink], receiver: PortReceiver[Any]) -> None:
-    """Enter ``receiver`` in ``ports`` (a runtime's open ports) until it ends
-    or is garbage-collected, whichever comes first."""
+def _register(rt: Runtime, receiver: PortReceiver[Any]) -> None:
+    """Enter ``receiver`` in ``rt``'s open ports until it ends or is
+    garbage-collected, whichever comes first: it belongs to ``rt`` (is read
+    on its loop)."""
     port_id = receiver._id
+    ports = rt.ports
+    receiver._rt = rt
 
     def gone(_: object = None) -> None:  # (may run in any thread: one dict operation)
         ports.pop(port_id, None)
@@ -302,5 +318,5 @@ class Channel(Generic[T]):
         rt = runtime()
         port_id = next(_ids)
         receiver: PortReceiver[T] = PortReceiver(port_id)
-        _register(rt.ports, receiver)
+        _register(rt, receiver)
         return Port(rt.addr, port_id), receiver

@@ -15,12 +15,12 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
-from ._checks import beyond_float, is_number, too_large
+from ._checks import check_seconds
 from ._constants import MAX_PER_HOST, PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
 from ._extent import Extent, MeshShape, Point, Region
-from ._keep_alive import KeptActor, check_keep_alive, check_name, lookup
+from ._keep_alive import KeptActor, check_name, lookup
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -41,6 +41,8 @@ P = ParamSpec("P")
 DEFAULT_OPTIONS = SpawnOptions()
 #: the values of ``RestartType``, for run-time checks
 _RESTART_TYPES: tuple[RestartType, ...] = get_args(RestartType)
+#: how errors name ``spawn_procs`` where they name the argument as ``f(arg=...)``
+_SPAWN_PROCS = "HostMesh.spawn_procs"
 
 class ProcMesh(MeshShape):
     """Worker processes, one per point, each running a uvloop event loop.
@@ -101,9 +103,11 @@ class ProcMesh(MeshShape):
                 never queue) and to actor meshes spanning several hosts.
 
         Raises:
+            TypeError: ``stall_after`` is not a number (a str, a bool).
             ValueError: ``restart`` is not one of the three restart types,
-                ``stall_after`` is not a positive number, or ``max_queued``
-                is not a positive integer.
+                ``stall_after`` is not finite seconds > 0 (NaN, or an int
+                no float holds), or ``max_queued`` is not a positive
+                integer.
         """
         options = self._options
         if restart is not None:
@@ -112,9 +116,8 @@ class ProcMesh(MeshShape):
                                  f"'temporary', got {restart!r}")
             options = replace(options, restart=restart)
         if stall_after is not None:
-            if not (is_number(stall_after) and 0 < stall_after < math.inf):
-                raise ValueError(f"options(stall_after=...) must be a positive number of "
-                                 f"seconds, got {stall_after!r}{too_large(stall_after)}")
+            check_seconds(stall_after, "ProcMesh.options", "stall_after", inf=False,
+                          also=" or None")
             options = replace(options, stall_after=float(stall_after))
         if max_queued is not None:
             if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 1:
@@ -347,7 +350,9 @@ class ProcMesh(MeshShape):
                 answered by then, or is gone, is listed in ``Stacks.errors``.
 
         Raises:
-            ValueError: ``timeout`` is not a positive number.
+            TypeError: ``timeout`` is not a number (a str, a bool).
+            ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
+                float holds; ``math.inf``: no bound).
         """
         await self._wait_ready()
         state = self._state
@@ -864,46 +869,39 @@ class HostMesh(MeshShape):
 
         Raises:
             TypeError: an argument has the wrong type, e.g. seconds
-                (``heartbeat_interval``, ``partition_timeout``,
-                ``keep_alive``) given as a ``str`` or a ``bool``, an ``env``
-                value that is not a ``str``, or ``bootstrap`` is not
-                callable or cannot be pickled.
-            ValueError: an argument has a wrong value, e.g. an ``env`` key
+                (``shutdown``, ``heartbeat_interval``, ``heartbeat_timeout``,
+                ``partition_timeout``, ``keep_alive``) given as a ``str`` or
+                a ``bool``, an ``env`` value that is not a ``str``, or
+                ``bootstrap`` is not callable or cannot be pickled.
+            ValueError: an argument has a wrong value, e.g. seconds out of
+                range (0 or less, ``shutdown`` below 0, NaN, an int no float
+                holds, ``math.inf`` for ``partition_timeout`` or
+                ``keep_alive``), an ``env`` key
                 that is empty, has ``=`` or starts with ``MESHIO_``,
                 ``log_dir`` with ``log_records=False``, ``keep_alive``
                 with the ``name`` of another kept-alive proc mesh, or a
                 ``name`` too long for its workers' Unix socket addresses
                 (46 bytes fit, as the message says).
         """
-        keep_alive = check_keep_alive(keep_alive)
+        if keep_alive is not None:
+            keep_alive = float(check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
+                                             also=" or None"))
         _check_supervisor(supervisor, "spawn_procs")
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
                              f"'temporary', got {restart!r}")
-        if shutdown != "brutal_kill" and not (is_number(shutdown) and shutdown >= 0):
-            raise ValueError(f"spawn_procs: shutdown must be 'brutal_kill' or seconds >= 0, "
-                             f"got {shutdown!r}{too_large(shutdown)}")
-        for arg, value in (("heartbeat_interval", heartbeat_interval),
-                           ("heartbeat_timeout", heartbeat_timeout)):
-            if beyond_float(value):
-                raise ValueError(f"spawn_procs: {arg} must be > 0 seconds, got "
-                                 f"{value!r}{too_large(value)}")
-            if (value is not None or arg == "heartbeat_interval") and not is_number(value):
-                raise TypeError(f"spawn_procs: {arg} must be a number of seconds, "
-                                f"got {type(value).__name__} {value!r}")
+        if isinstance(shutdown, str):  # (a str is of its type: a wrong one is a wrong value)
+            if shutdown != "brutal_kill":
+                raise ValueError(f"{_SPAWN_PROCS}(shutdown=...) must be seconds >= 0 or "
+                                 f"'brutal_kill', got {shutdown!r}")
+        else:
+            check_seconds(shutdown, _SPAWN_PROCS, "shutdown", zero=True, also=" or 'brutal_kill'")
+        check_seconds(heartbeat_interval, _SPAWN_PROCS, "heartbeat_interval")
         if heartbeat_timeout is None:
             heartbeat_timeout = 3 * heartbeat_interval
-        if not (heartbeat_interval > 0 and heartbeat_timeout > 0):
-            raise ValueError(f"spawn_procs: heartbeat_interval and heartbeat_timeout must be "
-                             f"> 0, got {heartbeat_interval!r} and {heartbeat_timeout!r}")
-        if not (is_number(partition_timeout) or beyond_float(partition_timeout)):
-            raise TypeError(f"spawn_procs: partition_timeout must be a number of seconds "
-                            f"(> 0), got {type(partition_timeout).__name__} "
-                            f"{partition_timeout!r}")
-        if not (is_number(partition_timeout) and 0 < partition_timeout < math.inf):
-            raise ValueError(f"spawn_procs: partition_timeout must be seconds > 0, got "
-                             f"{type(partition_timeout).__name__} {partition_timeout!r}"
-                             f"{too_large(partition_timeout)}")
+        else:
+            check_seconds(heartbeat_timeout, _SPAWN_PROCS, "heartbeat_timeout", also=" or None")
+        check_seconds(partition_timeout, _SPAWN_PROCS, "partition_timeout", inf=False)
         env = check_env({} if env is None else env)
         if not isinstance(log_records, bool):
             raise TypeError(f"spawn_procs: log_records must be True or False, got "

@@ -35,6 +35,7 @@ from ._proc_state import ProcState, _ActorRecord
 from ._tracing import traced
 from ._transport._connection import Gathering
 from ._transport._credit import Waiting
+from ._transport._runtime import check_loop
 from ._transport._serial import OutBuffers
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site
 
@@ -283,6 +284,14 @@ class Service(MeshShape):
                 f"serves no calls; make a new service of a live actor mesh",
                 actor=self._name, cause="service stopped")
 
+    def _check_loop(self) -> None:
+        """Raise unless running on the event loop the service belongs to (its
+        actor mesh's): what :meth:`stop` and :meth:`scale` ask first, before
+        they change anything (its calls ask their replica's mesh)."""
+        owner = self._mesh._route.owner()
+        if owner is not None:  # (None: a reference not used yet, which any loop may take)
+            check_loop(owner, f"service {self._name!r}")
+
     def _with_region(self, region: Region) -> NoReturn:
         raise TypeError(f"service {self._name!r}: a service's replicas are not sliced; slice "
                         f"the actor mesh before making a service of it")
@@ -342,6 +351,10 @@ class Service(MeshShape):
             RuntimeError: growing a service whose actor mesh was received
                 from another process (only the process that spawned it
                 holds its proc mesh).
+            WrongLoopError: called from another event loop than the one
+                the service's actor mesh belongs to, or from a thread that
+                runs none (:class:`~meshio.ClosedResourceError` once that
+                loop has ended).
             SupervisionError: the service was stopped (before or while
                 growing: nothing it started is left running); the proc mesh
                 of the actor mesh was stopped (before or while growing: the
@@ -354,6 +367,7 @@ class Service(MeshShape):
         if replicas < 1:
             raise ValueError(f"scale(replicas=...) must be >= 1 (service {self._name!r}), "
                              f"got {replicas}; stop() stops every replica")
+        self._check_loop()
         self._check_open()
         async with self._scaling:
             self._check_open()  # (stopped while an earlier scale ran)
@@ -372,7 +386,15 @@ class Service(MeshShape):
         The service stays stopped: later calls, and ``scale``, raise
         SupervisionError; ``len(svc)`` is 0 and ``stats()`` empty.
         Returns once every replica is stopped; a stop while one is under way
-        waits for that one."""
+        waits for that one.
+
+        Raises:
+            WrongLoopError: called from another event loop than the one the
+                service's actor mesh belongs to, or from a thread that runs
+                none; nothing is stopped (:class:`~meshio.ClosedResourceError`
+                once that loop has ended).
+        """
+        self._check_loop()
         if self._stopped is not None:
             await asyncio.shield(self._stopped)
             return

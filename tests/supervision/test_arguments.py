@@ -77,14 +77,15 @@ WRONG: list[tuple[str, object, str]] = [
     ("clock", MonotonicClock, "got the class MonotonicClock"),
     ("on_escalate", 5, "got int 5"),
     ("on_escalate", "log", "got str 'log'"),
-    # numbers: a str (or a float for a count) is a wrong type, not a wrong value
+    # counts: a str (or a float) is a wrong type, not a wrong value (the
+    # seconds, within and the heartbeats: test_seconds_args.py)
     ("max_restarts", "3", "got str '3'"),
     ("max_restarts", 3.0, "got float 3.0"),
     ("max_restarts", True, "got bool True"),
-    ("within", "60", "got str '60'"),
-    ("heartbeat_interval", "1", "got str '1'"),
-    ("heartbeat_timeout", "3", "got str '3'"),
+    ("max_restarts", None, "got NoneType None"),
     ("poison_after", "3", "got str '3'"),
+    ("poison_after", 1.5, "got float 1.5"),
+    ("poison_after", True, "got bool True"),
 ]
 
 
@@ -101,6 +102,15 @@ def test_a_wrong_type_is_refused_naming_the_argument(arg: str, value: object,
     assert message.startswith(f"Supervisor: {arg} must be "), message
     assert got in message, message
     assert parent.children == []  # a refused supervisor is no child of anyone
+
+
+@pytest.mark.parametrize(("arg", "value", "least"), [
+    ("max_restarts", -1, 0), ("poison_after", 0, 1), ("poison_after", -1, 1)])
+def test_a_count_below_its_least_is_a_value_error(arg: str, value: int, least: int) -> None:
+    kw: dict[str, Any] = {arg: value}
+    with pytest.raises(ValueError, match=rf"^Supervisor: {arg} must be an int >= {least}, "
+                                         rf"got {value}$"):
+        meshio.Supervisor(**kw)
 
 
 def test_a_clock_without_sleep_is_told_what_it_lacks() -> None:

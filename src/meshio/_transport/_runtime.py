@@ -20,12 +20,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar, cast
 
-from .._checks import is_number
+from .._checks import check_seconds
 from .._exceptions import (
     AuthenticationError,
     ClosedResourceError,
     MeshioError,
     SupervisionError,
+    WrongLoopError,
 )
 from ._bulk import fill
 from ._connection import Connection, Pending, ignore_result, not_responding
@@ -62,8 +63,8 @@ from ._tasks import TaskOwner
 from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "check_loop",
-           "close_runtime", "existing_runtime", "ignore_result", "not_its_loop", "print_fault",
-           "runtime", "tcp_address")
+           "close_runtime", "existing_runtime", "ignore_result", "no_running_loop", "not_its_loop",
+           "print_fault", "runtime", "tcp_address")
 
 log = logging.getLogger("meshio")
 
@@ -132,12 +133,7 @@ def runtime() -> Runtime:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        raise RuntimeError(
-            "meshio was used from a thread that runs no event loop (e.g. one of "
-            "asyncio.to_thread): meshes and ports work on the event loop that made them; "
-            "from another thread, asyncio.run_coroutine_threadsafe(coro, loop).result() runs a "
-            "coroutine there, and loop.call_soon_threadsafe(fn, *args) a plain function such "
-            "as port.send") from None
+        raise no_running_loop("meshio") from None
     rt = _runtimes.get(loop)
     if rt is None:
         rt = _runtimes[loop] = Runtime(loop)
@@ -158,31 +154,41 @@ def existing_runtime() -> Runtime | None:
         return None
 
 
-def not_its_loop(rt: Runtime, what: str) -> Exception:
+#: how to use something of a loop from elsewhere (the end of every WrongLoopError)
+_USE_IT_THERE = ("use it from that loop: from another thread, asyncio.run_coroutine_threadsafe("
+                 "coro, loop).result() runs a coroutine there, and loop.call_soon_threadsafe("
+                 "fn, *args) a plain function such as port.send")
+
+
+def no_running_loop(what: str) -> WrongLoopError:
+    """The error of using ``what`` (``"meshio"``, ``"actor mesh 'c'"``)
+    from a thread that runs no event loop: the one wording of it."""
+    return WrongLoopError(
+        f"{what} cannot be used from a thread that runs no event loop (e.g. one of "
+        f"asyncio.to_thread): meshes, services, ports and supervisors belong to the meshio "
+        f"runtime of the event loop they were created on; {_USE_IT_THERE}")
+
+
+def not_its_loop(rt: Runtime, what: str) -> MeshioError:
     """The error of using ``what`` (``"actor mesh 'c'"``), which belongs to
     ``rt``, where the running loop is not ``rt``'s: another loop (its
-    runtime has another job secret: it could not even reach the processes),
-    a thread that runs none, or ``rt``'s loop has ended."""
+    runtime has another job secret: it could not even reach the processes)
+    or a thread that runs none (:class:`WrongLoopError`), or ``rt``'s loop
+    has ended (:class:`ClosedResourceError`)."""
     if rt.closed or rt.loop.is_closed():
         return ClosedResourceError(
             f"{what} belongs to the meshio runtime of an event loop that has ended (the loop "
             f"it was created on is closed, or its meshio.run returned): it cannot be used any "
             f"more; create the proc meshes and actors a loop uses on that loop (e.g. within "
             f"the one asyncio.run or meshio.run)")
-    fix = ("use it from that loop: from another thread, asyncio.run_coroutine_threadsafe("
-           "coro, loop).result() runs a coroutine there, and loop.call_soon_threadsafe(fn, "
-           "*args) a plain function such as port.send")
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return RuntimeError(
-            f"{what} cannot be used from a thread that runs no event loop (e.g. one of "
-            f"asyncio.to_thread): it belongs to the meshio runtime of the event loop it was "
-            f"created on; {fix}")
-    return RuntimeError(
+        return no_running_loop(what)
+    return WrongLoopError(
         f"{what} belongs to the meshio runtime of another event loop (the one it was "
         f"created on), not the running one (each loop has a runtime of its own, and no "
-        f"mesh moves between them); {fix}")
+        f"mesh moves between them); {_USE_IT_THERE}")
 
 
 def check_loop(rt: Runtime, what: str) -> None:
@@ -462,7 +468,7 @@ class Runtime:
         Raises:
             AuthenticationError: ``addr`` is connected already, as a process
                 of another job than ``job``.
-            RuntimeError: ``addr`` is the runtime of another loop of this
+            WrongLoopError: ``addr`` is the runtime of another loop of this
                 process, which this loop's runtime cannot reach (its own
                 job secret): a port opened there, used here.
         """
@@ -814,11 +820,11 @@ async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Messag
     ``timeout`` seconds).  ``what`` names the request (``"stacks()"``).
 
     Raises:
-        ValueError: ``timeout`` is not a positive number.
+        TypeError: ``timeout`` is not a number (a str, a bool).
+        ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
+            holds; ``math.inf``: no bound).
     """
-    if not (is_number(timeout) and timeout > 0):
-        raise ValueError(f"{what.removesuffix('()')}(timeout=...) must be seconds > 0, "
-                         f"got {timeout!r}")
+    check_seconds(timeout, what.removesuffix("()"), "timeout")
     futs: list[asyncio.Future[_T]] = []
     sent: list[tuple[Connection, int]] = []
     for addr, request, mesh, point in asks:

@@ -62,6 +62,7 @@ import msgspec
 import msgspec.inspect
 import msgspec.structs
 
+from .._checks import check_seconds
 from .._exceptions import SchemaError
 
 __all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "Refit", "Unfit", "ascii_memory",
@@ -214,7 +215,7 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         TypeError: a limit is not an ``int`` (the timeout and ``busy_poll``:
             not a number).
         ValueError: a limit is not positive (``fanout_width``, ``busy_poll``:
-            negative).
+            negative), or seconds are NaN or an int no float holds.
     """
     new = {"max_message": max_message, "receive_budget": receive_budget,
            "frame_timeout": frame_timeout, "fanout_width": fanout_width,
@@ -223,6 +224,9 @@ def set_limits(*, max_message: int | None = None, receive_budget: int | None = N
         if value is None:
             continue
         kinds, what, zero = _KINDS[arg]
+        if float in kinds:  # seconds
+            check_seconds(value, "set_limits", arg, zero=zero, also=" or None")
+            continue
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise TypeError(f"set_limits: {arg} must be {what}, "
                             f"got {type(value).__name__} {value!r}")

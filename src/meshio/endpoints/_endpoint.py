@@ -39,7 +39,7 @@ from typing import (
     overload,
 )
 
-from .._checks import is_number, too_large
+from .._checks import check_seconds
 from .._context import _scope
 from .._exceptions import (
     CallTimeout,
@@ -417,12 +417,14 @@ class Endpoint(Generic[P, R]):
                 Not given: as this endpoint has it.
 
         Raises:
-            ValueError: ``timeout`` is not a positive number, or ``on_full``
-                is neither ``"wait"`` nor ``"raise"``.
+            TypeError: ``timeout`` is not a number (a str, a bool).
+            ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
+                float holds; ``math.inf`` is no bound), or ``on_full`` is
+                neither ``"wait"`` nor ``"raise"``.
         """
-        if timeout is not None and not (is_number(timeout) and timeout > 0):
-            raise ValueError(f"options(timeout=...) must be a positive number, got "
-                             f"{timeout!r}{too_large(timeout)}")
+        # (a float > 0 is taken at once: options() may be made per call)
+        if timeout is not None and not (type(timeout) is float and timeout > 0):
+            check_seconds(timeout, "Endpoint.options", "timeout", also=" or None")
         if on_full is None:
             on_full = self._on_full
         elif on_full not in _ON_FULL:

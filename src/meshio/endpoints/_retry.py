@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from .._checks import is_number
+from .._checks import check_seconds
 from .._exceptions import ActorError, SupervisionError
 
 __all__ = ("PROCESS_DEATH", "Retry")
@@ -33,6 +33,13 @@ class Retry:
         attempts: how many times the call is sent at most (1: no retry).
         on: the exception types that are retried.
         backoff: seconds before the first retry (doubled for each next one).
+
+    Raises:
+        TypeError: ``on`` is not a tuple of exception types, or ``backoff``
+            is not a number (a str, a bool).
+        ValueError: ``attempts`` is not an int >= 1, ``on`` holds
+            ``CancelledError``, or ``backoff`` is not finite seconds >= 0
+            (NaN, or an int no float holds).
     """
 
     attempts: int = 3
@@ -48,8 +55,7 @@ class Retry:
         if any(issubclass(t, asyncio.CancelledError) for t in self.on):
             raise ValueError("Retry(on=...) cannot retry CancelledError: a cancelled call is "
                              "given up, not failed")
-        if not (is_number(self.backoff) and self.backoff >= 0):
-            raise ValueError(f"Retry(backoff=...) must be a number >= 0, got {self.backoff!r}")
+        check_seconds(self.backoff, "Retry", "backoff", zero=True, inf=False)
 
     def matches(self, error: BaseException) -> bool:
         """Whether a call that failed with ``error`` is retried."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from .._checks import beyond_float, is_number, too_large
+from .._checks import check_seconds
 from .._launcher import LocalLauncher, LocalProc, WorkerSpec
 from .._transport._connection import Connection
 from .._transport._messages import (
@@ -61,7 +61,7 @@ from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._remote import read_secret_file
 
-__all__ = ("Agent", "check_idle_timeout", "host_address", "main", "serve_agent")
+__all__ = ("Agent", "host_address", "main", "serve_agent")
 
 log = logging.getLogger("meshio")
 
@@ -268,7 +268,7 @@ async def serve_agent(listen: str, secret: bytes, *, advertise: str | None = Non
     listened on, or this host's address when that is ``0.0.0.0``)."""
     bind, port = _host_port(listen)
     if idle_timeout is not None:
-        check_idle_timeout(idle_timeout, "serve_agent: idle_timeout")
+        check_seconds(idle_timeout, "serve_agent", "idle_timeout", also=" or None")
     name = advertise or (host_address() if bind in ("0.0.0.0", "::") else bind)
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, tcp_address(bind, port), worker="agent", secret=secret, tls=tls,
@@ -305,21 +305,6 @@ async def _until_idle(rt: Runtime, stop: asyncio.Event, idle_timeout: float) -> 
             return
 
 
-def check_idle_timeout(value: object, what: str) -> float:
-    """``idle_timeout`` (``--idle-timeout``) checked: seconds > 0, ``math.inf``
-    for never (``what`` names it in the error: ``"ProcessJob 'job': idle_timeout"``).
-
-    Raises:
-        TypeError: not a number (``None`` included; a bool).
-        ValueError: zero, negative, NaN, or an int no float holds.
-    """
-    if not (is_number(value) and value > 0):  # (NaN too)
-        kind = ValueError if is_number(value) or beyond_float(value) else TypeError
-        raise kind(f"{what} must be seconds > 0 (math.inf: never), got "
-                   f"{value!r}{too_large(value)}")
-    return float(value)
-
-
 def _host_port(listen: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[V6]:PORT``) split, the port checked (0: any).
 
@@ -346,7 +331,7 @@ def tls_flags(cert: str, key: str, ca: str, *, mutual: bool,
 def _idle_timeout_arg(text: str) -> float:
     """``--idle-timeout``, as argparse's ``type``."""
     try:
-        return check_idle_timeout(float(text), "--idle-timeout")
+        return check_seconds(float(text), "meshio agent", "--idle-timeout")
     except ValueError:  # (not a number, or not > 0)
         raise argparse.ArgumentTypeError(
             f"must be seconds > 0 (inf: never), got {text!r}") from None

@@ -28,15 +28,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from .._checks import beyond_float, is_number, too_large
+from .._checks import check_seconds
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
-from ._agent import check_idle_timeout, tls_flags
+from ._agent import tls_flags
 from ._remote import attach
 
 __all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_job_name", "check_meshes", "check_start_timeout", "check_tls", "read_cache",
+           "check_job_name", "check_meshes", "check_tls", "read_cache",
            "read_own_cache",
            "record_resize", "resize_job", "write_cache")
 
@@ -143,20 +143,6 @@ def check_job_name(kind: str, name: object) -> str:
     if not name.replace("-", "_").isidentifier():
         raise ValueError(f"{kind}: job name {name!r} must be letters, digits, - and _")
     return name
-
-
-def check_start_timeout(what: str, start_timeout: object) -> None:
-    """A scheduler job's ``start_timeout=``: seconds > 0.
-
-    Raises:
-        TypeError: not a number.
-        ValueError: zero, negative, NaN, or an int no float holds (as
-            ``idle_timeout``).
-    """
-    if not (is_number(start_timeout) and start_timeout > 0):
-        kind = ValueError if is_number(start_timeout) or beyond_float(start_timeout) else TypeError
-        raise kind(f"{what}: start_timeout must be seconds > 0, got {start_timeout!r}"
-                   f"{too_large(start_timeout)}")
 
 
 def check_tls(what: str, tls: object) -> TLSConfig | None:
@@ -412,7 +398,7 @@ class ProcessJob(AgentsJob):
                             f"{type(host).__name__} {host!r}")
         self.host: str = host
         self.tls: TLSConfig | None = check_tls(what, tls)
-        self.idle_timeout: float = check_idle_timeout(idle_timeout, f"{what}: idle_timeout")
+        self.idle_timeout: float = float(check_seconds(idle_timeout, "ProcessJob", "idle_timeout"))
         self.cache: Path = Path(cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
         self._state: JobState | None = None

@@ -32,14 +32,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from .._checks import check_seconds
 from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
-from ._agent import check_idle_timeout, tls_flags
+from ._agent import tls_flags
 from ._job import (
     JobCacheError,
     JobState,
     check_meshes,
-    check_start_timeout,
     check_tls,
     read_cache,
     read_own_cache,
@@ -134,15 +134,18 @@ class KubernetesJob:
         context: the kubeconfig context (default: its current one).
         cache_dir: where the job cache and the job secret are kept.
         start_timeout: seconds ``apply()`` waits for every agent's pod to be
-            ready, and ``kill()`` for the job's objects to be gone.
+            ready, and ``kill()`` for the job's objects to be gone (finite:
+            the API server's watch takes whole seconds).
 
     Raises:
         ValueError: a name that does not make valid Kubernetes names, a
             bad option (a ``pod_spec`` that sets ``containers`` or
             ``volumes``, which meshio makes: the agent's container and its
-            secrets).
+            secrets), or seconds out of range (``idle_timeout`` or
+            ``start_timeout`` not > 0, NaN, an int no float holds).
         TypeError: an argument of the wrong type (an ``env`` value that is
-            not a str, a ``tls`` that is not a ``TLSConfig``).
+            not a str, a ``tls`` that is not a ``TLSConfig``, seconds that
+            are no number).
     """
 
     kind = "KubernetesJob"
@@ -179,8 +182,9 @@ class KubernetesJob:
             raise ValueError(f"{this}: image must name the agents' container image, got "
                              f"{image!r}")
         if idle_timeout is not None:
-            check_idle_timeout(idle_timeout, f"{this}: idle_timeout")
-        check_start_timeout(this, start_timeout)
+            check_seconds(idle_timeout, "KubernetesJob", "idle_timeout", also=" or None")
+        # (finite: the watch of the pods takes whole seconds)
+        check_seconds(start_timeout, "KubernetesJob", "start_timeout", inf=False)
         for what, given in (("env", env), ("resources", resources), ("pod_spec", pod_spec)):
             if given is not None and not (isinstance(given, Mapping)
                                           and all(isinstance(k, str) for k in given)):

@@ -42,15 +42,15 @@ from pathlib import Path
 from subprocess import DEVNULL, PIPE
 from typing import Any
 
+from .._checks import check_seconds
 from .._proc_mesh import HostMesh
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
-from ._agent import check_idle_timeout, tls_flags
+from ._agent import tls_flags
 from ._job import (
     AgentsJob,
     check_job_name,
     check_meshes,
-    check_start_timeout,
     check_tls,
     read_own_cache,
     resize_job,
@@ -201,13 +201,13 @@ class SlurmJob(AgentsJob):
         if isinstance(sbatch_args, str) or not all(isinstance(a, str) for a in sbatch_args):
             raise TypeError(f"{what}: sbatch_args must be a list of str, one option each "
                             f"(e.g. ['--gpus-per-node=8']), got {sbatch_args!r}")
-        check_start_timeout(what, start_timeout)
+        check_seconds(start_timeout, "SlurmJob", "start_timeout")
         self.partition: str | None = partition
         self.time_limit: str | None = time_limit
         self.exclusive: bool = exclusive
         self.sbatch_args: list[str] = list(sbatch_args)
         self.tls: TLSConfig | None = check_tls(what, tls)
-        self.idle_timeout: float = check_idle_timeout(idle_timeout, f"{what}: idle_timeout")
+        self.idle_timeout: float = float(check_seconds(idle_timeout, "SlurmJob", "idle_timeout"))
         self.start_timeout: float = start_timeout
         self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None

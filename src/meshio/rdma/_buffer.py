@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from .._checks import is_number, too_large
+from .._checks import check_seconds
 from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
@@ -197,11 +197,12 @@ class RDMABuffer:
                 ``tcp`` transfer with :class:`~meshio.RDMAError`.
 
         Raises:
-            ValueError: ``timeout`` is not a number of seconds > 0.
+            TypeError: ``timeout`` is not a number (a str, a bool).
+            ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
+                float holds; ``math.inf`` is no bound).
         """
-        if timeout is not None and not (is_number(timeout) and timeout > 0):
-            raise ValueError(f"options(timeout=...) must be seconds > 0, got {timeout!r}"
-                             f"{too_large(timeout)}")
+        if timeout is not None:
+            check_seconds(timeout, "RDMABuffer.options", "timeout", also=" or None")
         return RDMABuffer._from_handle(self._handle, timeout)
 
     # ------------------------------------------------------- transfers

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
 
-from .._checks import is_number
+from .._checks import check_seconds
 from .._context import Context, _context
 from .._exceptions import MeshioError, RDMAError
 from .._transport._bulk import (
@@ -655,10 +655,12 @@ class WeightStore:
         Raises:
             TimeoutError: no such version within ``timeout``.
             KeyError: a key of ``keys`` is not in the version.
-            TypeError: ``shard`` returned something other than a tensor.
+            TypeError: ``shard`` returned something other than a tensor,
+                or ``timeout`` is not a number (a str, a bool).
             ValueError: ``shard`` returned a tensor that is not a view of
                 the one it was given, or reaches outside it (the key and
-                what it returned are named).
+                what it returned are named), or ``timeout`` is not seconds
+                >= 0 (NaN, or an int no float holds).
             RDMAError: the store is closed, before or while this waits (the
                 actor that created it was stopped), or the version was
                 dropped while copied (the same).
@@ -682,7 +684,7 @@ class WeightStore:
                 out[key] = await _read_shard(grant, memory, key, dtype, shape, off, shard)
             return out
 
-        return await self._using(at_least, timeout, copy)
+        return await self._using("read", at_least, timeout, copy)
 
     async def read_into(self, dst: Mapping[str, torch.Tensor], *, at_least: int | None = None,
                         timeout: float | None = None) -> int:
@@ -694,7 +696,8 @@ class WeightStore:
 
         Raises:
             ValueError: a key is missing or extra, or a shape or dtype differs
-                (the key and both are named).
+                (the key and both are named), or ``timeout`` is not seconds
+                >= 0 (as for :meth:`read`; not a number: ``TypeError``).
             TimeoutError: no such version within ``timeout``.
             RDMAError: the store is closed (see :meth:`read`).
         """
@@ -735,7 +738,7 @@ class WeightStore:
                 t.copy_(target)
             return grant.version
 
-        return await self._using(at_least, timeout, copy)
+        return await self._using("read_into", at_least, timeout, copy)
 
     async def versions(self) -> AsyncIterator[int]:
         """Each newest version as it is published, from the current one on
@@ -811,14 +814,15 @@ class WeightStore:
             grant.version)
         self._release(grant.lease, None, HOST_ID)
 
-    async def _using(self, at_least: int | None, timeout: float | None,
+    async def _using(self, what: str, at_least: int | None, timeout: float | None,
                      copy: Callable[[_Grant, _Source], Awaitable[_T]]) -> _T:
         """``copy(grant, memory)`` of a version held meanwhile: through the
-        relay of this host, or from the owner when the relay fails."""
+        relay of this host, or from the owner when the relay fails (``what``:
+        the method, ``"read"`` or ``"read_into"``, as errors name it)."""
         if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
-            raise TypeError(f"WeightStore.read: at_least must be an int >= 0, got {at_least!r}")
-        if timeout is not None and not (is_number(timeout) and timeout >= 0):
-            raise ValueError(f"WeightStore.read: timeout must be seconds >= 0, got {timeout!r}")
+            raise TypeError(f"WeightStore.{what}: at_least must be an int >= 0, got {at_least!r}")
+        if timeout is not None:
+            check_seconds(timeout, f"WeightStore.{what}", "timeout", zero=True, also=" or None")
         try:
             async with _Lease(self, at_least or 0, timeout, relayed=True) as held:
                 return await copy(*held)

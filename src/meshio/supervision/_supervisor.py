@@ -29,11 +29,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import FunctionType
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from .._checks import beyond_float, is_number, too_large
+from .._checks import check_seconds
 from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
-from .._transport._runtime import runtime
+from .._transport._runtime import Runtime, check_loop, runtime
 from .._transport._tasks import TaskOwner
 from ._clocks import Clock, MonotonicClock
 from ._events import EventKind, SupervisionEvent
@@ -82,6 +82,11 @@ class Supervised(Protocol):
     @property
     def workers(self) -> Sequence[_Ranked]:
         """Its processes, one restart unit each."""
+        ...
+
+    @property
+    def rt(self) -> Runtime:
+        """The meshio runtime it belongs to (of the event loop that made it)."""
         ...
 
     @property
@@ -176,11 +181,11 @@ class Supervisor:
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
         _check_count("max_restarts", max_restarts, 0)
-        _check_seconds("within", within)
+        check_seconds(within, "Supervisor", "within")
         _check_count("poison_after", poison_after, 1)
-        _check_seconds("heartbeat_interval", heartbeat_interval)
+        check_seconds(heartbeat_interval, "Supervisor", "heartbeat_interval")
         if heartbeat_timeout is not None:
-            _check_seconds("heartbeat_timeout", heartbeat_timeout, " or None")
+            check_seconds(heartbeat_timeout, "Supervisor", "heartbeat_timeout", also=" or None")
         self.strategy: Strategy = strategy
         self.max_restarts: int = max_restarts
         self.within: float = within
@@ -238,7 +243,13 @@ class Supervisor:
     async def events(self) -> AsyncGenerator[SupervisionEvent, None]:
         """Every event of this supervisor, from its start, then live ones as
         they happen (failure, restart, stopped, escalation).  Never ends by
-        itself: break out of the loop when done."""
+        itself: break out of the loop when done.
+
+        Raises:
+            WrongLoopError: iterated on another event loop than the one of
+                the proc meshes it supervises (:meth:`stop`).
+        """
+        self._check_loop()
         queue: asyncio.Queue[SupervisionEvent] = asyncio.Queue()
         for ev in self._events:
             queue.put_nowait(ev)
@@ -258,8 +269,31 @@ class Supervisor:
 
     async def wait_failed(self) -> SupervisionError:
         """Wait until this supervisor gives up (and its ``__supervise__`` /
-        ``on_escalate`` hooks have run); the escalation error."""
+        ``on_escalate`` hooks have run); the escalation error.
+
+        Raises:
+            WrongLoopError: awaited on another event loop than the one of
+                the proc meshes it supervises (:meth:`stop`).
+        """
+        self._check_loop()
         return await asyncio.shield(self._failed_future())
+
+    def _home(self) -> Runtime | None:
+        """The runtime of the proc meshes it supervises (its own children's,
+        else its child supervisors'): its events and failure are waited on
+        that runtime's loop.  None: it supervises none now."""
+        for child in self.children:
+            rt = child._home() if isinstance(child, Supervisor) else child.rt
+            if rt is not None:
+                return rt
+        return None
+
+    def _check_loop(self) -> None:
+        """Raise unless running on the loop of :meth:`_home` (if any): what
+        its waits and :meth:`stop` ask first."""
+        home = self._home()
+        if home is not None:
+            check_loop(home, f"supervisor {self.name!r}, like the proc meshes it supervises,")
 
     # --------------------------------------------------------- decisions
 
@@ -469,7 +503,16 @@ class Supervisor:
             owner_said, ctx.actor_name, ctx.point.rank))
 
     async def stop(self) -> None:
-        """Stop every child, in reverse declaration order."""
+        """Stop every child, in reverse declaration order.
+
+        Raises:
+            WrongLoopError: awaited on another event loop than the one its
+                proc meshes belong to (the loop their ``spawn_procs`` ran
+                on: it alone can wait on them), or from a thread that runs
+                none; nothing is stopped.  Once that loop has ended:
+                :class:`~meshio.ClosedResourceError`.
+        """
+        self._check_loop()
         for child in reversed(list(self.children)):  # an owner may release one meanwhile
             await child.stop()
 
@@ -521,21 +564,6 @@ def _check_count(arg: str, value: object, least: int) -> None:
                         f"{type(value).__name__} {value!r}")
     if value < least:
         raise ValueError(f"Supervisor: {arg} must be an int >= {least}, got {value!r}")
-
-
-def _check_seconds(arg: str, value: object, alternative: str = "") -> None:
-    """Refuse ``value`` unless it is seconds > 0: TypeError for what is no
-    number (a str, None, a bool), ValueError for a number out of range (0
-    or less, NaN, an int no float holds); ``alternative`` names what else
-    the argument takes (``" or None"``)."""
-    if beyond_float(value):
-        raise ValueError(f"Supervisor: {arg} must be > 0 seconds{alternative}, got "
-                         f"{value!r}{too_large(value)}")
-    if not is_number(value):
-        raise TypeError(f"Supervisor: {arg} must be a number of seconds (> 0){alternative}, "
-                        f"got {type(value).__name__} {value!r}")
-    if not value > 0:
-        raise ValueError(f"Supervisor: {arg} must be > 0 seconds{alternative}, got {value!r}")
 
 
 def _gangs(units: list[tuple[Supervised | Supervisor, int]]

@@ -10,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._actor import Actor
 from .._actor_mesh import ActorMesh
+from .._checks import check_seconds
 from .._proc_mesh import ProcMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime
@@ -130,7 +131,11 @@ async def wait_exited(pidfd: int, timeout: float) -> None:
 
     Raises:
         TimeoutError: it is still running after ``timeout`` seconds.
+        TypeError: ``timeout`` is not a number (a str, a bool).
+        ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
+            holds; ``math.inf``: no bound).
     """
+    check_seconds(timeout, "wait_exited", "timeout")
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
 
