@@ -225,6 +225,70 @@ async def test_a_broadcast_value_changed_at_once_reaches_no_actor(
     assert await s.kept_sum.call_one() == 0.0
 
 
+class Rollouts(Actor):
+    """Streams rollouts into a port, each made in the one buffer it reuses
+    (filled with the rollout's number), and broadcasts one to a peer: what
+    the receivers get must be what each held when it was sent."""
+
+    @endpoint
+    def stream(self, port: meshio.Port[torch.Tensor], n: int, count: int) -> None:
+        buf = torch.empty(n)
+        for i in range(count):
+            buf.fill_(float(i))
+            port.send(buf)  # (from the actor's thread: the loop writes it later)
+        buf.fill_(-1.0)
+        port.close()
+
+    @endpoint
+    async def stream_async(self, port: meshio.Port[torch.Tensor], n: int, count: int) -> None:
+        buf = torch.empty(n)
+        for i in range(count):
+            buf.fill_(float(i))
+            port.send(buf)
+        buf.fill_(-1.0)
+        port.close()
+
+    @endpoint
+    async def tell(self, peer: Store, n: int) -> float:
+        """Broadcast a buffer to ``peer`` (a process this one has no
+        connection to yet: the frame waits for it), change it, and ask the
+        sum ``peer`` kept (after the broadcast: one connection, in order)."""
+        buf = torch.zeros(n)
+        peer.keep.broadcast(buf)
+        buf += 1
+        return await peer.kept_sum.call_one()
+
+
+def rollout_numbers(values: list[torch.Tensor]) -> list[float | str]:
+    return [float(t[0]) if bool((t == t[0]).all()) else "torn" for t in values]
+
+
+@pytest.mark.parametrize("mib", [0, 2], ids=["4KiB", "2MiB"])
+@pytest.mark.parametrize("ep", ["stream", "stream_async"])
+async def test_a_port_sends_what_the_value_held_at_the_send(
+        procs: meshio.ProcMesh, ep: str, mib: int) -> None:
+    """A buffer reused for the next rollout right after ``port.send`` (fire
+    and forget) reached the receiver with the later contents, or torn."""
+    r = (await procs.spawn("r", Rollouts)).slice(procs=0)
+    n = mib * MiB // 4 or 1024
+    port, receiver = meshio.Channel[torch.Tensor].open()
+    call = getattr(r, ep).call_one(port, n, 8)
+    got = [t async for t in receiver]
+    await asyncio.wait_for(call, GUARD)
+    assert rollout_numbers(got) == [float(i) for i in range(8)]
+
+
+@pytest.mark.parametrize("mib", [0, 2], ids=["4KiB", "2MiB"])
+async def test_a_broadcast_waiting_for_its_connection_sends_what_it_held(
+        procs: meshio.ProcMesh, mib: int) -> None:
+    """A broadcast from an actor to a process it had no connection to yet:
+    a small buffer changed right after it reached the peer changed."""
+    r = (await procs.spawn("r", Rollouts)).slice(procs=0)
+    s = (await procs.spawn("store", Store)).slice(procs=1)
+    assert await asyncio.wait_for(r.tell.call_one(cast(Store, s), mib * MiB // 4 or 1024),
+                                  GUARD) == 0.0
+
+
 class Blocker(Actor):
     @endpoint
     async def block(self, ready: str, release: str) -> None:

@@ -24,6 +24,7 @@ import msgspec
 
 from ._constants import MSGPACK_NIL
 from ._exceptions import ClosedResourceError, MeshioError, SchemaError, SupervisionError
+from ._transport._bulk import snapshot
 from ._transport._connection import Connection
 from ._transport._messages import PortSend
 from ._transport._runtime import Runtime, actor_thread, check_loop, not_its_loop, on_loop, runtime
@@ -63,7 +64,10 @@ class Port(Generic[T]):
 
     def send(self, value: T) -> None:
         """Send ``value`` to the receiver (fire and forget, in order); once
-        the receiver is closed (or gone), values are dropped.
+        the receiver is closed (or gone), values are dropped.  What it holds
+        now is sent: change a buffer or tensor in place right after (the next
+        rollout into the same one), and the receiver still gets this one (its
+        parts are copied, as a broadcast's).
 
         Raises:
             SchemaError: ``value`` cannot be encoded (its pickling raised,
@@ -77,7 +81,7 @@ class Port(Generic[T]):
         except Exception as e:  # the value's own pickling code may raise anything
             raise SchemaError(f"{self!r}: the value cannot be sent: {type(e).__name__}: {e}; "
                               "send a value msgpack or pickle can encode") from e
-        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), packer)
+        on_loop(_send, self._addr, PortSend(self._id, msgspec.Raw(body)), snapshot(packer))
 
     def close(self) -> None:
         """Tell the receiver no more values will come."""

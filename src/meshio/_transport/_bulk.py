@@ -514,10 +514,13 @@ class Exports:
 
 
 def snapshot(out: OutBuffers) -> OutBuffers:
-    """``out`` with each part of :data:`THRESHOLD` bytes or more copied: for
-    a message whose sender does not wait for its delivery (a broadcast), so
-    that changing the value in place afterwards cannot reach a receiver."""
-    return [(bytes(memoryview(b)) if memoryview(b).nbytes >= THRESHOLD else b, kind)
+    """``out`` with each part that could change in place copied (all but
+    ``bytes`` and text), whatever its size: for a message whose sender does
+    not wait for its delivery (a broadcast, a port's ``send``), so that
+    changing the value afterwards cannot reach a receiver, however long its
+    frame waits to be written (a connection being made, from an actor's
+    thread, a full window) or read (a large part, by descriptor)."""
+    return [(b if type(b) is bytes or kind == KIND_ASCII else bytes(memoryview(b)), kind)
             for b, kind in out]
 
 

@@ -686,7 +686,7 @@ class Endpoint(Generic[P, R]):
         if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
             return in_span(self, self.broadcast, args, kwargs)  # (see meshio._tracing)
         body, packer = self._encode(args, kwargs)
-        # nobody waits for the delivery: large values are copied now, so that
+        # nobody waits for the delivery: its buffers are copied now, so that
         # changing them in place afterwards cannot reach an actor
         out, deadline = snapshot(packer), self._deadline()
         if getattr(actor_thread, "rt", None) is None:  # on the loop
