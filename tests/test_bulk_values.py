@@ -285,7 +285,7 @@ async def test_a_broadcast_waiting_for_its_connection_sends_what_it_held(
     a small buffer changed right after it reached the peer changed."""
     r = (await procs.spawn("r", Rollouts)).slice(procs=0)
     s = (await procs.spawn("store", Store)).slice(procs=1)
-    assert await asyncio.wait_for(r.tell.call_one(cast(Store, s), mib * MiB // 4 or 1024),
+    assert await asyncio.wait_for(r.tell.call_one(s, mib * MiB // 4 or 1024),
                                   GUARD) == 0.0
 
 
