@@ -74,6 +74,26 @@ class Host:
     def heal(self) -> None:
         _ip("link", "set", self.veth, "up")
 
+    def start_agent(self, secret_file: Path, agent_args: tuple[str, ...] = ()) -> None:
+        """Start ``meshio agent`` in the namespace, on port 29500 of its
+        address (again, once the last one has exited: a restarted agent at
+        the same address); :meth:`agent_listening` waits for it."""
+        if self.agent is not None:
+            self.agent.wait(AGENT_START)
+            if self.agent.stdout is not None:
+                self.agent.stdout.close()
+        self.agent = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, sys.executable, "-m", "meshio", "agent",
+             "--listen", f"{self.addr}:29500", "--secret-file", str(secret_file),
+             *agent_args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+
+    def agent_listening(self) -> None:
+        """Wait until the agent listens (its first line); note its address."""
+        assert self.agent is not None and self.agent.stdout is not None
+        line = self.agent.stdout.readline().decode()
+        assert line.startswith("meshio agent listening on "), line
+        self.agent_addr = line.split()[-1]
+
 
 @contextmanager
 def netns_hosts(n: int, secret_file: Path, *, agent_args: tuple[str, ...] = ()
@@ -103,15 +123,9 @@ def netns_hosts(n: int, secret_file: Path, *, agent_args: tuple[str, ...] = ()
             _ip(*inside, "link", "set", f"mp{tag}{i}", "up")
             _ip(*inside, "link", "set", "lo", "up")
         for host in hosts:
-            host.agent = subprocess.Popen(
-                ["ip", "netns", "exec", host.netns, sys.executable, "-m", "meshio", "agent",
-                 "--listen", f"{host.addr}:29500", "--secret-file", str(secret_file),
-                 *agent_args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            host.start_agent(secret_file, agent_args)
         for host in hosts:
-            assert host.agent is not None and host.agent.stdout is not None
-            line = host.agent.stdout.readline().decode()
-            assert line.startswith("meshio agent listening on "), line
-            host.agent_addr = line.split()[-1]
+            host.agent_listening()
         yield hosts
     finally:
         for host in hosts:

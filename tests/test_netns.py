@@ -26,6 +26,7 @@ import pytest
 import trustme
 
 import meshio
+from log_watch import LogWatch
 from meshio import (
     Actor,
     RDMABuffer,
@@ -241,6 +242,33 @@ async def test_killed_agent_fails_in_flight_calls_promptly(hosts: list[Host],
         assert error.host == hosts[1].addr and took < PROMPT
         await wait_pid_gone(pid1)  # its worker died with it
         assert await asyncio.wait_for(w.slice(hosts=0).echo.call_one(3), DEADLINE) == 3
+
+
+async def test_a_restart_waits_for_its_host_agent_started_again(
+        hosts: list[Host], secret_file: Path, controller_log: LogWatch) -> None:
+    """SIGKILL of one host's agent takes its worker down, and the restart
+    finds no agent there (connection refused): it waits for one, dialling
+    again, instead of failing at once (each refusal was a failed restart:
+    max_restarts=3 was used up in milliseconds and the supervisor stopped
+    the whole mesh).  An agent started again at the same address, as systemd
+    or a pod's restartPolicy does, gets the rank back on that one restart;
+    the other host's process is untouched."""
+    async with supervised(attach(hosts, secret_file), max_restarts=1) as (procs, watch):
+        w = await procs.spawn("w", Where)
+        (pid0, addr0), (pid1, addr1) = (await w.where.call()).values()
+        assert hosts[1].agent is not None
+        hosts[1].agent.kill()
+        failure = await watch.next("failure")
+        assert (failure.rank, failure.pid, failure.host) == (1, pid1, hosts[1].addr)
+        refused = await controller_log.wait_for("its restart waits for the agent")
+        assert f"rank 1: cannot reach host agent {hosts[1].agent_addr}" in refused
+        hosts[1].start_agent(secret_file)
+        await asyncio.to_thread(hosts[1].agent_listening)
+        restart = await watch.next("restart")
+        assert (restart.rank, restart.host) == (1, hosts[1].addr) and restart.pid != pid1
+        found = (await asyncio.wait_for(w.where.call(), DEADLINE)).values()
+        assert found == [(pid0, addr0), (restart.pid, addr1)]
+        assert [(e.kind, e.rank) for e in watch.seen] == [("failure", 1), ("restart", 1)]
 
 
 async def test_stopped_remote_worker_is_killed_and_restarted(hosts: list[Host],

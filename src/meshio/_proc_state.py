@@ -59,8 +59,16 @@ from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
 log = logging.getLogger("meshio")
 
-#: seconds a worker gets to say hello before spawn_procs fails
+#: seconds a worker gets to say hello before spawn_procs fails (and a
+#: restart's launch gets, waiting for its host agent included)
 START_TIMEOUT = 60.0
+#: seconds before a restart dials a host agent it could not reach again,
+#: doubling up to AGENT_RETRY_MOST (for up to START_TIMEOUT in all)
+AGENT_RETRY = 0.1
+AGENT_RETRY_MOST = 2.0
+#: causes of a dial's SupervisionError that mean its host agent is not
+#: there (yet): killed and being restarted, its host rebooting or cut off
+_AGENT_AWAY = ("connection refused", "connect timed out", "connect failed")
 #: default seconds a worker gets to exit after a shutdown request before it is killed
 STOP_GRACE = 5.0
 #: seconds to wait for an exit status after a worker's connection drops
@@ -431,23 +439,66 @@ class ProcState:
                           label=label, secret=self.secret, bootstrap=self.bootstrap,
                           partition_timeout=self.partition_timeout, keep_alive=self.keep_alive)
 
-    async def _launch(self, grank: int, spec: WorkerSpec) -> tuple[ProcHandle,
-                                                                   asyncio.Future[Connection]]:
+    async def _launch(self, grank: int, spec: WorkerSpec, *, wait_agent: bool = False
+                      ) -> tuple[ProcHandle, asyncio.Future[Connection]]:
+        """Start the process of ``spec`` at ``grank`` through its host's
+        launcher, within :data:`START_TIMEOUT` (``wait_agent``, a restart's:
+        a host agent not there is waited for, :meth:`_agent_back`); its handle
+        and the future its hello resolves."""
         waiter: asyncio.Future[Connection] = self.rt.loop.create_future()
         self.rt.watch.hello_waiters[spec.worker] = waiter
         launcher = self.launchers[grank // self.per_host]
         try:
+            launch = self._agent_back(grank, launcher, spec) if wait_agent \
+                else launcher.launch(spec)
             # a host agent cut off by a partition never answers: no waiting forever
-            return await within(launcher.launch(spec), START_TIMEOUT), waiter
+            return await within(launch, START_TIMEOUT), waiter
         except BaseException as e:
             self.rt.watch.hello_waiters.pop(spec.worker, None)
             if not isinstance(e, TimeoutError):
                 raise
-            why = f"its host's launcher did not start it within {START_TIMEOUT}s"
-            raise ProcessStartError(
-                f"proc mesh {self.name!r}: worker rank {grank} on {launcher.host} failed to "
-                f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
-                cause=why) from None
+            raise self._not_started(
+                grank, launcher.host,
+                f"its host's launcher did not start it within {START_TIMEOUT}s") from None
+
+    async def _agent_back(self, grank: int, launcher: ProcLauncher, spec: WorkerSpec
+                          ) -> ProcHandle:
+        """``launcher.launch(spec)`` for a restart, waiting for a host agent
+        that is not there (killed and restarted at the same address, as
+        systemd or a pod's ``restartPolicy`` does; its host rebooting): its
+        dial is retried with backoff (:data:`AGENT_RETRY` doubling to
+        :data:`AGENT_RETRY_MOST`), a refusal no failure of its own, for up
+        to :data:`START_TIMEOUT` (the bound of any start); then it fails
+        once, naming the agent and how long it was waited for."""
+        loop = self.rt.loop
+        start, delay = loop.time(), AGENT_RETRY
+        while True:
+            try:
+                return await launcher.launch(spec)
+            except SupervisionError as e:
+                if e.cause not in _AGENT_AWAY or self.stopped:
+                    raise
+                waited = loop.time() - start
+                # the last dial comes AGENT_RETRY before the bound (which bounds a dial too)
+                pause = min(delay, START_TIMEOUT - AGENT_RETRY - waited)
+                if pause <= 0:
+                    raise self._not_started(
+                        grank, launcher.host,
+                        f"its host agent could not be reached for {waited:.1f} s (a restart "
+                        f"waits up to {START_TIMEOUT:g} s for it): {e}") from e
+                if delay == AGENT_RETRY:
+                    log.warning("meshio: proc mesh %r rank %d: %s; its restart waits for the "
+                                "agent, dialling it again for up to %g s", self.name, grank, e,
+                                START_TIMEOUT)
+                await asyncio.sleep(pause)
+                delay = min(2 * delay, AGENT_RETRY_MOST)
+
+    def _not_started(self, grank: int, host: str, why: str) -> ProcessStartError:
+        """The error of the process at ``grank`` (on ``host``) that its
+        launcher did not start, for the reason ``why``."""
+        return ProcessStartError(
+            f"proc mesh {self.name!r}: worker rank {grank} on {host} failed to start: {why}",
+            actor=self.name, rank=grank, host=host, cause=why)
 
     async def _start(self) -> None:
         waits: list[Coroutine[Any, Any, None]] = []
@@ -991,15 +1042,14 @@ class ProcState:
         spec = w.spec.restarted(w.addr)
         launcher = self.launchers[grank // self.per_host]
         try:
-            handle, waiter = await self._launch(grank, replace(spec, env={**spec.env, **env}))
+            handle, waiter = await self._launch(grank, replace(spec, env={**spec.env, **env}),
+                                                wait_agent=True)
         except ProcessStartError:
             raise
-        except Exception as e:  # an agent that refuses or cannot be reached: a failed start
-            why = f"its host's launcher failed: {type(e).__name__}: {e}"
-            raise ProcessStartError(
-                f"proc mesh {self.name!r}: worker rank {grank} on {launcher.host} failed to "
-                f"start: {why}", actor=self.name, rank=grank, host=launcher.host,
-                cause=why) from e
+        except Exception as e:  # an agent that refuses it: a failed start
+            raise self._not_started(
+                grank, launcher.host,
+                f"its host's launcher failed: {type(e).__name__}: {e}") from e
         w.handle, w.cause = handle, None
         if w.state is SlotState.RESTARTING:  # (a hole stays one until its replacement serves)
             w.move(SlotState.STARTING)

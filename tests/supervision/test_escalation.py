@@ -345,16 +345,20 @@ async def test_replacement_failing_to_start_once_is_retried(tmp_path: Path) -> N
         assert sup.failure is None
 
 
-async def test_replacement_its_host_agent_cannot_start_counts_and_escalates(
-        tmp_path: Path) -> None:
-    """A host agent SIGKILLed takes its worker with it, and the replacement
-    cannot be launched there: that is one more failure, and the supervisor
-    gives up instead of waiting forever."""
+async def test_replacement_its_host_agent_never_comes_back_fails_once_and_escalates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host agent SIGKILLed takes its worker with it, and no agent comes
+    back: the restart waits for one (dialling it again, no failure counted
+    meanwhile) up to the start timeout, then fails once, naming the agent's
+    address and how long it waited; that is one more failure, and the
+    supervisor gives up instead of waiting forever."""
+    monkeypatch.setattr(meshio._proc_state, "START_TIMEOUT", 3.0)
     job = ProcessJob(meshes={"trainers": 1}, cache_dir=tmp_path / ".meshio")
     try:
         state = await job.state()
         assert job_record(job) is not None
-        [agent] = [a["pid"] for agents in job_record(job)["hosts"].values() for a in agents]
+        [(agent, addr)] = [(a["pid"], a["addr"]) for agents in job_record(job)["hosts"].values()
+                           for a in agents]
         sup, _ = manual_sup(max_restarts=1)
         with pytest.raises(meshio.SupervisionError) as ei:
             async with Events(sup) as events, \
@@ -366,9 +370,12 @@ async def test_replacement_its_host_agent_cannot_start_counts_and_escalates(
                 assert len(failures) == 2
                 cause = failures[1].cause
                 assert cause.startswith("restart failed: ProcessStartError: proc mesh 'procs': "
-                                        "worker rank 0 on 127.0.0.1 failed to start: its host's "
-                                        "launcher failed: SupervisionError: ")
-                assert "host agent" in cause
+                                        "worker rank 0 on 127.0.0.1 failed to start: its host "
+                                        "agent could not be reached for ")
+                assert f"(a restart waits up to 3 s for it): cannot reach host agent {addr} " \
+                    in cause
+                waited = failures[1].timestamp - failures[0].timestamp
+                assert 3.0 - 2 * meshio._proc_state.AGENT_RETRY <= waited < 3.0 + 5.0
                 with pytest.raises(meshio.SupervisionError):
                     await asyncio.wait_for(procs.ready(), DEADLINE)
         assert ei.value is sup.failure
