@@ -31,6 +31,7 @@ class Node(Actor):
     def __init__(self) -> None:
         self.log: list[int] = []
         self.started = asyncio.Event()
+        self.released = asyncio.Event()
 
     @endpoint
     async def point(self, x: int) -> tuple[int, int, int]:
@@ -70,6 +71,16 @@ class Node(Actor):
             await asyncio.Event().wait()
         finally:
             self.log.append(-1)  # cancelled: the tree passed the caller's Cancel down
+
+    @endpoint
+    async def hold(self) -> int:
+        self.started.set()
+        await self.released.wait()
+        return context().point.rank
+
+    @endpoint(concurrent=True)
+    async def release(self) -> None:
+        self.released.set()
 
     @endpoint(concurrent=True)
     async def wait_started(self) -> None:
@@ -321,6 +332,44 @@ async def test_a_killed_relay_fails_its_part_of_the_call_and_the_rest_answer(
     assert info.value.rank == 3 * PER_HOST
     result = await mesh.slice(hosts=slice(3, 5), procs=1).point.call(0)
     assert [r for r, _, _ in result.values()] == [7, 9]
+
+
+@pytest.mark.parametrize("relay", [3 * PER_HOST, 4 * PER_HOST], ids=["hosts-3-4", "host-4"])
+async def test_the_calls_a_killed_relay_carried_name_it_as_their_relay(
+        nodes: tuple[ProcessJob, Any, Node], relay: int) -> None:
+    """SIGKILL a relay while a call waits on every actor: the relay of
+    hosts 3-4 (the controller sends it ranks 6-9), or that of host 4 (the
+    relay of hosts 3-4 sends it ranks 8-9).  The relay's own rank is a
+    hole (nothing restarts it); each actor whose call it carried fails
+    with its own rank, not with the relay's pid as its own nor as if its
+    process had been killed: the error names the relay and says the
+    actor's own process was not seen to fail.  The other actors answer."""
+    _, procs, mesh = nodes
+    addr = await mesh.slice(hosts=relay // PER_HOST, procs=0).addr.call_one()
+    call = asyncio.ensure_future(mesh.hold.call())
+    await mesh.wait_started.call()
+    pid = procs.pids[relay]
+    os.kill(pid, signal.SIGKILL)
+    assert (await asyncio.wait_for(procs.wait_failed(), 60)).rank == relay
+    released = await mesh.release.call()  # (the tree goes round the dead relay)
+    assert [p.rank for p in released.holes] == [relay]
+    with pytest.raises(SupervisionError) as info:
+        await asyncio.wait_for(call, 60)
+    error = info.value
+    failed = {p.rank: e for p, e in error.failures} if error.failures else {error.rank: error}
+    assert sorted(failed) == list(range(relay + 1, HOSTS * PER_HOST))
+    for rank, e in failed.items():
+        assert isinstance(e, SupervisionError)
+        assert e.rank == rank and e.pid != pid
+        assert "was lost with the fan-out relay that carried it" in str(e)
+        assert "own process" in str(e) and "was not seen to fail" in str(e)
+        if relay == 3 * PER_HOST:
+            assert f"(process {pid} on " in str(e) and e.cause == "lost with its fan-out relay"
+        else:  # (its relay, not the controller, lost it: it knows its address, not its pid)
+            assert f"(the process at {addr}: " in str(e)
+    result = await mesh.point.call(0)
+    assert [r for r, _, _ in result.values()] == [r for r in range(HOSTS * PER_HOST)
+                                                  if r != relay]
 
 
 async def test_a_malformed_tree_message_fails_its_calls_and_the_relay_serves_on(

@@ -203,6 +203,49 @@ async def test_a_partition_healed_before_partition_timeout_downs_nothing(
         assert all(alive(pid) for pid, _ in before)
 
 
+@requires_netns
+@pytest.mark.timeout(120)
+async def test_a_cut_off_relay_holds_the_calls_behind_it_until_found_silent(
+        tmp_path: Path, restore_limits: None) -> None:
+    """Three hosts, fan-out width 2: host 0's first process relays the calls
+    for host 1 (the tree is the proc mesh's: a slice without host 0 too).
+    Cut host 0 off: a call to hosts 1-2 made before heartbeats find the
+    relay silent times out, naming the late actors by their ranks and by
+    their points in the slice called (not mixing the two).  Once found (a
+    call in flight to host 0 fails, saying so), the calls in flight through
+    it fail as lost with it (their own processes did not fail), and the
+    tree goes round it: hosts 1-2 answer."""
+    meshio.set_limits(fanout_width=2)
+    secret_file = tmp_path / "job.secret"
+    write_secret(secret_file, secrets.token_bytes(32))
+    with netns_hosts(3, secret_file) as hosts:
+        async with attach(hosts, secret_file).spawn_procs(
+                per_host={"procs": 2}, heartbeat_interval=INTERVAL,
+                heartbeat_timeout=4 * TIMEOUT, partition_timeout=DEADLINE) as procs:
+            w = await procs.spawn("w", Where)
+            assert (await w.echo.call(1)).values() == [1] * 6
+            rest = w.slice(hosts=slice(1, 3))
+            hosts[0].partition()
+            try:
+                stuck = asyncio.ensure_future(w.slice(hosts=0).echo.call(0))
+                with pytest.raises(meshio.CallTimeout) as ei:
+                    await rest.echo.options(timeout=TIMEOUT).call(2)
+                assert ei.value.ranks == (2, 3)
+                assert ("from rank(s) [2, 3] of the mesh as spawned, at {'hosts': 0, "
+                        "'procs': 0}, {'hosts': 0, 'procs': 1} in the view called") \
+                    in str(ei.value)
+                through = asyncio.ensure_future(rest.echo.call(4))  # (no timeout)
+                error, _ = await fails_promptly(stuck)
+                assert error.cause.startswith("not responding") and error.host == hosts[0].addr
+                lost, _ = await fails_promptly(through)  # with the relay, as theirs was not
+                assert sorted(getattr(e, "rank", -1) for _, e in lost.failures) == [2, 3]
+                assert lost.cause == "lost with its fan-out relay"
+                assert f"on {hosts[0].addr}: not responding" in str(lost)
+                assert (await asyncio.wait_for(rest.echo.call(3), DEADLINE)).values() == [3] * 4
+            finally:
+                hosts[0].heal()
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "60"])
 async def test_partition_timeout_is_checked(bad: object) -> None:
     """A partition_timeout that is not seconds > 0 is refused before anything

@@ -864,6 +864,12 @@ class _CallSite:
     def rank(self) -> int:
         return self.mesh._base.index(self.mesh._region.ranks[self.index])
 
+    @property
+    def addr(self) -> str:
+        """The actor's process (a call through the fan-out tree is on its
+        relay's connection: ``Pending.callee``)."""
+        return self.mesh._addrs[self.mesh._region.ranks[self.index]]
+
     def __repr__(self) -> str:
         return repr(self.mesh._region.point(self.index))
 

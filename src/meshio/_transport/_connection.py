@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
-           "ignore_result", "not_responding")
+           "ignore_result", "lost_with_relay", "not_responding")
 
 log = logging.getLogger("meshio")
 T = TypeVar("T")
@@ -199,6 +199,14 @@ class Pending:
         """The callee's rank, when the call went to an actor (-1 otherwise)."""
         rank: int = getattr(self.point, "rank", -1)
         return rank
+
+    @property
+    def callee(self) -> str:
+        """The address of the process called, where known ("": not known):
+        another than the peer of the connection the call is on when a relay
+        of the fan-out tree carries it (see :func:`lost_with_relay`)."""
+        addr: str = getattr(self.point, "addr", "")
+        return addr
 
     def done(self) -> bool:
         return self._fut.done()
@@ -830,6 +838,11 @@ class Connection(asyncio.BufferedProtocol):
                 continue
             try:
                 error = make_error(p)
+                callee = p.callee
+                if callee and self.peer is not None and callee != self.peer:
+                    # a relay of the fan-out tree carried it: the relay's
+                    # failure, not that of the process called
+                    error = lost_with_relay(p, error, self.peer, callee in self.rt.dead)
             except Exception as e:
                 log.exception("meshio: building the error for %s failed", p.endpoint)
                 error = SupervisionError(
@@ -1258,6 +1271,27 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
         case "timeout":
             return CallTimeout(info.message + where, endpoint=p.endpoint if p else "",
                                ranks=[p.rank] if p else [])
+
+
+def lost_with_relay(p: Pending, relay: BaseException, addr: str, down: bool
+                    ) -> SupervisionError:
+    """The error of the call ``p`` that a relay of the fan-out tree (the
+    process at ``addr``) carried, or was to carry, when the relay failed
+    with ``relay`` (what a call to the relay itself gets): it names the
+    relay as such, and the process called (``down``: known down too, else
+    not seen to fail) as its own."""
+    if not isinstance(relay, SupervisionError):
+        what = f"the process at {addr}: {type(relay).__name__}: {relay}"
+    elif relay.pid > 0:  # (a relay's peer may not know it)
+        what = f"process {relay.pid} on {relay.host or addr}: {relay.cause or relay}"
+    else:
+        what = f"the process at {addr}: {relay.cause or relay}"
+    own = f"rank {p.rank}'s own process" if p.rank >= 0 else f"its own process ({p.callee})"
+    own += (" is down too" if down else " was not seen to fail (call again: the next call "
+            "goes round the relay)")
+    return SupervisionError(
+        f"{p.mesh} {p.point!r}: {p.endpoint} was lost with the fan-out relay that carried "
+        f"it ({what}); {own}", actor=p.mesh, rank=p.rank, cause="lost with its fan-out relay")
 
 
 def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import CallTimeout, SchemaError, SupervisionError
-from ._connection import Connection, Pending
+from ._connection import Connection, Pending, lost_with_relay
 from ._credit import Gate
 from ._messages import (
     Answers,
@@ -195,7 +195,8 @@ class _Answers:
 
 
 class Relayed(Pending):
-    """A call this process relays: its answer goes back up as it came."""
+    """A call this process relays to the actor at ``addr`` (through a relay
+    of its host, or to it): its answer goes back up as it came."""
 
     __slots__ = ("answers", "rt", "up", "up_req")
 
@@ -209,6 +210,11 @@ class Relayed(Pending):
         self.answers = answers
         answers.left += 1
         fut.add_done_callback(self._answer)
+
+    @property
+    def callee(self) -> str:
+        addr: str = self.point
+        return addr
 
     def fail(self, info: ErrorInfo) -> None:
         if not self.done():
@@ -307,7 +313,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             if addr == relays[own - lo]:
                 mine = call(up_req(k), seq)
                 continue
-            conn = _live(rt, up, addr, [up_req(k)], msg.target, answers)
+            conn = _live(rt, up, addr, [up_req(k)], [addr], msg.target, answers)
             if conn is not None:
                 req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers)
                 conn.call(call(req, seq), out)
@@ -318,12 +324,13 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         reqs = [up_req(k) for k in range(offsets[part[0][0]],
                                          offsets[part[0][0]] + sum(len(g) for _, g in part))]
         child = next((r for r in relays[a - lo:b - lo] if r), "")
-        conn = _live(rt, up, child, reqs, msg.target, answers)
+        callees = [addr for _, calls in part for addr, _ in calls]
+        conn = _live(rt, up, child, reqs, callees, msg.target, answers)
         if conn is None:
             continue
         first = 0
-        for r in reqs if msg.first_req else ():
-            req = _relayed(rt, up, conn, r, msg.target, child, answers)
+        for r, callee in zip(reqs, callees) if msg.first_req else ():
+            req = _relayed(rt, up, conn, r, msg.target, callee, answers)
             first = first or req
         conn.send(encode_message(Fanout(
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
@@ -343,19 +350,25 @@ def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target:
     return req
 
 
-def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], target: str,
-          answers: _Answers) -> Connection | None:
-    """The connection to ``addr``; None if it is known dead (or no process
-    of a range is left: ``addr`` empty), its calls then answered with why."""
+def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], callees: list[str],
+          target: str, answers: _Answers) -> Connection | None:
+    """The connection to ``addr``, which carries the calls ``up_reqs`` to
+    the actors at ``callees``; None if it is known dead (or no process of
+    a range is left: ``addr`` empty), its calls then answered with why."""
     dead = rt.dead.get(addr) if addr else None
     if addr and dead is None:
         return rt.conns.get(addr) or rt.connect(addr)
-    for r in up_reqs:
+    for r, callee in zip(up_reqs, callees):
         if r:
-            p = Relayed(rt, up, r, target, addr, answers)
-            p.set_exception(dead(p) if dead is not None else SupervisionError(
-                f"{target}: no process left on the hosts of this part of the fan-out tree",
-                actor=target, cause="no process left"))
+            p = Relayed(rt, up, r, target, callee, answers)
+            if dead is None:
+                error = SupervisionError(
+                    f"{target}: no process left on the hosts of this part of the fan-out "
+                    "tree", actor=target, cause="no process left")
+            else:  # (the relay's failure, not the callee's)
+                error = dead(p) if callee == addr else lost_with_relay(p, dead(p), addr,
+                                                                        callee in rt.dead)
+            p.set_exception(error)
     return None
 
 

@@ -520,15 +520,17 @@ class Endpoint(Generic[P, R]):
         caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
         for f in pending:
             f.cancel(DEADLINE)
-        sites = [self._mesh._site(i) for i in late]
-        ranks = [s.rank for s in sites]
+        mesh = self._mesh
+        ranks = [mesh._site(i).rank for i in late]
         scope = _scope.get()
         inherited = scope is not None and scope.deadline == deadline
         within = ("before the deadline of the call being served" if inherited else
                   f"within {self._timeout}s")
+        # (the ranks as spawned, as in ``ranks``; a slice's points are its own)
+        points = ", ".join(str(dict(mesh._region.point(i))) for i in late)
         error = CallTimeout(
-            f"{self._qualname} on {self._mesh._name!r}: no answer {within} "
-            f"from rank(s) {ranks} ({', '.join(map(repr, sites))})",
+            f"{self._qualname} on {mesh._name!r}: no answer {within} from rank(s) {ranks} "
+            f"of the mesh as spawned, at {points} in the view called",
             endpoint=self._qualname, ranks=ranks)
         error.inherited = inherited
         raise error
