@@ -39,6 +39,7 @@ from ._transport._credentials import Credentials
 from ._transport._messages import (
     Adopt,
     ErrorInfo,
+    LoopHeld,
     Moved,
     PeerDown,
     PeerUp,
@@ -137,8 +138,8 @@ class _Worker:
     address: each incarnation listens on a name of its own, and answers to
     the slot's), ``handle``/``conn`` are the current incarnation's."""
 
-    __slots__ = ("addr", "cause", "conn", "constructing", "handle", "hung", "incarnation",
-                 "moved", "rank", "ready", "spec", "state", "unanswered")
+    __slots__ = ("addr", "cause", "conn", "constructing", "handle", "held", "hung",
+                 "incarnation", "moved", "rank", "ready", "spec", "state", "unanswered")
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -163,6 +164,9 @@ class _Worker:
         #: constructors in flight (in their actors' threads, but one that holds the GIL,
         #: or the decoding of its arguments, can starve the loop): heartbeats wait meanwhile
         self.constructing: int = 0
+        #: its incarnation said meshio's own work holds its loop (the first
+        #: ``import torch``: :class:`LoopHeld`): heartbeats wait meanwhile
+        self.held: bool = False
 
     def move(self, to: SlotState) -> None:
         """Go to state ``to`` (staying is not a move).
@@ -637,11 +641,11 @@ class ProcState:
         """Watch the incarnation of ``worker`` at the other end of ``conn``:
         its loss (its connection's, or its process's exit), faults, stalls
         and heartbeats."""
-        worker.unanswered = None
+        worker.unanswered, worker.held = None, False
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.tasks.start(self._exited(worker.handle, weakref.ref(conn)))
         self.rt.watch.on_fault_from[worker.addr] = functools.partial(self._fault, worker)
-        self.rt.state(_StallReports).by_addr[worker.addr] = lambda msg: self._stalled(worker, msg)
+        self.rt.state(_Reports).by_addr[worker.addr] = functools.partial(self._reported, worker)
         self.rt.watch.on_pong[worker.addr] = lambda: self._pong(worker)
         if self.rt.watch.down.pop(worker.addr, None) is not None:  # a downed one's replacement
             self._tell(PeerUp(worker.addr))
@@ -849,6 +853,14 @@ class ProcState:
             worker.ready.set_exception(error)
             worker.ready.exception()  # nobody may be waiting: don't warn
 
+    def _reported(self, worker: _Worker, msg: Stalled | LoopHeld) -> None:
+        """What ``worker`` reported of itself: a stalled call, or its loop
+        held by meshio's own work (or no longer)."""
+        if isinstance(msg, LoopHeld):
+            worker.held = msg.held
+        else:
+            self._stalled(worker, msg)
+
     def _stalled(self, worker: _Worker, msg: Stalled) -> None:
         """A call of an actor of ``worker`` has run past its ``stall_after``:
         one warning line, and one "stall" event for the supervisor."""
@@ -903,7 +915,7 @@ class ProcState:
                     continue
                 # (reading paused: its answers wait unread on our side)
                 moved = _moved(w, conn) or conn.reading_paused
-                if stalled or moved or w.unanswered is None or w.constructing:
+                if stalled or moved or w.unanswered is None or w.constructing or w.held:
                     w.unanswered = now
                 elif now - w.unanswered > self.heartbeat_timeout:
                     if self._hung(w, conn, now, now - w.unanswered):
@@ -1329,8 +1341,8 @@ class ProcState:
             w.move(SlotState.REMOVED)
             for table in (rt.on_lost, rt.watch.on_fault_from, rt.watch.on_pong):
                 table.pop(w.addr, None)
-            if rt.has_state(_StallReports):
-                rt.state(_StallReports).by_addr.pop(w.addr, None)
+            if rt.has_state(_Reports):
+                rt.state(_Reports).by_addr.pop(w.addr, None)
             self.responds(w)
             rt.dead[w.addr] = _removed_error(self.name, w, cause)
             self.removed.append(w.addr)
@@ -1396,8 +1408,8 @@ class ProcState:
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
                 self.rt.watch.on_fault_from.pop(w.addr, None)
-                if self.rt.has_state(_StallReports):
-                    self.rt.state(_StallReports).by_addr.pop(w.addr, None)
+                if self.rt.has_state(_Reports):
+                    self.rt.state(_Reports).by_addr.pop(w.addr, None)
                 self.rt.watch.on_pong.pop(w.addr, None)
                 self.responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
@@ -1537,23 +1549,24 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         wait.cancel()
 
 
-class _StallReports:
-    """Per runtime: who to tell of a stalled call, by worker address (the
-    proc mesh of that worker)."""
+class _Reports:
+    """Per runtime: who to tell what a worker reports of itself (a stalled
+    call, its loop held), by worker address (the proc mesh of that worker)."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.by_addr: dict[str, Callable[[Stalled], None]] = {}
+        self.by_addr: dict[str, Callable[[Stalled | LoopHeld], None]] = {}
 
     def close(self) -> None:
         self.by_addr.clear()
 
 
-def _on_stalled(rt: Runtime, conn: Connection, msg: Stalled, bufs: Buffers) -> None:
-    tell = rt.state(_StallReports).by_addr.get(conn.peer or "")
-    if tell is None:  # a worker of a mesh this runtime no longer watches
-        log.warning("%s", stall_line(msg))
-    else:
+def _on_report(rt: Runtime, conn: Connection, msg: Stalled | LoopHeld, bufs: Buffers) -> None:
+    tell = rt.state(_Reports).by_addr.get(conn.peer or "")
+    if tell is not None:
         tell(msg)
+    elif isinstance(msg, Stalled):  # a worker of a mesh this runtime no longer watches
+        log.warning("%s", stall_line(msg))
 
 
-register_handler(Stalled, _on_stalled)
+register_handler(Stalled, _on_report)
+register_handler(LoopHeld, _on_report)

@@ -19,8 +19,9 @@ from collections.abc import Callable
 
 from ._constants import MSGPACK_NIL
 from ._exceptions import SupervisionError
+from ._transport import _serial
 from ._transport._connection import Connection
-from ._transport._messages import Adopt, ErrorInfo, Fail, Reply, Restored, Shutdown
+from ._transport._messages import Adopt, ErrorInfo, Fail, LoopHeld, Reply, Restored, Shutdown
 from ._transport._runtime import Runtime, register_handler
 from ._transport._serial import Buffers
 
@@ -48,6 +49,23 @@ class _Keeper:
         rt.controller = controller
         rt.on_lost[controller] = self._lost
         rt.connect(controller)
+        _serial.loop_held = self._loop_held
+
+    def _loop_held(self, what: str, held: bool) -> None:
+        """Tell the controller that meshio's own ``what`` holds (``held``)
+        or no longer holds our loop (:data:`_serial.loop_held`): at once,
+        before the loop is held.  Only from the loop's thread (one decoding
+        a large value holds no loop)."""
+        rt = self.rt
+        try:
+            if asyncio.get_running_loop() is not rt.loop:
+                return
+        except RuntimeError:
+            return
+        conn = rt.conns.get(rt.controller or "")
+        if conn is not None and not conn.closed:
+            conn.send_message(LoopHeld(held, what))
+            conn.write_batched()
 
     def _finish(self, code: int) -> None:
         if not self.done.done():

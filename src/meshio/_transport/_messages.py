@@ -38,6 +38,7 @@ __all__ = (
     "LaunchWorker",
     "LogEntry",
     "LogRecords",
+    "LoopHeld",
     "Message",
     "Moved",
     "PeerDown",
@@ -468,6 +469,17 @@ class Stalled(_Msg, frozen=True, tag=28):
     stack: str
 
 
+class LoopHeld(_Msg, frozen=True, tag=45):
+    """From a worker to the controller that started it: meshio's own work
+    (``what``: the first ``import torch``, which a value holding a tensor
+    needs) is about to hold its event loop, for seconds perhaps (``held``),
+    or is done (``held`` False).  Heartbeats do not judge it meanwhile, as
+    while a constructor runs."""
+
+    held: bool
+    what: str
+
+
 class GetStats(_Msg, frozen=True, tag=29):
     """A request for the metrics of the receiver's process and of the
     actors it hosts (CPU, memory, per endpoint calls, errors, queue and
@@ -626,7 +638,7 @@ class Adopt(_Msg, frozen=True, tag=35):
 Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fault | Shutdown
            | Ping | Pong | Restored | RdmaOp | Cancel | PeerDown | PeerUp | LaunchWorker
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Fill
-           | StoreOp | GetStacks | JobStacks | Stalled | GetStats | LogRecords | Started
+           | StoreOp | GetStacks | JobStacks | Stalled | LoopHeld | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
            | Adopt | WatchWorker | Credit | Filled)
 

@@ -297,10 +297,36 @@ def _strided_tensor(torch: Any, obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor) and obj.layout is torch.strided
 
 
+def _say_nothing(what: str, held: bool) -> None:
+    """(:data:`loop_held` in a process that is no worker.)"""
+
+
+#: told ``(what, True)`` before meshio holds this thread's event loop for
+#: seconds perhaps (``what``: ``"import torch"``), ``(what, False)`` after; a
+#: worker tells its controller, whose heartbeats then do not judge it (a
+#: worker's :func:`meshio._worker.serve` sets it)
+loop_held: Callable[[str, bool], None] = _say_nothing
+
+
+def import_torch() -> Any:
+    """``torch``, imported on first use (optional and heavy: only a value
+    holding a tensor needs it).  That first import takes seconds on a loaded
+    host, on an event loop's thread where the value is decoded there, so it
+    is said first (:data:`loop_held`)."""
+    if "torch" not in sys.modules:
+        loop_held("import torch", True)
+        try:
+            import torch
+        finally:
+            loop_held("import torch", False)
+    import torch
+
+    return torch
+
+
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
                     device: str, requires_grad: bool = False) -> Any:
-    import torch  # deferred: optional and heavy; only a value holding a tensor needs it
-
+    torch = import_torch()
     dt = getattr(torch, dtype.removeprefix("torch."), None)
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown tensor dtype {dtype!r}")

@@ -60,7 +60,7 @@ from .._transport._bulk import (
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
 from .._transport._runtime import Runtime, register_handler, runtime
-from .._transport._serial import Buffers
+from .._transport._serial import Buffers, import_torch
 from ..rdma import RDMABuffer
 from ..rdma._memory import Memory, memory_of
 from ..rdma._registry import Handle, Registration, Registry
@@ -449,9 +449,7 @@ def _decode_grant(raw: Any, bufs: Buffers) -> _Grant:
 
 
 def _torch() -> Any:
-    import torch
-
-    return torch
+    return import_torch()  # (a reader's first: said to the controller, on a worker's loop)
 
 
 def _dtype(name: str) -> Any:
