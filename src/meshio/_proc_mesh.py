@@ -987,8 +987,11 @@ class HostMesh(MeshShape):
             UnknownProcMeshError: no proc mesh of that name is kept alive on
                 this host (the message lists those that are).
             SupervisionError: a process could not be re-attached (its
-                controller is still connected), or every one is gone.  One
-                gone meanwhile fails as if after the re-attach: the
+                controller is still connected; it is alive but out of reach,
+                its host cut off: after the connect timeout, 60 s, naming
+                it), or every one is gone.  Nothing is re-attached then (its
+                workers wait on, for another try).  One gone meanwhile (its
+                process exited) fails as if after the re-attach: the
                 supervisor restarts it, else it is a hole.
             ValueError: this host mesh is not the one (the same hosts, in the
                 same order) the proc mesh was spawned on, or this process is
