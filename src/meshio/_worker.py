@@ -49,9 +49,8 @@ class _Keeper:
         rt.controller = controller
         rt.on_lost[controller] = self._lost
         rt.connect(controller)
-        _serial.loop_held = self._loop_held
 
-    def _loop_held(self, what: str, held: bool) -> None:
+    def loop_held(self, what: str, held: bool) -> None:
         """Tell the controller that meshio's own ``what`` holds (``held``)
         or no longer holds our loop (:data:`_serial.loop_held`): at once,
         before the loop is held.  Only from the loop's thread (one decoding
@@ -143,7 +142,11 @@ async def serve(rt: Runtime, controller: str,
     keeper.keep_alive = keep_alive
     keeper.orphaned = orphaned
     keeper.serve(controller)
-    code = await keeper.done
+    told, _serial.loop_held = _serial.loop_held, keeper.loop_held
+    try:
+        code = await keeper.done
+    finally:  # (a worker served in the caller's process, meshio.testing's, ends)
+        _serial.loop_held = told
     exc = None if code == 0 else SupervisionError(
         f"worker {rt.worker} lost its controller's connection"
         + ("" if keep_alive is None else f" and no controller re-attached within "
