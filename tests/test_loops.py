@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+import torch
 
 import meshio
 from meshio import Actor, ActorError, Channel, ClosedResourceError, WrongLoopError, endpoint
 from meshio._transport._runtime import _runtimes, close_runtime
+from meshio.store import WeightStore
 
 #: generous bound on any single wait: a regression fails instead of hanging
 GUARD = 30.0
@@ -187,6 +189,34 @@ async def test_a_supervisor_waited_on_from_another_loop_raises() -> None:
         assert await _ping(c) == 2
 
 
+async def test_a_weight_store_and_stats_used_from_another_loop_raise() -> None:
+    """A weight store belongs to the loop it was made on: from another,
+    ``publish`` said it was "published by its owner (pid N) only", naming
+    this very process, ``read`` dialled its own process as a stranger and
+    ``kept`` said none; ``meshio.stats()`` answered "no proc mesh".  Each now
+    raises WrongLoopError at once and makes no runtime there; at home they
+    go on."""
+    store = WeightStore("w")
+    await store.publish({"x": torch.ones(2)}, version=1)
+    procs, _ = await _start()
+    try:
+        async def elsewhere() -> None:
+            await _raises(lambda: store.publish({"x": torch.ones(2)}, version=2),
+                          f"WeightStore 'w' {OTHER_LOOP}")
+            await _raises(lambda: store.read(timeout=GUARD), "WeightStore 'w'")
+            with pytest.raises(WrongLoopError, match="WeightStore 'w'"):
+                store.kept  # noqa: B018 (a property's raise)
+            await _raises(meshio.stats, f"each proc mesh {OTHER_LOOP}")
+            assert asyncio.get_running_loop() not in _runtimes
+
+        await asyncio.to_thread(asyncio.run, elsewhere())
+        assert store.kept == (1,)
+        assert float((await store.read(timeout=GUARD))["x"].sum()) == 2.0
+        assert len((await meshio.stats()).proc_meshes) == 1
+    finally:
+        await procs.stop()
+
+
 async def test_a_slice_of_a_reference_taken_on_another_loop_names_the_loop() -> None:
     """A view sliced off a reference belongs to the runtime the reference
     does: taken and called on another loop, it raises ``WrongLoopError``
@@ -240,6 +270,12 @@ async def _open() -> tuple[meshio.Port[int], meshio.PortReceiver[int]]:
     return Channel[int].open()
 
 
+async def _store() -> WeightStore:
+    store = WeightStore("z")
+    await store.publish({"x": torch.ones(2)}, version=1)
+    return store
+
+
 async def _ping(c: C) -> int:
     return await asyncio.wait_for(c.ping.call_one(1), GUARD)
 
@@ -281,13 +317,16 @@ def test_the_meshes_of_a_loop_that_has_ended_say_so() -> None:
         procs, c = first.run_until_complete(_start())
         svc = meshio.Service(c)
         _, values = first.run_until_complete(_open())
+        store = first.run_until_complete(_store())
         first.run_until_complete(_finish(procs))
     finally:
         first.close()
 
     async def ended() -> None:
         for use in (lambda: c.ping.call_one(1), lambda: procs.spawn("c2", C), procs.stop,
-                    lambda: svc.scale(replicas=2), svc.stop, values.recv):
+                    lambda: svc.scale(replicas=2), svc.stop, values.recv,
+                    lambda: store.read(timeout=GUARD),
+                    lambda: store.publish({"x": torch.ones(2)}, version=2)):
             await _raises(use, "event loop that has ended", ClosedResourceError)
         assert asyncio.get_running_loop() not in _runtimes
 

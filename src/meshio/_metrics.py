@@ -25,11 +25,19 @@ import msgspec
 
 from ._inspect import Inspection
 from ._transport._messages import GetStats
-from ._transport._runtime import ask_each, runtime
+from ._transport._runtime import (
+    Runtime,
+    _runtimes,
+    ask_each,
+    existing_runtime,
+    not_its_loop,
+    runtime,
+)
 from ._transport._serial import Buffers
 
 if TYPE_CHECKING:
     from ._cell import ActorCell
+    from ._proc_state import ProcState
 
 __all__ = ("STATS_TIMEOUT", "WINDOW", "ActorStats", "EndpointStats", "Meter", "ProcMeshStats",
            "ProcessReport", "ProcessStats", "Stats", "actor_stats", "decode_report",
@@ -278,10 +286,17 @@ async def stats(*, timeout: float = STATS_TIMEOUT) -> Stats:
         TypeError: ``timeout`` is not a number (a str, a bool).
         ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
             holds; ``math.inf``: no bound).
+        WrongLoopError: asked on an event loop that started no proc mesh
+            while another loop of this process has some (they answer on
+            their own loop only; it said "none" before).
     """
+    states = _live_meshes(existing_runtime())
+    if not states:  # (none here: a loop of this process that has some is named)
+        elsewhere = next((other for other in list(_runtimes.values())
+                          if not other.closed and _live_meshes(other)), None)
+        if elsewhere is not None:
+            raise not_its_loop(elsewhere, "meshio.stats(): each proc mesh")
     rt = runtime()
-    states = [state for state in (rt.state(Inspection).procs if rt.has_state(Inspection) else [])
-              if state.ready.done() and not state.stopped]
     workers = [(state, w) for state in states for w in state.workers]
     answers = await ask_each(rt, [(w.addr, GetStats, f"proc mesh {state.name!r}",
                                    state.region.point(w.rank)) for state, w in workers],
@@ -300,3 +315,11 @@ async def stats(*, timeout: float = STATS_TIMEOUT) -> Stats:
     return Stats(tuple(ProcMeshStats(state.name, tuple(sorted(processes[state.id],
                                                                 key=lambda p: p.rank)), state.id)
                        for state in states))
+
+
+def _live_meshes(rt: Runtime | None) -> list[ProcState]:
+    """The proc meshes started on ``rt`` that serve (none without ``rt``)."""
+    if rt is None or not rt.has_state(Inspection):
+        return []
+    return [state for state in rt.state(Inspection).procs
+            if state.ready.done() and not state.stopped]

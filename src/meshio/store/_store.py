@@ -59,7 +59,13 @@ from .._transport._bulk import (
 )
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
-from .._transport._runtime import Runtime, register_handler, runtime
+from .._transport._runtime import (
+    Runtime,
+    existing_runtime,
+    not_its_loop,
+    register_handler,
+    runtime,
+)
 from .._transport._serial import Buffers, import_torch
 from ..rdma import RDMABuffer
 from ..rdma._memory import Memory, memory_of
@@ -474,6 +480,11 @@ class WeightStore:
     with versions of its own, which the old store's copies never reach (they
     say the old one is closed); read it through a copy of the new one.
 
+    The store belongs to the event loop it was made on, as a proc mesh does:
+    used from another (a later ``asyncio.run``, one in a thread), it raises
+    :class:`~meshio.WrongLoopError` (:class:`~meshio.ClosedResourceError`
+    once its own has ended); its copies read from any loop.
+
     Args:
         name: the store's name, unique among the open stores of its process.
         keep: versions kept beyond those a reader is copying (the newest
@@ -484,7 +495,7 @@ class WeightStore:
     """
 
     __slots__ = ("_handle_owner", "_host", "_id", "_key", "_latest_addr", "_name", "_pid",
-                 "_seen")
+                 "_rt", "_seen")
 
     def __init__(self, name: str, *, keep: int = 2) -> None:
         if not isinstance(name, str) or not name:
@@ -506,6 +517,8 @@ class WeightStore:
         self._id = owner.id
         self._key = owner.key
         self._handle_owner = rt.addr
+        #: the runtime that made it, whose loop uses it (None: a copy)
+        self._rt: Runtime | None = rt
         self._pid = os.getpid()
         self._host = HOST_ID
         self._latest_addr = ctypes.addressof(owner.cell)
@@ -516,7 +529,7 @@ class WeightStore:
                 ) -> WeightStore:
         store = cls.__new__(cls)
         store._name, store._id, store._key = name, sid, f"{name}#{sid:x}"
-        store._handle_owner, store._pid = owner, pid
+        store._handle_owner, store._pid, store._rt = owner, pid, None
         store._host, store._latest_addr, store._seen = host, latest_addr, -1
         return store
 
@@ -532,13 +545,21 @@ class WeightStore:
         return self._name
 
     def _local(self) -> _Owner | None:
-        """The owner's state (open or closed), in the owner's runtime."""
-        if self._pid != os.getpid():
+        """The owner's state (open or closed), for the store made here; None
+        for a copy (received: another process's store, or an in-process
+        worker's read by its caller, reads as another process does).
+
+        Raises:
+            WrongLoopError: the store is used off the event loop of the
+                runtime that made it (:class:`ClosedResourceError` once that
+                loop has ended).
+        """
+        owner_rt = self._rt
+        if owner_rt is None or self._pid != os.getpid():  # (or a fork's copy)
             return None
-        rt = runtime()
-        if rt.addr != self._handle_owner:
-            return None  # (an in-process worker's actor: it reads as another process does)
-        return rt.state(_Stores).find(self._key)
+        if existing_runtime() is not owner_rt:  # (an actor's thread: its loop's)
+            raise not_its_loop(owner_rt, f"WeightStore {self._name!r}")
+        return owner_rt.state(_Stores).find(self._key)
 
     def _closed(self, why: str) -> RDMAError:
         return RDMAError(f"WeightStore {self._name!r} of pid {self._pid} on "
@@ -590,8 +611,9 @@ class WeightStore:
         """
         owner = self._local()
         if owner is None:
-            raise RuntimeError(f"WeightStore.publish: {self!r} is published by its owner "
-                               f"(pid {self._pid}) only")
+            raise RuntimeError(f"WeightStore.publish: {self!r} is a copy (a store passed to "
+                               f"another actor or process arrives as one): only its owner, "
+                               f"the WeightStore({self._name!r}) where it was made, publishes")
         torch = _torch()
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"WeightStore.publish: expected a mapping of str to tensors, got "
