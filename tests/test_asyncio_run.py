@@ -34,7 +34,12 @@ async def main() -> list[int]:
 
 
 pids = asyncio.run(main())
-left = {os.pidfd_open(p) for p in pids}
+left = set()
+for p in pids:
+    try:
+        left.add(os.pidfd_open(p))
+    except ProcessLookupError:  # exited and reaped already, as the loop ended
+        pass
 end = time.monotonic() + 30
 while left and time.monotonic() < end:  # (readable once the process exited)
     ready, _, _ = select.select(list(left), [], [], end - time.monotonic())
