@@ -454,12 +454,8 @@ def _decode_grant(raw: Any, bufs: Buffers) -> _Grant:
         raise LookupError(msgspec.msgpack.decode(data)) from None
 
 
-def _torch() -> Any:
-    return import_torch()  # (a reader's first: said to the controller, on a worker's loop)
-
-
 def _dtype(name: str) -> Any:
-    return getattr(_torch(), name.removeprefix("torch."))
+    return getattr(import_torch(), name.removeprefix("torch."))
 
 
 class WeightStore:
@@ -614,7 +610,7 @@ class WeightStore:
             raise RuntimeError(f"WeightStore.publish: {self!r} is a copy (a store passed to "
                                f"another actor or process arrives as one): only its owner, "
                                f"the WeightStore({self._name!r}) where it was made, publishes")
-        torch = _torch()
+        torch = import_torch()
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"WeightStore.publish: expected a mapping of str to tensors, got "
                             f"{type(state_dict).__name__}")
@@ -722,7 +718,7 @@ class WeightStore:
             RDMAError: the store is closed (see :meth:`read`).
         """
         async def copy(grant: _Grant, memory: _Source) -> int:
-            torch = _torch()
+            torch = import_torch()
             have = {e[0]: e for e in grant.layout}
             missing = sorted(set(have) - set(dst))
             extra = sorted(set(dst) - set(have))
@@ -1010,7 +1006,7 @@ pull in this process, or (None) the RDMA buffer of its grant."""
 
 def _fill(memory: memoryview, tensors: list[Any], layout: _Layout) -> None:
     """A publish's one copy (in a copy thread): each tensor into its place."""
-    torch = _torch()
+    torch = import_torch()
     for t, (_, _, _, off, n) in zip(tensors, layout, strict=True):
         if n:
             dst = torch.frombuffer(memory, dtype=t.dtype, count=t.numel(), offset=off)
@@ -1019,7 +1015,7 @@ def _fill(memory: memoryview, tensors: list[Any], layout: _Layout) -> None:
 
 def _tensor(block: memoryview, dtype: str, shape: list[int], off: int, n: int) -> Any:
     """A tensor aliasing ``n`` bytes of ``block`` from ``off``."""
-    torch = _torch()
+    torch = import_torch()
     dt = _dtype(dtype)
     if not n:
         return torch.empty(shape, dtype=dt)
@@ -1062,7 +1058,7 @@ async def _read_shard(grant: _Grant, memory: _Source, key: str, dtype: str,
                       shard: Callable[[str, Any], Any]) -> Any:
     """The part of one tensor ``shard`` selects: only the bytes between its
     first and last element are copied."""
-    torch = _torch()
+    torch = import_torch()
     meta = torch.empty(shape, dtype=_dtype(dtype), device="meta")
     part = _shard_view(key, meta, shard)
     if part.numel() == 0:
@@ -1087,7 +1083,7 @@ def _shard_view(key: str, meta: Any, shard: Callable[[str, Any], Any]) -> Any:
     """What ``shard(key, meta)`` returns, checked: a view of ``meta`` (its
     storage, identical for every view of it, and unshared by any new
     tensor) within its bytes."""
-    torch = _torch()
+    torch = import_torch()
     storage = meta.untyped_storage()  # (held: each view of meta returns this same object)
     nbytes = meta.numel() * meta.element_size()
     part = shard(key, meta)
