@@ -75,6 +75,22 @@ class Metrics:
 
 
 @dataclasses.dataclass
+class Wider(Metrics):
+    """A subclass with a field of its own: msgspec would send it as a
+    :class:`Metrics`, that field dropped."""
+
+    extra: int = 0
+
+
+class Row(msgspec.Struct):
+    a: int
+
+
+class WideRow(Row):
+    b: str = ""
+
+
+@dataclasses.dataclass
 class Envelope:
     """A typed dataclass with an untyped field."""
 
@@ -163,6 +179,13 @@ class Target:
         raise NotImplementedError
 
     def metrics(self, m: Metrics) -> Metrics:
+        raise NotImplementedError
+
+    def many(self, ms: list[Metrics], *rest: Metrics,
+             maybe: Metrics | None = None) -> list[Metrics]:
+        raise NotImplementedError
+
+    def row(self, r: Row) -> Row:
         raise NotImplementedError
 
     def point(self, p: Point) -> None:
@@ -412,6 +435,78 @@ def test_a_refused_subclass_is_named_by_its_type_never_ext() -> None:
         assert "ext" not in str(info.value)
 
 
+# ------------------------------------------ subclasses of dataclasses, Structs
+
+
+def test_a_subclass_of_the_annotated_dataclass_arrives_as_itself() -> None:
+    """It arrived as the annotated class, its own field dropped, silently."""
+    wide = Wider(1.5, ["a"], extra=3)
+    assert same(round_trip("metrics", wide)["m"], wide)
+    assert same(result_trip("metrics", wide), wide)
+    assert same(round_trip("row", WideRow(1, "x"))["r"], WideRow(1, "x"))
+    assert same(result_trip("row", WideRow(2, "y")), WideRow(2, "y"))
+    # at any depth: in a list, a union's arm, *args; the value that holds one
+    # arrives as sent (an int for a float stays an int), the others fitted
+    s = schema("many")
+    packer = Packer()
+    body = s.pack_call(([Metrics(1.0, []), Wider(2.0, [], 5)], Wider(3.0, [], 1), Metrics(4, [])),
+                       {"maybe": Wider(0.0, ["m"], 9)}, packer)
+    args, kwargs = s.unpack_args(body, wire(packer))
+    assert same(args, ([Metrics(1.0, []), Wider(2.0, [], 5)], Wider(3.0, [], 1),
+                       Metrics(4, [])))
+    assert same(kwargs, {"maybe": Wider(0.0, ["m"], 9)})
+    assert same(result_trip("many", [Wider(2.0, [], 5)]), [Wider(2.0, [], 5)])
+    # the annotated class itself still travels natively, fitted (an int for a float)
+    assert same(round_trip("metrics", Metrics(1, ["a"]))["m"], Metrics(1.0, ["a"]))
+
+
+def test_a_pickle_where_a_dataclass_is_annotated_is_checked() -> None:
+    s = schema("metrics")
+    for value, message in (
+            (Opaque(), "Expected `Metrics`, got `Opaque` - at `$.m`"),
+            (Wider(1.0, [3], 1), "Expected `str`, got `int` - at `$.m.names[0]`")):
+        packer = Packer()
+        body = packer.pack_map({"m": value}, {"m": False})  # (sent untyped: pickled whole)
+        with pytest.raises(SchemaError) as info:
+            s.unpack_args(body, wire(packer))
+        assert str(info.value) == f"bad arguments for Target.metrics: {message}"
+    packer = Packer()
+    body = packer.pack(Opaque(), False)
+    with pytest.raises(SchemaError) as info:
+        s.unpack_result(body, wire(packer))
+    assert str(info.value) == ("result of Target.metrics does not match its annotation: "
+                               "Expected `Metrics`, got `Opaque`")
+    # an annotation holding no such class takes no pickle (none is unpickled)
+    packer = Packer()
+    body = packer.pack_map({"x": Opaque()}, {"x": False})
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `pickle` - at `\$\.x`"):
+        schema("i").unpack_args(body, wire(packer))
+
+
+metrics_like = st.builds(
+    lambda cls, loss, names, extra: cls(loss, names) if cls is Metrics else cls(loss, names, extra),
+    st.sampled_from([Metrics, Wider]), st.floats(allow_nan=False),
+    st.lists(st.text(max_size=2) | st.integers(-9, 9), max_size=2), st.integers(-9, 9))
+
+
+@FUZZ
+@given(ms=st.lists(metrics_like, max_size=4))
+def test_lists_of_a_dataclass_and_its_subclass_arrive_as_sent_or_are_refused(
+        ms: list[Metrics]) -> None:
+    """Whatever mix of the class and its subclass, right or wrong inside:
+    each arrives as itself, or the call is refused naming a wrong part."""
+    fine = all(type(n) is str for m in ms for n in m.names)
+    s = schema("many")
+    packer = Packer()
+    body = s.pack_call((ms,), {}, packer)
+    try:
+        got, _ = s.unpack_args(body, wire(packer))
+    except SchemaError as e:
+        assert not fine and "Expected `str`, got `int`" in str(e), e
+        return
+    assert fine and same(got[0], ms), (ms, got)
+
+
 # ------------------------------------------------ ints msgpack cannot carry
 
 
@@ -449,6 +544,10 @@ class Typed(Actor):
     async def seen(self, x: float) -> str:
         return type(x).__name__
 
+    @endpoint
+    async def widen(self, m: Metrics) -> Metrics:
+        return Wider(m.loss, [type(m).__name__], extra=len(m.names))
+
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def typed() -> AsyncIterator[ActorMesh[Typed]]:
@@ -462,6 +561,8 @@ async def test_through_a_worker(typed: ActorMesh[Typed]) -> None:
     mean = await asyncio.wait_for(typed.mean.call_one([1.0, 2.0]), 60)
     assert type(mean) is float and mean == 1.5
     assert await asyncio.wait_for(typed.seen.call_one(np.float64(2.5)), 60) == "float"
+    widened = await asyncio.wait_for(typed.widen.call_one(Wider(1.0, ["a", "b"], 7)), 60)
+    assert same(widened, Wider(1.0, ["Wider"], 2))
     with pytest.raises(SchemaError, match=r"\$\.items\[0\]"):
         await asyncio.wait_for(typed.kinds.call_one([3]), 60)
 

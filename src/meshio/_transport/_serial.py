@@ -801,6 +801,14 @@ class Refit(Exception):
     function, under :func:`lenient`."""
 
 
+class Subclassed(Exception):
+    """A typed value holds an instance of a subclass of a dataclass, attrs
+    class or Struct its annotation names: msgspec would send it as the class
+    named, its type lost and its own fields dropped.  The schema packs the
+    value again with :func:`refitter`'s function, which pickles it whole;
+    the receiver checks it against its annotation (:func:`is_pickle`)."""
+
+
 class Unfit(Exception):
     """A typed value cannot travel as its annotation says: ``value``, an int
     outside the range msgpack carries (the schema names where it is)."""
@@ -893,14 +901,16 @@ class _Fitting:
         self._open: dict[int, bool] = {}
 
     def open(self, info: Any) -> bool:
-        """Whether msgspec decodes a part of ``info`` as plain data: ``Any``,
-        or a class that admits it (:func:`_open_class`)."""
+        """Whether a part of ``info`` needs fitting: msgspec decodes it as
+        plain data (``Any``, or a class that admits it: :func:`_open_class`),
+        or it is a dataclass, attrs class or Struct (a subclass's instance
+        cannot travel natively: :class:`Subclassed`)."""
         key = id(info)
         known = self._open.get(key)
         if known is not None:
             return known
         self._open[key] = False  # (while in progress: a type that refers to itself)
-        if isinstance(info, _MI.AnyType):
+        if isinstance(info, (_MI.AnyType, *_OBJECT_TYPES)):  # (an object: its class is checked)
             found = True
         elif isinstance(info, _MI.CustomType):
             found = _open_class(info.cls)
@@ -1034,13 +1044,14 @@ def _fit_typed_dict(fields: dict[str, Fit]) -> Fit:
 def _fit_object(cls: Any, fields: list[tuple[str, str, Fit]], struct: bool) -> Fit:
     """A dataclass, attrs class or Struct: an instance whose fitted fields
     differ from its own travels as a shallow copy holding them (its class's
-    code does not run: no ``__init__`` or ``__post_init__``); a map sent
-    for one is fitted as its fields."""
+    code does not run: no ``__init__`` or ``__post_init__``); a subclass's
+    instance raises :class:`Subclassed`; a map sent for one is fitted as
+    its fields."""
     origin = getattr(cls, "__origin__", cls)  # (a generic one: Box[float])
     by_key = {key: fit for _, key, fit in fields}
 
     def fit(v: Any) -> Any:
-        if isinstance(v, origin):
+        if type(v) is origin:
             changed: dict[str, Any] = {}
             for name, _, fit_field in fields:
                 x = getattr(v, name, _MISSING)  # (missing: msgspec says so)
@@ -1049,6 +1060,8 @@ def _fit_object(cls: Any, fields: list[tuple[str, str, Fit]], struct: bool) -> F
                     if y is not x:
                         changed[name] = y
             return _replaced(v, changed, struct) if changed else v
+        if isinstance(v, origin):
+            raise Subclassed
         if isinstance(v, dict):
             return {k: by_key[k](x) if k in by_key else _fit_leaf(x) for k, x in v.items()}
         return _fit_leaf(v)
@@ -1100,11 +1113,60 @@ def refitter(tp: Any) -> Fit:
     part, a builtin's subclass becomes the builtin (a ``str`` subclass a
     ``str``), except where the annotation names a class of its own (it then
     travels pickled, as it is); an int msgpack cannot carry raises
-    :class:`Unfit`."""
+    :class:`Unfit`; a value holding a subclass's instance where a dataclass,
+    attrs class or Struct is named travels pickled whole (:class:`Subclassed`)."""
     try:
-        return _Fitting(full=True).part(msgspec.inspect.type_info(tp))
+        fit = _Fitting(full=True).part(msgspec.inspect.type_info(tp))
     except Exception:  # (as in travel)
         return _fit_leaf
+
+    def refit(v: Any) -> Any:
+        try:
+            return fit(v)
+        except Subclassed:
+            return _Pickled(v)
+    return refit
+
+
+def holds_objects(tp: Any) -> bool:
+    """Whether a value of the type ``tp`` (one :func:`decoder_for` accepted)
+    may hold a dataclass, attrs class or Struct, and so may travel pickled
+    whole (:class:`Subclassed`)."""
+    try:
+        return _holds_objects(msgspec.inspect.type_info(tp), set())
+    except Exception:  # (as in travel)
+        return False
+
+
+def _holds_objects(info: Any, seen: set[int]) -> bool:
+    if isinstance(info, _OBJECT_TYPES):
+        return True
+    if id(info) in seen:  # (a type that refers to itself)
+        return False
+    seen.add(id(info))
+    return any(_holds_objects(part, seen) for part in _parts(info))
+
+
+_root_ext: Final = msgspec.msgpack.Decoder(msgspec.msgpack.Ext)
+
+
+def is_pickle(data: Any) -> bool:
+    """Whether ``data`` encodes one pickled value (a typed value sent
+    pickled whole: :class:`Subclassed`), without unpickling it."""
+    try:
+        return _root_ext.decode(data).code == EXT_PICKLE
+    except msgspec.DecodeError:  # (another value, or bad data)
+        return False
+
+
+def unpickle(data: Any, bufs: Buffers) -> Any:
+    """The value ``data`` encodes (:func:`is_pickle`), unpickled: its own
+    reconstruction code runs, and may raise anything."""
+    _tls.bufs = bufs
+    try:
+        return _any_decoder.decode(data)
+    finally:
+        _tls.bufs = None
 
 
 # ------------------------------------------------------------------ packer

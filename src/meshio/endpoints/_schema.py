@@ -39,13 +39,17 @@ from .._transport._serial import (
     Fit,
     Packer,
     Refit,
+    Subclassed,
     TypedDecoder,
     Unfit,
     _Deferred,
     decoder_for,
+    holds_objects,
+    is_pickle,
     lenient,
     refitter,
     travel,
+    unpickle,
 )
 from ._annotations import Check, Mismatch, check_for, describe, items_of, mapping_of, why
 
@@ -67,8 +71,9 @@ class Schema:
     # for: reading one from a dict that no longer shares them costs more).
     __slots__ = ("_args", "_check", "_checks", "_clashes", "_defaults", "_each", "_fields",
                  "_hints", "_how", "_keywords", "_none", "_npos", "_posonly", "_ready",
-                 "_refit", "_result", "_result_how", "_result_refit", "_sent",
-                 "_spreads", "_types", "_varkw", "_varpos", "fn", "names", "positional",
+                 "_refit", "_result", "_result_check", "_result_how", "_result_refit",
+                 "_result_whole", "_sent", "_spreads", "_types", "_varkw", "_varpos",
+                 "_whole", "fn", "names", "positional",
                  "qualname", "required", "result_type", "result_typed", "typed")
 
     def __init__(self, fn: Callable[..., Any], qualname: str,
@@ -135,12 +140,16 @@ class Schema:
         self._each: dict[str, TypedDecoder] = {}
         #: by argument whose annotation msgspec cannot describe: its check
         self._checks: dict[str, Check] = {}
+        #: by typed argument that may arrive pickled whole (:class:`Subclassed`):
+        #: its check (None: none needed)
+        self._whole: dict[str, Check | None] = {}
         fields: list[tuple[str, Any, Any]] = []
         for p in params:
             hint = hints.get(p.name, Any)
             tp, typed = decoder_for(hint)
             self.typed[p.name] = typed
-            check = None if typed else check_for(hint)
+            whole = typed and holds_objects(tp)
+            check = check_for(hint) if whole or not typed else None
             if p.kind is p.VAR_POSITIONAL:
                 tp = types.GenericAlias(list, (tp,))
                 check = check and items_of(list, check, types.GenericAlias(list, (hint,)))
@@ -148,7 +157,9 @@ class Schema:
                 tp = types.GenericAlias(dict, (str, tp))
                 check = check and mapping_of(dict, None, check,
                                            types.GenericAlias(dict, (str, hint)))
-            if check is not None:
+            if whole:
+                self._whole[p.name] = check
+            elif check is not None:
                 self._checks[p.name] = check
             self._how[p.name] = travel(tp) if typed else False
             self._types[p.name] = tp
@@ -174,8 +185,12 @@ class Schema:
         self.result_type, self.result_typed = decoder_for(rtp)
         self._result_how = travel(self.result_type) if self.result_typed else False
         self._result_refit: Fit | None = None
-        check = None if self.result_typed else check_for(rtp)
-        self._result = (TypedDecoder(self.result_type) if check is None
+        #: the result may arrive pickled whole (:class:`Subclassed`)
+        self._result_whole = self.result_typed and holds_objects(self.result_type)
+        check = check_for(rtp) if self._result_whole or not self.result_typed else None
+        #: its check, where it arrives pickled whole
+        self._result_check = check
+        self._result = (TypedDecoder(self.result_type) if check is None or self.result_typed
                         else _Checked(self.result_type, [(None, check)]))
         #: ``-> None``: a result is checked on the actor (:meth:`pack_result`)
         self._none = rtp is type(None) or rtp is None
@@ -204,8 +219,8 @@ class Schema:
             bound = self._bind(args, kwargs)
         try:
             return packer.pack_map(bound, self._how)
-        except (Refit, Unfit, OverflowError):  # (a typed value msgpack cannot carry as it is)
-            return self._pack_refitted(bound, packer)
+        except (Refit, Unfit, OverflowError, Subclassed):  # (a typed value msgpack cannot
+            return self._pack_refitted(bound, packer)          # carry as it is)
         except SchemaError as e:  # over the message size limit
             raise self._unsendable(e, bound) from None
         except Exception as e:  # the values' own pickling code may raise anything
@@ -316,7 +331,7 @@ class Schema:
             self._check_result(value)
         try:
             return packer.pack(value, self._result_how)
-        except (Refit, Unfit, OverflowError):  # (as in pack_call)
+        except (Refit, Unfit, OverflowError, Subclassed):  # (as in pack_call)
             return self._pack_result_refitted(value, packer)
 
     def _pack_result_refitted(self, value: Any, packer: Packer) -> bytes:
@@ -351,6 +366,8 @@ class Schema:
         try:
             value = self._args.decode(data, bufs, lazy=True)
         except msgspec.ValidationError as e:
+            if self._whole:  # (one may have arrived pickled whole)
+                return self._unpack_each(data, bufs)
             raise SchemaError(f"bad arguments for {self.qualname}: "
                               f"{self._args.explain_lazily(data, bufs, str(e))}") from None
         except Exception:  # a pickle to run, or bad data: argument by argument
@@ -385,13 +402,18 @@ class Schema:
             except _Deferred:
                 pickled.append(name)
             except msgspec.ValidationError as e:
+                if name in self._whole and is_pickle(raw):
+                    pickled.append(name)
+                    continue
                 reason = dec.explain_lazily(raw, bufs, str(e))
                 raise SchemaError(f"bad arguments for {q}: {_at(reason, name)}") from None
             except Exception as e:
                 raise SchemaError(f"undecodable argument {name!r} for {q}: {why(e)}") from None
         for name in pickled:
             try:
-                values[name] = self._decoder(name).decode(raws[name], bufs)
+                values[name] = (self._decoder(name).decode(raws[name], bufs)
+                                if name not in self._whole or not is_pickle(raws[name])
+                                else _whole(unpickle(raws[name], bufs), self._whole[name]))
             except msgspec.ValidationError as e:
                 raise SchemaError(f"bad arguments for {q}: {_at(str(e), name)}") from None
             except BaseException as e:  # the value's own reconstruction code raised
@@ -441,11 +463,36 @@ class Schema:
         try:
             return self._result.decode(data, bufs)
         except msgspec.ValidationError as e:
+            if self._result_whole and is_pickle(data):
+                return self._unpack_result_whole(data, bufs)
             raise SchemaError(f"result of {self.qualname} does not match its annotation: "
                               f"{self._result.explain(data, bufs, e)}") from None
         except BaseException as e:  # bad data, or the value's reconstruction code raised
             raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
                               f"process: {why(e)}") from None
+
+
+    def _unpack_result_whole(self, data: Any, bufs: Buffers) -> Any:
+        """A result sent pickled whole (:class:`Subclassed`), checked."""
+        try:
+            return _whole(unpickle(data, bufs), self._result_check)
+        except msgspec.ValidationError as e:
+            raise SchemaError(f"result of {self.qualname} does not match its annotation: "
+                              f"{e}") from None
+        except BaseException as e:  # the value's reconstruction code raised
+            raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
+                              f"process: {why(e)}") from None
+
+
+def _whole(value: Any, check: Check | None) -> Any:
+    """``value``, sent pickled whole (:class:`Subclassed`), if it passes
+    ``check``; else a ``ValidationError`` naming where it does not."""
+    if check is not None:
+        try:
+            check(value, set())
+        except Mismatch as e:
+            raise msgspec.ValidationError(e.text("$")) from None
+    return value
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
