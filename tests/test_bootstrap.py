@@ -44,13 +44,13 @@ def boots(path: Path) -> list[tuple[int, str]]:
 
 
 async def test_env_reaches_every_worker_and_meshio_keys_win() -> None:
-    """Every worker has ``env`` in its environment; the ``gpus`` dim's
-    per-process ``CUDA_VISIBLE_DEVICES`` wins over the same key in ``env``,
-    and a ``PYTHONPATH`` in ``env`` is kept after meshio's own entry."""
+    """Every worker has ``env`` in its environment; the ``gpus`` dim gives
+    each process one of the devices ``CUDA_VISIBLE_DEVICES`` in ``env``
+    lists, and a ``PYTHONPATH`` in ``env`` is kept after meshio's own entry."""
     from bootstrap_probe import Probe
 
     extra = os.path.join(os.sep, "opt", "extra-site")
-    env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "7",
+    env = {"NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": "7,5",
            "PYTHONPATH": extra}
     async with meshio.this_host().spawn_procs(per_host={"gpus": 2}, env=env) as procs:
         probe = await procs.spawn("probe", Probe)
@@ -58,11 +58,36 @@ async def test_env_reaches_every_worker_and_meshio_keys_win() -> None:
             ["NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "PYTHONPATH",
              "MESHIO_WORKER"]), DEADLINE)).values()
     assert [(s["NCCL_DEBUG"], s["NCCL_SOCKET_IFNAME"], s["CUDA_VISIBLE_DEVICES"])
-            for s in seen] == [("INFO", "lo", "0"), ("INFO", "lo", "1")]
+            for s in seen] == [("INFO", "lo", "7"), ("INFO", "lo", "5")]
     for s in seen:
         path = s["PYTHONPATH"]
         assert path is not None and path.split(os.pathsep)[1:] == [extra]
         assert s["MESHIO_WORKER"] is not None and s["MESHIO_WORKER"].startswith("procs-")
+
+
+async def test_a_gpus_dim_maps_onto_the_devices_its_host_makes_visible(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a scheduler that gave the job devices 4 and 6 (the controller's
+    own ``CUDA_VISIBLE_DEVICES``), ``gpus`` 0 and 1 are devices 4 and 6, not
+    0 and 1 (another job's); a dim longer than the list fails to start,
+    naming it, and leaves no process."""
+    from bootstrap_probe import Probe
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, 6")
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        probe = await procs.spawn("probe", Probe)
+        seen = (await asyncio.wait_for(probe.env.call(["CUDA_VISIBLE_DEVICES", "MESHIO_GPU"]),
+                                       DEADLINE)).values()
+    assert [(s["CUDA_VISIBLE_DEVICES"], s["MESHIO_GPU"]) for s in seen] == [("4", None),
+                                                                            ("6", None)]
+    before = set(child_pids())
+    with pytest.raises(meshio.ProcessStartError) as ei:
+        await meshio.this_host().spawn_procs(per_host={"gpus": 3})
+    assert ei.value.rank == 2 and str(ei.value).endswith(
+        "failed to start: its gpus index 2 is beyond the 2 device(s) that "
+        f"CUDA_VISIBLE_DEVICES='4, 6' lists on {ei.value.host}; make the gpus dim at most 2 "
+        "long there, or set CUDA_VISIBLE_DEVICES in spawn_procs(env=...)"), ei.value
+    await until(lambda: set(child_pids()) <= before)
 
 
 async def test_bootstrap_runs_once_per_process_before_actor_modules(tmp_path: Path) -> None:

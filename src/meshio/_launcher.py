@@ -67,6 +67,9 @@ PAYLOAD_HEADER = struct.Struct("!IQ")
 #: environment variables meshio sets for its workers; ``spawn_procs(env=...)``
 #: may not set these
 RESERVED_ENV_PREFIX = "MESHIO_"
+#: set by a ``gpus`` dim in each worker's spec: its index on the dim, which
+#: its host's launcher turns into ``CUDA_VISIBLE_DEVICES`` (:func:`visible_device`)
+GPU_ENV: Final = "MESHIO_GPU"
 #: ``personality(2)``'s flag for a program whose address space is laid out
 #: without randomization (``setarch -R``)
 _ADDR_NO_RANDOMIZE: Final = 0x0040000
@@ -80,7 +83,7 @@ class WorkerSpec:
     listen: str
     controller: str
     #: variables set in the worker's environment: ``spawn_procs(env=...)``,
-    #: then meshio's own per worker (``MESHIO_WORKER``, ``CUDA_VISIBLE_DEVICES``)
+    #: then meshio's own per worker (``MESHIO_WORKER``, :data:`GPU_ENV`)
     env: Mapping[str, str] = field(default_factory=dict[str, str])
     #: a replacement for a failed worker (its actors are being rebuilt)
     restart: bool = False
@@ -140,6 +143,32 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
                              f"meshio's own, set per worker; use another name")
         checked[k] = v
     return checked
+
+
+class LaunchRefused(Exception):
+    """A launcher cannot start the worker as its spec says (the start
+    fails naming why; nothing was started)."""
+
+
+def visible_device(index: int, visible: str | None, host: str) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the worker at ``index`` on a ``gpus``
+    dim: the ``index``-th device of ``visible``, the list the worker would
+    see otherwise (``spawn_procs(env=...)``'s, else its host's launcher's
+    own: Slurm and schedulers set it to the devices a job holds), or the
+    index itself where no list is set.
+
+    Raises:
+        LaunchRefused: the list names fewer devices.
+    """
+    if visible is None:
+        return str(index)
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if index >= len(devices):
+        raise LaunchRefused(
+            f"its gpus index {index} is beyond the {len(devices)} device(s) that "
+            f"CUDA_VISIBLE_DEVICES={visible!r} lists on {host}; make the gpus dim at most "
+            f"{len(devices)} long there, or set CUDA_VISIBLE_DEVICES in spawn_procs(env=...)")
+    return devices[index]
 
 
 def start_payload(spec: WorkerSpec) -> bytes:
@@ -737,6 +766,10 @@ class LocalLauncher:
     async def launch(self, spec: WorkerSpec) -> LocalProc:
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, **spec.env}
+        gpu = env.pop(GPU_ENV, None)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(
+                int(gpu), env.get("CUDA_VISIBLE_DEVICES"), self.host)
         env["PYTHONPATH"] = os.pathsep.join(  # meshio's first: `-m meshio.worker` finds it
             [src] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         # the controller's import path (sent by a remote controller), then ours

@@ -804,8 +804,10 @@ class HostMesh(MeshShape):
 
         Args:
             env: environment variables of every process, on top of the
-                controller's.  meshio's own win: the ``gpus`` dim's
-                ``CUDA_VISIBLE_DEVICES``, and ``MESHIO_*`` may not be set.
+                controller's.  A ``gpus`` dim gives each process the device
+                at its index among those ``CUDA_VISIBLE_DEVICES`` lists (in
+                ``env``, else in its host's environment; none listed: the
+                index itself); ``MESHIO_*`` may not be set.
             bootstrap: a function of no arguments every process calls first,
                 in its main thread (NCCL/vLLM-style set-up that must precede
                 imports).  Pickled like an actor class: by value when defined

@@ -32,7 +32,7 @@ from ._extent import Extent, Point, Region
 from ._inspect import Inspection
 from ._keep_alive import KeptActor, KeptMesh, KeptWorker, claim, publish
 from ._keep_alive import forget as forget_record
-from ._launcher import ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._launcher import GPU_ENV, LaunchRefused, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
 from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._credentials import Credentials
@@ -433,7 +433,7 @@ class ProcState:
         worker_id = f"{self.id}-{grank}" + (f"g{self.generation}" if self.generation else "")
         env = {**self.env, "MESHIO_WORKER": worker_id}  # meshio's own win
         if "gpus" in self.region.extent.labels:
-            env["CUDA_VISIBLE_DEVICES"] = str(point["gpus"])
+            env[GPU_ENV] = str(point["gpus"])
         coords = " ".join(f"{k}={v}" for k, v in point.items())
         label = f"[{self.name} {coords}]".replace(" ]", "]")
         env[LOGS_ENV] = logs_env(self.log_records, self.log_dir, self.name, grank, label)
@@ -459,6 +459,8 @@ class ProcState:
             return await within(launch, START_TIMEOUT), waiter
         except BaseException as e:
             self.rt.watch.hello_waiters.pop(spec.worker, None)
+            if isinstance(e, LaunchRefused):
+                raise self._not_started(grank, launcher.host, str(e)) from None
             if not isinstance(e, TimeoutError):
                 raise
             raise self._not_started(
