@@ -61,6 +61,19 @@ async def test_size_errors(pair: tuple[Owner, Peer], backend: str) -> None:
         await buf.write_from(b"x" * 10, offset=N - 5)
     with pytest.raises(RDMAError, match="read-only"):
         await buf.read_into(b"immutable")
+    # a bool is no offset or length (True was taken for 1: a shifted transfer)
+    for call, message in (
+            (buf.read_into(bytearray(8), offset=True), "read_into: offset must be an int, got "
+                                                       "True (bool)"),
+            (buf.read_into(bytearray(8), length=True), "read_into: length must be an int or "
+                                                       "None, got True (bool)"),
+            (buf.write_from(b"zz", offset=False), "write_from: offset must be an int, got "
+                                                  "False (bool)"),
+            (buf.read_into(bytearray(8), offset=1.0), "read_into: offset must be an int, got "  # type: ignore[arg-type]
+                                                      "1.0 (float)")):
+        with pytest.raises(TypeError) as info:
+            await call
+        assert str(info.value) == message
 
 
 async def test_drop_then_use_is_a_clear_error(pair: tuple[Owner, Peer], backend: str) -> None:

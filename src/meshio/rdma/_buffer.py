@@ -208,15 +208,27 @@ class RDMABuffer:
     # ------------------------------------------------------- transfers
 
     def _range(self, offset: int, length: int | None, what: str) -> int:
+        """The length of the transfer ``what`` asks for.
+
+        Raises:
+            TypeError: ``offset`` or ``length`` is not an int (a bool: ``True``
+                would be taken for 1).
+            RDMASizeError: the range does not fit the buffer.
+        """
         size = self._handle.size
-        if not isinstance(offset, int) or offset < 0:
+        for arg, v in (("offset", offset), ("length", length)):
+            if (isinstance(v, bool) or not isinstance(v, int)) and (v is not None or arg != "length"):
+                raise TypeError(f"{what}: {arg} must be an int"
+                                f"{' or None' if arg == 'length' else ''}, got {v!r} "
+                                f"({type(v).__name__})")
+        if offset < 0:
             raise RDMASizeError(f"{what}: offset must be an int >= 0, got {offset!r}")
         if offset > size:
             raise RDMASizeError(f"{what}: offset {offset} is past the end of the buffer "
                                 f"({size} bytes)")
         if length is None:
             length = size - offset
-        if not isinstance(length, int) or length < 0 or offset + length > size:
+        if length < 0 or offset + length > size:
             raise RDMASizeError(f"{what}: offset {offset} + length {length} exceeds the "
                                 f"buffer's {size} bytes")
         return length
