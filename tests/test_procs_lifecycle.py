@@ -16,6 +16,7 @@ import functools
 import gc
 import inspect
 import os
+import re
 import signal
 import time
 import weakref
@@ -571,6 +572,47 @@ async def test_slow_constructor_is_not_a_hang(
         assert procs.pids == [pid]
     assert sup is None or sup.failure is None
     assert "not responding" not in capsys.readouterr().err
+
+
+class GatedInit(Actor):
+    """A constructor that waits at a gate (:func:`fifo_gate.hold`), in its
+    actor's thread."""
+
+    def __init__(self, ready: str, release: str) -> None:
+        hold(ready, release)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_a_process_stopped_in_a_constructor_fails_the_spawn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A spawn waited forever on a process stopped (SIGSTOP; one hung alike)
+    while its constructor ran: heartbeats did not judge a process then.  They
+    do now, after 100 heartbeat timeouts (``HELD_TIMEOUTS``; a constructor
+    may hold the GIL for long): the spawn fails naming the process and the
+    constructor; continued, the process answers again."""
+    gate = Gate(tmp_path)
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, heartbeat_interval=0.05, heartbeat_timeout=0.1) as procs:
+        pid = procs.pids[0]
+        spawning = asyncio.ensure_future(
+            procs.spawn("gated", GatedInit, gate.ready, gate.release))
+        await gate.wait_held(DEADLINE)  # its constructor runs
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(meshio.SupervisionError) as ei:
+                await asyncio.wait_for(spawning, DEADLINE)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        message = str(ei.value)
+        assert f"process {pid} on" in message and "GatedInit.__init__ was in flight" in message
+        silent = re.search(r"not responding for (\d+\.\d) s", message)
+        assert silent is not None and float(silent.group(1)) >= 100 * 0.1, message
+        await gate.open()
+    err = capsys.readouterr().err
+    assert "(heartbeat_timeout=0.1 s, 100 times that while its constructor ran)" in err
 
 
 async def test_a_start_given_up_stops_its_processes(tmp_path: Path) -> None:

@@ -81,6 +81,11 @@ KILL_WAIT = 10.0
 #: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
 HEARTBEAT_INTERVAL = 1.0
 HEARTBEAT_TIMEOUT = 3.0
+#: while a constructor runs in a process, or meshio's first ``import torch``
+#: holds its loop (they may hold the GIL for long: loading a model), it is
+#: judged after this many heartbeat timeouts (5 minutes by default), not
+#: one: a process stopped or hung then fails the spawn, never waits forever
+HELD_TIMEOUTS = 100
 
 
 class SlotState(enum.Enum):
@@ -193,12 +198,14 @@ class _Worker:
         return self.state in (SlotState.STOPPING, SlotState.RESTARTING)
 
     def construct(self, fut: asyncio.Future[Any]) -> None:
-        """A constructor runs until ``fut`` is done: heartbeats do not judge
-        the process meanwhile (loading a model in ``__init__`` is not a hang)."""
+        """A constructor runs until ``fut`` is done: heartbeats judge the
+        process after :data:`HELD_TIMEOUTS` timeouts meanwhile (loading a
+        model in ``__init__`` is not a hang), and with one from its end."""
         self.constructing += 1
 
         def done(_: asyncio.Future[Any]) -> None:
             self.constructing -= 1
+            self.unanswered = None
 
         fut.add_done_callback(done)
 
@@ -860,6 +867,8 @@ class ProcState:
         held by meshio's own work (or no longer)."""
         if isinstance(msg, LoopHeld):
             worker.held = msg.held
+            if not msg.held:  # judged from now on, with one heartbeat timeout
+                worker.unanswered = None
         else:
             self._stalled(worker, msg)
 
@@ -917,9 +926,10 @@ class ProcState:
                     continue
                 # (reading paused: its answers wait unread on our side)
                 moved = _moved(w, conn) or conn.reading_paused
-                if stalled or moved or w.unanswered is None or w.constructing or w.held:
+                held = w.constructing or w.held
+                if stalled or moved or w.unanswered is None:
                     w.unanswered = now
-                elif now - w.unanswered > self.heartbeat_timeout:
+                elif now - w.unanswered > self.heartbeat_timeout * (HELD_TIMEOUTS if held else 1):
                     if self._hung(w, conn, now, now - w.unanswered):
                         continue  # killed
                 conn.send_control(Ping(w.incarnation))
@@ -933,10 +943,13 @@ class ProcState:
         fail (the process is left alone and serves calls again once it
         answers)."""
         timeout = self.heartbeat_timeout
+        held = (f", {HELD_TIMEOUTS} times that while its constructor ran" if w.constructing
+                else f", {HELD_TIMEOUTS} times that while meshio held its loop" if w.held
+                else "")
         if self.supervisor is not None:
             w.move(SlotState.KILLING)
             w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
-                       f"(heartbeat_timeout={timeout}s); killed")
+                       f"(heartbeat_timeout={timeout}s{held}); killed")
             w.handle.send_signal(signal.SIGKILL)
             # Lost now, not once the kill closes the connection: a process on
             # a host cut off by a partition never closes it (nor does its
@@ -950,8 +963,9 @@ class ProcState:
         down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
         w.hung = not_responding(down, clock.now, in_flight=False)
         print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
-              f"{handle.host}) not responding for {silent:.1f} s; its calls fail until it "
-              f"answers again", file=sys.stderr, flush=True)
+              f"{handle.host}) not responding for {silent:.1f} s (heartbeat_timeout="
+              f"{timeout} s{held}); its calls fail until it answers again",
+              file=sys.stderr, flush=True)
         self.rt.dead[w.addr] = w.hung
         self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
             down, silent=clock.now() - since)

@@ -217,7 +217,7 @@ class RDMABuffer:
         """
         size = self._handle.size
         for arg, v in (("offset", offset), ("length", length)):
-            if (isinstance(v, bool) or not isinstance(v, int)) and (v is not None or arg != "length"):
+            if (isinstance(v, bool) or not isinstance(v, int)) and (arg, v) != ("length", None):
                 raise TypeError(f"{what}: {arg} must be an int"
                                 f"{' or None' if arg == 'length' else ''}, got {v!r} "
                                 f"({type(v).__name__})")
