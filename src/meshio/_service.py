@@ -61,7 +61,8 @@ class ReplicaStats:
         replica: the replica's number in the service: ``0, 1, ...`` for the
             actors of the mesh it was made from (in point order), the next
             numbers for replicas ``scale`` adds (never reused).
-        alive: it serves calls (its process is up and not being restarted).
+        alive: it serves calls (its process is up and not being restarted,
+            and its actor was not stopped nor ended for good).
         in_flight: calls routed to it (``route``, ``choose``, ``call_one``)
             not answered yet.
         completed: calls routed to it that were answered (with a result or
@@ -91,7 +92,9 @@ _POLICIES: tuple[Policy, ...] = get_args(Policy)
 class _Replica:
     """One replica: a one-actor view, the host it runs on, the proc mesh the
     service started for it (None: the user's) with the one it belongs to
-    (``origin``, see :func:`_stops_with`), and its call statistics."""
+    (``origin``, see :func:`_stops_with`), what its proc mesh keeps of its
+    actor mesh (``record``: which actors were stopped), and its call
+    statistics."""
 
     __slots__ = (
         "_sorted",
@@ -104,6 +107,7 @@ class _Replica:
         "mesh",
         "origin",
         "procs",
+        "record",
         "unhook",
     )
 
@@ -115,6 +119,11 @@ class _Replica:
         self.host = host
         self.procs = procs
         self.origin = origin
+        owner = mesh._procs
+        #: None: a reference received from another process, whose stops
+        #: (as its holes) only the process that spawned it knows of
+        self.record: _ActorRecord | None = None if owner is None else next(
+            (a for a in owner._state.actors if a.target == mesh._target), None)
         #: undoes :func:`_stops_with` (the replica is stopped by the service)
         self.unhook = unhook
         self.in_flight = 0
@@ -127,8 +136,8 @@ class _Replica:
     def up(self) -> bool:
         """It serves calls: not known dead, restarting or stopped (nor is the
         proc mesh it belongs to: its stop is under way), nor a hole (its
-        actor ended for good: ``ProcState.hole``)."""
-        if self.origin is not None and self.origin.stopped:
+        actor ended for good: ``ProcState.hole``), nor is its actor stopped."""
+        if (self.origin is not None and self.origin.stopped) or self.stopped():
             return False
         mesh = self.mesh
         route = mesh._route
@@ -136,10 +145,18 @@ class _Replica:
         return route.down(route.runtime(), 0) is None and not (
             procs is not None and procs._state.hole(mesh._region.ranks[0], mesh._target))
 
+    def stopped(self) -> bool:
+        """Its actor was stopped (``stop()`` on its actor mesh or a slice of
+        it, ``Service.stop``): it never serves again, though its process
+        may (a restart does not rebuild it)."""
+        return self.record is not None and self.mesh._region.ranks[0] in self.record.stopped
+
     def back(self) -> asyncio.Future[None] | None:
         """While it is down and may come back: the future its restart resolves."""
         procs = self.mesh._procs
-        return None if procs is None else procs._state.restarting(self.mesh._region.ranks[0])
+        if procs is None or self.stopped():
+            return None
+        return procs._state.restarting(self.mesh._region.ranks[0])
 
     def track(self, fut: asyncio.Future[Any]) -> None:
         """Count the call whose answer ``fut`` is, until it is settled."""
@@ -198,12 +215,20 @@ class Service(MeshShape):
 
     Failures: a replica whose process died is out of rotation as soon as
     this process learns of it (its connection drops), and back once its
-    supervisor has restarted it and rebuilt its actor.  A call in flight to
-    it fails over to another live replica when the endpoint is
-    ``retryable`` (for up to a minute), else raises
-    :class:`~meshio.SupervisionError`.  While no replica is alive, calls
-    wait for one being restarted; with none coming back they raise
-    :class:`~meshio.SupervisionError`.
+    supervisor has restarted it and rebuilt its actor; one whose actor was
+    stopped (``stop()`` on the actor mesh or a slice of it, its process
+    serving on) or ended for good (a hole) is out of rotation for good.
+    ``route`` sends a failed call again as the endpoint's retry policy says
+    (``@endpoint(retry=meshio.Retry(...))``: its attempts, exception types,
+    backoff and the call's deadline, as ``call_one`` does; ``retryable``
+    retries :class:`~meshio.SupervisionError`), each time to the replica
+    the routing picks then (a sticky session's own while it is alive): a
+    call in flight to a replica that went out of rotation fails over to
+    another live one at once, other failures are sent again after the
+    backoff.  Without a policy that retries it, the failure is raised
+    (:class:`~meshio.SupervisionError` for a replica gone).  While no
+    replica is alive, calls wait for one being restarted; with none coming
+    back they raise :class:`~meshio.SupervisionError`.
 
     Lifetime: the replicas :meth:`scale` starts belong to the proc mesh of
     the actor mesh the service was made from, as its own processes do: they
@@ -495,10 +520,14 @@ class Service(MeshShape):
     async def _routed(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                       out: OutBuffers, session: Hashable | None, deadline: float | None,
                       on_full: OnFull = "wait") -> Any:
-        """Call one replica; a call of a retried endpoint whose replica died
-        with it in flight goes to another one (up to its retry policy's
-        attempts, within its deadline).  ``on_full="raise"``: if the chosen
-        replica's mailbox is full, :class:`~meshio.Overloaded`."""
+        """Call one replica, sent again as the endpoint's retry policy says
+        (:class:`~meshio.Retry`: its attempts, ``on`` types, backoff and the
+        call's deadline), each time to the replica the routing picks then
+        (a sticky session's own while it serves).  A replica out of rotation
+        since the call failed on it (its process died, its actor stopped)
+        is failed over at once; other failures wait the policy's backoff.
+        ``on_full="raise"``: if the chosen replica's mailbox is full,
+        :class:`~meshio.Overloaded`."""
         policy = desc.retry
         attempt = 0
         while True:
@@ -506,15 +535,17 @@ class Service(MeshShape):
             replica = await self._pick(session)
             if on_full == "raise":
                 replica.mesh._check_room(desc)
+            # (once: the retries are this loop's, to a replica routed anew)
             fut = replica.mesh._route.request(0, desc, body, out, deadline, True)
             replica.track(fut)
             try:
                 return await fut
-            except SupervisionError as e:
+            except Exception as e:
                 if policy is None or not policy.sends_again(e, attempt, deadline):
                     raise
-                # its process died with the call in flight: it is out of
-                # rotation now, and the call goes to another replica
+                if isinstance(e, SupervisionError) and not replica.up():
+                    continue  # out of rotation now: another replica, at once
+                await asyncio.sleep(policy.delay(attempt))
 
     async def _pick(self, session: Hashable | None) -> _Replica:
         """The live replica to call; while none is, wait for one coming back."""
@@ -528,8 +559,8 @@ class Service(MeshShape):
                 procs = self._mesh._procs
                 why = (f"proc mesh {procs._state.name!r} they belong to was stopped"
                        if procs is not None and procs._state.stopped else
-                       "nothing restarts them (no supervisor, their restart type, or the "
-                       "supervisor gave up)")
+                       "nothing restarts them (their actor stopped, no supervisor, their "
+                       "restart type, or the supervisor gave up)")
                 raise SupervisionError(
                     f"service {self._name!r}: no replica serves calls: its "
                     f"{len(self._replicas)} replicas are down and {why}",
@@ -737,8 +768,9 @@ class _ServiceEndpoint(Endpoint[P, R]):
 
     @traced
     async def route(self, *args: Any, session: Hashable | None = None, **kwargs: Any) -> R:
-        """Call one replica, chosen by the service's routing (see
-        :class:`Service`); ``session``: the sticky-session key."""
+        """Call one replica, chosen by the service's routing, and again as
+        the endpoint's retry policy says (see :class:`Service`);
+        ``session``: the sticky-session key."""
         if self._takes_session:
             raise TypeError(
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
