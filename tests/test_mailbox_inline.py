@@ -169,3 +169,55 @@ async def test_a_call_posted_within_a_task_waits_for_the_mailbox_task(
     assert await asyncio.wait_for(fut, GUARD) == 5
     assert await asyncio.wait_for(served.history.call_one(), GUARD) == [
         "start 0", "end 0", "start 5", "end 5"]
+
+
+class Parker(Actor):
+    """Parks the mailbox in a call that waits forever; records the calls
+    that start behind it."""
+
+    def __init__(self) -> None:
+        self.parked = 0
+        self.changed = asyncio.Event()
+        self.started: list[int] = []
+
+    @endpoint
+    async def park(self) -> None:
+        self.parked += 1
+        self.changed.set()
+        await asyncio.Event().wait()
+
+    @endpoint(concurrent=True)
+    async def until_parked(self, n: int) -> None:
+        while self.parked < n:
+            self.changed.clear()
+            await self.changed.wait()
+
+    @endpoint
+    async def work(self, i: int) -> None:
+        self.started.append(i)
+
+    @endpoint
+    async def begun(self) -> list[int]:
+        return self.started
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_calls_given_up_together_never_start(procs: meshio.ProcMesh) -> None:
+    """A call under way and the calls queued behind it, cancelled together
+    (``cancel()`` on each, in one turn of the caller's loop): none of the
+    queued ones starts.  The first Cancel went out alone, at once (a turn's
+    first frame), the others at the end of the turn: the actor started the
+    next call before its Cancel came, about one time in three."""
+    parker = (await procs.spawn("parker", Parker)).slice(procs=0)
+    for n in range(1, 11):
+        first = parker.park.call_one()
+        await asyncio.wait_for(parker.until_parked.call_one(n), GUARD)
+        queued = [parker.work.call_one(i) for i in range(3)]
+        # (answered at once, after the three calls came: they are in the mailbox)
+        await asyncio.wait_for(parker.until_parked.call_one(n), GUARD)
+        for fut in (first, *queued):
+            fut.cancel()
+        assert await asyncio.wait_for(parker.begun.call_one(), GUARD) == [], n
+        for fut in (first, *queued):
+            with pytest.raises(asyncio.CancelledError):
+                await fut

@@ -841,7 +841,7 @@ class _Request(Pending):
         because its deadline passed)."""
         self.inflight[self.index] -= 1
         if self.conn.pending.pop(self.req, None) is not None:
-            self.conn.send_message(Cancel(self.req, self.route.target, expired))
+            self.conn.send_cancel(Cancel(self.req, self.route.target, expired))
 
     def on_done(self, f: asyncio.Future[Any]) -> None:
         """The done callback of a future that is not a :class:`_CallFuture`."""

@@ -379,7 +379,7 @@ class Slot(Pending):
         self.set_exception(asyncio.CancelledError(msg))
         conn = self.conn
         if conn is not None and conn.pending.pop(self.req, None) is not None:
-            conn.send_message(Cancel(self.req, self.gathering.target, msg == DEADLINE))
+            conn.send_cancel(Cancel(self.req, self.gathering.target, msg == DEADLINE))
         return True
 
 
@@ -605,6 +605,17 @@ class Connection(asyncio.BufferedProtocol):
                      out: OutBuffers | None = None) -> asyncio.Future[None] | None:
         """:meth:`send` of ``msg``."""
         return self.send(encode_message(msg), out or [])
+
+    def send_cancel(self, msg: Cancel) -> None:
+        """Send ``msg`` with the small frames written as this turn of the
+        loop ends, never alone at once (as a turn's first frame goes): the
+        Cancels of calls given up together (``cancel()`` on each, a gather
+        cancelled) reach the actor in one write, so that a call queued
+        behind the first does not start before its own Cancel is read."""
+        if self._batch is None and self.transport is not None:
+            self._batch = []
+            self.rt.batching(self)
+        self.send_message(msg)
 
     def reply(self, req: int, body: bytes, out: OutBuffers) -> asyncio.Future[None] | None:
         """Answer request ``req`` with the encoded value ``body`` (and its

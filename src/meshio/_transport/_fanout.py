@@ -125,7 +125,7 @@ class FanoutState:
         p = conn.pending.pop(down_req, None)
         if p is not None:
             p.cancel()
-        conn.send_message(Cancel(down_req, target, expired))
+        conn.send_cancel(Cancel(down_req, target, expired))
         return True
 
     def lost(self, up: Connection) -> None:
