@@ -13,7 +13,8 @@ import datetime
 import enum
 import re
 import typing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Annotated, Any
 
 import msgspec
@@ -186,6 +187,9 @@ class Target:
         raise NotImplementedError
 
     def row(self, r: Row) -> Row:
+        raise NotImplementedError
+
+    def seq(self, xs: Sequence[int], keys: AbstractSet[str]) -> Sequence[int]:
         raise NotImplementedError
 
     def point(self, p: Point) -> None:
@@ -433,6 +437,18 @@ def test_a_refused_subclass_is_named_by_its_type_never_ext() -> None:
             schema("s" if name == "MyStr" else "i").unpack_result(body, wire(packer))
         assert str(info.value).endswith(f"got `{name}`"), info.value
         assert "ext" not in str(info.value)
+
+
+def test_a_range_and_dict_views_travel_where_the_annotation_admits_them() -> None:
+    """``Sequence[int]`` admits a ``range``, ``AbstractSet[str]`` a dict's
+    keys: they arrive as msgspec gives those annotations (a list, a set).
+    They were pickled and refused ("Expected `array`, got `pickle`")."""
+    got = round_trip("seq", range(3), {"a": 1, "b": 2}.keys())
+    assert same(got, {"xs": [0, 1, 2], "keys": {"a", "b"}})
+    assert same(result_trip("seq", range(2, 4)), [2, 3])
+    assert same(round_trip("floats", range(2), {"k": 1.0}, (1.0, "t"))["xs"], [0.0, 1.0])
+    with pytest.raises(SchemaError, match=r"Expected `int`, got `pickle` - at `\$\.x`"):
+        round_trip("i", range(2))  # (where no array is admitted: refused, as before)
 
 
 # ------------------------------------------ subclasses of dataclasses, Structs

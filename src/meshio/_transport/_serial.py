@@ -565,7 +565,8 @@ def _enc_hook(obj: Any) -> Any:
             (*ref, True) if obj.requires_grad else ref))
     if type(obj) is _Pickled:
         obj = obj.obj
-    elif not _tls.lenient and (_subclassed(obj) or _numpy_number(obj)):
+    elif not _tls.lenient and (_subclassed(obj) or _numpy_number(obj)
+                               or type(obj) in _AS_ARRAYS):
         raise Refit  # (msgspec encodes the builtins themselves: this is a subclass)
     start = len(out)
     data: bytes | int = dumps(obj, out)
@@ -781,7 +782,11 @@ _EXACT: Final = frozenset({int, float, str, bytes, bool})
 #: the value was sent natively: a class that admits one of these cannot tell
 #: from it what was sent (``object``, ``Hashable``: a tuple arrives a list)
 _NATIVE: Final = (dict, list, str, bytes, int, float, bool, type(None))
-_ARRAYS: Final = (list, tuple, set, frozenset)
+#: what msgpack carries as an array only once made a list: a ``range``, a
+#: dict's views (``Sequence[int]`` admits a ``range``, ``AbstractSet[str]``
+#: a ``dict_keys``); a typed value holding one is fitted (:class:`Refit`)
+_AS_ARRAYS: Final = frozenset({range, type({}.keys()), type({}.values()), type({}.items())})
+_ARRAYS: Final = (list, tuple, set, frozenset, *_AS_ARRAYS)
 _MI: Final = msgspec.inspect
 _ARRAY_TYPES: Final = (_MI.ListType, _MI.SetType, _MI.FrozenSetType, _MI.VarTupleType)
 _MAP_TYPES: Final = (_MI.DictType, _MI.FrozenDictType)
@@ -795,9 +800,9 @@ _MISSING: Final = object()
 
 class Refit(Exception):
     """The encoder met an instance of a subclass of ``int``, ``float``,
-    ``str`` or ``bytes`` (``np.float64``, which ``np.mean`` returns) in a typed
-    value: msgpack carries one only pickled, which its annotation may not
-    allow.  The schema packs the value again with :func:`refitter`'s
+    ``str`` or ``bytes`` (``np.float64``, which ``np.mean`` returns), or a
+    ``range`` or a dict's view (:data:`_AS_ARRAYS`), in a typed value:
+    msgpack carries one only pickled, which its annotation may not allow.  The schema packs the value again with :func:`refitter`'s
     function, under :func:`lenient`."""
 
 
