@@ -785,8 +785,9 @@ _NATIVE: Final = (dict, list, str, bytes, int, float, bool, type(None))
 #: what msgpack carries as an array only once made a list: a ``range``, a
 #: dict's views (``Sequence[int]`` admits a ``range``, ``AbstractSet[str]``
 #: a ``dict_keys``); a typed value holding one is fitted (:class:`Refit`)
-_AS_ARRAYS: Final = frozenset({range, type({}.keys()), type({}.values()), type({}.items())})
-_ARRAYS: Final = (list, tuple, set, frozenset, *_AS_ARRAYS)
+_AS_ARRAYS: Final[frozenset[type]] = frozenset(
+    {range, type({}.keys()), type({}.values()), type({}.items())})
+_ARRAYS: Final[tuple[type, ...]] = (list, tuple, set, frozenset, *_AS_ARRAYS)
 _MI: Final = msgspec.inspect
 _ARRAY_TYPES: Final = (_MI.ListType, _MI.SetType, _MI.FrozenSetType, _MI.VarTupleType)
 _MAP_TYPES: Final = (_MI.DictType, _MI.FrozenDictType)
@@ -802,8 +803,9 @@ class Refit(Exception):
     """The encoder met an instance of a subclass of ``int``, ``float``,
     ``str`` or ``bytes`` (``np.float64``, which ``np.mean`` returns), or a
     ``range`` or a dict's view (:data:`_AS_ARRAYS`), in a typed value:
-    msgpack carries one only pickled, which its annotation may not allow.  The schema packs the value again with :func:`refitter`'s
-    function, under :func:`lenient`."""
+    msgpack carries one only pickled, which its annotation may not allow.
+    The schema packs the value again with :func:`refitter`'s function,
+    under :func:`lenient`."""
 
 
 class Subclassed(Exception):
