@@ -54,7 +54,7 @@ import pickle
 import sys
 import threading
 import types
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, Final
 
 import cloudpickle
@@ -785,9 +785,9 @@ _NATIVE: Final = (dict, list, str, bytes, int, float, bool, type(None))
 #: what msgpack carries as an array only once made a list: a ``range``, a
 #: dict's views (``Sequence[int]`` admits a ``range``, ``AbstractSet[str]``
 #: a ``dict_keys``); a typed value holding one is fitted (:class:`Refit`)
-_AS_ARRAYS: Final[frozenset[type]] = frozenset(
+_AS_ARRAYS: Final[frozenset[type[Iterable[Any]]]] = frozenset(
     {range, type({}.keys()), type({}.values()), type({}.items())})
-_ARRAYS: Final[tuple[type, ...]] = (list, tuple, set, frozenset, *_AS_ARRAYS)
+_ARRAYS: Final[tuple[type[Iterable[Any]], ...]] = (list, tuple, set, frozenset, *_AS_ARRAYS)
 _MI: Final = msgspec.inspect
 _ARRAY_TYPES: Final = (_MI.ListType, _MI.SetType, _MI.FrozenSetType, _MI.VarTupleType)
 _MAP_TYPES: Final = (_MI.DictType, _MI.FrozenDictType)
