@@ -45,7 +45,7 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, Protocol, cast
+from typing import IO, Any, Final, Literal, Protocol, cast
 
 from ._transport._credentials import Credentials
 from ._transport._messages import Stream
@@ -261,6 +261,13 @@ class LocalProc:
     ``dies_with_us``: the worker dies with this process (not kept alive):
     unless reaped, its group is killed when this process exits, even if
     nothing watches it any more (its loop ended without a stop).
+
+    What it holds on the loop (the pidfd it waits on, the transports of
+    the worker's output pipes, the stdin socket) belongs to its tasks,
+    which close it as they end: at the worker's exit (the pipes at their
+    end), or when its loop ends first (``asyncio.run``, ``meshio.run`` and
+    pytest-asyncio cancel the tasks left; the worker then exits as its
+    runtime's connections drop, and :func:`_reap_abandoned` reaps it).
     """
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
@@ -268,15 +275,8 @@ class LocalProc:
                  output: Output | None = None, worker: str = "", *, group: bool = False,
                  dies_with_us: bool = False) -> None:
         self._popen = popen
-        #: connecting its output pipes, handing the payload over its stdin
-        self._tasks = TaskOwner(f"the launch of {label}", loop)
-        streams: tuple[tuple[Any, Stream], ...] = ((popen.stdout, "stdout"),
-                                                   (popen.stderr, "stderr"))
-        for pipe, name in streams:
-            if pipe is not None:
-                factory: Any = (functools.partial(Forward, label, name) if output is None
-                                else functools.partial(_Relay, worker, name, output))
-                self._tasks.start(loop.connect_read_pipe(factory, pipe))
+        #: forwarding its output, handing the payload over its stdin, waiting for its exit
+        self._tasks = TaskOwner(f"the watch of {label}", loop)
         self.pid = popen.pid
         self.host = socket.gethostname()
         self.start_failure: str | None = None
@@ -284,39 +284,89 @@ class LocalProc:
         self._group = group
         self._loop = loop
         self._stdin = stdin
+        streams: tuple[tuple[IO[bytes] | None, Stream], ...] = ((popen.stdout, "stdout"),
+                                                                (popen.stderr, "stderr"))
+        for pipe, name in streams:
+            if pipe is not None:
+                protocol = (Forward(label, name) if output is None
+                            else _Relay(worker, name, output))
+                # (its transport closes it; this, where the loop ended before it began)
+                self._tasks.start(self._forward(pipe, protocol)).add_done_callback(
+                    functools.partial(_close_pipe, pipe))
         self._handing_over = self._tasks.start(self._hand_over(payload))
         self._exit: asyncio.Future[int] = loop.create_future()
         if dies_with_us:
             _unreaped[popen.pid] = _Unreaped(popen, group, os.getpid(), weakref.ref(self))
+        self._watch = self._tasks.start(self._wait_exit())
+        self._watch.add_done_callback(self._watch_ended)
+
+    @property
+    def watched(self) -> bool:
+        """Whether its loop still watches it: False once it is reaped, or
+        once its loop ended first."""
+        return not self._watch.done()
+
+    async def _wait_exit(self) -> None:
+        """Wait until it has exited (its pidfd is readable, or a thread saw
+        it), then reap it.  The pidfd is open only while this waits."""
+        if self._exit.done():  # reaped already (:attr:`returncode`): its pid may be another's
+            return
         try:
-            self._fd = os.pidfd_open(popen.pid)
+            fd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):  # no pidfd: a thread waits instead
-            self._fd = -1
-            fut = loop.run_in_executor(None, _wait_exited, popen.pid)
-            fut.add_done_callback(lambda _: self._reap())
+            await self._loop.run_in_executor(None, _wait_exited, self.pid)
         else:
-            loop.add_reader(self._fd, self._reap)
+            exited: asyncio.Future[None] = self._loop.create_future()
+            try:
+                self._loop.add_reader(fd, _settle, exited)
+                await exited
+            finally:  # (also when cancelled: its loop ended first)
+                self._loop.remove_reader(fd)
+                os.close(fd)
+        self._reap()
+
+    def _watch_ended(self, _: object) -> None:
+        """Its loop ended before it exited (its watch was cancelled): the
+        stdin socket is closed; :func:`_reap_abandoned` reaps it."""
+        if not self._exit.done():
+            self._close_stdin()
 
     def _reap(self) -> None:
-        """It has exited (its pidfd is readable, or the thread saw it):
-        what is left of its group goes, then it is reaped."""
-        if self._fd != -1:
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+        """It has exited: what is left of its group goes, then it is reaped."""
         if self._exit.done():
             return
-        # Not reaped yet: its pid, the id of its group, names nothing else.
-        if self._group:
-            _kill_group(self.pid)
-        _unreaped.pop(self.pid, None)
+        # Not reaped yet (nor by _reap_abandoned, once its loop ended): its
+        # pid, the id of its group, names nothing else.
+        if self._popen.returncode is None:
+            if self._group:
+                _kill_group(self.pid)
+            _unreaped.pop(self.pid, None)
         rc = self._popen.wait()  # (at once: it has exited)
         # Whatever it wrote back before it exited is in the socket already.
         self.start_failure = _read_report(self._stdin)
-        self._handing_over.cancel()  # (a worker that never read its stdin)
-        # closed once the loop no longer watches it for writing
-        self._handing_over.add_done_callback(lambda _: self._stdin.close())
+        self._close_stdin()
         self._exit.set_result(rc)
+
+    def _close_stdin(self) -> None:
+        """Close the stdin socket, once the loop no longer watches it for
+        writing (the hand-over to a worker that never read it is cancelled)."""
+        self._handing_over.cancel()
+        if self._handing_over.done():
+            self._stdin.close()
+        else:
+            self._handing_over.add_done_callback(lambda _: self._stdin.close())
+
+    async def _forward(self, pipe: IO[bytes], protocol: asyncio.Protocol) -> None:
+        """Hand what the worker writes to ``pipe`` to ``protocol`` until the
+        pipe's end (the worker gone, and whatever it started that shares
+        the pipe), or until cancelled (its loop ended first): its transport
+        is closed either way."""
+        ended: asyncio.Future[None] = self._loop.create_future()
+        transport, _ = await self._loop.connect_read_pipe(lambda: _Piped(protocol, ended), pipe)
+        try:
+            await ended
+        finally:
+            transport.close()
 
     async def _hand_over(self, payload: bytes) -> None:
         try:
@@ -336,8 +386,9 @@ class LocalProc:
 
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` to the worker; SIGKILL to its whole group (see the
-        class docstring).  Nothing once it has been reaped."""
-        if self._exit.done():
+        class docstring).  Nothing once it has been reaped (its pid may be
+        another process's)."""
+        if self._popen.returncode is not None:
             return
         try:
             if self._group and sig == signal.SIGKILL:
@@ -357,7 +408,8 @@ class _Unreaped:
     group: bool
     #: the process that started it (a fork of that one does not own it)
     parent: int
-    #: its watcher, gone with its loop (a loop that ended without a stop)
+    #: its watcher: collected, or no longer :attr:`~LocalProc.watched`,
+    #: once its loop ended without a stop
     proc: weakref.ref[LocalProc]
 
     def end(self) -> None:
@@ -395,7 +447,8 @@ def _reap_abandoned() -> None:
     does: at each start of a worker, so a long-lived process (a notebook's
     kernel, a test run) keeps no zombies, nor what they started."""
     for pid, w in list(_unreaped.items()):
-        if w.proc() is None and w.parent == os.getpid() and _has_exited(pid):
+        proc = w.proc()
+        if (proc is None or not proc.watched) and w.parent == os.getpid() and _has_exited(pid):
             if w.group:
                 _kill_group(pid)
             w.popen.wait()
@@ -504,6 +557,36 @@ def _read_report(stdin: socket.socket) -> str | None:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace").strip() or None
+
+
+def _close_pipe(pipe: IO[bytes], _: object) -> None:
+    """Close ``pipe`` once its forwarding has ended (a no-op where its transport did)."""
+    pipe.close()
+
+
+class _Piped(asyncio.Protocol):
+    """``protocol`` fed by a read pipe's transport; ``ended`` is done once
+    that transport has closed (the pipe's end read, or closed)."""
+
+    def __init__(self, protocol: asyncio.Protocol, ended: asyncio.Future[None]) -> None:
+        self._protocol = protocol
+        self._ended = ended
+
+    def data_received(self, data: bytes) -> None:
+        self._protocol.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._protocol.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        _settle(self._ended)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    """``fut`` done, unless it is already (a reader's callback runs on
+    every turn of the loop while its fd is readable)."""
+    if not fut.done():
+        fut.set_result(None)
 
 
 #: where a host agent sends its workers' output: ``output(worker, stream, data)``
