@@ -255,6 +255,51 @@ async def test_a_stopped_service_frees_its_mesh_name(procs: meshio.ProcMesh) -> 
         await asyncio.wait_for(gen.which.call(), DEADLINE)
 
 
+class Stopper(Actor):
+    """Stops an actor mesh through the reference it was given."""
+
+    @endpoint
+    async def halt(self, mesh: A) -> None:
+        await mesh.stop()
+
+    @endpoint
+    async def halt_w(self, mesh: W) -> None:
+        await mesh.stop()
+
+
+async def test_a_mesh_stopped_from_inside_an_actor_frees_its_name(
+        procs: meshio.ProcMesh) -> None:
+    """A stop made through a reference elsewhere (an actor's) is noted by
+    the controller that owns the processes before the stop returns: the
+    name is free for a new spawn (it was still taken: "already has actors
+    named 'gen'"), slice by slice too."""
+    stopper = await procs.slice(procs=0).spawn("stopper", Stopper)
+    gen = await procs.spawn("gen", A, 1)
+    await asyncio.wait_for(stopper.halt.call_one(gen), DEADLINE)
+    again = await asyncio.wait_for(procs.spawn("gen", A, 2), DEADLINE)
+    assert (await asyncio.wait_for(again.which.call(), DEADLINE)).values() == [2, 2]
+    await asyncio.wait_for(stopper.halt.call_one(again.slice(procs=1)), DEADLINE)
+    with pytest.raises(ValueError, match="already has actors named 'gen'"):
+        await procs.spawn("gen", A, 3)  # one actor of it serves on
+    await asyncio.wait_for(stopper.halt.call_one(again.slice(procs=0)), DEADLINE)
+    third = await asyncio.wait_for(procs.spawn("gen", A, 3), DEADLINE)
+    assert (await asyncio.wait_for(third.which.call(), DEADLINE)).values() == [3, 3]
+
+
+async def test_a_slice_stopped_from_inside_an_actor_is_not_rebuilt_by_a_restart() -> None:
+    """It was: the restart rebuilt the actor the controller did not know
+    was stopped, and the reference's calls went through to it again."""
+    async with supervised() as s:
+        stopper = await s.procs.slice(procs=0).spawn("stopper", Stopper)
+        w = await s.procs.spawn("w", W, 1)
+        await asyncio.wait_for(stopper.halt_w.call_one(w.slice(procs=1)), DEADLINE)
+        os.kill(s.old[1], signal.SIGKILL)
+        await s.restarted(1)
+        with pytest.raises(meshio.SupervisionError, match="actor mesh 'w' was stopped"):
+            await asyncio.wait_for(w.slice(procs=1).pid.call_one(), DEADLINE)
+        assert await asyncio.wait_for(w.slice(procs=0).pid.call_one(), DEADLINE) == s.old[0]
+
+
 async def test_a_stopped_slice_is_not_rebuilt_by_a_restart() -> None:
     async with supervised() as s:
         w = await s.procs.spawn("w", W, 1)

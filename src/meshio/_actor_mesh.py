@@ -152,7 +152,9 @@ class ActorMesh(MeshShape, Generic[A]):
         each has stopped (its ``__cleanup__`` has run) or its process is
         gone.  Stopping every actor of the mesh, at once or slice by slice,
         frees its name on the proc mesh, and a restart of their processes
-        no longer rebuilds them.  A stopped actor stays stopped: calls
+        no longer rebuilds them (a stop made through a reference elsewhere,
+        in an actor, is noted by the controller owning the processes
+        before it returns).  A stopped actor stays stopped: calls
         through any reference to it fail with :class:`SupervisionError`
         ("actor mesh ... was stopped"), even once a new mesh has its name.
 

@@ -41,9 +41,10 @@ from ._metrics import Meter, encode_report, process_report
 from ._stacks import Stacks, capture, capture_construction, encode_actors
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
-from ._transport._connection import Connection
+from ._transport._connection import Connection, Pending, ignore_result
 from ._transport._credit import forget_target, took
 from ._transport._messages import (
+    ActorStopped,
     Call,
     ErrorInfo,
     ErrorKind,
@@ -1058,12 +1059,15 @@ def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> No
     """Stop the actor ``msg.target``; answered once its ``__cleanup__`` has run."""
     rt.order.forget(msg.target)
     cell = rt.actors.pop(msg.target, None)
+    # stopped through a reference held elsewhere: the controller notes it first
+    told = (rt.tasks.start(_told(rt, msg.target))
+            if rt.controller is not None and conn.peer != rt.controller else None)
+    req = msg.req
     if cell is None:
-        if not rt.state(Building).stop(msg.target, conn, msg.req):  # (else: once built)
-            conn.send_message(Reply(msg.req, MSGPACK_NIL))
+        if not rt.state(Building).stop(msg.target, conn, req):  # (else: once built)
+            _stop_answered(conn, req, told)
     else:
-        req = msg.req
-        cell.stop().add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
+        cell.stop().add_done_callback(lambda _: _stop_answered(conn, req, told))
     # Nothing of it stays here (its calls from now on are refused as stopped,
     # :meth:`Incarnation.stopped`): why it was missing, its callers' counts
     # (after the stop gave back those of its mailbox), its mesh's windows.
@@ -1074,6 +1078,33 @@ def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> No
 
 
 register_handler(StopActor, _on_stop)
+
+#: seconds a stop made from elsewhere waits for the controller to note it
+#: (:func:`_told`; a controller gone or hung does not hold the stop longer)
+TELL_TIMEOUT = 5.0
+
+
+async def _told(rt: Runtime, target: str) -> None:
+    """Tell the controller that started this process that its actor of mesh
+    ``target`` was stopped (:class:`ActorStopped`), and wait until it has
+    noted it (up to :data:`TELL_TIMEOUT`)."""
+    assert rt.controller is not None
+    conn = rt.connect(rt.controller)
+    noted: asyncio.Future[Any] = rt.loop.create_future()
+    req = conn.next_req(Pending(noted, ignore_result, "ActorStopped", target, None))
+    conn.send_message(ActorStopped(req, target))
+    try:
+        await within(noted, TELL_TIMEOUT)
+    except Exception:  # (it is gone, or slow: the stop is answered anyway)
+        pass
+
+
+def _stop_answered(conn: Connection, req: int, told: asyncio.Task[None] | None) -> None:
+    """Answer the stop ``req`` (0: none awaited), once ``told`` is done."""
+    if told is None or told.done():
+        conn.send_message(Reply(req, MSGPACK_NIL))
+    else:
+        told.add_done_callback(lambda _: conn.send_message(Reply(req, MSGPACK_NIL)))
 
 
 def _on_reshaped(rt: Runtime, conn: Connection, msg: Reshaped, bufs: Buffers) -> None:

@@ -24,7 +24,7 @@ import msgspec
 
 from ._actor_mesh import ActorMesh
 from ._cell import stall_line
-from ._constants import MAX_QUEUED, PARTITION_TIMEOUT, STALL_AFTER
+from ._constants import MAX_QUEUED, MSGPACK_NIL, PARTITION_TIMEOUT, STALL_AFTER
 from ._context import Context, _context
 from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
@@ -37,6 +37,7 @@ from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._credentials import Credentials
 from ._transport._messages import (
+    ActorStopped,
     Adopt,
     ErrorInfo,
     LoopHeld,
@@ -44,6 +45,7 @@ from ._transport._messages import (
     PeerDown,
     PeerUp,
     Ping,
+    Reply,
     Reshaped,
     Restored,
     Shutdown,
@@ -862,10 +864,13 @@ class ProcState:
             worker.ready.set_exception(error)
             worker.ready.exception()  # nobody may be waiting: don't warn
 
-    def _reported(self, worker: _Worker, msg: Stalled | LoopHeld) -> None:
-        """What ``worker`` reported of itself: a stalled call, or its loop
-        held by meshio's own work (or no longer)."""
-        if isinstance(msg, LoopHeld):
+    def _reported(self, worker: _Worker, msg: Stalled | LoopHeld | ActorStopped) -> None:
+        """What ``worker`` reported of itself: a stalled call, its loop
+        held by meshio's own work (or no longer), or one of its actors
+        stopped through a reference held elsewhere."""
+        if isinstance(msg, ActorStopped):
+            self.stopped_actors(msg.target, (worker.rank,))
+        elif isinstance(msg, LoopHeld):
             worker.held = msg.held
             if not msg.held:  # judged from now on, with one heartbeat timeout
                 worker.unanswered = None
@@ -1570,19 +1575,23 @@ class _Reports:
     call, its loop held), by worker address (the proc mesh of that worker)."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.by_addr: dict[str, Callable[[Stalled | LoopHeld], None]] = {}
+        self.by_addr: dict[str, Callable[[Stalled | LoopHeld | ActorStopped], None]] = {}
 
     def close(self) -> None:
         self.by_addr.clear()
 
 
-def _on_report(rt: Runtime, conn: Connection, msg: Stalled | LoopHeld, bufs: Buffers) -> None:
+def _on_report(rt: Runtime, conn: Connection, msg: Stalled | LoopHeld | ActorStopped,
+               bufs: Buffers) -> None:
     tell = rt.state(_Reports).by_addr.get(conn.peer or "")
     if tell is not None:
         tell(msg)
     elif isinstance(msg, Stalled):  # a worker of a mesh this runtime no longer watches
         log.warning("%s", stall_line(msg))
+    if isinstance(msg, ActorStopped):  # noted
+        conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
 
 register_handler(Stalled, _on_report)
 register_handler(LoopHeld, _on_report)
+register_handler(ActorStopped, _on_report)

@@ -14,6 +14,7 @@ import msgspec
 from .._constants import MAX_QUEUED, STALL_AFTER
 
 __all__ = (
+    "ActorStopped",
     "Adopt",
     "AgentBeat",
     "AgentBeatAck",
@@ -480,6 +481,17 @@ class LoopHeld(_Msg, frozen=True, tag=45):
     what: str
 
 
+class ActorStopped(_Msg, frozen=True, tag=46):
+    """From a worker to the controller that started it: its actor of mesh
+    ``target`` was stopped through a reference held elsewhere (an actor's,
+    another controller's), so that the controller's record of the mesh
+    says so (a restart does not rebuild it; the last one frees its name).
+    Answered (``req``) once noted: the stop is answered after that."""
+
+    req: int
+    target: str
+
+
 class GetStats(_Msg, frozen=True, tag=29):
     """A request for the metrics of the receiver's process and of the
     actors it hosts (CPU, memory, per endpoint calls, errors, queue and
@@ -640,7 +652,7 @@ Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fau
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Fill
            | StoreOp | GetStacks | JobStacks | Stalled | LoopHeld | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
-           | Adopt | WatchWorker | Credit | Filled)
+           | Adopt | WatchWorker | Credit | Filled | ActorStopped)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
