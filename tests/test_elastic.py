@@ -1,5 +1,5 @@
 """Elastic meshes with real worker processes: holes (ranks SIGKILLed with
-nothing to restart them) in ``call``/``stream``/``broadcast``/``call_one``,
+nothing to restart them) in ``call``/``stream``/``broadcast``/``call_one``/``choose``,
 ``procs.replace`` filling a hole or renewing a live process, ``grow`` and
 ``shrink`` in place (the actor meshes follow; removed processes exit; a
 supervisor sees stops, not failures), and bad arguments.
@@ -126,6 +126,51 @@ async def test_call_one_on_a_hole_raises_supervision_error() -> None:
                 await asyncio.wait_for(call(), DEADLINE)
             assert ei.value.rank == 1 and "SIGKILL" in ei.value.cause  # rank as spawned
             assert "rank 1" in str(ei.value)
+
+
+async def test_choose_leaves_holes_out_until_replaced() -> None:
+    """choose goes to the actors that serve calls: a hole's calls failed at
+    once, so it never had one in flight and "fewest in flight" chose it
+    again and again (4 of 12 sequential and 10 of 12 concurrent calls raised
+    SupervisionError); once replaced, it is chosen again."""
+    async with counters() as (procs, c):
+        await kill_and_wait(procs, 0)
+        one_by_one = [await asyncio.wait_for(c.where.choose(), DEADLINE) for _ in range(12)]
+        assert sorted({rank for rank, _, _ in one_by_one}) == [1, 2]
+        together = await asyncio.wait_for(
+            asyncio.gather(*(c.where.choose() for _ in range(12))), DEADLINE)
+        assert sorted(rank for rank, _, _ in together) == [1] * 6 + [2] * 6
+        await asyncio.wait_for(procs.replace(0), DEADLINE)
+        together = await asyncio.wait_for(
+            asyncio.gather(*(c.where.choose() for _ in range(6))), DEADLINE)
+        assert sorted(rank for rank, _, _ in together) == [0, 0, 1, 1, 2, 2]
+
+
+async def test_choose_with_no_actor_left_says_why_for_each() -> None:
+    """With every actor a hole or stopped, choose raises SupervisionError at
+    once (nothing is sent), naming the mesh and each rank's cause; on one
+    actor, the error a call to it gets."""
+    async with counters() as (procs, c):
+        await c.slice(gpus=2).stop()
+        for rank in (0, 1):
+            os.kill(procs.pids[rank], signal.SIGKILL)
+            await asyncio.wait_for(procs.slice(gpus=rank).wait_failed(), DEADLINE)
+        with pytest.raises(meshio.SupervisionError) as ei:
+            c.get.choose()
+        head = str(ei.value).split("\n\n")[0]
+        assert head == (
+            "Counter.get: choose found no actor of 'counters' that serves calls:\n"
+            "  ranks 0-1: SupervisionError: killed by signal SIGKILL\n"
+            "  rank 2 {'gpus': 2}: SupervisionError: its actor was stopped (actors.stop() on "
+            "a slice holding it)")
+        assert "procs.replace(0)" in str(ei.value)
+        assert [(p.rank, e.rank) for p, e in ei.value.failures] == [(0, 0), (1, 1), (2, 2)]
+        with pytest.raises(meshio.SupervisionError) as ei:
+            c.slice(gpus=2).get.choose()
+        assert str(ei.value) == (
+            "counters rank 2: its actor was stopped (actors.stop() on a slice holding it); "
+            "Counter.get was not sent")
+        assert ei.value.rank == 2 and ei.value.actor == "counters"
 
 
 async def test_temporary_under_a_supervisor_is_a_hole_a_restart_is_not() -> None:

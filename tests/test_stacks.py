@@ -159,7 +159,8 @@ async def test_a_dead_or_stopped_process_is_an_error_line_not_a_hang(
         stacks = await procs.stacks()  # the lost connection answers for it
     assert [a.rank for a in stacks.actors] == [0]
     [error] = stacks.errors
-    assert error.startswith("proc mesh 'procs' Point(procs=1, rank=1)") and "SIGKILL" in error
+    assert error.startswith("proc mesh 'procs' rank 1 on proc mesh 'procs' rank 1: ")
+    assert "SIGKILL" in error
 
 
 async def test_bad_timeout_is_a_clear_error(procs: meshio.ProcMesh) -> None:

@@ -11,6 +11,8 @@
 - A reference to a stopped mesh stays stopped (SupervisionError), even once
   a new mesh has its name; a rank refilled by ``replace`` is reached through
   the old reference (the same mesh).
+- ``choose`` leaves out an actor stopped alone, and one whose process
+  answers no heartbeat.
 """
 
 from __future__ import annotations
@@ -240,6 +242,49 @@ async def test_stopping_every_actor_slice_by_slice_frees_the_name(
         procs.actors("gen", A)
     again = await asyncio.wait_for(procs.spawn("gen", A, 2), DEADLINE)
     assert (await asyncio.wait_for(again.which.call(), DEADLINE)).values() == [2, 2]
+
+
+async def test_choose_leaves_out_an_actor_stopped_alone(procs: meshio.ProcMesh) -> None:
+    """After ``actors.stop()`` on a slice, choose goes to the mesh's other
+    actors (every other one failed: "actor mesh 'a' was stopped ... call it
+    through the reference that spawn returned", the caller using it); a call
+    to the stopped actor says a stop of the mesh or of a slice holding it,
+    naming it by its rank in the mesh."""
+    a = await procs.spawn("a", A, 1)
+    await asyncio.wait_for(a.slice(procs=1).stop(), DEADLINE)
+    chosen = await asyncio.wait_for(asyncio.gather(*(a.pid.choose() for _ in range(6))),
+                                    DEADLINE)
+    assert chosen == [procs.pids[0]] * 6
+    with pytest.raises(meshio.SupervisionError) as ei:
+        await asyncio.wait_for(a.slice(procs=1).pid.call_one(), DEADLINE)
+    said = str(ei.value)
+    assert said.startswith("actor mesh 'a' was stopped in process ")
+    assert "stop() on the mesh, or on a slice holding this actor" in said
+    assert "the reference that spawn returned" not in said
+    assert said.endswith(" [a rank 1]") and ei.value.rank == 1
+
+
+async def test_choose_leaves_out_an_actor_whose_process_answers_no_heartbeat(
+        procs: meshio.ProcMesh) -> None:
+    """A process heartbeats found silent (SIGSTOP) gets no choose (each
+    would fail "not responding"), until it answers again."""
+    a = await procs.spawn("a", A)
+    hung = a.slice(procs=1)
+    addr = await asyncio.wait_for(hung.addr.call_one(), DEADLINE)
+    pid = procs.pids[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await until_not_responding(hung)
+        chosen = await asyncio.wait_for(asyncio.gather(*(a.pid.choose() for _ in range(4))),
+                                        DEADLINE)
+        assert chosen == [procs.pids[0]] * 4
+        answered = next_pong(addr)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await asyncio.wait_for(answered, DEADLINE)
+    chosen = await asyncio.wait_for(asyncio.gather(*(a.pid.choose() for _ in range(4))),
+                                    DEADLINE)
+    assert sorted(chosen) == sorted(procs.pids * 2)
 
 
 async def test_a_stopped_service_frees_its_mesh_name(procs: meshio.ProcMesh) -> None:

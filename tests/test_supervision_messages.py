@@ -243,9 +243,39 @@ async def test_processes_dying_together_are_grouped(capsys: pytest.CaptureFixtur
         with pytest.raises(meshio.SupervisionError) as ei:
             await asyncio.wait_for(picky.slice(procs=2).pid.call_one(), DEADLINE)
         assert str(ei.value) == (
-            f"picky Point(rank=0) on proc mesh 'quad' rank 2: process "
+            f"picky rank 2 on proc mesh 'quad' rank 2: process "
             f"{pids[2]} on {host} is down (killed by signal SIGKILL); Picky.pid was not sent: "
             f"nothing restarts it (no supervisor); it is a hole until procs.replace(2)")
+
+
+async def test_errors_of_calls_through_a_slice_name_the_actor_as_spawned() -> None:
+    """A call through a slice fails naming the actor by its rank in its mesh
+    as spawned, as ActorError does ("in picky rank 3"): a SIGKILL while it
+    is in flight, a call made after, and bad arguments all said "picky
+    Point(rank=0)", the slice's own point (another, live actor's rank)."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 4}, name="quad") as procs:
+        picky = await procs.spawn("picky", Picky)
+        three = picky.slice(procs=3)
+        with pytest.raises(meshio.ActorError) as ae:
+            await asyncio.wait_for(three.boom.call_one(), DEADLINE)
+        assert "\n  in picky rank 3, endpoint Picky.boom\n" in str(ae.value)
+        with pytest.raises(meshio.SchemaError) as se:
+            await asyncio.wait_for(three.check.call_one(odd_one="x"),  # type: ignore[arg-type]
+                                   DEADLINE)
+        assert str(se.value).endswith(" [picky rank 3]")
+        pid = await asyncio.wait_for(three.pid.call_one(), DEADLINE)
+        napping = three.nap.call_one()
+        sigkill_all([pid])
+        with pytest.raises(meshio.SupervisionError) as ei:
+            await asyncio.wait_for(napping, DEADLINE)
+        host = ei.value.host
+        assert (ei.value.rank, str(ei.value)) == (3, (
+            f"picky rank 3 on proc mesh 'quad' rank 3: process {pid} on {host} killed by "
+            f"signal SIGKILL while Picky.nap was in flight"))
+        with pytest.raises(meshio.SupervisionError) as ei:
+            await asyncio.wait_for(three.pid.call_one(), DEADLINE)
+        assert str(ei.value).startswith(f"picky rank 3 on proc mesh 'quad' rank 3: process "
+                                        f"{pid} on {host} is down (killed by signal SIGKILL)")
 
 
 # ------------------------------------------------- exact supervision messages
@@ -291,7 +321,7 @@ async def test_call_after_the_crash_says_down_and_restarting(tmp_path: Path) -> 
             sigkill_all([pid])
             with pytest.raises(meshio.SupervisionError) as ei:
                 await asyncio.wait_for(napping, DEADLINE)
-            where = f"g Point(rank=0) on proc mesh 'duo' rank 1: process {pid} on "
+            where = f"g rank 1 on proc mesh 'duo' rank 1: process {pid} on "
             host = ei.value.host
             assert str(ei.value) == (
                 f"{where}{host} killed by signal SIGKILL while Gated.nap was in flight; its "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import msgspec
@@ -18,7 +18,7 @@ import msgspec
 from ._constants import MAX_QUEUED
 from ._context import call_scope
 from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
-from ._extent import Extent, MeshShape, Region
+from ._extent import Extent, MeshShape, Point, Region
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
 from ._tracing import current as current_trace
@@ -44,7 +44,7 @@ from ._transport._runtime import (
 )
 from ._transport._serial import OutBuffers, limits
 from ._transport._tasks import owning, when_done
-from .endpoints._endpoint import Endpoint, EndpointDescriptor
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, combine_failures
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
@@ -77,7 +77,6 @@ class ActorMesh(MeshShape, Generic[A]):
         #: the bound of each actor's mailbox, per caller (``procs.options``)
         self._max_queued = max_queued
         self._inflight: list[int] = []
-        self._rr = 0
         self._reshape(region, addrs, region.ranks if base is None else base, per_host)
 
     def _reshape(self, region: Region, addrs: Sequence[str], base: Sequence[int],
@@ -479,17 +478,57 @@ class ActorMesh(MeshShape, Generic[A]):
     def _site(self, index: int) -> _CallSite:
         return self._route.call_sites()[index]
 
-    def _least_loaded(self) -> int:
-        """Fewest calls in flight from this caller; ties go round-robin."""
-        inflight = self._inflight
-        n = len(self._region.ranks)
-        start = best = self._rr % n
-        self._rr = (start + 1) % n
-        for k in range(1, n):
-            i = (start + k) % n
-            if inflight[i] < inflight[best]:
-                best = i
+    def _least_loaded(self, desc: EndpointDescriptor[Any, Any, Any]) -> int:
+        """Of the actors that serve calls (:meth:`_Route.live`, worked out
+        again only once what it reads changed), the one with the fewest
+        calls in flight from this caller; ties go round-robin.
+
+        Raises:
+            SupervisionError: none of them serves calls (why, rank by rank).
+        """
+        route = self._route
+        rt = route.rt or route.runtime()  # (the call checks its loop: Route.request)
+        state = route.state
+        live = route.serving  # (per call: two versions read, one loop)
+        if rt.dead.version != route.dead_seen or (state is not None
+                                                  and state.version != route.state_seen):
+            live = route.live(rt)
+        n = len(live)
+        if not n:
+            raise self._none_serves(rt, desc)
+        inflight = route.inflight
+        start = route.rr % n
+        route.rr = start + 1
+        best = live[start]
+        low = inflight[best]
+        for i in live[start + 1:] + live[:start]:
+            if inflight[i] < low:
+                best, low = i, inflight[i]
         return best
+
+    def _none_serves(self, rt: Runtime, desc: EndpointDescriptor[Any, Any, Any]
+                     ) -> SupervisionError:
+        """The error of a ``choose`` of ``desc`` finding no actor of this view
+        that serves calls: each one's, as a call to it would get (one
+        actor: its own)."""
+        route = self._route
+        state = route.state
+        out = state.out_of_service(self._target) if state is not None else {}
+        failures: list[tuple[Point, BaseException]] = []
+        for index, point in enumerate(self):
+            down = route.down(rt, index)
+            if down is not None:
+                error = down(route.as_pending(index, desc, rt.loop.create_future()))
+            else:
+                site = self._site(index)
+                why = out[self._region.ranks[index]]
+                error = SupervisionError(
+                    f"{self._name} rank {site.rank}: {why}; {desc.qualname} was not sent",
+                    actor=self._name, rank=site.rank, cause=why.partition(":")[0])
+            failures.append((point, error))
+        return cast(SupervisionError, combine_failures(
+            desc.qualname, self, failures,
+            head=f"{desc.qualname}: choose found no actor of {self._name!r} that serves calls"))
 
 
 class _Route:
@@ -500,8 +539,8 @@ class _Route:
     the ~20 reads a call made of it cost ~12% of the caller's CPU per call.
     Made anew whenever the mesh takes a shape (:meth:`ActorMesh._reshape`)."""
 
-    __slots__ = ("addrs", "inflight", "max_queued", "mesh", "name", "numbered", "ranks", "rt",
-                 "sites", "state", "target")
+    __slots__ = ("addrs", "dead_seen", "inflight", "max_queued", "mesh", "name", "numbered",
+                 "ranks", "rr", "rt", "serving", "sites", "state", "state_seen", "target")
 
     def __init__(self, mesh: ActorMesh[Any]) -> None:
         self.mesh = mesh
@@ -520,6 +559,12 @@ class _Route:
         self.rt: Runtime | None = None if self.state is not None else existing_runtime()
         #: who each call went to (:meth:`call_sites`)
         self.sites: list[_CallSite] | None = None
+        #: the indices of the actors that serve calls (:meth:`live`), as of
+        #: the versions of ``rt.dead`` and of the proc mesh's state seen then
+        self.serving: tuple[int, ...] = ()
+        self.dead_seen = self.state_seen = -1
+        #: where ``ActorMesh._least_loaded`` starts looking (ties go round-robin)
+        self.rr = 0
 
     def runtime(self) -> Runtime:
         """The runtime of the running loop, which must be the one the mesh
@@ -679,6 +724,23 @@ class _Route:
         if dead is None and self.state is not None and self.state.stopped:
             dead = self.state.stopped_error  # stopped and forgotten by the runtime
         return dead
+
+    def live(self, rt: Runtime) -> tuple[int, ...]:
+        """The indices of the actors of this view that serve calls, as far as
+        this process knows: not :meth:`down` (a process gone, restarting or
+        answering no heartbeat), nor, where the proc mesh is this process's,
+        a hole or stopped (``ProcState.out_of_service``).  Kept in
+        :attr:`serving` until either changes (their versions)."""
+        state = self.state
+        self.dead_seen = rt.dead.version
+        out: Container[int] = ()
+        if state is not None:
+            self.state_seen = state.version
+            out = state.out_of_service(self.target)
+        ranks = self.ranks
+        self.serving = tuple(i for i in range(len(ranks))
+                             if ranks[i] not in out and self.down(rt, i) is None)
+        return self.serving
 
     def dead(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
              answer: Settle | None) -> bool:

@@ -347,6 +347,9 @@ class ProcState:
         #: while the process serves: a temporary actor a restart did not
         #: rebuild, one ended by what an endpoint raised with nothing to restart it
         self.lost_actors: dict[str, set[int]] = {}
+        #: changes with what :meth:`out_of_service` answers, or ``stopped``
+        #: (``choose`` keeps the actors that serve calls until then)
+        self.version: int = 0
         #: replace/grow/shrink, one at a time
         self.reshaping: asyncio.Lock = asyncio.Lock()
         #: how many times the mesh grew: the processes of a grow get new worker ids
@@ -404,6 +407,22 @@ class ProcState:
         return not self.stopped and (grank in self.holes
                                      or grank in self.lost_actors.get(target, ()))
 
+    def out_of_service(self, target: str) -> dict[int, str]:
+        """The ranks where the actor of mesh ``target`` serves no calls, each
+        with why, beyond what ``rt.dead`` says of their processes: the holes
+        (:meth:`hole`) and the actors stopped (``actors.stop()`` on a slice
+        holding them).  It changes only with :attr:`version`."""
+        record = next((a for a in self.actors if a.target == target), None)
+        out = dict.fromkeys(record.stopped if record is not None else (),
+                            "its actor was stopped (actors.stop() on a slice holding it)")
+        for grank in self.lost_actors.get(target, ()):
+            out[grank] = ("its actor is a hole: gone for good while its process serves (a "
+                          "temporary actor a restart did not rebuild, or one its own endpoint's "
+                          "SystemExit/KeyboardInterrupt ended, with no supervisor)")
+        for grank in self.holes:
+            out[grank] = f"its process is a hole until procs.replace({grank})"
+        return out
+
     def new_target(self, name: str) -> str:
         """The target of a new actor mesh ``name``: this mesh's id, then the
         spawn's number, so that a reference to a stopped mesh never reaches
@@ -415,6 +434,7 @@ class ProcState:
     def forget(self, name: str) -> None:
         """Forget the actor mesh ``name`` (stopped everywhere, or never
         built): a restart does not rebuild it, and the name is free again."""
+        self.version += 1
         for a in self.actors:
             if a.name == name:
                 self.lost_actors.pop(a.target, None)
@@ -432,6 +452,7 @@ class ProcState:
         if record is None:
             return False
         record.stopped.update(ranks)
+        self.version += 1
         if not record.stopped.issuperset(record.ranks):
             return False
         self.forget(record.name)
@@ -615,6 +636,7 @@ class ProcState:
         supervisor (its processes are then restarted one by one)."""
         if self.stopped and not self.released and self.supervisor is not None:
             self.stopped = False
+            self.version += 1
             if self._beating is not None:
                 self._beating.cancel()
             self._beating = self.rt.tasks.start(self._heartbeats())
@@ -703,7 +725,7 @@ class ProcState:
     def _lost(self, worker: _Worker, conn: Connection) -> None:
         if conn is not worker.conn:  # an incarnation its supervisor is already replacing
             conn.fail_all(lambda p: SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{conn.peer_pid} was stopped by its supervisor while {p.endpoint} was in "
                 f"flight", actor=p.mesh, rank=p.rank, host=worker.handle.host,
                 pid=conn.peer_pid, cause="stopped by its supervisor"))
@@ -715,7 +737,7 @@ class ProcState:
         def error(p: Pending) -> SupervisionError:
             cause, said = _exit_cause(handle)
             return SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent",
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
 
@@ -770,7 +792,7 @@ class ProcState:
 
         def error(p: Pending) -> SupervisionError:  # a call in flight when it died
             return SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} {said} while {p.endpoint} was in "
                 f"flight{note}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
@@ -791,7 +813,7 @@ class ProcState:
 
         def error_after(p: Pending) -> SupervisionError:  # a call made after it died
             return SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {worker.rank}: process "
+                f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent: "
                 f"{what_now}", actor=p.mesh, rank=p.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
@@ -899,6 +921,7 @@ class ProcState:
                 for a in self.actors:
                     if a.name == info.actor:
                         self.lost_actors.setdefault(a.target, set()).add(worker.rank)
+                self.version += 1
         elif self.stopped:
             what_now = "its proc mesh is being stopped"
         elif not restarts:
@@ -1116,6 +1139,7 @@ class ProcState:
                 self.lost_actors.setdefault(a.target, set()).add(grank)
             else:
                 self.lost_actors.get(a.target, set()).discard(grank)
+        self.version += 1
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
         w.ready.set_result(None)
@@ -1196,7 +1220,7 @@ class ProcState:
             f"proc mesh {self.name!r} rank {w.rank}: {cause}", actor=self.name, rank=w.rank,
             host=handle.host, pid=handle.pid, cause=cause)
         self.rt.dead[w.addr] = lambda p: SupervisionError(
-            f"{p.mesh} {p.point!r} on proc mesh {self.name!r} rank {w.rank}: {cause}; "
+            f"{p.who} on proc mesh {self.name!r} rank {w.rank}: {cause}; "
             f"{p.endpoint} was not sent: it is a hole until procs.replace({w.rank})",
             actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
         self.failures[w.rank] = failure
@@ -1336,6 +1360,7 @@ class ProcState:
                 self.failures.pop(w.rank, None)
                 for ranks in self.lost_actors.values():
                     ranks.discard(w.rank)
+            self.version += 1
             await self._remove(removed, cause)
             if self.supervisor is not None:
                 for w in reversed(removed):
@@ -1396,6 +1421,7 @@ class ProcState:
                 await asyncio.shield(self._stop_done)
             return
         self.stopped = True
+        self.version += 1
         self._stop_done = done = self.rt.loop.create_future()
         for w in self.workers:
             w.move(SlotState.STOPPED)
@@ -1485,7 +1511,7 @@ class ProcState:
 
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(
-                f"{p.mesh} {p.point!r}: proc mesh {self.name!r} was stopped{why}; spawn a new "
+                f"{p.who}: proc mesh {self.name!r} was stopped{why}; spawn a new "
                 f"one", actor=p.mesh, rank=p.rank, host="" if w is None else w.handle.host,
                 pid=-1 if w is None else w.handle.pid, cause=cause)
         return error
@@ -1497,7 +1523,7 @@ def _removed_error(name: str, w: _Worker, cause: str) -> Callable[[Pending], Sup
 
     def error(p: Pending) -> SupervisionError:
         return SupervisionError(
-            f"{p.mesh} {p.point!r} on proc mesh {name!r} rank {w.rank}: process {pid} on "
+            f"{p.who} on proc mesh {name!r} rank {w.rank}: process {pid} on "
             f"{host} was {cause}; {p.endpoint} was not sent", actor=p.mesh, rank=p.rank,
             host=host, pid=pid, cause=cause)
     return error

@@ -641,7 +641,7 @@ class Service(MeshShape):
     def _site(self, index: int) -> Site:
         return self._replicas[index].mesh._site(0)
 
-    def _least_loaded(self) -> int:
+    def _least_loaded(self, desc: EndpointDescriptor[Any, Any, Any]) -> int:
         live = [r for r in self._replicas if r.up()]
         return self._replicas.index(self._least_loaded_of(live or self._replicas))
 

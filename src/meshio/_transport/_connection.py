@@ -201,6 +201,15 @@ class Pending:
         return rank
 
     @property
+    def who(self) -> str:
+        """Who was called, for error messages: an actor as ``<mesh> rank <r>``,
+        its rank in its mesh as spawned (as :class:`~meshio.ActorError` and
+        :attr:`rank` say; :attr:`point` is its point in the view called,
+        a slice's own); anything else by its name and :attr:`point`."""
+        rank = self.rank
+        return f"{self.mesh} rank {rank}" if rank >= 0 else f"{self.mesh} {self.point}"
+
+    @property
     def callee(self) -> str:
         """The address of the process called, where known ("": not known):
         another than the peer of the connection the call is on when a relay
@@ -857,7 +866,7 @@ class Connection(asyncio.BufferedProtocol):
             except Exception as e:
                 log.exception("meshio: building the error for %s failed", p.endpoint)
                 error = SupervisionError(
-                    f"{p.mesh} {p.point!r}: connection to process {self.peer_pid} at "
+                    f"{p.who}: connection to process {self.peer_pid} at "
                     f"{self.peer} lost while {p.endpoint} was in flight ({e!r} describing it)",
                     actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
             p.set_exception(error)
@@ -1158,7 +1167,7 @@ class Connection(asyncio.BufferedProtocol):
             p = self.pending.pop(req)
             if not p.done():
                 p.set_exception(ProtocolError(
-                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] is a {why}"))
+                    f"the answer to {p.endpoint} [{p.who}] is a {why}"))
         else:
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", why)))
 
@@ -1182,7 +1191,7 @@ class Connection(asyncio.BufferedProtocol):
             p = self.pending.pop(req, None)
             if p is not None and not p.done():
                 p.set_exception(SchemaError(
-                    f"the answer to {p.endpoint} [{p.mesh} {p.point}] was skipped: {why}"))
+                    f"the answer to {p.endpoint} [{p.who}] was skipped: {why}"))
         elif tag == _PORT_SEND:
             receiver = self.rt.ports.get(req)
             if receiver is not None:
@@ -1234,11 +1243,11 @@ class Connection(asyncio.BufferedProtocol):
             try:
                 p.set_result(p.decode(value, bufs))
             except MeshioError as e:
-                e.args = (f"{e} (from {p.mesh} {p.point})",)
+                e.args = (f"{e} (from {p.who})",)
                 p.set_exception(e)
             except Exception as e:  # this call fails; the connection serves on
                 p.set_exception(SchemaError(
-                    f"the answer to {p.endpoint} from {p.mesh} {p.point} cannot be "
+                    f"the answer to {p.endpoint} from {p.who} cannot be "
                     f"decoded: {type(e).__name__}: {e}"))
 
     def _fail(self, req: int, error: ErrorInfo) -> None:
@@ -1253,7 +1262,7 @@ _PORT_SEND: Final = PortSend.__struct_config__.tag
 
 
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
-    where = f" [{p.mesh} {p.point}]" if p is not None else ""
+    where = f" [{p.who}]" if p is not None else ""
     match info.kind:
         case "actor":
             return new_actor_error(
@@ -1301,7 +1310,7 @@ def lost_with_relay(p: Pending, relay: BaseException, addr: str, down: bool
     own += (" is down too" if down else " was not seen to fail (call again: the next call "
             "goes round the relay)")
     return SupervisionError(
-        f"{p.mesh} {p.point!r}: {p.endpoint} was lost with the fan-out relay that carried "
+        f"{p.who}: {p.endpoint} was lost with the fan-out relay that carried "
         f"it ({what}); {own}", actor=p.mesh, rank=p.rank, cause="lost with its fan-out relay")
 
 
@@ -1317,7 +1326,7 @@ def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
     def error(p: Pending) -> SupervisionError:
         if down.gone:
             return SupervisionError(
-                f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
+                f"{p.who} on proc mesh {down.mesh!r} rank {down.rank}: process "
                 f"{down.pid} on {down.host} is down ({down.gone}); {p.endpoint} "
                 f"{'was in flight' if in_flight else 'was not sent'}", actor=p.mesh,
                 rank=p.rank, host=down.host, pid=down.pid, cause="partitioned")
@@ -1325,7 +1334,7 @@ def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
         what = (f"while {p.endpoint} was in flight" if in_flight
                 else f"so {p.endpoint} was not sent")
         return SupervisionError(
-            f"{p.mesh} {p.point!r} on proc mesh {down.mesh!r} rank {down.rank}: process "
+            f"{p.who} on proc mesh {down.mesh!r} rank {down.rank}: process "
             f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
             f"heartbeat_timeout={down.timeout} s) {what}; it is not killed (no "
             f"supervisor): calls work again once it answers",

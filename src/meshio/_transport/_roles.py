@@ -2,15 +2,58 @@
 (:class:`~._runtime.Runtime` holds one of each): :class:`Watch`, what a
 runtime that starts workers (the controller, or an actor with proc meshes
 of its own) knows of them; :class:`Incarnation`, what a worker knows of its
-own restart."""
+own restart; :class:`DeadTable`, what a runtime knows of the processes it
+calls that are down."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
+from typing import TypeVar, overload
 
-from ._connection import Connection
+from .._exceptions import SupervisionError
+from ._connection import Connection, Pending
 from ._messages import ErrorInfo, PeerDown
+
+_T = TypeVar("_T")
+_Error = Callable[[Pending], SupervisionError]
+
+#: the versions of every dead table (one count: no two tables share a version)
+_versions = itertools.count(1)
+
+
+class DeadTable(dict[str, _Error]):
+    """The addresses of the processes known down (gone, being restarted,
+    answering no heartbeat, their proc mesh stopped) → the error their
+    callers get (``Runtime.dead``).  :attr:`version` changes with each
+    change, made through ``table[addr] = error``, ``del`` or ``pop`` (the
+    only ones used), so that what is worked out from the table is kept
+    until then (``choose``'s actors that serve calls)."""
+
+    __slots__ = ("version",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version: int = next(_versions)
+
+    def __setitem__(self, addr: str, error: _Error, /) -> None:
+        super().__setitem__(addr, error)
+        self.version = next(_versions)
+
+    def __delitem__(self, addr: str, /) -> None:
+        super().__delitem__(addr)
+        self.version = next(_versions)
+
+    @overload
+    def pop(self, addr: str, /) -> _Error: ...
+    @overload
+    def pop(self, addr: str, default: _Error, /) -> _Error: ...
+    @overload
+    def pop(self, addr: str, default: _T, /) -> _Error | _T: ...
+    def pop(self, addr: str, /, *default: object) -> object:
+        self.version = next(_versions)
+        return super().pop(addr, *default)
 
 
 class Watch:

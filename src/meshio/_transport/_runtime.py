@@ -56,7 +56,7 @@ from ._messages import (
     Started,
     _Msg,
 )
-from ._roles import Incarnation, Watch
+from ._roles import DeadTable, Incarnation, Watch
 from ._serial import Buffers, limits
 from ._sockets import SocketBackend, feed, tcp_endpoint, tcp_listener, unix_listener
 from ._tasks import TaskOwner
@@ -411,7 +411,7 @@ class Runtime:
         #: the open ports of this process by id (port receivers add themselves)
         self.ports: dict[int, PortSink] = {}
         #: addresses known dead → the error their callers get
-        self.dead: dict[str, Callable[[Pending], SupervisionError]] = {}
+        self.dead: DeadTable = DeadTable()
         #: by peer address: called with the connection when it is lost
         self.on_lost: dict[str, Callable[[Connection], None]] = {}
         self.on_fault: Callable[[Connection, ErrorInfo], None] = _log_fault
@@ -520,7 +520,7 @@ class Runtime:
             hook(conn)
         else:
             conn.fail_all(lambda p: SupervisionError(
-                f"{p.mesh} {p.point}: {cause} to process {conn.peer_pid} at {conn.peer} while "
+                f"{p.who}: {cause} to process {conn.peer_pid} at {conn.peer} while "
                 f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank, host=host,
                 pid=conn.peer_pid, cause=cause))
         if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
@@ -735,10 +735,10 @@ class Runtime:
             name = target.rpartition("/")[2]
             return ErrorInfo(
                 "supervision", "SupervisionError",
-                f"actor mesh {name!r} was stopped (its actor {target!r} in process "
-                f"{os.getpid()} is gone); a reference to a stopped actor mesh stays stopped, "
-                f"and a mesh spawned again under its name is another one: call it through the "
-                f"reference that spawn returned", actor=name)
+                f"actor mesh {name!r} was stopped in process {os.getpid()} (its actor "
+                f"{target!r} is gone: stop() on the mesh, or on a slice holding this actor); "
+                f"a stopped actor stays stopped, and a mesh spawned again under its name is "
+                f"another one, reached through the reference its spawn returned", actor=name)
         return ErrorInfo(
             "unknown_actor", "UnknownActorError",
             f"no actor {target!r} in process {os.getpid()} "

@@ -390,19 +390,19 @@ class SocketBackend:
         def error(p: Pending) -> MeshioError:
             if isinstance(e, AuthenticationError):
                 return AuthenticationError(
-                    f"{p.mesh} {p.point}: the process at {addr} failed authentication ({e}); "
+                    f"{p.who}: the process at {addr} failed authentication ({e}); "
                     "it is not a process of this job")
             if isinstance(e, TimeoutError):
-                why, cause = (f"timed out connecting to {p.mesh} {p.point} at {addr}: "
+                why, cause = (f"timed out connecting to {p.who} at {addr}: "
                               f"{str(e) or f'no connection within {CONNECT_TIMEOUT:g}s'} "
                               "(process busy or stopped, or its host unreachable?)",
                               "connect timed out")
             elif isinstance(e, (ConnectionRefusedError, FileNotFoundError)):
-                why, cause = (f"cannot reach {p.mesh} {p.point} at {addr}: "
+                why, cause = (f"cannot reach {p.who} at {addr}: "
                               f"{e.strerror or e} (the process is gone or was never started)",
                               "connection refused")
             else:
-                why, cause = (f"cannot connect to {p.mesh} {p.point} at {addr}: {e}",
+                why, cause = (f"cannot connect to {p.who} at {addr}: {e}",
                               "connect failed")
             return SupervisionError(why, actor=p.mesh, rank=p.rank, host=self.rt.host,
                                     cause=cause)

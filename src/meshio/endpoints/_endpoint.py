@@ -185,8 +185,13 @@ class CallTarget(Protocol):
         """Who the actor at ``index`` is, for error messages."""
         ...
 
-    def _least_loaded(self) -> int:
-        """The index of the actor with the fewest calls in flight from this caller."""
+    def _least_loaded(self, desc: EndpointDescriptor[Any, Any, Any]) -> int:
+        """The index of the actor with the fewest calls in flight from this
+        caller, of those that serve calls (a call of ``desc`` goes there).
+
+        Raises:
+            SupervisionError: none of them serves calls (why, rank by rank).
+        """
         ...
 
     def _hole(self, index: int, error: BaseException) -> bool:
@@ -560,9 +565,13 @@ class Endpoint(Generic[P, R]):
         return fut if deadline is None else self._single(fut, 0, deadline)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
-        """Call one actor, the least loaded as seen from this caller.
+        """Call one actor, the least loaded as seen from this caller, of those
+        that serve calls: holes, stopped actors and processes known down
+        (restarting, answering no heartbeat) are left out.
 
         Raises:
+            SupervisionError: no actor of the mesh serves calls (it says
+                why, rank by rank); nothing was sent.
             Overloaded: made with ``.options(on_full="raise")``, the chosen
                 actor's mailbox is full; nothing was sent.
         """
@@ -573,7 +582,7 @@ class Endpoint(Generic[P, R]):
             raise MeshShapeError(f"choose on {mesh._name!r}: the mesh is empty; choose "
                                  "needs at least one actor")
         body, packer = self._encode(args, kwargs)
-        index = mesh._least_loaded()
+        index = mesh._least_loaded(self._desc)
         if self._on_full == "raise":
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
@@ -748,11 +757,13 @@ def _left(deadline: float | None) -> float | None:
 _SEVERITY = (SupervisionError, CallTimeout, MeshioError)
 
 
-def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, BaseException]]
-                     ) -> BaseException:
+def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, BaseException]],
+                     head: str = "") -> BaseException:
     """One error for a call that failed on several ranks: one line per kind
     of failure, with the ranks that had it (``ranks 0-7: ActorError:
-    ValueError: boom``), then the most severe first failure in full."""
+    ValueError: boom``), then the most severe first failure in full.
+    ``head``: what the first line says (else: ``what`` failed on how many
+    ranks)."""
     if len(failures) == 1:
         return failures[0][1]
     errors = [(p, e) for p, e in failures]
@@ -761,8 +772,8 @@ def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, Ba
     for p, e in sorted(errors, key=lambda pe: pe[0].rank):
         groups.setdefault(f"{type(e).__name__}: {_summary(e)}", []).append(p)
     lines = "\n".join(f"  {_ranks(points)}: {summary}" for summary, points in groups.items())
-    message = (f"{what} failed on {len(errors)} of {len(mesh)} ranks of "
-               f"{mesh._name!r}:\n{lines}\n\nFirst failure in full:\n{first}")
+    head = head or f"{what} failed on {len(errors)} of {len(mesh)} ranks of {mesh._name!r}"
+    message = f"{head}:\n{lines}\n\nFirst failure in full:\n{first}"
     if isinstance(first, MeshioError):
         combined = rebuild_error(type(first), (message,), first.__dict__)
         combined.failures = tuple((p, e) for p, e in errors if isinstance(e, MeshioError))
