@@ -241,9 +241,10 @@ class Supervisor:
         return ev
 
     async def events(self) -> AsyncGenerator[SupervisionEvent, None]:
-        """Every event of this supervisor, from its start, then live ones as
-        they happen (failure, restart, stopped, escalation).  Never ends by
-        itself: break out of the loop when done.
+        """Every event of this supervisor, from its start (the last 10,000:
+        a long job's history is bounded), then live ones as they happen
+        (failure, restart, stopped, escalation).  Never ends by itself:
+        break out of the loop when done.
 
         Raises:
             WrongLoopError: iterated on another event loop than the one of
