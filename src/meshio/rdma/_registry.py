@@ -80,7 +80,10 @@ class Registration:
         self.memory = memory
         self.owner = owner
         self.token = secrets.randbits(63) | 1
-        self.token_cell = ctypes.c_uint64(self.token)
+        # (a cell a released registration left: its readers, late, compare
+        # their own token with this new one and read "dropped")
+        self.token_cell = _free_cells.pop() if _free_cells else ctypes.c_uint64()
+        self.token_cell.value = self.token
         self.ib: IbRegistration | None = None
 
     @property
@@ -92,14 +95,19 @@ class Registration:
         return memoryview((ctypes.c_char * m.size).from_address(m.addr)).cast("B")
 
     def release(self) -> None:
+        if self.token_cell.value != self.token:  # released already (its cell may be another's)
+            return
         self.token_cell.value = 0  # readers on this host see "dropped"
-        _graveyard.append(self.token_cell)  # stays mapped: a late reader reads 0, not garbage
+        _free_cells.append(self.token_cell)  # stays mapped: a late reader reads 0, not garbage
         if self.ib is not None:
             self.ib.close()
             self.ib = None
 
 
-_graveyard: list[ctypes.c_uint64] = []
+#: the token cells of released registrations, never unmapped (a late reader
+#: of one reads 0, or a later registration's token: not its own), reused by
+#: new ones: as many as registrations were ever live at once, not ever made
+_free_cells: list[ctypes.c_uint64] = []
 _ids = itertools.count(1)
 
 
