@@ -13,6 +13,7 @@ import pytest
 
 import meshio
 from meshio import Actor, Channel, ClosedResourceError, Port, SupervisionError, endpoint
+from meshio._port import HELD_TOLD_MAX
 
 GUARD = 30.0
 
@@ -54,3 +55,53 @@ async def test_a_closed_port_still_says_closed() -> None:
         await asyncio.wait_for(holder.close.call_one(), GUARD)
         with pytest.raises(ClosedResourceError):
             await asyncio.wait_for(receiver.recv(), GUARD)
+
+
+class Handed(Actor):
+    """Is handed ports and never closes them (only their receivers do)."""
+
+    @endpoint
+    async def bound(self, most: int) -> None:
+        from meshio import _port
+        _port.HELD_TOLD_MAX = most
+
+    @endpoint
+    async def send_one(self, port: Port[int], value: int) -> None:
+        port.send(value)
+
+    @endpoint
+    async def told(self) -> int:
+        from meshio import _port
+        from meshio._transport._runtime import runtime
+        return len(runtime().state(_port._Held).told)
+
+
+@pytest.mark.meshio_transports("processes", "in-process")
+async def test_ports_handed_over_and_never_closed_are_not_kept_for_good(
+        procs: meshio.ProcMesh) -> None:
+    """A process remembers which ports it told their receivers it holds; a
+    port never closed there (its receiver closed or dropped it: an RL loop
+    handing a fresh port to a generator each step) stayed, one entry each,
+    for good.  The latest few are kept; a port forgotten and handed over
+    again still delivers."""
+    handed = (await procs.spawn("handed", Handed)).slice(procs=0)
+    await asyncio.wait_for(handed.bound.call_one(8), GUARD)
+    try:
+        await _hand_over_ports(handed)
+    finally:  # (in-process, the module is this process's too)
+        await asyncio.wait_for(handed.bound.call_one(HELD_TOLD_MAX), GUARD)
+
+
+async def _hand_over_ports(handed: Handed) -> None:
+    first, first_rx = Channel[int].open()
+    await asyncio.wait_for(handed.send_one.call_one(first, -1), GUARD)
+    assert await asyncio.wait_for(first_rx.recv(), GUARD) == -1
+    for i in range(40):
+        port, rx = Channel[int].open()
+        await asyncio.wait_for(handed.send_one.call_one(port, i), GUARD)
+        assert await asyncio.wait_for(rx.recv(), GUARD) == i
+        if i % 2:
+            rx.close()
+    assert await asyncio.wait_for(handed.told.call_one(), GUARD) <= 8
+    await asyncio.wait_for(handed.send_one.call_one(first, -2), GUARD)  # (told again)
+    assert await asyncio.wait_for(first_rx.recv(), GUARD) == -2

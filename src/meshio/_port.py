@@ -95,7 +95,7 @@ def _send(addr: str, msg: PortSend, out: OutBuffers) -> None:
 def _send_close(addr: str, port_id: int) -> None:
     rt = runtime()
     if rt.has_state(_Held):  # (told again if the port arrives here again)
-        rt.state(_Held).told.discard((addr, port_id))
+        rt.state(_Held).told.pop((addr, port_id), None)
     rt.connect(addr).send_message(PortSend(port_id, MSGPACK_NIL, True), [])
 
 
@@ -111,11 +111,20 @@ def _received(addr: str, port_id: int) -> Port[Any]:
     return Port(addr, port_id)
 
 
+#: how many ports :class:`_Held` remembers telling (the oldest forgotten first)
+HELD_TOLD_MAX = 4096
+
+
 class _Held:
-    """Per runtime: the ports of other processes this one told it holds."""
+    """Per runtime: the ports of other processes this one told it holds (so
+    that it tells each once), the latest :data:`HELD_TOLD_MAX` of them: a
+    port handed over and never closed here (its receiver closed it, or
+    dropped it) stayed for good, one entry per port (an RL loop handing a
+    fresh port to a generator each step).  Telling a receiver again that
+    this process holds its port changes nothing there."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.told: set[tuple[str, int]] = set()
+        self.told: dict[tuple[str, int], None] = {}
 
     def close(self) -> None:
         self.told.clear()
@@ -126,7 +135,9 @@ def _announce(addr: str, port_id: int) -> None:
     told = rt.state(_Held).told
     if addr == rt.addr or (addr, port_id) in told:
         return
-    told.add((addr, port_id))
+    if len(told) >= HELD_TOLD_MAX:
+        del told[next(iter(told))]
+    told[addr, port_id] = None
     rt.connect(addr).send_message(PortSend(port_id, MSGPACK_NIL, held=True))
 
 
