@@ -91,6 +91,7 @@ async def test_drop_then_use_is_a_clear_error(pair: tuple[Owner, Peer], backend:
     await buf.drop()  # idempotent
     # its token cell, reused by a new registration, still says "dropped" to it
     newer = await owner.register.call_one(backend)
+    assert newer.handle.token_addr == buf.handle.token_addr
     with pytest.raises(RDMAError, match="dropped"):
         await buf.read_into(bytearray(10), length=10)
     assert await peer.read.call_one(newer, 0, 10) == await owner.content.call_one(0, 10)

@@ -81,8 +81,12 @@ class Registration:
         self.owner = owner
         self.token = secrets.randbits(63) | 1
         # (a cell a released registration left: its readers, late, compare
-        # their own token with this new one and read "dropped")
-        self.token_cell = _free_cells.pop() if _free_cells else ctypes.c_uint64()
+        # their own token with this new one and read "dropped"; one pop, not a
+        # test then a pop: actors' threads register too)
+        try:
+            self.token_cell = _free_cells.pop()
+        except IndexError:
+            self.token_cell = ctypes.c_uint64()
         self.token_cell.value = self.token
         self.ib: IbRegistration | None = None
 
