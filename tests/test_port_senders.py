@@ -6,6 +6,7 @@ holder lives it waits as before.  Real processes, killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 
@@ -13,7 +14,6 @@ import pytest
 
 import meshio
 from meshio import Actor, Channel, ClosedResourceError, Port, SupervisionError, endpoint
-from meshio._port import HELD_TOLD_MAX
 
 GUARD = 30.0
 
@@ -58,21 +58,35 @@ async def test_a_closed_port_still_says_closed() -> None:
 
 
 class Handed(Actor):
-    """Is handed ports and never closes them (only their receivers do)."""
+    """Is handed ports; keeps those it is told to keep, and never closes one
+    (only their receivers do)."""
 
-    @endpoint
-    async def bound(self, most: int) -> None:
-        from meshio import _port
-        _port.HELD_TOLD_MAX = most
+    def __init__(self) -> None:
+        self.kept: list[Port[int]] = []
 
     @endpoint
     async def send_one(self, port: Port[int], value: int) -> None:
         port.send(value)
 
     @endpoint
+    def send_in_thread(self, port: Port[int], value: int) -> None:
+        port.send(value)
+
+    @endpoint
+    async def keep(self, port: Port[int], value: int) -> None:
+        port.send(value)
+        self.kept.append(port)
+
+    @endpoint
+    async def forget(self) -> None:
+        self.kept.clear()
+
+    @endpoint
     async def told(self) -> int:
+        """How many ports this process remembers telling it holds."""
         from meshio import _port
         from meshio._transport._runtime import runtime
+        gc.collect()
         return len(runtime().state(_port._Held).told)
 
 
@@ -82,26 +96,21 @@ async def test_ports_handed_over_and_never_closed_are_not_kept_for_good(
     """A process remembers which ports it told their receivers it holds; a
     port never closed there (its receiver closed or dropped it: an RL loop
     handing a fresh port to a generator each step) stayed, one entry each,
-    for good.  The latest few are kept; a port forgotten and handed over
-    again still delivers."""
+    for good.  It is remembered while the process holds the port; a port
+    forgotten and handed over again still delivers."""
     handed = (await procs.spawn("handed", Handed)).slice(procs=0)
-    await asyncio.wait_for(handed.bound.call_one(8), GUARD)
-    try:
-        await _hand_over_ports(handed)
-    finally:  # (in-process, the module is this process's too)
-        await asyncio.wait_for(handed.bound.call_one(HELD_TOLD_MAX), GUARD)
-
-
-async def _hand_over_ports(handed: Handed) -> None:
     first, first_rx = Channel[int].open()
-    await asyncio.wait_for(handed.send_one.call_one(first, -1), GUARD)
+    await asyncio.wait_for(handed.keep.call_one(first, -1), GUARD)
     assert await asyncio.wait_for(first_rx.recv(), GUARD) == -1
     for i in range(40):
         port, rx = Channel[int].open()
-        await asyncio.wait_for(handed.send_one.call_one(port, i), GUARD)
+        send = handed.send_one if i % 3 else handed.send_in_thread
+        await asyncio.wait_for(send.call_one(port, i), GUARD)
         assert await asyncio.wait_for(rx.recv(), GUARD) == i
         if i % 2:
-            rx.close()
-    assert await asyncio.wait_for(handed.told.call_one(), GUARD) <= 8
+            rx.close()  # (the others are dropped)
+    assert await asyncio.wait_for(handed.told.call_one(), GUARD) == 1  # the one it keeps
+    await asyncio.wait_for(handed.forget.call_one(), GUARD)
+    assert await asyncio.wait_for(handed.told.call_one(), GUARD) == 0
     await asyncio.wait_for(handed.send_one.call_one(first, -2), GUARD)  # (told again)
     assert await asyncio.wait_for(first_rx.recv(), GUARD) == -2

@@ -50,7 +50,7 @@ class _Undecodable:
 class Port(Generic[T]):
     """The sending end of a channel; a small value that can travel anywhere."""
 
-    __slots__ = ("_addr", "_id")
+    __slots__ = ("__weakref__", "_addr", "_id")
 
     def __init__(self, addr: str, port_id: int) -> None:
         self._addr = addr
@@ -102,43 +102,41 @@ def _send_close(addr: str, port_id: int) -> None:
 def _received(addr: str, port_id: int) -> Port[Any]:
     """A port arriving in this process (unpickled): its receiver learns that
     this process holds it, once per process (see :meth:`PortReceiver.recv`)."""
+    port: Port[Any] = Port(addr, port_id)
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # (a thread decoding a large value: not announced)
         if getattr(actor_thread, "rt", None) is None:
-            return Port(addr, port_id)
-    on_loop(_announce, addr, port_id)
-    return Port(addr, port_id)
-
-
-#: how many ports :class:`_Held` remembers telling (the oldest forgotten first)
-HELD_TOLD_MAX = 4096
+            return port
+    on_loop(_announce, port)
+    return port
 
 
 class _Held:
     """Per runtime: the ports of other processes this one told it holds (so
-    that it tells each once), the latest :data:`HELD_TOLD_MAX` of them: a
-    port handed over and never closed here (its receiver closed it, or
-    dropped it) stayed for good, one entry per port (an RL loop handing a
-    fresh port to a generator each step).  Telling a receiver again that
-    this process holds its port changes nothing there."""
+    that it tells each once), each for as long as the :class:`Port` that
+    arrived here is neither closed nor garbage-collected (a port handed
+    over and never closed here, its receiver closed or dropped, stayed for
+    good: one entry per step of an RL loop handing a fresh port to a
+    generator each step).  Telling a receiver again that this process holds
+    its port (when it arrives again) changes nothing there."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.told: dict[tuple[str, int], None] = {}
+        self.told: weakref.WeakValueDictionary[tuple[str, int], Port[Any]] = (
+            weakref.WeakValueDictionary())
 
     def close(self) -> None:
         self.told.clear()
 
 
-def _announce(addr: str, port_id: int) -> None:
+def _announce(port: Port[Any]) -> None:
     rt = runtime()
     told = rt.state(_Held).told
-    if addr == rt.addr or (addr, port_id) in told:
+    key = (port._addr, port._id)
+    if port._addr == rt.addr or key in told:
         return
-    if len(told) >= HELD_TOLD_MAX:
-        del told[next(iter(told))]
-    told[addr, port_id] = None
-    rt.connect(addr).send_message(PortSend(port_id, MSGPACK_NIL, held=True))
+    told[key] = port
+    rt.connect(port._addr).send_message(PortSend(port._id, MSGPACK_NIL, held=True))
 
 
 class PortReceiver(Generic[T]):
