@@ -41,7 +41,7 @@ from ._metrics import Meter, encode_report, process_report
 from ._stacks import Stacks, capture, capture_construction, encode_actors
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
-from ._transport._connection import Connection, Pending, ignore_result
+from ._transport._connection import Connection, ignore_result
 from ._transport._credit import forget_target, took
 from ._transport._messages import (
     ActorStopped,
@@ -58,7 +58,7 @@ from ._transport._messages import (
     Started,
     StopActor,
 )
-from ._transport._runtime import Runtime, actor_thread, register_handler
+from ._transport._runtime import Runtime, actor_thread, ask_each, register_handler
 from ._transport._serial import Buffers, Packer, loads
 from ._transport._tasks import awaited, within
 from ._util import utf8
@@ -1087,16 +1087,11 @@ TELL_TIMEOUT = 5.0
 async def _told(rt: Runtime, target: str) -> None:
     """Tell the controller that started this process that its actor of mesh
     ``target`` was stopped (:class:`ActorStopped`), and wait until it has
-    noted it (up to :data:`TELL_TIMEOUT`)."""
+    noted it (up to :data:`TELL_TIMEOUT`; gone or slow, the stop is
+    answered anyway)."""
     assert rt.controller is not None
-    conn = rt.connect(rt.controller)
-    noted: asyncio.Future[Any] = rt.loop.create_future()
-    req = conn.next_req(Pending(noted, ignore_result, "ActorStopped", target, None))
-    conn.send_message(ActorStopped(req, target))
-    try:
-        await within(noted, TELL_TIMEOUT)
-    except Exception:  # (it is gone, or slow: the stop is answered anyway)
-        pass
+    await ask_each(rt, [(rt.controller, functools.partial(ActorStopped, target=target),
+                         "controller", None)], ignore_result, "ActorStopped", TELL_TIMEOUT)
 
 
 def _stop_answered(conn: Connection, req: int, told: asyncio.Task[None] | None) -> None:
