@@ -395,6 +395,7 @@ class Schema:
             raise SchemaError(f"bad arguments for {q}: missing argument(s) {sorted(missing)}")
         values: dict[str, Any] = {}
         pickled: list[str] = []
+        whole: set[str] = set()  # (of those: sent pickled whole, :class:`Subclassed`)
         for name, raw in raws.items():
             dec = self._decoder(name)
             try:
@@ -404,6 +405,7 @@ class Schema:
             except msgspec.ValidationError as e:
                 if name in self._whole and is_pickle(raw):
                     pickled.append(name)
+                    whole.add(name)
                     continue
                 reason = dec.explain_lazily(raw, bufs, str(e))
                 raise SchemaError(f"bad arguments for {q}: {_at(reason, name)}") from None
@@ -411,9 +413,9 @@ class Schema:
                 raise SchemaError(f"undecodable argument {name!r} for {q}: {why(e)}") from None
         for name in pickled:
             try:
-                values[name] = (self._decoder(name).decode(raws[name], bufs)
-                                if name not in self._whole or not is_pickle(raws[name])
-                                else _whole(unpickle(raws[name], bufs), self._whole[name]))
+                values[name] = (_checked(unpickle(raws[name], bufs), self._whole[name], "$")
+                                if name in whole else
+                                self._decoder(name).decode(raws[name], bufs))
             except msgspec.ValidationError as e:
                 raise SchemaError(f"bad arguments for {q}: {_at(str(e), name)}") from None
             except BaseException as e:  # the value's own reconstruction code raised
@@ -471,11 +473,10 @@ class Schema:
             raise SchemaError(f"result of {self.qualname} cannot be decoded in this "
                               f"process: {why(e)}") from None
 
-
     def _unpack_result_whole(self, data: Any, bufs: Buffers) -> Any:
         """A result sent pickled whole (:class:`Subclassed`), checked."""
         try:
-            return _whole(unpickle(data, bufs), self._result_check)
+            return _checked(unpickle(data, bufs), self._result_check, "$")
         except msgspec.ValidationError as e:
             raise SchemaError(f"result of {self.qualname} does not match its annotation: "
                               f"{e}") from None
@@ -484,14 +485,14 @@ class Schema:
                               f"process: {why(e)}") from None
 
 
-def _whole(value: Any, check: Check | None) -> Any:
-    """``value``, sent pickled whole (:class:`Subclassed`), if it passes
-    ``check``; else a ``ValidationError`` naming where it does not."""
+def _checked(value: Any, check: Check | None, root: str) -> Any:
+    """``value`` if it passes ``check`` (None: none); else a
+    ``ValidationError`` naming where it does not, its path from ``root``."""
     if check is not None:
         try:
             check(value, set())
         except Mismatch as e:
-            raise msgspec.ValidationError(e.text("$")) from None
+            raise msgspec.ValidationError(e.text(root)) from None
     return value
 
 
@@ -574,13 +575,8 @@ class _Checked(TypedDecoder):
         value = super().decode(data, bufs, lazy)
         for name, check in self._checks:
             part = value if name is None else getattr(value, name)
-            if part is msgspec.UNSET:  # (left out: it keeps its default)
-                continue
-            try:
-                check(part, set())
-            except Mismatch as e:
-                raise msgspec.ValidationError(e.text("$" if name is None else f"$.{name}")
-                                              ) from None
+            if part is not msgspec.UNSET:  # (left out: it keeps its default)
+                _checked(part, check, "$" if name is None else f"$.{name}")
         return value
 
 
