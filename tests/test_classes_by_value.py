@@ -133,3 +133,60 @@ def test_a_class_by_value_used_in_an_annotation_still_pickles(tmp_path: Path,
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "TYPED 2", "AGAIN 3", "UNTYPED [Msg(a=3), <Color.RED: 1>]"], proc.stdout
+
+
+SPAWN_CHILD = """
+import multiprocessing
+import os
+
+import meshio
+from meshio import Actor, endpoint
+
+
+class Greeter(Actor):
+    @endpoint
+    async def greet(self, name: str) -> str:
+        return f"{shout(name)} from {os.getpid()}"
+
+
+def shout(name: str) -> str:
+    return name.upper()
+
+
+async def controller() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        greeter = await procs.spawn("greeter", Greeter)
+        print("GREETED", sorted(x.split()[0] for x in (await greeter.greet.call("ada")).values()),
+              flush=True)
+        print("FUNCTION", await greeter.slice(procs=0).greet.call_one(shout("b")), flush=True)
+
+
+def child() -> None:
+    meshio.run(controller())
+
+
+if __name__ == "__main__":
+    for method in ("spawn", "forkserver"):
+        p = multiprocessing.get_context(method).Process(target=child)
+        p.start()
+        p.join()
+        print(method, "EXIT", p.exitcode, flush=True)
+"""
+
+
+def test_a_controller_in_a_multiprocessing_spawn_child_ships_the_main_script(
+        tmp_path: Path) -> None:
+    """A controller in a ``multiprocessing`` child started by ``spawn`` or
+    ``forkserver``, where the user's script runs as module
+    ``__mp_main__``: its actor class (and the function it calls) went by
+    reference, and every worker failed its constructor with
+    ``ModuleNotFoundError: No module named '__mp_main__'``."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SPAWN_CHILD))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines.count("GREETED ['ADA', 'ADA']") == 2, (proc.stdout, proc.stderr)
+    assert sum(x.startswith("FUNCTION B from ") for x in lines) == 2, proc.stdout
+    assert [x for x in lines if "EXIT" in x] == ["spawn EXIT 0", "forkserver EXIT 0"], proc.stdout

@@ -493,10 +493,28 @@ def _without_caches(reduced: Any) -> Any:
     return reduced
 
 
+def _ship_mp_main_by_value() -> None:
+    """In a ``multiprocessing`` child started by ``spawn`` or
+    ``forkserver``, the user's main script runs as module ``__mp_main__``:
+    cloudpickle would send what it defines by reference, which no worker
+    can import (``No module named '__mp_main__'``); it is sent by value, as
+    ``__main__``'s is.  (Once: the registration is for good.)"""
+    global _mp_main_shipped
+    if "__mp_main__" in sys.modules:
+        cloudpickle.register_pickle_by_value(sys.modules["__mp_main__"])
+        _mp_main_shipped = True
+
+
+#: whether :func:`_ship_mp_main_by_value` has registered ``__mp_main__``
+_mp_main_shipped = False
+
+
 def dumps(obj: Any, out: OutBuffers | None) -> bytes:
     """cloudpickle ``obj``; tensor storages go to ``out`` instead of the
     pickle, or into the pickle when ``out`` is None (a blob kept and sent on
     its own, e.g. an actor class shipped by value with the tensors it refers to)."""
+    if not _mp_main_shipped:
+        _ship_mp_main_by_value()
     f = io.BytesIO()
     callback = None if out is None else (
         lambda pb: out.append((pb.raw(), KIND_BUFFER)))
