@@ -228,6 +228,10 @@ class ProcLauncher(Protocol):
 #: the return code of a process that exited, its status unknown (not a
 #: child of this process: a worker of a proc mesh re-attached to)
 EXIT_UNKNOWN: Final = -256
+#: the return code of a child whose exit status was lost: something else
+#: reaped it (this process ignores SIGCHLD, so the kernel reaps children at
+#: once; or an ``os.wait()`` of the program's own)
+EXIT_LOST: Final = -257
 
 
 def describe_exit(rc: int | None) -> str:
@@ -236,6 +240,10 @@ def describe_exit(rc: int | None) -> str:
         return "connection lost (process still running)"
     if rc == EXIT_UNKNOWN:
         return "exited (its status is known only to the controller that started it)"
+    if rc == EXIT_LOST:
+        return ("exited (its status was lost: something else reaped it; SIGCHLD is ignored "
+                "in this process, or its own os.wait() took it; signal.signal(signal.SIGCHLD, "
+                "signal.SIG_DFL) before starting meshes keeps statuses)")
     if rc < 0:
         try:
             return f"killed by signal {signal.Signals(-rc).name}"
@@ -337,11 +345,14 @@ class LocalProc:
             return
         # Not reaped yet (nor by _reap_abandoned, once its loop ended): its
         # pid, the id of its group, names nothing else.
+        lost = False
         if self._popen.returncode is None:
+            lost = _reaped_elsewhere(self.pid)
             if self._group:
                 _kill_group(self.pid)
             _unreaped.pop(self.pid, None)
-        rc = self._popen.wait()  # (at once: it has exited)
+        # (at once: it has exited; subprocess calls a child reaped elsewhere's status 0)
+        rc = EXIT_LOST if lost else self._popen.wait()
         # Whatever it wrote back before it exited is in the socket already.
         self.start_failure = _read_report(self._stdin)
         self._close_stdin()
@@ -479,6 +490,16 @@ def _has_exited(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # reaped already (by this object: see LocalProc)
         return True
+
+
+def _reaped_elsewhere(pid: int) -> bool:
+    """Whether our child ``pid``, exited and not reaped by us, was reaped by
+    something else: its exit status is lost (:data:`EXIT_LOST`)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return False
 
 
 def _wait_exited(pid: int) -> None:

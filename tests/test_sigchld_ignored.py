@@ -1,0 +1,75 @@
+"""A controller that ignores SIGCHLD (``SIG_IGN``: set by the program or a
+library, or inherited across ``exec`` from a parent that ignored it): the
+kernel reaps its children at once, so a worker's exit status is gone before
+meshio reads it.  ``subprocess`` then reports 0, and a SIGKILLed worker was
+called "exited normally": a ``transient`` actor was not restarted.  Now the
+status is said to be lost (and counts as abnormal), and a worker does not
+pass the ignored SIGCHLD on to what its actors run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+#: a fresh interpreter, a worker killed and restarted
+DEADLINE = 120
+
+SCRIPT = """
+import asyncio
+import os
+import signal
+import subprocess
+
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+import meshio
+from meshio import Actor, endpoint
+
+
+class A(Actor):
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def killed_child(self) -> int:
+        return subprocess.run(["sh", "-c", "kill -KILL $$"]).returncode
+
+
+async def main() -> None:
+    sup = meshio.Supervisor(max_restarts=3, within=60.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, supervisor=sup) as procs:
+        a = await procs.options(restart="transient").spawn("a", A)
+        print("CHILD", await a.killed_child.call_one(), flush=True)
+        pid = await a.pid.call_one()
+        events = sup.events()
+        os.kill(pid, signal.SIGKILL)
+        async with asyncio.timeout(30):  # (before: no restart came)
+            async for ev in events:
+                if ev.kind in ("failure", "restart"):
+                    print("EVENT", ev.kind, ev.cause, flush=True)
+                if ev.kind == "restart":
+                    break
+        print("NEW PID", await a.pid.call_one() != pid, flush=True)
+
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_killed_under_an_ignored_sigchld_is_not_called_a_normal_exit(
+        tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "CHILD -9", proc.stdout  # the worker's own children keep their statuses
+    failure = next(x for x in lines if x.startswith("EVENT failure"))
+    assert "exited (its status was lost: something else reaped it; SIGCHLD is ignored" in \
+        failure, proc.stdout
+    assert "EVENT restart one_for_one restart" in lines, proc.stdout  # transient: abnormal
+    assert lines[-1] == "NEW PID True", proc.stdout
