@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,18 @@ STOP_SIGNALS: Final = {signal.SIGINT: "interrupted (Ctrl-C)",
 #: means the loop is blocked (not merely busy, nor sent the signal twice in
 #: a row as ``timeout`` does): that one raises KeyboardInterrupt where it is
 BLOCKED_AFTER: Final = 1.0
+
+
+def _open_stdio() -> None:
+    """Descriptors 0, 1 and 2 open (``/dev/null`` for any the program was
+    started without: ``cmd <&-``, ``>&-``): else a socket of the loop gets
+    one of them, and libuv aborts the process (``uv__close: Assertion `fd >
+    STDERR_FILENO' failed``, a core dump) when it closes it at the end."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # (closed: the lowest free descriptor, this one, is opened)
+            os.open(os.devnull, os.O_RDWR)
 
 
 class _Stop:
@@ -153,6 +166,7 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
         loop_factory = None
     else:
         loop_factory = uvloop.new_event_loop
+        _open_stdio()
     stop = _Stop()
     with stop.handling():
         try:

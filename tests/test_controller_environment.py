@@ -1,10 +1,17 @@
-"""A controller that ignores SIGCHLD (``SIG_IGN``: set by the program or a
+"""Controllers started in process environments a developer's shell does not
+give: what they inherit must not change what meshio reports or crash it.
+
+A controller that ignores SIGCHLD (``SIG_IGN``: set by the program or a
 library, or inherited across ``exec`` from a parent that ignored it): the
 kernel reaps its children at once, so a worker's exit status is gone before
 meshio reads it.  ``subprocess`` then reports 0, and a SIGKILLed worker was
 called "exited normally": a ``transient`` actor was not restarted.  Now the
 status is said to be lost (and counts as abnormal), and a worker does not
-pass the ignored SIGCHLD on to what its actors run."""
+pass the ignored SIGCHLD on to what its actors run.
+
+A ``meshio.run`` controller started with stdin or stdout closed (``cmd
+<&-``): a socket of its loop took descriptor 0 or 1 and libuv aborted the
+process as it closed it at the end (a core dump, status 134)."""
 
 from __future__ import annotations
 
@@ -12,6 +19,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 #: a fresh interpreter, a worker killed and restarted
 DEADLINE = 120
@@ -73,3 +82,40 @@ def test_a_worker_killed_under_an_ignored_sigchld_is_not_called_a_normal_exit(
         failure, proc.stdout
     assert "EVENT restart one_for_one restart" in lines, proc.stdout  # transient: abnormal
     assert lines[-1] == "NEW PID True", proc.stdout
+
+
+STDIO = """
+import sys
+
+import meshio
+from meshio import Actor, endpoint
+
+
+class A(Actor):
+    @endpoint
+    async def double(self, x: int) -> int:
+        return 2 * x
+
+
+async def main() -> list[int]:
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        a = await procs.spawn("a", A)
+        return list((await a.double.call(21)).values())
+
+
+with open(sys.argv[1], "w") as out:
+    out.write(repr(meshio.run(main())))
+"""
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-", "<&- >&-"])
+def test_a_meshio_run_controller_started_with_stdio_closed_exits_cleanly(
+        tmp_path: Path, closed: str) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(STDIO))
+    result = tmp_path / "result"
+    proc = subprocess.run(["sh", "-c", f'exec "$0" "$1" "$2" {closed}', sys.executable,
+                           str(script), str(result)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=DEADLINE)
+    assert proc.returncode == 0, proc.stderr
+    assert result.read_text() == "[42, 42]"
