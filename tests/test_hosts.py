@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -144,6 +145,41 @@ async def test_foreign_or_unsafe_cache_is_refused(tmp_path: Path,
         await other.kill()
     finally:
         await first.kill()
+
+
+async def test_a_cache_directory_others_may_write_keeps_no_secret(tmp_path: Path) -> None:
+    """The job secret is never written where another user could read or swap
+    it: a cache directory others may write to (a shared project folder, one
+    another user made first) or that another user owns is refused before
+    anything starts, and a file already there is never written through (it
+    was opened with ``O_TRUNC``, keeping the planter's owner and mode 0666)."""
+    cache = tmp_path / ".meshio"
+    cache.mkdir(mode=0o700)
+    planted = cache / "job.secret"
+    planted.write_text("planted")
+    planted.chmod(0o666)
+    cache.chmod(0o777)
+    with pytest.raises(JobCacheError, match=r"job cache directory .* mode 777: the job's "
+                       r"secret cannot be kept there") as refused:
+        await ProcessJob(meshes={"a": 1}, cache_dir=cache).apply()
+    assert str(cache) in str(refused.value)
+    assert planted.read_text() == "planted"
+    assert sorted(p.name for p in cache.iterdir()) == ["job.secret"]  # nothing started
+    if os.getuid() == 0:  # another user's directory, private to them
+        cache.chmod(0o700)
+        os.chown(cache, 65534, 65534)
+        with pytest.raises(JobCacheError, match="belongs to uid 65534"):
+            await ProcessJob(meshes={"a": 1}, cache_dir=cache).apply()
+        os.chown(cache, 0, 0)
+    cache.chmod(0o700)  # ours now: the planted file is replaced, not written through
+    job = ProcessJob(meshes={"a": 1}, cache_dir=cache)
+    await job.apply()
+    try:
+        st = planted.stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.getuid(), 0o600)
+        assert len(planted.read_text()) == 64
+    finally:
+        await job.kill()
 
 
 async def test_killed_agent_fails_calls_promptly(job: ProcessJob) -> None:

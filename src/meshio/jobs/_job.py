@@ -23,6 +23,7 @@ import secrets
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
@@ -316,13 +317,44 @@ def read_own_cache(path: Path, kind: str) -> dict[str, Any] | None:
 
 
 def write_cache(path: Path, entry: dict[str, Any]) -> None:
-    """Write ``entry`` to ``path``, readable by this user only."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"meshio_job": 1, **entry}, f, indent=1)
-    os.replace(tmp, path)
+    """Write ``entry`` to ``path``, readable by this user only.
+
+    Raises:
+        JobCacheError: its directory is another user's, or others may write
+            to it (:func:`_write_private`).
+    """
+    _write_private(path, json.dumps({"meshio_job": 1, **entry}, indent=1).encode())
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (a job's cache, secret), readable by this
+    user only: into a fresh file (``O_EXCL``, mode 0600, a random name),
+    renamed over ``path``; whatever was there (a file or link another user
+    planted) is replaced, never written through.  Its directory is made
+    (mode 0700) if missing.
+
+    Raises:
+        JobCacheError: the directory is another user's, or others may write
+            to it: they could plant or swap the job's secret there.
+    """
+    folder = path.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise JobCacheError(
+            f"job cache directory {folder} belongs to uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}: the job's secret cannot be kept there (others could "
+            f"read or replace it); meshio needs it to be yours (uid {os.getuid()}) and writable "
+            f"by you only: remove it, or choose another cache_dir")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _start_time(pid: int) -> str | None:
@@ -551,11 +583,13 @@ def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:
 
 
 def write_secret(path: Path, secret: bytes) -> None:
-    """A job secret file, readable by this user only."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret.hex().encode())
+    """A job secret file, readable by this user only.
+
+    Raises:
+        JobCacheError: its directory is another user's, or others may write
+            to it (:func:`_write_private`).
+    """
+    _write_private(path, secret.hex().encode())
 
 
 def _kill_agents(entry: dict[str, Any]) -> None:
