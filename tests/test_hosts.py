@@ -31,6 +31,7 @@ from meshio import (
     context,
     endpoint,
 )
+from meshio._transport._sockets import MAX_HANDSHAKING
 from meshio.jobs import JobCacheError, ProcessJob, TLSConfig
 from meshio.testing import job_record
 from raw_peer import refused_by
@@ -349,6 +350,46 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
         assert await asyncio.wait_for(w.echo.call_one(2), DEADLINE) == 2
     log = (tmp_path / ".meshio" / "job.log").read_text()
     assert log.count("refused a connection") >= 2 and "from 127.0.0.1 port" in log
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_flood_of_unproven_connections_leaves_the_agent_serving(
+        tmp_path: Path, tls: bool) -> None:
+    """Connections that never prove anything (an unauthenticated peer
+    opening thousands and sending nothing, not even TLS's first message)
+    used to hold a descriptor each for the whole handshake timeout: the
+    agent ran out of descriptors and could start no worker, and logged a
+    line per connection.  Now at most MAX_HANDSHAKING wait at once (the
+    oldest dropped for the newest), a new proc mesh starts while the flood
+    holds its connections, and the log gets REFUSALS_LOGGED lines at once,
+    then one a second."""
+    j = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio",
+                   tls=_certs(tmp_path)[0] if tls else None)
+    try:
+        state = await j.state()
+        agent = agent_pids(j)[0]
+        addr = job_record(j)["hosts"]["hosts"][0]["addr"] if job_record(j) else ""
+        host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+        base = len(os.listdir(f"/proc/{agent}/fd"))
+        extra = 100
+        flood = [await asyncio.open_connection(host, int(port))
+                 for _ in range(MAX_HANDSHAKING + extra)]
+        try:
+            for reader, _ in flood[:extra]:  # the oldest were dropped as the newest came
+                await asyncio.wait_for(reader.read(), DEADLINE)
+            assert len(os.listdir(f"/proc/{agent}/fd")) <= base + MAX_HANDSHAKING + 4
+            async with state.hosts.spawn_procs() as procs:  # the flood still holds its 256
+                w = await procs.spawn("w", Where)
+                assert await asyncio.wait_for(w.echo.call_one(3), DEADLINE) == 3
+        finally:
+            for _, writer in flood:
+                writer.close()
+        log = (tmp_path / ".meshio" / "job.log").read_text()
+        lines = [x for x in log.splitlines() if "refused a connection" in x]
+        assert lines and "dropped unproven: 256 connections were in the handshake" in lines[0]
+        assert len(lines) < extra, len(lines)  # not one a connection
+    finally:
+        await j.kill()
 
 
 # ------------------------------------------------------------ several jobs

@@ -226,7 +226,11 @@ class HandshakeProtocol(asyncio.Protocol):
         return "unidentified peer"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # a stream transport
+        stream = cast(asyncio.Transport, transport)
+        if self.finished:  # failed before its transport was made (dropped unproven)
+            stream.abort()
+            return
+        self._transport = stream
         self.peername = transport.get_extra_info("peername") or self.peername
         self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
         self.creds = peer_creds(transport)

@@ -13,6 +13,7 @@ import logging
 import secrets
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -35,6 +36,16 @@ log = logging.getLogger("meshio")
 LISTEN_BACKLOG: Final = 4096
 #: seconds a dialler gives a peer to accept and complete the handshake
 CONNECT_TIMEOUT = 60.0
+#: incoming connections a runtime lets handshake at once, on all its
+#: listeners: past it, the oldest is dropped for the newest.  Peers that
+#: connect and never prove anything (thousands of them, each allowed the
+#: handshake timeout) cannot use up this process's descriptors, and a real
+#: peer, which proves itself in milliseconds, still gets through.
+MAX_HANDSHAKING: Final = 256
+#: refusals logged at once, then one more a second: a flood of refused
+#: connections writes a line a second (each naming how many went unlogged),
+#: not one per connection
+REFUSALS_LOGGED: Final = 20
 
 
 def sockaddr(addr: str) -> str:
@@ -122,6 +133,13 @@ class SocketBackend:
         self._socks: list[socket.socket] = []
         self._servers: list[asyncio.Server] = []
         self._handshakes: set[HandshakeProtocol] = set()
+        #: the incoming ones, oldest first → how to drop it (:meth:`_admit`)
+        self._incoming: dict[HandshakeProtocol, Callable[[], None]] = {}
+        #: refusals that may be logged now (:data:`REFUSALS_LOGGED`), when
+        #: that was counted, and those not logged since the last line
+        self._may_log = float(REFUSALS_LOGGED)
+        self._counted = time.monotonic()
+        self._unlogged = 0
         #: connections being dialled → done once dialling ended (:meth:`dialled`)
         self._dialling: dict[Connection, asyncio.Task[None]] = {}
 
@@ -244,7 +262,14 @@ class SocketBackend:
         certificate, silence) is logged with its address and dropped;
         nothing of it is read."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hs = self._handshake_in(addr, job)
+        accepting = asyncio.current_task()
+
+        def drop() -> None:  # (TLS under way: given up; else as any handshake)
+            if accepting is not None and not accepting.done():
+                accepting.cancel()
+            else:
+                hs.fail(self._dropped())
+        hs = self._handshake_in(addr, job, drop)
         hs.peername = peer
         try:
             await self.rt.loop.connect_accepted_socket(
@@ -253,29 +278,66 @@ class SocketBackend:
         except (TimeoutError, OSError) as e:
             conn.close()
             hs.fail(AuthenticationError(f"TLS failed: {str(e) or type(e).__name__}"))  # logged
-        except BaseException:
+        except BaseException as e:
             conn.close()
             self._handshakes.discard(hs)
+            admitted = self._incoming.pop(hs, None) is not None
+            if isinstance(e, asyncio.CancelledError) and not admitted and not self.rt.closed:
+                self._log_refused(addr, hs, self._dropped())  # (dropped by _admit)
             raise
 
-    def _handshake_in(self, addr: str, job: Credentials | None) -> HandshakeProtocol:
+    def _handshake_in(self, addr: str, job: Credentials | None,
+                      drop: Callable[[], None] | None = None) -> HandshakeProtocol:
         """A new incoming connection at this runtime's address ``addr`` (on
         TCP, for the processes of ``job``): the handshake first, then a
-        Connection."""
+        Connection.  ``drop``: how :meth:`_admit` drops it (by default, it
+        fails the handshake, which aborts the connection)."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
+            self._incoming.pop(hs, None)
             self.rt.accept(transport, leftover, hs.creds, job, addr)
 
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)
+            self._incoming.pop(hs, None)
             if not self.rt.closed:
-                log.warning("meshio: refused a connection to %s from %s: %s", addr,
-                            hs.describe(), error)
+                self._log_refused(addr, hs, error)
 
         hs = HandshakeProtocol(self.rt.secret if job is None else job.secret, dialler=False,
                                timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail)
         self._handshakes.add(hs)
+        self._admit(hs, drop if drop is not None else lambda: hs.fail(self._dropped()))
         return hs
+
+    def _admit(self, hs: HandshakeProtocol, drop: Callable[[], None]) -> None:
+        """Count ``hs`` among the incoming handshakes under way; if
+        :data:`MAX_HANDSHAKING` are, the oldest is dropped first."""
+        incoming = self._incoming
+        if len(incoming) >= MAX_HANDSHAKING:
+            oldest = next(iter(incoming))
+            incoming.pop(oldest)()
+        incoming[hs] = drop
+
+    @staticmethod
+    def _dropped() -> ConnectionAbortedError:
+        return ConnectionAbortedError(
+            f"dropped unproven: {MAX_HANDSHAKING} connections were in the handshake at once "
+            "(the oldest goes for the newest)")
+
+    def _log_refused(self, addr: str, hs: HandshakeProtocol, error: Exception) -> None:
+        """Log a refused connection: :data:`REFUSALS_LOGGED` at once, then
+        one a second, each line naming the refusals not logged before it."""
+        now = time.monotonic()
+        self._may_log = min(float(REFUSALS_LOGGED), self._may_log + now - self._counted)
+        self._counted = now
+        if self._may_log < 1:
+            self._unlogged += 1
+            return
+        self._may_log -= 1
+        more, self._unlogged = self._unlogged, 0
+        log.warning("meshio: refused a connection to %s from %s: %s%s", addr, hs.describe(),
+                    error, f" ({more} more refused, not logged, since the line before)"
+                    if more else "")
 
     async def dialled(self, conn: Connection) -> None:
         """Return once dialling ``conn`` (:meth:`Runtime.connect`) has ended: it is
