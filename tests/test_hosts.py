@@ -5,10 +5,12 @@ TLS); jobs cached in .meshio/ and re-attached."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -350,6 +352,35 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
         assert await asyncio.wait_for(w.echo.call_one(2), DEADLINE) == 2
     log = (tmp_path / ".meshio" / "job.log").read_text()
     assert log.count("refused a connection") >= 2 and "from 127.0.0.1 port" in log
+
+
+def listening_tcp(pid: int) -> set[str]:
+    """The IPv4 ``address:port`` pairs process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # (closed meanwhile)
+            if (link := os.readlink(fd)).startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            ip, port = fields[1].split(":")
+            found.add(f"{socket.inet_ntoa(bytes.fromhex(ip)[::-1])}:{int(port, 16)}")
+    return found
+
+
+async def test_a_job_on_this_host_only_listens_on_loopback(job: ProcessJob) -> None:
+    """A controller whose job's agents are all on loopback listens for
+    their workers on loopback only: it listened on every address
+    (``0.0.0.0``), so anyone on the network could reach its handshake."""
+    state = await job.state()
+    before = listening_tcp(os.getpid())
+    async with state.generators.spawn_procs() as procs:
+        w = await procs.spawn("w", Where)
+        assert await asyncio.wait_for(w.echo.call_one(1), DEADLINE) == 1
+        opened = listening_tcp(os.getpid()) - before
+    assert opened and all(a.startswith("127.0.0.1:") for a in opened), opened
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import secrets
 import socket
@@ -52,6 +53,14 @@ def sockaddr(addr: str) -> str:
     """The socket address of a meshio Unix address: ``@name`` is the Linux
     abstract socket ``\\0name`` (no file), anything else a path."""
     return "\0" + addr[1:] if addr.startswith("@") else addr
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback IP address (``127.0.0.1``, ``::1``)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # (a name)
+        return False
 
 
 def tcp_endpoint(addr: str) -> tuple[str, int] | None:
@@ -189,15 +198,16 @@ class SocketBackend:
         proves its secret, under its TLS): a controller whose workers run on
         other hosts.  Its ``tcp://`` address names the host ``advertise`` (how
         those hosts reach this one), on every address of its family unless
-        ``bind`` names one.  One listener per job: a second call for the same
-        job returns the same address."""
+        ``bind`` names one, or ``advertise`` is a loopback address (a job on
+        this host only: nothing elsewhere may even connect).  One listener
+        per job: a second call for the same job returns the same address."""
         addr = self._tcp_listeners.get(job)
         if addr is not None:
             return addr
         if self.rt.closed:
             raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
         if bind is None:
-            bind = "::" if ":" in advertise else "0.0.0.0"
+            bind = advertise if _is_loopback(advertise) else "::" if ":" in advertise else "0.0.0.0"
         addr = self._tcp_listeners[job] = self.listen(tcp_listener(bind, port), advertise, job)
         return addr
 
