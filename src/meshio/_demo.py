@@ -112,8 +112,8 @@ async def demo(procs_per_host: int = 2) -> None:
             payload = [1.0] * 1000
             what = "list of floats (install torch for tensors)"
         first = learners.slice(gpus=0)
-        await _timed("send it once (the worker imports torch)",
-                     lambda: first.norm.call_one(payload))
+        await _timed("send it once (the worker imports torch)" if torch is not None
+                     else "send it once", lambda: first.norm.call_one(payload))
         await _timed(f"send a {what}", lambda: first.norm.call_one(payload))
         t1 = time.perf_counter()
         try:
