@@ -1,7 +1,8 @@
 """The live dashboard over plain HTTP (issue 19 §3): ``meshio.serve_dashboard``
 serves the page, its state, a server-sent event stream with supervision
 events as they happen, every actor's stacks and ``/metrics``; off loopback
-every request needs the job's token; ``meshio dashboard`` has a running
+every request needs the job's token, and on loopback a client of another
+user does too (but for ``/metrics``); ``meshio dashboard`` has a running
 controller serve it.  The page itself, in a real browser:
 ``tests/test_dashboard_browser.py``."""
 
@@ -27,7 +28,7 @@ from supervision_helpers import W, supervised
 import meshio
 from log_watch import loop_reports
 from meshio import Actor, endpoint
-from meshio._dashboard import token
+from meshio._dashboard import tcp_peer_uid, token
 from meshio._transport._runtime import runtime
 from stacks_controller import meshio_cli, running
 
@@ -200,9 +201,9 @@ async def test_off_loopback_every_request_needs_the_token(procs: meshio.ProcMesh
             await stream.aclose()
 
 
-async def status_of(port: int, request: bytes) -> str:
+async def status_of(port: int, request: bytes, host: str = "127.0.0.1") -> str:
     """The status of the answer to ``request``, sent as it is."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(request)
         async with asyncio.timeout(GUARD):
@@ -232,6 +233,78 @@ async def test_loopback_answers_local_clients_naming_no_host_or_localhost_in_any
             == "401 Unauthorized"
         named = f"GET /api/state HTTP/1.1\r\nHost: LOCALHOST:{server.port}\r\n\r\n"
         assert await status_of(server.port, named.encode()) == "401 Unauthorized"
+
+
+#: a client run as another user: GETs each target of argv[4:] from the
+#: dashboard at argv[1]:argv[2] (Host: localhost), prints {target: [status line, body]}
+OTHER_USER = r"""
+import json, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+answers = {}
+for target in sys.argv[3:]:
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(f"GET {target} HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := s.recv(65536)):
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        while not head.startswith(b"HTTP/1.1 200") and (chunk := s.recv(65536)):
+            body += chunk  # (a refusal: read to its end)
+    answers[target] = [head.split(b"\r\n")[0].decode(), body.decode(errors="replace")]
+print(json.dumps(answers), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a process as another user")
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+async def test_loopback_answers_another_user_only_with_the_token(
+        procs: meshio.ProcMesh, host: str) -> None:
+    """A local client of another user (uid 65534) reads the job's command
+    line and every actor's stacks only with the token, as the inspection
+    socket answers only its own user; ``/metrics`` it reads without one."""
+    await procs.spawn("echo", Echo)
+    async with meshio.serve_dashboard(host=host) as server:
+        wrong = ("1" if server.token[0] == "0" else "0") + server.token[1:]
+        secret = ("/", "/api/state", "/api/stacks", "/events")
+        targets = [*secret, *(f"{path}?token={server.token}" for path in secret),
+                   f"/api/state?token={wrong}", "/metrics"]
+        child = await asyncio.create_subprocess_exec(
+            "/usr/bin/python3", "-c", OTHER_USER, host, str(server.port), *targets,
+            user=65534, group=65534, stdout=asyncio.subprocess.PIPE, cwd="/")
+        out, _ = await asyncio.wait_for(child.communicate(), GUARD)
+        assert child.returncode == 0
+        answers = json.loads(out)
+        for path in secret:
+            status, body = answers[path]
+            assert status == "HTTP/1.1 401 Unauthorized", (path, answers[path])
+            assert "another user's (uid 65534)" in body and "token" in body, body
+            assert answers[f"{path}?token={server.token}"][0] == "HTTP/1.1 200 OK", path
+        status, body = answers[f"/api/state?token={wrong}"]
+        assert status == "HTTP/1.1 403 Forbidden" and "another user's" in body, body
+        assert answers["/metrics"][0] == "HTTP/1.1 200 OK"  # (a Prometheus of its own user)
+        assert "meshio_endpoint_calls" in answers["/metrics"][1]
+        for path in (*secret, "/metrics"):  # this user needs no token
+            request = f"GET {path} HTTP/1.1\r\nHost: localhost:{server.port}\r\n\r\n"
+            assert await status_of(server.port, request.encode(), host) == "200 OK", path
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"),
+                                         (socket.AF_INET6, "::1"),
+                                         (socket.AF_INET6, "::ffff:127.0.0.1")])
+def test_tcp_peer_uid_is_the_owner_of_the_socket_while_it_is_open(
+        family: socket.AddressFamily, host: str) -> None:
+    v4 = "." in host  # (an IPv6 socket dials the IPv4 listener at ::ffff:127.0.0.1)
+    with socket.create_server(("127.0.0.1" if v4 else host, 0),
+                              family=socket.AF_INET if v4 else socket.AF_INET6) as listener:
+        client = socket.socket(family)
+        client.connect((host, listener.getsockname()[1]))
+        accepted, peer = listener.accept()
+        with accepted:
+            ours = accepted.getsockname()[:2]
+            assert tcp_peer_uid(peer[:2], ours) == os.getuid()
+            assert tcp_peer_uid(ours, peer[:2]) == os.getuid()  # (and ours, the other way)
+            client.close()  # closed: no process holds it
+            assert tcp_peer_uid(peer[:2], ours) is None
 
 
 async def test_proc_meshes_of_one_name_are_told_apart() -> None:

@@ -15,10 +15,15 @@ what it reads, all from the controller's loop (:class:`~._http.HTTPServer`):
 ``/metrics``        the Prometheus text of ``meshio.serve_metrics``
 ==================  ===========================================================
 
-On loopback (the default) any local client is answered (a request naming
-another host, a web page's DNS-rebinding trick, needs the token; one that
-names no host, as HTTP/1.0 allows, comes from no browser: it is answered);
-on any other address every request must carry the job's dashboard token
+On loopback (the default) a client of this process's user is answered
+without the token, as the inspection socket answers only it: the owner of
+the client's socket is read from ``/proc/net/tcp`` and ``/proc/net/tcp6``
+(:func:`tcp_peer_uid`); another user's client, or one whose owner is not
+found, needs the token, except for ``/metrics`` (numbers and names, for a
+Prometheus of any user).  A request naming another host, a web page's
+DNS-rebinding trick, needs the token too; one that names no host, as
+HTTP/1.0 allows, comes from no browser: it is answered.  On any other
+address every request must carry the job's dashboard token
 (:func:`token`: an HMAC of the job's secret), as ``?token=`` or
 ``Authorization: Bearer``: without it the answer is 401, with a wrong one
 403.  ``meshio dashboard`` asks a running controller, through its
@@ -54,7 +59,8 @@ from ._transport._tasks import TaskOwner
 from ._util import utf8
 from .supervision._supervisor import Supervisor
 
-__all__ = ("INTERVAL", "DashboardServer", "ask_dashboard", "serve_dashboard", "state", "token")
+__all__ = ("INTERVAL", "DashboardServer", "ask_dashboard", "serve_dashboard", "state",
+           "tcp_peer_uid", "token")
 
 #: seconds between two ``state`` events of the live stream
 INTERVAL = 1.0
@@ -69,6 +75,8 @@ _encode = msgspec.json.Encoder().encode
 _encode_msgpack = msgspec.msgpack.Encoder().encode
 _url_decoder = msgspec.msgpack.Decoder(str)
 _PAGE = "dashboard.html"
+_NEEDS_TOKEN = ("pass the job's token: ?token=... or Authorization: Bearer ... (the URL "
+                "serve_dashboard and meshio dashboard print)\n")
 
 
 def token(secret: bytes) -> str:
@@ -87,6 +95,46 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _proc_net_address(ip: _IP, port: int) -> str:
+    """``ip``:``port`` as ``/proc/net/tcp`` (IPv4) or ``tcp6`` writes it:
+    each 32-bit word of the address in hex, in this machine's byte order."""
+    packed = ip.packed
+    words = (int.from_bytes(packed[i:i + 4], sys.byteorder) for i in range(0, len(packed), 4))
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
+
+
+def tcp_peer_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
+    """The uid owning the socket at ``peer`` (an address and port of this
+    machine) connected to ``ours``: the ``uid`` column of the line of
+    ``/proc/net/tcp`` or ``/proc/net/tcp6`` whose local address is
+    ``peer`` and remote address ``ours``.  None if there is no such line
+    with a process still holding the socket (the peer closed it), or no
+    such files (not Linux)."""
+    ips: list[_IP] = [ipaddress.ip_address(peer[0]), ipaddress.ip_address(ours[0])]
+    ports = (peer[1], ours[1])
+    as_v6: list[_IP] = [ip if ip.version == 6 else ipaddress.IPv6Address(f"::ffff:{ip}")
+                        for ip in ips]
+    tables = [("/proc/net/tcp6", as_v6)]  # (an IPv6 socket may dial an IPv4 one)
+    if as_v6 != ips:
+        tables.insert(0, ("/proc/net/tcp", ips))
+    for table, (local, remote) in tables:
+        want = (_proc_net_address(local, ports[0]), _proc_net_address(remote, ports[1]))
+        try:
+            with open(table, encoding="ascii") as lines:
+                next(lines)  # (the column names)
+                for line in lines:
+                    # sl local rem st queues tr retrnsmt uid timeout inode ...
+                    fields = line.split()
+                    if (fields[1], fields[2]) == want and fields[9] != "0":  # (0: closed)
+                        return int(fields[7])
+        except OSError:
+            continue
+    return None
 
 
 def _host_name(header: str) -> str:
@@ -151,8 +199,9 @@ class DashboardServer(HTTPServer):
         host: the address it listens on.
         port: the port it listens on (the one picked, if asked for 0).
         token: the job's dashboard token (:attr:`url` includes it); every
-            request needs it unless ``host`` is a loopback address and the
-            request names a loopback host, or none.
+            request needs it unless ``host`` is a loopback address, the
+            request names a loopback host, or none, and it comes from this
+            process's user (any user, for ``/metrics``).
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -215,32 +264,45 @@ class DashboardServer(HTTPServer):
 
     # ------------------------------------------------------------ requests
 
-    def _refused(self, request: Request) -> str | None:
-        """Why ``request`` is refused (a status), or None.  On loopback a
-        request that names a loopback host needs no token (one naming
-        another host is a web page's trick, DNS rebinding: it needs one),
-        nor one that names no host (no ``Host``, as HTTP/1.0 allows: a
-        browser always names one, so it is no web page's, and it reached
-        this loopback address, the host it would name)."""
-        host = request.headers.get("host", "")
-        if self._open and (not host or _loopback(_host_name(host))):
-            return None
+    async def _refused(self, request: Request,
+                       writer: asyncio.StreamWriter) -> tuple[str, str] | None:
+        """Why ``request`` is refused (a status, and why), or None.  A
+        request with the token is answered.  On loopback so is one from a
+        client of this process's user (the owner of its socket,
+        :func:`tcp_peer_uid`), and ``/metrics`` to any local client, if it
+        names a loopback host (one naming another host is a web page's
+        trick, DNS rebinding: it needs the token) or none (no ``Host``, as
+        HTTP/1.0 allows: a browser always names one, so it is no web
+        page's, and it reached this loopback address, the host it would
+        name)."""
         given = request.query.get("token")
         auth = request.headers.get("authorization", "")
         if given is None and auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
-        if given is None:
-            return "401 Unauthorized"
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            return "403 Forbidden"
-        return None
+        if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            return None
+        host = request.headers.get("host", "")
+        why = _NEEDS_TOKEN
+        if self._open and (not host or _loopback(_host_name(host))):
+            if request.path == "/metrics":
+                return None
+            peer, ours = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+            owner = None if peer is None or ours is None else await asyncio.to_thread(
+                tcp_peer_uid, peer[:2], ours[:2])  # (None: closed already)
+            if owner == os.getuid():
+                return None
+            whose = ("of no process any more (or /proc/net/tcp is not there)" if owner is None
+                     else f"another user's (uid {owner})")
+            why = (f"this connection is {whose}: only the dashboard's user (uid "
+                   f"{os.getuid()}) is answered without the token; ") + why
+        return ("401 Unauthorized" if given is None else "403 Forbidden"), why
 
     async def _respond(self, request: Request, writer: asyncio.StreamWriter) -> None:
-        refused = self._refused(request)
+        refused = await self._refused(request, writer)
         if refused is not None:
-            body = (b"this dashboard needs the job's token: ?token=... or Authorization: "
-                    b"Bearer ... (the URL serve_dashboard and meshio dashboard print)\n")
-            writer.write(response_head(refused, "text/plain", len(body),
+            status, why = refused
+            body = why.encode()
+            writer.write(response_head(status, "text/plain", len(body),
                                        'WWW-Authenticate: Bearer realm="meshio"\r\n') + body)
             return
         self._discover()
@@ -318,15 +380,17 @@ def serve_dashboard(port: int = 0, host: str = "127.0.0.1") -> DashboardServer:
     (:attr:`DashboardServer.url`, with the job's token) is printed once,
     on stderr.
 
-    On loopback (the default) any local client is answered (one whose
-    ``Host`` names another host, as a web page's DNS-rebinding trick does,
-    needs the token); on any other address (``host="0.0.0.0"``) every
-    request without the job's token
+    On loopback (the default) a local client of this process's user is
+    answered without the token, and any local client at ``/metrics``; one
+    of another user needs it, and so does one whose ``Host`` names another
+    host, as a web page's DNS-rebinding trick does.  On any other address
+    (``host="0.0.0.0"``) every request without the job's token
     (``?token=`` or ``Authorization: Bearer``) gets 401, with a wrong one 403.
 
     Args:
         port: the TCP port; 0 picks a free one (:attr:`DashboardServer.port`).
-        host: the address to listen on (a loopback one needs no token).
+        host: the address to listen on (on a loopback one, this user's
+            clients need no token).
 
     Raises:
         TypeError: ``port`` is not an int, or ``host`` not a str.
