@@ -615,6 +615,29 @@ async def test_a_process_stopped_in_a_constructor_fails_the_spawn(
     assert "(heartbeat_timeout=0.1 s, 100 times that while its constructor ran)" in err
 
 
+async def test_a_process_stopped_before_it_reads_a_spawn_is_judged_as_any(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A process stopped (SIGSTOP) before it read a spawn got the
+    constructor's allowance all the same (100 heartbeat timeouts, 5 minutes
+    by default) from the moment the spawn was sent: the spawn and every
+    other call to it hung that long, where a stopped process fails its calls
+    after one timeout.  The allowance now starts when the process says it
+    read the spawn, so the spawn fails as any call does."""
+    async with meshio.this_host().spawn_procs(
+            per_host={"procs": 1}, heartbeat_interval=0.05, heartbeat_timeout=0.1) as procs:
+        pid = procs.pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(meshio.SupervisionError, match="not responding") as ei:
+                await asyncio.wait_for(procs.spawn("late", SlowInit, 0.0), DEADLINE)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert f"process {pid} on" in str(ei.value) and "SlowInit.__init__" in str(ei.value)
+    err = capsys.readouterr().err
+    assert f"(pid {pid} on" in err and "(heartbeat_timeout=0.1 s)" in err, err
+    assert "times that while" not in err, err
+
+
 async def test_a_start_given_up_stops_its_processes(tmp_path: Path) -> None:
     """The first await of what spawn_procs returned owns the start: cancelled
     before the processes are up (``await asyncio.wait_for(host.spawn_procs(...),

@@ -58,7 +58,7 @@ from ._transport._messages import (
     Started,
     StopActor,
 )
-from ._transport._runtime import Runtime, actor_thread, ask_each, register_handler
+from ._transport._runtime import Runtime, actor_thread, ask_each, register_handler, tell_held
 from ._transport._serial import Buffers, Packer, loads
 from ._transport._tasks import awaited, within
 from ._util import utf8
@@ -910,12 +910,14 @@ def _stopped_meanwhile(stops: list[asyncio.Future[None]]) -> None:
         _settle(answered, True, None)
 
 
-async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
+async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers,
+                     built: Callable[[], None]) -> None:
     """Build the actor of a SpawnActor message and answer the spawner.  Its
     ``__init__`` (and a sync ``on_restart``) runs in the actor's thread, where
     its ``def`` endpoints will run, so thread-local state it sets (a
     ``threading.local``, ``torch.set_grad_enabled``) is theirs.  Stopped
-    while built (:class:`Building`): stopped once built, never serving."""
+    while built (:class:`Building`): stopped once built, never serving.
+    ``built()`` is called before the answer goes (see :func:`_on_spawn`)."""
     ctx: Context[Any] | None = None
     thread = ActorThread(rt, _thread_name(msg.name, msg.rank))
     building = rt.state(Building)
@@ -949,6 +951,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     except SchemaError as e:
         thread.close()
         building.built(msg.target, stops)
+        built()
         conn.send_message(Fail(msg.req, actor_error(e, ctx, "schema")))
         _stopped_meanwhile(stops)
         return
@@ -963,6 +966,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
         if ctx is None:
             info = ErrorInfo(info.kind, info.type_name, info.message, info.traceback,
                              msg.name, msg.rank)
+        built()
         conn.send_message(Fail(msg.req, info))
         _stopped_meanwhile(stops)
         return
@@ -972,6 +976,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     if not building.built(msg.target, stops):  # stopped while built: stopped now
         # (built all the same: a supervisor's rebuild does not count a failure
         # for an actor mesh stopped on purpose; a spawn given up hears nothing)
+        built()
         conn.send_message(Reply(msg.req, MSGPACK_NIL))
         cell.stop().add_done_callback(lambda _: _stopped_meanwhile(stops))
         return
@@ -984,6 +989,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
     # once, as every later call to an idle actor does (ActorCell._begin),
     # rather than queueing for a task not yet started.
     await asyncio.sleep(0)
+    built()
     conn.send_message(Reply(msg.req, MSGPACK_NIL))
 
 
@@ -1048,8 +1054,25 @@ def cell_of(rt: Runtime, target: str) -> ActorCell | None:
 def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> None:
     building = rt.incarnation.building  # (a call for it meanwhile: not built yet, not stopped)
     building.add(msg.target)
-    rt.tasks.start(spawn_cell(rt, conn, msg, bufs)).add_done_callback(
-        lambda _: building.discard(msg.target))
+    # The controller's heartbeats wait while it is built (decoding its class
+    # and arguments, its __init__ holding the GIL: not a hang); said once
+    # read, so a process stopped before it reads a spawn is judged as any
+    # other.  Its end is said before the answer (the spawner may stop the
+    # process as soon as it has it), or as the task ends without one.
+    what = f"{msg.name}.__init__"
+    tell_held(rt, what, True)
+    said = False
+
+    def built() -> None:
+        nonlocal said
+        if not said:
+            said = True
+            tell_held(rt, what, False)
+
+    def ended(_: object) -> None:
+        building.discard(msg.target)
+        built()
+    rt.tasks.start(spawn_cell(rt, conn, msg, bufs, built)).add_done_callback(ended)
 
 
 register_handler(SpawnActor, _on_spawn)

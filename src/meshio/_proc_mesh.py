@@ -280,7 +280,6 @@ class ProcMesh(MeshShape):
                                          stall_after=self._options.stall_after,
                                          max_queued=self._options.max_queued),
                               out)
-            state.worker(grank).construct(fut)
         state.actors.append(_ActorRecord(name, target, cls_blob, mesh_blob, body, out,
                                          labels, sizes, self._region.ranks,
                                          self._options, mesh if self._view is None else None,

@@ -145,7 +145,7 @@ class _Worker:
     address: each incarnation listens on a name of its own, and answers to
     the slot's), ``handle``/``conn`` are the current incarnation's."""
 
-    __slots__ = ("addr", "cause", "conn", "constructing", "handle", "held", "hung",
+    __slots__ = ("addr", "cause", "conn", "handle", "held", "held_what", "hung",
                  "incarnation", "moved", "rank", "ready", "spec", "state", "unanswered")
 
     def __init__(self, rank: int, addr: str, handle: ProcHandle, spec: WorkerSpec,
@@ -168,12 +168,15 @@ class _Worker:
         self.moved: tuple[int, int, int] = (0, 0, 0)
         #: while NOT_RESPONDING: its callers' error
         self.hung: Callable[[Pending], SupervisionError] | None = None
-        #: constructors in flight (in their actors' threads, but one that holds the GIL,
-        #: or the decoding of its arguments, can starve the loop): heartbeats wait meanwhile
-        self.constructing: int = 0
-        #: its incarnation said meshio's own work holds its loop (the first
-        #: ``import torch``: :class:`LoopHeld`): heartbeats wait meanwhile
-        self.held: bool = False
+        #: what its incarnation said may hold its loop and has not ended
+        #: (:class:`LoopHeld`): constructors (in their actors' threads, but one
+        #: that holds the GIL, or the decoding of its arguments, can starve the
+        #: loop), meshio's first ``import torch``; heartbeats wait meanwhile.
+        #: Said by the process itself once it read the spawn: a process stopped
+        #: before it did is judged as any other.
+        self.held: int = 0
+        #: what the last of them was (``"w.__init__"``, ``"import torch"``)
+        self.held_what: str = ""
 
     def move(self, to: SlotState) -> None:
         """Go to state ``to`` (staying is not a move).
@@ -198,18 +201,6 @@ class _Worker:
     def on_purpose(self) -> bool:
         """Taken down on purpose (not a failure): its loss is expected."""
         return self.state in (SlotState.STOPPING, SlotState.RESTARTING)
-
-    def construct(self, fut: asyncio.Future[Any]) -> None:
-        """A constructor runs until ``fut`` is done: heartbeats judge the
-        process after :data:`HELD_TIMEOUTS` timeouts meanwhile (loading a
-        model in ``__init__`` is not a hang), and with one from its end."""
-        self.constructing += 1
-
-        def done(_: asyncio.Future[Any]) -> None:
-            self.constructing -= 1
-            self.unanswered = None
-
-        fut.add_done_callback(done)
 
 
 @dataclass(frozen=True)
@@ -261,7 +252,6 @@ class _ActorRecord:
                                        msgspec.Raw(self.body), restart, grank,
                                        self.options.stall_after, self.options.max_queued),
                             self.out)
-        w.construct(fut)
         return fut
 
 
@@ -674,7 +664,7 @@ class ProcState:
         """Watch the incarnation of ``worker`` at the other end of ``conn``:
         its loss (its connection's, or its process's exit), faults, stalls
         and heartbeats."""
-        worker.unanswered, worker.held = None, False
+        worker.unanswered, worker.held = None, 0
         self.rt.on_lost[worker.addr] = lambda conn: self._lost(worker, conn)
         self.rt.tasks.start(self._exited(worker.handle, weakref.ref(conn)))
         self.rt.watch.on_fault_from[worker.addr] = functools.partial(self._fault, worker)
@@ -893,9 +883,12 @@ class ProcState:
         if isinstance(msg, ActorStopped):
             self.stopped_actors(msg.target, (worker.rank,))
         elif isinstance(msg, LoopHeld):
-            worker.held = msg.held
-            if not msg.held:  # judged from now on, with one heartbeat timeout
-                worker.unanswered = None
+            if msg.held:
+                worker.held += 1
+                worker.held_what = msg.what
+            elif worker.held:  # (a controller re-attached meanwhile heard no start)
+                worker.held -= 1
+                worker.unanswered = None  # judged from now on, with one heartbeat timeout
         else:
             self._stalled(worker, msg)
 
@@ -954,7 +947,7 @@ class ProcState:
                     continue
                 # (reading paused: its answers wait unread on our side)
                 moved = _moved(w, conn) or conn.reading_paused
-                held = w.constructing or w.held
+                held = w.held
                 if stalled or moved or w.unanswered is None:
                     w.unanswered = now
                 elif now - w.unanswered > self.heartbeat_timeout * (HELD_TIMEOUTS if held else 1):
@@ -971,9 +964,10 @@ class ProcState:
         fail (the process is left alone and serves calls again once it
         answers)."""
         timeout = self.heartbeat_timeout
-        held = (f", {HELD_TIMEOUTS} times that while its constructor ran" if w.constructing
-                else f", {HELD_TIMEOUTS} times that while meshio held its loop" if w.held
-                else "")
+        held = ("" if not w.held else
+                f", {HELD_TIMEOUTS} times that while its constructor ran"
+                if w.held_what.endswith(".__init__") else
+                f", {HELD_TIMEOUTS} times that while meshio held its loop")
         if self.supervisor is not None:
             w.move(SlotState.KILLING)
             w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "

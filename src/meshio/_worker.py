@@ -21,8 +21,8 @@ from ._constants import MSGPACK_NIL
 from ._exceptions import SupervisionError
 from ._transport import _serial
 from ._transport._connection import Connection
-from ._transport._messages import Adopt, ErrorInfo, Fail, LoopHeld, Reply, Restored, Shutdown
-from ._transport._runtime import Runtime, register_handler
+from ._transport._messages import Adopt, ErrorInfo, Fail, Reply, Restored, Shutdown
+from ._transport._runtime import Runtime, register_handler, tell_held
 from ._transport._serial import Buffers
 
 __all__ = ("serve",)
@@ -61,10 +61,7 @@ class _Keeper:
                 return
         except RuntimeError:
             return
-        conn = rt.conns.get(rt.controller or "")
-        if conn is not None and not conn.closed:
-            conn.send_message(LoopHeld(held, what))
-            conn.write_batched()
+        tell_held(rt, what, held)
 
     def _finish(self, code: int) -> None:
         if not self.done.done():

@@ -471,11 +471,12 @@ class Stalled(_Msg, frozen=True, tag=28):
 
 
 class LoopHeld(_Msg, frozen=True, tag=45):
-    """From a worker to the controller that started it: meshio's own work
-    (``what``: the first ``import torch``, which a value holding a tensor
-    needs) is about to hold its event loop, for seconds perhaps (``held``),
-    or is done (``held`` False).  Heartbeats do not judge it meanwhile, as
-    while a constructor runs."""
+    """From a worker to the controller that started it: work that may hold
+    its event loop for seconds (``what``: an actor being built,
+    ``"w.__init__"``, whose constructor may hold the GIL; meshio's first
+    ``import torch``, which a value holding a tensor needs) is about to
+    begin (``held``), or is done (``held`` False).  Heartbeats judge it
+    after ``HELD_TIMEOUTS`` timeouts meanwhile, not one."""
 
     held: bool
     what: str

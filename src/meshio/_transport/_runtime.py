@@ -46,6 +46,7 @@ from ._messages import (
     Fault,
     Fill,
     Hello,
+    LoopHeld,
     Message,
     Moved,
     PeerDown,
@@ -64,7 +65,7 @@ from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "check_loop",
            "close_runtime", "existing_runtime", "ignore_result", "no_running_loop", "not_its_loop",
-           "print_fault", "runtime", "tcp_address")
+           "print_fault", "runtime", "tcp_address", "tell_held")
 
 log = logging.getLogger("meshio")
 
@@ -806,6 +807,17 @@ def close_runtime() -> None:
     rt = _runtimes.get(asyncio.get_running_loop())
     if rt is not None:
         rt.close()
+
+
+def tell_held(rt: Runtime, what: str, held: bool) -> None:
+    """In a worker: tell the controller that started it that ``what`` is
+    about to hold its loop (``held``: an actor being built, the first
+    ``import torch``) or no longer does (:class:`LoopHeld`), written at
+    once; nothing in a controller, or with its connection gone."""
+    conn = rt.conns.get(rt.controller or "")
+    if conn is not None and not conn.closed:
+        conn.send_message(LoopHeld(held, what))
+        conn.write_batched()
 
 
 async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Message], str, Any]],
