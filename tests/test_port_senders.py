@@ -114,3 +114,43 @@ async def test_ports_handed_over_and_never_closed_are_not_kept_for_good(
     assert await asyncio.wait_for(handed.told.call_one(), GUARD) == 0
     await asyncio.wait_for(handed.send_one.call_one(first, -2), GUARD)  # (told again)
     assert await asyncio.wait_for(first_rx.recv(), GUARD) == -2
+
+
+async def test_a_process_killed_before_it_read_the_port_counts_as_a_holder() -> None:
+    """The port goes to a process stopped (SIGSTOP) before the call is sent,
+    so it cannot have read the port (nor told the receiver it holds it),
+    and is then killed: it counted as a holder from the send on, so recv
+    raises instead of waiting forever."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        handed = (await procs.spawn("handed", Handed)).slice(procs=0)
+        pid = procs.pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        port, receiver = Channel[int].open()
+        call = handed.send_one.call_one(port, 1)  # (sent before it returns)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(call, GUARD)
+        with pytest.raises(SupervisionError, match="every process that held it is gone"):
+            await asyncio.wait_for(receiver.recv(), GUARD)
+
+
+async def test_every_process_a_call_handed_the_port_to_counts_as_a_holder() -> None:
+    """One call hands the port to two stopped processes; one is killed:
+    the receiver waits for the other, which reads the port and sends once
+    resumed; once it is gone too, recv raises."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        handed = await procs.spawn("handed", Handed)
+        pids = procs.pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        port, receiver = Channel[int].open()
+        call = handed.send_one.call(port, 7)
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(SupervisionError):  # (once it fails, the death is known here)
+            await asyncio.wait_for(handed.slice(procs=0).forget.call_one(), GUARD)
+        os.kill(pids[1], signal.SIGCONT)  # (it still holds the port: recv waits for it)
+        assert await asyncio.wait_for(receiver.recv(), GUARD) == 7
+        assert len((await asyncio.wait_for(call, GUARD)).holes) == 1  # rank 0's
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(SupervisionError, match="every process that held it is gone"):
+            await asyncio.wait_for(receiver.recv(), GUARD)

@@ -28,7 +28,7 @@ from ._transport._bulk import snapshot
 from ._transport._connection import Connection
 from ._transport._messages import PortSend
 from ._transport._runtime import Runtime, actor_thread, check_loop, not_its_loop, on_loop, runtime
-from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder
+from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder, hands_port
 
 __all__ = ("Channel", "Port", "PortReceiver")
 
@@ -57,6 +57,7 @@ class Port(Generic[T]):
         self._id = port_id
 
     def __reduce__(self) -> tuple[Any, ...]:
+        hands_port(self._addr, self._id)  # (its receiver, if here, counts where it goes)
         return (_received, (self._addr, self._id))
 
     def __repr__(self) -> str:

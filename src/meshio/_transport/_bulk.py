@@ -57,7 +57,15 @@ from .._exceptions import ProtocolError
 from ._frames import _LEN_MASK, _PEEK, _allocate
 from ._handshake import peer_creds
 from ._messages import Fill
-from ._serial import KIND_ASCII, KIND_BUFFER, KIND_BYTEARRAY, KIND_BYTES, OutBuffers, limits
+from ._serial import (
+    KIND_ASCII,
+    KIND_BUFFER,
+    KIND_BYTEARRAY,
+    KIND_BYTES,
+    Handing,
+    OutBuffers,
+    limits,
+)
 from ._tasks import finished
 
 if TYPE_CHECKING:
@@ -520,8 +528,13 @@ def snapshot(out: OutBuffers) -> OutBuffers:
     changing the value afterwards cannot reach a receiver, however long its
     frame waits to be written (a connection being made, from an actor's
     thread, a full window) or read (a large part, by descriptor)."""
-    return [(b if type(b) is bytes or kind == KIND_ASCII else bytes(memoryview(b)), kind)
+    copy = [(b if type(b) is bytes or kind == KIND_ASCII else bytes(memoryview(b)), kind)
             for b, kind in out]
+    if type(out) is Handing:  # (the ports it holds go with it)
+        handing = Handing(copy)
+        handing.ports = out.ports
+        return handing
+    return copy
 
 
 def exports_for(transport: asyncio.BaseTransport) -> Exports | None:

@@ -78,6 +78,7 @@ from ._serial import (
     KIND_BYTES,
     MAX_BODY,
     Buffers,
+    Handing,
     OutBuffers,
     limits,
 )
@@ -613,7 +614,23 @@ class Connection(asyncio.BufferedProtocol):
     def send_message(self, msg: Message,
                      out: OutBuffers | None = None) -> asyncio.Future[None] | None:
         """:meth:`send` of ``msg``."""
+        if type(out) is Handing:
+            self.hands(out)
         return self.send(encode_message(msg), out or [])
+
+    def hands(self, out: Handing) -> None:
+        """The frame of ``out`` goes to this connection's peer: of the ports
+        its value holds, those opened in this process count the peer among
+        their holders now (its death before it decodes them ends their
+        receivers as after; its own notice once it has, changes nothing).
+        A closed connection sends nothing: nobody is counted."""
+        rt = self.rt
+        if self.closed or self.peer == rt.addr:  # (this process never counts itself)
+            return
+        for addr, port_id in out.ports:
+            sink = rt.ports.get(port_id) if addr == rt.addr else None
+            if sink is not None:
+                sink._held(self)
 
     def send_cancel(self, msg: Cancel) -> None:
         """Send ``msg`` with the small frames written as this turn of the
@@ -633,6 +650,8 @@ class Connection(asyncio.BufferedProtocol):
         made after it in the same turn (a burst of calls served) are framed
         together, as one :class:`Answers` in order with the frames around
         them: the caller decodes one frame for them, not one each."""
+        if type(out) is Handing:
+            self.hands(out)
         if self._merge(Answers, (req, msgspec.Raw(body)), out, len(body)):
             return None
         return self.send(encode_message(Reply(req, msgspec.Raw(body))), out)
@@ -641,6 +660,8 @@ class Connection(asyncio.BufferedProtocol):
         """:meth:`send` of ``msg`` (and its out-of-band buffers); small calls
         made after the first frame of a turn of the loop (a burst) are framed
         together, as one :class:`Calls`, as :meth:`reply` does."""
+        if type(out) is Handing:
+            self.hands(out)
         if self._merge(Calls, msg, out, len(msg.args)):
             return None
         read = self.send(encode_message(msg), out)

@@ -65,9 +65,9 @@ import msgspec.structs
 from .._checks import check_seconds
 from .._exceptions import SchemaError
 
-__all__ = ("Buffers", "Limits", "OutBuffers", "Packer", "Refit", "Unfit", "ascii_memory",
-           "decoder_for", "dumps", "lenient", "limits", "loads", "refitter", "set_limits",
-           "travel", "type_name")
+__all__ = ("Buffers", "Handing", "Limits", "OutBuffers", "Packer", "Refit", "Unfit",
+           "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient", "limits", "loads",
+           "refitter", "set_limits", "travel", "type_name")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
@@ -1237,7 +1237,9 @@ class Packer(list[tuple[Any, int]]):
     :func:`refitter`).
     """
 
-    __slots__ = ()
+    __slots__ = ("ports",)
+    #: set once it becomes a :class:`Handing` (unset on a plain Packer)
+    ports: list[tuple[str, int]]
 
     def pack(self, value: Any, typed: bool | Fit) -> bytes:
         if _inline(value):
@@ -1275,6 +1277,28 @@ class Packer(list[tuple[Any, int]]):
                 f"the message's in-band part would be {body_len} bytes, over the "
                 f"{MAX_BODY}-byte wire limit for data that is not bytes, str, a tensor or a "
                 "pickle; pass large data as bytes or a tensor")
+
+
+class Handing(Packer):
+    """A :class:`Packer` whose value holds ports: ``ports``, the address
+    and id of each (:func:`hands_port`).  The connection that sends it
+    counts its peer among the holders of those of them opened in this
+    process (:meth:`~._connection.Connection.call`).  (A class of its own,
+    so that a frame without ports pays one type check for this.)"""
+
+    __slots__ = ()
+
+
+def hands_port(addr: str, port_id: int) -> None:
+    """A port (opened at ``addr``) is being encoded: note it in the frame's
+    :class:`Packer`, which becomes a :class:`Handing` (no frame being
+    encoded in this thread: a port pickled for another use, not noted)."""
+    out = _tls.out
+    if type(out) is Packer:
+        out.__class__ = Handing
+        out.ports = [(addr, port_id)]
+    elif type(out) is Handing:
+        out.ports.append((addr, port_id))
 
 
 def decoder_for(tp: Any) -> tuple[Any, bool]:
