@@ -65,6 +65,13 @@ class Peer(Actor):
     async def ask(self, other: Peer) -> int:
         return await other.score.call_one()
 
+    @endpoint
+    async def hold_then_ask(self, other: Peer, told: meshio.Port[str]) -> int:
+        """Say it is serving, wait until released, then ask ``other``."""
+        told.send("in")
+        await self.release.wait()
+        return await other.score.call_one()
+
 
 def deadlocks(e: BaseException) -> list[str]:
     """The deadlock errors ``e`` carries: itself, or its ranks' failures
@@ -102,11 +109,19 @@ async def test_a_ring_exchange_fails_at_once_rather_than_hanging(
 
 
 async def test_two_actors_calling_each_other_fail_at_once(procs: meshio.ProcMesh) -> None:
+    """Each is inside the call that asks the other before either asks (on a
+    loaded machine one could otherwise finish before the other began: no
+    deadlock at all)."""
     a = await procs.slice(procs=0).spawn("a", Peer)
     b = await procs.slice(procs=1).spawn("b", Peer)
-    results = await asyncio.wait_for(
-        asyncio.gather(a.ask.options(timeout=GUARD).call_one(b),
-                       b.ask.options(timeout=GUARD).call_one(a), return_exceptions=True), GUARD)
+    port, told = meshio.Channel[str].open()
+    calls = asyncio.gather(a.hold_then_ask.options(timeout=GUARD).call_one(b, port),
+                           b.hold_then_ask.options(timeout=GUARD).call_one(a, port),
+                           return_exceptions=True)
+    for _ in range(2):
+        assert await asyncio.wait_for(told.recv(), GUARD) == "in"
+    await asyncio.gather(a.go.call_one(), b.go.call_one())
+    results = await asyncio.wait_for(calls, GUARD)
     assert [m for r in results if isinstance(r, BaseException) for m in deadlocks(r)], results
     assert not any(isinstance(r, meshio.CallTimeout) for r in results), results
 
