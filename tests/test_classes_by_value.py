@@ -3,15 +3,11 @@ function) may refer to any picklable value: tensors, arrays, bytes."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-#: a fresh interpreter, torch imported, two workers
-DEADLINE = 120
+from script_run import run_script
 
 SCRIPT = """
 import numpy as np
@@ -61,14 +57,9 @@ def test_actor_class_by_value_refers_to_tensors_and_arrays(tmp_path: Path) -> No
     buffers")."""
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert f"TOTAL {[15.0 + 6 + 256 * 512] * 2}" in lines, proc.stdout
-    assert "LOCAL [0.5, 1.5, 2.5]" in lines, proc.stdout
+    lines = run_script(tmp_path, SCRIPT)
+    assert f"TOTAL {[15.0 + 6 + 256 * 512] * 2}" in lines, lines
+    assert "LOCAL [0.5, 1.5, 2.5]" in lines, lines
 
 
 
@@ -125,14 +116,8 @@ def test_a_class_by_value_used_in_an_annotation_still_pickles(tmp_path: Path,
     ``__msgspec_cache__`` on the class), spawning the actor class again
     failed ("cannot pickle 'msgspec._core.DataclassInfo' object"), and so
     did passing an instance where the annotation is ``Any``."""
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(ANNOTATED))
-    proc = subprocess.run([sys.executable, str(script), transport], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=DEADLINE,
-                          stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [
-        "TYPED 2", "AGAIN 3", "UNTYPED [Msg(a=3), <Color.RED: 1>]"], proc.stdout
+    assert run_script(tmp_path, ANNOTATED, transport) == [
+        "TYPED 2", "AGAIN 3", "UNTYPED [Msg(a=3), <Color.RED: 1>]"]
 
 
 SPAWN_CHILD = """
@@ -181,12 +166,7 @@ def test_a_controller_in_a_multiprocessing_spawn_child_ships_the_main_script(
     ``__mp_main__``: its actor class (and the function it calls) went by
     reference, and every worker failed its constructor with
     ``ModuleNotFoundError: No module named '__mp_main__'``."""
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(SPAWN_CHILD))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines.count("GREETED ['ADA', 'ADA']") == 2, (proc.stdout, proc.stderr)
-    assert sum(x.startswith("FUNCTION B from ") for x in lines) == 2, proc.stdout
-    assert [x for x in lines if "EXIT" in x] == ["spawn EXIT 0", "forkserver EXIT 0"], proc.stdout
+    lines = run_script(tmp_path, SPAWN_CHILD)
+    assert lines.count("GREETED ['ADA', 'ADA']") == 2, lines
+    assert sum(x.startswith("FUNCTION B from ") for x in lines) == 2, lines
+    assert [x for x in lines if "EXIT" in x] == ["spawn EXIT 0", "forkserver EXIT 0"], lines

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-#: a fresh interpreter, a worker killed and restarted
-DEADLINE = 120
+from script_run import DEADLINE, run_script
 
 SCRIPT = """
 import asyncio
@@ -70,18 +69,13 @@ asyncio.run(main())
 
 def test_a_worker_killed_under_an_ignored_sigchld_is_not_called_a_normal_exit(
         tmp_path: Path) -> None:
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(SCRIPT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=DEADLINE, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == "CHILD -9", proc.stdout  # the worker's own children keep their statuses
+    lines = run_script(tmp_path, SCRIPT)
+    assert lines[0] == "CHILD -9", lines  # the worker's own children keep their statuses
     failure = next(x for x in lines if x.startswith("EVENT failure"))
     assert "exited (its status was lost: something else reaped it; SIGCHLD is ignored" in \
-        failure, proc.stdout
-    assert "EVENT restart one_for_one restart" in lines, proc.stdout  # transient: abnormal
-    assert lines[-1] == "NEW PID True", proc.stdout
+        failure, lines
+    assert "EVENT restart one_for_one restart" in lines, lines  # transient: abnormal
+    assert lines[-1] == "NEW PID True", lines
 
 
 STDIO = """
