@@ -6,13 +6,16 @@ stacks."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
 import meshio
 from fifo_gate import Gate, hold
 from meshio import Actor, ActorStacks, StackFrame, Stacks, endpoint
+from meshio.testing import in_process_host
 
 GUARD = 30.0
 HERE = str(Path(__file__).resolve())
@@ -131,3 +134,32 @@ async def test_a_file_name_utf8_cannot_carry_loses_no_stacks(
     assert frame_at(alone.thread, "blocked") == frame
     assert f'File "{tmp_path}/caf\\xe9.py", line 2, in blocked' in stacks.text()
     assert Stacks.from_json(stacks.json()) == stacks
+
+
+class Idle(Actor):
+    @endpoint
+    async def ping(self) -> int:
+        return 1
+
+
+async def test_the_stacks_of_many_actors_read_the_threads_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every actor has a thread of its own, and each one's stacks read the
+    frames of every thread of the process (``sys._current_frames()``): once
+    per actor, a process of 2,000 actors took 2 s to answer, its loop held
+    (past the heartbeat timeout at ~3,000).  Now once per request (in-process
+    workers: this process's threads are theirs)."""
+    async with in_process_host().spawn_procs(per_host={"procs": 2}) as procs:
+        for i in range(10):
+            await procs.spawn(f"idle{i}", Idle)
+        reads = 0
+        current_frames = sys._current_frames
+
+        def counted() -> dict[int, FrameType]:
+            nonlocal reads
+            reads += 1
+            return current_frames()
+        monkeypatch.setattr(sys, "_current_frames", counted)
+        stacks = await asyncio.wait_for(procs.stacks(), GUARD)
+    assert not stacks.errors and len(stacks.actors) == 20
+    assert reads == 2, reads  # one per process asked, not one per actor

@@ -38,7 +38,7 @@ from ._exceptions import CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import Meter, encode_report, process_report
-from ._stacks import Stacks, capture, capture_construction, encode_actors
+from ._stacks import Stacks, capture, capture_construction, encode_actors, thread_frames
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
 from ._transport._connection import Connection, ignore_result
@@ -1170,9 +1170,12 @@ def _on_stacks(rt: Runtime, conn: Connection, msg: GetStacks, bufs: Buffers) -> 
     process (of ``msg.target``, or all), those being built too, on the
     loop: no mailbox is involved."""
     building = [c for c in list(rt.state(Building).under_way) if msg.target in ("", c.target)]
-    _answer(rt, conn, msg.req, "capturing the actors' stacks",
-            lambda: encode_actors([*(capture(cell) for cell in _cells(rt, msg.target)),
-                                   *(capture_construction(c) for c in building)]))
+
+    def stacks() -> msgspec.Raw:
+        current = thread_frames()  # (once: a dict of every thread, each actor's among them)
+        return encode_actors([*(capture(cell, current) for cell in _cells(rt, msg.target)),
+                              *(capture_construction(c, current) for c in building)])
+    _answer(rt, conn, msg.req, "capturing the actors' stacks", stacks)
 
 
 register_handler(GetStacks, _on_stacks)

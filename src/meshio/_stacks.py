@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ._cell import ActorCell, Construction
 
 __all__ = ("ActorStacks", "StackFrame", "Stacks", "TaskStack", "capture",
-           "capture_construction", "decode_actors", "encode_actors", "gather")
+           "capture_construction", "decode_actors", "encode_actors", "gather", "thread_frames")
 
 #: seconds ``stacks()`` waits for a process's answer by default
 STACKS_TIMEOUT = 10.0
@@ -250,8 +250,15 @@ def _awaited(coro: Any) -> Iterator[FrameType]:
             or getattr(coro, "ag_await", None)
 
 
-def _thread_frames(ident: int | None) -> list[FrameType]:
-    frame = sys._current_frames().get(ident) if ident is not None else None
+def thread_frames() -> dict[int, FrameType]:
+    """The innermost frame of every thread of this process, by thread id:
+    taken once for all the actors of a reply (``sys._current_frames()``
+    makes a dict of every thread, and each actor has one of its own)."""
+    return sys._current_frames()
+
+
+def _thread_frames(ident: int | None, current: dict[int, FrameType]) -> list[FrameType]:
+    frame = current.get(ident) if ident is not None else None
     frames: list[FrameType] = []
     while frame is not None:
         frames.append(frame)
@@ -260,9 +267,10 @@ def _thread_frames(ident: int | None) -> list[FrameType]:
     return frames
 
 
-def capture(cell: ActorCell) -> ActorStacks:
+def capture(cell: ActorCell, current: dict[int, FrameType] | None = None) -> ActorStacks:
     """The current stacks of the actor of ``cell``, on its process's loop
-    (its tasks are suspended there, its thread may be running)."""
+    (its tasks are suspended there, its thread may be running); its
+    thread's frames from ``current`` (:func:`thread_frames`), or taken now."""
     ctx = cell.ctx
     tasks: list[TaskStack] = []
     for task in (cell.task, *cell.tasks):
@@ -278,15 +286,18 @@ def capture(cell: ActorCell) -> ActorStacks:
         utf8(serving.qualname) if serving is not None else None,
         time.monotonic() - cell.since if serving is not None else None,
         tuple(tasks),
-        _from_user_code(_thread_frames(thread.ident if thread is not None else None)),
+        _from_user_code(_thread_frames(thread.ident if thread is not None else None,
+                                       thread_frames() if current is None else current)),
         sum(1 for conn, msg, _, _ in cell.mailbox if not msg.req or (conn, msg.req) in cell.queued),
         cell.expired)
 
 
-def capture_construction(building: Construction) -> ActorStacks:
+def capture_construction(building: Construction,
+                         current: dict[int, FrameType]) -> ActorStacks:
     """The current stacks of an actor being built (on its process's loop):
-    its thread's frames while its ``__init__`` (or a ``def on_restart``)
-    runs there; an ``async`` ``on_restart``'s in the task ``constructor``."""
+    its thread's frames (from ``current``, :func:`thread_frames`) while its
+    ``__init__`` (or a ``def on_restart``) runs there; an ``async``
+    ``on_restart``'s in the task ``constructor``."""
     ctx = building.ctx
     task = building.task
     frames = (_from_user_code(list(_awaited(task.get_coro())))
@@ -296,7 +307,7 @@ def capture_construction(building: Construction) -> ActorStacks:
         utf8(ctx.actor_name), ctx.point.rank, dict(ctx.point), ctx.proc.host, ctx.proc.pid,
         None, time.monotonic() - building.since,
         (TaskStack("constructor", frames),) if frames else (),
-        _from_user_code(_thread_frames(thread.ident if thread is not None else None)),
+        _from_user_code(_thread_frames(thread.ident if thread is not None else None, current)),
         constructing=True)
 
 
