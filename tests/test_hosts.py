@@ -423,6 +423,56 @@ async def test_a_flood_of_unproven_connections_leaves_the_agent_serving(
         await j.kill()
 
 
+def connect_from(source: str, host: str, port: int) -> socket.socket:
+    """A TCP connection to ``host``:``port`` from address ``source``."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.connect((host, port))
+    return sock
+
+
+def dropped(sock: socket.socket) -> bool:
+    """Whether the other end has closed ``sock`` (what it sent read)."""
+    try:
+        while sock.recv(1 << 16, socket.MSG_DONTWAIT):
+            pass
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True  # (end of stream)
+
+
+async def test_a_flood_from_one_address_does_not_crowd_out_another(tmp_path: Path) -> None:
+    """Unproven connections from one address (127.0.0.2) fill the agent's
+    handshake slots, one from another (127.0.0.1, a peer of the job in its
+    handshake) comes, then the flood goes on: the oldest was dropped for
+    each new one, whoever made it, so under a flood the job's own
+    connection never lived through its handshake (every spawn failed).
+    The oldest of the address holding the most goes now: a flood from one
+    address crowds out only itself."""
+    j = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio")
+    flood: list[socket.socket] = []
+    try:
+        await j.state()
+        addr = job_record(j)["hosts"]["hosts"][0]["addr"] if job_record(j) else ""
+        host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+        flood += [connect_from("127.0.0.2", host, int(port)) for _ in range(MAX_HANDSHAKING)]
+        peer = connect_from("127.0.0.1", host, int(port))
+        flood += [connect_from("127.0.0.2", host, int(port)) for _ in range(300)]
+        for sock in flood[:301]:  # dropped, oldest first, as the last 300 and the peer came
+            sock.settimeout(DEADLINE)
+            with contextlib.suppress(ConnectionResetError):
+                assert await asyncio.to_thread(sock.recv, 1 << 16) == b""
+        assert not dropped(peer)  # (dropped before the last of those, if at all)
+        assert not any(dropped(sock) for sock in flood[301:])  # the newest 255 and the peer
+        peer.close()
+    finally:
+        for sock in flood:
+            sock.close()
+        await j.kill()
+
+
 # ------------------------------------------------------------ several jobs
 
 def listening_ports() -> set[int]:

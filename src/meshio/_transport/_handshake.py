@@ -190,12 +190,14 @@ class HandshakeProtocol(asyncio.Protocol):
     within ``timeout`` seconds) or :class:`ConnectionError` (closed by the
     peer mid-handshake).  ``pid``: a dialler's knowledge of the pid of the
     process listening where it dials (a Unix socket's ``SO_PEERCRED`` must
-    say the same).
+    say the same).  ``on_made()``: called first as its transport is made,
+    its :attr:`peername` known (a listener counts it then).
     """
 
     def __init__(self, secret: bytes, *, dialler: bool, timeout: float,
                  on_done: Callable[[asyncio.Transport, bytes], None],
-                 on_fail: Callable[[Exception], None], pid: int | None = None) -> None:
+                 on_fail: Callable[[Exception], None], pid: int | None = None,
+                 on_made: Callable[[], None] | None = None) -> None:
         self._secret = secret
         self._dialler = dialler
         self._pid = pid
@@ -203,6 +205,7 @@ class HandshakeProtocol(asyncio.Protocol):
         self._timeout = timeout
         self._on_done = on_done
         self._on_fail = on_fail
+        self._on_made = on_made
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.finished = False
@@ -232,6 +235,8 @@ class HandshakeProtocol(asyncio.Protocol):
             return
         self._transport = stream
         self.peername = transport.get_extra_info("peername") or self.peername
+        if self._on_made is not None:  # (its peer known: a listener admits it)
+            self._on_made()
         self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
         self.creds = peer_creds(transport)
         if self.creds is not None and self.creds[1] != os.getuid():

@@ -15,8 +15,9 @@ import secrets
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from .._exceptions import AuthenticationError, ClosedResourceError, MeshioError, SupervisionError
 from ._connection import Connection, Pending
@@ -38,10 +39,11 @@ LISTEN_BACKLOG: Final = 4096
 #: seconds a dialler gives a peer to accept and complete the handshake
 CONNECT_TIMEOUT = 60.0
 #: incoming connections a runtime lets handshake at once, on all its
-#: listeners: past it, the oldest is dropped for the newest.  Peers that
-#: connect and never prove anything (thousands of them, each allowed the
-#: handshake timeout) cannot use up this process's descriptors, and a real
-#: peer, which proves itself in milliseconds, still gets through.
+#: listeners: past it, the oldest of the source holding the most is dropped
+#: for the newest.  Peers that connect and never prove anything (thousands
+#: of them, each allowed the handshake timeout) hold at most this many
+#: descriptors, and a flood from one address crowds out only itself: the
+#: job's peers at other addresses still get through.
 MAX_HANDSHAKING: Final = 256
 #: refusals logged at once, then one more a second: a flood of refused
 #: connections writes a line a second (each naming how many went unlogged),
@@ -61,6 +63,22 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # (a name)
         return False
+
+
+def _source(peer: object) -> str:
+    """Whom an incoming connection from ``peer`` (its address) counts
+    against: its IPv4 address; the /64 network of its IPv6 address (one
+    host may hold all of one); ``""``, a Unix socket's peer (on this host,
+    its uid checked at once)."""
+    if not isinstance(peer, tuple) or not peer:
+        return ""
+    host = str(cast(tuple[object, ...], peer)[0])
+    if ":" not in host:
+        return host
+    try:
+        return str(ipaddress.ip_network(f"{host.split('%')[0]}/64", strict=False))
+    except ValueError:
+        return host
 
 
 def tcp_endpoint(addr: str) -> tuple[str, int] | None:
@@ -142,8 +160,9 @@ class SocketBackend:
         self._socks: list[socket.socket] = []
         self._servers: list[asyncio.Server] = []
         self._handshakes: set[HandshakeProtocol] = set()
-        #: the incoming ones, oldest first → how to drop it (:meth:`_admit`)
-        self._incoming: dict[HandshakeProtocol, Callable[[], None]] = {}
+        #: the incoming ones, oldest first → (the source they count
+        #: against, how to drop it) (:meth:`_admit`)
+        self._incoming: dict[HandshakeProtocol, tuple[str, Callable[[], None]]] = {}
         #: refusals that may be logged now (:data:`REFUSALS_LOGGED`), when
         #: that was counted, and those not logged since the last line
         self._may_log = float(REFUSALS_LOGGED)
@@ -279,8 +298,9 @@ class SocketBackend:
                 accepting.cancel()
             else:
                 hs.fail(self._dropped())
-        hs = self._handshake_in(addr, job, drop)
+        hs = self._handshake_in(addr, job, tls=True)
         hs.peername = peer
+        self._admit(hs, drop)  # (as accepted: TLS holds it for the handshake timeout too)
         try:
             await self.rt.loop.connect_accepted_socket(
                 lambda: hs, conn, ssl=job.server_context,
@@ -296,12 +316,13 @@ class SocketBackend:
                 self._log_refused(addr, hs, self._dropped())  # (dropped by _admit)
             raise
 
-    def _handshake_in(self, addr: str, job: Credentials | None,
-                      drop: Callable[[], None] | None = None) -> HandshakeProtocol:
+    def _handshake_in(self, addr: str, job: Credentials | None, *,
+                      tls: bool = False) -> HandshakeProtocol:
         """A new incoming connection at this runtime's address ``addr`` (on
         TCP, for the processes of ``job``): the handshake first, then a
-        Connection.  ``drop``: how :meth:`_admit` drops it (by default, it
-        fails the handshake, which aborts the connection)."""
+        Connection.  It is admitted (:meth:`_admit`) once its peer is known,
+        as its transport is made; under ``tls``, by the caller, as TLS
+        begins."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
             self._incoming.pop(hs, None)
@@ -313,26 +334,29 @@ class SocketBackend:
             if not self.rt.closed:
                 self._log_refused(addr, hs, error)
 
-        hs = HandshakeProtocol(self.rt.secret if job is None else job.secret, dialler=False,
-                               timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail)
+        hs = HandshakeProtocol(
+            self.rt.secret if job is None else job.secret, dialler=False,
+            timeout=HANDSHAKE_TIMEOUT, on_done=done, on_fail=fail,
+            on_made=None if tls else lambda: self._admit(hs, lambda: hs.fail(self._dropped())))
         self._handshakes.add(hs)
-        self._admit(hs, drop if drop is not None else lambda: hs.fail(self._dropped()))
         return hs
 
     def _admit(self, hs: HandshakeProtocol, drop: Callable[[], None]) -> None:
-        """Count ``hs`` among the incoming handshakes under way; if
-        :data:`MAX_HANDSHAKING` are, the oldest is dropped first."""
+        """Count ``hs`` among the incoming handshakes under way, against its
+        source (:func:`_source`); if :data:`MAX_HANDSHAKING` are, the oldest
+        of the source that holds the most is dropped first (``drop``)."""
         incoming = self._incoming
         if len(incoming) >= MAX_HANDSHAKING:
-            oldest = next(iter(incoming))
-            incoming.pop(oldest)()
-        incoming[hs] = drop
+            crowd, _ = Counter(source for source, _ in incoming.values()).most_common(1)[0]
+            oldest = next(h for h, (source, _) in incoming.items() if source == crowd)
+            incoming.pop(oldest)[1]()
+        incoming[hs] = (_source(hs.peername), drop)
 
     @staticmethod
     def _dropped() -> ConnectionAbortedError:
         return ConnectionAbortedError(
             f"dropped unproven: {MAX_HANDSHAKING} connections were in the handshake at once "
-            "(the oldest goes for the newest)")
+            "(the oldest of the address holding the most goes for the newest)")
 
     def _log_refused(self, addr: str, hs: HandshakeProtocol, error: Exception) -> None:
         """Log a refused connection: :data:`REFUSALS_LOGGED` at once, then
