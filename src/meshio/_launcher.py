@@ -476,6 +476,18 @@ def group_nested_workers() -> None:
     _nested_in_group = os.getpgrp() == os.getpid()
 
 
+def default_sigchld() -> None:
+    """SIGCHLD back to its default where this process inherited it ignored
+    (``SIG_IGN`` survives ``exec``: a worker started by a controller that
+    ignores it, an agent started by a parent that did): the kernel would
+    reap what it starts at once, workers and the programs their actors run,
+    and their exit statuses would be lost (``subprocess`` calls such a
+    child's status 0, even one killed; :data:`EXIT_LOST`).  Called as a
+    worker or a host agent starts."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def _kill_group(pgid: int) -> None:
     """SIGKILL every process of group ``pgid``; none left: nothing to do."""
     try:

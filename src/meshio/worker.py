@@ -51,6 +51,7 @@ from ._debug import install as install_debugger
 from ._launcher import (
     BOOTSTRAP_FAILED,
     PAYLOAD_HEADER,
+    default_sigchld,
     group_nested_workers,
     random_layouts_for_children,
 )
@@ -105,16 +106,6 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, _do_nothing)
         signal.siginterrupt(sig, False)
     os.register_at_fork(after_in_child=_default_stop_signals)
-
-
-def _default_sigchld() -> None:
-    """SIGCHLD back to its default where we inherited it ignored (``SIG_IGN``
-    survives ``exec``: a controller that ignores it starts us so): the
-    kernel would reap what we start at once, the workers of a nested proc
-    mesh and the programs our actors run, and their exit statuses would be
-    lost (``subprocess`` calls such a child's status 0, even one killed)."""
-    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _do_nothing(signum: int, frame: object) -> None:
@@ -235,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
     _ignore_stop_signals()
-    _default_sigchld()
+    default_sigchld()
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
         if p not in sys.path:
             sys.path.append(p)

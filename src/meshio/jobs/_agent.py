@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from .._checks import check_seconds
-from .._launcher import LocalLauncher, LocalProc, WorkerSpec
+from .._launcher import LocalLauncher, LocalProc, WorkerSpec, default_sigchld
 from .._transport._connection import Connection
 from .._transport._messages import (
     AgentBeat,
@@ -402,6 +402,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         ap.error(f"--secret-file {args.secret_file!r}: {e}")
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    # Started with SIGCHLD ignored (by a parent that ignored it): the kernel
+    # would reap our workers at once and every exit status be lost.
+    default_sigchld()
     listening = False
 
     def ready(addr: str) -> None:

@@ -34,11 +34,11 @@ from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
-from ._remote import attach
+from ._remote import attach, checked_secret
 
 __all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
            "check_job_name", "check_meshes", "check_tls", "read_cache",
-           "read_own_cache",
+           "read_job_secret", "read_own_cache",
            "record_resize", "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
@@ -48,8 +48,9 @@ AGENT_START_TIMEOUT = 30.0
 
 
 class JobCacheError(RuntimeError):
-    """A job cache file that must not be used: another user's, readable or
-    writable by others, or not a meshio job cache."""
+    """A job cache or secret file that must not be used (another user's,
+    readable or writable by others, not a file, or not a meshio job cache),
+    or a cache directory where they cannot be kept."""
 
 
 class JobState:
@@ -222,7 +223,12 @@ class AgentsJob:
 
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed); the
-        same object each time (``resize`` changes its host meshes)."""
+        same object each time (``resize`` changes its host meshes).
+
+        Raises:
+            JobCacheError: the cache or the job secret file is unsafe (as
+                :meth:`apply`'s), or the secret file is missing.
+        """
         await self.apply()
         assert self._entry is not None
         if self._state is None:
@@ -257,25 +263,71 @@ def _load_cache(path: Path) -> dict[str, Any] | None:
         JobCacheError: the file is another user's or others may read or
             write it, or it is not a meshio job cache.
     """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+    data = _read_private(path, "job cache")
+    if data is None:
         return None
-    if st.st_uid != os.getuid():
-        raise JobCacheError(f"job cache {path} belongs to uid {st.st_uid}, not to you "
-                            f"(uid {os.getuid()}); it is not used. Remove it or choose "
-                            "another job name.")
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise JobCacheError(f"job cache {path} is readable or writable by others (mode "
-                            f"{stat.S_IMODE(st.st_mode):o}); it is not used. Remove it.")
     try:
-        loaded: object = json.loads(path.read_text())
+        loaded: object = json.loads(data)
     except ValueError:
         loaded = None
     if not isinstance(loaded, dict) or cast(dict[str, Any], loaded).get("meshio_job") != 1:
         raise JobCacheError(f"job cache {path} is not a meshio job cache; it is not used. "
                             "Remove it.")
     return cast(dict[str, Any], loaded)
+
+
+def _read_private(path: Path, what: str) -> bytes | None:
+    """The contents of ``path`` (``what``: a job's cache or secret) if it is
+    a file of this user's that others may neither read nor write; None if
+    there is none.  What is checked is the file opened (through a link, if
+    ``path`` is one), and what is read is that file.
+
+    Raises:
+        JobCacheError: it is another user's, others may read or write it,
+            it is not a regular file, or it cannot be read.
+    """
+    try:  # (O_NONBLOCK: a FIFO planted there does not hang the open)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            _refuse_unless_private(path, what, path.stat())  # another user's, private
+        raise JobCacheError(f"{what} {path} cannot be read ({e.strerror or e}); it is not "
+                            "used. Remove it.") from None
+    with os.fdopen(fd, "rb") as f:
+        _refuse_unless_private(path, what, os.fstat(fd))
+        return f.read()
+
+
+def _refuse_unless_private(path: Path, what: str, st: os.stat_result) -> None:
+    """(:func:`_read_private`'s checks of the file opened, ``st``.)"""
+    if not stat.S_ISREG(st.st_mode):
+        raise JobCacheError(f"{what} {path} is not a file; it is not used. Remove it.")
+    if st.st_uid != os.getuid():
+        raise JobCacheError(f"{what} {path} belongs to uid {st.st_uid}, not to you "
+                            f"(uid {os.getuid()}); it is not used. Remove it or choose "
+                            "another job name.")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise JobCacheError(f"{what} {path} is readable or writable by others (mode "
+                            f"{stat.S_IMODE(st.st_mode):o}); it is not used. Remove it.")
+
+
+def read_job_secret(path: Path) -> bytes | None:
+    """The job secret in ``path`` if it is this user's and private (as a
+    job cache is: :func:`_read_private`); None if there is none.
+
+    Raises:
+        JobCacheError: the file is another user's, others may read or
+            write it, it is not a file, or it holds no secret.
+    """
+    data = _read_private(path, "job secret")
+    if data is None:
+        return None
+    try:
+        return checked_secret(data.strip())
+    except ValueError as e:
+        raise JobCacheError(f"job secret {path}: {e}; it is not used. Remove it.") from None
 
 
 def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, Any] | None:
@@ -330,15 +382,21 @@ def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` (a job's cache, secret), readable by this
     user only: into a fresh file (``O_EXCL``, mode 0600, a random name),
     renamed over ``path``; whatever was there (a file or link another user
-    planted) is replaced, never written through.  Its directory is made
-    (mode 0700) if missing.
+    planted) is replaced, never written through.  Its directory and the
+    missing ones above it are made mode 0700 (:func:`_make_private_dirs`).
 
     Raises:
         JobCacheError: the directory is another user's, or others may write
-            to it: they could plant or swap the job's secret there.
+            to it: they could plant or swap the job's secret there; or it
+            cannot be made, or ``path`` cannot be written (a directory
+            there, a full disk).
     """
     folder = path.parent
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        _make_private_dirs(folder)
+    except OSError as e:
+        raise JobCacheError(f"job cache directory {folder} cannot be made ({e}); choose "
+                            "another cache_dir") from None
     st = folder.stat()
     if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise JobCacheError(
@@ -346,15 +404,36 @@ def _write_private(path: Path, data: bytes) -> None:
             f"{stat.S_IMODE(st.st_mode):o}: the job's secret cannot be kept there (others could "
             f"read or replace it); meshio needs it to be yours (uid {os.getuid()}) and writable "
             f"by you only: remove it, or choose another cache_dir")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise JobCacheError(f"{path} cannot be written ({e.strerror or e}); remove what is "
+                            "there, or choose another cache_dir") from None
+
+
+def _make_private_dirs(folder: Path) -> None:
+    """Make ``folder`` and the missing directories above it, each mode 0700
+    (``mkdir(parents=True)`` makes those above by the umask: 0777 under
+    ``umask 000``, where another user could swap the folder beneath).
+
+    Raises:
+        OSError: one cannot be made (something else of that name there).
+    """
+    missing: list[Path] = []
+    for d in [folder, *folder.parents]:
+        if d.is_dir():
+            break
+        missing.append(d)
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
 
 
 def _start_time(pid: int) -> str | None:
@@ -494,7 +573,9 @@ class ProcessJob(AgentsJob):
             argv += tls_flags(os.fspath(tls.cert), os.fspath(tls.key), os.fspath(tls.ca),
                               mutual=tls.mutual, check_hostname=tls.check_hostname)
         log_path = self.cache.with_suffix(".log")
-        with open(log_path, "ab") as log_file:
+        # (readable by this user only, as the cache beside it: whatever the umask)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(log_fd, "ab") as log_file:
             # ``sh`` starts the agent in the background and exits: the agent is
             # nobody's child here and outlives this script (the next run
             # re-attaches); it prints its pid, then the agent its address.
@@ -576,9 +657,18 @@ class ProcessJob(AgentsJob):
 
 def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:
     """The host meshes of a cached job whose agents are listed by address
-    (``entry["hosts"]``: mesh name → agents ``{"addr": ...}``)."""
+    (``entry["hosts"]``: mesh name → agents ``{"addr": ...}``).
+
+    Raises:
+        JobCacheError: its secret file is missing, or unsafe
+            (:func:`read_job_secret`).
+    """
     secret_file = Path(entry["secret_file"])
-    return JobState({mesh: attach([a["addr"] for a in agents], secret_file=secret_file, tls=tls)
+    secret = read_job_secret(secret_file)
+    if secret is None:
+        raise JobCacheError(f"job secret {secret_file}, named by the job's cache, is missing; "
+                            "kill() the job and start it again.")
+    return JobState({mesh: attach([a["addr"] for a in agents], secret=secret, tls=tls)
                      for mesh, agents in entry["hosts"].items()})
 
 

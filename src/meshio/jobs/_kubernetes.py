@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import secrets
-import stat
 import time
 from collections.abc import Generator, Mapping
 from functools import partial
@@ -42,13 +41,14 @@ from ._job import (
     check_meshes,
     check_tls,
     read_cache,
+    read_job_secret,
     read_own_cache,
     record_resize,
     resize_job,
     write_cache,
     write_secret,
 )
-from ._remote import attach, read_secret_file
+from ._remote import attach
 
 __all__ = ("ClusterError", "ClusterNotConfiguredError", "KubernetesJob")
 
@@ -369,17 +369,18 @@ class KubernetesJob:
         }}
 
     def _job_secret(self) -> bytes:
-        """The job secret in ``self.secret_file``, made if missing."""
-        try:
-            st = self.secret_file.stat()
-        except FileNotFoundError:
+        """The job secret in ``self.secret_file``, made if missing.
+
+        Raises:
+            JobCacheError: the file is unsafe (:func:`read_job_secret`), or
+                its directory (:func:`write_secret`).
+        """
+        secret = read_job_secret(self.secret_file)
+        if secret is None:
             write_secret(self.secret_file, secrets.token_bytes(32))
-            st = self.secret_file.stat()
-        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise JobCacheError(f"job secret {self.secret_file} is another user's or readable "
-                                f"or writable by others (mode {stat.S_IMODE(st.st_mode):o}); "
-                                "it is not used. Remove it.")
-        return read_secret_file(self.secret_file)
+            secret = read_job_secret(self.secret_file)
+            assert secret is not None  # (just written)
+        return secret
 
     # -------------------------------------------------------------- job protocol
 

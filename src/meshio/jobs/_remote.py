@@ -53,7 +53,8 @@ from .._transport._serial import Buffers
 from .._transport._sockets import tcp_endpoint
 from .._transport._tls import TLSConfig
 
-__all__ = ("RemoteLauncher", "RemoteProc", "attach", "read_secret_file", "route_to")
+__all__ = ("RemoteLauncher", "RemoteProc", "attach", "checked_secret", "read_secret_file",
+           "route_to")
 
 log = logging.getLogger("meshio")
 
@@ -71,10 +72,15 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
         ValueError: the secret is shorter than 16 bytes.
     """
     with open(path, "rb") as f:
-        return _checked(f.read().strip())
+        return checked_secret(f.read().strip())
 
 
-def _checked(secret: bytes) -> bytes:
+def checked_secret(secret: bytes) -> bytes:
+    """``secret``, at least 16 bytes.
+
+    Raises:
+        ValueError: it is shorter.
+    """
     if len(secret) < 16:
         raise ValueError(f"the job secret must be at least 16 bytes, got {len(secret)}")
     return secret
@@ -374,7 +380,7 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
                             f"{type(secret_file).__name__}")
         key = read_secret_file(secret_file)
     elif isinstance(secret, bytes):
-        key = _checked(secret)
+        key = checked_secret(secret)
     else:  # never read as a file name, and never shown
         raise TypeError(f"attach: secret= takes the job secret itself as bytes, got "
                         f"{type(secret).__name__}; to read it from a file, pass "
