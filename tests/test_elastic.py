@@ -376,6 +376,10 @@ async def test_bad_arguments_get_clear_errors() -> None:
             await procs.shrink(gpus=2)
         with pytest.raises(ValueError, match="slice"):
             await procs.slice(gpus=slice(0, 1)).grow(gpus=1)
+        with pytest.raises(ValueError, match="a slice of proc mesh"):  # (it has no dim 'gpus')
+            await procs.slice(gpus=0).grow(gpus=1)
+        with pytest.raises(ValueError, match="a slice of proc mesh"):
+            await procs.slice(gpus=1).shrink(gpus=1)
         with pytest.raises(ValueError, match=">= 1"):
             await procs.grow(gpus=0)
         with pytest.raises(TypeError, match="one dimension"):

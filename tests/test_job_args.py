@@ -51,6 +51,8 @@ def test_name_and_tls_of_the_wrong_type_are_refused(tmp_path: Path, kind: type[A
 def test_process_job_host_must_be_a_str(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="host must be a str"):
         ProcessJob(meshes={"a": 1}, cache_dir=tmp_path, host=1234)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="host must be an address of this machine, got ''"):
+        ProcessJob(meshes={"a": 1}, cache_dir=tmp_path, host="")
 
 
 def test_slurm_job_options_of_the_wrong_type_are_refused(tmp_path: Path) -> None:

@@ -533,6 +533,8 @@ async def test_controller_returning_without_stop_leaves_no_orphans(
      r"\(heartbeat_timeout=\.\.\.\) must be a number of seconds"),
     ({"heartbeat_interval": 0}, ValueError, r"\(heartbeat_interval=\.\.\.\) must be seconds > 0"),
     ({"per_host": {"gpus": 0}}, ValueError, ": per_host must map dim names to ints"),
+    ({"per_host": {"gpus": "2"}}, TypeError, r": per_host must map dim names \(str\) to ints"),
+    ({"per_host": {"gpus": True}}, TypeError, r": per_host must map dim names \(str\) to ints"),
     ({"per_host": {"gpus": 10**9}}, ValueError, ": per_host .* is 1000000000 processes on each"),
     ({"shutdown": "gently"}, ValueError, r"\(shutdown=\.\.\.\) must be seconds >= 0 or 'brutal"),
     ({"restart": "always"}, ValueError, ": restart must be 'permanent'")])

@@ -73,6 +73,9 @@ class Port(Generic[T]):
         Raises:
             SchemaError: ``value`` cannot be encoded (its pickling raised,
                 or it is over the message size limit); nothing is sent.
+            WrongLoopError: called from a thread that runs no event loop
+                (not an actor's): ``loop.call_soon_threadsafe(port.send,
+                value)`` sends from there.
         """
         packer = Packer()
         try:

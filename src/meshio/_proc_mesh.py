@@ -531,6 +531,10 @@ class ProcMesh(MeshShape):
             raise TypeError(f"{what}: give one dimension and a count, e.g. "
                             f"{what}({next(iter(self.sizes), 'gpus')}=2); got {dict(dims)}")
         ((name, by),) = dims.items()
+        if self._view is not None:  # (first: a slice may have dropped the dimension)
+            raise ValueError(f"{what}(): this is a slice of proc mesh {state.name!r} "
+                             f"{self.sizes}; a proc mesh changes size as a whole: call "
+                             f"{what}() on the mesh returned by spawn_procs")
         if name not in self._region.extent:
             raise KeyError(f"{what}: proc mesh {state.name!r} has no dimension {name!r} "
                            f"(dims {self.sizes})")
@@ -539,10 +543,6 @@ class ProcMesh(MeshShape):
                             f"{by!r}")
         if by < 1:
             raise ValueError(f"{what}({name}={by}): the count must be >= 1")
-        if self._view is not None:
-            raise ValueError(f"{what}(): this is a slice of proc mesh {state.name!r} "
-                             f"{self.sizes}; a proc mesh changes size as a whole: call "
-                             f"{what}() on the mesh returned by spawn_procs")
         why = state.resizable(name)
         if why is not None:
             raise ValueError(f"{what}({name}={by}) on proc mesh {state.name!r} {self.sizes}: "
@@ -930,7 +930,10 @@ class HostMesh(MeshShape):
                                 f"picklable values") from e
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
-            if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"spawn_procs: per_host must map dim names (str) to ints >= 1, "
+                                f"got {k!r}: {v!r} ({type(v).__name__})")
+            if v < 1:
                 raise ValueError(f"spawn_procs: per_host must map dim names to ints >= 1, "
                                  f"got {k!r}: {v!r}")
         clash = set(per_host) & set(self.extent.labels)

@@ -4,6 +4,7 @@ and read whole by others, on the same-host path and over TCP."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 
@@ -235,16 +236,33 @@ async def test_reads_over_tcp(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_bad_arguments() -> None:
+    """A wrong type is a TypeError, a wrong value a ValueError (a bool is no
+    count: ``read(at_least=True)`` waited for version 1)."""
     store = WeightStore("policy-bad")
     with pytest.raises(ValueError, match="exists"):
         WeightStore("policy-bad")
+    with pytest.raises(ValueError, match="name must not be empty"):
+        WeightStore("")
+    with pytest.raises(TypeError, match="name must be a str, got int 3"):
+        WeightStore(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="keep must be an int >= 1, got bool True"):
+        WeightStore("policy-keep", keep=True)
+    with pytest.raises(ValueError, match="keep must be an int >= 1, got 0"):
+        WeightStore("policy-keep", keep=0)
     with pytest.raises(TypeError, match="tensors"):
         await store.publish({"w": [1, 2]}, version=1)  # type: ignore[dict-item]
-    with pytest.raises(TypeError, match="version"):
+    with pytest.raises(ValueError, match="version must be an int >= 0, got -1"):
         await store.publish({}, version=-1)
-    await store.publish({"w": torch.ones(2)}, version=1)
+    with pytest.raises(TypeError, match="version must be an int >= 0, got bool True"):
+        await store.publish({}, version=True)
+    await store.publish({"w": torch.ones(2)}, version=0)
     with pytest.raises(KeyError, match="nope"):
         await store.read(keys=["nope"])
+    for read in (store.read, functools.partial(store.read_into, {"w": torch.zeros(2)})):
+        with pytest.raises(TypeError, match="at_least must be an int >= 0, got bool True"):
+            await read(at_least=True)
+        with pytest.raises(ValueError, match="at_least must be an int >= 0, got -1"):
+            await read(at_least=-1)
 
 
 class Hammer(Actor):

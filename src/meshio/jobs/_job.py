@@ -111,9 +111,9 @@ def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
     """``meshes={"trainers": 2}`` checked: names are identifiers, counts ≥ 1.
 
     Raises:
-        TypeError: not a mapping of str to int.
-        ValueError: an empty mapping, a name that is not an identifier, a
-            count below 1.
+        TypeError: a count that is not an int (a bool).
+        ValueError: not a mapping, or an empty one, a name that is not an
+            identifier (or no str), a count below 1.
     """
     if not isinstance(meshes, Mapping) or not meshes:
         raise ValueError("meshes must be a non-empty mapping of mesh name to host count, "
@@ -504,9 +504,11 @@ class ProcessJob(AgentsJob):
         self.meshes: dict[str, int] = check_meshes(meshes)
         self.name: str = check_job_name("ProcessJob", name)
         what = f"ProcessJob {name!r}"
-        if not isinstance(host, str) or not host:
+        if not isinstance(host, str):
             raise TypeError(f"{what}: host must be a str (an address of this machine), got "
                             f"{type(host).__name__} {host!r}")
+        if not host:
+            raise ValueError(f"{what}: host must be an address of this machine, got ''")
         self.host: str = host
         self.tls: TLSConfig | None = check_tls(what, tls)
         self.idle_timeout: float = float(check_seconds(idle_timeout, "ProcessJob", "idle_timeout"))

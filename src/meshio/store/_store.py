@@ -487,16 +487,24 @@ class WeightStore:
             ``keep``); memory stays bounded however many are published.
 
     Raises:
-        ValueError: ``name`` is taken in this process, or ``keep`` < 1.
+        TypeError: ``name`` is not a str, or ``keep`` not an int (a bool).
+        ValueError: ``name`` is empty or taken in this process, or ``keep``
+            < 1.
     """
 
     __slots__ = ("_handle_owner", "_host", "_id", "_key", "_latest_addr", "_name", "_pid",
                  "_rt", "_seen")
 
     def __init__(self, name: str, *, keep: int = 2) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"WeightStore: name must be a non-empty str, got {name!r}")
-        if not isinstance(keep, int) or keep < 1:
+        if not isinstance(name, str):
+            raise TypeError(f"WeightStore: name must be a str, got {type(name).__name__} "
+                            f"{name!r}")
+        if not name:
+            raise ValueError("WeightStore: name must not be empty")
+        if not isinstance(keep, int) or isinstance(keep, bool):
+            raise TypeError(f"WeightStore: keep must be an int >= 1, got {type(keep).__name__} "
+                            f"{keep!r}")
+        if keep < 1:
             raise ValueError(f"WeightStore: keep must be an int >= 1, got {keep!r}")
         rt = runtime()
         stores = rt.state(_Stores)
@@ -600,8 +608,10 @@ class WeightStore:
 
         Raises:
             RuntimeError: this process does not own the store.
-            TypeError: ``state_dict`` is not a mapping of ``str`` to tensors.
-            ValueError: ``version`` is not above the newest version.
+            TypeError: ``state_dict`` is not a mapping of ``str`` to tensors,
+                or ``version`` is not an int (a bool).
+            ValueError: ``version`` is negative, or not above the newest
+                version.
             RDMAError: the store is closed (the actor that created it was
                 stopped).
         """
@@ -614,8 +624,11 @@ class WeightStore:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"WeightStore.publish: expected a mapping of str to tensors, got "
                             f"{type(state_dict).__name__}")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise TypeError(f"WeightStore.publish: version must be an int >= 0, got {version!r}")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"WeightStore.publish: version must be an int >= 0, got "
+                            f"{type(version).__name__} {version!r}")
+        if version < 0:
+            raise ValueError(f"WeightStore.publish: version must be an int >= 0, got {version!r}")
         layout: _Layout = []
         tensors: list[Any] = []
         at = 0
@@ -672,11 +685,12 @@ class WeightStore:
             TimeoutError: no such version within ``timeout``.
             KeyError: a key of ``keys`` is not in the version.
             TypeError: ``shard`` returned something other than a tensor,
-                or ``timeout`` is not a number (a str, a bool).
+                ``timeout`` is not a number (a str, a bool), or
+                ``at_least`` is not an int (a bool).
             ValueError: ``shard`` returned a tensor that is not a view of
                 the one it was given, or reaches outside it (the key and
-                what it returned are named), or ``timeout`` is not seconds
-                >= 0 (NaN, or an int no float holds).
+                what it returned are named), ``timeout`` is not seconds
+                >= 0 (NaN, or an int no float holds), or ``at_least`` < 0.
             RDMAError: the store is closed, before or while this waits (the
                 actor that created it was stopped), or the version was
                 dropped while copied (the same).
@@ -713,7 +727,8 @@ class WeightStore:
         Raises:
             ValueError: a key is missing or extra, or a shape or dtype differs
                 (the key and both are named), or ``timeout`` is not seconds
-                >= 0 (as for :meth:`read`; not a number: ``TypeError``).
+                >= 0 or ``at_least`` < 0 (as for :meth:`read`; not a number,
+                not an int: ``TypeError``).
             TimeoutError: no such version within ``timeout``.
             RDMAError: the store is closed (see :meth:`read`).
         """
@@ -835,8 +850,13 @@ class WeightStore:
         """``copy(grant, memory)`` of a version held meanwhile: through the
         relay of this host, or from the owner when the relay fails (``what``:
         the method, ``"read"`` or ``"read_into"``, as errors name it)."""
-        if at_least is not None and (not isinstance(at_least, int) or at_least < 0):
-            raise TypeError(f"WeightStore.{what}: at_least must be an int >= 0, got {at_least!r}")
+        if at_least is not None:
+            if not isinstance(at_least, int) or isinstance(at_least, bool):
+                raise TypeError(f"WeightStore.{what}: at_least must be an int >= 0, got "
+                                f"{type(at_least).__name__} {at_least!r}")
+            if at_least < 0:
+                raise ValueError(f"WeightStore.{what}: at_least must be an int >= 0, got "
+                                 f"{at_least!r}")
         if timeout is not None:
             check_seconds(timeout, f"WeightStore.{what}", "timeout", zero=True, also=" or None")
         try:
