@@ -22,6 +22,7 @@ import trustme
 
 import meshio
 import meshio._proc_state
+import meshio._transport._sockets as sockets_module
 from gone import wait_gone
 from hop_actors import Hop
 from layout_actors import Layout
@@ -441,6 +442,17 @@ def dropped(sock: socket.socket) -> bool:
     except ConnectionResetError:
         return True
     return True  # (end of stream)
+
+
+@pytest.mark.parametrize(("peer", "source"), [
+    (("10.0.0.9", 5), "10.0.0.9"),
+    (("::ffff:10.0.0.9", 5, 0, 0), "10.0.0.9"),  # (IPv4 as an IPv6 listener sees it)
+    (("2001:db8::1", 5, 0, 0), "2001:db8::/64"),
+    (("2001:db8::ffff:2", 5, 0, 0), "2001:db8::/64"),  # (one host may hold a whole /64)
+    (("fe80::1%eth0", 5, 0, 0), "fe80::/64"),
+    ("@meshio-x/controller", "")])  # (a Unix socket's peer)
+def test_what_an_unproven_connection_counts_against(peer: object, source: str) -> None:
+    assert sockets_module._source(peer) == source
 
 
 async def test_a_flood_from_one_address_does_not_crowd_out_another(tmp_path: Path) -> None:

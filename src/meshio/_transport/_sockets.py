@@ -67,18 +67,22 @@ def _is_loopback(host: str) -> bool:
 
 def _source(peer: object) -> str:
     """Whom an incoming connection from ``peer`` (its address) counts
-    against: its IPv4 address; the /64 network of its IPv6 address (one
-    host may hold all of one); ``""``, a Unix socket's peer (on this host,
-    its uid checked at once)."""
+    against: its IPv4 address (also as an IPv6 listener sees it,
+    ``::ffff:10.0.0.9``); the /64 network of its IPv6 address (one host may
+    hold all of one); ``""``, a Unix socket's peer (on this host, its uid
+    checked at once)."""
     if not isinstance(peer, tuple) or not peer:
         return ""
     host = str(cast(tuple[object, ...], peer)[0])
-    if ":" not in host:
-        return host
     try:
-        return str(ipaddress.ip_network(f"{host.split('%')[0]}/64", strict=False))
+        ip = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return host
+    if isinstance(ip, ipaddress.IPv4Address):
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False))
 
 
 def tcp_endpoint(addr: str) -> tuple[str, int] | None:
