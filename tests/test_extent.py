@@ -307,7 +307,7 @@ def test_host_mesh_has_one_point_and_no_dims() -> None:
 def test_spawn_procs_validates_dims() -> None:
     with pytest.raises(ValueError, match="per_host"):
         meshio.this_host().spawn_procs(per_host={"gpus": 0})
-    with pytest.raises(ValueError, match="per_host"):
+    with pytest.raises(TypeError, match="per_host"):  # (a wrong type, as documented)
         meshio.this_host().spawn_procs(per_host={"gpus": "2"})  # type: ignore[dict-item]
 
 
