@@ -55,6 +55,7 @@ from ._transport._connection import Connection
 from ._transport._messages import ErrorInfo, Fail, Reply, ServeDashboard
 from ._transport._runtime import Runtime, register_handler, runtime
 from ._transport._serial import Buffers
+from ._transport._sockets import is_loopback
 from ._transport._tasks import TaskOwner
 from ._util import utf8
 from .supervision._supervisor import Supervisor
@@ -83,18 +84,6 @@ def token(secret: bytes) -> str:
     """The dashboard token of the job whose secret is ``secret``: it
     proves a request comes from someone the job's owner told."""
     return hmac.new(secret, b"meshio dashboard", hashlib.sha256).hexdigest()[:32]
-
-
-def _loopback(host: str) -> bool:
-    """``host`` (an address, or ``localhost`` in any case, a final dot or
-    not) is this machine's loopback."""
-    host = host.lower().removesuffix(".")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 _IP = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -208,7 +197,7 @@ class DashboardServer(HTTPServer):
         super().__init__(sock)
         self._rt = runtime()
         self.token: str = token(self._rt.secret)
-        self._open = _loopback(self.host)
+        self._open = is_loopback(self.host)
         self._page = files("meshio").joinpath(_PAGE).read_bytes()
         #: the supervision events seen (JSON), the last FEED
         self._feed: list[bytes] = []
@@ -283,7 +272,7 @@ class DashboardServer(HTTPServer):
             return None
         host = request.headers.get("host", "")
         why = _NEEDS_TOKEN
-        if self._open and (not host or _loopback(_host_name(host))):
+        if self._open and (not host or is_loopback(_host_name(host))):
             if request.path == "/metrics":
                 return None
             peer, ours = writer.get_extra_info("peername"), writer.get_extra_info("sockname")

@@ -28,8 +28,8 @@ from ._tasks import within
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "SocketBackend", "feed", "sockaddr",
-           "tcp_endpoint", "tcp_listener", "unix_listener")
+__all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "SocketBackend", "feed", "is_loopback",
+           "sockaddr", "tcp_endpoint", "tcp_listener", "unix_listener")
 
 log = logging.getLogger("meshio")
 
@@ -57,11 +57,15 @@ def sockaddr(addr: str) -> str:
     return "\0" + addr[1:] if addr.startswith("@") else addr
 
 
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback IP address (``127.0.0.1``, ``::1``)."""
+def is_loopback(host: str) -> bool:
+    """``host`` (an address, ``[::1]`` too, or ``localhost`` in any case, a
+    final dot or not) is this machine's loopback."""
+    host = host.lower().removesuffix(".")
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # (a name)
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # (another name)
         return False
 
 
@@ -230,7 +234,7 @@ class SocketBackend:
         if self.rt.closed:
             raise ClosedResourceError(f"meshio runtime at {self.rt.addr} is closed")
         if bind is None:
-            bind = advertise if _is_loopback(advertise) else "::" if ":" in advertise else "0.0.0.0"
+            bind = advertise if is_loopback(advertise) else "::" if ":" in advertise else "0.0.0.0"
         addr = self._tcp_listeners[job] = self.listen(tcp_listener(bind, port), advertise, job)
         return addr
 
