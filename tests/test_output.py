@@ -4,9 +4,12 @@ controller process: neither splits a line of the other."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +289,84 @@ def test_a_line_redrawn_with_carriage_returns_goes_out_as_it_last_looked(
         "[procs procs=0] all 3000 done", "[procs procs=0] crlf line",
         *(f"[procs procs=0] frame {i}" for i in range(4)), ""]
     assert "\r" not in forwarded
+
+
+STALLED = """
+import sys
+
+import meshio
+from meshio import Actor, endpoint
+
+LINES = 40_000
+
+
+class Chatty(Actor):
+    @endpoint
+    def chat(self) -> int:
+        line = "x" * 999
+        for _ in range(LINES):
+            print(line)
+        return LINES
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+async def main() -> None:
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+    chatty = await procs.spawn("chatty", Chatty)
+    await chatty.chat.call()
+    print("answered", await chatty.ping.call_one(), file=sys.stderr, flush=True)
+    sys.stdin.readline()  # (the test reads stdout from now on)
+    await procs.stop()
+
+
+meshio.run(main())
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_stdout_nobody_reads_does_not_stall_the_controller(tmp_path: Path) -> None:
+    """A controller whose stdout is not read (a pipe into a stalled
+    consumer) while a worker prints 40 MB: the controller's loop goes on
+    (the call returns, another is answered) rather than blocking on the
+    write; what waited beyond ``_LineGate.BACKLOG`` is dropped, and a line
+    in its place counts it: the lines written and those counted are all
+    40,000 the worker printed."""
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(STALLED))
+    answered = threading.Event()
+    err: list[str] = []
+    with subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stderr = proc.stderr
+
+        def read_stderr() -> None:
+            for line in stderr:
+                err.append(line)
+                if line == "answered pong\n":
+                    answered.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            assert answered.wait(180), "".join(err)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            out = proc.stdout.read()
+            assert proc.wait(60) == 0, "".join(err)
+        finally:
+            proc.kill()
+            reader.join(60)
+    lines = out.splitlines()
+    written = lines.count("[procs procs=0] " + "x" * 999)
+    dropped = [int(m[1]) for m in re.finditer(
+        r"^meshio: (\d+) lines of worker output dropped here: more than 16,777,216 "
+        r"characters of it waited for this stream to be read$", out, re.MULTILINE)]
+    assert dropped and written > 16_000, (len(lines), dropped, "".join(err))
+    assert written + sum(dropped) == 40_000
+    assert len(lines) == written + len(dropped), [
+        line[:80] for line in lines if not line.startswith("[procs procs=0] x")]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import contextvars
 import ctypes
@@ -786,6 +787,14 @@ class _LineGate:
     controller is in the middle of a line of its own (``print(..., end="")``)
     and follow that line once it ends, so neither splits the other.
 
+    Worker lines are written by a thread of the gate's own, never by the
+    event loop: a stream nobody reads (a pipe into a stalled consumer, a
+    terminal on hold) blocks that thread, not the controller's calls and
+    heartbeats.  At most :data:`BACKLOG` characters wait for it; past that,
+    lines are dropped, and a line in their place says how many.  The
+    controller's own writes first wait for the worker lines that came
+    before them, so output keeps the order it reached the controller in.
+
     Installed over a plain text file (a terminal, a pipe, a file; not
     Jupyter's per-cell streams, where each cell has its own output); every
     other attribute is the wrapped stream's.  Held lines are written at the
@@ -796,13 +805,30 @@ class _LineGate:
 
     #: characters of worker output held back before they go out on a new line
     HOLD_LIMIT = 1 << 20
+    #: characters of worker output waiting for the stream before lines are dropped
+    BACKLOG = 1 << 24
 
     def __init__(self, stream: io.TextIOWrapper) -> None:
         self._stream = stream
+        self.start_over()
+
+    def start_over(self) -> None:
+        """Nothing queued or held, no writer thread: a new gate, or one in a
+        child forked from this process (the parent writes what it had)."""
         self._lock = threading.RLock()  # a signal handler may print mid-write
+        #: the thread inside :meth:`write` (a signal handler's print waits for no one)
+        self._owner: int | None = None
         self._mid_line = False
         self._held: list[str] = []
         self._held_len = 0
+        #: worker lines for the writer thread; their characters; lines dropped
+        self._queue: collections.deque[str] = collections.deque()
+        self._queued = 0
+        self._dropped = 0
+        #: lines queued and lines written so far (what a writer waits for)
+        self._put = self._done = 0
+        self._moved = threading.Condition(threading.Lock())
+        self._writer: threading.Thread | None = None
 
     @classmethod
     def install(cls, name: str) -> None:
@@ -812,35 +838,83 @@ class _LineGate:
 
     def write(self, text: str) -> int:
         """The controller's own output."""
+        self._wait_written()
         with self._lock:
-            n = self._stream.write(text)
-            if text:
-                self._mid_line = not text.endswith("\n")
-                if not self._mid_line and self._held:
-                    self._write_held("")
-            return n
+            owner, self._owner = self._owner, threading.get_ident()
+            try:
+                n = self._stream.write(text)
+                if text:
+                    self._mid_line = not text.endswith("\n")
+                    if not self._mid_line and self._held:
+                        self._write_held("")
+                return n
+            finally:
+                self._owner = owner
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.write(line)
 
     def forward(self, text: str) -> None:
-        """Whole lines of a worker's output."""
+        """Whole lines of a worker's output, written by the gate's thread."""
+        with self._moved:
+            if self._queued + len(text) > self.BACKLOG:
+                self._dropped += text.count("\n")
+                return
+            self._queue.append(text)
+            self._queued += len(text)
+            self._put += 1
+            if self._writer is None or not self._writer.is_alive():  # (or forked)
+                self._writer = threading.Thread(
+                    target=self._write_queued, name="meshio-output", daemon=True)
+                self._writer.start()
+            self._moved.notify_all()
+
+    def release(self) -> None:
+        """Writes what is queued and what is held, on a new line (at exit)."""
+        self._wait_written()
+        with self._lock:
+            if self._held:
+                self._write_held("\n")
+                self._mid_line = False
+
+    def _wait_written(self) -> None:
+        """Until the worker lines queued so far are written (unless this
+        thread is the writer, or interrupted one of its writes)."""
+        if threading.get_ident() in (self._owner, self._writer and self._writer.ident):
+            return
+        with self._moved:
+            upto = self._put
+            while self._done < upto and self._writer is not None and self._writer.is_alive():
+                self._moved.wait()
+
+    def _write_queued(self) -> None:
+        while True:
+            with self._moved:
+                while not self._queue:
+                    self._moved.wait()
+                text = self._queue.popleft()
+                dropped, self._dropped = self._dropped, 0
+            self._forward_now(text if not dropped else (
+                f"meshio: {dropped} lines of worker output dropped here: more than "
+                f"{self.BACKLOG:,} characters of it waited for this stream to be read\n{text}"))
+            with self._moved:
+                self._queued -= len(text)
+                self._done += 1
+                self._moved.notify_all()
+
+    def _forward_now(self, text: str) -> None:
         with self._lock:
             if not self._mid_line:
-                self._stream.write(text)
-                self._stream.flush()
+                try:
+                    self._stream.write(text)
+                    self._stream.flush()
+                except (OSError, ValueError):  # the stream is closed: nowhere to go
+                    pass
                 return
             self._held.append(text)
             self._held_len += len(text)
             if self._held_len > self.HOLD_LIMIT:
-                self._write_held("\n")
-                self._mid_line = False
-
-    def release(self) -> None:
-        """Writes what is held, on a new line (at exit)."""
-        with self._lock:
-            if self._held:
                 self._write_held("\n")
                 self._mid_line = False
 
@@ -856,12 +930,22 @@ class _LineGate:
         return getattr(self._stream, name)
 
 
+def _gates() -> Iterable[_LineGate]:
+    return [gate for gate in (sys.stdout, sys.stderr) if isinstance(gate, _LineGate)]
+
+
 @atexit.register
 def _release_held() -> None:
-    for name in ("stdout", "stderr"):
-        gate = getattr(sys, name)
-        if isinstance(gate, _LineGate):
-            gate.release()
+    for gate in _gates():
+        gate.release()
+
+
+def _forked() -> None:
+    for gate in _gates():
+        gate.start_over()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class LocalLauncher:
