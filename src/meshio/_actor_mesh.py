@@ -18,7 +18,7 @@ import msgspec
 from ._constants import MAX_QUEUED
 from ._context import call_scope
 from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
-from ._extent import Extent, MeshShape, Point, Region
+from ._extent import Extent, MeshShape, Point, Region, rank_runs, shared_ranks
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
 from ._tracing import current as current_trace
@@ -94,7 +94,9 @@ class ActorMesh(MeshShape, Generic[A]):
         self._numbered = bool(per_host) and len(addrs) > per_host
         #: this view's actors by host (host, indices), if it spans several
         self._hosts: list[tuple[int, list[int]]] | None = None
-        if per_host and len({r // per_host for r in region.ranks}) > 1:
+        # (ranks looked at only where the processes span hosts: each actor
+        # builds its reference to the whole mesh)
+        if self._numbered and len({r // per_host for r in region.ranks}) > 1:
             hosts: dict[int, list[int]] = {}
             for index, grank in enumerate(region.ranks):
                 hosts.setdefault(grank // per_host, []).append(index)
@@ -104,6 +106,8 @@ class ActorMesh(MeshShape, Generic[A]):
         self._inflight.extend([0] * (len(region.ranks) - len(self._inflight)))
         #: what a call reads (and the calls' runtime and sites, once asked)
         self._route = _Route(self)
+        #: what the reference pickles as (:meth:`__reduce__`), once asked
+        self._wire: tuple[Any, ...] | None = None
 
     def _with_region(self, region: Region) -> ActorMesh[A]:
         view = ActorMesh(self._target, self._name, self._cls, region, self._addrs, self._procs,
@@ -130,9 +134,16 @@ class ActorMesh(MeshShape, Generic[A]):
         return ep
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._target, self._name, self._cls, self._region.extent.labels,
-                           self._region.extent.sizes, self._region.ranks, self._addrs,
-                           self._base, self._per_host, self._max_queued))
+        # Ranks and addresses travel as runs (:func:`rank_runs`,
+        # :func:`_addr_runs`): a whole mesh's reference is a few runs however
+        # many points it has, so spawning it (each actor gets its reference)
+        # sends O(N) bytes, not N references of N addresses each.
+        if self._wire is None:
+            self._wire = (self._target, self._name, self._cls, self._region.extent.labels,
+                          self._region.extent.sizes, rank_runs(self._region.ranks),
+                          _addr_runs(self._addrs), rank_runs(self._base), self._per_host,
+                          self._max_queued)
+        return (_rebuild, self._wire)
 
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
@@ -938,8 +949,45 @@ class _CallSite:
         return repr(self.mesh._region.point(self.index))
 
 
+#: an address run: ``count`` addresses ``f"{prefix}{first + i}"`` (a proc
+#: mesh's slots are named by rank); ``first`` -1: the one address ``prefix``
+_AddrRun = tuple[str, int, int]
+
+
+def _addr_runs(addrs: Sequence[str]) -> tuple[_AddrRun, ...]:
+    """``addrs`` as runs of addresses numbered consecutively (one per host
+    for a proc mesh's; any other address a run of its own)."""
+    runs: list[_AddrRun] = []
+    prefix, first, count = "", -1, 0
+    for addr in addrs:
+        stem = addr.rstrip("0123456789")
+        digits = addr[len(stem):]
+        n = int(digits) if digits and (digits == "0" or digits[0] != "0") else -1
+        if n < 0:
+            stem = addr
+        elif count and first >= 0 and n == first + count and stem == prefix:
+            count += 1
+            continue
+        if count:
+            runs.append((prefix, first, count))
+        prefix, first, count = stem, n, 1
+    if count:
+        runs.append((prefix, first, count))
+    return tuple(runs)
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_addrs(runs: tuple[_AddrRun, ...]) -> tuple[str, ...]:
+    """The addresses of :func:`_addr_runs`' ``runs``, made once per process
+    (shared as :func:`~meshio._extent.shared_ranks` shares ranks)."""
+    return tuple(prefix if first < 0 else f"{prefix}{i}"
+                 for prefix, first, count in runs for i in range(first, first + count))
+
+
 def _rebuild(target: str, name: str, cls: type[Any], labels: Sequence[str],
-             sizes: Sequence[int], ranks: Sequence[int], addrs: Sequence[str],
-             base: Sequence[int], per_host: int, max_queued: int) -> ActorMesh[Any]:
-    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), ranks), addrs, base=base,
-                     per_host=per_host, max_queued=max_queued)
+             sizes: Sequence[int], ranks: tuple[tuple[int, int], ...],
+             addrs: tuple[_AddrRun, ...], base: tuple[tuple[int, int], ...], per_host: int,
+             max_queued: int) -> ActorMesh[Any]:
+    return ActorMesh(target, name, cls, Region(Extent(labels, sizes), shared_ranks(ranks)),
+                     _shared_addrs(addrs), base=shared_ranks(base), per_host=per_host,
+                     max_queued=max_queued)

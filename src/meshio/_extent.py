@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -146,7 +147,7 @@ class Region:
     @classmethod
     def full(cls, labels: Sequence[str], sizes: Sequence[int]) -> Region:
         extent = Extent(labels, sizes)
-        return cls(extent, range(extent.nelem))
+        return cls(extent, shared_ranks(((0, extent.nelem),)))
 
     def _where(self, what: str) -> str:
         return f"{what} on a mesh with dims {dict(self.extent)}"
@@ -313,3 +314,29 @@ class MeshShape:
         local=4)`` on ``{"gpus": 8}`` gives ``{"nodes": 2, "local": 4}``; one
         size may be ``-1`` (inferred)."""
         return self._with_region(self._region.split(dim, sizes))
+
+
+def rank_runs(ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """``ranks`` as runs of consecutive ranks, ``(first, count)`` each: a
+    whole mesh's ``0 .. n-1`` is one run (what a mesh reference carries,
+    so that it stays small however many points the mesh has)."""
+    runs: list[tuple[int, int]] = []
+    first = count = 0
+    for r in ranks:
+        if count and r == first + count:
+            count += 1
+            continue
+        if count:
+            runs.append((first, count))
+        first, count = r, 1
+    if count:
+        runs.append((first, count))
+    return tuple(runs)
+
+
+@functools.lru_cache(maxsize=32)
+def shared_ranks(runs: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """The ranks of :func:`rank_runs`' ``runs``, made once per process:
+    every reference to the same mesh decoded here (each actor's of its
+    own mesh, in-process runtimes all in one process) shares the tuple."""
+    return tuple(itertools.chain.from_iterable(range(f, f + c) for f, c in runs))
