@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import meshio
@@ -48,6 +49,19 @@ class Starter(Actor):
         os.read(r, 1)  # it has left the group if it was to
         os.close(r)
         return [sleeper.pid, pid]
+
+    @endpoint
+    async def deaf(self) -> int:
+        """Start a Python child that ignores SIGTERM (as a server that
+        drains for minutes does); its pid, once it ignores it."""
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal; signal.signal(signal.SIGTERM, "
+             "signal.SIG_IGN); print(flush=True); signal.pause()"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        self.children.append(child)
+        assert child.stdout is not None
+        child.stdout.readline()  # (its SIGTERM is ignored from now on)
+        return child.pid
 
 
 class Nester(Actor):

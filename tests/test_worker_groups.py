@@ -168,14 +168,18 @@ async def test_nested_workers_go_with_their_worker(others: Others) -> None:
 async def test_supervisor_restarts_a_worker_whose_child_holds_its_sockets(
         others: Others) -> None:
     """Under a supervisor (heartbeats on a manual clock: they never time
-    out) the SIGKILL is a failure at once, and the worker is restarted."""
+    out) the SIGKILL is a failure at once, and the worker is restarted;
+    what it started in its group (a child that ignores SIGTERM too) goes."""
     async with supervised(1) as sup:
         s = await sup.procs.spawn("s", Starter)
         others.watch(await asyncio.wait_for(s.start.call_one(True), DEADLINE))
+        kept = [await asyncio.wait_for(s.deaf.call_one(), DEADLINE)]
+        others.watch(kept)
         os.kill(sup.old[0], signal.SIGKILL)
         failure, restart = await sup.restarted(0)
         assert failure.cause == KILLED
         assert await asyncio.wait_for(s.pid.call_one(), DEADLINE) == restart.pid
+        await others.gone(kept)
 
 
 async def test_host_agent_workers(tmp_path: Path, others: Others) -> None:
@@ -238,6 +242,80 @@ async def test_controller_exit_ends_what_actors_started(tmp_path: Path,
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+KILLED_WHILE_RUNNING = '''
+import asyncio
+import sys
+
+import meshio
+from starter_actors import Starter
+
+
+async def main(keep_alive: float | None) -> None:
+    procs = await meshio.this_host().spawn_procs(per_host={"procs": 1}, keep_alive=keep_alive)
+    s = await procs.spawn("s", Starter)
+    print("PIDS", await s.pid.call_one(), *await s.start.call_one(False),
+          await s.deaf.call_one(), flush=True)
+    await asyncio.get_running_loop().create_future()  # until the test SIGKILLs us
+
+
+meshio.run(main(float(sys.argv[1]) if len(sys.argv) > 1 else None))
+'''
+
+
+@pytest.mark.parametrize("keep_alive", [None, 0.5], ids=["dies_with_it", "kept_alive"])
+async def test_sigkilled_controller_ends_what_actors_started(
+        tmp_path: Path, others: Others, keep_alive: float | None) -> None:
+    """A controller SIGKILLed (nothing of it runs again): its worker goes
+    (at once; kept alive, once ``keep_alive`` has passed without a new
+    controller), and with it what its actors started, a child that ignores
+    SIGTERM too; before, the worker died alone and its children lived on."""
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(KILLED_WHILE_RUNNING))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), *([] if keep_alive is None else [str(keep_alive)]),
+        stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        env=_with_tests_path())
+    assert proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), DEADLINE)
+        assert line.startswith(b"PIDS "), line
+        pids = [int(p) for p in line.split()[1:]]
+        others.watch(pids)
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), DEADLINE)
+        await others.gone(pids)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def parent_of(pid: int) -> int:
+    """The parent of process ``pid`` (``/proc``)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_sigkilled_host_agent_ends_what_actors_started(
+        tmp_path: Path, others: Others) -> None:
+    """A host agent SIGKILLed: its workers die with it, and what their
+    actors started goes too (a child that ignores SIGTERM included)."""
+    job = ProcessJob(meshes={"agents": 1}, cache_dir=tmp_path / ".meshio")
+    try:
+        state = await asyncio.wait_for(job.state(), DEADLINE)
+        procs = await state.agents.spawn_procs(per_host={"procs": 1})
+        s = await procs.spawn("s", Starter)
+        worker = await asyncio.wait_for(s.pid.call_one(), DEADLINE)
+        children = [*await asyncio.wait_for(s.start.call_one(False), DEADLINE),
+                    await asyncio.wait_for(s.deaf.call_one(), DEADLINE)]
+        agent = parent_of(worker)
+        others.watch([agent, worker, *children])
+        os.kill(agent, signal.SIGKILL)
+        await others.gone([agent, worker, *children])
+        await asyncio.wait_for(procs.wait_failed(), DEADLINE)
+    finally:
+        await job.kill()
 
 
 LOOP_ENDS_WITHOUT_STOP = '''

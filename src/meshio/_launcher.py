@@ -17,7 +17,10 @@ nested proc mesh, join its group): what its actors start (a
 is in that group, and goes with the worker: a SIGKILL of the worker goes
 to the whole group, and once the worker has exited, what is left of its
 group is killed before the worker is reaped (while its pid, the group's
-id, is still its own, never another process's).  A child that leaves the
+id, is still its own, never another process's).  Where nothing is left to
+do so (the controller or host agent SIGKILLed, its worker killed by
+``PR_SET_PDEATHSIG``), a keeper the worker starts in its group does
+(``meshio.worker``).  A child that leaves the
 group (``start_new_session=True``, ``os.setsid()``) is on its own.  A
 terminal's Ctrl-C, and Jupyter's interrupt, signal the controller's group
 only: the controller stops its workers itself.
@@ -446,8 +449,8 @@ _nested_in_group = False
 def _kill_groups_left() -> None:
     """This process exits: the workers it started that are not reaped (still
     running, or exited while no loop watched them) go now with their groups
-    (``PR_SET_PDEATHSIG`` would kill a worker a moment later, but not what
-    it started)."""
+    (``PR_SET_PDEATHSIG`` kills a worker a moment later, then its keeper
+    the group: this does it at once, and also where no keeper runs)."""
     for w in list(_unreaped.values()):
         if w.parent == os.getpid() and w.popen.returncode is None:
             w.end()

@@ -26,7 +26,9 @@ It leads a process group of its own, made by its launcher, so a terminal's
 Ctrl-C and Jupyter's interrupt (both signal the controller's group) never
 reach it, not even while it starts; what its actors start is in its group
 and is killed with it, or once it has exited (:mod:`meshio._launcher`), and
-the workers it starts itself (a nested proc mesh) join its group.  It
+the workers it starts itself (a nested proc mesh) join its group.  A keeper
+in its group (:func:`_keep_group`) kills the group once it has exited even
+where nobody is left to (its controller or host agent SIGKILLed).  It
 ignores SIGINT and SIGTERM (``timeout`` signals the controller's group,
 Slurm every process of the job step): the controller stops it; what its
 actors start takes them as usual.
@@ -81,6 +83,45 @@ def _die_with_parent(parent: int, keep_alive: float | None) -> None:
         pass
     if os.getppid() != parent and keep_alive is None:  # it died before prctl took effect
         os._exit(1)
+
+
+#: the keeper of a worker's process group (:func:`_keep_group`), run by a
+#: bare interpreter (``-I -S``: a few MB, not a copy of the worker)
+_KEEPER = """# meshio: the keeper of a worker's process group
+import os, select, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+worker = int(sys.argv[1])
+try:
+    exited = os.pidfd_open(worker)
+except ProcessLookupError:  # gone (reaped) already
+    pass
+else:
+    select.select([exited], [], [])
+os.killpg(worker, signal.SIGKILL)
+"""
+
+
+def _keep_group() -> None:
+    """Where this worker leads a process group of its own (its launcher
+    made one): start a keeper in it, a process that does nothing but wait
+    for our exit, however it comes (SIGKILL by ``PR_SET_PDEATHSIG`` as our
+    parent dies, the OOM killer's, a kept-alive wait that ended with nobody
+    re-attached), then SIGKILLs the group, itself with it.  So what our
+    actors started goes with us even where no controller or host agent is
+    left to kill it (they kill the group too, as they reap us).  The group's
+    id, our pid, names no other process while the keeper, a member, lives.
+    Started before user code runs; it holds none of our descriptors (our
+    output pipes end with us) and ignores the stop signals."""
+    me = os.getpid()
+    if os.getpgrp() != me or not hasattr(os, "pidfd_open"):
+        return  # a nested worker, in its worker's group (that one's keeper); no pidfds
+    to_null = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    try:
+        os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER, str(me)],
+                       os.environ, file_actions=to_null)
+    except OSError:  # (the controller's or agent's reaper alone, as before)
+        pass
 
 
 def _orphaned() -> None:
@@ -225,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     # die with it, kept alive or not; the controller (this host) we outlive.
     _die_with_parent(args.parent, None if _by_agent(args) else args.keep_alive)
     secret, blob, report = _read_payload()
+    _keep_group()
     _ignore_stop_signals()
     default_sigchld()
     for p in json.loads(os.environ.get("MESHIO_SYS_PATH", "[]")):
