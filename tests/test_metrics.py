@@ -32,7 +32,7 @@ from meshio import (
     endpoint,
 )
 from meshio._metrics import WINDOW, Meter
-from meshio._prometheus import prometheus_text
+from meshio._prometheus import SLICE, prometheus_text, render
 
 GUARD = 30.0
 HOST = socket.gethostname()
@@ -297,6 +297,90 @@ def test_prometheus_text_replaces_what_utf8_cannot_encode() -> None:
                             "host": "host\\ud800", "actor": "caf\\xe9", "rank": "0",
                             "endpoint": "W.step"}
     assert calls.value == 1
+
+
+def test_prometheus_text_escapes_labels_and_writes_every_sample() -> None:
+    # what Prometheus reads back: each family once, every sample with its
+    # labels unescaped (quote, backslash, newline), a process that did not
+    # answer only up and restarts, an endpoint never called no quantiles
+    step = EndpointStats("W.step", 3, 1, 2, 1, 0.75, 0.125, 0.5, 0.5)
+    idle = EndpointStats("W.idle", 0, 0, 0, 0, 0.0, None, None, None)
+    actor = ActorStats('a"b\\c\nd', 1, {"procs": 1}, 2, 0, (step, idle))
+    alive = ProcessStats(1, {"procs": 1}, "h1", 7, 2, 1.5, 0.25, 123456789012, 4, (actor,))
+    gone = ProcessStats(0, {"procs": 0}, "h0", 6, 0, 0.0, 0.0, 0, 0, (), "gone")
+    other = ProcessStats(0, {"procs": 0}, "h2", 8, 0, 0.5, 0.5, 1, 0, ())
+    text = prometheus_text(Stats((ProcMeshStats("procs", (gone, alive), "procs-0123abcd"),
+                                  ProcMeshStats("x", (other,), "x-89abcdef")))).decode()
+    families = list(text_string_to_metric_families(text))
+    got = {f.name: {(s.name, tuple(sorted(s.labels.items()))): s.value for s in f.samples}
+           for f in families}
+    assert len(families) == len(got) == 10
+    where = {"mesh": "procs", "mesh_id": "procs-0123abcd", "proc": "1", "host": "h1"}
+    ep = {**where, "actor": 'a"b\\c\nd', "rank": "1"}
+
+    def key(name: str, **labels: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return name, tuple(sorted(labels.items()))
+
+    latency = {key("meshio_endpoint_latency_seconds", **ep, endpoint="W.step", quantile=q): v
+               for q, v in (("0.5", 0.125), ("0.9", 0.5), ("0.99", 0.5))}
+    for e, seconds in ((step, 0.75), (idle, 0.0)):
+        latency[key("meshio_endpoint_latency_seconds_sum", **ep, endpoint=e.endpoint)] = seconds
+        latency[key("meshio_endpoint_latency_seconds_count", **ep, endpoint=e.endpoint)] = e.calls
+    assert got["meshio_endpoint_latency_seconds"] == latency
+    for family, field in (("calls", "calls"), ("errors", "errors"), ("queued", "queued"),
+                          ("running", "running")):
+        total = "_total" if family in ("calls", "errors") else ""
+        name = f"meshio_endpoint_{family}{total}"
+        assert got[f"meshio_endpoint_{family}"] == {
+            key(name, **ep, endpoint=e.endpoint): getattr(e, field) for e in (step, idle)}
+    gone_at = {**where, "proc": "0", "host": "h0"}
+    other_at = {"mesh": "x", "mesh_id": "x-89abcdef", "proc": "0", "host": "h2"}
+    assert got["meshio_process_up"] == {key("meshio_process_up", **gone_at): 0,
+                                        key("meshio_process_up", **where): 1,
+                                        key("meshio_process_up", **other_at): 1}
+    assert got["meshio_process_restarts"] == {
+        key("meshio_process_restarts_total", **gone_at): 0,
+        key("meshio_process_restarts_total", **where): 2,
+        key("meshio_process_restarts_total", **other_at): 0}
+    assert got["meshio_process_cpu_seconds"] == {
+        key("meshio_process_cpu_seconds_total", **where, mode="user"): 1.5,
+        key("meshio_process_cpu_seconds_total", **where, mode="system"): 0.25,
+        key("meshio_process_cpu_seconds_total", **other_at, mode="user"): 0.5,
+        key("meshio_process_cpu_seconds_total", **other_at, mode="system"): 0.5}
+    assert got["meshio_process_resident_memory_bytes"] == {
+        key("meshio_process_resident_memory_bytes", **where): 123456789012,
+        key("meshio_process_resident_memory_bytes", **other_at): 1}
+    assert got["meshio_process_log_records_dropped"] == {
+        key("meshio_process_log_records_dropped_total", **where): 4,
+        key("meshio_process_log_records_dropped_total", **other_at): 0}
+
+
+async def test_render_lets_the_loop_run_between_slices() -> None:
+    # a scrape of a job of thousands of actors must not hold the controller's
+    # loop for the whole text: it returns to the loop after each SLICE
+    endpoints = tuple(EndpointStats(f"W.e{i}", 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.5)
+                      for i in range(10))
+    actors = tuple(ActorStats(f"m{i}", 0, {"procs": 0}, 0, 0, endpoints)
+                   for i in range(SLICE * 4 // len(endpoints)))
+    process = ProcessStats(0, {"procs": 0}, "h", 1, 0, 1.0, 0.0, 1, 0, actors)
+    snapshot = Stats((ProcMeshStats("procs", (process,), "procs-0123abcd"),))
+    loop = asyncio.get_running_loop()
+    turns = 0
+    rendering = True
+
+    def turn() -> None:  # once per turn of the loop while rendering
+        nonlocal turns
+        turns += 1
+        if rendering:
+            loop.call_soon(turn)
+
+    loop.call_soon(turn)
+    body = await render(snapshot)
+    rendering = False
+    assert turns >= 4
+    assert body == prometheus_text(snapshot)
+    calls = samples(body.decode())["meshio_endpoint_calls"]
+    assert len(calls) == len(actors) * len(endpoints)
 
 
 def test_process_stats_cpu_seconds_adds_user_and_system() -> None:

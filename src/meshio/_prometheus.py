@@ -3,13 +3,14 @@
 A small HTTP server on the controller's loop answers ``GET /metrics`` by
 gathering :func:`~meshio.stats` from every process (each scrape asks them
 afresh, each given :data:`SCRAPE_TIMEOUT` seconds) and writing it in the
-Prometheus text format (``prometheus_client`` renders it).  The metrics
-(labels: ``mesh``, the proc mesh's name; ``mesh_id``, its id, unique in
-the job where names may repeat (two ``spawn_procs`` of the default name
-``"procs"``): the name and 8 hex digits, as ``procs-1a2b3c4d``; ``proc``,
-the process's rank in it; ``host``; and for actors ``actor``, the actor
-mesh, ``rank``, the actor's rank, and ``endpoint``, its qualified name;
-each value made UTF-8 by :func:`~._util.utf8`):
+Prometheus text format (:func:`render`: each label value escaped once, the
+loop let run between slices).  The metrics (labels: ``mesh``, the proc
+mesh's name; ``mesh_id``, its id, unique in the job where names may repeat
+(two ``spawn_procs`` of the default name ``"procs"``): the name and 8 hex
+digits, as ``procs-1a2b3c4d``; ``proc``, the process's rank in it;
+``host``; and for actors ``actor``, the actor mesh, ``rank``, the actor's
+rank, and ``endpoint``, its qualified name; each value made UTF-8 by
+:func:`~._util.utf8`):
 
 =============================================  =======  =======================================
 ``meshio_endpoint_calls_total``                counter  calls that ended
@@ -30,88 +31,134 @@ each value made UTF-8 by :func:`~._util.utf8`):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector, CollectorRegistry
+import math
+from collections.abc import Iterator
 
 from ._http import HTTPServer, Request, response_head, start
 from ._metrics import Stats, stats
 from ._util import utf8
 
-__all__ = ("SCRAPE_TIMEOUT", "MetricsServer", "prometheus_text", "serve_metrics", "write_metrics")
+__all__ = ("SCRAPE_TIMEOUT", "SLICE", "MetricsServer", "prometheus_text", "render",
+           "serve_metrics", "write_metrics")
 
 #: seconds each process has to answer a scrape
 SCRAPE_TIMEOUT = 5.0
-#: what ``generate_latest`` writes (metric names meshio picks need no
-#: escaping): the text format every Prometheus reads
+#: what a scrape answers (metric names meshio picks need no escaping): the
+#: text format every Prometheus reads
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: :func:`render` lets the event loop run after about this many endpoints
+#: and processes written (some milliseconds each)
+SLICE = 1000
 
-_PROC = ["mesh", "mesh_id", "proc", "host"]
-_ENDPOINT = [*_PROC, "actor", "rank", "endpoint"]
+#: each family: its name, type and help, in the order written; a counter's
+#: samples (and its name in the text) end in ``_total``
+_FAMILIES = (
+    ("meshio_endpoint_calls_total", "counter", "Calls of the endpoint that ended."),
+    ("meshio_endpoint_errors_total", "counter", "Calls of the endpoint that raised."),
+    ("meshio_endpoint_queued", "gauge", "Calls of the endpoint waiting in the actor's mailbox."),
+    ("meshio_endpoint_running", "gauge", "Calls of the endpoint under way."),
+    ("meshio_endpoint_latency_seconds", "summary",
+     "Run time of the endpoint's calls (quantiles over the last 1024)."),
+    ("meshio_process_up", "gauge", "1 if the process answered, else 0."),
+    ("meshio_process_cpu_seconds_total", "counter", "CPU time of the process."),
+    ("meshio_process_resident_memory_bytes", "gauge", "Resident memory of the process."),
+    ("meshio_process_restarts_total", "counter", "Times a supervisor replaced the process."),
+    ("meshio_process_log_records_dropped_total", "counter",
+     "Logging records the process dropped (too many waited)."),
+)
 
 
-class _Families(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
+def _label(value: str) -> str:
+    """``value`` as a label value between the double quotes of the text
+    format: UTF-8 (:func:`~._util.utf8`), backslash, newline and double
+    quote escaped."""
+    return utf8(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
-    def collect(self) -> Iterable[Metric]:
-        return self.families
+
+def _number(value: float) -> str:
+    """``value`` as the text format writes a sample's value."""
+    if math.isfinite(value):
+        return repr(value)
+    return "NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf"
+
+
+def _write(snapshot: Stats, lines: tuple[list[str], ...]) -> Iterator[None]:
+    """Append the samples of ``snapshot`` to ``lines`` (one list per family
+    of :data:`_FAMILIES`), each label value escaped once; yield after about
+    every :data:`SLICE` endpoints and processes (see :func:`render`)."""
+    calls, errors, queued, running, latency, up, cpu, rss, restarts, dropped = lines
+    endpoints: dict[str, str] = {}  # qualified name -> escaped (actors share them)
+    done = 0
+    for pm in snapshot.proc_meshes:
+        mesh = f'mesh="{_label(pm.name)}",mesh_id="{_label(pm.id)}",proc="'
+        for p in pm.processes:
+            where = f'{mesh}{p.rank}",host="{_label(p.host)}"'
+            up.append(f"meshio_process_up{{{where}}} {1 if p.error is None else 0}\n")
+            restarts.append(f"meshio_process_restarts_total{{{where}}} {p.restarts}\n")
+            if p.error is None:
+                cpu.append(f'meshio_process_cpu_seconds_total{{{where},mode="user"}} '
+                           f"{_number(p.cpu_user)}\n")
+                cpu.append(f'meshio_process_cpu_seconds_total{{{where},mode="system"}} '
+                           f"{_number(p.cpu_system)}\n")
+                rss.append(f"meshio_process_resident_memory_bytes{{{where}}} {p.rss}\n")
+                dropped.append(f"meshio_process_log_records_dropped_total{{{where}}} "
+                               f"{p.log_records_dropped}\n")
+            done += 1
+            for a in p.actors:
+                actor = f'{where},actor="{_label(a.actor)}",rank="{a.rank}",endpoint="'
+                for e in a.endpoints:
+                    name = endpoints.get(e.endpoint)
+                    if name is None:
+                        name = endpoints[e.endpoint] = _label(e.endpoint)
+                    labels = f'{actor}{name}"'
+                    calls.append(f"meshio_endpoint_calls_total{{{labels}}} {e.calls}\n")
+                    errors.append(f"meshio_endpoint_errors_total{{{labels}}} {e.errors}\n")
+                    queued.append(f"meshio_endpoint_queued{{{labels}}} {e.queued}\n")
+                    running.append(f"meshio_endpoint_running{{{labels}}} {e.running}\n")
+                    for q, v in (("0.5", e.p50), ("0.9", e.p90), ("0.99", e.p99)):
+                        if v is not None:
+                            latency.append(f'meshio_endpoint_latency_seconds{{{labels},'
+                                           f'quantile="{q}"}} {_number(v)}\n')
+                    latency.append(f"meshio_endpoint_latency_seconds_sum{{{labels}}} "
+                                   f"{_number(e.seconds)}\n")
+                    latency.append(f"meshio_endpoint_latency_seconds_count{{{labels}}} "
+                                   f"{e.calls}\n")
+                done += len(a.endpoints)
+                if done >= SLICE:
+                    done = 0
+                    yield
+            if done >= SLICE:  # (many processes of few actors)
+                done = 0
+                yield
+
+
+def _text(lines: tuple[list[str], ...]) -> bytes:
+    """The families' samples after their ``HELP`` and ``TYPE`` lines."""
+    parts: list[str] = []
+    for (name, kind, help_), samples in zip(_FAMILIES, lines):
+        parts.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n")
+        parts.extend(samples)
+    return "".join(parts).encode()
 
 
 def prometheus_text(snapshot: Stats) -> bytes:
-    """``snapshot`` in the Prometheus text format (see the module's docstring)."""
-    calls = CounterMetricFamily("meshio_endpoint_calls", "Calls of the endpoint that ended.",
-                                labels=_ENDPOINT)
-    errors = CounterMetricFamily("meshio_endpoint_errors", "Calls of the endpoint that raised.",
-                                 labels=_ENDPOINT)
-    queued = GaugeMetricFamily("meshio_endpoint_queued",
-                               "Calls of the endpoint waiting in the actor's mailbox.",
-                               labels=_ENDPOINT)
-    running = GaugeMetricFamily("meshio_endpoint_running", "Calls of the endpoint under way.",
-                                labels=_ENDPOINT)
-    latency = Metric("meshio_endpoint_latency_seconds",
-                     "Run time of the endpoint's calls (quantiles over the last 1024).",
-                     "summary")
-    up = GaugeMetricFamily("meshio_process_up", "1 if the process answered, else 0.",
-                           labels=_PROC)
-    cpu = CounterMetricFamily("meshio_process_cpu_seconds", "CPU time of the process.",
-                              labels=[*_PROC, "mode"])
-    rss = GaugeMetricFamily("meshio_process_resident_memory_bytes",
-                            "Resident memory of the process.", labels=_PROC)
-    restarts = CounterMetricFamily("meshio_process_restarts",
-                                   "Times a supervisor replaced the process.", labels=_PROC)
-    dropped = CounterMetricFamily("meshio_process_log_records_dropped",
-                                  "Logging records the process dropped (too many waited).",
-                                  labels=_PROC)
-    for pm in snapshot.proc_meshes:
-        for p in pm.processes:
-            where = [utf8(pm.name), utf8(pm.id), str(p.rank), utf8(p.host)]
-            up.add_metric(where, 1 if p.error is None else 0)
-            restarts.add_metric(where, p.restarts)
-            if p.error is None:
-                cpu.add_metric([*where, "user"], p.cpu_user)
-                cpu.add_metric([*where, "system"], p.cpu_system)
-                rss.add_metric(where, p.rss)
-                dropped.add_metric(where, p.log_records_dropped)
-            for a in p.actors:
-                for e in a.endpoints:
-                    values = [*where, utf8(a.actor), str(a.rank), utf8(e.endpoint)]
-                    calls.add_metric(values, e.calls)
-                    errors.add_metric(values, e.errors)
-                    queued.add_metric(values, e.queued)
-                    running.add_metric(values, e.running)
-                    labels = dict(zip(_ENDPOINT, values))
-                    for q, v in (("0.5", e.p50), ("0.9", e.p90), ("0.99", e.p99)):
-                        if v is not None:
-                            latency.add_sample(latency.name, {**labels, "quantile": q}, v)
-                    latency.add_sample(f"{latency.name}_sum", labels, e.seconds)
-                    latency.add_sample(f"{latency.name}_count", labels, e.calls)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families([calls, errors, queued, running, latency, up, cpu, rss,
-                                 restarts, dropped]))
-    return generate_latest(registry)
+    """``snapshot`` in the Prometheus text format (see the module's
+    docstring), at once (:func:`render` lets the event loop run meanwhile)."""
+    lines: tuple[list[str], ...] = tuple([] for _ in _FAMILIES)
+    for _ in _write(snapshot, lines):
+        pass
+    return _text(lines)
+
+
+async def render(snapshot: Stats) -> bytes:
+    """:func:`prometheus_text`, letting the event loop run after each
+    :data:`SLICE` endpoints and processes: a job of thousands of actor
+    meshes holds the loop some milliseconds at a time, not for the whole
+    text."""
+    lines: tuple[list[str], ...] = tuple([] for _ in _FAMILIES)
+    for _ in _write(snapshot, lines):
+        await asyncio.sleep(0)
+    return _text(lines)
 
 
 class MetricsServer(HTTPServer):
@@ -141,7 +188,7 @@ class MetricsServer(HTTPServer):
 async def write_metrics(writer: asyncio.StreamWriter) -> None:
     """Answer a ``GET /metrics``: :func:`~meshio.stats` gathered afresh, as
     Prometheus text."""
-    body = prometheus_text(await stats(timeout=SCRAPE_TIMEOUT))
+    body = await render(await stats(timeout=SCRAPE_TIMEOUT))
     writer.write(response_head("200 OK", CONTENT_TYPE, len(body)) + body)
 
 
