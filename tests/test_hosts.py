@@ -642,7 +642,7 @@ async def test_an_agent_that_does_not_start_leaves_no_secret(tmp_path: Path) -> 
     j = ProcessJob(meshes={"hosts": 1}, host="no-such-host.invalid", cache_dir=cache)
     with pytest.raises(RuntimeError, match="an agent did not start"):
         await j.apply()
-    assert sorted(p.name for p in cache.iterdir()) == ["job.log"]
+    assert sorted(p.name for p in cache.iterdir()) == ["job.lock", "job.log"]  # (a lock is kept)
     assert "cannot resolve 'no-such-host.invalid'" in (cache / "job.log").read_text()
     await j.kill()
 

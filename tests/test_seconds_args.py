@@ -14,7 +14,14 @@ with one message naming the function and the argument
 The rules differed from place to place before: ``Retry(backoff="1")`` and
 ``options(timeout="1")`` were ValueErrors, ``Supervisor(within="1")`` a
 TypeError.  What every place takes is still taken: ``math.inf`` where it is
-"no limit", 0 where it is allowed, None where it means the default."""
+"no limit", 0 where it is allowed, None where it means the default.
+
+Any real number that is no bool is seconds, NumPy scalars too
+(``numpy.float32(0.5)``, ``numpy.int64(3)``: a timeout computed with NumPy
+was a TypeError unless a ``float64``), taken as the float it is: a call
+made with one answers (kept as given, a ``numpy.float32`` timeout failed
+to encode on the wire).  ``numpy.bool_`` and complex numbers are still
+refused as no number."""
 
 from __future__ import annotations
 
@@ -26,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import meshio
 from meshio import Actor, RDMABuffer, endpoint
+from meshio._checks import check_seconds
 from meshio.jobs import KubernetesJob, ProcessJob, SlurmJob
 from meshio.jobs._agent import serve_agent
 from meshio.store import WeightStore
@@ -289,3 +298,38 @@ async def test_a_call_with_an_infinite_or_int_timeout_still_answers(given: Given
 async def test_a_store_read_with_no_time_to_wait_times_out_at_once(given: Given) -> None:
     with pytest.raises(TimeoutError):  # nothing published: 0 s is a wait that ends at once
         await WeightStore("weights").read(timeout=0)
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float16(2), np.float64(0.25),
+                                   np.int64(3), np.uint8(1), np.int32(0)],
+                         ids=lambda v: f"{type(v).__name__}({v})")
+def test_numpy_scalars_are_seconds_taken_as_floats(value: object) -> None:
+    taken = check_seconds(value, "f", "timeout", zero=True)
+    assert type(taken) is float
+    assert taken == float(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    (np.bool_(True), TypeError), (np.complex64(1), TypeError), (1j, TypeError),
+    (np.float32("nan"), ValueError), (np.float32(-1), ValueError), (np.int64(0), ValueError),
+    (np.float64("inf"), ValueError)], ids=repr)
+def test_numpy_values_that_are_no_seconds_are_refused(value: object,
+                                                      error: type[Exception]) -> None:
+    with pytest.raises(error) as refused:
+        check_seconds(value, "f", "timeout", inf=False)
+    assert type(refused.value) is error
+    assert str(refused.value).startswith("f(timeout=...) must be "), refused.value
+    assert repr(value) in str(refused.value)
+
+
+async def test_a_call_with_a_numpy_timeout_answers(given: Given) -> None:
+    echo = await given.echo()
+    # (Any: typed, these arguments are floats; a NumPy scalar passes as one at run time)
+    f32: Any = np.float32(30)
+    i64: Any = np.int64(30)
+    assert set((await echo.echo.options(timeout=f32).call(3)).values()) == {3}
+    assert set((await echo.echo.options(timeout=i64).call(4)).values()) == {4}
+    half: Any = np.float32(0.5)
+    assert meshio.Retry(backoff=half).delay(1) == 0.5
+    job = ProcessJob(meshes={"a": 1}, cache_dir=given.tmp_path, idle_timeout=i64)
+    assert type(job.idle_timeout) is float and job.idle_timeout == 30.0

@@ -3,56 +3,59 @@
 from __future__ import annotations
 
 import math
+import numbers
 import sys
-from typing import TypeGuard
 
 __all__ = ("check_seconds",)
 
-#: the least int magnitude no float holds: ``float()`` of one at least this
-#: large (``2**1024`` less half the last step of a float) raises OverflowError
-_BEYOND_FLOAT = 2**1024 - 2**970
-
-
-def _is_number(value: object) -> TypeGuard[int | float]:
-    """Whether ``value`` is an int or a float, and not a bool: ``True`` is an
-    int to Python, but as seconds or a count it is a slip, never meant.  (A
-    NaN is a float: compare it, as ``value > 0``, to refuse it.)
+def _as_seconds(value: object) -> float | None:
+    """``value`` as a float if it is a real number and not a bool; else
+    None.  Any real number is taken: an int, a float, a ``Fraction``, a
+    NumPy scalar (``numpy.float32(0.5)``, ``numpy.int64(3)``: a timeout
+    computed with NumPy); never a bool (``True`` is an int to Python, but
+    as seconds it is a slip, never meant; ``numpy.bool_`` is no
+    ``numbers.Real``), a complex, a str.  (A NaN is a float: compare it, as
+    ``value > 0``, to refuse it.)
 
     Nor is an int too large for a float (``10**400``): every number of
     seconds becomes a float (a deadline, a timer) and that one would raise
     ``OverflowError`` there, after the argument was taken.  Where a site
     means "no limit" by ``math.inf``, that is how to say it."""
-    if type(value) is float:  # (the usual types first, at once)
-        return True
-    if type(value) is int:
-        return -_BEYOND_FLOAT < value < _BEYOND_FLOAT
-    if isinstance(value, float):  # a subclass (numpy.float64)
-        return True
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and -_BEYOND_FLOAT < value < _BEYOND_FLOAT)
+    if type(value) is float:  # (the usual type first, at once)
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # (a huge int, or a Fraction of one)
+        return None
 
 
 def check_seconds(value: object, where: str, arg: str, *, zero: bool = False,
                   inf: bool = True, also: str = "") -> float:
     """``value``, given as ``where(arg=...)``, checked to be a number of
-    seconds: an int or a float, > 0 (>= 0 with ``zero``), not NaN, finite
-    unless ``inf`` (where ``math.inf`` means "no limit" to that function),
-    and not an int no float holds.  ``also`` names what else the argument
-    takes, for the message (``" or None"``: the caller lets None through).
-    Returns ``value`` as given.
+    seconds: a real number that is not a bool (an int, a float, a NumPy
+    scalar such as ``numpy.float32(0.5)`` or ``numpy.int64(3)``), > 0
+    (>= 0 with ``zero``), not NaN, finite unless ``inf`` (where
+    ``math.inf`` means "no limit" to that function), and not a number no
+    float holds.  ``also`` names what else the argument takes, for the
+    message (``" or None"``: the caller lets None through).  Returns
+    ``value`` as a float: callers keep that, not ``value`` (a NumPy scalar
+    is no float to msgspec, nor to ``json``).
 
     Raises:
-        TypeError: ``value`` is no number: a str, None, a bool, ... (the
-            message: ``Retry(backoff=...) must be a number of seconds, got
-            'abc' (str)``).
+        TypeError: ``value`` is no real number: a str, None, a bool (or
+            ``numpy.bool_``), a complex, ... (the message: ``Retry(backoff=...)
+            must be a number of seconds, got 'abc' (str)``).
         ValueError: ``value`` is a number out of range: negative, 0 unless
-            ``zero``, NaN, infinite unless ``inf``, or an int too large for
-            a float (``Retry(backoff=...) must be seconds >= 0 and finite,
-            got -1``).
+            ``zero``, NaN, infinite unless ``inf``, or too large for a float
+            (``Retry(backoff=...) must be seconds >= 0 and finite, got -1``).
     """
-    if _is_number(value) and (value >= 0 if zero else value > 0) and (inf or value < math.inf):
-        return value
-    if not (_is_number(value) or _beyond_float(value)):
+    seconds = _as_seconds(value)
+    if seconds is not None and (seconds >= 0 if zero else seconds > 0) and (
+            inf or seconds < math.inf):
+        return seconds
+    if seconds is None and not _beyond_float(value):
         raise TypeError(f"{where}({arg}=...) must be a number of seconds{also}, got {value!r} "
                         f"({type(value).__name__})")
     bound = f"seconds {'>= 0' if zero else '> 0'}{'' if inf else ' and finite'}"
@@ -61,10 +64,10 @@ def check_seconds(value: object, where: str, arg: str, *, zero: bool = False,
 
 
 def _beyond_float(value: object) -> bool:
-    """Whether ``value`` is an int (not a bool) that no float holds: its
-    magnitude is beyond ``sys.float_info.max`` (about ``1.8e308``)."""
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and not -_BEYOND_FLOAT < value < _BEYOND_FLOAT)
+    """Whether ``value`` is a real number (not a bool) that no float holds:
+    its magnitude is beyond ``sys.float_info.max`` (about ``1.8e308``)."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and _as_seconds(value) is None)
 
 
 def _too_large(value: object) -> str:

@@ -118,7 +118,7 @@ async def doctor(*, timeout: float = 5.0) -> tuple[DoctorCheck, ...]:
         ValueError: ``timeout`` is not finite seconds > 0 (NaN, or an int
             no float holds).
     """
-    check_seconds(timeout, "doctor", "timeout", inf=False)
+    timeout = check_seconds(timeout, "doctor", "timeout", inf=False)
     async with asyncio.TaskGroup() as tg:
         torch_cuda = tg.create_task(asyncio.to_thread(_torch_and_cuda))
         rdma = tg.create_task(asyncio.to_thread(_rdma))

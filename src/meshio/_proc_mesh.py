@@ -116,9 +116,8 @@ class ProcMesh(MeshShape):
                                  f"'temporary', got {restart!r}")
             options = replace(options, restart=restart)
         if stall_after is not None:
-            check_seconds(stall_after, "ProcMesh.options", "stall_after", inf=False,
-                          also=" or None")
-            options = replace(options, stall_after=float(stall_after))
+            options = replace(options, stall_after=check_seconds(
+                stall_after, "ProcMesh.options", "stall_after", inf=False, also=" or None"))
         if max_queued is not None:
             if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 1:
                 raise ValueError(f"options(max_queued=...) must be a positive integer, got "
@@ -885,8 +884,8 @@ class HostMesh(MeshShape):
                 (46 bytes fit, as the message says).
         """
         if keep_alive is not None:
-            keep_alive = float(check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
-                                             also=" or None"))
+            keep_alive = check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
+                                       also=" or None")
         _check_supervisor(supervisor, "spawn_procs")
         if restart not in (None, "permanent", "transient", "temporary"):
             raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
@@ -896,13 +895,16 @@ class HostMesh(MeshShape):
                 raise ValueError(f"{_SPAWN_PROCS}(shutdown=...) must be seconds >= 0 or "
                                  f"'brutal_kill', got {shutdown!r}")
         else:
-            check_seconds(shutdown, _SPAWN_PROCS, "shutdown", zero=True, also=" or 'brutal_kill'")
-        check_seconds(heartbeat_interval, _SPAWN_PROCS, "heartbeat_interval")
+            shutdown = check_seconds(shutdown, _SPAWN_PROCS, "shutdown", zero=True,
+                                     also=" or 'brutal_kill'")
+        heartbeat_interval = check_seconds(heartbeat_interval, _SPAWN_PROCS, "heartbeat_interval")
         if heartbeat_timeout is None:
             heartbeat_timeout = 3 * heartbeat_interval
         else:
-            check_seconds(heartbeat_timeout, _SPAWN_PROCS, "heartbeat_timeout", also=" or None")
-        check_seconds(partition_timeout, _SPAWN_PROCS, "partition_timeout", inf=False)
+            heartbeat_timeout = check_seconds(heartbeat_timeout, _SPAWN_PROCS, "heartbeat_timeout",
+                                              also=" or None")
+        partition_timeout = check_seconds(partition_timeout, _SPAWN_PROCS, "partition_timeout",
+                                          inf=False)
         env = check_env({} if env is None else env)
         if not isinstance(log_records, bool):
             raise TypeError(f"spawn_procs: log_records must be True or False, got "

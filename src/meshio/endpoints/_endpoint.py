@@ -429,7 +429,7 @@ class Endpoint(Generic[P, R]):
         """
         # (a float > 0 is taken at once: options() may be made per call)
         if timeout is not None and not (type(timeout) is float and timeout > 0):
-            check_seconds(timeout, "Endpoint.options", "timeout", also=" or None")
+            timeout = check_seconds(timeout, "Endpoint.options", "timeout", also=" or None")
         if on_full is None:
             on_full = self._on_full
         elif on_full not in _ON_FULL:

@@ -55,7 +55,9 @@ class Retry:
         if any(issubclass(t, asyncio.CancelledError) for t in self.on):
             raise ValueError("Retry(on=...) cannot retry CancelledError: a cancelled call is "
                              "given up, not failed")
-        check_seconds(self.backoff, "Retry", "backoff", zero=True, inf=False)
+        # (kept as the float checked: a NumPy scalar is no float on the wire)
+        object.__setattr__(self, "backoff",
+                           check_seconds(self.backoff, "Retry", "backoff", zero=True, inf=False))
 
     def matches(self, error: BaseException) -> bool:
         """Whether a call that failed with ``error`` is retried."""

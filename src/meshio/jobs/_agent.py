@@ -268,7 +268,7 @@ async def serve_agent(listen: str, secret: bytes, *, advertise: str | None = Non
     listened on, or this host's address when that is ``0.0.0.0``)."""
     bind, port = _host_port(listen)
     if idle_timeout is not None:
-        check_seconds(idle_timeout, "serve_agent", "idle_timeout", also=" or None")
+        idle_timeout = check_seconds(idle_timeout, "serve_agent", "idle_timeout", also=" or None")
     name = advertise or (host_address() if bind in ("0.0.0.0", "::") else bind)
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, tcp_address(bind, port), worker="agent", secret=secret, tls=tls,

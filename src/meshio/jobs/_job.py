@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -37,7 +38,7 @@ from ._agent import tls_flags
 from ._remote import attach, checked_secret
 
 __all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_job_name", "check_meshes", "check_tls", "read_cache",
+           "check_job_name", "check_meshes", "check_tls", "job_lock", "read_cache",
            "read_job_secret", "read_own_cache",
            "record_resize", "resize_job", "write_cache")
 
@@ -387,23 +388,10 @@ def _write_private(path: Path, data: bytes) -> None:
 
     Raises:
         JobCacheError: the directory is another user's, or others may write
-            to it: they could plant or swap the job's secret there; or it
-            cannot be made, or ``path`` cannot be written (a directory
-            there, a full disk).
+            to it (:func:`_private_dir`); or ``path`` cannot be written (a
+            directory there, a full disk).
     """
-    folder = path.parent
-    try:
-        _make_private_dirs(folder)
-    except OSError as e:
-        raise JobCacheError(f"job cache directory {folder} cannot be made ({e}); choose "
-                            "another cache_dir") from None
-    st = folder.stat()
-    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise JobCacheError(
-            f"job cache directory {folder} belongs to uid {st.st_uid} with mode "
-            f"{stat.S_IMODE(st.st_mode):o}: the job's secret cannot be kept there (others could "
-            f"read or replace it); meshio needs it to be yours (uid {os.getuid()}) and writable "
-            f"by you only: remove it, or choose another cache_dir")
+    folder = _private_dir(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
         try:
@@ -417,6 +405,81 @@ def _write_private(path: Path, data: bytes) -> None:
     except OSError as e:
         raise JobCacheError(f"{path} cannot be written ({e.strerror or e}); remove what is "
                             "there, or choose another cache_dir") from None
+
+
+def _private_dir(folder: Path) -> Path:
+    """``folder``, a job's cache directory, made if missing (and the missing
+    ones above it, mode 0700: :func:`_make_private_dirs`) and checked to be
+    this user's and writable by no one else: what a job keeps there (its
+    cache, secret, lock) is only as private as the directory.  Checked
+    before a job's cache is written and before one is read (a re-attach).
+
+    Raises:
+        JobCacheError: the directory is another user's, or others may write
+            to it: they could plant or swap the job's secret there; or it
+            cannot be made.
+    """
+    try:
+        _make_private_dirs(folder)
+    except OSError as e:
+        raise JobCacheError(f"job cache directory {folder} cannot be made ({e}); choose "
+                            "another cache_dir") from None
+    st = folder.stat()
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise JobCacheError(
+            f"job cache directory {folder} belongs to uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}: the job's secret cannot be kept there (others could "
+            f"read or replace it); meshio needs it to be yours (uid {os.getuid()}) and writable "
+            f"by you only: remove it, or choose another cache_dir")
+    return folder
+
+
+#: seconds between tries of a job's lock held by another apply() (:func:`job_lock`)
+LOCK_POLL = 0.05
+
+
+@contextlib.asynccontextmanager
+async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
+    """Hold the lock of the job whose cache is ``cache`` (``<name>.lock``
+    beside it, locked with ``flock``): one controller at a time reads the cache,
+    starts the agents and writes the cache, so two ``apply()`` of one job
+    name (two controller processes, two tasks) never both start agents;
+    the second waits, then finds the first's cache and re-attaches.  The
+    cache directory is checked to be private first (:func:`_private_dir`).
+    ``what`` names the job in the log line said while waiting.
+
+    Raises:
+        JobCacheError: the cache directory is unsafe or cannot be made, or
+            the lock file cannot be opened.
+    """
+    folder = _private_dir(cache.parent)
+    path = folder / f"{cache.stem}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise JobCacheError(f"job lock {path} cannot be opened ({e.strerror or e}); remove "
+                            "what is there, or choose another cache_dir") from None
+    try:
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not told:
+                    log.info("meshio: %s: another apply() of this job holds %s; waiting for it",
+                             what, path)
+                    told = True
+                # (polled: a thread blocked in flock would outlive a cancelled wait,
+                # and asyncio.run's exit waits for it)
+                await asyncio.sleep(LOCK_POLL)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield
+    finally:
+        os.close(fd)  # (lets the lock go)
 
 
 def _make_private_dirs(folder: Path) -> None:
@@ -511,7 +574,7 @@ class ProcessJob(AgentsJob):
             raise ValueError(f"{what}: host must be an address of this machine, got ''")
         self.host: str = host
         self.tls: TLSConfig | None = check_tls(what, tls)
-        self.idle_timeout: float = float(check_seconds(idle_timeout, "ProcessJob", "idle_timeout"))
+        self.idle_timeout: float = check_seconds(idle_timeout, "ProcessJob", "idle_timeout")
         self.cache: Path = Path(cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
         self._state: JobState | None = None
@@ -519,7 +582,9 @@ class ProcessJob(AgentsJob):
     async def apply(self) -> None:
         """Re-attach to the cached job if its agents all live, or start new
         agents.  A cached job of another shape (other ``meshes``, or resized)
-        is reported and its agents stopped first.
+        is reported and its agents stopped first.  One ``apply()`` of a job
+        name runs at a time (:func:`job_lock`): another, in this process or
+        another, waits for it, then re-attaches to the agents it started.
 
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
@@ -528,6 +593,12 @@ class ProcessJob(AgentsJob):
         """
         if self._entry is not None:
             return
+        async with job_lock(self.cache, f"ProcessJob {self.name!r}"):
+            if self._entry is None:  # (another task of this job may have applied it)
+                self._entry = await self._applied()
+
+    async def _applied(self) -> dict[str, Any]:
+        """(:meth:`apply`, under the job's lock: the cache entry it uses.)"""
         entry = read_own_cache(self.cache, self.kind)
         if entry is not None and entry.get("meshes") != self.meshes:
             log.warning("meshio: job cache %s is a ProcessJob with meshes %s, not %s: stopping "
@@ -539,13 +610,13 @@ class ProcessJob(AgentsJob):
             gone = [a for agents in entry["hosts"].values() for a in agents
                     if _start_time(a["pid"]) != a["start"]]
             if not gone:
-                self._entry = entry
-                return
+                return entry
             log.warning("meshio: job cache %s is stale (agents %s are gone); starting new "
                         "agents", self.cache, [a["addr"] for a in gone])
             _kill_agents(entry)
-        self._entry = await self._start()
-        write_cache(self.cache, self._entry)
+        entry = await self._start()
+        write_cache(self.cache, entry)
+        return entry
 
     async def _start(self) -> dict[str, Any]:
         secret = secrets.token_bytes(32)

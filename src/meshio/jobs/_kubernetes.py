@@ -182,9 +182,10 @@ class KubernetesJob:
             raise ValueError(f"{this}: image must name the agents' container image, got "
                              f"{image!r}")
         if idle_timeout is not None:
-            check_seconds(idle_timeout, "KubernetesJob", "idle_timeout", also=" or None")
+            idle_timeout = check_seconds(idle_timeout, "KubernetesJob", "idle_timeout",
+                                         also=" or None")
         # (finite: the watch of the pods takes whole seconds)
-        check_seconds(start_timeout, "KubernetesJob", "start_timeout", inf=False)
+        start_timeout = check_seconds(start_timeout, "KubernetesJob", "start_timeout", inf=False)
         for what, given in (("env", env), ("resources", resources), ("pod_spec", pod_spec)):
             if given is not None and not (isinstance(given, Mapping)
                                           and all(isinstance(k, str) for k in given)):

@@ -52,6 +52,7 @@ from ._job import (
     check_job_name,
     check_meshes,
     check_tls,
+    job_lock,
     read_own_cache,
     resize_job,
     write_cache,
@@ -201,13 +202,13 @@ class SlurmJob(AgentsJob):
         if isinstance(sbatch_args, str) or not all(isinstance(a, str) for a in sbatch_args):
             raise TypeError(f"{what}: sbatch_args must be a list of str, one option each "
                             f"(e.g. ['--gpus-per-node=8']), got {sbatch_args!r}")
-        check_seconds(start_timeout, "SlurmJob", "start_timeout")
+        start_timeout = check_seconds(start_timeout, "SlurmJob", "start_timeout")
         self.partition: str | None = partition
         self.time_limit: str | None = time_limit
         self.exclusive: bool = exclusive
         self.sbatch_args: list[str] = list(sbatch_args)
         self.tls: TLSConfig | None = check_tls(what, tls)
-        self.idle_timeout: float = float(check_seconds(idle_timeout, "SlurmJob", "idle_timeout"))
+        self.idle_timeout: float = check_seconds(idle_timeout, "SlurmJob", "idle_timeout")
         self.start_timeout: float = start_timeout
         self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None
@@ -222,7 +223,8 @@ class SlurmJob(AgentsJob):
         """Re-attach to the cached job if Slurm still runs it on all its
         nodes, or submit a new one and wait for its agents.  A cached job of
         another shape (other ``meshes``, or resized) is reported and
-        cancelled first.
+        cancelled first.  One ``apply()`` of a job name runs at a time
+        (the job's lock): another waits for it, then re-attaches.
 
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
@@ -234,6 +236,12 @@ class SlurmJob(AgentsJob):
         """
         if self._entry is not None:
             return
+        async with job_lock(self.cache, f"SlurmJob {self.name!r}"):
+            if self._entry is None:  # (another task of this job may have applied it)
+                self._entry = await self._applied()
+
+    async def _applied(self) -> dict[str, Any]:
+        """(:meth:`apply`, under the job's lock: the cache entry it uses.)"""
         entry = read_own_cache(self.cache, self.kind)
         if entry is not None and entry.get("meshes") != self.meshes:
             log.warning("meshio: job cache %s is a SlurmJob with meshes %s (Slurm job %s), not "
@@ -243,8 +251,7 @@ class SlurmJob(AgentsJob):
         elif entry is not None:
             stale = await self._stale(entry)
             if stale is None:
-                self._entry = entry
-                return
+                return entry
             log.warning("meshio: job cache %s is stale (%s); allocating a new Slurm job",
                         self.cache, stale)
             await _release(entry, logs=False)
@@ -255,8 +262,9 @@ class SlurmJob(AgentsJob):
         except BaseException:  # (no cache names the secret: nobody else would remove it)
             secret_file.unlink(missing_ok=True)
             raise
-        self._entry = {**allocated, "secret_file": str(secret_file), "extra": []}
-        write_cache(self.cache, self._entry)
+        started: dict[str, Any] = {**allocated, "secret_file": str(secret_file), "extra": []}
+        write_cache(self.cache, started)
+        return started
 
     async def _stale(self, entry: dict[str, Any]) -> str | None:
         """Why the cached job cannot be used, or None if it can."""

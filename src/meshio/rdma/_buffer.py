@@ -202,7 +202,7 @@ class RDMABuffer:
                 float holds; ``math.inf`` is no bound).
         """
         if timeout is not None:
-            check_seconds(timeout, "RDMABuffer.options", "timeout", also=" or None")
+            timeout = check_seconds(timeout, "RDMABuffer.options", "timeout", also=" or None")
         return RDMABuffer._from_handle(self._handle, timeout)
 
     # ------------------------------------------------------- transfers

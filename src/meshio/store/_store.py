@@ -858,7 +858,8 @@ class WeightStore:
                 raise ValueError(f"WeightStore.{what}: at_least must be an int >= 0, got "
                                  f"{at_least!r}")
         if timeout is not None:
-            check_seconds(timeout, f"WeightStore.{what}", "timeout", zero=True, also=" or None")
+            timeout = check_seconds(timeout, f"WeightStore.{what}", "timeout", zero=True,
+                                    also=" or None")
         try:
             async with _Lease(self, at_least or 0, timeout, relayed=True) as held:
                 return await copy(*held)

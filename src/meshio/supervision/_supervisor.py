@@ -181,11 +181,12 @@ class Supervisor:
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
         _check_count("max_restarts", max_restarts, 0)
-        check_seconds(within, "Supervisor", "within")
+        within = check_seconds(within, "Supervisor", "within")
         _check_count("poison_after", poison_after, 1)
-        check_seconds(heartbeat_interval, "Supervisor", "heartbeat_interval")
+        heartbeat_interval = check_seconds(heartbeat_interval, "Supervisor", "heartbeat_interval")
         if heartbeat_timeout is not None:
-            check_seconds(heartbeat_timeout, "Supervisor", "heartbeat_timeout", also=" or None")
+            heartbeat_timeout = check_seconds(heartbeat_timeout, "Supervisor", "heartbeat_timeout",
+                                              also=" or None")
         self.strategy: Strategy = strategy
         self.max_restarts: int = max_restarts
         self.within: float = within

@@ -135,7 +135,7 @@ async def wait_exited(pidfd: int, timeout: float) -> None:
         ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
             holds; ``math.inf``: no bound).
     """
-    check_seconds(timeout, "wait_exited", "timeout")
+    timeout = check_seconds(timeout, "wait_exited", "timeout")
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
 
