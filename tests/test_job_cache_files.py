@@ -16,6 +16,7 @@ used a cache in a directory others may write to)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from gone import wait_gone
 from meshio.jobs import JobCacheError, ProcessJob
-from meshio.testing import job_record, wait_exited
+from meshio.testing import job_record
 
 #: a controller that applies ``ProcessJob(meshes={"a": 2}, cache_dir=argv[1])``
 #: once told to (a line on stdin, after it printed ``ready``), then prints
@@ -140,15 +142,9 @@ def agents_of(cache: Path) -> set[int]:
 
 async def stop(pids: set[int]) -> None:
     for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-            await wait_exited(fd, 30)
-        finally:
-            os.close(fd)
+    await wait_gone(pids, 30)
 
 
 async def test_two_controllers_applying_one_job_at_once_start_one_set_of_agents(
