@@ -100,6 +100,24 @@ class Spawner(Actor):
             caught.append(f"ValueError: {e}")
         return caught
 
+    @endpoint
+    async def owner_only(self, procs: meshio.ProcMesh) -> list[str]:
+        """What only the owner knows, asked of a reference: each error."""
+        assert await procs is procs  # (started before it could be passed on)
+        caught = []
+        for ask in (lambda: procs.actors("inner", W), lambda: procs.pids,
+                    lambda: procs.stopped, lambda: procs.holes):
+            try:
+                ask()
+            except RuntimeError as e:
+                caught.append(str(e))
+        for wait in (procs.stacks, procs.ready, procs.wait_failed, procs.grow):
+            try:
+                await wait()
+            except RuntimeError as e:
+                caught.append(str(e))
+        return caught
+
 
 class Boss(Actor):
     """Owns a supervisor (created in an endpoint) over its own proc mesh;
@@ -363,6 +381,22 @@ async def test_actor_spawns_on_a_proc_mesh_it_was_given() -> None:
         # and released: the owner forgot it, so a reference cannot spawn on it
         with pytest.raises(meshio.ActorError, match="proc mesh 'pool' was stopped by its owner"):
             await asyncio.wait_for(spawner.spawn_on.call_one(pool, "late"), DEADLINE)
+
+
+async def test_what_only_the_owner_knows_is_a_clear_error_on_a_reference() -> None:
+    """A proc mesh reference in an actor: what only the controller that
+    started the processes knows or does (its actor meshes by name, stacks,
+    pids, readiness, failures, resizing) is a RuntimeError saying so, for
+    each (``actors()`` and ``stacks()`` were an AttributeError), and
+    awaiting the reference gives it back."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}, name="ctl") as ctl, \
+            meshio.this_host().spawn_procs(per_host={"procs": 1}, name="pool") as pool:
+        spawner = await ctl.spawn("s", Spawner)
+        caught = await asyncio.wait_for(spawner.owner_only.call_one(pool), DEADLINE)
+        assert len(caught) == 8, caught
+        for message in caught:
+            assert message.startswith("proc mesh 'pool': ") and message.endswith(
+                "the controller that started the processes"), message
 
 
 # ------------------------------------- item 17: failure without supervisor

@@ -633,6 +633,7 @@ class _ProcMeshRef(ProcMesh):
         self._name = name
         self._view = Region(Extent(labels, sizes), ranks)
         self._options = options
+        self._fresh = False
 
     def _with_region(self, region: Region) -> _ProcMeshRef:
         e = region.extent
@@ -671,6 +672,14 @@ class _ProcMeshRef(ProcMesh):
     def stopped(self) -> bool:
         raise RuntimeError(f"proc mesh {self._name!r}: whether it is stopped is known only "
                            "to the controller that started the processes")
+
+    def actors(self, name: str, cls: type[A], /) -> A:
+        raise RuntimeError(f"proc mesh {self._name!r}: its actor meshes are known by name "
+                           "only to the controller that started the processes")
+
+    async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
+        raise RuntimeError(f"proc mesh {self._name!r}: stacks() is available in the "
+                           "controller that started the processes")
 
     async def spawn(self, name: str, cls: Callable[P, A], /, *args: P.args,
                     **kwargs: P.kwargs) -> A:
