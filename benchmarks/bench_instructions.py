@@ -27,8 +27,9 @@ Needs ``valgrind`` (Debian: ``apt-get install valgrind``).  Each run takes
 ~20-40 s (callgrind runs ~50x slower than native).
 
 Usage: python benchmarks/bench_instructions.py [--batches 5] [--sides meshio plain]
-       [--pattern inflight|lone|cast] [--src PATH]
-       (PATH: another meshio ``src`` to count, e.g. an old commit's)
+       [--pattern inflight|lone|cast] [--src PATH] [--timeout SECONDS]
+       (PATH: another meshio ``src`` to count, e.g. an old commit's; SECONDS:
+       meshio's calls made with ``options(timeout=SECONDS)``, a deadline each)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ UVLOOP_SITE = os.path.join(HERE, "peers", "uvloop_site")
 DRIVER = """
 import asyncio, sys
 side, batches, pattern, worker = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+timeout = float(sys.argv[5]) if sys.argv[5] else None
 n = 4 if pattern == "cast" else 1
 if worker:
     sys.executable = worker
@@ -66,16 +68,17 @@ if side == "meshio":
     async def main() -> None:
         procs = await meshio.this_host().spawn_procs(per_host={"procs": n})
         actors = await procs.spawn("bench", Bench)
-        one = actors.slice(procs=0)
+        every = actors.ping.options(timeout=timeout)
+        one = actors.slice(procs=0).ping.options(timeout=timeout)
         for _ in range(3 + batches):
             if pattern == "cast":
                 for i in range(1000):
-                    await actors.ping.call(i)
+                    await every.call(i)
             elif pattern == "lone":
                 for i in range(1000):
-                    await one.ping.call_one(i)
+                    await one.call_one(i)
             else:
-                await asyncio.gather(*[one.ping.call_one(i) for i in range(1000)])
+                await asyncio.gather(*[one.call_one(i) for i in range(1000)])
         await procs.stop()
 
     meshio.run(main())
@@ -106,10 +109,10 @@ exec valgrind --tool=callgrind --cache-sim=no --callgrind-out-file={out}.%p {pyt
 
 
 def count(work: str, side: str, batches: int, pattern: str, where: str,
-          src: str | None) -> int:
+          src: str | None, timeout: float | None = None) -> int:
     """Instructions of the ``where`` process ("controller", or a worker: their
     mean) in a run of ``side`` with ``batches`` batches of calls made as
-    ``pattern``."""
+    ``pattern`` (meshio's with ``options(timeout=timeout)``)."""
     out = os.path.join(work, f"{side}.{where}.{batches}.out")
     log = os.path.join(work, "valgrind.log")
     env = dict(os.environ, MESHIO_BUSY_POLL="0")
@@ -119,16 +122,19 @@ def count(work: str, side: str, batches: int, pattern: str, where: str,
     if side == "plain":
         path.append(UVLOOP_SITE)  # its worker on uvloop too, as meshio's
     env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")])
-    driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches), pattern]
+    driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches), pattern,
+              "" if timeout is None else str(timeout)]
     if where == "worker":
         wrapper = os.path.join(work, "worker.sh")
         with open(wrapper, "w") as f:
             f.write(WRAPPER.format(out=out, python=sys.executable, log=log))
         os.chmod(wrapper, 0o755)
-        cmd = [*driver, wrapper]
+        driver.insert(5, wrapper)
+        cmd = driver
     else:
+        driver.insert(5, "")
         cmd = ["valgrind", "--tool=callgrind", "--cache-sim=no",
-               f"--callgrind-out-file={out}", *driver, ""]
+               f"--callgrind-out-file={out}", *driver]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=900)
     outs = [os.path.join(work, name) for name in os.listdir(work)
@@ -155,6 +161,9 @@ def main() -> None:
                     help="1,000 calls in flight (default), one after another, or calls "
                     "on 4 actors + gather one after another")
     ap.add_argument("--src", help="a meshio source tree to count instead of the installed one")
+    ap.add_argument("--timeout", type=float,
+                    help="meshio's calls made with options(timeout=TIMEOUT): what a "
+                    "deadline adds (the plain side has none)")
     args = ap.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions: needs valgrind (apt-get install valgrind)")
@@ -169,14 +178,16 @@ def main() -> None:
         per_call: dict[tuple[str, str], float] = {}
         for side in args.sides:
             for where in args.where:
-                first = count(work, side, 1, args.pattern, where, args.src)
-                last = count(work, side, 1 + args.batches, args.pattern, where, args.src)
+                first = count(work, side, 1, args.pattern, where, args.src, args.timeout)
+                last = count(work, side, 1 + args.batches, args.pattern, where, args.src,
+                             args.timeout)
                 per_call[side, where] = (last - first) / calls
     finally:
         shutil.rmtree(work, ignore_errors=True)
     made = {"inflight": "1,000 in flight", "lone": "one after another",
             "cast": "calls on 4 actors + gather, one after another"}[args.pattern]
-    print(f"instructions per call (callgrind; {made}, uvloop, {calls:,} calls counted)")
+    timed = "" if args.timeout is None else f", meshio's with timeout={args.timeout}"
+    print(f"instructions per call (callgrind; {made}, uvloop, {calls:,} calls counted{timed})")
     print("| process | " + " | ".join(args.sides) + (" | meshio / plain |" if len(
         args.sides) == 2 else " |"))
     print("|---" * (len(args.sides) + 1 + (len(args.sides) == 2)) + "|")

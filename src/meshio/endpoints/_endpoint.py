@@ -477,9 +477,8 @@ class Endpoint(Generic[P, R]):
             futs = mesh._request_all(self._desc, body, packer, True, deadline)
             return owning(self._gather(futs, deadline), futs)
         g = mesh._gather_all(self._desc, body, packer, deadline)
-        if deadline is None:
-            return g.outcome(lambda: self._value_mesh(g.values, g.errors))
-        return owning(self._gathered(g, deadline), [g.fut])
+        fut = g.outcome(lambda: self._value_mesh(g.values, g.errors))
+        return fut if deadline is None else _Due(fut, self, deadline, g)
 
     async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None
                       ) -> ValueMesh[R]:
@@ -491,12 +490,6 @@ class Endpoint(Generic[P, R]):
         errors = {i: e for i, f in enumerate(futs) if (e := f.exception()) is not None}
         return self._value_mesh([None if i in errors else f.result()
                                  for i, f in enumerate(futs)], errors)
-
-    async def _gathered(self, g: Gathering, deadline: float) -> ValueMesh[R]:
-        done, _ = await asyncio.wait([g.fut], timeout=_left(deadline))
-        if not done:
-            self._raise_timeout(g.unsettled(), [g.fut], deadline)
-        return self._value_mesh(g.values, g.errors)
 
     def _value_mesh(self, values: list[Any], errors: dict[int, BaseException]) -> ValueMesh[R]:
         """The results of a call to every actor (``errors`` by index): a
@@ -518,13 +511,17 @@ class Endpoint(Generic[P, R]):
                        deadline: float | None) -> None:
         """Cancel what is still pending (which may be done only once its
         arguments are read: an adverb's future waits, see
-        :func:`~meshio._transport._tasks.owning`); raise naming the late
+        :func:`~meshio._transport._tasks.owning`); raise :meth:`_timed_out`."""
+        for f in pending:
+            f.cancel(DEADLINE)
+        raise self._timed_out(late, deadline)
+
+    def _timed_out(self, late: list[int], deadline: float | None) -> CallTimeout:
+        """The error of a call whose ``deadline`` passed, naming the late
         actors (their indices in this view; ranks as in
         ActorError/SupervisionError).
         When ``deadline`` is the one of the call being served, that call's
         caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
-        for f in pending:
-            f.cancel(DEADLINE)
         mesh = self._mesh
         ranks = [mesh._site(i).rank for i in late]
         scope = _scope.get()
@@ -538,7 +535,7 @@ class Endpoint(Generic[P, R]):
             f"of the mesh as spawned, at {points} in the view called",
             endpoint=self._qualname, ranks=ranks)
         error.inherited = inherited
-        raise error
+        return error
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call the only actor of a one-actor mesh (e.g. a slice) and return its result.
@@ -562,7 +559,7 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc, (0,))
         deadline = self._deadline()
         fut = route.request(0, self._desc, body, packer, deadline)
-        return fut if deadline is None else self._single(fut, 0, deadline)
+        return fut if deadline is None else _Due(fut, self, deadline, 0)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller, of those
@@ -587,20 +584,7 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
         fut = mesh._route.request(index, self._desc, body, packer, deadline)
-        return fut if deadline is None else self._single(fut, index, deadline)
-
-    def _single(self, fut: asyncio.Future[Any], index: int, deadline: float
-                ) -> asyncio.Future[R]:
-        """The answer of one actor, due by ``deadline``."""
-        return owning(self._single_timeout(fut, index, deadline), [fut])
-
-    async def _single_timeout(self, fut: asyncio.Future[Any], index: int,
-                              deadline: float) -> R:
-        done, _ = await asyncio.wait([fut], timeout=_left(deadline))
-        if not done:
-            self._raise_timeout([index], [fut], deadline)
-        result: R = fut.result()
-        return result
+        return fut if deadline is None else _Due(fut, self, deadline, index)
 
     @traced
     async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[tuple[Point, R]]:
@@ -710,6 +694,81 @@ class Endpoint(Generic[P, R]):
                    ) -> list[Waiting]:
         self._mesh._check_room(self._desc, backlog=self._on_full != "raise")
         return self._mesh._send_all(self._desc, body, out, deadline)
+
+
+class _Due(asyncio.Future[T]):
+    """What an adverb with a deadline returns: the outcome of ``call`` (the
+    future of a call to the actor at ``late``, an index in the view, or of
+    a gathered call to every actor of the view, ``late`` its
+    :class:`Gathering`); or, if the deadline passes first, the endpoint's
+    :class:`~meshio.CallTimeout` naming the actors still silent then, once
+    ``call``, cancelled with :data:`DEADLINE` (its callees drop or cancel
+    it), is done.  Cancelled, it cancels ``call`` and is done once that
+    is: a call's future may be done only once its arguments are read (as
+    :func:`~meshio._transport._tasks.owning`'s).
+
+    One timer and one done callback per call, no task: timed calls cost
+    about what untimed ones do (``benchmarks/bench_timed.py``)."""
+
+    __slots__ = ("_call", "_cancel", "_deadline", "_endpoint", "_error", "_late", "_timer")
+
+    def __init__(self, call: asyncio.Future[T], endpoint: Endpoint[Any, Any], deadline: float,
+                 late: int | Gathering) -> None:
+        loop = call.get_loop()
+        super().__init__(loop=loop)
+        self._call = call
+        self._endpoint = endpoint
+        self._deadline = deadline
+        self._late = late
+        self._error: CallTimeout | None = None
+        #: cancelled by its caller: the message, once ``call`` is done
+        self._cancel: tuple[Any, ...] | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(
+            max(0.0, deadline - time.monotonic()), self._expired)
+        call.add_done_callback(self._ended)
+
+    def _expired(self) -> None:
+        self._timer = None
+        call, late = self._call, self._late
+        if call.done():  # (answered: its outcome is on its way to _ended)
+            return
+        if isinstance(late, int):
+            silent = [late]
+        elif not (silent := late.unsettled()):  # every answer is in: judged a turn later
+            return  # (Gathering.settled)
+        self._error = self._endpoint._timed_out(silent, self._deadline)
+        call.cancel(DEADLINE)
+
+    def _ended(self, call: asyncio.Future[T]) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._cancel is not None:
+            if not call.cancelled():  # (its outcome, dropped: not "never retrieved")
+                call.exception()
+            super().cancel(*self._cancel)
+        elif self._error is not None:
+            self.set_exception(self._error)
+        elif call.cancelled():
+            try:
+                call.result()
+            except asyncio.CancelledError as e:
+                super().cancel(*e.args[:1])
+        elif (error := call.exception()) is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(call.result())
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.done():
+            return False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._cancel is None:  # (what ``call`` ends with, then, is dropped)
+            self._cancel = () if msg is None else (msg,)
+        self._call.cancel(msg)
+        return True
 
 
 class _Sent:
