@@ -367,7 +367,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if scope is not None and scope.seq and answers is not None and not desc.concurrent:
             for rank, settle in zip(self._region.ranks, answers.slots
                                     if isinstance(answers, Gathering) else answers):
-                scope.wait_for(self._target, rank, settle)
+                scope.wait_for(self._target, rank, self._addrs[rank], settle)
         gate = None if desc.concurrent else self._route.gate(rt)  # (concurrent: not bounded)
         addrs = [] if gate is None else [
             a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
@@ -656,7 +656,7 @@ class _Route:
         else:
             chain = scope.chain
             if scope.seq and bounded and answer is not None:
-                scope.wait_for(self.target, self.ranks[index], answer)
+                scope.wait_for(self.target, self.ranks[index], addr, answer)
         if self.numbered:
             return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline,
                                       chain)

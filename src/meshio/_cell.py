@@ -51,6 +51,7 @@ from ._transport._messages import (
     Fail,
     GetStacks,
     GetStats,
+    Probe,
     Reply,
     Reshaped,
     SpawnActor,
@@ -336,6 +337,10 @@ class ActorCell:
         self.begun: _GoOn | None = None
         #: the mailbox task's context (a call begun in :meth:`post` runs in it)
         self.context = contextvars.copy_context()
+        #: the deadlock probes mailbox call :attr:`probe_seq` passed on
+        #: (:meth:`probed`), by where each started and what it looks for
+        self.probe_seq = 0
+        self.passed: set[tuple[str, tuple[str, ...]]] = set()
         self.task = rt.tasks.start(self._pump(), name="mailbox", context=self.context)
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
@@ -360,11 +365,14 @@ class ActorCell:
             else:
                 task.add_done_callback(self.tasks.discard)
             return
+        probing = False
         if msg.req and msg.chain and self.serving is not None:
             # A call that waits (through its chain) for the one under way
             # here, or whose chain holds an actor the one under way waits
             # for (two calls each waiting for a call to the other's actor)
-            # would wait forever: it fails now.
+            # would wait forever: it fails now.  If the call under way waits
+            # for other actors, a probe follows what they wait for (a cycle
+            # through three actors or more: :meth:`probed`).
             scope = self.scope
             reentrant = f"{self.identity}#{self.seq}" in msg.chain
             waited = None if reentrant or scope is None else scope.waiting_for(msg.chain)
@@ -373,6 +381,7 @@ class ActorCell:
                     took(conn, self.target, self.credit_batch, msg.origin)
                 self._fail(conn, msg.req, self._deadlock(msg, desc, waited))
                 return
+            probing = scope is not None and scope.waits is not None
         waiter = self.waiter
         if waiter is not None and not waiter.done() and self._begin(waiter, conn, msg, bufs,
                                                                     deadline):
@@ -380,6 +389,8 @@ class ActorCell:
         if msg.req:
             self.queued.add((conn, msg.req))
         self.mailbox.append((conn, msg, bufs, deadline))
+        if probing:
+            self._probe(msg)
         if waiter is not None:
             self.waiter = None
             if not waiter.done():
@@ -430,15 +441,95 @@ class ActorCell:
             waiter.set_result(None)
         return True
 
+    def _probe(self, msg: Call) -> None:
+        """``msg`` queued behind the mailbox call under way, which may wait
+        for other actors: send a probe (:meth:`probed`) to each it waits for
+        now."""
+        if any("#" in entry for entry in msg.chain):  # (else no mailbox call waits for msg)
+            self._pass_on(Probe("", "", msg.chain, (), ()))
+
+    def _pass_on(self, probe: Probe) -> None:
+        """Send ``probe`` on to the actors the mailbox call under way waits
+        for now (not to those it passed already)."""
+        assert self.scope is not None
+        here = f"{self.identity}#{self.seq}"
+        path, addrs = (*probe.path, here), (*probe.addrs, self.rt.addr)
+        passed = {entry.partition("#")[0] for entry in path}
+        for actor, addr in self.scope.waiting().items():
+            if actor not in passed:
+                self.rt.connect(addr).send_message(msgspec.structs.replace(
+                    probe, target=actor.rpartition("[")[0], waiter=here, path=path, addrs=addrs))
+
+    def probed(self, probe: Probe) -> None:
+        """A deadlock probe (edge chasing) came.  Searching: if the call
+        that sent it waits for this actor (its call is queued here, or under
+        way), and the mailbox call under way waits (through its chain) for
+        the call that started the probe, the probe went round a cycle of
+        busy actors, each waiting for the next: it goes, found, to the
+        actor of the cycle whose mailbox call is named first (every probe
+        that finds the cycle picks the same one); else on to the actors the
+        call under way waits for.  Found: the call queued here from the
+        actor before this one in the cycle fails with DeadlockError (the
+        other calls of the cycle then go on), unless this actor moved on.
+        Each check is of this process's state now, so a wait answered, or a
+        call finished, on the way (a stale edge) stops the probe."""
+        if self.serving is None or self.scope is None:
+            return
+        here = f"{self.identity}#{self.seq}"
+        if probe.found:
+            if here in probe.path:
+                at = probe.path.index(here)
+                self._break(probe.path[at - 1] if at else probe.goal[-1],
+                            probe.path[at:] + probe.path[:at])
+            return
+        if self.probe_seq != self.seq:
+            self.probe_seq, self.passed = self.seq, set()
+        key = (probe.path[0], probe.goal)
+        waiter = (probe.waiter,)
+        if key in self.passed or not (self.scope.caller_chain[-1:] == waiter or any(
+                call.chain[-1:] == waiter and (conn, call.req) in self.queued
+                for conn, call, _, _ in self.mailbox)):
+            return
+        self.passed.add(key)
+        if here not in probe.goal:
+            self._pass_on(probe)
+            return
+        path, addrs = (*probe.path, here), (*probe.addrs, self.rt.addr)
+        first = path.index(min(path))
+        found = msgspec.structs.replace(probe, target=path[first].rpartition("[")[0],
+                                        path=path, addrs=addrs, found=True)
+        if first == len(path) - 1:
+            self.probed(found)
+        else:
+            self.rt.connect(addrs[first]).send_message(found)
+
+    def _break(self, before: str, cycle: tuple[str, ...]) -> None:
+        """Fail the call queued here from mailbox call ``before``, the one
+        before this actor in ``cycle`` (this actor's call first)."""
+        for conn, msg, _, _ in self.mailbox:
+            if msg.chain[-1:] == (before,) and (conn, msg.req) in self.queued:
+                self.queued.remove((conn, msg.req))
+                self._fail(conn, msg.req, self._deadlock(msg, self.endpoints.get(msg.method),
+                                                         None, cycle))
+                return
+
     def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None,
-                  waited: str | None) -> ErrorInfo:
-        """Why ``msg`` fails: it waits for the call under way (reentrant), or
-        the call under way waits for actor ``waited`` of its chain."""
+                  waited: str | None, cycle: tuple[str, ...] = ()) -> ErrorInfo:
+        """Why ``msg`` fails: it waits for the call under way (reentrant),
+        the call under way waits for actor ``waited`` of its chain, or for
+        the next actor of ``cycle`` (mailbox calls, this one first, each
+        waiting for the next, the last for ``msg``)."""
         names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
         chain = " -> ".join([*names, self.where])
         busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
         called = desc.fn.__qualname__ if desc is not None else msg.method
-        if waited is None:
+        if cycle:
+            ring = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in cycle]
+            why = (f"call would deadlock: a cycle of busy actors {' -> '.join([*ring, ring[0]])}: "
+                   f"{self.where} is busy with {busy}, which waits for a call to {ring[1]}; "
+                   f"each waits for the next, and {ring[-1]} for this call to {called} "
+                   f"(its chain: {chain})")
+        elif waited is None:
             why = (f"reentrant call would deadlock: {chain}: {self.where} is busy with {busy}, "
                    f"which waits (through this chain) for this call to {called}")
         else:
@@ -1076,6 +1167,15 @@ def _on_spawn(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffers) -> 
 
 
 register_handler(SpawnActor, _on_spawn)
+
+
+def _on_probe(rt: Runtime, conn: Connection, msg: Probe, bufs: Buffers) -> None:
+    cell = rt.actors.get(msg.target)
+    if isinstance(cell, ActorCell):
+        cell.probed(msg)
+
+
+register_handler(Probe, _on_probe)
 
 
 def _on_stop(rt: Runtime, conn: Connection, msg: StopActor, bufs: Buffers) -> None:

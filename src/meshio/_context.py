@@ -99,9 +99,9 @@ class CallScope(msgspec.Struct, gc=False):
     paused_at: float | None = None
     paused_for: float = 0.0
     #: while the call holds its actor's mailbox: the answers it may wait
-    #: for from a mailbox of another actor, ``(target, rank, answer)``
+    #: for from a mailbox of another actor, ``(target, rank, addr, answer)``
     #: (:meth:`wait_for`); None once it ended, or if it made none
-    waits: list[tuple[str, int, Any]] | None = None
+    waits: list[tuple[str, int, str, Any]] | None = None
     #: how long :attr:`waits` may grow before answers in already are dropped
     waits_limit: int = 64
 
@@ -114,20 +114,22 @@ class CallScope(msgspec.Struct, gc=False):
         server = f"{self.server}#{self.seq}" if self.seq else self.server
         return (*self.caller_chain, server)
 
-    def wait_for(self, target: str, rank: int, answer: Any) -> None:
+    def wait_for(self, target: str, rank: int, addr: str, answer: Any) -> None:
         """Record that this call (holding its mailbox: :attr:`seq`) may wait
         for ``answer`` (its ``done()`` says when not) from a normal
-        endpoint of actor ``rank`` of ``target``: that call queues behind
-        whatever that actor's mailbox serves, and a call that actor serves
-        which waits for a call to this one is a deadlock the cell tells
-        (:meth:`~meshio._cell.Cell.post`)."""
+        endpoint of actor ``rank`` of ``target`` (in the process at
+        ``addr``): that call queues behind whatever that actor's mailbox
+        serves, and a call that actor serves which waits (directly, or
+        through other actors' calls: deadlock probes follow these records)
+        for a call to this one is a deadlock the cell tells
+        (:meth:`~meshio._cell.ActorCell.post`)."""
         waits = self.waits
         if waits is None:
             waits = self.waits = []
         elif len(waits) >= self.waits_limit:  # (a long call making many: amortized)
-            waits[:] = [w for w in waits if not w[2].done()]
+            waits[:] = [w for w in waits if not w[3].done()]
             self.waits_limit = 2 * len(waits) + 64
-        waits.append((target, rank, answer))
+        waits.append((target, rank, addr, answer))
 
     def waiting_for(self, chain: tuple[str, ...]) -> str | None:
         """The entry of ``chain`` (``"<target>[<rank>]#<n>"``: an actor
@@ -141,9 +143,14 @@ class CallScope(msgspec.Struct, gc=False):
             target, _, rank = server.rpartition("[")
             if hashed and rank[:-1].isdigit():
                 n = int(rank[:-1])
-                if any(w[0] == target and w[1] == n and not w[2].done() for w in waits):
+                if any(w[0] == target and w[1] == n and not w[3].done() for w in waits):
                     return entry
         return None
+
+    def waiting(self) -> dict[str, str]:
+        """The actors (``"<target>[<rank>]"``) whose answers this call waits
+        for now, with the address of each one's process."""
+        return {f"{w[0]}[{w[1]}]": w[2] for w in self.waits or () if not w[3].done()}
 
     def pause(self, paused: bool) -> None:
         """pdb paused the call (True) or let it go on (False)."""

@@ -47,6 +47,7 @@ __all__ = (
     "Ping",
     "Pong",
     "PortSend",
+    "Probe",
     "RdmaOp",
     "RdmaOpName",
     "Reply",
@@ -250,6 +251,25 @@ class Cancel(_Msg, frozen=True, tag=14):
     req: int
     target: str
     expired: bool = False
+
+
+class Probe(_Msg, frozen=True, tag=47):
+    """A deadlock probe (edge chasing), for the actor of mesh ``target``
+    here.  Searching (not ``found``): the mailbox call ``waiter``
+    (``"<target>[<rank>]#<n>"``) waits for a call to this actor; ``path``
+    lists the mailbox calls the probe passed, each waiting for the next
+    (``addrs``: the address of each one's process), from the actor where a
+    call with chain ``goal`` queued behind the first.  If ``waiter``'s call
+    is queued here or under way and this actor's mailbox call is in
+    ``goal``, the probe went round a cycle: it goes, ``found``, to one
+    actor of ``path``, which breaks the cycle.  No reply."""
+
+    target: str
+    waiter: str
+    goal: tuple[str, ...]
+    path: tuple[str, ...]
+    addrs: tuple[str, ...]
+    found: bool = False
 
 
 class PeerDown(_Msg, frozen=True, tag=15):
@@ -653,7 +673,7 @@ Message = (Hello | Call | Reply | Fail | SpawnActor | StopActor | PortSend | Fau
            | SignalWorker | WorkerOutput | WorkerExited | Fanout | Answers | Calls | Moved | Fill
            | StoreOp | GetStacks | JobStacks | Stalled | LoopHeld | GetStats | LogRecords | Started
            | Reshaped | ServeDashboard | DebugPaused | DebugIO | AgentBeat | AgentBeatAck
-           | Adopt | WatchWorker | Credit | Filled | ActorStopped)
+           | Adopt | WatchWorker | Credit | Filled | ActorStopped | Probe)
 
 _decoder = msgspec.msgpack.Decoder(Message)
 _encoder = msgspec.msgpack.Encoder()
