@@ -17,7 +17,17 @@ from typing import Any
 import msgspec
 import pytest
 
-from meshio import Actor, ActorError, ProtocolError, SupervisionError, context, endpoint
+from meshio import (
+    Actor,
+    ActorError,
+    Channel,
+    Port,
+    ProtocolError,
+    SupervisionError,
+    ValueMesh,
+    context,
+    endpoint,
+)
 from meshio._transport._connection import Connection, Pending
 from meshio._transport._messages import Answers, Call, Fanout, Reply, decode_message
 from meshio._transport._runtime import runtime
@@ -55,6 +65,10 @@ class Node(Actor):
     @endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    async def send_to(self, port: Port[int], x: int) -> None:
+        port.send(x)
 
     @endpoint
     async def addr(self) -> str:
@@ -409,3 +423,67 @@ async def test_a_malformed_tree_message_fails_its_calls_and_the_relay_serves_on(
         # the same connection, answered in order: the report is in before this
         assert (await first.point.call_one(4))[2] == 4
     assert "reported: malformed fan-out message for nodes.point: fan-out width 0" in caplog.text
+
+
+async def _relayed_beyond(mesh: Any) -> None:
+    """Every relay has relayed the tree messages sent before: each answers
+    a call that came after them on the same connections (messages keep
+    their order down the tree)."""
+    await asyncio.wait_for(mesh.slice(procs=0).point.call(0), 60)
+
+
+async def test_a_port_relayed_to_processes_killed_before_they_read_it_ends_recv(
+        nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """A call through the tree hands a port to the second process of every
+    host (none of them a relay: the relays pass the call on), each stopped
+    (SIGSTOP) so it cannot read the port nor tell the receiver it holds it,
+    then killed once the relays have passed the call on: the relays held
+    the port for them from the send on and tell the receiver they were
+    lost, so recv raises instead of waiting forever."""
+    _, procs, mesh = nodes
+    leaves = mesh.slice(procs=1)
+    await leaves.point.call(0)  # (the relays are connected to them)
+    pids = [procs.pids[h * PER_HOST + 1] for h in range(HOSTS)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    port, receiver = Channel[int].open()
+    call = asyncio.ensure_future(leaves.send_to.call(port, 1))
+    await _relayed_beyond(mesh)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    # (the call fails, or where a death was known here first, has it as a hole)
+    outcome = (await asyncio.wait_for(asyncio.gather(call, return_exceptions=True), 60))[0]
+    assert isinstance(outcome, (SupervisionError, ValueMesh)), outcome
+    with pytest.raises(SupervisionError, match="every process that held it is gone"):
+        await asyncio.wait_for(receiver.recv(), 60)
+
+
+async def test_a_relay_holds_the_port_for_a_process_yet_to_read_it(
+        nodes: tuple[ProcessJob, Any, Node]) -> None:
+    """The port goes through the tree to the second process of every host;
+    that of host 0 is stopped (it has not read the port), the others read
+    it, send, and are killed: recv still waits (host 0's relay holds the
+    port for it) and returns the value it sends once resumed; once it is
+    killed too, recv raises."""
+    _, procs, mesh = nodes
+    leaves = mesh.slice(procs=1)
+    await leaves.point.call(0)
+    slow, *others = [procs.pids[h * PER_HOST + 1] for h in range(HOSTS)]
+    os.kill(slow, signal.SIGSTOP)
+    port, receiver = Channel[int].open()
+    call = asyncio.ensure_future(leaves.send_to.call(port, 1))
+    await _relayed_beyond(mesh)
+    assert [await asyncio.wait_for(receiver.recv(), 60) for _ in others] == [1] * len(others)
+    waiting = asyncio.ensure_future(receiver.recv())
+    for pid in others:
+        os.kill(pid, signal.SIGKILL)
+    for h in range(1, HOSTS):  # (once a call fails, the death is known here)
+        with pytest.raises(SupervisionError):
+            await asyncio.wait_for(mesh.slice(hosts=h, procs=1).point.call_one(0), 60)
+    assert not waiting.done()
+    os.kill(slow, signal.SIGCONT)
+    assert await asyncio.wait_for(waiting, 60) == 1
+    assert not (await asyncio.wait_for(call, 60)).holes  # (the others answered before)
+    os.kill(slow, signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="every process that held it is gone"):
+        await asyncio.wait_for(receiver.recv(), 60)

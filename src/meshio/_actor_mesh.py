@@ -42,7 +42,7 @@ from ._transport._runtime import (
     not_its_loop,
     runtime,
 )
-from ._transport._serial import OutBuffers, limits
+from ._transport._serial import Handing, OutBuffers, limits
 from ._transport._tasks import owning, when_done
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, combine_failures
 
@@ -403,11 +403,14 @@ class ActorMesh(MeshShape, Generic[A]):
         number = rt.fanout.number
         target = self._target
         width = limits.fanout_width
+        # (the ports its value holds: each relay holds them for the calls it relays)
+        handing = out if type(out) is Handing and answers is not None else None
         for a, b in split(0, len(relays), width):
             part = [(h, indices) for h, indices in groups if a <= h < b and indices]
             if not part:
                 continue
-            conn = rt.connect(next(r for r in relays[a:b] if r))
+            relay = next(r for r in relays[a:b] if r)
+            conn = rt.connect(relay)
             first = 0
             if isinstance(answers, Gathering):
                 slots = [answers.slots[i] for _, indices in part for i in indices]
@@ -419,11 +422,14 @@ class ActorMesh(MeshShape, Generic[A]):
                 first = reqs[0]
             calls = [(h, [(a, number(target, a)) for a in (addrs[ranks[i]] for i in indices)])
                      for h, indices in part]
+            callees = [addr for _, called in calls for addr, _ in called]
             if gate is not None:
-                gate.take([a for _, called in calls for a, _ in called])
+                gate.take(callees)
+            ports = () if handing is None else conn.hands_down(handing, relay, callees)
             conn.send(encode_message(Fanout(target, desc.name, msgspec.Raw(body), chain, "",
                                             first, a, relays[a:b], calls, width, gather,
-                                            budget(deadline), trace, gate is not None)), out)
+                                            budget(deadline), trace, gate is not None,
+                                            ports)), out)
 
     async def _retry(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                      out: OutBuffers, fut: asyncio.Future[Any], deadline: float | None,

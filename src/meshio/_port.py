@@ -161,6 +161,9 @@ class PortReceiver(Generic[T]):
         self._decoder = TypedDecoder(Any)
         #: connections of the other processes that hold the port
         self._holders: set[Connection] = set()
+        #: connections of fan-out relays that answer for the processes they
+        #: relayed a message holding the port to: how many such messages
+        self._relays: dict[Connection, int] = {}
         #: once every holder is gone (and none came since): what recv raises
         self._orphaned: SupervisionError | None = None
         #: closed by its owner (:meth:`close`): recv raises at once
@@ -172,16 +175,39 @@ class PortReceiver(Generic[T]):
         self._holders.add(conn)
         self._orphaned = None
 
+    def _relaying(self, conn: Connection) -> None:
+        self._relays[conn] = self._relays.get(conn, 0) + 1
+        self._orphaned = None
+
+    def _released(self, conn: Connection, gone: bool) -> None:
+        """The relay of ``conn`` answers for one message fewer: those it
+        relayed it to answered (each told this receiver itself if it holds
+        the port), or (``gone``) are all gone."""
+        n = self._relays.get(conn, 0)
+        if n > 1:
+            self._relays[conn] = n - 1
+            return
+        if not n:
+            return
+        del self._relays[conn]
+        if gone and not self._holders and not self._relays:
+            self._orphan(f"the last, the processes that the fan-out relay pid {conn.peer_pid} "
+                         f"at {conn.peer} passed it to, died before they answered", -1)
+
     def _lost(self, conn: Connection) -> None:
-        if conn not in self._holders:
+        relayed = self._relays.pop(conn, None)
+        if conn not in self._holders and relayed is None:
             return
         self._holders.discard(conn)
-        if not self._holders:
-            self._orphaned = SupervisionError(
-                f"port {self._id}: every process that held it is gone (the last, pid "
-                f"{conn.peer_pid} at {conn.peer}, lost its connection) without closing it; "
-                f"nothing more can arrive", pid=conn.peer_pid, cause="every sender is gone")
-            self._wake()
+        if not self._holders and not self._relays:
+            self._orphan(f"the last, pid {conn.peer_pid} at {conn.peer}, lost its connection",
+                         conn.peer_pid)
+
+    def _orphan(self, last: str, pid: int) -> None:
+        self._orphaned = SupervisionError(
+            f"port {self._id}: every process that held it is gone ({last}) without closing "
+            f"it; nothing more can arrive", pid=pid, cause="every sender is gone")
+        self._wake()
 
     def _put(self, msg: PortSend, bufs: Buffers) -> None:
         if msg.close:
@@ -305,6 +331,16 @@ class _Sink:
         receiver = self._receiver()
         if receiver is not None:
             receiver._held(conn)
+
+    def _relaying(self, conn: Connection, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._relaying(conn)
+
+    def _released(self, conn: Connection, gone: bool, /) -> None:
+        receiver = self._receiver()
+        if receiver is not None:
+            receiver._released(conn, gone)
 
     def _lost(self, conn: Connection, /) -> None:
         receiver = self._receiver()

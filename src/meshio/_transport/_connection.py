@@ -632,6 +632,30 @@ class Connection(asyncio.BufferedProtocol):
             if sink is not None:
                 sink._held(self)
 
+    def hands_down(self, out: Handing, relay: str, callees: list[str]) -> tuple[int, ...]:
+        """The tree message of ``out`` goes to this connection's peer, the
+        relay at ``relay`` of the fan-out tree, for the processes at
+        ``callees``: of the ports its value holds, those opened in this
+        process count the relay among their holders now, as a process called
+        (:meth:`hands`) if it is one of them, and for the others it relays
+        to until it tells that each was answered or is lost
+        (``PortSend.released``).  Returns their ids (``Fanout.ports``), none
+        when it relays to no other."""
+        rt = self.rt
+        if self.closed or relay == rt.addr:  # (this process never counts itself)
+            return ()
+        if relay in callees:
+            self.hands(out)
+        if all(callee == relay for callee in callees):
+            return ()
+        ids: list[int] = []
+        for addr, port_id in out.ports:
+            sink = rt.ports.get(port_id) if addr == rt.addr else None
+            if sink is not None:
+                sink._relaying(self)
+                ids.append(port_id)
+        return tuple(ids)
+
     def send_cancel(self, msg: Cancel) -> None:
         """Send ``msg`` with the small frames written as this turn of the
         loop ends, never alone at once (as a turn's first frame goes): the

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._constants import MSGPACK_NIL
 from .._exceptions import CallTimeout, SchemaError, SupervisionError
 from ._connection import Connection, Pending, lost_with_relay
 from ._credit import Gate
@@ -35,6 +36,7 @@ from ._messages import (
     ErrorKind,
     Fail,
     Fanout,
+    PortSend,
     Reply,
     encode_message,
 )
@@ -194,14 +196,41 @@ class _Answers:
             self.replies, self.fails = [], []
 
 
+class _Handed:
+    """The ports opened in the caller that a tree message it sent here holds
+    (:attr:`Fanout.ports`): the caller counts this relay among their
+    holders for the calls it relays (not its own), until each is answered
+    (its process then told the port's receiver itself that it holds the
+    port, if it read it) or not (its process, or a relay below, gone
+    before it answered); then the relay tells the caller, and whether every
+    one is gone (:attr:`PortSend.released`)."""
+
+    __slots__ = ("answered", "left", "ports", "up")
+
+    def __init__(self, up: Connection, ports: tuple[int, ...]) -> None:
+        self.up = up
+        self.ports = ports
+        self.left = 0  # calls relayed still to answer
+        self.answered = False
+
+    def settle(self, unanswered: bool) -> None:
+        self.left -= 1
+        self.answered = self.answered or not unanswered
+        if not self.left:
+            for port in self.ports:
+                self.up.send_message(PortSend(port, MSGPACK_NIL, released=True,
+                                              gone=not self.answered))
+
+
 class Relayed(Pending):
     """A call this process relays to the actor at ``addr`` (through a relay
-    of its host, or to it): its answer goes back up as it came."""
+    of its host, or to it): its answer goes back up as it came (and settles
+    ``handed``, if its message holds ports)."""
 
-    __slots__ = ("answers", "rt", "up", "up_req")
+    __slots__ = ("answers", "handed", "rt", "up", "up_req")
 
     def __init__(self, rt: Runtime, up: Connection, up_req: int, target: str, addr: str,
-                 answers: _Answers) -> None:
+                 answers: _Answers, handed: _Handed | None) -> None:
         fut: asyncio.Future[Any] = rt.loop.create_future()
         super().__init__(fut, _as_is, "a call relayed by the fan-out tree", target, addr)
         self.rt = rt
@@ -209,6 +238,9 @@ class Relayed(Pending):
         self.up_req = up_req
         self.answers = answers
         answers.left += 1
+        self.handed = handed
+        if handed is not None:
+            handed.left += 1
         fut.add_done_callback(self._answer)
 
     @property
@@ -222,6 +254,8 @@ class Relayed(Pending):
 
     def _answer(self, fut: asyncio.Future[Any]) -> None:
         self.rt.fanout.relayed.pop((self.up, self.up_req), None)
+        if self.handed is not None:
+            self.handed.settle(_unanswered(fut))
         if fut.cancelled():  # its caller gave up
             self.answers.left -= 1
             return
@@ -235,6 +269,19 @@ class Relayed(Pending):
         else:
             raw, bufs = result
             self.answers.add(self.up_req, raw, bufs)
+
+
+def _unanswered(fut: asyncio.Future[Any]) -> bool:
+    """Whether a relayed call ended without an answer of its actor: its
+    process, or a relay below, gone (a supervision error).  A call given
+    up by its caller counts as answered: its process may have read it."""
+    if fut.cancelled():
+        return False
+    exc = fut.exception()
+    if exc is not None:
+        return isinstance(exc, SupervisionError)
+    result = fut.result()
+    return isinstance(result, ErrorInfo) and result.kind == "supervision"
 
 
 def malformed(msg: Fanout) -> str | None:
@@ -288,6 +335,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
     if msg.bounded:
         rt.fanout.ups[msg.target, origin] = up
     answers = _Answers(up, msg.gather)
+    handed = _Handed(up, msg.ports) if msg.ports and msg.first_req else None
     lo, relays = msg.lo, msg.relays
     own = lo + next(i for i, r in enumerate(relays) if r)  # the parent sent it here
     out = out_buffers(bufs)
@@ -313,9 +361,9 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             if addr == relays[own - lo]:
                 mine = call(up_req(k), seq)
                 continue
-            conn = _live(rt, up, addr, [up_req(k)], [addr], msg.target, answers)
+            conn = _live(rt, up, addr, [up_req(k)], [addr], msg.target, answers, handed)
             if conn is not None:
-                req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers)
+                req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers, handed)
                 conn.call(call(req, seq), out)
     for a, b in split(lo, own, msg.width) + split(own + 1, lo + len(relays), msg.width):
         part = [(host, addrs) for host, addrs in msg.groups if a <= host < b]
@@ -325,12 +373,12 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
                                          offsets[part[0][0]] + sum(len(g) for _, g in part))]
         child = next((r for r in relays[a - lo:b - lo] if r), "")
         callees = [addr for _, calls in part for addr, _ in calls]
-        conn = _live(rt, up, child, reqs, callees, msg.target, answers)
+        conn = _live(rt, up, child, reqs, callees, msg.target, answers, handed)
         if conn is None:
             continue
         first = 0
         for r, callee in zip(reqs, callees) if msg.first_req else ():
-            req = _relayed(rt, up, conn, r, msg.target, callee, answers)
+            req = _relayed(rt, up, conn, r, msg.target, callee, answers, handed)
             first = first or req
         conn.send(encode_message(Fanout(
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
@@ -341,17 +389,17 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
 
 
 def _relayed(rt: Runtime, up: Connection, conn: Connection, up_req: int, target: str,
-             addr: str, answers: _Answers) -> int:
+             addr: str, answers: _Answers, handed: _Handed | None) -> int:
     """A request on ``conn`` whose answer goes up as ``up_req`` (0: none wanted)."""
     if not up_req:
         return 0
-    req = conn.next_req(Relayed(rt, up, up_req, target, addr, answers))
+    req = conn.next_req(Relayed(rt, up, up_req, target, addr, answers, handed))
     rt.fanout.relayed[(up, up_req)] = (conn, req, target)
     return req
 
 
 def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], callees: list[str],
-          target: str, answers: _Answers) -> Connection | None:
+          target: str, answers: _Answers, handed: _Handed | None) -> Connection | None:
     """The connection to ``addr``, which carries the calls ``up_reqs`` to
     the actors at ``callees``; None if it is known dead (or no process of
     a range is left: ``addr`` empty), its calls then answered with why."""
@@ -360,7 +408,7 @@ def _live(rt: Runtime, up: Connection, addr: str, up_reqs: list[int], callees: l
         return rt.conns.get(addr) or rt.connect(addr)
     for r, callee in zip(up_reqs, callees):
         if r:
-            p = Relayed(rt, up, r, target, callee, answers)
+            p = Relayed(rt, up, r, target, callee, answers, handed)
             if dead is None:
                 error = SupervisionError(
                     f"{target}: no process left on the hosts of this part of the fan-out "

@@ -190,12 +190,19 @@ class StopActor(_Msg, frozen=True, tag=6):
 class PortSend(_Msg, frozen=True, tag=7):
     """A value for the port ``port`` owned by the receiver; ``close`` ends it;
     ``held``: no value, the sender now holds the port (it can send: once
-    every process that held it is gone, ``recv`` stops waiting)."""
+    every process that held it is gone, ``recv`` stops waiting);
+    ``released``: no value, the sender, a relay of the fan-out tree, no
+    longer answers for the processes it relayed one tree message holding
+    the port to (:attr:`Fanout.ports`): each answered (so it told the
+    receiver itself that it holds the port, if it does), or ``gone``: every
+    one of them is gone without answering."""
 
     port: int
     value: msgspec.Raw
     close: bool = False
     held: bool = False
+    released: bool = False
+    gone: bool = False
 
 
 class Fault(_Msg, frozen=True, tag=8):
@@ -364,7 +371,11 @@ class Fanout(_Msg, frozen=True, tag=21):
     sends on.  The answers go back up in :class:`Answers`: all of a relay's
     at once when ``gather`` (a ``call``), else as they come (a ``stream``).
     ``deadline``, ``trace`` and ``bounded``: as in :class:`Call` (each
-    actor gives the credit of a bounded call back to ``origin``)."""
+    actor gives the credit of a bounded call back to ``origin``).
+    ``ports``: the ports opened in the sender that ``args`` holds, in a
+    message wanting answers sent by their owner: the receiver answers for
+    them until every call it relays (not its own) is answered or gone, then
+    tells the owner (:attr:`PortSend.released`); it passes none on."""
 
     target: str
     method: str
@@ -380,6 +391,7 @@ class Fanout(_Msg, frozen=True, tag=21):
     deadline: float | None = None
     trace: str = ""
     bounded: bool = False
+    ports: tuple[int, ...] = ()
 
 
 class Answers(_Msg, frozen=True, tag=22):

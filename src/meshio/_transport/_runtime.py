@@ -279,6 +279,10 @@ class PortSink(Protocol):
 
     def _held(self, conn: Connection, /) -> None: ...
 
+    def _relaying(self, conn: Connection, /) -> None: ...
+
+    def _released(self, conn: Connection, gone: bool, /) -> None: ...
+
     def _lost(self, conn: Connection, /) -> None: ...
 
 
@@ -632,6 +636,8 @@ class Runtime:
                     pass
                 elif msg.held:
                     receiver._held(conn)
+                elif msg.released:
+                    receiver._released(conn, msg.gone)
                 else:
                     receiver._put(msg, bufs)
             case Credit():
