@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import meshio
@@ -35,12 +36,13 @@ class Bench(Actor):
         return x
 
 
-async def sequential(ep: Any, n: int) -> float:
-    """Median seconds of ``n`` ``call_one`` awaited one after another."""
+async def sequential(call: Callable[[int], Awaitable[Any]], n: int) -> float:
+    """Median seconds of ``n`` calls (``ep.call_one``, ``ep.call``) awaited
+    one after another."""
     lat = []
     for i in range(n):
         t0 = time.perf_counter()
-        await ep.call_one(i)
+        await call(i)
         lat.append(time.perf_counter() - t0)
     return statistics.median(lat)
 
@@ -50,16 +52,6 @@ async def in_flight(ep: Any, n: int) -> float:
     t0 = time.perf_counter()
     await asyncio.gather(*[ep.call_one(i) for i in range(n)])
     return time.perf_counter() - t0
-
-
-async def gathered(ep: Any, n: int) -> float:
-    """Median seconds of ``n`` ``call`` (every actor) awaited one after another."""
-    lat = []
-    for i in range(n):
-        t0 = time.perf_counter()
-        await ep.call(i)
-        lat.append(time.perf_counter() - t0)
-    return statistics.median(lat)
 
 
 ROWS = (("call_one latency, median µs", 1e6), ("1,000 call_one in flight, ms", 1e3),
@@ -73,14 +65,14 @@ async def main(reps: int, timeout: float) -> None:
         sides = {"untimed": (one, actors.ping),
                  "timed": (one.options(timeout=timeout), actors.ping.options(timeout=timeout))}
         for single, every in sides.values():  # warm-up
-            await sequential(single, 500)
-            await gathered(every, 200)
+            await sequential(single.call_one, 500)
+            await sequential(every.call, 200)
         got: dict[str, list[list[float]]] = {side: [[], [], []] for side in sides}
         for _ in range(reps):
             for side, (single, every) in sides.items():
-                got[side][0].append(await sequential(single, 2000))
+                got[side][0].append(await sequential(single.call_one, 2000))
                 got[side][1].append(await in_flight(single, 1000))
-                got[side][2].append(await gathered(every, 500))
+                got[side][2].append(await sequential(every.call, 500))
     print(f"timeout={timeout} vs none, medians of {reps} interleaved repetitions")
     print("| | untimed | timed | timed / untimed |")
     print("|---|---|---|---|")
