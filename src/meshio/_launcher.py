@@ -898,13 +898,16 @@ class _LineGate:
                     self._moved.wait()
                 text = self._queue.popleft()
                 dropped, self._dropped = self._dropped, 0
-            self._forward_now(text if not dropped else (
-                f"meshio: {dropped} lines of worker output dropped here: more than "
-                f"{self.BACKLOG:,} characters of it waited for this stream to be read\n{text}"))
-            with self._moved:
-                self._queued -= len(text)
-                self._done += 1
-                self._moved.notify_all()
+            try:
+                self._forward_now(text if not dropped else (
+                    f"meshio: {dropped} lines of worker output dropped here: more than "
+                    f"{self.BACKLOG:,} characters of it waited for this stream to be read\n"
+                    f"{text}"))
+            finally:  # (a stream raising what no stream should: the next line starts a writer)
+                with self._moved:
+                    self._queued -= len(text)
+                    self._done += 1
+                    self._moved.notify_all()
 
     def _forward_now(self, text: str) -> None:
         with self._lock:
