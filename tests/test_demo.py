@@ -63,9 +63,10 @@ def test_observe_example() -> None:
         assert (f"stats    train proc {rank} trainers[{rank}] Trainer.step: calls 3 errors 1 "
                 "p50 ok; restarts 0, cpu>0 True, rss>0 True") in out
         assert re.search(re.escape(
-            f'scraped  meshio_endpoint_calls_total{{actor="trainers",endpoint="Trainer.step",'
-            f'host="{socket.gethostname()}",mesh="train",mesh_id="train-')
-            + "[0-9a-f]{8}" + re.escape(f'",proc="{rank}",rank="{rank}"}} 3.0'), out)
+            'scraped  meshio_endpoint_calls_total{mesh="train",mesh_id="train-')
+            + "[0-9a-f]{8}" + re.escape(
+                f'",proc="{rank}",host="{socket.gethostname()}",actor="trainers",'
+                f'rank="{rank}",endpoint="Trainer.step"}} 3'), out)
 
 
 def test_supervised_example() -> None:

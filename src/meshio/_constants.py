@@ -10,8 +10,8 @@ from typing import Final
 
 import msgspec
 
-__all__ = ("MAX_QUEUED", "MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER", "PARTITION_TIMEOUT",
-           "SIOCGIFADDR",
+__all__ = ("KEEPER", "MAX_QUEUED", "MSGPACK_NIL", "PR_SET_PDEATHSIG", "PR_SET_PTRACER",
+           "PARTITION_TIMEOUT", "SIOCGIFADDR",
            "STALL_AFTER")
 
 #: an encoded msgpack nil: the payload of a ``Reply`` that carries no value
@@ -45,3 +45,7 @@ PR_SET_PTRACER: Final = 0x59616D61
 #: ``ioctl(2)`` request (``<linux/sockios.h>``): the IPv4 address of a
 #: network interface
 SIOCGIFADDR: Final = 0x8915
+
+#: the first line of the keeper of a worker's process group (``meshio.worker``),
+#: in its command line: :func:`meshio.testing.child_pids` leaves keepers out
+KEEPER: Final = "# meshio: the keeper of a worker's process group"

@@ -48,7 +48,7 @@ import traceback
 from collections.abc import Awaitable
 from typing import Any
 
-from ._constants import PR_SET_PDEATHSIG, PR_SET_PTRACER
+from ._constants import KEEPER, PR_SET_PDEATHSIG, PR_SET_PTRACER
 from ._debug import install as install_debugger
 from ._launcher import (
     BOOTSTRAP_FAILED,
@@ -87,7 +87,7 @@ def _die_with_parent(parent: int, keep_alive: float | None) -> None:
 
 #: the keeper of a worker's process group (:func:`_keep_group`), run by a
 #: bare interpreter (``-I -S``: a few MB, not a copy of the worker)
-_KEEPER = """# meshio: the keeper of a worker's process group
+_KEEPER = f"""{KEEPER}
 import os, select, signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)

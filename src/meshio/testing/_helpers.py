@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeVar
 from .._actor import Actor
 from .._actor_mesh import ActorMesh
 from .._checks import check_seconds
+from .._constants import KEEPER
 from .._proc_mesh import ProcMesh
 from .._transport._handshake import CHALLENGE_SIZE, Handshake, listening_end
 from .._transport._runtime import runtime
@@ -109,7 +110,8 @@ def job_record(job: ProcessJob | SlurmJob) -> dict[str, Any] | None:
 
 def child_pids() -> set[int]:
     """Live (non-zombie) child processes of this process, e.g. workers a test
-    forgot to stop (Linux ``/proc``)."""
+    forgot to stop (Linux ``/proc``); in a worker, not the keeper of its
+    process group (meshio's own: it goes with the worker)."""
     me = str(os.getpid())
     found: set[int] = set()
     for entry in os.listdir("/proc"):
@@ -118,10 +120,14 @@ def child_pids() -> set[int]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
+            if fields[1] != me or fields[0] == "Z":
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if KEEPER.encode() in f.read():
+                    continue
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z":
-            found.add(int(entry))
+        found.add(int(entry))
     return found
 
 
