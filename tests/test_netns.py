@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import ssl
+import sys
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -507,5 +508,6 @@ async def test_remote_print_reaches_the_controller(
         w = await procs.spawn("w", Where)
         await w.say.call_one(marker)
         await asyncio.wait_for(arrived.wait(), DEADLINE)
+    sys.stdout.flush()  # (the forwarded lines that arrived, written)
     out = capsys.readouterr().out
     assert f"[procs hosts=0 procs=0] {marker}\n" in out, out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import uuid
 
 import pytest
@@ -35,5 +36,6 @@ async def test_a_worker_whose_controller_is_unreachable_exits_saying_why(
         if proc.returncode is None:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
+    sys.stderr.flush()  # (its forwarded lines, written)
     err = capfd.readouterr().err
     assert f"cannot connect to its controller at {controller}" in err

@@ -873,6 +873,13 @@ class _LineGate:
                 self._writer.start()
             self._moved.notify_all()
 
+    def flush(self) -> None:
+        """Flush the stream, once the worker lines that reached this process
+        so far are written (``sys.stdout.flush()``: what the workers printed
+        before is out)."""
+        self._wait_written()
+        self._stream.flush()
+
     def release(self) -> None:
         """Writes what is queued and what is held, on a new line (at exit)."""
         self._wait_written()
