@@ -20,7 +20,7 @@ import contextvars
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("TaskOwner", "awaited", "owning", "when_done")
+__all__ = ("TaskOwner", "awaited", "owning", "take_outcome", "when_done")
 
 T = TypeVar("T")
 
@@ -157,12 +157,21 @@ class _Owning(asyncio.Future[T]):
             return
         if self._cancel is not None:
             super().cancel(*self._cancel)
-        elif task.cancelled():
-            try:
-                task.result()
-            except asyncio.CancelledError as e:
-                super().cancel(*e.args[:1])
-        elif (error := task.exception()) is not None:
-            self.set_exception(error)
         else:
-            self.set_result(task.result())
+            take_outcome(self, task)
+
+
+def take_outcome(fut: asyncio.Future[T], done: asyncio.Future[T]) -> None:
+    """Settle ``fut`` as ``done`` ended: cancelled (with its message), with
+    its exception, or with its result.  ``fut``'s own ``cancel`` is not
+    called (a future that waits for others before it is cancelled, as
+    :func:`owning`'s, overrides it)."""
+    if done.cancelled():
+        try:
+            done.result()
+        except asyncio.CancelledError as e:
+            asyncio.Future[T].cancel(fut, *e.args[:1])
+    elif (error := done.exception()) is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(done.result())

@@ -56,7 +56,7 @@ from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
 from .._transport._runtime import actor_thread, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
-from .._transport._tasks import finished, owning
+from .._transport._tasks import finished, owning, take_outcome
 from .._value_mesh import ValueMesh
 from ._retry import PROCESS_DEATH, Retry
 from ._schema import Schema
@@ -749,15 +749,8 @@ class _Due(asyncio.Future[T]):
             super().cancel(*self._cancel)
         elif self._error is not None:
             self.set_exception(self._error)
-        elif call.cancelled():
-            try:
-                call.result()
-            except asyncio.CancelledError as e:
-                super().cancel(*e.args[:1])
-        elif (error := call.exception()) is not None:
-            self.set_exception(error)
         else:
-            self.set_result(call.result())
+            take_outcome(self, call)
 
     def cancel(self, msg: Any | None = None) -> bool:
         if self.done():
