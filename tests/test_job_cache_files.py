@@ -11,11 +11,15 @@ Two ``apply()`` of one job name at once (two controller processes) start
 one set of agents: the job's lock (``<name>.lock``, beside its cache) is
 held while one applies, and the other then re-attaches to its agents (each
 started its own, and one cache overwrote the other, leaving agents no cache
-named).  A re-attach checks the cache directory as a first apply does (it
-used a cache in a directory others may write to)."""
+named).  A ``kill()`` holds that lock too: one while another controller
+applies the job waits for it (it removed the cache and stopped the agents
+meanwhile, and the apply then wrote a cache of a job that was gone, or
+started agents after the kill).  A re-attach checks the cache directory as
+a first apply does (it used a cache in a directory others may write to)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -29,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from gone import wait_gone
+from lock_holder import lock_held
 from meshio.jobs import JobCacheError, ProcessJob
 from meshio.testing import job_record
 
@@ -195,3 +200,28 @@ async def test_a_reattach_refuses_a_cache_directory_others_may_write_to(
     finally:
         cache.chmod(0o700)
         await first.kill()
+
+
+async def test_a_kill_while_another_controller_holds_the_jobs_lock_waits_for_it(
+        tmp_path: Path) -> None:
+    cache = tmp_path / ".meshio"
+    job = ProcessJob(meshes={"a": 2}, cache_dir=cache, idle_timeout=120)
+    await job.apply()
+    agents = agents_of(cache)
+    assert len(agents) == 2
+    try:
+        async with lock_held(job.cache) as holder:  # (as another controller's apply())
+            kill = asyncio.create_task(ProcessJob(meshes={"a": 2}, cache_dir=cache).kill())
+            try:
+                await holder.wait_blocked(kill)
+                assert job.cache.exists() and agents_of(cache) == agents  # nothing given back yet
+                await holder.release()
+                await kill
+            finally:
+                kill.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await kill
+        await wait_gone(agents, 30)  # then the agents the cache named are stopped
+        assert sorted(p.name for p in cache.iterdir()) == ["job.lock", "job.log"]
+    finally:
+        await stop(agents_of(cache))

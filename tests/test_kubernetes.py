@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ import trustme
 
 import meshio._cli
 import meshio.jobs._agent as agent_module
+from lock_holder import lock_held
 from meshio import Actor, context, endpoint
 from meshio.jobs import (
     ClusterError,
@@ -544,6 +546,40 @@ async def test_apply_creates_the_objects_reattaches_and_kill_deletes(
     assert not cluster.objects
     assert not job.cache.exists() and not job.secret_file.exists()
     await again.kill()  # nothing left: nothing to do, no error
+
+
+async def test_apply_and_kill_wait_for_the_jobs_lock(tmp_path: Path,
+                                                    cluster: FakeCluster) -> None:
+    """Two controllers applying one job name at once create its objects
+    once, and a kill while another controller applies the job deletes what
+    that created: the job's lock is held by another process (as another
+    controller's apply() holds it), and apply() and kill() wait for it."""
+    job = make_job(tmp_path)
+    async with lock_held(job.cache) as holder:
+        apply = asyncio.create_task(job.apply())
+        try:
+            await holder.wait_blocked(apply)
+            assert not cluster.objects  # nothing created while another holds the lock
+            await holder.release()
+            await apply
+        finally:
+            apply.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await apply
+    assert len(cluster.names("pods")) == 3 and job.cache.exists()
+
+    async with lock_held(job.cache) as holder:
+        kill = asyncio.create_task(make_job(tmp_path).kill())
+        try:
+            await holder.wait_blocked(kill)
+            assert len(cluster.names("pods")) == 3 and job.cache.exists()  # nothing deleted yet
+            await holder.release()
+            await kill
+        finally:
+            kill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await kill
+    assert not cluster.objects and not job.cache.exists()
 
 
 async def test_kill_waits_until_the_objects_are_gone_so_the_name_is_free_at_once(

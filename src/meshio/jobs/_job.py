@@ -14,6 +14,7 @@ that is foreign (another user's, another job kind's) is refused.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import fcntl
@@ -37,7 +38,7 @@ from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach, checked_secret
 
-__all__ = ("AgentsJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
+__all__ = ("AgentsJob", "CachedJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
            "check_job_name", "check_meshes", "check_tls", "job_lock", "read_cache",
            "read_job_secret", "read_own_cache",
            "record_resize", "resize_job", "write_cache")
@@ -207,20 +208,60 @@ def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], na
     write_cache(cache, entry)
 
 
-class AgentsJob:
+class CachedJob(abc.ABC):
+    """What a job kept in a cache file (``ProcessJob``, ``SlurmJob``,
+    ``KubernetesJob``) shares: its ``apply()`` and ``kill()`` hold the
+    job's lock (:func:`job_lock`), so one controller at a time reads the
+    cache, starts or gives back what it names, and writes or removes it.
+    Each kind documents its own ``apply()`` and ``kill()`` and runs these."""
+
+    kind: str
+    name: str
+    cache: Path
+
+    async def apply(self) -> None:
+        """Get the hosts: re-attach to a live cached job, or start one (the
+        kind's :meth:`_apply_locked`, under the job's lock; an ``apply()``
+        waiting for the lock finds the job applied by another task of this
+        object, or re-attaches to what another controller started)."""
+        if self._applied():
+            return
+        async with job_lock(self.cache, f"{self.kind} {self.name!r}"):
+            if not self._applied():  # (another task of this job may have applied it)
+                await self._apply_locked()
+
+    async def kill(self) -> None:
+        """Give the hosts back and forget the cached job (the kind's
+        :meth:`_kill_locked`, under the job's lock: after an ``apply()`` of
+        the job that holds it, never halfway through one)."""
+        async with job_lock(self.cache, f"{self.kind} {self.name!r}"):
+            await self._kill_locked()
+
+    @abc.abstractmethod
+    def _applied(self) -> bool:
+        """Whether this object has its hosts (``apply()`` has nothing to do)."""
+
+    @abc.abstractmethod
+    async def _apply_locked(self) -> None:
+        """(:meth:`apply`'s work, under the job's lock.)"""
+
+    @abc.abstractmethod
+    async def _kill_locked(self) -> None:
+        """(:meth:`kill`'s work, under the job's lock.)"""
+
+
+class AgentsJob(CachedJob):
     """What a job whose cache entry lists its agents (``ProcessJob``,
     ``SlurmJob``) shares: one :class:`JobState` for its life, which
     ``resize`` changes in place."""
 
     meshes: dict[str, int]
     tls: TLSConfig | None
-    cache: Path
     _entry: dict[str, Any] | None
     _state: JobState | None
 
-    async def apply(self) -> None:
-        """Get the hosts (each job kind's own)."""
-        raise NotImplementedError
+    def _applied(self) -> bool:
+        return self._entry is not None
 
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed); the
@@ -434,7 +475,7 @@ def _private_dir(folder: Path) -> Path:
     return folder
 
 
-#: seconds between tries of a job's lock held by another apply() (:func:`job_lock`)
+#: seconds between tries of a job's lock held by another apply() or kill() (:func:`job_lock`)
 LOCK_POLL = 0.05
 
 
@@ -442,11 +483,13 @@ LOCK_POLL = 0.05
 async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
     """Hold the lock of the job whose cache is ``cache`` (``<name>.lock``
     beside it, locked with ``flock``): one controller at a time reads the cache,
-    starts the agents and writes the cache, so two ``apply()`` of one job
-    name (two controller processes, two tasks) never both start agents;
-    the second waits, then finds the first's cache and re-attaches.  The
-    cache directory is checked to be private first (:func:`_private_dir`).
-    ``what`` names the job in the log line said while waiting.
+    starts or gives back the job and writes or removes the cache, so two
+    ``apply()`` of one job name (two controller processes, two tasks) never
+    both start agents (the second waits, then finds the first's cache and
+    re-attaches), and a ``kill()`` gives back all an ``apply()`` started
+    (:class:`CachedJob` takes it).  The cache directory is checked to be
+    private first (:func:`_private_dir`).  ``what`` names the job in the log
+    line said while waiting.
 
     Raises:
         JobCacheError: the cache directory is unsafe or cannot be made, or
@@ -467,8 +510,8 @@ async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
                 break
             except BlockingIOError:
                 if not told:
-                    log.info("meshio: %s: another apply() of this job holds %s; waiting for it",
-                             what, path)
+                    log.info("meshio: %s: another apply() or kill() of this job holds %s; "
+                             "waiting for it", what, path)
                     told = True
                 # (polled: a thread blocked in flock would outlive a cancelled wait,
                 # and asyncio.run's exit waits for it)
@@ -582,23 +625,19 @@ class ProcessJob(AgentsJob):
     async def apply(self) -> None:
         """Re-attach to the cached job if its agents all live, or start new
         agents.  A cached job of another shape (other ``meshes``, or resized)
-        is reported and its agents stopped first.  One ``apply()`` of a job
-        name runs at a time (:func:`job_lock`): another, in this process or
-        another, waits for it, then re-attaches to the agents it started.
+        is reported and its agents stopped first.  One ``apply()`` or
+        ``kill()`` of a job name runs at a time (:func:`job_lock`): another,
+        in this process or another, waits for it, then re-attaches to the
+        agents it started.
 
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
                 holds a job of another kind.
             RuntimeError: an agent did not start (see the job's log).
         """
-        if self._entry is not None:
-            return
-        async with job_lock(self.cache, f"ProcessJob {self.name!r}"):
-            if self._entry is None:  # (another task of this job may have applied it)
-                self._entry = await self._applied()
+        await super().apply()
 
-    async def _applied(self) -> dict[str, Any]:
-        """(:meth:`apply`, under the job's lock: the cache entry it uses.)"""
+    async def _apply_locked(self) -> None:
         entry = read_own_cache(self.cache, self.kind)
         if entry is not None and entry.get("meshes") != self.meshes:
             log.warning("meshio: job cache %s is a ProcessJob with meshes %s, not %s: stopping "
@@ -609,14 +648,15 @@ class ProcessJob(AgentsJob):
         if entry is not None:
             gone = [a for agents in entry["hosts"].values() for a in agents
                     if _start_time(a["pid"]) != a["start"]]
-            if not gone:
-                return entry
-            log.warning("meshio: job cache %s is stale (agents %s are gone); starting new "
-                        "agents", self.cache, [a["addr"] for a in gone])
-            _kill_agents(entry)
-        entry = await self._start()
-        write_cache(self.cache, entry)
-        return entry
+            if gone:
+                log.warning("meshio: job cache %s is stale (agents %s are gone); starting new "
+                            "agents", self.cache, [a["addr"] for a in gone])
+                _kill_agents(entry)
+                entry = None
+        if entry is None:
+            entry = await self._start()
+            write_cache(self.cache, entry)
+        self._entry = entry
 
     async def _start(self) -> dict[str, Any]:
         secret = secrets.token_bytes(32)
@@ -713,12 +753,18 @@ class ProcessJob(AgentsJob):
 
     async def kill(self) -> None:
         """Stop the agents the cache names (whatever its shape), and forget
-        the cached job and its secret.
+        the cached job and its secret.  It holds the job's lock, as
+        :meth:`apply` does: a kill while another controller applies the job
+        waits for it, then stops the agents it started.
 
         Raises:
-            JobCacheError: the cache file is unsafe, not a meshio cache, or
-                holds a job of another kind (nothing is removed).
+            JobCacheError: the cache file or directory is unsafe, or the
+                cache is not a meshio cache or holds a job of another kind
+                (nothing is removed).
         """
+        await super().kill()
+
+    async def _kill_locked(self) -> None:
         entry = self._entry or read_own_cache(self.cache, self.kind)
         if entry is not None:
             _kill_agents(entry)

@@ -36,6 +36,7 @@ from .._proc_mesh import HostMesh
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
+    CachedJob,
     JobCacheError,
     JobState,
     check_meshes,
@@ -99,7 +100,7 @@ def _kubernetes() -> Any:
             "pip install kubernetes (or apply job.manifests() with kubectl)") from e
 
 
-class KubernetesJob:
+class KubernetesJob(CachedJob):
     """Host agents as pods of a Kubernetes cluster: for each mesh, a headless
     Service and an Indexed Job (``workload="job"``, the default) or a
     StatefulSet (``workload="statefulset"``) of ``meshes[name]`` pods, each
@@ -399,16 +400,24 @@ class KubernetesJob:
 
     async def apply(self) -> None:
         """Create the job's objects (or re-attach to the cached live ones)
-        and wait until every agent's pod is ready.
+        and wait until every agent's pod is ready.  One ``apply()`` or
+        ``kill()`` of a job name runs at a time (the job's lock,
+        ``<cache_dir>/<name>.lock``): another, in this process or another,
+        waits for it, then re-attaches to the objects it created.
 
         Raises:
             ClusterNotConfiguredError: no cluster is configured.
             ClusterError: the cluster refused an object or a pod cannot start.
             TimeoutError: pods not ready within ``start_timeout``.
-            JobCacheError: an unsafe cache or secret file.
+            JobCacheError: an unsafe cache, secret file or cache directory.
         """
-        if self._ips is None:
-            self._ips = await asyncio.to_thread(self._apply)
+        await super().apply()
+
+    def _applied(self) -> bool:
+        return self._ips is not None
+
+    async def _apply_locked(self) -> None:
+        self._ips = await asyncio.to_thread(self._apply)
 
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed)."""
@@ -478,16 +487,22 @@ class KubernetesJob:
     async def kill(self) -> None:
         """Delete the job's objects (their pods with them), wait until the
         API server has removed them (so that a job of the same name can be
-        applied at once), and forget the cached job and its secret.
+        applied at once), and forget the cached job and its secret.  It
+        holds the job's lock, as :meth:`apply` does: a kill while another
+        controller applies the job waits for it, then deletes what it
+        created.
 
         Raises:
             ClusterNotConfiguredError: no cluster is configured.
             ClusterError: the cluster refused a deletion.
             TimeoutError: objects still there after ``start_timeout`` (a
                 finalizer that does not finish); the cache is kept.
-            JobCacheError: an unsafe cache file, or one that holds a job of
-                another kind.
+            JobCacheError: an unsafe cache file or cache directory, or a
+                cache that holds a job of another kind.
         """
+        await super().kill()
+
+    async def _kill_locked(self) -> None:
         await asyncio.to_thread(self._kill, _client(self.context))
         self.cache.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)

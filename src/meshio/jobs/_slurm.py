@@ -52,7 +52,6 @@ from ._job import (
     check_job_name,
     check_meshes,
     check_tls,
-    job_lock,
     read_own_cache,
     resize_job,
     write_cache,
@@ -223,8 +222,8 @@ class SlurmJob(AgentsJob):
         """Re-attach to the cached job if Slurm still runs it on all its
         nodes, or submit a new one and wait for its agents.  A cached job of
         another shape (other ``meshes``, or resized) is reported and
-        cancelled first.  One ``apply()`` of a job name runs at a time
-        (the job's lock): another waits for it, then re-attaches.
+        cancelled first.  One ``apply()`` or ``kill()`` of a job name runs at
+        a time (the job's lock): another waits for it, then re-attaches.
 
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
@@ -234,14 +233,9 @@ class SlurmJob(AgentsJob):
             TimeoutError: the agents did not all start within
                 ``start_timeout`` (the job is cancelled).
         """
-        if self._entry is not None:
-            return
-        async with job_lock(self.cache, f"SlurmJob {self.name!r}"):
-            if self._entry is None:  # (another task of this job may have applied it)
-                self._entry = await self._applied()
+        await super().apply()
 
-    async def _applied(self) -> dict[str, Any]:
-        """(:meth:`apply`, under the job's lock: the cache entry it uses.)"""
+    async def _apply_locked(self) -> None:
         entry = read_own_cache(self.cache, self.kind)
         if entry is not None and entry.get("meshes") != self.meshes:
             log.warning("meshio: job cache %s is a SlurmJob with meshes %s (Slurm job %s), not "
@@ -251,7 +245,8 @@ class SlurmJob(AgentsJob):
         elif entry is not None:
             stale = await self._stale(entry)
             if stale is None:
-                return entry
+                self._entry = entry
+                return
             log.warning("meshio: job cache %s is stale (%s); allocating a new Slurm job",
                         self.cache, stale)
             await _release(entry, logs=False)
@@ -264,7 +259,7 @@ class SlurmJob(AgentsJob):
             raise
         started: dict[str, Any] = {**allocated, "secret_file": str(secret_file), "extra": []}
         write_cache(self.cache, started)
-        return started
+        self._entry = started
 
     async def _stale(self, entry: dict[str, Any]) -> str | None:
         """Why the cached job cannot be used, or None if it can."""
@@ -412,12 +407,19 @@ class SlurmJob(AgentsJob):
 
     async def kill(self) -> None:
         """End the Slurm jobs the cache names, whatever its shape (their
-        nodes are free when this returns), and forget the cached job.
+        nodes are free when this returns), and forget the cached job.  It
+        holds the job's lock, as :meth:`apply` does: a kill while another
+        controller applies the job waits for it, then cancels what it
+        allocated.
 
         Raises:
-            JobCacheError: the cache file is unsafe, not a meshio cache, or
-                holds a job of another kind (nothing is cancelled).
+            JobCacheError: the cache file or directory is unsafe, or the
+                cache is not a meshio cache or holds a job of another kind
+                (nothing is cancelled).
         """
+        await super().kill()
+
+    async def _kill_locked(self) -> None:
         entry = self._entry or read_own_cache(self.cache, self.kind)
         if entry is not None:
             await _release(entry)

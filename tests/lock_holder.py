@@ -1,0 +1,86 @@
+"""``lock_held``: another process holding a job's lock (``<name>.lock``
+beside its cache, what ``apply()`` and ``kill()`` take) until the test lets
+it go, and a way to wait until an ``apply()`` or ``kill()`` of this process
+waits for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from subprocess import PIPE
+from typing import Any
+
+from log_watch import DEADLINE, LogWatch
+
+#: holds the lock of the job cached at ``argv[1]``, says ``held``, and lets
+#: it go when its stdin closes
+HOLDER = """
+import asyncio, sys
+from pathlib import Path
+from meshio.jobs._job import job_lock
+
+async def main() -> None:
+    async with job_lock(Path(sys.argv[1]), "the holder"):
+        print("held", flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+
+asyncio.run(main())
+"""
+
+
+class LockHolder:
+    """A process holding a job's lock (see :func:`lock_held`)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, watch: LogWatch) -> None:
+        self.proc = proc
+        self.watch = watch
+
+    async def wait_blocked(self, task: asyncio.Task[Any]) -> None:
+        """Wait until ``task`` logs that it waits for the job's lock.
+
+        Raises:
+            AssertionError: ``task`` ended first (it did not wait for the lock).
+        """
+        said = asyncio.ensure_future(self.watch.wait_for("of this job holds"))
+        try:
+            done, _ = await asyncio.wait([task, said], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            said.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await said
+        assert task not in done, "it ended without waiting for the job's lock"
+
+    async def release(self) -> None:
+        """Let the lock go: the holder exits."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert await asyncio.wait_for(self.proc.wait(), DEADLINE) == 0
+
+
+@contextlib.asynccontextmanager
+async def lock_held(cache: Path) -> AsyncIterator[LockHolder]:
+    """Another process holds the lock of the job cached at ``cache`` (from
+    when this is entered until ``release()``); this process's ``meshio``
+    INFO lines are watched meanwhile."""
+    logger = logging.getLogger("meshio")
+    watch = LogWatch()
+    watch.setLevel(logging.INFO)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(watch)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLDER, str(cache),
+                                                stdin=PIPE, stdout=PIPE)
+    try:
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), DEADLINE) == b"held\n"
+        yield LockHolder(proc, watch)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        logger.removeHandler(watch)
+        logger.setLevel(level)
