@@ -1,5 +1,7 @@
 """Hosting actors inside a worker: one mailbox per actor, handled one
-message at a time (unless the endpoint is ``concurrent``).
+message at a time (unless the endpoint is ``concurrent``; one
+``concurrent=N`` runs at most N calls at once, the others waiting their turn
+in :class:`_Slots`).
 
 ``async def`` endpoints run on the worker's loop (a mailbox call in the
 actor's pump task, or at once in the loop callback that brought it, as that
@@ -24,7 +26,7 @@ import time
 import traceback
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -299,8 +301,9 @@ class ActorCell:
         self.mailbox: deque[tuple[Connection, Call, Buffers, float | None]] = deque()
         self.max_queued = max_queued
         self.credit_batch = max(1, max_queued // 8)
-        #: (connection, req) of the mailbox calls not yet started; a call
-        #: cancelled by its caller leaves it and is skipped when its turn comes
+        #: (connection, req) of the mailbox calls not yet started (and of the
+        #: calls waiting for a slot: :class:`_Slots`); a call cancelled by its
+        #: caller leaves it and is skipped when its turn comes
         self.queued: set[tuple[Connection, int]] = set()
         #: calls under way, by (connection, req): their scope (deadline, given up)
         self.scopes: dict[tuple[Connection, int], CallScope] = {}
@@ -313,6 +316,11 @@ class ActorCell:
         self.cancelled: set[tuple[Connection, int]] = set()
         #: tasks of concurrent calls (kept until done)
         self.tasks: set[asyncio.Task[None]] = set()
+        #: by name, the endpoints with a bound (``concurrent=N``): their calls
+        #: under way and waiting here
+        self.slots: dict[str, _Slots] = {
+            name: _Slots(desc.limit) for name, desc in self.endpoints.items()
+            if desc.limit is not None}
         #: this actor in call chains: "<target>[<rank>]"
         self.identity = f"{target}[{ctx.point.rank}]"
         #: mailbox calls started so far; the endpoint of the one under way
@@ -347,23 +355,22 @@ class ActorCell:
         deadline = None if msg.deadline is None else _deadline(msg.deadline)
         desc = self.endpoints.get(msg.method)
         if desc is not None and desc.concurrent:
-            # Concurrent endpoints do not queue behind a busy actor: start now.
+            # Concurrent endpoints do not queue behind a busy actor: start now
+            # (a bounded one's call whose slots are all taken waits for one).
             try:
                 args, kwargs = desc.schema.unpack_args(msg.args, bufs)
             except SchemaError as e:
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
-            task = self.rt.tasks.start(
-                self._run_concurrent(conn, msg, desc, args, kwargs, deadline),
-                name=desc.qualname)
-            self.tasks.add(task)
-            if msg.req:  # cancellable from now on, not only once the task has started
-                key = (conn, msg.req)
-                self.running[key] = task
-                # (a partial: a closure would make cells on every call of post)
-                task.add_done_callback(functools.partial(self._ended, key))
-            else:
-                task.add_done_callback(self.tasks.discard)
+            if desc.limit is not None:
+                slots = self.slots[desc.name]
+                if not slots.free:
+                    if msg.req:  # (cancellable while it waits: see cancel())
+                        self.queued.add((conn, msg.req))
+                    slots.waiting.append((conn, msg, args, kwargs, deadline))
+                    return
+                slots.free -= 1
+            self._start(conn, msg, desc, args, kwargs, deadline)
             return
         probing = False
         if msg.req and msg.chain and self.serving is not None:
@@ -395,6 +402,57 @@ class ActorCell:
             self.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _start(self, conn: Connection, msg: Call, desc: EndpointDescriptor[Any, Any, Any],
+               args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None) -> None:
+        """Start a concurrent call in its own task (holding one of its
+        endpoint's slots, if bounded, until the task is done)."""
+        task = self.rt.tasks.start(
+            self._run_concurrent(conn, msg, desc, args, kwargs, deadline),
+            name=desc.qualname)
+        self.tasks.add(task)
+        if msg.req:  # cancellable from now on, not only once the task has started
+            key = (conn, msg.req)
+            self.running[key] = task
+            # (a partial: a closure would make cells on every call of post)
+            task.add_done_callback(functools.partial(self._ended, key))
+        else:
+            task.add_done_callback(self.tasks.discard)
+        if desc.limit is not None:  # (done however it ended: even cancelled before it ran)
+            task.add_done_callback(functools.partial(self._freed, desc))
+
+    def _freed(self, desc: EndpointDescriptor[Any, Any, Any], _: asyncio.Task[None]) -> None:
+        """A call of bounded endpoint ``desc`` is over: its slot goes to the
+        first call waiting for one (in arrival order) that its caller has not
+        given up and whose deadline has not passed, else it is free."""
+        slots = self.slots[desc.name]
+        waiting, queued = slots.waiting, self.queued
+        while waiting and self.stopping is None:  # (once stopping, stop() failed them)
+            conn, msg, args, kwargs, deadline = waiting.popleft()
+            if msg.req:
+                key = (conn, msg.req)
+                if key not in queued:
+                    continue  # cancelled by its caller while it waited
+                queued.remove(key)
+            if deadline is not None and (late := time.monotonic() - deadline) >= 0:
+                self._expire(conn, msg, late, f"for one of the {desc.limit} slots of "
+                             f"@endpoint(concurrent={desc.limit})")
+                continue
+            self._start(conn, msg, desc, args, kwargs, deadline)
+            return
+        slots.free += 1
+
+    def waiting(self) -> Iterator[Call]:
+        """The calls waiting for their turn here (not yet started, not given
+        up): in the mailbox, then those of each bounded concurrent endpoint."""
+        queued = self.queued
+        for conn, msg, *_ in self.mailbox:
+            if not msg.req or (conn, msg.req) in queued:
+                yield msg
+        for slots in self.slots.values():
+            for conn, msg, *_ in slots.waiting:
+                if not msg.req or (conn, msg.req) in queued:
+                    yield msg
 
     def _begin(self, waiter: asyncio.Future[None], conn: Connection, msg: Call, bufs: Buffers,
                deadline: float | None) -> bool:
@@ -546,8 +604,10 @@ class ActorCell:
 
     def cancel(self, conn: Connection, req: int, expired: bool = False) -> None:
         """The caller of ``req`` gave up (``expired``: its deadline passed):
-        drop the call if queued, cancel it if it is an async call under way
-        (a running ``def`` call finishes; ``context().cancelled()`` tells it)."""
+        drop the call if queued (in the mailbox, or waiting for a slot of a
+        bounded concurrent endpoint: it took none), cancel it if it is an
+        async call under way (a running ``def`` call finishes;
+        ``context().cancelled()`` tells it)."""
         key = (conn, req)
         if key in self.queued:
             self.queued.remove(key)
@@ -592,6 +652,12 @@ class ActorCell:
             if (conn, msg.req) in self.queued:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "supervision", "SupervisionError", "before handling this call")))
+        for slots in self.slots.values():  # (concurrent calls hold no credit)
+            while slots.waiting:
+                conn, msg, *_ = slots.waiting.popleft()
+                if (conn, msg.req) in self.queued:
+                    conn.send_message(Fail(msg.req, self._stopped(
+                        "supervision", "SupervisionError", "before handling this call")))
         self.queued.clear()
         for (conn, origin), n in given.items():  # its callers' calls from now on find no actor
             took(conn, self.target, 1, origin, n)
@@ -716,13 +782,7 @@ class ActorCell:
         (Not a coroutine itself: a call served runs one coroutine of meshio's,
         :meth:`_run`, not two.)"""
         if deadline is not None and (late := time.monotonic() - deadline) >= 0:
-            self.expired += 1
-            if msg.req:
-                conn.send_message(Fail(msg.req, ErrorInfo(
-                    "timeout", "CallTimeout",
-                    f"{self.where}: {msg.method} dropped without running: its deadline "
-                    f"passed {late:.3f} s ago while it waited in the mailbox",
-                    actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
+            self._expire(conn, msg, late, "in the mailbox")
             return None
         desc = self.endpoints.get(msg.method)
         if desc is None:
@@ -741,6 +801,17 @@ class ActorCell:
         run = self._run(conn, msg.req, desc, args, kwargs,
                         CallScope(deadline, msg.chain, self.identity, self.seq), self.task)
         return served(run, msg.trace, desc.qualname, self.where) if TRACING else run
+
+    def _expire(self, conn: Connection, msg: Call, late: float, where: str) -> None:
+        """Drop call ``msg``, whose deadline passed ``late`` seconds ago while
+        it waited ``where``, without running it (its caller is told)."""
+        self.expired += 1
+        if msg.req:
+            conn.send_message(Fail(msg.req, ErrorInfo(
+                "timeout", "CallTimeout",
+                f"{self.where}: {msg.method} dropped without running: its deadline "
+                f"passed {late:.3f} s ago while it waited {where}",
+                actor=self.ctx.actor_name, rank=self.ctx.point.rank)))
 
     async def _run_concurrent(self, conn: Connection, msg: Call,
                               desc: EndpointDescriptor[Any, Any, Any],
@@ -858,6 +929,22 @@ class ActorCell:
         self.cancelled.remove(key)
         task.uncancel()
         return True
+
+
+class _Slots:
+    """The calls of one endpoint bounded by ``@endpoint(concurrent=N)`` in
+    one actor: how many more may start now (N less those under way), and
+    those waiting for a slot in arrival order, each as it will start (its
+    arguments unpacked) with its deadline (``time.monotonic()``).  A waiting
+    call that asks for an answer is in :attr:`ActorCell.queued` too, which
+    it leaves when its caller gives up."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.free = limit
+        self.waiting: deque[tuple[Connection, Call, tuple[Any, ...], dict[str, Any],
+                                  float | None]] = deque()
 
 
 class _GoOn:

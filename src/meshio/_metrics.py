@@ -93,7 +93,8 @@ class EndpointStats:
         endpoint: its qualified name (``Trainer.step``).
         calls: calls that ended so far (returned or raised).
         errors: those of them that raised (a cancelled call is not an error).
-        queued: calls of it waiting in the actor's mailbox now.
+        queued: calls of it waiting their turn now: in the actor's mailbox,
+            or for a slot of an ``@endpoint(concurrent=N)`` (N run at once).
         running: calls of it under way now.
         seconds: the run time of all ended calls, in seconds.
         p50: median run time in seconds over the last :data:`WINDOW` calls
@@ -118,7 +119,8 @@ class ActorStats:
     Attributes:
         actor: the actor mesh's name (given to ``procs.spawn``).
         rank: the actor's rank in that mesh; ``point`` its coordinates.
-        queued: calls waiting in its mailbox now (all endpoints).
+        queued: calls waiting their turn now (all endpoints): in its mailbox,
+            or for a slot of an ``@endpoint(concurrent=N)``.
         expired: calls dropped so far without running because their
             deadline passed while they waited.
         endpoints: one entry per endpoint of its class, by name.
@@ -228,9 +230,8 @@ def _rss() -> int:
 def actor_stats(cell: ActorCell) -> ActorStats:
     """The numbers of the actor of ``cell``, on its process's loop."""
     queued: dict[str, int] = {}
-    for conn, msg, _, _ in cell.mailbox:
-        if not msg.req or (conn, msg.req) in cell.queued:
-            queued[msg.method] = queued.get(msg.method, 0) + 1
+    for msg in cell.waiting():
+        queued[msg.method] = queued.get(msg.method, 0) + 1
     running: dict[str, int] = {}
     if cell.serving is not None:
         running[cell.serving.qualname] = 1

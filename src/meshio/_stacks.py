@@ -106,7 +106,8 @@ class ActorStacks:
         thread: the stack of the actor's thread (outermost first) while a
             plain ``def`` endpoint or hook runs in it, or its constructor,
             else empty.
-        queued: calls waiting in the actor's mailbox.
+        queued: calls waiting their turn: in the actor's mailbox, or for a
+            slot of an ``@endpoint(concurrent=N)``.
         expired: calls dropped so far without running, because their
             deadline (``options(timeout=...)``) passed while they waited.
         constructing: the actor is still being built: its ``__init__`` (in
@@ -288,7 +289,7 @@ def capture(cell: ActorCell, current: dict[int, FrameType] | None = None) -> Act
         tuple(tasks),
         _from_user_code(_thread_frames(thread.ident if thread is not None else None,
                                        thread_frames() if current is None else current)),
-        sum(1 for conn, msg, _, _ in cell.mailbox if not msg.req or (conn, msg.req) in cell.queued),
+        sum(1 for _ in cell.waiting()),
         cell.expired)
 
 

@@ -13,6 +13,7 @@ import asyncio
 import builtins
 import functools
 import inspect
+import numbers
 import time
 from collections.abc import (
     AsyncIterator,
@@ -213,11 +214,36 @@ def _self_mesh(actor: object) -> CallTarget:
     return ctx.mesh.slice(**{k: point[k] for k in point})
 
 
+def _limit(concurrent: object, qualname: object) -> int | None:
+    """The bound ``@endpoint(concurrent=...)`` on ``qualname`` sets: an int
+    >= 1 (None for True or False: no bound, or not concurrent).  Any integer
+    is taken (``numpy.int64(8)`` too), as an int.
+
+    Raises:
+        TypeError: ``concurrent`` is neither a bool nor an integer.
+        ValueError: it is an integer < 1.
+    """
+    if isinstance(concurrent, bool):
+        return None
+    if not isinstance(concurrent, numbers.Integral):
+        raise TypeError(
+            f"@endpoint(concurrent=...) on {qualname!r} must be True, False or an int >= 1 "
+            f"(the most calls of it to run at once in one actor), got {concurrent!r} "
+            f"({type(concurrent).__name__})")
+    if concurrent < 1:
+        raise ValueError(
+            f"@endpoint(concurrent=...) on {qualname!r} must be an int >= 1 (the most calls "
+            f"of it to run at once in one actor), True (no bound) or False, got "
+            f"{concurrent!r}; to run one call at a time, use concurrent=1 (or leave it out: "
+            "one message of the actor at a time)")
+    return int(concurrent)
+
+
 class EndpointDescriptor(Generic[A, P, R]):
     """What ``@endpoint`` makes of a method; read it on an actor mesh to get
     an :class:`Endpoint`, or pass it to ``mesh.call(Cls.method, ...)``."""
 
-    def __init__(self, fn: Callable[..., Any], *, concurrent: bool = False,
+    def __init__(self, fn: Callable[..., Any], *, concurrent: bool | int = False,
                  retryable: bool = False, retry: Retry | None = None) -> None:
         if isinstance(fn, EndpointDescriptor):
             raise TypeError(
@@ -228,12 +254,13 @@ class EndpointDescriptor(Generic[A, P, R]):
                 f"@endpoint on generator {getattr(fn, '__qualname__', fn)!r}: an endpoint "
                 "returns one value; to stream values, take a meshio.Port argument and "
                 "port.send() each one (see Channel)")
+        limit = _limit(concurrent, getattr(fn, "__qualname__", fn))
         if concurrent and not inspect.iscoroutinefunction(fn):
             raise TypeError(
-                f"@endpoint(concurrent=True) on {getattr(fn, '__qualname__', fn)!r}: only "
-                "'async def' endpoints can run concurrently (a plain 'def' endpoint runs in "
-                "the actor's thread, one call at a time); make it 'async def' or drop "
-                "concurrent=True")
+                f"@endpoint(concurrent={concurrent!r}) on {getattr(fn, '__qualname__', fn)!r}: "
+                "only 'async def' endpoints can run concurrently (a plain 'def' endpoint runs "
+                "in the actor's thread, one call at a time); make it 'async def' or drop "
+                f"concurrent={concurrent!r}")
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"@endpoint(retry=...) on {getattr(fn, '__qualname__', fn)!r} must "
                             f"be a meshio.Retry, got {retry!r}")
@@ -242,7 +269,11 @@ class EndpointDescriptor(Generic[A, P, R]):
                             "retryable=True (short for retrying on process death), not both")
         self.fn = fn
         self.name: str = fn.__name__
-        self.concurrent = concurrent
+        #: whether its calls run concurrently with the actor's other messages
+        self.concurrent: bool = bool(concurrent)
+        #: at most this many of its calls run at once in one actor, the
+        #: others waiting their turn (None: no bound)
+        self.limit: int | None = limit
         #: when a failed call is sent again (None: never)
         self.retry: Retry | None = PROCESS_DEATH if retryable else retry
         self.is_async: bool = inspect.iscoroutinefunction(fn)
@@ -302,9 +333,9 @@ def endpoint(fn: _Method[A, P, Awaitable[R]], /) -> EndpointDescriptor[A, P, R]:
 @overload
 def endpoint(fn: _Method[A, P, R], /) -> EndpointDescriptor[A, P, R]: ...
 @overload
-def endpoint(*, concurrent: bool = False, retryable: bool = False,
+def endpoint(*, concurrent: bool | int = False, retryable: bool = False,
              retry: Retry | None = None) -> _EndpointDecorator: ...
-def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = False,
+def endpoint(fn: Any = None, /, *, concurrent: bool | int = False, retryable: bool = False,
              retry: Retry | None = None) -> Any:
     """Mark a method of an :class:`~meshio.Actor` as remotely callable.
 
@@ -322,7 +353,16 @@ def endpoint(fn: Any = None, /, *, concurrent: bool = False, retryable: bool = F
             endpoints that are safe to interleave (``TypeError`` on a plain
             ``def``).  Needed for reentrant calls: an endpoint called back
             by an actor its own call is waiting on (else
-            :class:`~meshio.DeadlockError`).
+            :class:`~meshio.DeadlockError`).  An int ``N`` >= 1 (Ray's
+            ``max_concurrency``) also bounds them: at most ``N`` calls of
+            it run at once in one actor; the others wait, in arrival
+            order, without holding up the actor's other messages, and
+            start as running ones end (returned, raised or cancelled).  A
+            waiting call keeps its deadline (dropped with
+            :class:`~meshio.CallTimeout` if it passes first) and can be
+            cancelled; one made (through other actors) by a call that holds
+            a slot waits for a slot like any other.  ``TypeError`` for a
+            value neither a bool nor an int, ``ValueError`` for an int < 1.
         retry: a :class:`~meshio.Retry` policy: a call that fails with one
             of its exception types (raised by the endpoint, or
             :class:`~meshio.SupervisionError` when the actor's process died)
