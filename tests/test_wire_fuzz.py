@@ -595,7 +595,9 @@ def _encodings() -> list[tuple[bytes, list[Any]]]:
     out: list[tuple[bytes, list[Any]]] = []
     for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
                  (3, b"", "", {"nested": [[1.5, None]]}),
-                 (4, b"", "", [torch.arange(6.0).reshape(2, 3).t()])]:
+                 (4, b"", "", [torch.arange(6.0).reshape(2, 3).t()]),
+                 # tensors kept by identity: one held twice, and views of one storage
+                 (5, b"", "", [_t := torch.arange(8.0), _t, _t[2:], _t.view(2, 4).t()])]:
         packer = Packer()
         body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)

@@ -115,6 +115,11 @@ class _HookState(threading.local):
     #: a builtin's subclass in a typed value is pickled as it is, not
     #: refused with :class:`Refit` (:func:`lenient`)
     lenient: bool = False
+    #: the first tensor of the frame being encoded and its reference (a
+    #: frame of one tensor makes no more: :func:`_tensor_ext`)
+    first: tuple[Any, bytes] | None = None
+    #: the tensors of the frame being encoded, once it holds two
+    sent: _Sent | None = None
 
 
 _tls = _HookState()
@@ -327,20 +332,32 @@ def import_torch() -> Any:
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
                     device: str, requires_grad: bool = False) -> Any:
     torch = import_torch()
-    dt = getattr(torch, dtype.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
-        raise ValueError(f"unknown tensor dtype {dtype!r}")
+    dt = _dtype(torch, dtype)
     if len(buf) == 0:
         t = torch.empty(shape, dtype=dt)
     else:
         t = torch.frombuffer(buf, dtype=dt).as_strided(shape, strides)
+    t = _to_device(torch, t, buf, device)
+    return t.requires_grad_() if requires_grad else t  # (a leaf, as pickle makes it)
+
+
+def _dtype(torch: Any, dtype: str) -> Any:
+    dt = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {dtype!r}")
+    return dt
+
+
+def _to_device(torch: Any, t: Any, buf: Any, device: str) -> Any:
+    """``t``, rebuilt on the CPU from ``buf``, on the accelerator ``device``
+    it was sent from, where this process has it (else where it is)."""
     if device and _device_here(torch, device):
         if device.startswith("cuda"):
             from ._bulk import pin_for_cuda  # (that module builds on this one)
 
             pin_for_cuda(buf)  # a large value arrived in pooled memory
         t = t.to(device)
-    return t.requires_grad_() if requires_grad else t  # (a leaf, as pickle makes it)
+    return t
 
 
 def _device_here(torch: Any, device: str) -> bool:
@@ -355,6 +372,194 @@ def _device_here(torch: Any, device: str) -> bool:
     if available is None or not available():
         return False
     return dev.index is None or bool(dev.index < backend.device_count())
+
+
+# A frame keeps the identity of its tensors, as pickle does: one held twice
+# travels once and arrives as one object, and tensors that view one storage
+# arrive as views of one storage.  The encoder notes them in a first pass
+# (:class:`_Sent`); only a frame that holds such tensors is encoded again,
+# knowing them all: each storage that several view is sent once, its bytes
+# from the lowest any of them reaches to the highest, and each such tensor
+# carries a tag, by which its receiver keeps it (:class:`_Held`).  Every
+# other tensor travels as its own elements, compact.
+
+
+class _Sent:
+    """The tensors of the frame being encoded (:func:`_tensor_ext`): in the
+    first pass, what shows that the frame must be encoded again (``again``);
+    in the second (``final``), what that pass found.  (Class attributes are
+    the first pass's defaults: a frame of one tensor makes little.)"""
+
+    again = False
+    final = False
+    tags = 0
+    #: by storage several tensors view: ``[lo, hi, index of its buffer or -1]``,
+    #: the bytes ``[lo, hi)`` of it that they view, ``lo`` aligned down (the
+    #: second pass's)
+    shared: dict[tuple[Any, int], list[int]]
+
+    def __init__(self, first: tuple[Any, bytes] | None = None) -> None:
+        #: by ``id``: the tensor (kept alive: its id stays its own) and its reference
+        self.exts: dict[int, tuple[Any, bytes]] = {}
+        #: by storage (``(device, address)``): the tensors seen that view it
+        self.views: dict[tuple[Any, int], list[Any]] = {}
+        #: ids of the tensors the frame holds more than once
+        self.keep: set[int] = set()
+        if first is not None:
+            t = first[0]
+            self.exts[id(t)] = first
+            self.views[t.device, t.untyped_storage().data_ptr()] = [t]
+
+    def second(self) -> _Sent:
+        """The state of the second pass, from what this first one found."""
+        sent = _Sent()
+        sent.final = True
+        sent.keep = self.keep
+        sent.shared = {}
+        for key, views in self.views.items():
+            spans = [_span(t) for t in views if _shareable(t)]
+            if len(spans) > 1:
+                lo = min(lo for lo, _ in spans)
+                sent.shared[key] = [lo - lo % _ALIGN, max(hi for _, hi in spans), -1]
+        return sent
+
+
+#: where a storage sent for several tensors starts, in bytes, is a multiple of
+#: this (of every element size): each tensor's offset in it is in its elements
+_ALIGN: Final = 16
+
+
+def _shareable(t: Any) -> bool:
+    """Whether ``t`` may travel as a view of a storage it shares with other
+    tensors of the frame: not an empty one, nor a lazy conjugate or negation
+    (its storage holds other values: it is sent resolved)."""
+    return bool(t.numel()) and not (t.is_conj() or t.is_neg())
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` of its storage that ``t`` (not empty) views."""
+    size = t.element_size()
+    lo = t.storage_offset() * size
+    reach = sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
+    return lo, lo + (reach + 1) * size
+
+
+def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
+    """How the strided tensor ``obj`` travels in the frame whose buffers are
+    ``out``: its reference (:class:`_TensorRef`), its bytes added to ``out``
+    unless the frame sent them already."""
+    sent = _tls.sent
+    if sent is None:
+        first = _tls.first
+        if first is None:  # the frame's first tensor: noted, no more
+            ext = _compact_ext(obj, out, -1)
+            _tls.first = (obj, ext)
+            return ext
+        sent = _tls.sent = _Sent(first)
+    known = sent.exts.get(id(obj))
+    if known is not None:  # held twice: one object on arrival
+        if not sent.final:
+            sent.again = True
+            sent.keep.add(id(obj))
+        return known[1]
+    key = (obj.device, obj.untyped_storage().data_ptr())
+    if not sent.final:
+        views = sent.views.get(key)
+        if views is None:
+            sent.views[key] = [obj]
+        else:  # another tensor views its storage
+            sent.again = True
+            views.append(obj)
+        ext = _compact_ext(obj, out, -1)
+    else:
+        region = sent.shared.get(key)
+        if region is not None and _shareable(obj):
+            ext = _view_ext(torch, obj, out, region, sent.tags)
+            sent.tags += 1
+        elif id(obj) in sent.keep:
+            ext = _compact_ext(obj, out, sent.tags)
+            sent.tags += 1
+        else:
+            ext = _compact_ext(obj, out, -1)
+    sent.exts[id(obj)] = (obj, ext)
+    return ext
+
+
+def _compact_ext(obj: Any, out: OutBuffers, tag: int) -> bytes:
+    """``obj`` as its own elements, contiguous (tagged where ``tag`` >= 0)."""
+    t, mem, device = _tensor_memory(obj)
+    index = len(out)
+    out.append((mem, KIND_BUFFER))
+    ref = (str(t.dtype), list(t.shape), list(t.stride()), index, device)
+    if tag >= 0:
+        return _small.encode((*ref, obj.requires_grad, 0, tag))
+    return _small.encode((*ref, True) if obj.requires_grad else ref)
+
+
+def _view_ext(torch: Any, obj: Any, out: OutBuffers, region: list[int], tag: int) -> bytes:
+    """``obj`` as a view of the bytes ``region`` (``[lo, hi, index]``) of its
+    storage, which several tensors of the frame view: those bytes are added
+    to ``out`` once (``index``, -1 until then)."""
+    lo, hi, index = region
+    if index < 0:
+        whole = torch.empty(0, dtype=torch.uint8, device=obj.device)
+        _, mem, _ = _tensor_memory(whole.set_(obj.untyped_storage(), lo, (hi - lo,), (1,)))
+        index = region[2] = len(out)
+        out.append((mem, KIND_BUFFER))
+    size = obj.element_size()
+    device = "" if obj.device.type == "cpu" else str(obj.device)
+    return _small.encode((str(obj.dtype), list(obj.shape), list(obj.stride()), index, device,
+                          obj.requires_grad, (obj.storage_offset() * size - lo) // size, tag))
+
+
+class _Held:
+    """A buffer of a received frame whose tensors are kept by identity
+    (tagged): it takes the buffer's place in the frame's buffers when the
+    first is rebuilt, so that every decoding of the frame (an argument's
+    value decoded lazily, then in full) finds the same tensors."""
+
+    __slots__ = ("base", "buf", "tensors")
+
+    def __init__(self, buf: Any) -> None:
+        self.buf = buf
+        #: the buffer as bytes on the device its tensors live on, once made
+        self.base: Any = None
+        #: by tag
+        self.tensors: dict[int, Any] = {}
+
+    def tensor(self, ref: _TensorRef) -> Any:
+        t = self.tensors.get(ref.tag)
+        if t is None:
+            t = self.tensors[ref.tag] = self._view(ref)
+        return t
+
+    def _view(self, ref: _TensorRef) -> Any:
+        torch = import_torch()
+        dt = _dtype(torch, ref.dtype)
+        if self.base is None:
+            base = (torch.frombuffer(self.buf, dtype=torch.uint8) if len(self.buf)
+                    else torch.empty(0, dtype=torch.uint8))
+            self.base = _to_device(torch, base, self.buf, ref.device)
+        base = self.base
+        t = torch.empty(0, dtype=dt, device=base.device).set_(
+            base.untyped_storage(), ref.offset, ref.shape, ref.strides)
+        return t.requires_grad_() if ref.requires_grad else t
+
+
+def _tensor(bufs: Buffers, ref: _TensorRef) -> Any:
+    """The tensor ``ref`` describes, from the frame's buffers ``bufs``."""
+    if ref.tag < 0:
+        return _rebuild_tensor(_buffer(bufs, ref.index), ref.dtype, ref.shape, ref.strides,
+                               ref.device, ref.requires_grad)
+    held = bufs[ref.index] if 0 <= ref.index < len(bufs) else _buffer(bufs, ref.index)
+    if type(held) is not _Held:
+        held = bufs[ref.index] = _Held(held)
+    return held.tensor(ref)
+
+
+def _frame_tensor(ext: bytes) -> Any:
+    """A tensor pickled as a part of a frame (:func:`_dump_part`)."""
+    return _tensor(_in(), _tensor_ref.decode(ext))
 
 
 _utf8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
@@ -465,12 +670,17 @@ def _code_with_source(make: Callable[..., types.CodeType], args: tuple[Any, ...]
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    #: the buffers of the frame this pickle is a part of (None: a blob of its own)
+    out: OutBuffers | None = None
+
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.CodeType) and _cloudpickle_code is not None:
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
         tensor: Any = obj
         if _strided_tensor(torch, tensor):
+            if self.out is not None:  # a part of a frame: its storage sent once for the frame
+                return _frame_tensor, (_tensor_ext(torch, tensor, self.out),)
             t, mem, device = _tensor_memory(tensor)
             return _rebuild_tensor, (pickle.PickleBuffer(mem), str(t.dtype), list(t.shape),
                                      list(t.stride()), device, tensor.requires_grad)
@@ -509,17 +719,34 @@ def _ship_mp_main_by_value() -> None:
 _mp_main_shipped = False
 
 
-def dumps(obj: Any, out: OutBuffers | None) -> bytes:
-    """cloudpickle ``obj``; tensor storages go to ``out`` instead of the
-    pickle, or into the pickle when ``out`` is None (a blob kept and sent on
-    its own, e.g. an actor class shipped by value with the tensors it refers to)."""
+def dumps(obj: Any, out: None) -> bytes:
+    """cloudpickle ``obj`` into a blob of its own (kept and sent on its own,
+    e.g. an actor class shipped by value with the tensors it refers to):
+    tensor storages go into the pickle.  (``out``: None, as a frame's
+    buffers would be; a part of a frame is :func:`_dump_part`.)"""
     if not _mp_main_shipped:
         _ship_mp_main_by_value()
     f = io.BytesIO()
-    callback = None if out is None else (
-        lambda pb: out.append((pb.raw(), KIND_BUFFER)))
-    _Pickler(f, protocol=5, buffer_callback=callback).dump(obj)
+    _Pickler(f, protocol=5).dump(obj)
     return f.getvalue()
+
+
+def _dump_part(obj: Any, out: OutBuffers) -> tuple[int, bytes]:
+    """``(start, pickle)``: ``obj`` pickled as a part of a frame whose
+    buffers are ``out``.  A tensor's storage joins ``out`` as the frame's
+    other tensors do (:func:`_tensor_ext`: once, however often the frame
+    holds it); the pickle's own out-of-band buffers (a NumPy array's) are
+    ``out[start:]`` after it, in the order :func:`loads` takes them."""
+    if not _mp_main_shipped:
+        _ship_mp_main_by_value()
+    f = io.BytesIO()
+    own: list[pickle.PickleBuffer] = []
+    pickler = _Pickler(f, protocol=5, buffer_callback=own.append)
+    pickler.out = out
+    pickler.dump(obj)
+    start = len(out)
+    out += [(pb.raw(), KIND_BUFFER) for pb in own]
+    return start, f.getvalue()
 
 
 def loads(data: bytes | memoryview, bufs: Buffers, start: int) -> Any:
@@ -575,22 +802,16 @@ def _enc_hook(obj: Any) -> Any:
         return msgspec.msgpack.Ext(EXT_BUFFER, _small.encode((index, as_)))
     torch = sys.modules.get("torch")
     if _strided_tensor(torch, obj):
-        t, mem, device = _tensor_memory(obj)
-        index = len(out)
-        out.append((mem, KIND_BUFFER))
-        ref = (str(t.dtype), list(t.shape), list(t.stride()), index, device)
-        return msgspec.msgpack.Ext(EXT_TENSOR, _small.encode(
-            (*ref, True) if obj.requires_grad else ref))
+        return msgspec.msgpack.Ext(EXT_TENSOR, _tensor_ext(torch, obj, out))
     if type(obj) is _Pickled:
         obj = obj.obj
     elif not _tls.lenient and (_subclassed(obj) or _numpy_number(obj)
                                or type(obj) in _AS_ARRAYS):
         raise Refit  # (msgspec encodes the builtins themselves: this is a subclass)
-    start = len(out)
-    data: bytes | int = dumps(obj, out)
-    if len(data) >= OOB_THRESHOLD:  # type: ignore[arg-type]
+    start, data = _dump_part(obj, out)
+    if len(data) >= OOB_THRESHOLD:
         out.append((data, KIND_BYTES))
-        data = len(out) - 1
+        return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, len(out) - 1)))
     return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, data)))
 
 
@@ -631,14 +852,18 @@ class _BufferRef(msgspec.Struct, array_like=True):
 
 _buffer_ref = msgspec.msgpack.Decoder(_BufferRef)
 class _TensorRef(msgspec.Struct, array_like=True):
-    """How a tensor travels: its bytes are buffer ``index`` of the frame."""
+    """How a tensor travels: its bytes are buffer ``index`` of the frame
+    (from element ``offset`` on); ``tag`` >= 0: one the frame keeps by
+    identity (:func:`_tensor_ext`)."""
 
     dtype: str
     shape: list[int]
     strides: list[int]
     index: int
     device: str
-    requires_grad: bool = False  # (sent only when true)
+    requires_grad: bool = False  # (the last three sent only when not the default)
+    offset: int = 0
+    tag: int = -1
 
 
 _tensor_ref = msgspec.msgpack.Decoder(_TensorRef)
@@ -648,7 +873,10 @@ _pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
 def _buffer(bufs: Buffers, index: int) -> Any:
     if not 0 <= index < len(bufs):
         raise ValueError(f"buffer index {index} out of range (the frame has {len(bufs)})")
-    return bufs[index]
+    buf = bufs[index]
+    # (a buffer whose tensors the frame keeps by identity is held: it is
+    # still its bytes to a reference of another kind, as a peer may send)
+    return buf.buf if type(buf) is _Held else buf
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
@@ -670,9 +898,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
                                  f"{ref.shape} does not fit its {view.nbytes} bytes: {e}") from None
         return buf
     if code == EXT_TENSOR:
-        t = _tensor_ref.decode(data)
-        return _rebuild_tensor(_buffer(bufs, t.index), t.dtype, t.shape, t.strides,
-                               t.device, t.requires_grad)
+        return _tensor(bufs, _tensor_ref.decode(data))
     if code == EXT_PICKLE:
         start, payload = _pickle_ref.decode(data)
         return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
@@ -1259,8 +1485,17 @@ class Packer(list[tuple[Any, int]]):
         _tls.out = self
         try:
             body = _encoder.encode(prepped)
+            sent = _tls.sent
+            if sent is not None and sent.again:  # a tensor held twice, or views of one storage
+                del self[:]
+                if type(self) is Handing:
+                    self.ports.clear()
+                _tls.sent = sent.second()
+                body = _encoder.encode(prepped)
         finally:
             _tls.out = None
+            _tls.first = None
+            _tls.sent = None
         self.check(len(body))
         return body
 
