@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -39,20 +39,28 @@ class LockHolder:
         self.proc = proc
         self.watch = watch
 
-    async def wait_blocked(self, task: asyncio.Task[Any]) -> None:
-        """Wait until ``task`` logs that it waits for the job's lock.
+    @contextlib.asynccontextmanager
+    async def waiting(self, work: Awaitable[Any]) -> AsyncIterator[None]:
+        """Run ``work`` (an ``apply()`` or ``kill()``) until it logs that it
+        waits for the job's lock; the body then runs while it waits; on
+        leaving, the lock is let go and ``work`` must end.
 
         Raises:
-            AssertionError: ``task`` ended first (it did not wait for the lock).
+            AssertionError: ``work`` ended first (it did not wait for the lock).
         """
+        task = asyncio.ensure_future(work)
         said = asyncio.ensure_future(self.watch.wait_for("of this job holds"))
         try:
             done, _ = await asyncio.wait([task, said], return_when=asyncio.FIRST_COMPLETED)
+            assert task not in done, "it ended without waiting for the job's lock"
+            yield
+            await self.release()
+            await task
         finally:
-            said.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await said
-        assert task not in done, "it ended without waiting for the job's lock"
+            for t in (said, task):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
 
     async def release(self) -> None:
         """Let the lock go: the holder exits."""

@@ -19,7 +19,6 @@ a first apply does (it used a cache in a directory others may write to)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -211,16 +210,8 @@ async def test_a_kill_while_another_controller_holds_the_jobs_lock_waits_for_it(
     assert len(agents) == 2
     try:
         async with lock_held(job.cache) as holder:  # (as another controller's apply())
-            kill = asyncio.create_task(ProcessJob(meshes={"a": 2}, cache_dir=cache).kill())
-            try:
-                await holder.wait_blocked(kill)
+            async with holder.waiting(ProcessJob(meshes={"a": 2}, cache_dir=cache).kill()):
                 assert job.cache.exists() and agents_of(cache) == agents  # nothing given back yet
-                await holder.release()
-                await kill
-            finally:
-                kill.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await kill
         await wait_gone(agents, 30)  # then the agents the cache named are stopped
         assert sorted(p.name for p in cache.iterdir()) == ["job.lock", "job.log"]
     finally:

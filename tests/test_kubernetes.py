@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import os
@@ -555,30 +554,12 @@ async def test_apply_and_kill_wait_for_the_jobs_lock(tmp_path: Path,
     that created: the job's lock is held by another process (as another
     controller's apply() holds it), and apply() and kill() wait for it."""
     job = make_job(tmp_path)
-    async with lock_held(job.cache) as holder:
-        apply = asyncio.create_task(job.apply())
-        try:
-            await holder.wait_blocked(apply)
-            assert not cluster.objects  # nothing created while another holds the lock
-            await holder.release()
-            await apply
-        finally:
-            apply.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await apply
+    async with lock_held(job.cache) as holder, holder.waiting(job.apply()):
+        assert not cluster.objects  # nothing created while another holds the lock
     assert len(cluster.names("pods")) == 3 and job.cache.exists()
 
-    async with lock_held(job.cache) as holder:
-        kill = asyncio.create_task(make_job(tmp_path).kill())
-        try:
-            await holder.wait_blocked(kill)
-            assert len(cluster.names("pods")) == 3 and job.cache.exists()  # nothing deleted yet
-            await holder.release()
-            await kill
-        finally:
-            kill.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await kill
+    async with lock_held(job.cache) as holder, holder.waiting(make_job(tmp_path).kill()):
+        assert len(cluster.names("pods")) == 3 and job.cache.exists()  # nothing deleted yet
     assert not cluster.objects and not job.cache.exists()
 
 
