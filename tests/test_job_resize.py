@@ -23,6 +23,7 @@ from supervision_helpers import Events
 import meshio
 from fifo_gate import Gate
 from gone import wait_gone
+from lock_holder import lock_held
 from meshio import Actor, context, endpoint
 from meshio.jobs import JobCacheError, LocalJob, ProcessJob
 from meshio.testing import job_record
@@ -109,6 +110,23 @@ async def test_process_job_resize_grows_and_shrinks_elastic_proc_meshes(
         assert [a for _, a, _, _ in (await pinned.where.call()).values()] == [hosts[0]]
         with pytest.raises(ValueError, match="names hosts that the job's resize removed"):
             last.spawn_procs()
+
+
+async def test_a_resize_adds_and_gives_back_hosts_under_the_jobs_lock(job: ProcessJob) -> None:
+    """A resize's hosts are added (and recorded) or given back under the
+    job's lock, as apply() and kill() hold it: while another controller
+    holds it (another process here), the resize waits with nothing
+    started or stopped, so that a kill there never misses hosts added."""
+    await job.apply()
+    before = agents(job, "workers")
+    async with lock_held(job.cache) as holder, holder.waiting(job.resize("workers", hosts=2)):
+        assert agents(job, "workers") == before  # no agent started while another holds it
+    grown = agents(job, "workers")
+    assert len(grown) == 2 and grown[0] == before[0]
+    async with lock_held(job.cache) as holder, holder.waiting(job.resize("workers", hosts=1)):
+        assert agents(job, "workers") == grown  # none given back yet
+    assert agents(job, "workers") == before
+    await wait_gone(grown[1:], DEADLINE)
 
 
 async def test_resize_arguments_are_checked(job: ProcessJob) -> None:

@@ -180,7 +180,7 @@ def check_resize(job: str, meshes: Mapping[str, int], name: str, hosts: int) -> 
                          f"1 host (kill() the job to give every host back)")
 
 
-async def resize_job(job: Job, what: str, meshes: Mapping[str, int], name: str, hosts: int,
+async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name: str, hosts: int,
                      add: Callable[[int], Awaitable[HostMesh]],
                      remove: Callable[[int], Awaitable[None]]) -> None:
     """``job.resize(name, hosts=hosts)``, the same for every kind: ``add(n)``
@@ -188,15 +188,21 @@ async def resize_job(job: Job, what: str, meshes: Mapping[str, int], name: str, 
     returns them as a host mesh, which the named host mesh and its elastic
     proc meshes grow onto; to shrink, those proc meshes stop their
     processes on the last hosts, then ``remove(n)`` gives those hosts back
-    (``what`` names the job in errors)."""
+    (``what`` names the job in errors).  ``add`` and ``remove`` run under
+    the job's lock (:meth:`CachedJob.locked`), as ``apply()`` and ``kill()``
+    do: a kill by another controller waits for them, then gives back the
+    hosts added too."""
     check_resize(what, meshes, name, hosts)
-    mesh = (await job.state()).meshes[name]
+    mesh = (await job.state()).meshes[name]  # (may apply() it: the lock is taken after)
     old = meshes[name]
     if hosts > old:
-        await grow_hosts(mesh, await add(hosts - old))
+        async with job.locked():  # (the hosts added and the cache recorded, or neither)
+            added = await add(hosts - old)
+        await grow_hosts(mesh, added)
     elif hosts < old:
         await shrink_hosts(mesh, old - hosts)
-        await remove(old - hosts)
+        async with job.locked():
+            await remove(old - hosts)
 
 
 def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], name: str,
@@ -226,16 +232,26 @@ class CachedJob(abc.ABC):
         object, or re-attaches to what another controller started)."""
         if self._applied():
             return
-        async with job_lock(self.cache, f"{self.kind} {self.name!r}"):
+        async with self.locked():
             if not self._applied():  # (another task of this job may have applied it)
                 await self._apply_locked()
 
     async def kill(self) -> None:
         """Give the hosts back and forget the cached job (the kind's
-        :meth:`_kill_locked`, under the job's lock: after an ``apply()`` of
-        the job that holds it, never halfway through one)."""
-        async with job_lock(self.cache, f"{self.kind} {self.name!r}"):
+        :meth:`_kill_locked`, under the job's lock: after an ``apply()`` or
+        a resize of the job that holds it, never halfway through one)."""
+        async with self.locked():
             await self._kill_locked()
+
+    def locked(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The job's lock (:func:`job_lock`), held while the cache and what
+        it names change: by ``apply()``, ``kill()`` and a resize's hosts
+        added or given back."""
+        return job_lock(self.cache, f"{self.kind} {self.name!r}")
+
+    @abc.abstractmethod
+    async def state(self) -> JobState:
+        """The job's host meshes by name (``apply()`` first if needed)."""
 
     @abc.abstractmethod
     def _applied(self) -> bool:
@@ -510,8 +526,8 @@ async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
                 break
             except BlockingIOError:
                 if not told:
-                    log.info("meshio: %s: another apply() or kill() of this job holds %s; "
-                             "waiting for it", what, path)
+                    log.info("meshio: %s: another apply(), kill() or resize() of this job "
+                             "holds %s; waiting for it", what, path)
                     told = True
                 # (polled: a thread blocked in flock would outlive a cancelled wait,
                 # and asyncio.run's exit waits for it)
