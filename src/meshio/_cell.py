@@ -442,17 +442,18 @@ class ActorCell:
             return
         slots.free += 1
 
-    def waiting(self) -> Iterator[Call]:
+    def waiting(self) -> Iterator[tuple[Connection, Call]]:
         """The calls waiting for their turn here (not yet started, not given
-        up): in the mailbox, then those of each bounded concurrent endpoint."""
+        up), with the connection each came on: in the mailbox, then those of
+        each bounded concurrent endpoint."""
         queued = self.queued
         for conn, msg, *_ in self.mailbox:
             if not msg.req or (conn, msg.req) in queued:
-                yield msg
+                yield conn, msg
         for slots in self.slots.values():
             for conn, msg, *_ in slots.waiting:
                 if not msg.req or (conn, msg.req) in queued:
-                    yield msg
+                    yield conn, msg
 
     def _begin(self, waiter: asyncio.Future[None], conn: Connection, msg: Call, bufs: Buffers,
                deadline: float | None) -> bool:
@@ -644,20 +645,17 @@ class ActorCell:
             task.cancel()
         if self.rt.has_state(Registry):  # RDMA was used here
             self.rt.state(Registry).release_owned(self.target)  # its registrations go with it
-        given: dict[tuple[Connection, str], int] = {}
-        while self.mailbox:
-            conn, msg, _, _ = self.mailbox.popleft()
-            if msg.bounded:
-                given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
-            if (conn, msg.req) in self.queued:
+        for conn, msg in self.waiting():
+            if msg.req:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "supervision", "SupervisionError", "before handling this call")))
-        for slots in self.slots.values():  # (concurrent calls hold no credit)
-            while slots.waiting:
-                conn, msg, *_ = slots.waiting.popleft()
-                if (conn, msg.req) in self.queued:
-                    conn.send_message(Fail(msg.req, self._stopped(
-                        "supervision", "SupervisionError", "before handling this call")))
+        given: dict[tuple[Connection, str], int] = {}
+        for conn, msg, _, _ in self.mailbox:  # (concurrent calls hold no credit)
+            if msg.bounded:
+                given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
+        self.mailbox.clear()
+        for slots in self.slots.values():
+            slots.waiting.clear()
         self.queued.clear()
         for (conn, origin), n in given.items():  # its callers' calls from now on find no actor
             took(conn, self.target, 1, origin, n)

@@ -230,7 +230,7 @@ def _rss() -> int:
 def actor_stats(cell: ActorCell) -> ActorStats:
     """The numbers of the actor of ``cell``, on its process's loop."""
     queued: dict[str, int] = {}
-    for msg in cell.waiting():
+    for _, msg in cell.waiting():
         queued[msg.method] = queued.get(msg.method, 0) + 1
     running: dict[str, int] = {}
     if cell.serving is not None:
