@@ -259,7 +259,7 @@ class ProcMesh(MeshShape):
                                        per_host=state.per_host,
                                        max_queued=self._options.max_queued)
         # (spawned on the whole mesh, it grows and shrinks with it)
-        cls_blob, mesh_blob = dumps(cls, None), dumps(mesh, None)
+        cls_blob, mesh_blob = dumps(cls), dumps(mesh)
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)
         futs: list[asyncio.Future[Any]] = []
@@ -933,7 +933,7 @@ class HostMesh(MeshShape):
                 raise TypeError(f"spawn_procs: bootstrap must be a function of no arguments, "
                                 f"got {type(bootstrap).__name__} {bootstrap!r}")
             try:
-                blob = dumps(bootstrap, None)
+                blob = dumps(bootstrap)
             except Exception as e:
                 raise TypeError(f"spawn_procs: bootstrap {bootstrap!r} cannot be pickled to "
                                 f"send it to the new processes ({type(e).__name__}: {e}); "
@@ -1081,7 +1081,7 @@ def _rebuild_record(procs: ProcMesh, kept: KeptActor) -> _ActorRecord:
     mesh: ActorMesh[Any] = ActorMesh(kept.target, kept.name, cls, region, addrs,
                                      procs if whole else procs._with_region(region),
                                      per_host=state.per_host)
-    record.mesh_blob = dumps(mesh, None)
+    record.mesh_blob = dumps(mesh)
     record.mesh = mesh if whole else None
     return record
 

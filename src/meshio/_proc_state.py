@@ -1283,7 +1283,7 @@ class ProcState:
                 built = [_ActorRecord(a.name, a.target, a.cls_blob,
                                       dumps(ActorMesh(a.target, a.name, mesh._cls, region, addrs,
                                                       per_host=per_host,
-                                                      max_queued=a.options.max_queued), None),
+                                                      max_queued=a.options.max_queued)),
                                       a.body, a.out, list(labels), sizes, region.ranks,
                                       a.options)
                          for a, mesh in following]
@@ -1346,7 +1346,7 @@ class ProcState:
                     a.stopped.intersection_update(region.ranks)  # (a later grow's are new)
                     a.mesh_blob = dumps(ActorMesh(a.target, a.name, a.mesh._cls, region, addrs,
                                                   per_host=per_host,
-                                                  max_queued=a.options.max_queued), None)
+                                                  max_queued=a.options.max_queued))
                     a.mesh._reshape(region, addrs, region.ranks, per_host)
             self._tell_reshaped(n)
             self.published()

@@ -719,11 +719,11 @@ def _ship_mp_main_by_value() -> None:
 _mp_main_shipped = False
 
 
-def dumps(obj: Any, out: None) -> bytes:
+def dumps(obj: Any) -> bytes:
     """cloudpickle ``obj`` into a blob of its own (kept and sent on its own,
     e.g. an actor class shipped by value with the tensors it refers to):
-    tensor storages go into the pickle.  (``out``: None, as a frame's
-    buffers would be; a part of a frame is :func:`_dump_part`.)"""
+    tensor storages go into the pickle.  (A part of a frame is
+    :func:`_dump_part`.)"""
     if not _mp_main_shipped:
         _ship_mp_main_by_value()
     f = io.BytesIO()
