@@ -122,8 +122,8 @@ async def test_frames_without_handshake_are_refused(
     sent after the handshake does run: the refusal is what protects.)"""
     marker = tmp_path / "spawned"
     ctor = msgspec.Raw(msgspec.msgpack.encode({"path": str(marker)}))
-    spawn = M.SpawnActor(1, "evil/marker", "marker", dumps(Marker, []), 0, ["procs"], [1],
-                         dumps(targets, []), ctor)
+    spawn = M.SpawnActor(1, "evil/marker", "marker", dumps(Marker), 0, ["procs"], [1],
+                         dumps(targets), ctor)
     before = pids(targets)
     for forged in (frame(spawn), ping_frame(targets, 2, 7)):
         r, w = await raw(process_address(targets, 0))

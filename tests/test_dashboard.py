@@ -17,7 +17,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ async def aget(url: str, headers: dict[str, str] | None = None
     return await asyncio.to_thread(get, url, headers)
 
 
-async def events(port: int, query: str = "") -> AsyncIterator[tuple[str, Any]]:
+async def events(port: int, query: str = "") -> AsyncGenerator[tuple[str, Any], None]:
     """The server-sent events of ``/events``: (kind, decoded data)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

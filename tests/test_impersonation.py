@@ -129,8 +129,8 @@ def forged_frames(mesh: ActorMesh[Hop], marker: Path) -> bytes:
     ``marker``."""
     ctor = msgspec.Raw(msgspec.msgpack.encode({"path": str(marker)}))
     return (frame(M.Reply(1, msgspec.Raw(msgspec.msgpack.encode(666))))
-            + frame(M.SpawnActor(1, "evil/marker", "marker", dumps(Marker, []), 0, ["procs"],
-                                 [1], dumps(mesh, []), ctor)))
+            + frame(M.SpawnActor(1, "evil/marker", "marker", dumps(Marker), 0, ["procs"],
+                                 [1], dumps(mesh), ctor)))
 
 
 @asynccontextmanager

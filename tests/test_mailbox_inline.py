@@ -17,6 +17,7 @@ import pytest
 
 import meshio
 from meshio import Actor, ActorError, SupervisionError, endpoint
+from meshio._cell import ActorCell
 from meshio._transport._connection import Pending
 from meshio._transport._messages import Call
 from meshio._transport._runtime import _local, runtime
@@ -159,6 +160,7 @@ async def test_a_call_posted_within_a_task_waits_for_the_mailbox_task(
     controller = runtime()
     worker = next(rt for rt in list(_local.values()) if rt is not controller and rt.actors)
     target, cell = next(iter(worker.actors.items()))
+    assert isinstance(cell, ActorCell)
     desc = cell.endpoints["hold"]
     fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     up = controller.conns[worker.addr]

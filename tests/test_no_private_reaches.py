@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import TypeGuard
 
 TESTS = Path(__file__).resolve().parent
 #: the fuzz test of the port value decoder hands it messages as the
@@ -44,7 +45,7 @@ def private_reaches(path: Path) -> list[str]:
     return found
 
 
-def _patches_private(node: ast.AST, modules: set[str]) -> bool:
+def _patches_private(node: ast.AST, modules: set[str]) -> TypeGuard[ast.Call]:
     """``node`` is ``setattr``-like (``monkeypatch.setattr(obj, "_name", ...)``)
     on a private name of something other than a module."""
     return (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("setattr")

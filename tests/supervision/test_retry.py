@@ -123,4 +123,4 @@ def test_retry_and_retryable_together_are_refused() -> None:
     with pytest.raises(TypeError, match="not both"):
         endpoint(retry=Retry(), retryable=True)(lambda self: None)
     with pytest.raises(TypeError, match=r"must be a meshio\.Retry"):
-        endpoint(retry=3)(lambda self: None)  # type: ignore[arg-type]
+        endpoint(retry=3)(lambda self: None)  # type: ignore[call-overload]

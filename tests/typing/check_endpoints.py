@@ -111,6 +111,9 @@ async def adverbs(procs: ProcMesh) -> None:
     async for point, value in trainers.train.stream(step=2):
         assert_type(point, Point)
         assert_type(value, float)
+    results = trainers.train.stream(step=2)
+    assert_type(await anext(results), tuple[Point, float])
+    await results.aclose()  # an async generator: closing it cancels the calls left
     assert_type(trainers.train.broadcast(step=3), Awaitable[None])
 
     # options() keeps the signature, and the adverbs of the result are typed.

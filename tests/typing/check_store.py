@@ -37,5 +37,8 @@ async def use(learner: Learner, store: WeightStore) -> None:
     await store.publish({"w": torch.zeros(2)}, version=1)
     async for v in store.versions():
         assert_type(v, int)
+    newest = store.versions()
+    assert_type(await anext(newest), int)
+    await newest.aclose()  # an async generator: closing it ends the wait
     await store.publish({"w": torch.zeros(2)}, version="1")  # type: ignore[arg-type]
     await store.read(at_least="3")  # type: ignore[arg-type]

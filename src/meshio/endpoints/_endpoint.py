@@ -16,7 +16,7 @@ import inspect
 import numbers
 import time
 from collections.abc import (
-    AsyncIterator,
+    AsyncGenerator,
     Awaitable,
     Callable,
     Coroutine,
@@ -627,7 +627,7 @@ class Endpoint(Generic[P, R]):
         return fut if deadline is None else _Due(fut, self, deadline, index)
 
     @traced
-    async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[tuple[Point, R]]:
+    async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[tuple[Point, R], None]:
         """Call every actor; yield ``(point, result)`` in arrival order.
 
         A failing rank raises its error when its turn comes; the iterator then

@@ -40,7 +40,7 @@ import itertools
 import os
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import msgspec
@@ -771,7 +771,7 @@ class WeightStore:
 
         return await self._using("read_into", at_least, timeout, copy)
 
-    async def versions(self) -> AsyncIterator[int]:
+    async def versions(self) -> AsyncGenerator[int, None]:
         """Each newest version as it is published, from the current one on
         (versions published faster than the loop body runs are skipped).
 
