@@ -1,6 +1,9 @@
 """``@endpoint(concurrent=N)``: at most N calls of an endpoint run at once in
 one actor (Ray's ``max_concurrency``); the others wait their turn in arrival
-order without holding up the actor's mailbox, with real worker processes.
+order without holding up the actor's mailbox, count against its
+``max_queued`` while they wait, and a call back to the endpoint that every
+call holding a slot waits for fails with ``DeadlockError``, with real
+worker processes.
 
 Nothing here sleeps to wait for something: the actor counts the calls under
 way and tells when the n-th one started (a condition it waits on); each wait
@@ -10,12 +13,21 @@ is under a generous guard.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import meshio
-from meshio import Actor, ActorError, CallTimeout, SupervisionError, endpoint
+from meshio import (
+    Actor,
+    ActorError,
+    CallTimeout,
+    DeadlockError,
+    Overloaded,
+    SupervisionError,
+    context,
+    endpoint,
+)
 from meshio.endpoints import EndpointDescriptor
 
 #: generous bound on any single wait on a loaded machine
@@ -186,3 +198,145 @@ def test_the_bound_is_kept_on_the_descriptor() -> None:
     assert (work.concurrent, work.limit) == (True, 2)
     assert (Bounded.open.concurrent, Bounded.open.limit) == (True, None)
     assert (Bounded.ping.concurrent, Bounded.ping.limit) == (False, None)
+
+
+# --------------------------------------- a call back waiting for its own slot
+
+#: the deadline of a call back (it would wait for a slot until then if its
+#: deadlock went unseen): shorter than GUARD, so such a failure is told
+TRY = 5.0
+
+
+class Nested(Actor):
+    """``nest(depth)`` calls itself ``depth`` times deep; ``via`` calls back
+    through another actor.  A held ``nest`` keeps its slot until opened."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.held = asyncio.Event()
+
+    def me(self) -> Nested:
+        return cast(Nested, context().mesh.slice(**dict(context().point)))
+
+    @endpoint(concurrent=2)
+    async def nest(self, depth: int, hold: bool = False) -> str:
+        if hold:
+            self.held.set()
+            await self.gate.wait()
+            return "held"
+        if depth == 0:
+            return "bottom"
+        try:
+            return await self.me().nest.options(timeout=TRY).call_one(depth - 1)
+        except DeadlockError as e:
+            assert isinstance(e, RuntimeError)
+            return f"DeadlockError: {e}"
+
+    @endpoint(concurrent=1)
+    async def via(self, bouncer: Bouncer | None) -> str:
+        if bouncer is None:
+            return "back"
+        return await bouncer.bounce.call_one(self.me())
+
+    @endpoint(concurrent=True)
+    async def until_held(self) -> None:
+        await self.held.wait()
+
+    @endpoint(concurrent=True)
+    async def open(self) -> None:
+        self.gate.set()
+
+
+class Bouncer(Actor):
+    @endpoint
+    async def bounce(self, nested: Nested) -> str:
+        try:
+            return await nested.via.options(timeout=TRY).call_one(None)
+        except DeadlockError as e:
+            return f"DeadlockError: {e}"
+
+
+async def queued_now() -> int:
+    """The calls waiting in the one actor of the test (one sample)."""
+    snapshot = await meshio.stats()
+    [actor] = [a for pm in snapshot.proc_meshes for p in pm.processes for a in p.actors]
+    return actor.queued
+
+
+async def test_a_call_back_into_the_only_slot_fails_with_deadlock_error(
+        procs: meshio.ProcMesh) -> None:
+    """A call holding the only slot of a concurrent=1 endpoint that calls
+    it back through another actor (another process) gets DeadlockError at
+    once, naming the chain and the bound, as a reentrant mailbox call does;
+    the slot is free again afterwards."""
+    nested = await procs.slice(procs=0).spawn("nested", Nested)
+    bouncer = await procs.slice(procs=1).spawn("bouncer", Bouncer)
+    async with asyncio.timeout(GUARD):
+        got = await nested.via.call_one(bouncer)
+        assert got.startswith("DeadlockError: reentrant call would deadlock: "
+                              "nested[0] -> bouncer[0] -> nested[0]"), got
+        assert "Nested.via waits for a slot of @endpoint(concurrent=1)" in got, got
+        assert "the call of Nested.via under way in nested[0]" in got, got
+        assert await nested.via.call_one(None) == "back"
+
+
+async def test_a_deadlock_is_told_only_once_every_slot_waits_for_the_call(
+        procs: meshio.ProcMesh) -> None:
+    """concurrent=2: a call back from one slot takes the other; one more
+    level, both slots wait for it: DeadlockError naming both."""
+    nested = await procs.slice(procs=0).spawn("nested", Nested)
+    async with asyncio.timeout(GUARD):
+        assert await nested.nest.call_one(1) == "bottom"
+        got = await nested.nest.call_one(2)
+    assert got.startswith("DeadlockError: reentrant call would deadlock: "
+                          "nested[0] -> nested[0] -> nested[0]"), got
+    assert "a slot of @endpoint(concurrent=2)" in got, got
+    assert "each of the 2 calls of Nested.nest under way in nested[0]" in got, got
+
+
+async def test_a_call_back_waits_for_a_slot_another_caller_holds(
+        procs: meshio.ProcMesh) -> None:
+    """concurrent=2 with one slot held by an unrelated call: a call back
+    from the other slot is no deadlock: it waits, and runs once the
+    unrelated call ends."""
+    nested = await procs.slice(procs=0).spawn("nested", Nested)
+    async with asyncio.timeout(GUARD):
+        held = nested.nest.call_one(0, hold=True)
+        await nested.until_held.call_one()
+        back = nested.nest.call_one(1)
+        while await queued_now() < 1:  # (sampled: its call back waits for a slot)
+            pass
+        assert not back.done()
+        await nested.open.call_one()
+        assert await held == "held"
+        assert await back == "bottom"
+
+
+async def test_calls_waiting_for_a_slot_count_against_max_queued(
+        procs: meshio.ProcMesh) -> None:
+    """max_queued=4: beyond the 2 running, 4 calls wait for a slot in the
+    actor and the others in the caller (on_full="raise": Overloaded at
+    once, nothing sent); all complete, in order, once the slots free."""
+    bounded = await procs.slice(procs=0).options(max_queued=4).spawn("bounded", Bounded)
+    async with asyncio.timeout(GUARD):
+        calls = [bounded.work.call_one(i) for i in range(10)]
+        assert await bounded.until_started.call_one(2) == ([0, 1], 2, 2)
+        samples = [await queued_now()]
+        while samples[-1] < 4:
+            samples.append(await queued_now())
+        assert max(samples) == 4 and await work_stats() == (2, 4, 4)
+        now = bounded.work.options(on_full="raise")
+        with pytest.raises(Overloaded) as info:
+            now.call_one(100)
+        assert info.value.actor == "bounded" and info.value.max_queued == 4
+        assert "mailbox is full" in str(info.value) and "max_queued=4" in str(info.value)
+        with pytest.raises(Overloaded):
+            now.broadcast(101)
+        assert not any(c.done() for c in calls)
+        for i in range(10):
+            await bounded.open.call_one(i)
+            samples.append(await queued_now())
+        assert await asyncio.gather(*calls) == list(range(10))
+        assert max(samples) == 4
+        started, running, peak = await bounded.until_started.call_one(10)
+    assert (started, running, peak) == (list(range(10)), 0, 2)

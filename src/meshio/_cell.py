@@ -321,6 +321,8 @@ class ActorCell:
         self.slots: dict[str, _Slots] = {
             name: _Slots(desc.limit) for name, desc in self.endpoints.items()
             if desc.limit is not None}
+        #: the calls that took a slot here so far (:meth:`_holder`)
+        self.slot_seq = 0
         #: this actor in call chains: "<target>[<rank>]"
         self.identity = f"{target}[{ctx.point.rank}]"
         #: mailbox calls started so far; the endpoint of the one under way
@@ -360,17 +362,31 @@ class ActorCell:
             try:
                 args, kwargs = desc.schema.unpack_args(msg.args, bufs)
             except SchemaError as e:
+                if msg.bounded:  # (a bounded one's: it leaves the queue)
+                    took(conn, self.target, self.credit_batch, msg.origin)
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
             if desc.limit is not None:
                 slots = self.slots[desc.name]
                 if not slots.free:
+                    if msg.req and slots.hold_for(msg.chain):
+                        # Every call holding a slot waits (through its
+                        # chain) for this one, which would wait for a slot
+                        # forever: it fails now, as a reentrant mailbox call.
+                        if msg.bounded:
+                            took(conn, self.target, self.credit_batch, msg.origin)
+                        self._fail(conn, msg.req, self._deadlock(msg, desc, None))
+                        return
                     if msg.req:  # (cancellable while it waits: see cancel())
                         self.queued.add((conn, msg.req))
                     slots.waiting.append((conn, msg, args, kwargs, deadline))
                     return
                 slots.free -= 1
-            self._start(conn, msg, desc, args, kwargs, deadline)
+                if msg.bounded:  # (counted by its caller as queued: it starts)
+                    took(conn, self.target, self.credit_batch, msg.origin)
+                self._start(conn, msg, desc, args, kwargs, deadline, self._holder())
+                return
+            self._start(conn, msg, desc, args, kwargs, deadline, self.identity)
             return
         probing = False
         if msg.req and msg.chain and self.serving is not None:
@@ -404,11 +420,14 @@ class ActorCell:
                 waiter.set_result(None)
 
     def _start(self, conn: Connection, msg: Call, desc: EndpointDescriptor[Any, Any, Any],
-               args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None) -> None:
+               args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None,
+               server: str) -> None:
         """Start a concurrent call in its own task (holding one of its
-        endpoint's slots, if bounded, until the task is done)."""
+        endpoint's slots, if bounded, until the task is done), as ``server``
+        in the chains of the calls it makes (:meth:`_holder` if it holds a
+        slot, else this actor's identity)."""
         task = self.rt.tasks.start(
-            self._run_concurrent(conn, msg, desc, args, kwargs, deadline),
+            self._run_concurrent(conn, msg, desc, args, kwargs, deadline, server),
             name=desc.qualname)
         self.tasks.add(task)
         if msg.req:  # cancellable from now on, not only once the task has started
@@ -419,16 +438,32 @@ class ActorCell:
         else:
             task.add_done_callback(self.tasks.discard)
         if desc.limit is not None:  # (done however it ended: even cancelled before it ran)
-            task.add_done_callback(functools.partial(self._freed, desc))
+            self.slots[desc.name].held[server] = task
+            task.add_done_callback(functools.partial(self._freed, desc, server))
 
-    def _freed(self, desc: EndpointDescriptor[Any, Any, Any], _: asyncio.Task[None]) -> None:
-        """A call of bounded endpoint ``desc`` is over: its slot goes to the
-        first call waiting for one (in arrival order) that its caller has not
-        given up and whose deadline has not passed, else it is free."""
+    def _holder(self) -> str:
+        """What a call taking a slot of a bounded endpoint is in the chains
+        of the calls it makes: ``"<target>[<rank>]!<n>"`` (``n``: the
+        slot calls started here so far), so that a call back to the
+        endpoint from one of them is known to wait for it
+        (:meth:`_Slots.hold_for`)."""
+        self.slot_seq += 1
+        return f"{self.identity}!{self.slot_seq}"
+
+    def _freed(self, desc: EndpointDescriptor[Any, Any, Any], server: str,
+               _: asyncio.Task[None]) -> None:
+        """A call of bounded endpoint ``desc`` (``server`` in chains) is
+        over: its slot goes to the first call waiting for one (in arrival
+        order) that its caller has not given up and whose deadline has not
+        passed, else it is free.  Each call leaving the queue gives back
+        its caller's credit (:func:`~meshio._transport._credit.took`)."""
         slots = self.slots[desc.name]
+        del slots.held[server]
         waiting, queued = slots.waiting, self.queued
         while waiting and self.stopping is None:  # (once stopping, stop() failed them)
             conn, msg, args, kwargs, deadline = waiting.popleft()
+            if msg.bounded:
+                took(conn, self.target, self.credit_batch, msg.origin)
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:
@@ -438,7 +473,7 @@ class ActorCell:
                 self._expire(conn, msg, late, f"for one of the {desc.limit} slots of "
                              f"@endpoint(concurrent={desc.limit})")
                 continue
-            self._start(conn, msg, desc, args, kwargs, deadline)
+            self._start(conn, msg, desc, args, kwargs, deadline, self._holder())
             return
         slots.free += 1
 
@@ -574,16 +609,28 @@ class ActorCell:
 
     def _deadlock(self, msg: Call, desc: EndpointDescriptor[Any, Any, Any] | None,
                   waited: str | None, cycle: tuple[str, ...] = ()) -> ErrorInfo:
-        """Why ``msg`` fails: it waits for the call under way (reentrant),
-        the call under way waits for actor ``waited`` of its chain, or for
-        the next actor of ``cycle`` (mailbox calls, this one first, each
-        waiting for the next, the last for ``msg``)."""
-        names = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in msg.chain]
+        """Why ``msg`` fails: it waits for a slot of its bounded endpoint
+        ``desc``, each held by a call of its chain; or for the call under
+        way (reentrant), the call under way waits for actor ``waited`` of its
+        chain, or for the next actor of ``cycle`` (mailbox calls, this one
+        first, each waiting for the next, the last for ``msg``)."""
+        names = [_named(entry) for entry in msg.chain]
         chain = " -> ".join([*names, self.where])
-        busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
         called = desc.fn.__qualname__ if desc is not None else msg.method
+        if desc is not None and desc.limit is not None:
+            n = desc.limit
+            holders = "the call" if n == 1 else f"each of the {n} calls"
+            return ErrorInfo(
+                "deadlock", "DeadlockError",
+                f"reentrant call would deadlock: {chain}: this call to {called} waits for "
+                f"a slot of @endpoint(concurrent={n}), and {holders} "
+                f"of {called} under way in {self.where} waits (through this chain) for this "
+                f"call; raise the bound, mark {called} @endpoint(concurrent=True) (no bound), "
+                "or do not call back an endpoint whose slots your call holds",
+                actor=self.ctx.actor_name, rank=self.ctx.point.rank)
+        busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
         if cycle:
-            ring = [entry.split("#")[0].rsplit("/", 1)[-1] for entry in cycle]
+            ring = [_named(entry) for entry in cycle]
             why = (f"call would deadlock: a cycle of busy actors {' -> '.join([*ring, ring[0]])}: "
                    f"{self.where} is busy with {busy}, which waits for a call to {ring[1]}; "
                    f"each waits for the next, and {ring[-1]} for this call to {called} "
@@ -592,7 +639,7 @@ class ActorCell:
             why = (f"reentrant call would deadlock: {chain}: {self.where} is busy with {busy}, "
                    f"which waits (through this chain) for this call to {called}")
         else:
-            other = waited.split("#")[0].rsplit("/", 1)[-1]
+            other = _named(waited)
             why = (f"call would deadlock: {chain}: {self.where} is busy with {busy}, which "
                    f"waits for a call to {other}, while {other} is busy with a call that "
                    f"waits (through this chain) for this call to {called}")
@@ -650,7 +697,9 @@ class ActorCell:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "supervision", "SupervisionError", "before handling this call")))
         given: dict[tuple[Connection, str], int] = {}
-        for conn, msg, _, _ in self.mailbox:  # (concurrent calls hold no credit)
+        # (of concurrent calls, only those waiting for a slot hold credit)
+        for conn, msg in (*((c, m) for c, m, *_ in self.mailbox),
+                          *((c, m) for s in self.slots.values() for c, m, *_ in s.waiting)):
             if msg.bounded:
                 given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
         self.mailbox.clear()
@@ -814,11 +863,11 @@ class ActorCell:
     async def _run_concurrent(self, conn: Connection, msg: Call,
                               desc: EndpointDescriptor[Any, Any, Any],
                               args: tuple[Any, ...], kwargs: dict[str, Any],
-                              deadline: float | None) -> None:
+                              deadline: float | None, server: str) -> None:
         task = asyncio.current_task()
         assert task is not None
         run = self._run(conn, msg.req, desc, args, kwargs,
-                        CallScope(deadline, msg.chain, self.identity), task)
+                        CallScope(deadline, msg.chain, server), task)
         try:
             await (served(run, msg.trace, desc.qualname, self.where) if TRACING else run)
         except GeneratorExit:
@@ -937,12 +986,22 @@ class _Slots:
     call that asks for an answer is in :attr:`ActorCell.queued` too, which
     it leaves when its caller gives up."""
 
-    __slots__ = ("free", "waiting")
+    __slots__ = ("free", "held", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.free = limit
         self.waiting: deque[tuple[Connection, Call, tuple[Any, ...], dict[str, Any],
                                   float | None]] = deque()
+        #: the calls holding a slot, by what each is in the chains of the
+        #: calls it makes (:meth:`ActorCell._holder`): their tasks
+        self.held: dict[str, asyncio.Task[None]] = {}
+
+    def hold_for(self, chain: tuple[str, ...]) -> bool:
+        """Whether every call holding a slot (none is free) waits, through
+        ``chain``, for the call that came with it: each is in the chain
+        and still runs (a call it made and did not await, answered as it
+        ends, waits for nothing)."""
+        return all(server in chain and not task.done() for server, task in self.held.items())
 
 
 class _GoOn:
@@ -1011,6 +1070,13 @@ def _deadline(budget: float | None) -> float | None:
     if budget is None or not math.isfinite(budget):
         return None
     return time.monotonic() + max(budget, 0.0)
+
+
+def _named(entry: str) -> str:
+    """The actor of a chain entry (``"<target>[<rank>]"``, then ``"#<n>"``
+    for a mailbox call or ``"!<n>"`` for one holding a slot), as messages
+    name it: ``"<name>[<rank>]"``."""
+    return entry[:entry.rfind("]") + 1].rsplit("/", 1)[-1]
 
 
 def _where(ctx: Context[Any]) -> str:

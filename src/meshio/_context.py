@@ -91,7 +91,8 @@ class CallScope(msgspec.Struct, gc=False):
 
     deadline: float | None
     #: the chain the call came with (``Call.chain``), its server's identity
-    #: (``"<target>[<rank>]"``) and its mailbox number (0: a concurrent call)
+    #: (``"<target>[<rank>]"``; ``"…!<n>"`` for a call holding a slot of an
+    #: ``@endpoint(concurrent=N)``) and its mailbox number (0: a concurrent call)
     caller_chain: tuple[str, ...] = ()
     server: str = ""
     seq: int = 0

@@ -379,6 +379,9 @@ class DeadlockError(MeshioError, RuntimeError):
     (not ``concurrent``) endpoints while serving the call that waits would
     deadlock.  The message names the chain (``gen[0] -> learner[1] ->
     gen[0]``); mark the reentered endpoint ``@endpoint(concurrent=True)``.
+    Likewise a call to an ``@endpoint(concurrent=N)`` none of whose slots is
+    free, every call holding one being in its chain: it "waits for a slot of
+    @endpoint(concurrent=N)" (raise N, or drop the bound).
     """
 
 

@@ -99,8 +99,9 @@ class ProcMesh(MeshShape):
                 :class:`~meshio.Overloaded`); ``broadcast`` too.  Each
                 calling process has its own allowance, so an actor called
                 from K processes holds at most K times ``max_queued`` calls.
-                Not yet bounded: calls to ``concurrent`` endpoints (they
-                never queue) and to actor meshes spanning several hosts.
+                Not bounded: calls to ``concurrent=True`` endpoints (they
+                never queue); calls waiting for a slot of an
+                ``@endpoint(concurrent=N)`` are, as mailbox calls.
 
         Raises:
             TypeError: ``stall_after`` is not a number (a str, a bool).

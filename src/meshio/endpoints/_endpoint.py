@@ -360,8 +360,10 @@ def endpoint(fn: Any = None, /, *, concurrent: bool | int = False, retryable: bo
             start as running ones end (returned, raised or cancelled).  A
             waiting call keeps its deadline (dropped with
             :class:`~meshio.CallTimeout` if it passes first) and can be
-            cancelled; one made (through other actors) by a call that holds
-            a slot waits for a slot like any other.  ``TypeError`` for a
+            cancelled, and counts against the actor's ``max_queued`` as a
+            mailbox call does.  A call made (directly or through other
+            actors) by every call holding a slot would wait for itself: it
+            fails with :class:`~meshio.DeadlockError`.  ``TypeError`` for a
             value neither a bool nor an int, ``ValueError`` for an int < 1.
         retry: a :class:`~meshio.Retry` policy: a call that fails with one
             of its exception types (raised by the endpoint, or
@@ -627,7 +629,8 @@ class Endpoint(Generic[P, R]):
         return fut if deadline is None else _Due(fut, self, deadline, index)
 
     @traced
-    async def stream(self, *args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[tuple[Point, R], None]:
+    async def stream(self, *args: P.args,
+                     **kwargs: P.kwargs) -> AsyncGenerator[tuple[Point, R], None]:
         """Call every actor; yield ``(point, result)`` in arrival order.
 
         A failing rank raises its error when its turn comes; the iterator then
