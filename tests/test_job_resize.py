@@ -129,6 +129,77 @@ async def test_a_resize_adds_and_gives_back_hosts_under_the_jobs_lock(job: Proce
     await wait_gone(grown[1:], DEADLINE)
 
 
+#: another controller: the job of that cache directory (named ``killed``),
+#: killed (``kill``), or killed and applied again (``kill-apply``)
+OTHER = """
+import asyncio, sys
+from meshio.jobs import ProcessJob
+
+async def main() -> None:
+    job = ProcessJob(meshes={"workers": 2}, name="killed", cache_dir=sys.argv[1])
+    await job.kill()
+    if sys.argv[2] == "kill-apply":
+        await job.apply()
+
+asyncio.run(main())
+"""
+
+
+def agents_with(secret_file: Path) -> set[int]:
+    """The agents running with ``secret_file`` (a job's secret), found in
+    every process's command line."""
+    found: set[int] = set()
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0") if d.name.isdigit() else []
+        except OSError:  # (gone meanwhile)
+            continue
+        if os.fsencode(secret_file) in argv:
+            found.add(int(d.name))
+    return found
+
+
+@pytest.mark.parametrize("other", ["kill", "kill-apply"])
+@pytest.mark.parametrize("hosts", [3, 1])
+async def test_a_resize_after_another_controllers_kill_changes_nothing(
+        tmp_path: Path, other: str, hosts: int) -> None:
+    """Another controller (another process) kills the job, and perhaps
+    applies a new one of that name; then this controller resizes the job
+    it applied.  Under the job's lock the resize finds the cache gone (or
+    naming other agents): it raises JobCacheError saying so, starts and
+    stops no agent and writes no cache; this job object forgets the job, so
+    its next state() applies it anew.  Before, the grow started an agent
+    for the killed job and both wrote its cache again (over the new job's)."""
+    cache = tmp_path / ".meshio"
+    job = ProcessJob(meshes={"workers": 2}, name="killed", cache_dir=cache)
+    try:
+        workers = (await job.state()).workers
+        first = agents(job, "workers")
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", OTHER, str(cache),
+                                                    other)
+        assert await asyncio.wait_for(proc.wait(), DEADLINE) == 0
+        await wait_gone(first, DEADLINE)
+        secret = cache / "killed.secret"
+        cached = job.cache.read_bytes() if other == "kill-apply" else None
+        running = agents_with(secret)
+        assert len(running) == (2 if other == "kill-apply" else 0)
+        said = (r"was killed by another controller \(its cache .*killed.json is gone\)"
+                if other == "kill" else r"was killed or changed by another controller since "
+                r"this one applied it \(its cache .*killed.json names other hosts")
+        with pytest.raises(JobCacheError, match=rf"ProcessJob 'killed' {said}.*nothing was "
+                                                r"resized"):
+            await asyncio.wait_for(job.resize("workers", hosts=hosts), DEADLINE)
+        assert agents_with(secret) == running  # none started, none stopped
+        assert workers.sizes == {"hosts": 2}
+        assert (job.cache.read_bytes() if job.cache.exists() else None) == cached
+        assert job_record(job) is None  # forgotten: state() applies it anew
+        assert (await job.state()).workers.sizes == {"hosts": 2}
+        if other == "kill-apply":  # (the other's job, re-attached)
+            assert set(agents(job, "workers")) == running
+    finally:
+        await job.kill()
+
+
 async def test_resize_arguments_are_checked(job: ProcessJob) -> None:
     state = await job.state()
     with pytest.raises(KeyError, match="has no host mesh 'trainers'"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -37,7 +38,7 @@ import trustme
 
 import meshio._cli
 import meshio.jobs._agent as agent_module
-from lock_holder import lock_held
+from lock_holder import lock_held, lock_wanted
 from meshio import Actor, context, endpoint
 from meshio.jobs import (
     ClusterError,
@@ -337,6 +338,11 @@ class FakeCluster:
         self.linger = 0
         self.terminating: dict[tuple[str, str, str], list[Any]] = {}  # key -> [object, reads]
         self.lock = threading.Lock()
+        #: a create of this (plural, name) is answered once ``released`` is set
+        #: (``held`` is set when it comes)
+        self.hold: tuple[str, str] | None = None
+        self.held = threading.Event()
+        self.released = threading.Event()
 
     def create(self, ns: str, plural: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         name = body["metadata"]["name"]
@@ -448,6 +454,9 @@ def handler_for(cluster: FakeCluster) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             ns, plural, _, _ = self.route()
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if (plural, body["metadata"]["name"]) == cluster.hold:
+                cluster.held.set()
+                cluster.released.wait(DEADLINE)
             with cluster.lock:
                 self.reply(*cluster.create(ns, plural, body))
 
@@ -561,6 +570,40 @@ async def test_apply_and_kill_wait_for_the_jobs_lock(tmp_path: Path,
     async with lock_held(job.cache) as holder, holder.waiting(make_job(tmp_path).kill()):
         assert len(cluster.names("pods")) == 3 and job.cache.exists()  # nothing deleted yet
     assert not cluster.objects and not job.cache.exists()
+
+
+async def test_a_cancelled_apply_lets_the_lock_go_once_its_requests_are_done(
+        tmp_path: Path, cluster: FakeCluster) -> None:
+    """apply() cancelled while its thread creates the job's objects (the
+    API server holds the create of one): the job's lock stays held until
+    that thread is done, so another controller (another process here) that
+    takes the lock then finds every object created and named by the cache,
+    and a kill() deletes them all; the cancellation still propagates.
+    Before, the lock went at once: a kill() by another controller then
+    found no cache, and the objects created after it were left running."""
+    job = make_job(tmp_path)
+    cluster.hold = ("jobs", "rl-trainers")
+    applying = asyncio.ensure_future(job.apply())
+    try:
+        assert await asyncio.to_thread(cluster.held.wait, DEADLINE)
+        applying.cancel()
+        async with lock_wanted(job.cache) as other:
+            assert await other.said() == "waiting"  # the cancelled apply() holds it still
+            cluster.released.set()
+            assert await other.said() == "held"
+            assert applying.done()  # (it let the lock go as it ended)
+            assert len(json.loads(job.cache.read_text())["uids"]) == 5
+            assert len(cluster.names("pods")) == 3
+            await other.release()
+        with pytest.raises(asyncio.CancelledError):
+            await applying
+        await make_job(tmp_path).kill()
+        assert not cluster.objects and not job.cache.exists()
+    finally:
+        cluster.released.set()
+        applying.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await applying
 
 
 async def test_kill_waits_until_the_objects_are_gone_so_the_name_is_free_at_once(

@@ -39,7 +39,7 @@ from ._agent import tls_flags
 from ._remote import attach, checked_secret
 
 __all__ = ("AgentsJob", "CachedJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_job_name", "check_meshes", "check_tls", "job_lock", "read_cache",
+           "check_job_name", "check_meshes", "check_tls", "job_lock", "not_cached",
            "read_job_secret", "read_own_cache",
            "record_resize", "resize_job", "write_cache")
 
@@ -52,7 +52,10 @@ AGENT_START_TIMEOUT = 30.0
 class JobCacheError(RuntimeError):
     """A job cache or secret file that must not be used (another user's,
     readable or writable by others, not a file, or not a meshio job cache),
-    or a cache directory where they cannot be kept."""
+    or a cache directory where they cannot be kept; raised by a job's
+    ``apply()``, ``state()`` and ``kill()``.  Raised by ``resize()`` too when
+    the cache no longer names the job this controller applied: another
+    controller killed it (and perhaps applied a new one, or resized it)."""
 
 
 class JobState:
@@ -101,6 +104,9 @@ class Job(Protocol):
             ValueError: ``hosts`` < 1.
             ProcessStartError, ActorError: an elastic proc mesh did not grow
                 onto the new hosts (it keeps its shape; the host mesh grew).
+            JobCacheError: another controller killed the job (or changed
+                it) since this one applied it: nothing was added or given
+                back, and the next ``apply()`` finds the job anew.
         """
         ...
 
@@ -191,18 +197,40 @@ async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name:
     (``what`` names the job in errors).  ``add`` and ``remove`` run under
     the job's lock (:meth:`CachedJob.locked`), as ``apply()`` and ``kill()``
     do: a kill by another controller waits for them, then gives back the
-    hosts added too."""
+    hosts added too; one that came first is found under the lock
+    (:meth:`CachedJob._check_cached`), and nothing is added or given back
+    (nor, to shrink, are the elastic proc meshes' processes stopped).
+
+    Raises:
+        JobCacheError: another controller killed (or changed) the job."""
     check_resize(what, meshes, name, hosts)
     mesh = (await job.state()).meshes[name]  # (may apply() it: the lock is taken after)
     old = meshes[name]
     if hosts > old:
         async with job.locked():  # (the hosts added and the cache recorded, or neither)
+            job._check_cached(what)
             added = await add(hosts - old)
         await grow_hosts(mesh, added)
     elif hosts < old:
+        async with job.locked():  # (killed already: no process is stopped either)
+            job._check_cached(what)
         await shrink_hosts(mesh, old - hosts)
         async with job.locked():
+            job._check_cached(what)
             await remove(old - hosts)
+
+
+def not_cached(what: str, cache: Path, cached: Mapping[str, Any] | None) -> JobCacheError:
+    """The error of a resize of the job ``what`` that finds under the job's
+    lock that its cache holds ``cached`` (None: nothing), not the job this
+    controller applied (:meth:`CachedJob._check_cached`)."""
+    if cached is None:
+        return JobCacheError(f"{what} was killed by another controller (its cache {cache} is "
+                             "gone): nothing was resized. apply() it to start a new job")
+    return JobCacheError(f"{what} was killed or changed by another controller since this one "
+                         f"applied it (its cache {cache} names other hosts, meshes "
+                         f"{cached.get('meshes')}): nothing was resized. apply() it to attach "
+                         "to the job the cache names")
 
 
 def record_resize(cache: Path, entry: dict[str, Any], meshes: dict[str, int], name: str,
@@ -254,6 +282,18 @@ class CachedJob(abc.ABC):
         """The job's host meshes by name (``apply()`` first if needed)."""
 
     @abc.abstractmethod
+    def _check_cached(self, what: str) -> None:
+        """Under the job's lock, before a resize changes the job: the cache
+        still names the job this object applied.  If not (another
+        controller's ``kill()`` came first), this object forgets the job
+        (its next ``apply()`` finds it anew) and raises.
+
+        Raises:
+            JobCacheError: the cache is gone, or names another job (``what``
+                names this one in the message).
+        """
+
+    @abc.abstractmethod
     def _applied(self) -> bool:
         """Whether this object has its hosts (``apply()`` has nothing to do)."""
 
@@ -292,6 +332,17 @@ class AgentsJob(CachedJob):
         if self._state is None:
             self._state = attached(self._entry, self.tls)
         return self._state
+
+    def _check_cached(self, what: str) -> None:
+        entry = self._entry  # (None: killed by another task since the resize applied it)
+        cached = read_own_cache(self.cache, self.kind)
+        # (its agents name the job: those of a new job of this name differ, as
+        # do those of this one resized by another controller)
+        if entry is not None and cached is not None and cached.get("hosts") == entry["hosts"]:
+            return
+        self._entry = None
+        self._state = None
+        raise not_cached(what, self.cache, cached)
 
     def _added(self, name: str, agents: list[dict[str, Any]]) -> HostMesh:
         """``agents`` are the new last hosts of mesh ``name`` (recorded in
@@ -386,25 +437,6 @@ def read_job_secret(path: Path) -> bytes | None:
         return checked_secret(data.strip())
     except ValueError as e:
         raise JobCacheError(f"job secret {path}: {e}; it is not used. Remove it.") from None
-
-
-def read_cache(path: Path, kind: str, meshes: Mapping[str, int]) -> dict[str, Any] | None:
-    """The cached job at ``path`` if it is this user's, private, of this kind
-    and shape; None if there is none or it is of another shape (reported).
-
-    Raises:
-        JobCacheError: the file is another user's or others may read or
-            write it, or it is not a meshio job cache.
-    """
-    entry = _load_cache(path)
-    if entry is None:
-        return None
-    if entry.get("kind") != kind or entry.get("meshes") != dict(meshes):
-        log.warning("meshio: job cache %s is a %s job with meshes %s, not a %s job with "
-                    "%s; starting a new job", path, entry.get("kind"), entry.get("meshes"),
-                    kind, dict(meshes))
-        return None
-    return entry
 
 
 def read_own_cache(path: Path, kind: str) -> dict[str, Any] | None:
@@ -745,6 +777,8 @@ class ProcessJob(AgentsJob):
 
         Raises:
             RuntimeError: a new agent did not start (nothing changed).
+            JobCacheError: another controller killed the job (or changed
+                it): no agent is started or stopped.
         """
         await resize_job(self, f"ProcessJob {self.name!r}", self.meshes, name, hosts,
                          partial(self._add, name), partial(self._remove, name))

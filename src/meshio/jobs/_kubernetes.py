@@ -26,22 +26,22 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from .._checks import check_seconds
 from .._proc_mesh import HostMesh
+from .._transport._tasks import finished
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
     CachedJob,
-    JobCacheError,
     JobState,
     check_meshes,
     check_tls,
-    read_cache,
+    not_cached,
     read_job_secret,
     read_own_cache,
     record_resize,
@@ -54,6 +54,8 @@ from ._remote import attach
 __all__ = ("ClusterError", "ClusterNotConfiguredError", "KubernetesJob")
 
 log = logging.getLogger("meshio")
+
+T = TypeVar("T")
 
 #: where the job secret and the TLS files are mounted in an agent's pod
 SECRET_DIR = "/etc/meshio/secret"
@@ -404,6 +406,10 @@ class KubernetesJob(CachedJob):
         ``kill()`` of a job name runs at a time (the job's lock,
         ``<cache_dir>/<name>.lock``): another, in this process or another,
         waits for it, then re-attaches to the objects it created.
+        Cancelled while it talks to the API server, it lets the lock go
+        only once the requests under way are done (what it created is then
+        in the cache, for the next ``apply()`` or ``kill()``), then raises
+        ``CancelledError``; so do ``resize()`` and ``kill()``.
 
         Raises:
             ClusterNotConfiguredError: no cluster is configured.
@@ -416,8 +422,18 @@ class KubernetesJob(CachedJob):
     def _applied(self) -> bool:
         return self._ips is not None
 
+    def _check_cached(self, what: str) -> None:
+        cached = read_own_cache(self.cache, self.kind)
+        if cached is not None and (cached.get("meshes"), cached.get("namespace"),
+                                   cached.get("workload")) == (self.meshes, self.namespace,
+                                                               self.workload):
+            return
+        self._ips = None
+        self._attached = None
+        raise not_cached(what, self.cache, cached)
+
     async def _apply_locked(self) -> None:
-        self._ips = await asyncio.to_thread(self._apply)
+        self._ips = await _in_thread(self._apply)
 
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed)."""
@@ -450,6 +466,8 @@ class KubernetesJob(CachedJob):
                 ``"job"`` (an Indexed Job's size is fixed).
             ClusterNotConfiguredError, ClusterError, TimeoutError: as for
                 :meth:`apply` (new pods not ready in ``start_timeout``).
+            JobCacheError: another controller killed the job, or applied
+                one of another shape (nothing is patched).
         """
         if name in self.meshes and self.workload != "statefulset":
             raise ValueError(f"KubernetesJob {self.name!r}.resize({name!r}): workload="
@@ -462,20 +480,18 @@ class KubernetesJob(CachedJob):
 
     async def _add(self, name: str, n: int) -> HostMesh:
         old = self.meshes[name]
-        self._ips = await asyncio.to_thread(self._scale, name, old + n)
+        self._ips = await _in_thread(self._scale, name, old + n)
         return self._state({name: self._hosts()[name][old:]}).meshes[name]
 
     async def _remove(self, name: str, n: int) -> None:
-        await asyncio.to_thread(self._scale, name, self.meshes[name] - n)
+        await _in_thread(self._scale, name, self.meshes[name] - n)
 
     def _scale(self, name: str, hosts: int) -> dict[str, str]:
         """Patch mesh ``name``'s StatefulSet to ``hosts`` replicas, record it,
         and wait for its pods; every agent's pod IP."""
         k8s, api = _client(self.context)
-        entry = read_cache(self.cache, self.kind, self.meshes)
-        if entry is None:
-            raise JobCacheError(f"KubernetesJob {self.name!r}: its cache {self.cache} is gone; "
-                                "resize needs the job applied by this controller")
+        entry = read_own_cache(self.cache, self.kind)
+        assert entry is not None  # (checked under the job's lock: _check_cached)
         obj = self._objects[name]
         with _reaching(self.name):
             _call(k8s, f"scale StatefulSet {obj}",
@@ -503,7 +519,7 @@ class KubernetesJob(CachedJob):
         await super().kill()
 
     async def _kill_locked(self) -> None:
-        await asyncio.to_thread(self._kill, _client(self.context))
+        await _in_thread(self._kill, _client(self.context))
         self.cache.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)
         self._ips = None
@@ -703,6 +719,23 @@ class KubernetesJob(CachedJob):
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(2 * delay, 2.0)
             objects = left
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread (the client blocks), under the job's lock.
+    Cancelled, this waits until the thread is done, then raises
+    ``CancelledError``: the thread cannot be stopped halfway, and had the
+    lock been let go at once it would go on creating or deleting objects
+    and writing the cache while another controller applies or kills the job
+    (which then misses them)."""
+    done = asyncio.get_running_loop().run_in_executor(None, partial(fn, *args))
+    try:
+        await finished([done])
+    except asyncio.CancelledError:
+        if not done.cancelled():
+            done.exception()  # (retrieved: what is raised is the cancellation)
+        raise
+    return done.result()
 
 
 def _client(context: str | None, *, retries: int | None = None) -> tuple[Any, Any]:

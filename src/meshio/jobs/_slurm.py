@@ -282,6 +282,8 @@ class SlurmJob(AgentsJob):
             SlurmError, TimeoutError: a new allocation failed (as for
                 :meth:`apply`; the others of this call are cancelled,
                 nothing changed).
+            JobCacheError: another controller killed the job (or changed
+                it): nothing is allocated or cancelled.
         """
         await resize_job(self, f"SlurmJob {self.name!r}", self.meshes, name, hosts,
                          partial(self._add, name), partial(self._remove, name))
