@@ -42,6 +42,7 @@ from meshio._transport._serial import (
     TypedDecoder,
     _to_host,
     dumps,
+    hands_port,
     loads,
 )
 from meshio.endpoints._schema import Schema
@@ -982,3 +983,32 @@ def test_parser_delivers_real_messages() -> None:
         assert fut.done() and fut.result() == ([1, 2], [b"buf"])
     finally:
         loop.close()
+
+
+class _Handed:
+    """Notes a port as it is pickled, as a ``Port`` does (``hands_port``)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        hands_port("tcp://127.0.0.1:1", 7)
+        return (_Handed, ())
+
+
+class _Count(int):
+    """A subclass of int: a value annotated ``int`` is encoded again, fitted."""
+
+
+class _Refits:
+    def method(self, handed: Any, n: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+
+def test_a_frame_encoded_again_notes_its_ports_once() -> None:
+    # The first encoding notes the port, then meets the int subclass; the
+    # frame is encoded again fitted (its buffers and ports forgotten first).
+    schema = Schema(_Refits.method, "_Refits.method")
+    packer = Packer()
+    schema.pack_call((_Handed(), _Count(3)), {}, packer)
+    assert packer.ports == [("tcp://127.0.0.1:1", 7)]
+    packer = Packer()
+    schema.pack_result((_Handed(), _Count(3)), packer)
+    assert packer.ports == [("tcp://127.0.0.1:1", 7)]

@@ -1,12 +1,15 @@
-"""A message keeps the identity of its tensors, as pickle and Ray do: the
-same tensor held twice arrives as one object (sent once), and tensors that
-view one storage arrive as views of one storage (tied weights stay tied)."""
+"""A message keeps the identity of its tensors and NumPy arrays, as pickle
+and Ray do: the same tensor or array held twice arrives as one object (sent
+once), and tensors that view one storage arrive as views of one storage
+(tied weights stay tied)."""
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +34,15 @@ class Keeper(Actor):
     async def twice(self, n: int) -> Any:
         t = torch.arange(float(n))
         return [[t, t], (t,), {"again": t}]  # (the tuple travels pickled, apart)
+
+    @endpoint
+    async def same_arrays(self, a: Any, b: np.ndarray[Any, Any]) -> bool:
+        return a is b
+
+    @endpoint
+    async def arrays(self, n: int) -> Any:
+        a = np.arange(float(n))
+        return [[a, a], {"again": a}, np.arange(float(n))]
 
     @endpoint
     async def tied(self, state: dict[str, torch.Tensor]) -> tuple[bool, bool, float]:
@@ -155,3 +167,92 @@ def test_identity_and_sharing_round_trip(picks: list[tuple[int, int]], again: li
                 shared = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
                 assert (got[i].untyped_storage().data_ptr()
                         == got[j].untyped_storage().data_ptr()) == shared
+
+
+async def test_the_same_array_twice_arrives_once(procs: meshio.ProcMesh) -> None:
+    k = (await procs.spawn("k", Keeper)).slice(procs=0)
+    a = np.ones(4)
+    assert await asyncio.wait_for(k.same.call_one([a, a]), GUARD) is True
+    assert await asyncio.wait_for(k.same.call_one({0: a, 1: a}), GUARD) is True  # (pickled)
+    assert await asyncio.wait_for(k.same_arrays.call_one(a, a), GUARD) is True
+    assert await asyncio.wait_for(k.same.call_one([a, a.copy()]), GUARD) is False
+    (b, c), d, e = await asyncio.wait_for(k.arrays.call_one(5), GUARD)
+    assert b is c is d["again"] and e is not b
+    assert np.array_equal(b, np.arange(5.0)) and np.array_equal(e, b)
+
+
+class Busy(Actor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    @endpoint
+    async def hold(self) -> None:
+        await self.go.wait()
+
+    @endpoint(concurrent=True)
+    async def release(self) -> None:
+        self.go.set()
+
+    @endpoint
+    async def same(self, a: Any, b: torch.Tensor, pair: Any) -> bool:
+        return a is b and pair[0] is pair[1] is a
+
+    @endpoint
+    async def same_arrays(self, a: Any, b: np.ndarray[Any, Any], pair: Any) -> bool:
+        return a is b and pair[0] is pair[1] is a
+
+
+async def test_calls_queued_together_each_keep_their_identity(procs: meshio.ProcMesh) -> None:
+    # Calls queued in a mailbox behind a busy one are decoded as they come
+    # and again as they run, frames of others in between: each finds its own.
+    k = (await procs.spawn("busy", Busy)).slice(procs=0)
+    held = k.hold.call_one()
+    t, u, a, b = torch.arange(4.0), torch.arange(6.0), np.arange(4.0), np.arange(6.0)
+    queued = [k.same.call_one(t, t, [t, t]), k.same_arrays.call_one(a, a, [a, a]),
+              k.same.call_one(u, u, [u, u]), k.same_arrays.call_one(b, b, [b, b])]
+    await asyncio.wait_for(k.release.call_one(), GUARD)  # (sent after them: they queued)
+    await asyncio.wait_for(held, GUARD)
+    assert await asyncio.wait_for(asyncio.gather(*queued), GUARD) == [True] * 4
+
+
+def test_an_array_held_twice_is_sent_once() -> None:
+    a = np.ones(1024)
+    assert wire_bytes([a, a]) == wire_bytes({"x": a, "y": a}) == wire_bytes([a]) == a.nbytes
+    assert wire_bytes([a, a.copy()]) == 2 * a.nbytes
+    t = torch.ones(16)
+    out = round_trip({"a": a, "t": t, "again": [t, a], "other": np.zeros(3)})
+    assert out["a"] is out["again"][1] and out["t"] is out["again"][0]
+    assert np.array_equal(out["a"], a) and np.array_equal(out["other"], np.zeros(3))
+
+
+def test_decoding_leaves_the_buffers_as_they_came() -> None:
+    x, a = torch.arange(6.0), np.arange(3.0)
+    packer = Packer()
+    body = packer.pack([x, x[2:], x, a, a], False)
+    bufs = [bytearray(b) for b, _ in packer]
+    before = list(bufs)
+    out = TypedDecoder(Any).decode(body, bufs)
+    assert len(bufs) == len(before) and all(b is c for b, c in zip(bufs, before, strict=True))
+    assert out[0] is out[2] and out[3] is out[4]
+    again = TypedDecoder(Any).decode(body, bufs)  # (the same frame decoded again)
+    assert again[0] is out[0] and again[3] is out[3]
+    out[1][0] = -1.0  # views of one storage still
+    assert out[0][2] == -1.0
+
+
+class Received(bytearray):
+    """A received buffer whose freeing a test can see (a weak reference)."""
+
+
+def test_the_buffers_are_freed_with_what_was_made_of_them() -> None:
+    x, a = torch.arange(6.0), np.arange(3.0)
+    packer = Packer()
+    body = packer.pack([x, x[2:], a, a], False)
+    bufs = [Received(b) for b, _ in packer]
+    freed = [weakref.ref(b) for b in bufs]
+    out = TypedDecoder(Any).decode(body, bufs)
+    del bufs
+    assert all(r() is not None for r in freed)  # (the tensors view them)
+    del out
+    assert all(r() is None for r in freed)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -597,7 +598,9 @@ def _encodings() -> list[tuple[bytes, list[Any]]]:
                  (3, b"", "", {"nested": [[1.5, None]]}),
                  (4, b"", "", [torch.arange(6.0).reshape(2, 3).t()]),
                  # tensors kept by identity: one held twice, and views of one storage
-                 (5, b"", "", [_t := torch.arange(8.0), _t, _t[2:], _t.view(2, 4).t()])]:
+                 (5, b"", "", [_t := torch.arange(8.0), _t, _t[2:], _t.view(2, 4).t()]),
+                 # a NumPy array held twice, kept by identity
+                 (6, b"", "", [_a := np.arange(8.0), _a, {"x": _a}, np.ones(2)])]:
         packer = Packer()
         body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)

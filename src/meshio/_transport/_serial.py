@@ -54,6 +54,7 @@ import pickle
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, Final
 
@@ -115,11 +116,15 @@ class _HookState(threading.local):
     #: a builtin's subclass in a typed value is pickled as it is, not
     #: refused with :class:`Refit` (:func:`lenient`)
     lenient: bool = False
-    #: the first tensor of the frame being encoded and its reference (a
-    #: frame of one tensor makes no more: :func:`_tensor_ext`)
+    #: the first tensor or NumPy array of the frame being encoded and its
+    #: reference (a frame of one makes no more: :func:`_tensor_ext`,
+    #: :func:`_array_ext`)
     first: tuple[Any, bytes] | None = None
-    #: the tensors of the frame being encoded, once it holds two
+    #: the tensors and arrays of the frame being encoded, once it holds two
     sent: _Sent | None = None
+    #: what the decodings of the last frame decoded here that held tagged
+    #: values made (:class:`_Frame`)
+    frame: _Frame | None = None
 
 
 _tls = _HookState()
@@ -374,21 +379,23 @@ def _device_here(torch: Any, device: str) -> bool:
     return dev.index is None or bool(dev.index < backend.device_count())
 
 
-# A frame keeps the identity of its tensors, as pickle does: one held twice
-# travels once and arrives as one object, and tensors that view one storage
-# arrive as views of one storage.  The encoder notes them in a first pass
-# (:class:`_Sent`); only a frame that holds such tensors is encoded again,
-# knowing them all: each storage that several view is sent once, its bytes
-# from the lowest any of them reaches to the highest, and each such tensor
-# carries a tag, by which its receiver keeps it (:class:`_Held`).  Every
-# other tensor travels as its own elements, compact.
+# A frame keeps the identity of its tensors and NumPy arrays, as pickle
+# does: one held twice travels once and arrives as one object, and tensors
+# that view one storage arrive as views of one storage.  The encoder notes
+# them in a first pass (:class:`_Sent`); only a frame that holds such values
+# is encoded again, knowing them all: each storage that several tensors view
+# is sent once, its bytes from the lowest any of them reaches to the highest,
+# and each such tensor, and each array held twice, carries a tag, by which
+# its receiver keeps it (:class:`_Frame`).  Every other tensor travels as its
+# own elements, compact, and every other array as its own pickle.
 
 
 class _Sent:
-    """The tensors of the frame being encoded (:func:`_tensor_ext`): in the
-    first pass, what shows that the frame must be encoded again (``again``);
-    in the second (``final``), what that pass found.  (Class attributes are
-    the first pass's defaults: a frame of one tensor makes little.)"""
+    """The tensors and arrays of the frame being encoded (:func:`_tensor_ext`,
+    :func:`_array_ext`): in the first pass, what shows that the frame must be
+    encoded again (``again``); in the second (``final``), what that pass
+    found.  (Class attributes are the first pass's defaults: a frame of one
+    tensor makes little.)"""
 
     again = False
     final = False
@@ -399,16 +406,18 @@ class _Sent:
     shared: dict[tuple[Any, int], list[int]]
 
     def __init__(self, first: tuple[Any, bytes] | None = None) -> None:
-        #: by ``id``: the tensor (kept alive: its id stays its own) and its reference
+        #: by ``id``: the tensor or array (kept alive: its id stays its own)
+        #: and its reference
         self.exts: dict[int, tuple[Any, bytes]] = {}
         #: by storage (``(device, address)``): the tensors seen that view it
         self.views: dict[tuple[Any, int], list[Any]] = {}
-        #: ids of the tensors the frame holds more than once
+        #: ids of the tensors and arrays the frame holds more than once
         self.keep: set[int] = set()
         if first is not None:
             t = first[0]
             self.exts[id(t)] = first
-            self.views[t.device, t.untyped_storage().data_ptr()] = [t]
+            if not _is_array(t):
+                self.views[t.device, t.untyped_storage().data_ptr()] = [t]
 
     def second(self) -> _Sent:
         """The state of the second pass, from what this first one found."""
@@ -456,12 +465,9 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
             _tls.first = (obj, ext)
             return ext
         sent = _tls.sent = _Sent(first)
-    known = sent.exts.get(id(obj))
-    if known is not None:  # held twice: one object on arrival
-        if not sent.final:
-            sent.again = True
-            sent.keep.add(id(obj))
-        return known[1]
+    known = _again(sent, obj)
+    if known is not None:
+        return known
     key = (obj.device, obj.untyped_storage().data_ptr())
     if not sent.final:
         views = sent.views.get(key)
@@ -483,6 +489,60 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
             ext = _compact_ext(obj, out, -1)
     sent.exts[id(obj)] = (obj, ext)
     return ext
+
+
+def _again(sent: _Sent, obj: Any) -> bytes | None:
+    """The reference of ``obj`` if the frame holds it already (then it
+    arrives as one object: the frame is encoded again, ``obj`` tagged)."""
+    known = sent.exts.get(id(obj))
+    if known is None:
+        return None
+    if not sent.final:
+        sent.again = True
+        sent.keep.add(id(obj))
+    return known[1]
+
+
+def _array_ext(obj: Any, out: OutBuffers) -> bytes:
+    """How the NumPy array ``obj`` travels in the frame whose buffers are
+    ``out``: pickled (:func:`_pickle_ext`), once however often the frame
+    holds it, tagged where it holds it more than once.  (Views of one array
+    still travel apart: a pickle sends a view's own elements.)"""
+    sent = _tls.sent
+    if sent is None:
+        first = _tls.first
+        if first is None:  # the frame's first array (or tensor): noted, no more
+            ext = _pickle_ext(obj, out, -1)
+            _tls.first = (obj, ext)
+            return ext
+        sent = _tls.sent = _Sent(first)
+    known = _again(sent, obj)
+    if known is not None:
+        return known
+    if sent.final and id(obj) in sent.keep:
+        ext = _pickle_ext(obj, out, sent.tags)
+        sent.tags += 1
+    else:
+        ext = _pickle_ext(obj, out, -1)
+    sent.exts[id(obj)] = (obj, ext)
+    return ext
+
+
+def _is_array(obj: Any) -> bool:
+    """``obj`` is a NumPy array (of a subclass too)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.ndarray)
+
+
+def _pickle_ext(obj: Any, out: OutBuffers, tag: int) -> bytes:
+    """``obj`` pickled as a part of the frame whose buffers are ``out``
+    (:class:`_PickleRef`; tagged where ``tag`` >= 0)."""
+    start, data = _dump_part(obj, out)
+    payload: bytes | int = data
+    if len(data) >= OOB_THRESHOLD:
+        out.append((data, KIND_BYTES))
+        payload = len(out) - 1
+    return _small.encode((start, payload, tag) if tag >= 0 else (start, payload))
 
 
 def _compact_ext(obj: Any, out: OutBuffers, tag: int) -> bytes:
@@ -512,38 +572,63 @@ def _view_ext(torch: Any, obj: Any, out: OutBuffers, region: list[int], tag: int
                           obj.requires_grad, (obj.storage_offset() * size - lo) // size, tag))
 
 
-class _Held:
-    """A buffer of a received frame whose tensors are kept by identity
-    (tagged): it takes the buffer's place in the frame's buffers when the
-    first is rebuilt, so that every decoding of the frame (an argument's
-    value decoded lazily, then in full) finds the same tensors."""
+class _Frame:
+    """What decoding a frame's tagged values (:func:`_tensor_ext`,
+    :func:`_array_ext`) made, so that every decoding of the frame (an
+    argument's value decoded lazily, then in full; each argument alone)
+    finds the same objects, while the frame's list of buffers stays as it
+    came.  The last such frame of a thread is kept (``_tls.frame``), known by
+    that list, which it references until every object it made is gone (so
+    the list's ``id`` stays its own): one made again then meets none before
+    it."""
 
-    __slots__ = ("base", "buf", "tensors")
+    __slots__ = ("bases", "bufs", "live", "objects")
 
-    def __init__(self, buf: Any) -> None:
-        self.buf = buf
-        #: the buffer as bytes on the device its tensors live on, once made
-        self.base: Any = None
-        #: by tag
-        self.tensors: dict[int, Any] = {}
+    def __init__(self, bufs: Buffers) -> None:
+        #: the frame's buffers; None once every object made is gone
+        self.bufs: Buffers | None = bufs
+        #: by buffer index: the buffer as bytes on the device its tensors
+        #: live on, once made (the storage they view)
+        self.bases: dict[int, Any] = {}
+        #: by tag: the object made (weakly: the frame keeps none alive)
+        self.objects: dict[int, weakref.ref[Any]] = {}
+        self.live = 0
 
-    def tensor(self, ref: _TensorRef) -> Any:
-        t = self.tensors.get(ref.tag)
-        if t is None:
-            t = self.tensors[ref.tag] = self._view(ref)
-        return t
+    def made(self, tag: int) -> Any:
+        """The object of ``tag`` if one is made and alive, else None."""
+        ref = self.objects.get(tag)
+        return None if ref is None else ref()
 
-    def _view(self, ref: _TensorRef) -> Any:
-        torch = import_torch()
-        dt = _dtype(torch, ref.dtype)
-        if self.base is None:
-            base = (torch.frombuffer(self.buf, dtype=torch.uint8) if len(self.buf)
+    def keep(self, tag: int, obj: Any) -> None:
+        self.objects[tag] = weakref.ref(obj, self._gone)
+        self.live += 1
+
+    def _gone(self, _: weakref.ref[Any]) -> None:
+        """(Run where an object made is freed, in any thread.)"""
+        self.live -= 1
+        if not self.live:
+            self.bufs = None
+            self.bases.clear()
+            self.objects.clear()
+
+    def base(self, bufs: Buffers, ref: _TensorRef) -> Any:
+        """The bytes the tensors of buffer ``ref.index`` view, on their device."""
+        base = self.bases.get(ref.index)
+        if base is None:
+            torch = import_torch()
+            buf = _buffer(bufs, ref.index)
+            base = (torch.frombuffer(buf, dtype=torch.uint8) if len(buf)
                     else torch.empty(0, dtype=torch.uint8))
-            self.base = _to_device(torch, base, self.buf, ref.device)
-        base = self.base
-        t = torch.empty(0, dtype=dt, device=base.device).set_(
-            base.untyped_storage(), ref.offset, ref.shape, ref.strides)
-        return t.requires_grad_() if ref.requires_grad else t
+            base = self.bases[ref.index] = _to_device(torch, base, buf, ref.device)
+        return base
+
+
+def _frame(bufs: Buffers) -> _Frame:
+    """The :class:`_Frame` of the frame whose buffers are ``bufs``."""
+    frame = _tls.frame
+    if frame is None or frame.bufs is not bufs:
+        frame = _tls.frame = _Frame(bufs)
+    return frame
 
 
 def _tensor(bufs: Buffers, ref: _TensorRef) -> Any:
@@ -551,10 +636,17 @@ def _tensor(bufs: Buffers, ref: _TensorRef) -> Any:
     if ref.tag < 0:
         return _rebuild_tensor(_buffer(bufs, ref.index), ref.dtype, ref.shape, ref.strides,
                                ref.device, ref.requires_grad)
-    held = bufs[ref.index] if 0 <= ref.index < len(bufs) else _buffer(bufs, ref.index)
-    if type(held) is not _Held:
-        held = bufs[ref.index] = _Held(held)
-    return held.tensor(ref)
+    frame = _frame(bufs)
+    t = frame.made(ref.tag)
+    if t is None:
+        torch = import_torch()
+        base = frame.base(bufs, ref)
+        t = torch.empty(0, dtype=_dtype(torch, ref.dtype), device=base.device).set_(
+            base.untyped_storage(), ref.offset, ref.shape, ref.strides)
+        if ref.requires_grad:
+            t.requires_grad_()
+        frame.keep(ref.tag, t)
+    return t
 
 
 def _frame_tensor(ext: bytes) -> Any:
@@ -808,11 +900,9 @@ def _enc_hook(obj: Any) -> Any:
     elif not _tls.lenient and (_subclassed(obj) or _numpy_number(obj)
                                or type(obj) in _AS_ARRAYS):
         raise Refit  # (msgspec encodes the builtins themselves: this is a subclass)
-    start, data = _dump_part(obj, out)
-    if len(data) >= OOB_THRESHOLD:
-        out.append((data, KIND_BYTES))
-        return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, len(out) - 1)))
-    return msgspec.msgpack.Ext(EXT_PICKLE, _small.encode((start, data)))
+    if _is_array(obj):
+        return msgspec.msgpack.Ext(EXT_PICKLE, _array_ext(obj, out))
+    return msgspec.msgpack.Ext(EXT_PICKLE, _pickle_ext(obj, out, -1))
 
 
 class _Deferred(Exception):
@@ -867,16 +957,25 @@ class _TensorRef(msgspec.Struct, array_like=True):
 
 
 _tensor_ref = msgspec.msgpack.Decoder(_TensorRef)
-_pickle_ref = msgspec.msgpack.Decoder(tuple[int, bytes | int])
+
+
+class _PickleRef(msgspec.Struct, array_like=True):
+    """How a pickled value travels: its pickle (``data``: inline, or the
+    index of the buffer holding it), its own buffers from buffer ``start`` on;
+    ``tag`` >= 0: one the frame keeps by identity (:func:`_array_ext`)."""
+
+    start: int
+    data: bytes | int
+    tag: int = -1  # (sent only when not the default)
+
+
+_pickle_ref = msgspec.msgpack.Decoder(_PickleRef)
 
 
 def _buffer(bufs: Buffers, index: int) -> Any:
     if not 0 <= index < len(bufs):
         raise ValueError(f"buffer index {index} out of range (the frame has {len(bufs)})")
-    buf = bufs[index]
-    # (a buffer whose tensors the frame keeps by identity is held: it is
-    # still its bytes to a reference of another kind, as a peer may send)
-    return buf.buf if type(buf) is _Held else buf
+    return bufs[index]
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
@@ -900,10 +999,22 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     if code == EXT_TENSOR:
         return _tensor(bufs, _tensor_ref.decode(data))
     if code == EXT_PICKLE:
-        start, payload = _pickle_ref.decode(data)
-        return loads(payload if isinstance(payload, bytes) else _buffer(bufs, payload),
-                     bufs, start)
+        pickled = _pickle_ref.decode(data)
+        if pickled.tag < 0:
+            return _unpickled(bufs, pickled)
+        frame = _frame(bufs)
+        obj = frame.made(pickled.tag)
+        if obj is None:
+            obj = _unpickled(bufs, pickled)
+            frame.keep(pickled.tag, obj)
+        return obj
     raise ValueError(f"unknown msgpack extension code {code}")
+
+
+def _unpickled(bufs: Buffers, ref: _PickleRef) -> Any:
+    """The value pickled as ``ref`` says, unpickled."""
+    data = ref.data
+    return loads(data if isinstance(data, bytes) else _buffer(bufs, data), bufs, ref.start)
 
 
 def _lazy_ext_hook(code: int, data: memoryview) -> Any:
@@ -1481,15 +1592,20 @@ class Packer(list[tuple[Any, int]]):
                 return self.encode(_prepped(values, typed))
         return _small.encode(values)  # the common case: nothing to prepare
 
+    def clear(self) -> None:
+        """Forget what an encoding of the frame noted (its buffers, and a
+        :class:`Handing`'s ports), to encode it anew."""
+        del self[:]
+        if type(self) is Handing:
+            self.ports.clear()
+
     def encode(self, prepped: Any) -> bytes:
         _tls.out = self
         try:
             body = _encoder.encode(prepped)
             sent = _tls.sent
             if sent is not None and sent.again:  # a tensor held twice, or views of one storage
-                del self[:]
-                if type(self) is Handing:
-                    self.ports.clear()
+                self.clear()
                 _tls.sent = sent.second()
                 body = _encoder.encode(prepped)
         finally:

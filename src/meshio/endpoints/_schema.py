@@ -232,7 +232,7 @@ class Schema:
         builtin), where it could not travel as it was."""
         if self._refit is None:
             self._refit = {name: refitter(tp) for name, tp in self._types.items()}
-        del packer[:]
+        packer.clear()
         try:
             with lenient():
                 return packer.pack_map(bound, self._refit)
@@ -338,7 +338,7 @@ class Schema:
         """:meth:`pack_result` again, fitted (as :meth:`_pack_refitted`)."""
         if self._result_refit is None:
             self._result_refit = refitter(self.result_type)
-        del packer[:]
+        packer.clear()
         try:
             with lenient():
                 return packer.pack(value, self._result_refit)
