@@ -263,7 +263,7 @@ class ActorMesh(MeshShape, Generic[A]):
         ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent);
         ``backlog``: only if ``max_queued`` broadcasts already wait for room
         in this process too (a broadcast, which may not be awaited)."""
-        if desc.concurrent and desc.limit is None:
+        if desc.concurrent:
             return  # not bounded (see meshio._transport._credit)
         rt = self._route.runtime()
         addrs, ranks = self._addrs, self._region.ranks
@@ -368,8 +368,7 @@ class ActorMesh(MeshShape, Generic[A]):
             for rank, settle in zip(self._region.ranks, answers.slots
                                     if isinstance(answers, Gathering) else answers):
                 scope.wait_for(self._target, rank, self._addrs[rank], settle)
-        gate = (None if desc.concurrent and desc.limit is None  # (concurrent=True: not bounded)
-                else self._route.gate(rt))
+        gate = None if desc.concurrent else self._route.gate(rt)  # (concurrent: not bounded)
         addrs = [] if gate is None else [
             a for a in (self._addrs[r] for r in self._region.ranks) if a not in rt.dead]
         if gate is None or not gate.full(addrs):
@@ -656,15 +655,14 @@ class _Route:
         conn = rt.conns.get(addr) or rt.connect(addr)
         req = self.pending(conn, index, desc, answer) if answer is not None else 0
         # (a concurrent call starts on arrival, never queued in the mailbox;
-        # one of concurrent=N may wait for a slot: counted as queued too)
-        mailbox = not desc.concurrent
-        bounded = mailbox or desc.limit is not None
+        # one of concurrent=N waits for a slot in the actor: not bounded)
+        bounded = not desc.concurrent
         scope = call_scope()
         if scope is None:
             chain: tuple[str, ...] = ()
         else:
             chain = scope.chain
-            if scope.seq and mailbox and answer is not None:
+            if scope.seq and bounded and answer is not None:
                 scope.wait_for(self.target, self.ranks[index], addr, answer)
         if self.numbered:
             return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline,

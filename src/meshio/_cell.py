@@ -362,8 +362,6 @@ class ActorCell:
             try:
                 args, kwargs = desc.schema.unpack_args(msg.args, bufs)
             except SchemaError as e:
-                if msg.bounded:  # (a bounded one's: it leaves the queue)
-                    took(conn, self.target, self.credit_batch, msg.origin)
                 self._fail(conn, msg.req, actor_error(e, self.ctx, "schema"))
                 return
             if desc.limit is not None:
@@ -373,8 +371,6 @@ class ActorCell:
                         # Every call holding a slot waits (through its
                         # chain) for this one, which would wait for a slot
                         # forever: it fails now, as a reentrant mailbox call.
-                        if msg.bounded:
-                            took(conn, self.target, self.credit_batch, msg.origin)
                         self._fail(conn, msg.req, self._deadlock(msg, desc, None))
                         return
                     if msg.req:  # (cancellable while it waits: see cancel())
@@ -382,8 +378,6 @@ class ActorCell:
                     slots.waiting.append((conn, msg, args, kwargs, deadline))
                     return
                 slots.free -= 1
-                if msg.bounded:  # (counted by its caller as queued: it starts)
-                    took(conn, self.target, self.credit_batch, msg.origin)
                 self._start(conn, msg, desc, args, kwargs, deadline, self._holder())
                 return
             self._start(conn, msg, desc, args, kwargs, deadline, self.identity)
@@ -455,15 +449,12 @@ class ActorCell:
         """A call of bounded endpoint ``desc`` (``server`` in chains) is
         over: its slot goes to the first call waiting for one (in arrival
         order) that its caller has not given up and whose deadline has not
-        passed, else it is free.  Each call leaving the queue gives back
-        its caller's credit (:func:`~meshio._transport._credit.took`)."""
+        passed, else it is free."""
         slots = self.slots[desc.name]
         del slots.held[server]
         waiting, queued = slots.waiting, self.queued
         while waiting and self.stopping is None:  # (once stopping, stop() failed them)
             conn, msg, args, kwargs, deadline = waiting.popleft()
-            if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin)
             if msg.req:
                 key = (conn, msg.req)
                 if key not in queued:
@@ -697,9 +688,7 @@ class ActorCell:
                 conn.send_message(Fail(msg.req, self._stopped(
                     "supervision", "SupervisionError", "before handling this call")))
         given: dict[tuple[Connection, str], int] = {}
-        # (of concurrent calls, only those waiting for a slot hold credit)
-        for conn, msg in (*((c, m) for c, m, *_ in self.mailbox),
-                          *((c, m) for s in self.slots.values() for c, m, *_ in s.waiting)):
+        for conn, msg, _, _ in self.mailbox:  # (concurrent calls hold no credit)
             if msg.bounded:
                 given[conn, msg.origin] = given.get((conn, msg.origin), 0) + 1
         self.mailbox.clear()

@@ -99,9 +99,10 @@ class ProcMesh(MeshShape):
                 :class:`~meshio.Overloaded`); ``broadcast`` too.  Each
                 calling process has its own allowance, so an actor called
                 from K processes holds at most K times ``max_queued`` calls.
-                Not bounded: calls to ``concurrent=True`` endpoints (they
-                never queue); calls waiting for a slot of an
-                ``@endpoint(concurrent=N)`` are, as mailbox calls.
+                Not bounded: calls to ``concurrent`` endpoints (they never
+                queue in the mailbox; those waiting for a slot of an
+                ``@endpoint(concurrent=N)`` wait in the actor, and must not
+                hold up the caller's calls to its other endpoints).
 
         Raises:
             TypeError: ``stall_after`` is not a number (a str, a bool).

@@ -18,10 +18,10 @@ calls of one caller; and a full window always gets credit back in the end
 
 The bound is per caller, as Ray's ``max_pending_calls`` is per handle:
 each process calling an actor may have ``max_queued`` calls waiting in its
-mailbox.  Calls to ``concurrent=True`` endpoints (they start on arrival,
-never queue) are not counted; those to a ``concurrent=N`` endpoint are, as
-they may wait for a slot (``meshio._cell._Slots``): given back when they
-start (or are dropped), as a mailbox call's.
+mailbox.  Calls to ``concurrent`` endpoints (they start on arrival, never
+queue in the mailbox) are not counted: those of an ``@endpoint(concurrent=N)``
+waiting for a slot would otherwise hold up the caller's calls to the actor's
+other endpoints, the one that frees the slot perhaps among them.
 
 An actor mesh spanning several hosts is called directly (one actor) and
 through the fan-out tree (all of them), and its calls are numbered per actor

@@ -360,10 +360,10 @@ def endpoint(fn: Any = None, /, *, concurrent: bool | int = False, retryable: bo
             start as running ones end (returned, raised or cancelled).  A
             waiting call keeps its deadline (dropped with
             :class:`~meshio.CallTimeout` if it passes first) and can be
-            cancelled, and counts against the actor's ``max_queued`` as a
-            mailbox call does.  A call made (directly or through other
-            actors) by every call holding a slot would wait for itself: it
-            fails with :class:`~meshio.DeadlockError`.  ``TypeError`` for a
+            cancelled (it does not count against ``max_queued``).  A call
+            made (directly or through other actors) by every call holding a
+            slot would wait for itself: it fails with
+            :class:`~meshio.DeadlockError`.  ``TypeError`` for a
             value neither a bool nor an int, ``ValueError`` for an int < 1.
         retry: a :class:`~meshio.Retry` policy: a call that fails with one
             of its exception types (raised by the endpoint, or
