@@ -403,8 +403,8 @@ class ActorMesh(MeshShape, Generic[A]):
         number = rt.fanout.number
         target = self._target
         width = limits.fanout_width
-        # (the ports its value holds: each relay holds them for the calls it relays)
-        handing = out if type(out) is Handing and answers is not None else None
+        # (the ports its value holds: each relay holds them for those it passes them on to)
+        handing = out if type(out) is Handing else None
         for a, b in split(0, len(relays), width):
             part = [(h, indices) for h, indices in groups if a <= h < b and indices]
             if not part:

@@ -179,20 +179,42 @@ class PortReceiver(Generic[T]):
         self._relays[conn] = self._relays.get(conn, 0) + 1
         self._orphaned = None
 
-    def _released(self, conn: Connection, gone: bool) -> None:
-        """The relay of ``conn`` answers for one message fewer: those it
-        relayed it to answered (each told this receiver itself if it holds
-        the port), or (``gone``) are all gone."""
+    def _released(self, conn: Connection, holders: tuple[str, ...]) -> None:
+        """The relay of ``conn`` answers for one message fewer: of the
+        processes it passed it on to, those at ``holders`` hold the port
+        from now on (each counted as a process the port was handed to, until
+        it dies: whether it read the port or not, as it answered or was
+        passed a broadcast), the others are gone."""
         n = self._relays.get(conn, 0)
+        if not n:
+            return
+        for addr in holders:
+            self._hold(conn.rt, addr)
         if n > 1:
             self._relays[conn] = n - 1
             return
-        if not n:
-            return
         del self._relays[conn]
-        if gone and not self._holders and not self._relays:
+        if not self._holders and not self._relays:
             self._orphan(f"the last, the processes that the fan-out relay pid {conn.peer_pid} "
-                         f"at {conn.peer} passed it to, died before they answered", -1)
+                         f"at {conn.peer} passed it on to, are gone", -1)
+
+    def _hold(self, rt: Runtime, addr: str) -> None:
+        """Count the process at ``addr`` among the holders by its connection
+        (dialled if there is none: its loss ends the count, as a dial that
+        fails does); a process known dead holds nothing."""
+        if addr == rt.addr or addr in rt.dead:
+            return
+        conn = rt.connect(addr)
+        if conn.closed:
+            return
+        self._held(conn)
+        if conn.transport is None:  # being dialled
+            rt.tasks.start(self._dialled(rt, conn))
+
+    async def _dialled(self, rt: Runtime, conn: Connection) -> None:
+        await rt.sockets.dialled(conn)
+        if conn.closed:  # it never came up (else its loss is told as any)
+            self._lost(conn)
 
     def _lost(self, conn: Connection) -> None:
         relayed = self._relays.pop(conn, None)
@@ -337,10 +359,10 @@ class _Sink:
         if receiver is not None:
             receiver._relaying(conn)
 
-    def _released(self, conn: Connection, gone: bool, /) -> None:
+    def _released(self, conn: Connection, holders: tuple[str, ...], /) -> None:
         receiver = self._receiver()
         if receiver is not None:
-            receiver._released(conn, gone)
+            receiver._released(conn, holders)
 
     def _lost(self, conn: Connection, /) -> None:
         receiver = self._receiver()

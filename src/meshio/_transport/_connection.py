@@ -638,9 +638,10 @@ class Connection(asyncio.BufferedProtocol):
         ``callees``: of the ports its value holds, those opened in this
         process count the relay among their holders now, as a process called
         (:meth:`hands`) if it is one of them, and for the others it relays
-        to until it tells that each was answered or is lost
-        (``PortSend.released``).  Returns their ids (``Fanout.ports``), none
-        when it relays to no other."""
+        to until it hands over those that hold them from then on
+        (``PortSend.holders``: the processes that answered or were
+        cancelled, or all a broadcast reached).  Returns their ids
+        (``Fanout.ports``), none when it relays to no other."""
         rt = self.rt
         if self.closed or relay == rt.addr:  # (this process never counts itself)
             return ()

@@ -199,27 +199,33 @@ class _Answers:
 class _Handed:
     """The ports opened in the caller that a tree message it sent here holds
     (:attr:`Fanout.ports`): the caller counts this relay among their
-    holders for the calls it relays (not its own), until each is answered
-    (its process then told the port's receiver itself that it holds the
-    port, if it read it) or not (its process, or a relay below, gone
-    before it answered); then the relay tells the caller, and whether every
-    one is gone (:attr:`PortSend.released`)."""
+    holders for the processes it passes the message on to (not its own),
+    until each call is answered or not (its process, or a relay below,
+    gone before it answered); then the relay tells the caller which of
+    them hold the ports from now on (:attr:`PortSend.released`): those that
+    answered (or were passed a broadcast, which has no answers to wait
+    for), whether they read the ports or not.  The caller counts those
+    itself then, until they die, as the processes it hands a port to."""
 
-    __slots__ = ("answered", "left", "ports", "up")
+    __slots__ = ("held", "left", "ports", "up")
 
     def __init__(self, up: Connection, ports: tuple[int, ...]) -> None:
         self.up = up
         self.ports = ports
         self.left = 0  # calls relayed still to answer
-        self.answered = False
+        self.held: list[str] = []  # the processes passed on to that hold the ports now
 
-    def settle(self, unanswered: bool) -> None:
+    def settle(self, callee: str, unanswered: bool) -> None:
         self.left -= 1
-        self.answered = self.answered or not unanswered
+        if not unanswered:
+            self.held.append(callee)
         if not self.left:
-            for port in self.ports:
-                self.up.send_message(PortSend(port, MSGPACK_NIL, released=True,
-                                              gone=not self.answered))
+            self.release()
+
+    def release(self) -> None:
+        holders = tuple(self.held)
+        for port in self.ports:
+            self.up.send_message(PortSend(port, MSGPACK_NIL, released=True, holders=holders))
 
 
 class Relayed(Pending):
@@ -255,7 +261,7 @@ class Relayed(Pending):
     def _answer(self, fut: asyncio.Future[Any]) -> None:
         self.rt.fanout.relayed.pop((self.up, self.up_req), None)
         if self.handed is not None:
-            self.handed.settle(_unanswered(fut))
+            self.handed.settle(self.callee, _unanswered(fut))
         if fut.cancelled():  # its caller gave up
             self.answers.left -= 1
             return
@@ -330,12 +336,16 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
         why = f"malformed fan-out message for {msg.target}.{msg.method}: {why}"
         log.warning("meshio: %s, from %s", why, up.peer or "unidentified peer")
         refuse(up, msg, why)
+        if msg.ports:  # (passed on to none)
+            _Handed(up, msg.ports).release()
         return
     origin = msg.origin or up.peer or ""
     if msg.bounded:
         rt.fanout.ups[msg.target, origin] = up
     answers = _Answers(up, msg.gather)
-    handed = _Handed(up, msg.ports) if msg.ports and msg.first_req else None
+    handed = _Handed(up, msg.ports) if msg.ports else None
+    # (a broadcast's: the processes it is passed on to hold its ports from the send on)
+    broadcast = handed if handed is not None and not msg.first_req else None
     lo, relays = msg.lo, msg.relays
     own = lo + next(i for i, r in enumerate(relays) if r)  # the parent sent it here
     out = out_buffers(bufs)
@@ -365,6 +375,8 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             if conn is not None:
                 req = _relayed(rt, up, conn, up_req(k), msg.target, addr, answers, handed)
                 conn.call(call(req, seq), out)
+                if broadcast is not None:
+                    broadcast.held.append(addr)
     for a, b in split(lo, own, msg.width) + split(own + 1, lo + len(relays), msg.width):
         part = [(host, addrs) for host, addrs in msg.groups if a <= host < b]
         if not part:
@@ -384,6 +396,10 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
             msg.target, msg.method, msg.args, msg.chain, origin, first, a,
             relays[a - lo:b - lo], part, msg.width, msg.gather, msg.deadline,
             msg.trace, msg.bounded)), out)
+        if broadcast is not None:
+            broadcast.held.extend(callees)
+    if broadcast is not None:
+        broadcast.release()  # (no answers to wait for)
     if mine is not None:
         post(up, mine, bufs)
 

@@ -192,17 +192,18 @@ class PortSend(_Msg, frozen=True, tag=7):
     ``held``: no value, the sender now holds the port (it can send: once
     every process that held it is gone, ``recv`` stops waiting);
     ``released``: no value, the sender, a relay of the fan-out tree, no
-    longer answers for the processes it relayed one tree message holding
-    the port to (:attr:`Fanout.ports`): each answered (so it told the
-    receiver itself that it holds the port, if it does), or ``gone``: every
-    one of them is gone without answering."""
+    longer answers for the processes it passed one tree message holding
+    the port on to (:attr:`Fanout.ports`): those of them at ``holders``
+    hold it from now on, as if the receiver had handed it to them itself
+    (each answered a call, or was passed a broadcast); the others are gone
+    without answering."""
 
     port: int
     value: msgspec.Raw
     close: bool = False
     held: bool = False
     released: bool = False
-    gone: bool = False
+    holders: tuple[str, ...] = ()
 
 
 class Fault(_Msg, frozen=True, tag=8):
@@ -372,10 +373,11 @@ class Fanout(_Msg, frozen=True, tag=21):
     at once when ``gather`` (a ``call``), else as they come (a ``stream``).
     ``deadline``, ``trace`` and ``bounded``: as in :class:`Call` (each
     actor gives the credit of a bounded call back to ``origin``).
-    ``ports``: the ports opened in the sender that ``args`` holds, in a
-    message wanting answers sent by their owner: the receiver answers for
-    them until every call it relays (not its own) is answered or gone, then
-    tells the owner (:attr:`PortSend.released`); it passes none on."""
+    ``ports``: the ports opened in the sender that ``args`` holds, sent by
+    their owner: the receiver answers for the processes it passes the
+    message on to (not its own) until each call is answered or gone (at
+    once for a broadcast), then tells the owner which of them hold the
+    ports from now on (:attr:`PortSend.released`); it passes none on."""
 
     target: str
     method: str

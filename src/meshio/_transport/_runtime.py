@@ -281,7 +281,7 @@ class PortSink(Protocol):
 
     def _relaying(self, conn: Connection, /) -> None: ...
 
-    def _released(self, conn: Connection, gone: bool, /) -> None: ...
+    def _released(self, conn: Connection, holders: tuple[str, ...], /) -> None: ...
 
     def _lost(self, conn: Connection, /) -> None: ...
 
@@ -637,7 +637,7 @@ class Runtime:
                 elif msg.held:
                     receiver._held(conn)
                 elif msg.released:
-                    receiver._released(conn, msg.gone)
+                    receiver._released(conn, msg.holders)
                 else:
                     receiver._put(msg, bufs)
             case Credit():
