@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
-from collections.abc import Callable
 from typing import Any
 
 from test_weight_store import Learner as Publisher
@@ -34,10 +33,10 @@ async def until_waiting(store: WeightStore, n: int) -> None:
     came = asyncio.Event()
     wait = owner.wait
 
-    def counted(at_least: int, fire: Callable[[int], None], conn: Any,
-                timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
-        wait(at_least, fire, conn, timeout, loop)
+    def counted(*args: Any) -> Any:
+        key = wait(*args)
         came.set()
+        return key
 
     owner.wait = counted  # type: ignore[method-assign]
     try:

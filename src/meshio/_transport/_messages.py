@@ -445,7 +445,7 @@ class Filled(_Msg, frozen=True, tag=44):
 
 
 #: what a reader asks of a weight store's owner (:class:`StoreOp`)
-StoreOpName: TypeAlias = Literal["acquire", "release", "wait"]
+StoreOpName: TypeAlias = Literal["acquire", "release", "wait", "cancel"]
 
 
 class StoreOp(_Msg, frozen=True, tag=25):
@@ -453,8 +453,10 @@ class StoreOp(_Msg, frozen=True, tag=25):
     (:mod:`meshio.store`): "acquire" the newest version (one from
     ``version`` on, waiting up to ``timeout`` seconds for it; < 0: no bound)
     and hold it until "release" of lease ``version``; "wait" until a
-    version from ``version`` on exists and answer its number.  ``req`` 0:
-    no answer.  ``host``: the reader's host (:data:`~._bulk.HOST_ID`);
+    version from ``version`` on exists and answer its number; "cancel":
+    the reader gave request ``version`` (an "acquire" or "wait" on this
+    connection) up, which, still waiting, is answered at once as timed
+    out.  ``req`` 0: no answer.  ``host``: the reader's host (:data:`~._bulk.HOST_ID`);
     ``relay``: the reader's runtime address when it
     may relay the version to the other readers of its host ("": answer with
     a lease, never with another reader to read from)."""

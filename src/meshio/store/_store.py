@@ -158,6 +158,10 @@ class _Waiter:
         self.at_least, self.fire, self.conn, self.timer = at_least, fire, conn, timer
 
 
+#: a wait's key in :attr:`_Owner.waiters`
+_WaitKey = tuple[Connection | None, int]
+
+
 class _Owner:
     """A store's versions in the process that publishes them (or a relay's,
     in a process that relays them: ``name`` is then its key)."""
@@ -180,7 +184,10 @@ class _Owner:
         #: (None: a reader of this process)
         self.leases: dict[int, tuple[_Version, Connection | None]] = {}
         self.lease_ids = itertools.count(1)
-        self.waiters: list[_Waiter] = []
+        #: the readers waiting for a version, by their connection and request
+        #: (None and a number of :attr:`waits`: a reader of this process)
+        self.waiters: dict[_WaitKey, _Waiter] = {}
+        self.waits = itertools.count(1)
         #: by reader host: the version its relay pulls or holds, the relay's
         #: connection and runtime address
         self.relays: dict[str, tuple[int, Connection, str]] = {}
@@ -217,9 +224,9 @@ class _Owner:
             return
         self.versions[v.version] = v
         self.cell[1] = max(self.latest, v.version)
-        ready = [w for w in self.waiters if w.at_least <= v.version]
-        self.waiters = [w for w in self.waiters if w.at_least > v.version
-                        and (w.conn is None or not w.conn.closed)]
+        ready = [w for w in self.waiters.values() if w.at_least <= v.version]
+        self.waiters = {k: w for k, w in self.waiters.items() if w.at_least > v.version
+                        and (w.conn is None or not w.conn.closed)}
         for w in ready:
             if w.timer is not None:
                 w.timer.cancel()
@@ -270,28 +277,39 @@ class _Owner:
                 v.drop(self.registry())
 
     def wait(self, at_least: int, fire: Callable[[int], None], conn: Connection | None,
-             timeout: float | None, loop: asyncio.AbstractEventLoop) -> None:
+             timeout: float | None, loop: asyncio.AbstractEventLoop, req: int = 0
+             ) -> _WaitKey | None:
         """``fire(version)`` once a version from ``at_least`` on exists
         (at once if one does), ``fire(-1)`` after ``timeout`` seconds, or
-        ``fire(-3)`` once the store is closed (at once if it is)."""
+        ``fire(-3)`` once the store is closed (at once if it is).  Returns
+        the wait's key, for :meth:`drop` (None: fired at once); ``req``: the
+        request of a reader of another process (on ``conn``) it answers."""
         if self.closed:
             fire(_CLOSED)
-            return
+            return None
         if self.latest >= at_least:
             fire(self.latest)
-            return
+            return None
         if at_least <= self.failed:
             fire(_RELAY_FAILED)
-            return
-        waiter = _Waiter(at_least, fire, conn, None)
+            return None
+        key = (conn, req) if conn is not None else (None, next(self.waits))
+        waiter = self.waiters[key] = _Waiter(at_least, fire, conn, None)
         if timeout is not None:
             def expire() -> None:
-                if waiter in self.waiters:
-                    self.waiters.remove(waiter)
+                if self.waiters.pop(key, None) is not None:
                     fire(_TIMED_OUT)
 
             waiter.timer = loop.call_later(timeout, expire)
-        self.waiters.append(waiter)
+        return key
+
+    def drop(self, key: _WaitKey) -> _Waiter | None:
+        """The reader of wait ``key`` gave up: its waiter, if still waiting,
+        goes (unfired: returned)."""
+        waiter = self.waiters.pop(key, None)
+        if waiter is not None and waiter.timer is not None:
+            waiter.timer.cancel()
+        return waiter
 
     def fail(self, version: int) -> None:
         """A relay's pull of ``version`` failed: its readers read from the
@@ -317,8 +335,8 @@ class _Owner:
 
     def _wake(self, code: int) -> None:
         """Every waiter gets ``code`` (< 0)."""
-        waiters, self.waiters = self.waiters, []
-        for w in waiters:
+        waiters, self.waiters = self.waiters, {}
+        for w in waiters.values():
             if w.timer is not None:
                 w.timer.cancel()
             w.fire(code)
@@ -421,6 +439,11 @@ def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
         if owner is not None:
             owner.release(msg.version, conn, msg.host)
         return
+    if msg.op == "cancel":  # its reader gave request ``version`` up
+        waiter = owner.drop((conn, msg.version)) if owner is not None else None
+        if waiter is not None:  # (else its answer is on the way already)
+            waiter.fire(_TIMED_OUT)  # the answer it waits for, and no more
+        return
     if owner is None:
         conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
             f"no weight store {msg.store!r} in pid {os.getpid()} (closed, or never "
@@ -438,7 +461,7 @@ def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
             conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
                 owner.acquire(conn, msg.host, msg.relay)))))
 
-    owner.wait(msg.version, fire, conn, timeout, rt.loop)
+    owner.wait(msg.version, fire, conn, timeout, rt.loop, msg.req)
 
 
 register_handler(StoreOp, _serve)
@@ -796,8 +819,13 @@ class WeightStore:
                 if not fut.done():
                     fut.set_result(version)
 
-            owner.wait(at_least, fire, None, timeout, loop)
-            version = await fut
+            key = owner.wait(at_least, fire, None, timeout, loop)
+            try:
+                version = await fut
+            except asyncio.CancelledError:
+                if key is not None:  # (its reader gave up: the waiter goes now)
+                    owner.drop(key)
+                raise
             if version == _CLOSED:
                 raise self._closed(owner.closed)
             return version
@@ -816,15 +844,18 @@ class WeightStore:
         try:
             grant = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            if msg.op == "acquire":  # a lease granted after all goes back
-                def give_back(f: asyncio.Future[_Grant]) -> None:
-                    if not f.cancelled() and f.exception() is None and f.result().lease:
-                        if msg.relay:  # made the relay of this host
-                            self._unrelay(f.result())
-                        else:
-                            self._release(f.result().lease, to)
+            if not fut.done() and not conn.closed:  # its wait there ends, answered at once
+                conn.send_message(StoreOp(0, "cancel", msg.store, req))
 
-                fut.add_done_callback(give_back)
+            def give_back(f: asyncio.Future[_Grant]) -> None:
+                """A lease granted after all goes back (an error: retrieved)."""
+                if not f.cancelled() and f.exception() is None and f.result().lease:
+                    if msg.relay:  # made the relay of this host
+                        self._unrelay(f.result())
+                    else:
+                        self._release(f.result().lease, to)
+
+            fut.add_done_callback(give_back)
             raise
         if grant.version == _CLOSED:
             raise self._closed(grant.closed)
