@@ -592,6 +592,11 @@ def test_descriptor_streams(first: str, steps: list[str], n: int, start: int,
 # ---------------------------------------------------------- value decoders
 
 
+def _attributed(p: torch.nn.Parameter) -> torch.nn.Parameter:
+    p.shard = 1  # type: ignore[attr-defined]
+    return p
+
+
 def _encodings() -> list[tuple[bytes, list[Any]]]:
     out: list[tuple[bytes, list[Any]]] = []
     for args in [(1, b"d", "n", None), (2, b"e" * 50_000, "é" * 30_000, [{1, 2}, "x"]),
@@ -600,7 +605,10 @@ def _encodings() -> list[tuple[bytes, list[Any]]]:
                  # tensors kept by identity: one held twice, and views of one storage
                  (5, b"", "", [_t := torch.arange(8.0), _t, _t[2:], _t.view(2, 4).t()]),
                  # a NumPy array held twice, kept by identity
-                 (6, b"", "", [_a := np.arange(8.0), _a, {"x": _a}, np.ones(2)])]:
+                 (6, b"", "", [_a := np.arange(8.0), _a, {"x": _a}, np.ones(2)]),
+                 # Parameters (one held twice), one with an attribute (its class pickled)
+                 (7, b"", "", [_p := torch.nn.Parameter(torch.ones(4)), _p, _p.data[1:],
+                               _attributed(torch.nn.Parameter(torch.ones(2)))])]:
         packer = Packer()
         body = SCHEMA.pack_call(args, {}, packer)
         out.append((body, [bytes(memoryview(b)) if k == KIND_BYTES else bytearray(b)

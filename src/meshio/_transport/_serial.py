@@ -302,9 +302,41 @@ def _to_host(t: Any) -> Any:
 
 
 def _strided_tensor(torch: Any, obj: Any) -> bool:
-    """``obj`` is a tensor meshio sends as its bytes; a sparse or otherwise
-    laid out one is pickled as torch pickles it (its parts are strided)."""
-    return torch is not None and isinstance(obj, torch.Tensor) and obj.layout is torch.strided
+    """``obj`` is a tensor meshio sends as its bytes: a strided
+    ``torch.Tensor``, or one of a subclass that torch pickles as a tensor
+    and its attributes (a ``Parameter``; :func:`_plain_subclass`), which
+    arrives as its class.  A sparse or otherwise laid out one, or one of a
+    subclass with a pickling or dispatch of its own (a wrapper), is pickled
+    as torch pickles it (its parts are strided)."""
+    if torch is None:
+        return False
+    if type(obj) is not torch.Tensor and not (isinstance(obj, torch.Tensor)
+                                              and _plain_subclass(torch, type(obj))):
+        return False
+    return bool(obj.layout is torch.strided)
+
+
+def _plain_subclass(torch: Any, cls: type) -> bool:
+    """The ``torch.Tensor`` subclass ``cls`` keeps its elements in its own
+    storage, and is pickled as torch pickles a tensor (or a ``Parameter``)
+    and its attributes: it travels as a tensor, its class beside it
+    (:func:`_tensor_class`)."""
+    reduce = getattr(cls, "__reduce_ex__", None)
+    return ((reduce is torch.Tensor.__reduce_ex__ or reduce is torch.nn.Parameter.__reduce_ex__)
+            and getattr(cls, "__torch_dispatch__", None) is torch.Tensor.__torch_dispatch__)
+
+
+def _tensor_class(torch: Any, obj: Any, out: OutBuffers) -> int | bytes:
+    """How the class of the tensor ``obj`` travels (:attr:`_TensorRef.cls`):
+    0, a ``torch.Tensor``; 1, a ``Parameter`` without attributes; else its
+    class and attributes pickled (a :class:`_PickleRef`)."""
+    cls = type(obj)
+    if cls is torch.Tensor:
+        return 0
+    state = torch._utils._get_obj_state(obj)
+    if cls is torch.nn.Parameter and not state:
+        return 1
+    return _pickle_ext((cls, state), out, -1)
 
 
 def _say_nothing(what: str, held: bool) -> None:
@@ -335,15 +367,33 @@ def import_torch() -> Any:
 
 
 def _rebuild_tensor(buf: Any, dtype: str, shape: list[int], strides: list[int],
-                    device: str, requires_grad: bool = False) -> Any:
+                    device: str, requires_grad: bool = False, cls: Any = None,
+                    state: Any = None) -> Any:
     torch = import_torch()
     dt = _dtype(torch, dtype)
     if len(buf) == 0:
         t = torch.empty(shape, dtype=dt)
     else:
         t = torch.frombuffer(buf, dtype=dt).as_strided(shape, strides)
-    t = _to_device(torch, t, buf, device)
-    return t.requires_grad_() if requires_grad else t  # (a leaf, as pickle makes it)
+    return _as_sent(torch, _to_device(torch, t, buf, device), requires_grad, cls, state)
+
+
+def _as_sent(torch: Any, t: Any, requires_grad: bool, cls: Any, state: Any) -> Any:
+    """``t``, rebuilt, as it was sent: a leaf that requires grad where it
+    did (as pickle makes it), of its class ``cls`` (None: ``torch.Tensor``),
+    with its Python ``state`` (its attributes), as torch's unpickling sets
+    it: a ``Parameter`` arrives as a ``Parameter``."""
+    if cls is None:
+        return t.requires_grad_() if requires_grad else t
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+        raise ValueError(f"a tensor's class must be a torch.Tensor subclass, got {cls!r}")
+    made = torch.Tensor._make_subclass(cls, t, requires_grad)  # (as Parameter() makes one)
+    if state:
+        if getattr(cls, "__setstate__", torch.Tensor.__setstate__) is not torch.Tensor.__setstate__:
+            made.__setstate__(state)
+        else:
+            made = torch._utils._set_obj_state(made, state)
+    return made
 
 
 def _dtype(torch: Any, dtype: str) -> Any:
@@ -461,7 +511,7 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
     if sent is None:
         first = _tls.first
         if first is None:  # the frame's first tensor: noted, no more
-            ext = _compact_ext(obj, out, -1)
+            ext = _compact_ext(torch, obj, out, -1)
             _tls.first = (obj, ext)
             return ext
         sent = _tls.sent = _Sent(first)
@@ -476,17 +526,17 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
         else:  # another tensor views its storage
             sent.again = True
             views.append(obj)
-        ext = _compact_ext(obj, out, -1)
+        ext = _compact_ext(torch, obj, out, -1)
     else:
         region = sent.shared.get(key)
         if region is not None and _shareable(obj):
             ext = _view_ext(torch, obj, out, region, sent.tags)
             sent.tags += 1
         elif id(obj) in sent.keep:
-            ext = _compact_ext(obj, out, sent.tags)
+            ext = _compact_ext(torch, obj, out, sent.tags)
             sent.tags += 1
         else:
-            ext = _compact_ext(obj, out, -1)
+            ext = _compact_ext(torch, obj, out, -1)
     sent.exts[id(obj)] = (obj, ext)
     return ext
 
@@ -545,12 +595,14 @@ def _pickle_ext(obj: Any, out: OutBuffers, tag: int) -> bytes:
     return _small.encode((start, payload, tag) if tag >= 0 else (start, payload))
 
 
-def _compact_ext(obj: Any, out: OutBuffers, tag: int) -> bytes:
+def _compact_ext(torch: Any, obj: Any, out: OutBuffers, tag: int) -> bytes:
     """``obj`` as its own elements, contiguous (tagged where ``tag`` >= 0)."""
     t, mem, device = _tensor_memory(obj)
     index = len(out)
     out.append((mem, KIND_BUFFER))
     ref = (str(t.dtype), list(t.shape), list(t.stride()), index, device)
+    if type(obj) is not torch.Tensor:  # (a subclass: its class travels beside it)
+        return _small.encode((*ref, obj.requires_grad, 0, tag, _tensor_class(torch, obj, out)))
     if tag >= 0:
         return _small.encode((*ref, obj.requires_grad, 0, tag))
     return _small.encode((*ref, True) if obj.requires_grad else ref)
@@ -568,8 +620,11 @@ def _view_ext(torch: Any, obj: Any, out: OutBuffers, region: list[int], tag: int
         out.append((mem, KIND_BUFFER))
     size = obj.element_size()
     device = "" if obj.device.type == "cpu" else str(obj.device)
-    return _small.encode((str(obj.dtype), list(obj.shape), list(obj.stride()), index, device,
-                          obj.requires_grad, (obj.storage_offset() * size - lo) // size, tag))
+    ref = (str(obj.dtype), list(obj.shape), list(obj.stride()), index, device,
+           obj.requires_grad, (obj.storage_offset() * size - lo) // size, tag)
+    if type(obj) is not torch.Tensor:  # (a subclass: its class travels beside it)
+        return _small.encode((*ref, _tensor_class(torch, obj, out)))
+    return _small.encode(ref)
 
 
 class _Frame:
@@ -635,18 +690,33 @@ def _tensor(bufs: Buffers, ref: _TensorRef) -> Any:
     """The tensor ``ref`` describes, from the frame's buffers ``bufs``."""
     if ref.tag < 0:
         return _rebuild_tensor(_buffer(bufs, ref.index), ref.dtype, ref.shape, ref.strides,
-                               ref.device, ref.requires_grad)
+                               ref.device, ref.requires_grad, *_sent_class(bufs, ref.cls))
     frame = _frame(bufs)
     t = frame.made(ref.tag)
     if t is None:
+        cls, state = _sent_class(bufs, ref.cls)
         torch = import_torch()
         base = frame.base(bufs, ref)
         t = torch.empty(0, dtype=_dtype(torch, ref.dtype), device=base.device).set_(
             base.untyped_storage(), ref.offset, ref.shape, ref.strides)
-        if ref.requires_grad:
-            t.requires_grad_()
+        t = _as_sent(torch, t, ref.requires_grad, cls, state)
         frame.keep(ref.tag, t)
     return t
+
+
+def _sent_class(bufs: Buffers, sent: int | bytes) -> tuple[Any, Any]:
+    """``(class, attributes)`` of a tensor as :func:`_tensor_class` sent
+    them (``(None, None)``: a ``torch.Tensor``)."""
+    if not sent:
+        return None, None
+    if type(sent) is bytes:
+        pickled = _unpickled(bufs, _pickle_ref.decode(sent))
+        if type(pickled) is not tuple or len(pickled) != 2:
+            raise ValueError(f"a tensor's class must travel as (class, state), got {pickled!r}")
+        return pickled
+    if sent == 1:
+        return import_torch().nn.Parameter, None
+    raise ValueError(f"unknown tensor class code {sent!r}")
 
 
 def _frame_tensor(ext: bytes) -> Any:
@@ -768,14 +838,16 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.CodeType) and _cloudpickle_code is not None:
             return _reduce_code(obj)
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")
         tensor: Any = obj
         if _strided_tensor(torch, tensor):
             if self.out is not None:  # a part of a frame: its storage sent once for the frame
                 return _frame_tensor, (_tensor_ext(torch, tensor, self.out),)
             t, mem, device = _tensor_memory(tensor)
+            cls = type(tensor)
+            kind = () if cls is torch.Tensor else (cls, torch._utils._get_obj_state(tensor))
             return _rebuild_tensor, (pickle.PickleBuffer(mem), str(t.dtype), list(t.shape),
-                                     list(t.stride()), device, tensor.requires_grad)
+                                     list(t.stride()), device, tensor.requires_grad, *kind)
         if isinstance(obj, type) and not _by_reference(obj):
             if issubclass(obj, msgspec.Struct) and obj is not msgspec.Struct:
                 return _reduce_struct_class(obj)
@@ -944,16 +1016,18 @@ _buffer_ref = msgspec.msgpack.Decoder(_BufferRef)
 class _TensorRef(msgspec.Struct, array_like=True):
     """How a tensor travels: its bytes are buffer ``index`` of the frame
     (from element ``offset`` on); ``tag`` >= 0: one the frame keeps by
-    identity (:func:`_tensor_ext`)."""
+    identity (:func:`_tensor_ext`); ``cls``: its class, where it is a
+    subclass's (:func:`_tensor_class`)."""
 
     dtype: str
     shape: list[int]
     strides: list[int]
     index: int
     device: str
-    requires_grad: bool = False  # (the last three sent only when not the default)
+    requires_grad: bool = False  # (the last four sent only when not the default)
     offset: int = 0
     tag: int = -1
+    cls: int | bytes = 0
 
 
 _tensor_ref = msgspec.msgpack.Decoder(_TensorRef)
@@ -1019,10 +1093,16 @@ def _unpickled(bufs: Buffers, ref: _PickleRef) -> Any:
 
 def _lazy_ext_hook(code: int, data: memoryview) -> Any:
     """:func:`_ext_hook`, but a pickle is not unpickled: it is checked, noted
-    (:func:`_pickles_met`) and stood for by ``_LATER``."""
-    if code != EXT_PICKLE:
+    (:func:`_pickles_met`) and stood for by ``_LATER``; so is a tensor whose
+    class travels pickled (:func:`_tensor_class`)."""
+    if code == EXT_TENSOR:
+        ref = _tensor_ref.decode(data)
+        if type(ref.cls) is not bytes:
+            return _tensor(_in(), ref)
+    elif code != EXT_PICKLE:
         return _ext_hook(code, data)
-    _pickle_ref.decode(data)
+    else:
+        _pickle_ref.decode(data)
     _tls.later = True
     return _LATER
 
@@ -1122,9 +1202,56 @@ def _prep_untyped(v: Any) -> Any:
     if t is dict and all(type(k) is str for k in v):
         return {k: _prep_untyped(x) for k, x in v.items()}
     torch = sys.modules.get("torch")
-    if torch is not None and t is torch.Tensor:
+    if (torch is not None and t is torch.Tensor) or t is _Pickled:  # (_Pickled: _escaped's)
         return v
     return _Pickled(v)
+
+
+def _escaped(v: Any) -> Any:
+    """``v``, an untyped value whose encoding met a str that UTF-8 cannot
+    encode (one holding a lone surrogate, ``"\\ud800"``: msgpack's str is
+    UTF-8), with each such str pickled (as pickle and Ray send it), and each
+    map with such a key; the rest as it is.  (Only on that error: the
+    ordinary str pays nothing for it.)"""
+    t = type(v)
+    if t is str:
+        return v if _encodes_utf8(v) else _Pickled(v)
+    if t is list:
+        return [_escaped(x) for x in v]
+    if t is dict and all(type(k) is str for k in v):
+        if all(map(_encodes_utf8, v)):
+            return {k: _escaped(x) for k, x in v.items()}
+        return _Pickled(v)
+    return v
+
+
+def _encodes_utf8(s: str) -> bool:
+    """Whether UTF-8 encodes ``s`` (it holds no lone surrogate)."""
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_utf8(values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> ValueError:
+    """Why the typed ``values`` cannot travel: the one (by name) that holds a
+    str with a lone surrogate, which a str annotation sends as UTF-8."""
+    for k, v in values.items():
+        if typed[k] is not False:
+            try:
+                msgspec.msgpack.encode(v, enc_hook=_no_object)
+            except UnicodeEncodeError as e:
+                bad = e.object[e.start:e.end]
+                return ValueError(
+                    f"{k!r} holds a str UTF-8 cannot encode ({e.reason}: {bad!r} at {e.start});"
+                    " its annotation sends a str as UTF-8: annotate it `Any` to send it pickled")
+    return ValueError("a str UTF-8 cannot encode (a lone surrogate) where its annotation "
+                      "sends it as UTF-8; annotate it `Any` to send it pickled")
+
+
+def _no_object(obj: Any) -> None:
+    """(:func:`_not_utf8` looks for strs only: any other object is encoded as None.)"""
 
 
 # ---------------------------------------------------------------- fitting
@@ -1579,18 +1706,32 @@ class Packer(list[tuple[Any, int]]):
     ports: list[tuple[str, int]]
 
     def pack(self, value: Any, typed: bool | Fit) -> bytes:
-        if _inline(value):
-            return _small.encode(value)
-        prepped = (_prep_typed(value) if typed is True else _prep_untyped(value)
-                   if typed is False else typed(value))
-        return self.encode(prepped)
+        try:
+            if _inline(value):
+                return _small.encode(value)
+            prepped = (_prep_typed(value) if typed is True else _prep_untyped(value)
+                       if typed is False else typed(value))
+            return self.encode(prepped)
+        except UnicodeEncodeError:  # a str with a lone surrogate: untyped, it is pickled
+            if typed is not False:
+                raise
+            self.clear()
+            return self.encode(_prep_untyped(_escaped(value)))
 
     def pack_map(self, values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> bytes:
         """``values`` by name; ``typed``: how each travels."""
-        for v in values.values():  # (a loop: all(map(...)) calls _inline from C, 2x the cost)
-            if not _inline(v):
-                return self.encode(_prepped(values, typed))
-        return _small.encode(values)  # the common case: nothing to prepare
+        try:
+            for v in values.values():  # (a loop: all(map(...)) calls _inline from C, 2x the cost)
+                if not _inline(v):
+                    return self.encode(_prepped(values, typed))
+            return _small.encode(values)  # the common case: nothing to prepare
+        except UnicodeEncodeError:  # a str with a lone surrogate
+            self.clear()
+            escaped = {k: _escaped(v) if typed[k] is False else v for k, v in values.items()}
+            try:
+                return self.encode(_prepped(escaped, typed))
+            except UnicodeEncodeError:
+                raise _not_utf8(values, typed) from None
 
     def clear(self) -> None:
         """Forget what an encoding of the frame noted (its buffers, and a
