@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import signal
 import time
@@ -107,6 +108,12 @@ class Peer(Actor):
         rt = meshio._transport._runtime.runtime()
         return (sum(type(o) is Window for o in gc.get_objects()),
                 sum(len(c.taken) for c in rt.all_conns))
+
+
+class Says(Actor):
+    @endpoint
+    async def say(self, text: str) -> None:
+        logging.getLogger("meshio").warning(text)
 
 
 def windows() -> int:
@@ -402,3 +409,18 @@ async def test_a_hole_refilled_by_replace_is_reached_through_the_old_reference(
     await asyncio.wait_for(procs.replace(1), DEADLINE)
     assert (await asyncio.wait_for(a.pid.call(), DEADLINE)).values() == procs.pids
     assert await asyncio.wait_for(a.slice(procs=1).which.call_one(), DEADLINE) == 1
+
+
+async def test_a_broadcast_to_a_stopped_mesh_is_said_once(
+        procs: meshio.ProcMesh, controller_log: LogWatch) -> None:
+    # A broadcast has nobody waiting for an answer: one that finds its actor
+    # stopped is said on the worker's log (forwarded here), once per actor.
+    one = procs.slice(procs=0)
+    gone, says = await one.spawn("gone", A), await one.spawn("says", Says)
+    await gone.stop()
+    for _ in range(3):
+        await gone.which.broadcast()
+    await says.say.call_one("after the broadcasts")  # (its records come after theirs)
+    await controller_log.wait_for("after the broadcasts")
+    dropped = [m for m in controller_log.messages if "a broadcast of which was dropped" in m]
+    assert len(dropped) == 1 and "actor mesh 'gone' was stopped" in dropped[0]

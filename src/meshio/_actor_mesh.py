@@ -166,7 +166,9 @@ class ActorMesh(MeshShape, Generic[A]):
         in an actor, is noted by the controller owning the processes
         before it returns).  A stopped actor stays stopped: calls
         through any reference to it fail with :class:`SupervisionError`
-        ("actor mesh ... was stopped"), even once a new mesh has its name.
+        ("actor mesh ... was stopped"), even once a new mesh has its name;
+        a ``broadcast`` (no answer to fail) is dropped, and said once per
+        actor on the ``meshio`` logger of its process (forwarded here).
 
         An actor whose process answers no heartbeat (stopped, hung, its loop
         blocked: calls to it fail as "not responding") is not waited for,

@@ -415,6 +415,9 @@ class Runtime:
         self.actors: dict[str, Mailbox] = {}
         #: the open ports of this process by id (port receivers add themselves)
         self.ports: dict[int, PortSink] = {}
+        #: the actors a message wanting no answer (a ``broadcast``) found
+        #: gone here, said once each (:meth:`post`)
+        self.unheard: set[str] = set()
         #: addresses known dead → the error their callers get
         self.dead: DeadTable = DeadTable()
         #: by peer address: called with the connection when it is lost
@@ -730,6 +733,10 @@ class Runtime:
                 took(conn, msg.target, 1, msg.origin)
             if msg.req:
                 conn.send_message(Fail(msg.req, self._missing(msg.target)))
+            elif msg.target not in self.unheard:  # (a broadcast: nobody to tell but the logs)
+                self.unheard.add(msg.target)
+                log.warning("meshio: a broadcast of %s was dropped: %s (said once per actor "
+                            "and process)", msg.method, self._missing(msg.target).message)
             return
         cell.post(conn, msg, bufs)
 
