@@ -1726,12 +1726,19 @@ class Packer(list[tuple[Any, int]]):
                     return self.encode(_prepped(values, typed))
             return _small.encode(values)  # the common case: nothing to prepare
         except UnicodeEncodeError:  # a str with a lone surrogate
-            self.clear()
-            escaped = {k: _escaped(v) if typed[k] is False else v for k, v in values.items()}
-            try:
-                return self.encode(_prepped(escaped, typed))
-            except UnicodeEncodeError:
-                raise _not_utf8(values, typed) from None
+            return self._pack_escaped(values, typed)
+
+    def _pack_escaped(self, values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> bytes:
+        """:meth:`pack_map` again, where encoding met a str UTF-8 cannot
+        encode: the untyped values' such strs pickled (:func:`_escaped`);
+        a typed one's is refused, naming it.  (A method of its own: its
+        comprehension's closure is not made on every call.)"""
+        self.clear()
+        escaped = {k: _escaped(v) if typed[k] is False else v for k, v in values.items()}
+        try:
+            return self.encode(_prepped(escaped, typed))
+        except UnicodeEncodeError:
+            raise _not_utf8(values, typed) from None
 
     def clear(self) -> None:
         """Forget what an encoding of the frame noted (its buffers, and a
