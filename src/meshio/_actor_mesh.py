@@ -76,6 +76,10 @@ class ActorMesh(MeshShape, Generic[A]):
         self._procs = procs
         #: the bound of each actor's mailbox, per caller (``procs.options``)
         self._max_queued = max_queued
+        #: calls in flight by index, counted from the first call through this
+        #: reference on (:meth:`_Route.bind`): each actor of a mesh holds a
+        #: reference to it, most never call through it, and a counter per
+        #: actor in each made N^2 of them (~134 MB for 4,096 actors)
         self._inflight: list[int] = []
         self._reshape(region, addrs, region.ranks if base is None else base, per_host)
 
@@ -101,11 +105,10 @@ class ActorMesh(MeshShape, Generic[A]):
             for index, grank in enumerate(region.ranks):
                 hosts.setdefault(grank // per_host, []).append(index)
             self._hosts = sorted(hosts.items())
-        # calls in flight by index; the list only grows (a call in flight to
-        # an index a shrink removed still counts itself out of it)
-        self._inflight.extend([0] * (len(region.ranks) - len(self._inflight)))
         #: what a call reads (and the calls' runtime and sites, once asked)
         self._route = _Route(self)
+        if self._inflight:  # (counting already: a call waiting for room may go to a new index)
+            self._route.count()
         #: what the reference pickles as (:meth:`__reduce__`), once asked
         self._wire: tuple[Any, ...] | None = None
 
@@ -116,7 +119,7 @@ class ActorMesh(MeshShape, Generic[A]):
         if self._procs is None and owner is not None:
             # a view of a reference belongs to the runtime the reference
             # does (not to the one running where the slice was taken)
-            view._route.rt = owner
+            view._route.home = owner
         return view
 
     def __repr__(self) -> str:
@@ -558,8 +561,9 @@ class _Route:
     the ~20 reads a call made of it cost ~12% of the caller's CPU per call.
     Made anew whenever the mesh takes a shape (:meth:`ActorMesh._reshape`)."""
 
-    __slots__ = ("addrs", "dead_seen", "inflight", "max_queued", "mesh", "name", "numbered",
-                 "ranks", "rr", "rt", "serving", "sites", "state", "state_seen", "target")
+    __slots__ = ("addrs", "dead_seen", "home", "inflight", "max_queued", "mesh", "name",
+                 "numbered", "ranks", "rr", "rt", "serving", "sites", "state", "state_seen",
+                 "target")
 
     def __init__(self, mesh: ActorMesh[Any]) -> None:
         self.mesh = mesh
@@ -572,10 +576,11 @@ class _Route:
         self.numbered = mesh._numbered
         self.inflight = mesh._inflight
         self.max_queued = mesh._max_queued
-        #: the runtime calls go through, once asked (:meth:`runtime`); a
-        #: reference that arrived here (no proc mesh): the runtime where it
-        #: did, if any yet (the mesh belongs to it, see :meth:`bind`)
-        self.rt: Runtime | None = None if self.state is not None else existing_runtime()
+        #: the runtime calls go through, once the first is made (:meth:`bind`)
+        self.rt: Runtime | None = None
+        #: a reference (no proc mesh): the runtime the mesh belongs to, where
+        #: it arrived (if it ran one) or was first called from (:meth:`bind`)
+        self.home = None if self.state is not None else existing_runtime()
         #: who each call went to (:meth:`call_sites`)
         self.sites: list[_CallSite] | None = None
         #: the indices of the actors that serve calls (:meth:`live`), as of
@@ -605,6 +610,7 @@ class _Route:
         reference: that it arrived in, else that first used it): the
         runtime of another loop (its own job secret) could not even reach
         their processes, and the owner's cannot serve a loop not its own.
+        From then on the calls of this view are counted (:meth:`count`).
 
         Raises:
             WrongLoopError: the mesh belongs to another loop.
@@ -613,7 +619,20 @@ class _Route:
         owner = self.owner()
         if owner is not None and owner.loop is not loop:
             raise not_its_loop(owner, f"actor mesh {self.name!r}")
-        return runtime()
+        if self.state is None:  # (where it arrived: an in-process worker's, on a shared loop)
+            rt = self.home = self.home or runtime()
+        else:
+            rt = runtime()
+        self.count()
+        return rt
+
+    def count(self) -> None:
+        """Count the calls in flight to each index of this view in
+        :attr:`inflight` (the mesh's, shared by its shapes: it only grows, a
+        call in flight to an index a shrink removed still counts itself out
+        of it)."""
+        inflight = self.inflight
+        inflight.extend([0] * (len(self.ranks) - len(inflight)))
 
     def no_loop(self) -> Exception:
         """The error of a call made where no loop runs: an actor's own thread
@@ -638,7 +657,7 @@ class _Route:
         """The runtime the mesh belongs to: its proc mesh's, or for a
         reference the one it arrived in or was first used from (None: not
         yet known; see :meth:`bind`)."""
-        return self.state.rt if self.state is not None else self.rt
+        return self.state.rt if self.state is not None else self.home
 
     def send(self, rt: Runtime, index: int, desc: EndpointDescriptor[Any, Any, Any],
              body: bytes, out: OutBuffers, answer: Settle | None,
