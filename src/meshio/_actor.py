@@ -168,9 +168,11 @@ class Actor(metaclass=_ActorMeta):
             """Mesh operation (an actor mesh's, for type checkers): stop these
             actors (their ``__cleanup__`` runs; their processes keep running)."""
             ...
-        async def scale(self, *, replicas: int) -> None:
+        async def scale(self, *, replicas: int, drain_timeout: float | None = None) -> None:
             """Service operation (a :class:`~meshio.Service`'s, for type
-            checkers): grow or shrink the service to ``replicas`` replicas."""
+            checkers): grow or shrink the service to ``replicas`` replicas
+            (``drain_timeout``: how long a removed replica's calls are
+            waited for)."""
             ...
         def stats(self) -> list[ReplicaStats]:
             """Service operation (a :class:`~meshio.Service`'s, for type

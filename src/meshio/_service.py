@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal, NoReturn, ParamSpec, TypeVar, cast, g
 
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, endpoint_named
+from ._checks import check_seconds
 from ._exceptions import CallTimeout, SupervisionError
 from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
@@ -37,7 +38,7 @@ from ._transport._connection import Gathering
 from ._transport._credit import Waiting
 from ._transport._runtime import check_loop
 from ._transport._serial import OutBuffers
-from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site, combine_failures
 
 __all__ = ("ReplicaStats", "Service")
 
@@ -100,6 +101,7 @@ class _Replica:
         "_sorted",
         "_window",
         "completed",
+        "drained",
         "host",
         "id",
         "idle",
@@ -108,6 +110,7 @@ class _Replica:
         "origin",
         "procs",
         "record",
+        "retired",
         "unhook",
     )
 
@@ -130,6 +133,11 @@ class _Replica:
         self.completed = 0
         #: set once no call is in flight, while the replica is being retired
         self.idle: asyncio.Event | None = None
+        #: its stop began (:func:`_retire`): a cancelled shrink keeps it out
+        self.retired = False
+        #: the drain_timeout that passed with calls in flight (they failed
+        #: as it was stopped), else None
+        self.drained: float | None = None
         self._window: deque[float] = deque()
         self._sorted: list[float] = []
 
@@ -187,6 +195,23 @@ class _Replica:
         return ReplicaStats(self.id, alive, self.in_flight, self.completed,
                             self._percentile(0.5), self._percentile(0.9),
                             self._percentile(0.99))
+
+    def down(self, desc: EndpointDescriptor[Any, Any, Any]) -> SupervisionError:
+        """Why it serves no calls (it is not :meth:`up`), as a call of
+        ``desc`` to it would fail."""
+        mesh = self.mesh
+        origin = self.origin
+        if origin is not None and origin.stopped:
+            why = f"proc mesh {origin.name!r} it belongs to was stopped"
+            cause = "proc mesh stopped"
+        elif self.stopped():  # (its proc mesh may have forgotten it: the whole mesh stopped)
+            why = "its actor was stopped (stop() on its actor mesh or a slice holding it)"
+            cause = "its actor was stopped"
+        else:  # (its process is down, or a hole: its proc mesh says why)
+            return mesh._none_serves(mesh._route.runtime(), desc)
+        rank = mesh._site(0).rank
+        return SupervisionError(f"{mesh._name} rank {rank}: {why}; {desc.qualname} was not sent",
+                                actor=mesh._name, rank=rank, cause=cause)
 
 
 class Service(MeshShape):
@@ -346,7 +371,7 @@ class Service(MeshShape):
         and answered, and their latency percentiles (see :class:`ReplicaStats`)."""
         return [r.stats(r.up()) for r in self._replicas]
 
-    async def scale(self, *, replicas: int) -> None:
+    async def scale(self, *, replicas: int, drain_timeout: float | None = None) -> None:
         """Grow or shrink the service to ``replicas`` replicas.
 
         Growing starts each new replica in a proc mesh of its own (one
@@ -364,6 +389,15 @@ class Service(MeshShape):
         it (``route``, ``choose``, ``call_one``) are answered: its proc mesh
         if the service started it, else its actor (the process belongs to
         the user's proc mesh and keeps running).  ``scale`` returns then.
+        ``drain_timeout`` (seconds, 0 included; None: no limit) bounds that
+        wait: past it, the replica is stopped with its calls in flight,
+        which fail with :class:`~meshio.SupervisionError` (``route``'s
+        naming the drain timeout, ``cause="drain timeout"``, unless its
+        retry policy sends it to another replica).
+        Cancelled while it waits for those calls (``asyncio.wait_for``), it
+        puts the removed replicas whose stop had not begun back in rotation,
+        as they were before (:meth:`stop` and the next ``scale`` count
+        them); those whose stop had begun are stopped.
 
         The new replicas belong to the proc mesh of the actor mesh (see
         :class:`Service`): they stop when it stops for good.
@@ -371,8 +405,9 @@ class Service(MeshShape):
         Scale calls run one after the other.
 
         Raises:
-            TypeError: ``replicas`` is not an int.
-            ValueError: ``replicas`` < 1.
+            TypeError: ``replicas`` is not an int, or ``drain_timeout`` is
+                neither a number of seconds nor None.
+            ValueError: ``replicas`` < 1, or ``drain_timeout`` < 0 or NaN.
             RuntimeError: growing a service whose actor mesh was received
                 from another process (only the process that spawned it
                 holds its proc mesh).
@@ -392,6 +427,8 @@ class Service(MeshShape):
         if replicas < 1:
             raise ValueError(f"scale(replicas=...) must be >= 1 (service {self._name!r}), "
                              f"got {replicas}; stop() stops every replica")
+        drain = None if drain_timeout is None else check_seconds(
+            drain_timeout, "scale", "drain_timeout", zero=True, also=" or None")
         self._check_loop()
         self._check_open()
         async with self._scaling:
@@ -400,7 +437,7 @@ class Service(MeshShape):
             if replicas > n:
                 await self._grow(replicas - n)
             elif replicas < n:
-                await self._shrink(n - replicas)
+                await self._shrink(n - replicas, None if drain == math.inf else drain)
 
     async def stop(self) -> None:
         """Stop every replica now: the proc meshes the service started (those
@@ -503,7 +540,7 @@ class Service(MeshShape):
             self._starting.discard(procs)
         return _Replica(replica, mesh, host, procs, state, unhook)
 
-    async def _shrink(self, k: int) -> None:
+    async def _shrink(self, k: int, drain_timeout: float | None) -> None:
         order = sorted(self._replicas, key=lambda r: (r.procs is not None, r.id))
         leaving = order[len(order) - k:]
         self._set([r for r in self._replicas if r not in leaving])
@@ -511,7 +548,16 @@ class Service(MeshShape):
             del self._sessions[session]
         self._leaving.update(leaving)
         try:
-            await asyncio.gather(*(_retire(r) for r in leaving))
+            await asyncio.gather(*(_retire(r, drain_timeout) for r in leaving))
+        except asyncio.CancelledError:
+            # (gather's tasks are done: each was cancelled waiting for its
+            # calls, or its stop began, which a cancel does not undo)
+            back = [r for r in leaving if not r.retired]
+            for r in back:
+                r.idle = None
+            if self._stopped is None:  # (else stop() stopped them: they were leaving)
+                self._set(sorted([*self._replicas, *back], key=lambda r: r.id))
+            raise
         finally:
             self._leaving.difference_update(leaving)
 
@@ -519,7 +565,7 @@ class Service(MeshShape):
 
     async def _routed(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                       out: OutBuffers, session: Hashable | None, deadline: float | None,
-                      on_full: OnFull = "wait") -> Any:
+                      on_full: OnFull = "wait", sent: list[_Replica] | None = None) -> Any:
         """Call one replica, sent again as the endpoint's retry policy says
         (:class:`~meshio.Retry`: its attempts, ``on`` types, backoff and the
         call's deadline), each time to the replica the routing picks then
@@ -527,7 +573,8 @@ class Service(MeshShape):
         since the call failed on it (its process died, its actor stopped)
         is failed over at once; other failures wait the policy's backoff.
         ``on_full="raise"``: if the chosen replica's mailbox is full,
-        :class:`~meshio.Overloaded`."""
+        :class:`~meshio.Overloaded`.  ``sent``: each replica it was sent
+        to is appended there (for the caller's timeout message)."""
         policy = desc.retry
         attempt = 0
         while True:
@@ -538,10 +585,19 @@ class Service(MeshShape):
             # (once: the retries are this loop's, to a replica routed anew)
             fut = replica.mesh._route.request(0, desc, body, out, deadline, True)
             replica.track(fut)
+            if sent is not None:
+                sent.append(replica)
             try:
                 return await fut
             except Exception as e:
                 if policy is None or not policy.sends_again(e, attempt, deadline):
+                    if isinstance(e, SupervisionError) and replica.drained is not None:
+                        raise SupervisionError(
+                            f"service {self._name!r}: {desc.qualname} routed to replica "
+                            f"{replica.id} had no answer when scale() removed that replica and "
+                            f"its drain_timeout={replica.drained}s passed: the replica was "
+                            f"stopped with the call in flight ({e})", actor=self._name,
+                            cause="drain timeout") from e
                     raise
                 if isinstance(e, SupervisionError) and not replica.up():
                     continue  # out of rotation now: another replica, at once
@@ -643,17 +699,27 @@ class Service(MeshShape):
 
     def _least_loaded(self, desc: EndpointDescriptor[Any, Any, Any]) -> int:
         live = [r for r in self._replicas if r.up()]
-        return self._replicas.index(self._least_loaded_of(live or self._replicas))
+        if not live:
+            raise cast(SupervisionError, combine_failures(
+                desc.qualname, self, [(p, r.down(desc)) for p, r in zip(self, self._replicas)],
+                head=f"{desc.qualname}: choose found no replica of service {self._name!r} "
+                     f"that serves calls"))
+        return self._replicas.index(self._least_loaded_of(live))
 
     def _hole(self, index: int, error: BaseException) -> bool:
         return self._replicas[index].mesh._hole(0, error)
 
 
-async def _retire(r: _Replica) -> None:
-    """Stop a replica taken out of rotation once its routed calls are answered."""
+async def _retire(r: _Replica, drain_timeout: float | None) -> None:
+    """Stop a replica taken out of rotation once its routed calls are
+    answered, or ``drain_timeout`` seconds have passed (None: no limit)."""
     if r.in_flight:
         r.idle = asyncio.Event()
-        await r.idle.wait()
+        try:
+            await asyncio.wait_for(r.idle.wait(), drain_timeout)
+        except TimeoutError:
+            r.drained = drain_timeout
+    r.retired = True
     await _stop(r)
 
 
@@ -760,8 +826,10 @@ class _ServiceEndpoint(Endpoint[P, R]):
         self._takes_session = "session" in inspect.signature(desc.fn).parameters
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
-        """As on a mesh (one replica, the least loaded); a stopped service
-        raises :class:`~meshio.SupervisionError` (not the empty mesh's
+        """As on a mesh (one replica, the least loaded of those that serve
+        calls; with none, :class:`~meshio.SupervisionError` naming each
+        replica's cause, nothing sent); a stopped service raises
+        SupervisionError (not the empty mesh's
         :class:`~meshio.MeshShapeError`)."""
         self._service._check_open()
         return super().choose(*args, **kwargs)
@@ -776,8 +844,9 @@ class _ServiceEndpoint(Endpoint[P, R]):
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
                 f"for the routing key; rename the parameter to route calls to it")
         body, packer = self._encode(args, kwargs)
+        sent: list[_Replica] = []
         routed = self._service._routed(self._desc, body, packer, session, self._deadline(),
-                                       self._on_full)
+                                       self._on_full, sent)
         if self._timeout is None:
             result: R = await routed
             return result
@@ -788,7 +857,15 @@ class _ServiceEndpoint(Endpoint[P, R]):
         except TimeoutError:
             if not within.expired():
                 raise
+            if not sent:
+                raise CallTimeout(
+                    f"{self._qualname} routed on service {self._service._name!r}: no answer "
+                    f"within {self._timeout}s: no replica served calls to send it to (it "
+                    f"waited for one being restarted)", endpoint=self._qualname) from None
+            last = sent[-1]
+            rank = last.mesh._site(0).rank
             raise CallTimeout(
                 f"{self._qualname} routed on service {self._service._name!r}: no answer within "
-                f"{self._timeout}s", endpoint=self._qualname) from None
+                f"{self._timeout}s from replica {last.id} ({last.mesh._name!r} rank {rank}, "
+                f"sent {len(sent)} time(s))", endpoint=self._qualname, ranks=(rank,)) from None
         return result
