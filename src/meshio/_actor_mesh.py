@@ -305,12 +305,13 @@ class ActorMesh(MeshShape, Generic[A]):
                     actor=self._name, rank=site.rank, max_queued=self._max_queued)
 
     def _hole(self, index: int, error: BaseException) -> bool:
-        """Whether the actor at ``index`` is a hole (see ``ProcState.hole``);
-        known only where its proc mesh is owned: through a reference held
-        elsewhere, a dead actor's call fails as any other failure."""
+        """Whether the actor at ``index``, whose call failed with ``error``, was
+        a hole (see ``ProcState.hole``: it is one, or was when ``error`` was
+        made); known only where its proc mesh is owned: through a reference
+        held elsewhere, a dead actor's call fails as any other failure."""
         procs = self._procs
         return (procs is not None and isinstance(error, SupervisionError)
-                and procs._state.hole(self._region.ranks[index], self._target))
+                and procs._state.hole(self._region.ranks[index], self._target, error))
 
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
@@ -914,6 +915,10 @@ class _Request(Pending):
     @property
     def point(self) -> Any:
         return self.route.call_sites()[self.index]
+
+    @property
+    def target(self) -> str:
+        return self.route.target
 
     def begun(self) -> None:
         self.started = True

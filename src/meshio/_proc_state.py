@@ -337,6 +337,8 @@ class ProcState:
         #: while the process serves: a temporary actor a restart did not
         #: rebuild, one ended by what an endpoint raised with nothing to restart it
         self.lost_actors: dict[str, set[int]] = {}
+        #: the errors given to the calls of a hole's process (see :meth:`of_hole`)
+        self.hole_errors: weakref.WeakSet[SupervisionError] = weakref.WeakSet()
         #: changes with what :meth:`out_of_service` answers, or ``stopped``
         #: (``choose`` keeps the actors that serve calls until then)
         self.version: int = 0
@@ -386,16 +388,32 @@ class ProcState:
         serves calls."""
         return {w.rank for w in self.workers if w.state in (SlotState.HOLE, SlotState.REFILLING)}
 
-    def hole(self, grank: int, target: str) -> bool:
+    def hole(self, grank: int, target: str, error: BaseException | None = None) -> bool:
         """Whether the actor of ``target`` at ``grank`` is a hole: its process
         died and nothing restarts it by design (no supervisor; restart type
         ``temporary``, or ``transient`` and it exited normally), it is a
         temporary actor a restart did not rebuild, or, with no supervisor, an
         endpoint's ``SystemExit``/``KeyboardInterrupt`` ended it.  A process being
         restarted, or given up on by its supervisor (which then stops the
-        mesh), is not a hole; nor is anything of a stopped mesh."""
+        mesh), is not a hole; nor is anything of a stopped mesh.
+
+        ``error``: what a call to it failed with; given to a call of a hole's
+        process (:meth:`of_hole`), it was a hole's failure even if
+        ``procs.replace`` filled the hole before the call's other answers came."""
         return not self.stopped and (grank in self.holes
-                                     or grank in self.lost_actors.get(target, ()))
+                                     or grank in self.lost_actors.get(target, ())
+                                     or error in self.hole_errors)
+
+    def of_hole(self, make: Callable[[Pending], SupervisionError]
+                ) -> Callable[[Pending], SupervisionError]:
+        """``make``, the errors it makes for the calls of a hole's process
+        remembered as a hole's (:meth:`hole`): a call is judged once all its
+        answers are in, and the hole may be filled by then."""
+        def made(p: Pending) -> SupervisionError:
+            error = make(p)
+            self.hole_errors.add(error)
+            return error
+        return made
 
     def out_of_service(self, target: str) -> dict[int, str]:
         """The ranks where the actor of mesh ``target`` serves no calls, each
@@ -757,8 +775,9 @@ class ProcState:
             except TimeoutError:
                 pass
         # ``cause``: the errors' ``.cause``; ``said``: what their messages say
-        if self.stopped:
-            cause = said = "proc mesh stopped"
+        if self.stopped:  # (as the calls made once it is stopped say: _stopped_error)
+            why, cause = self._stopped_why()
+            said = f"was stopped{why}"
         elif worker.cause is not None:
             cause = said = worker.cause
         elif handle.returncode is None:
@@ -802,6 +821,8 @@ class ProcState:
             what_now += f"; it is a hole until procs.replace({worker.rank})"
 
         def error_after(p: Pending) -> SupervisionError:  # a call made after it died
+            if self.stopped:
+                return self._stopped_error(worker)(p)
             return SupervisionError(
                 f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent: "
@@ -819,8 +840,8 @@ class ProcState:
         if stale:
             conn.fail_all(error)
             return
-        self.rt.dead[worker.addr] = error_after
-        conn.fail_all(error)
+        self.rt.dead[worker.addr] = self.of_hole(error_after) if hole else error_after
+        conn.fail_all(self.of_hole(error) if hole else error)
         if not self.stopped:
             down = SupervisionError(
                 f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
@@ -833,7 +854,8 @@ class ProcState:
         if not restarting:
             failure = SupervisionError(
                 f"proc mesh {self.name!r} rank {worker.rank}: process {handle.pid} on "
-                f"{handle.host} {said}", actor=self.name, rank=worker.rank, host=handle.host,
+                f"{handle.host} {said}{'; spawn a new one' if self.stopped else ''}",
+                actor=self.name, rank=worker.rank, host=handle.host,
                 pid=handle.pid, cause=cause)
             self._no_restart(worker, failure)
             if not self.stopped:
@@ -991,7 +1013,8 @@ class ProcState:
         self.rt.dead[w.addr] = w.hung
         self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
             down, silent=clock.now() - since)
-        conn.fail_all(not_responding(down, clock.now, in_flight=True))
+        # (and cancelled there: it reads that once it runs again)
+        conn.fail_all(not_responding(down, clock.now, in_flight=True), cancel=True)
         self._tell(down)
         return False
 
@@ -1213,10 +1236,10 @@ class ProcState:
         failure = SupervisionError(
             f"proc mesh {self.name!r} rank {w.rank}: {cause}", actor=self.name, rank=w.rank,
             host=handle.host, pid=handle.pid, cause=cause)
-        self.rt.dead[w.addr] = lambda p: SupervisionError(
+        self.rt.dead[w.addr] = self.of_hole(lambda p: SupervisionError(
             f"{p.who} on proc mesh {self.name!r} rank {w.rank}: {cause}; "
             f"{p.endpoint} was not sent: it is a hole until procs.replace({w.rank})",
-            actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
+            actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause))
         self.failures[w.rank] = failure
         if w.ready.done():
             w.ready = self.rt.loop.create_future()
@@ -1496,12 +1519,16 @@ class ProcState:
         """The error of a call to an actor of this mesh once it is stopped."""
         return self._stopped_error(None)(p)
 
-    def _stopped_error(self, w: _Worker | None) -> Callable[[Pending], SupervisionError]:
+    def _stopped_why(self) -> tuple[str, str]:
+        """Why this mesh was stopped, as its errors say it (`` after its
+        supervisor gave up (...)``, or nothing), and their ``cause``."""
         sup = self.supervisor
-        why = (f" after its supervisor gave up ({sup.failure.cause})"
-               if sup is not None and sup.failure is not None else "")
-        cause = "supervisor gave up" if sup is not None and sup.failure is not None \
-            else "proc mesh stopped"
+        if sup is not None and sup.failure is not None:
+            return f" after its supervisor gave up ({sup.failure.cause})", "supervisor gave up"
+        return "", "proc mesh stopped"
+
+    def _stopped_error(self, w: _Worker | None) -> Callable[[Pending], SupervisionError]:
+        why, cause = self._stopped_why()
 
         def error(p: Pending) -> SupervisionError:
             return SupervisionError(

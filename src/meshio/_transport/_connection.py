@@ -218,6 +218,13 @@ class Pending:
         addr: str = getattr(self.point, "addr", "")
         return addr
 
+    @property
+    def target(self) -> str:
+        """The actor mesh whose actor the call runs on, as a :class:`Cancel`
+        of it names it ("": the call is not an actor's, nothing cancels it
+        there)."""
+        return ""
+
     def done(self) -> bool:
         return self._fut.done()
 
@@ -350,6 +357,10 @@ class Slot(Pending):
         self.settled = False
         self.conn: Connection | None = None  # where its request is in flight
         self.req = 0
+
+    @property
+    def target(self) -> str:
+        return self.gathering.target
 
     def sent(self, conn: Connection, req: int) -> None:
         """Its request is ``req`` on ``conn``."""
@@ -895,11 +906,19 @@ class Connection(asyncio.BufferedProtocol):
             got += n
             self.buffer_updated(n)
 
-    def fail_all(self, make_error: Callable[[Pending], BaseException]) -> None:
+    def fail_all(self, make_error: Callable[[Pending], BaseException], *,
+                 cancel: bool = False) -> None:
         """Fail every call waiting on this connection; none may be left
-        waiting, even if building its error goes wrong."""
+        waiting, even if building its error goes wrong.  ``cancel``: the
+        peer is still there but does not answer (stopped, hung): it is told
+        to drop or cancel each call to an actor (:class:`Cancel`), as a
+        caller that gave up does.  It reads that once it runs again, so a
+        call failed here does not keep its actor busy, nor hold the calls
+        queued behind it; the Cancels wait in the socket until then (one
+        small frame per call), and go with the connection if it dies."""
         pending, self.pending = self.pending, {}
-        for p in pending.values():
+        cancels: list[Cancel] = []
+        for req, p in pending.items():
             if p.done():
                 continue
             try:
@@ -916,6 +935,14 @@ class Connection(asyncio.BufferedProtocol):
                     f"{self.peer} lost while {p.endpoint} was in flight ({e!r} describing it)",
                     actor=p.mesh, rank=p.rank, pid=self.peer_pid, cause="connection lost")
             p.set_exception(error)
+            if cancel and p.target:
+                cancels.append(Cancel(req, p.target))
+        # The last call first: an actor's calls queue in the order sent, so
+        # the one it runs is cancelled once those behind it are dropped, and
+        # none of them starts (more Cancels than one read takes, the rest
+        # not read yet).
+        for msg in reversed(cancels):
+            self.send_cancel(msg)
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -851,38 +851,47 @@ async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Messag
     """
     check_seconds(timeout, what.removesuffix("()"), "timeout")
     futs: list[asyncio.Future[_T]] = []
-    sent: list[tuple[Connection, int]] = []
+    asked: list[Pending] = []
+    sent: list[tuple[str, Connection, int]] = []
     for addr, request, mesh, point in asks:
         fut: asyncio.Future[_T] = rt.loop.create_future()
         futs.append(fut)
         pending = Pending(fut, decode, what, mesh, point)
+        asked.append(pending)
         dead = rt.dead.get(addr)
         if dead is not None:
             fut.set_exception(dead(pending))
             continue
         conn = rt.connect(addr)
         req = conn.next_req(pending)
-        sent.append((conn, req))
+        sent.append((addr, conn, req))
         conn.send_message(request(req))
     try:
         if futs:
             await asyncio.wait(futs, timeout=timeout)
     finally:  # (also when cancelled) an answer still to come is not waited for
-        for conn, req in sent:
+        for _, conn, req in sent:
             conn.pending.pop(req, None)
         for fut in futs:
             if not fut.cancel() and not fut.cancelled():  # done: its error counts as seen
                 fut.exception()
+    # Each named as the other errors name a process: "proc mesh 'p' rank 1
+    # (pid 42): ..." (not an address, nor the repr of its point).
+    pids = {addr: conn.peer_pid for addr, conn, _ in sent}
     answers: list[_T | str] = []
-    for (addr, _, mesh, point), fut in zip(asks, futs):
+    for (addr, _, _, _), pending, fut in zip(asks, asked, futs):
+        error = None if fut.cancelled() else fut.exception()
+        pid = error.pid if isinstance(error, SupervisionError) else pids.get(addr, -1)
+        who = pending.who if pid < 0 else f"{pending.who} (pid {pid})"
         if fut.cancelled():
-            answers.append(f"{mesh} {point!r} at {addr} did not answer within {timeout:g} s: "
-                           "its process is stopped or hung, or an async endpoint blocks its "
-                           "event loop")
-        elif isinstance(fut.exception(), MeshioError):
-            answers.append(str(fut.exception()))
-        elif isinstance(fut.exception(), ValueError):  # a malformed answer
-            answers.append(f"{mesh} {point!r} at {addr}: bad answer: {fut.exception()}")
+            answers.append(f"{who} did not answer within {timeout:g} s: its process is "
+                           "stopped or hung, or an async endpoint blocks its event loop")
+        elif isinstance(error, SupervisionError) and error.cause:
+            answers.append(f"{who}: {error.cause}")  # (its text names it as a callee's)
+        elif isinstance(error, MeshioError):
+            answers.append(str(error))
+        elif isinstance(error, ValueError):  # a malformed answer
+            answers.append(f"{who}: bad answer: {error}")
         else:
             answers.append(fut.result())
     return answers

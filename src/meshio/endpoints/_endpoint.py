@@ -198,7 +198,9 @@ class CallTarget(Protocol):
     def _hole(self, index: int, error: BaseException) -> bool:
         """Whether the actor at ``index``, whose call failed with ``error``,
         is a hole: its process died (or it was not rebuilt) and nothing
-        will restart it.  Its call then has no value rather than failing."""
+        will restart it; or was one when ``error`` was made (a
+        ``procs.replace`` may have filled it since).  Its call then has no
+        value rather than failing."""
         ...
 
 
