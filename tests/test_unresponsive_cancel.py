@@ -94,6 +94,37 @@ async def test_calls_failed_as_not_responding_are_cancelled_once_it_runs_again(
             "wait_long cancelled", "next"]
 
 
+class Caller(Actor):
+    @endpoint
+    async def call_busy(self, busy: Busy) -> str:
+        """Call ``busy`` (in another process): the error it ends with."""
+        try:
+            await busy.wait_long.call_one()
+        except meshio.MeshioError as e:
+            return str(e)
+        return "answered"
+
+
+async def test_an_actors_call_failed_as_not_responding_is_cancelled_there_too() -> None:
+    # The call is an actor's, to an actor of another process of its proc
+    # mesh: the controller's heartbeats tell the caller's process (PeerDown).
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, **BEATS) as procs:
+        busy = await procs.slice(procs=1).spawn("busy", Busy)
+        caller = await procs.slice(procs=0).spawn("caller", Caller)
+        addr = await busy.addr.call_one()
+        failed = asyncio.ensure_future(caller.call_busy.call_one(busy))
+        await asyncio.wait_for(busy.started.call_one(), GUARD)
+        os.kill(procs.pids[1], signal.SIGSTOP)
+        try:
+            assert "not responding for" in await asyncio.wait_for(failed, GUARD)
+            answered = next_pong(addr)
+        finally:
+            os.kill(procs.pids[1], signal.SIGCONT)
+        await asyncio.wait_for(answered, GUARD)
+        await asyncio.wait_for(busy.was_cancelled.call_one(), GUARD)
+        assert await asyncio.wait_for(busy.seen.call_one(), GUARD) == ["wait_long cancelled"]
+
+
 class Refuses(Actor):
     """Its constructor fails once ``flag`` exists (on every restart)."""
 

@@ -670,8 +670,8 @@ class Runtime:
                 self.dead[msg.addr] = not_responding(msg, self.loop.time, in_flight=False)
                 in_flight = not_responding(msg, self.loop.time, in_flight=True)
                 for peer in list(self.all_conns):
-                    if peer.peer == msg.addr:
-                        peer.fail_all(in_flight)
+                    if peer.peer == msg.addr:  # (silent, not gone: its calls cancelled there)
+                        peer.fail_all(in_flight, cancel=not msg.gone)
                         if msg.gone:  # nothing else would ever close it
                             peer.abort()
             case PeerUp():
