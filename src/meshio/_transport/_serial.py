@@ -507,14 +507,11 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
     """How the strided tensor ``obj`` travels in the frame whose buffers are
     ``out``: its reference (:class:`_TensorRef`), its bytes added to ``out``
     unless the frame sent them already."""
-    sent = _tls.sent
-    if sent is None:
-        first = _tls.first
-        if first is None:  # the frame's first tensor: noted, no more
-            ext = _compact_ext(torch, obj, out, -1)
-            _tls.first = (obj, ext)
-            return ext
-        sent = _tls.sent = _Sent(first)
+    sent = _frame_sent()
+    if sent is None:  # the frame's first tensor: noted, no more
+        ext = _compact_ext(torch, obj, out, -1)
+        _tls.first = (obj, ext)
+        return ext
     known = _again(sent, obj)
     if known is not None:
         return known
@@ -541,6 +538,20 @@ def _tensor_ext(torch: Any, obj: Any, out: OutBuffers) -> bytes:
     return ext
 
 
+def _frame_sent() -> _Sent | None:
+    """The record of the tensors and arrays of the frame being encoded,
+    made when its second comes; None for its first, which its caller
+    encodes alone and notes in ``_tls.first`` (a frame of one makes no
+    more)."""
+    sent = _tls.sent
+    if sent is None:
+        first = _tls.first
+        if first is None:
+            return None
+        sent = _tls.sent = _Sent(first)
+    return sent
+
+
 def _again(sent: _Sent, obj: Any) -> bytes | None:
     """The reference of ``obj`` if the frame holds it already (then it
     arrives as one object: the frame is encoded again, ``obj`` tagged)."""
@@ -558,14 +569,11 @@ def _array_ext(obj: Any, out: OutBuffers) -> bytes:
     ``out``: pickled (:func:`_pickle_ext`), once however often the frame
     holds it, tagged where it holds it more than once.  (Views of one array
     still travel apart: a pickle sends a view's own elements.)"""
-    sent = _tls.sent
-    if sent is None:
-        first = _tls.first
-        if first is None:  # the frame's first array (or tensor): noted, no more
-            ext = _pickle_ext(obj, out, -1)
-            _tls.first = (obj, ext)
-            return ext
-        sent = _tls.sent = _Sent(first)
+    sent = _frame_sent()
+    if sent is None:  # the frame's first array (or tensor): noted, no more
+        ext = _pickle_ext(obj, out, -1)
+        _tls.first = (obj, ext)
+        return ext
     known = _again(sent, obj)
     if known is not None:
         return known
