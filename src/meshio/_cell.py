@@ -319,7 +319,7 @@ class ActorCell:
         #: by name, the endpoints with a bound (``concurrent=N``): their calls
         #: under way and waiting here
         self.slots: dict[str, _Slots] = {
-            name: _Slots(desc.limit) for name, desc in self.endpoints.items()
+            name: _Slots() for name, desc in self.endpoints.items()
             if desc.limit is not None}
         #: the calls that took a slot here so far (:meth:`_holder`)
         self.slot_seq = 0
@@ -366,7 +366,7 @@ class ActorCell:
                 return
             if desc.limit is not None:
                 slots = self.slots[desc.name]
-                if not slots.free:
+                if len(slots.held) >= desc.limit:  # (no slot free)
                     if msg.req and slots.hold_for(msg.chain):
                         # Every call holding a slot waits (through its
                         # chain) for this one, which would wait for a slot
@@ -377,7 +377,6 @@ class ActorCell:
                         self.queued.add((conn, msg.req))
                     slots.waiting.append((conn, msg, args, kwargs, deadline))
                     return
-                slots.free -= 1
                 self._start(conn, msg, desc, args, kwargs, deadline, self._holder())
                 return
             self._start(conn, msg, desc, args, kwargs, deadline, self.identity)
@@ -466,7 +465,6 @@ class ActorCell:
                 continue
             self._start(conn, msg, desc, args, kwargs, deadline, self._holder())
             return
-        slots.free += 1
 
     def waiting(self) -> Iterator[tuple[Connection, Call]]:
         """The calls waiting for their turn here (not yet started, not given
@@ -969,16 +967,15 @@ class ActorCell:
 
 class _Slots:
     """The calls of one endpoint bounded by ``@endpoint(concurrent=N)`` in
-    one actor: how many more may start now (N less those under way), and
-    those waiting for a slot in arrival order, each as it will start (its
+    one actor: the calls under way (a slot is free while they are fewer than
+    N), and those waiting for a slot in arrival order, each as it will start (its
     arguments unpacked) with its deadline (``time.monotonic()``).  A waiting
     call that asks for an answer is in :attr:`ActorCell.queued` too, which
     it leaves when its caller gives up."""
 
-    __slots__ = ("free", "held", "waiting")
+    __slots__ = ("held", "waiting")
 
-    def __init__(self, limit: int) -> None:
-        self.free = limit
+    def __init__(self) -> None:
         self.waiting: deque[tuple[Connection, Call, tuple[Any, ...], dict[str, Any],
                                   float | None]] = deque()
         #: the calls holding a slot, by what each is in the chains of the
