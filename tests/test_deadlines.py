@@ -54,6 +54,15 @@ class Probe(Actor):
         return mine, theirs
 
     @endpoint
+    async def ask_or_fall_back(self, other: Probe, timeout: float) -> str:
+        """Ask ``other`` with a timeout of our own; fall back when it runs out."""
+        try:
+            await other.forever.options(timeout=timeout).call_one()
+        except CallTimeout:
+            return "fallback"
+        return "answered"
+
+    @endpoint
     async def hold(self) -> None:
         await self.gate.wait()
 
@@ -156,6 +165,17 @@ async def test_calls_made_inside_inherit_the_remaining_budget(
         assert own is None or theirs < own
 
 
+async def test_an_endpoint_falls_back_when_its_own_timeout_runs_out(
+        procs: meshio.ProcMesh) -> None:
+    """A sub-call given a timeout shorter than what is left of the served
+    call's deadline fails alone, with a CallTimeout the endpoint can catch
+    (docs/howto/deadlines.md: the way to fall back; the inherited deadline
+    cancels the whole tree at once)."""
+    a, b = await probes(procs, "a", "b")
+    fallback = a.ask_or_fall_back.options(timeout=GUARD).call_one(b, 0.3)
+    assert await asyncio.wait_for(fallback, GUARD) == "fallback"
+
+
 async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(
         procs: meshio.ProcMesh) -> None:
     """issue 18 item 1: a call still queued behind a busy call when its
@@ -167,7 +187,8 @@ async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(
     assert before.endpoint == "Probe.hold"
     # queued, unless a loaded machine took longer than its 0.3 s to answer this
     assert (before.queued, before.expired) in ((1, 0), (0, 1))
-    with pytest.raises(CallTimeout, match=r"no answer within 0\.3s"):
+    with pytest.raises(CallTimeout, match=r"^Probe\.work on 'p': no answer within 0\.3s "
+                       r"from rank\(s\) \[\d\] of the mesh as spawned$"):  # (a point: no "at")
         await asyncio.wait_for(late, GUARD)
     (after,) = (await asyncio.wait_for(p.stacks(), GUARD)).actors  # (after the Cancel)
     assert (after.queued, after.expired) == (0, 1)

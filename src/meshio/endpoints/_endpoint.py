@@ -573,10 +573,13 @@ class Endpoint(Generic[P, R]):
         within = ("before the deadline of the call being served" if inherited else
                   f"within {self._timeout}s")
         # (the ranks as spawned, as in ``ranks``; a slice's points are its own)
-        points = ", ".join(str(dict(mesh._region.point(i))) for i in late)
+        # (a one-actor view, a slice down to a point, has none to name)
+        points = [dict(mesh._region.point(i)) for i in late]
+        at = (f", at {', '.join(map(str, points))} in the view called"
+              if any(points) else "")
         error = CallTimeout(
             f"{self._qualname} on {mesh._name!r}: no answer {within} from rank(s) {ranks} "
-            f"of the mesh as spawned, at {points} in the view called",
+            f"of the mesh as spawned{at}",
             endpoint=self._qualname, ranks=ranks)
         error.inherited = inherited
         return error
