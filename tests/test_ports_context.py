@@ -240,9 +240,11 @@ async def test_context_on_a_two_dim_mesh(meshio_host: meshio.HostMesh) -> None:
 
 
 async def test_context_in_the_controller_is_an_error() -> None:
-    with pytest.raises(meshio.NotInActorError, match="only available inside an actor"):
+    with pytest.raises(meshio.NotInActorError,
+                       match=r"^meshio\.context\(\) is only available inside an actor"):
         context()
-    with pytest.raises(meshio.NotInActorError):
+    with pytest.raises(meshio.NotInActorError,  # (named as called)
+                       match=r"^meshio\.current_rank\(\) is only available inside an actor"):
         current_rank()
 
 

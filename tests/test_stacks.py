@@ -350,5 +350,8 @@ def test_meshio_help_lists_stacks() -> None:
     sub = meshio_cli("stacks", "--help", env=dict(os.environ))
     assert sub.returncode == 0
     assert all(flag in sub.stdout for flag in ("--pid", "--json", "--timeout"))
-    bad = meshio_cli("stacks", "--timeout", "0", env=dict(os.environ))
-    assert bad.returncode == 2 and "--timeout must be seconds > 0" in bad.stderr
+    for timeout in ("0", "inf", "nan"):  # (an infinite one could wait forever)
+        bad = meshio_cli("stacks", "--timeout", timeout, env=dict(os.environ))
+        assert bad.returncode == 2, bad.stderr
+        assert bad.stderr.splitlines()[-1] == ("meshio stacks: error: argument --timeout: "
+                                               f"must be finite seconds > 0, got {timeout!r}")

@@ -194,12 +194,7 @@ def context(actor_class: type[Actor] | None = None, /) -> Context[Any]:
         NotInActorError: when called outside an actor (e.g. in the controller).
         TypeError: the running actor is not a ``actor_class``.
     """
-    try:
-        ctx = _context.get()
-    except LookupError:
-        raise NotInActorError(
-            "meshio.context() is only available inside an actor (its __init__ or "
-            "an endpoint); the controller has no mesh coordinates") from None
+    ctx = _running("context")
     if actor_class is not None and not isinstance(ctx.mesh, actor_class):
         raise TypeError(f"context({actor_class.__qualname__}): the running actor "
                         f"{ctx.actor_name!r} is of class {ctx.mesh._cls.__qualname__}, "
@@ -208,7 +203,22 @@ def context(actor_class: type[Actor] | None = None, /) -> Context[Any]:
 
 
 def current_rank() -> Point:
-    """The running actor's point: ``context().point``."""
-    return context().point
+    """The running actor's point: ``context().point``.
+
+    Raises:
+        NotInActorError: when called outside an actor (e.g. in the controller).
+    """
+    return _running("current_rank").point
+
+
+def _running(called: str) -> Context[Any]:
+    """The running actor's context; outside an actor, an error naming the
+    function ``called``."""
+    try:
+        return _context.get()
+    except LookupError:
+        raise NotInActorError(
+            f"meshio.{called}() is only available inside an actor (its __init__ or "
+            "an endpoint); the controller has no mesh coordinates") from None
 
 

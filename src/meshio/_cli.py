@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from importlib.metadata import version
 from typing import Any
@@ -46,14 +47,15 @@ def main(argv: list[str] | None = None) -> None:
         "for the current Python stacks of every actor of its proc meshes, and print them "
         "grouped when identical.")
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
-    stacks.add_argument("--timeout", type=float, default=STACKS_TIMEOUT,
+    stacks.add_argument("--timeout", type=_seconds, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
     dash = _asking(
         sub, "dashboard", "have a running controller serve its live dashboard and print its URL",
         "Ask a running meshio controller of this user (a process that started a proc mesh) to "
         "serve its live dashboard (meshio.serve_dashboard) and print the page's URL, the job's "
         "token included.  It is served until that controller ends.")
-    dash.add_argument("--port", type=int, default=0, help="the TCP port (default: any free one)")
+    dash.add_argument("--port", type=_port, default=0,
+                      help="the TCP port (default: any free one)")
     dash.add_argument("--host", default="127.0.0.1",
                       help="the address to listen on (default 127.0.0.1; any other address "
                            "requires the token of the printed URL)")
@@ -82,12 +84,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit("\n".join(f"meshio doctor: {c.name} is required but missing: {c.detail}"
                                for c in missing))
     elif args.command == "stacks":
-        if not args.timeout > 0:
-            ap.error(f"--timeout must be seconds > 0, got {args.timeout:g}")
         sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
     elif args.command == "dashboard":
-        if not 0 <= args.port <= 65535:
-            ap.error(f"--port must be in 0..65535, got {args.port}")
         sys.exit(run(_dashboard(args.pid, args.port, args.host)))
     elif args.command == "debug":
         sys.exit(run(_debug(args.pid)))
@@ -101,6 +99,29 @@ def _count(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``: finite seconds > 0, as argparse's ``type`` (so the
+    subcommand's parser says what was wrong)."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not 0 < t < math.inf:
+        raise argparse.ArgumentTypeError(f"must be finite seconds > 0, got {text!r}")
+    return t
+
+
+def _port(text: str) -> int:
+    """A ``--port``: an int in 0..65535, as argparse's ``type``."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an int in 0..65535, got {text!r}")
     return n
 
 
