@@ -400,7 +400,8 @@ class ActorMesh(MeshShape, Generic[A]):
         dead = rt.dead
         groups = self._hosts
         route = self._route
-        if dead or (route.state is not None and route.state.stopped):  # (as _Route.send asks)
+        state = route.state
+        if dead or (state is not None and (state.stopped or state.lost_actors)):  # (as send)
             groups = [(host, [i for i in indices
                               if not route.dead(rt, i, desc, settles[i] if settles else None)])
                       for host, indices in groups]
@@ -670,7 +671,7 @@ class _Route:
         until there is (:mod:`meshio._transport._credit`): returned then
         (None: it went now)."""
         state = self.state  # (asked first: a call rarely finds a process dead or stopped)
-        if (rt.dead or (state is not None and state.stopped)) \
+        if (rt.dead or (state is not None and (state.stopped or state.lost_actors))) \
                 and self.dead(rt, index, desc, answer):
             return None
         addr = self.addrs[self.ranks[index]]
@@ -758,11 +759,16 @@ class _Route:
     def down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:
         """The error of a call to ``index`` if its process is known dead (or
         restarting: a new connection may be up before its actors are rebuilt,
-        so the dead list is checked first) or its proc mesh stopped; None
-        while it serves calls."""
+        so the dead list is checked first), its proc mesh stopped, or its
+        actor a hole while its process serves (``ProcState.actor_hole``);
+        None while it serves calls."""
         dead = rt.dead.get(self.addrs[self.ranks[index]]) if rt.dead else None
-        if dead is None and self.state is not None and self.state.stopped:
-            dead = self.state.stopped_error  # stopped and forgotten by the runtime
+        state = self.state
+        if dead is None and state is not None:
+            if state.stopped:
+                dead = state.stopped_error  # stopped and forgotten by the runtime
+            elif state.lost_actors:
+                dead = state.actor_hole(self.target, self.ranks[index])
         return dead
 
     def live(self, rt: Runtime) -> tuple[int, ...]:

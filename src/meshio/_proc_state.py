@@ -335,8 +335,9 @@ class ProcState:
         self.failures: dict[int, SupervisionError] = {}
         #: per actor mesh (target) the ranks where its actor is gone for good
         #: while the process serves: a temporary actor a restart did not
-        #: rebuild, one ended by what an endpoint raised with nothing to restart it
-        self.lost_actors: dict[str, set[int]] = {}
+        #: rebuild, one ended by what an endpoint raised with nothing to restart
+        #: it; each rank with why (what a call to it fails with: :meth:`actor_hole`)
+        self.lost_actors: dict[str, dict[int, str]] = {}
         #: the errors given to the calls of a hole's process (see :meth:`of_hole`)
         self.hole_errors: weakref.WeakSet[SupervisionError] = weakref.WeakSet()
         #: changes with what :meth:`out_of_service` answers, or ``stopped``
@@ -414,6 +415,28 @@ class ProcState:
             self.hole_errors.add(error)
             return error
         return made
+
+    def actor_hole(self, target: str, grank: int) -> Callable[[Pending], SupervisionError] | None:
+        """The error of a call to the actor of ``target`` at ``grank`` while it
+        is a hole though its process serves (:attr:`lost_actors`): not sent,
+        and a hole's (:meth:`of_hole`) even once ``procs.replace`` filled it;
+        None while it serves."""
+        why = self.lost_actors.get(target, {}).get(grank)
+        if why is None:
+            return None
+        return self.of_hole(lambda p: SupervisionError(
+            f"{p.who}: {why}; it is a hole until procs.replace({grank}); {p.endpoint} was not "
+            f"sent", actor=p.mesh, rank=p.rank, cause="actor lost"))
+
+    def _actor_back(self, target: str, grank: int) -> None:
+        """The actor of ``target`` at ``grank`` is no hole (any more); a mesh
+        with none left leaves :attr:`lost_actors`, so that calls (which look
+        there while it is not empty) go the quick way again."""
+        ranks = self.lost_actors.get(target)
+        if ranks is not None:
+            ranks.pop(grank, None)
+            if not ranks:
+                del self.lost_actors[target]
 
     def out_of_service(self, target: str) -> dict[int, str]:
         """The ranks where the actor of mesh ``target`` serves no calls, each
@@ -935,7 +958,9 @@ class ProcState:
             if stopped:  # a hole, as a process that died would be
                 for a in self.actors:
                     if a.name == info.actor:
-                        self.lost_actors.setdefault(a.target, set()).add(worker.rank)
+                        self.lost_actors.setdefault(a.target, {})[worker.rank] = (
+                            f"its actor (rank {info.rank}) was stopped by the "
+                            f"{info.type_name} an endpoint raised: {info.message}")
                 self.version += 1
         elif self.stopped:
             what_now = "its proc mesh is being stopped"
@@ -1153,9 +1178,10 @@ class ProcState:
             w.move(SlotState.SERVING)
         for a in mine:
             if a.target in lost:
-                self.lost_actors.setdefault(a.target, set()).add(grank)
+                self.lost_actors.setdefault(a.target, {})[grank] = (
+                    "its actor was temporary and not rebuilt after a restart")
             else:
-                self.lost_actors.get(a.target, set()).discard(grank)
+                self._actor_back(a.target, grank)
         self.version += 1
         if w.ready.done():  # failed by a stop that this restart undoes
             w.ready = rt.loop.create_future()
@@ -1375,8 +1401,8 @@ class ProcState:
             self.published()
             for w in removed:
                 self.failures.pop(w.rank, None)
-                for ranks in self.lost_actors.values():
-                    ranks.discard(w.rank)
+                for target in list(self.lost_actors):
+                    self._actor_back(target, w.rank)
             self.version += 1
             await self._remove(removed, cause)
             if self.supervisor is not None:
