@@ -100,12 +100,11 @@ class _Replica:
     __slots__ = (
         "_sorted",
         "_window",
+        "calls",
         "completed",
-        "drained",
         "host",
         "id",
         "idle",
-        "in_flight",
         "mesh",
         "origin",
         "procs",
@@ -129,15 +128,13 @@ class _Replica:
             (a for a in owner._state.actors if a.target == mesh._target), None)
         #: undoes :func:`_stops_with` (the replica is stopped by the service)
         self.unhook = unhook
-        self.in_flight = 0
+        #: the calls routed to it not yet answered, each with its endpoint
+        self.calls: dict[asyncio.Future[Any], EndpointDescriptor[Any, Any, Any]] = {}
         self.completed = 0
         #: set once no call is in flight, while the replica is being retired
         self.idle: asyncio.Event | None = None
         #: its stop began (:func:`_retire`): a cancelled shrink keeps it out
         self.retired = False
-        #: the drain_timeout that passed with calls in flight (they failed
-        #: as it was stopped), else None
-        self.drained: float | None = None
         self._window: deque[float] = deque()
         self._sorted: list[float] = []
 
@@ -166,13 +163,25 @@ class _Replica:
             return None
         return procs._state.restarting(self.mesh._region.ranks[0])
 
-    def track(self, fut: asyncio.Future[Any]) -> None:
-        """Count the call whose answer ``fut`` is, until it is settled."""
+    def gone(self) -> bool:
+        """It never serves again: it is not :meth:`up` and nothing brings it
+        back (a hole, its actor stopped, its supervisor gave up, its proc
+        mesh stopped).  A process just died whose proc mesh has not yet
+        decided whether to restart it is not gone."""
+        return not self.up() and self.back() is None
+
+    @property
+    def in_flight(self) -> int:
+        """How many calls routed to it are not yet answered."""
+        return len(self.calls)
+
+    def track(self, fut: asyncio.Future[Any], desc: EndpointDescriptor[Any, Any, Any]) -> None:
+        """Count the call of ``desc`` whose answer ``fut`` is, until it is settled."""
         start = time.perf_counter()  # (not the loop's clock: uvloop's counts milliseconds)
-        self.in_flight += 1
+        self.calls[fut] = desc
 
         def done(f: asyncio.Future[Any]) -> None:
-            self.in_flight -= 1
+            del self.calls[f]
             if not f.cancelled() and not isinstance(f.exception(), SupervisionError):
                 self._answered(time.perf_counter() - start)
             if self.idle is not None and not self.in_flight:
@@ -195,6 +204,18 @@ class _Replica:
         return ReplicaStats(self.id, alive, self.in_flight, self.completed,
                             self._percentile(0.5), self._percentile(0.9),
                             self._percentile(0.99))
+
+    def cut_off(self, drain_timeout: float | None, service: str) -> None:
+        """Fail the calls routed to it still in flight when a shrink's
+        ``drain_timeout`` passed (see :func:`_retire`), each naming it, before
+        it is stopped (``route``, ``choose`` and ``call_one`` alike)."""
+        for fut, desc in list(self.calls.items()):
+            fut.set_exception(SupervisionError(
+                f"service {service!r}: {desc.qualname} to replica {self.id} had no answer when "
+                f"scale() removed that replica and its drain_timeout={drain_timeout}s passed: "
+                f"the replica is stopped with the call in flight; give scale() a longer "
+                f"drain_timeout (or None) to let such calls finish", actor=service,
+                cause="drain timeout"))
 
     def down(self, desc: EndpointDescriptor[Any, Any, Any]) -> SupervisionError:
         """Why it serves no calls (it is not :meth:`up`), as a call of
@@ -242,7 +263,8 @@ class Service(MeshShape):
     this process learns of it (its connection drops), and back once its
     supervisor has restarted it and rebuilt its actor; one whose actor was
     stopped (``stop()`` on the actor mesh or a slice of it, its process
-    serving on) or ended for good (a hole) is out of rotation for good.
+    serving on) or ended for good (a hole) is out of rotation for good,
+    until :meth:`scale` replaces it.
     ``route`` sends a failed call again as the endpoint's retry policy says
     (``@endpoint(retry=meshio.Retry(...))``: its attempts, exception types,
     backoff and the call's deadline, as ``call_one`` does; ``retryable``
@@ -372,7 +394,17 @@ class Service(MeshShape):
         return [r.stats(r.up()) for r in self._replicas]
 
     async def scale(self, *, replicas: int, drain_timeout: float | None = None) -> None:
-        """Grow or shrink the service to ``replicas`` replicas.
+        """Grow or shrink the service to ``replicas`` replicas that serve
+        calls, or will once their supervisor has restarted them (as Ray
+        Serve aims at running replicas, counting those recovering).
+
+        Replicas gone for good (not alive, and nothing restarts them: a
+        process dead with no supervisor, a hole, an actor stopped) do not
+        count: ``scale`` removes them and starts new replicas in their
+        place (``scale(replicas=len(svc))`` only replaces them).  A
+        replica whose process died counts while its supervisor restarts it
+        (or while its proc mesh has not yet decided whether anything will):
+        it serves again without ``scale``.
 
         Growing starts each new replica in a proc mesh of its own (one
         process, dim ``replicas``) on the hosts of the actor mesh's proc
@@ -383,17 +415,20 @@ class Service(MeshShape):
         in rotation once all of them are up; if one fails to start, those
         started are stopped and the error is raised.
 
-        Shrinking removes the replicas ``scale`` added, newest first, then
-        the mesh's own actors from the last point back.  A removed replica
-        is out of rotation at once; it is stopped once the calls routed to
-        it (``route``, ``choose``, ``call_one``) are answered: its proc mesh
-        if the service started it, else its actor (the process belongs to
-        the user's proc mesh and keeps running).  ``scale`` returns then.
+        Shrinking removes the replicas being restarted first, then the
+        replicas ``scale`` added, newest first, then the mesh's own actors
+        from the last point back.  A removed replica (also one gone for
+        good) is out of rotation at once; it is stopped once the calls
+        routed to it (``route``, ``choose``, ``call_one``) are answered:
+        its proc mesh if the service started it, else its actor (the
+        process belongs to the user's proc mesh and keeps running; a
+        restart does not rebuild the actor).  ``scale`` returns then.
         ``drain_timeout`` (seconds, 0 included; None: no limit) bounds that
         wait: past it, the replica is stopped with its calls in flight,
-        which fail with :class:`~meshio.SupervisionError` (``route``'s
-        naming the drain timeout, ``cause="drain timeout"``, unless its
-        retry policy sends it to another replica).
+        which fail with :class:`~meshio.SupervisionError` naming the
+        replica and the drain timeout, ``cause="drain timeout"`` (for
+        ``route``, ``choose`` and ``call_one`` alike; a ``route`` whose
+        retry policy retries it goes to another replica instead).
         Cancelled while it waits for those calls (``asyncio.wait_for``), it
         puts the removed replicas whose stop had not begun back in rotation,
         as they were before (:meth:`stop` and the next ``scale`` count
@@ -433,11 +468,16 @@ class Service(MeshShape):
         self._check_open()
         async with self._scaling:
             self._check_open()  # (stopped while an earlier scale ran)
-            n = len(self._replicas)
+            gone = [r for r in self._replicas if r.gone()]
+            n = len(self._replicas) - len(gone)
             if replicas > n:
                 await self._grow(replicas - n)
-            elif replicas < n:
-                await self._shrink(n - replicas, None if drain == math.inf else drain)
+            # kept first: replicas that serve, the mesh's own, the oldest
+            kept = sorted((r for r in self._replicas if r not in gone),
+                          key=lambda r: (not r.up(), r.procs is not None, r.id))
+            leaving = [*gone, *kept[replicas:]]
+            if leaving:
+                await self._shrink(leaving, None if drain == math.inf else drain)
 
     async def stop(self) -> None:
         """Stop every replica now: the proc meshes the service started (those
@@ -540,15 +580,13 @@ class Service(MeshShape):
             self._starting.discard(procs)
         return _Replica(replica, mesh, host, procs, state, unhook)
 
-    async def _shrink(self, k: int, drain_timeout: float | None) -> None:
-        order = sorted(self._replicas, key=lambda r: (r.procs is not None, r.id))
-        leaving = order[len(order) - k:]
+    async def _shrink(self, leaving: list[_Replica], drain_timeout: float | None) -> None:
         self._set([r for r in self._replicas if r not in leaving])
         for session in [s for s, r in self._sessions.items() if r in leaving]:
             del self._sessions[session]
         self._leaving.update(leaving)
         try:
-            await asyncio.gather(*(_retire(r, drain_timeout) for r in leaving))
+            await asyncio.gather(*(_retire(r, drain_timeout, self._name) for r in leaving))
         except asyncio.CancelledError:
             # (gather's tasks are done: each was cancelled waiting for its
             # calls, or its stop began, which a cancel does not undo)
@@ -584,20 +622,13 @@ class Service(MeshShape):
                 replica.mesh._check_room(desc)
             # (once: the retries are this loop's, to a replica routed anew)
             fut = replica.mesh._route.request(0, desc, body, out, deadline, True)
-            replica.track(fut)
+            replica.track(fut, desc)
             if sent is not None:
                 sent.append(replica)
             try:
                 return await fut
             except Exception as e:
                 if policy is None or not policy.sends_again(e, attempt, deadline):
-                    if isinstance(e, SupervisionError) and replica.drained is not None:
-                        raise SupervisionError(
-                            f"service {self._name!r}: {desc.qualname} routed to replica "
-                            f"{replica.id} had no answer when scale() removed that replica and "
-                            f"its drain_timeout={replica.drained}s passed: the replica was "
-                            f"stopped with the call in flight ({e})", actor=self._name,
-                            cause="drain timeout") from e
                     raise
                 if isinstance(e, SupervisionError) and not replica.up():
                     continue  # out of rotation now: another replica, at once
@@ -710,15 +741,16 @@ class Service(MeshShape):
         return self._replicas[index].mesh._hole(0, error)
 
 
-async def _retire(r: _Replica, drain_timeout: float | None) -> None:
+async def _retire(r: _Replica, drain_timeout: float | None, service: str) -> None:
     """Stop a replica taken out of rotation once its routed calls are
-    answered, or ``drain_timeout`` seconds have passed (None: no limit)."""
+    answered, or ``drain_timeout`` seconds have passed (None: no limit; past
+    it, those calls fail: :meth:`_Replica.cut_off`)."""
     if r.in_flight:
         r.idle = asyncio.Event()
         try:
             await asyncio.wait_for(r.idle.wait(), drain_timeout)
         except TimeoutError:
-            r.drained = drain_timeout
+            r.cut_off(drain_timeout, service)
     r.retired = True
     await _stop(r)
 
@@ -785,7 +817,9 @@ class _Joined(Gathering):
 
 class _Replicas:
     """A service's calls to one replica at a time (its ``_route``, as a
-    mesh's): index ``i`` is its ``i``-th replica, whose calls it counts."""
+    mesh's: ``choose``, ``call_one``): index ``i`` is its ``i``-th replica,
+    whose calls it counts; a call a shrink cut off says so (see
+    :meth:`_Replica.cut_off`), as a routed one does."""
 
     __slots__ = ("_service",)
 
@@ -801,7 +835,7 @@ class _Replicas:
                 once: bool = False) -> asyncio.Future[Any]:
         replica = self._service._replicas[index]
         fut = replica.mesh._route.request(0, desc, body, out, deadline, once)
-        replica.track(fut)
+        replica.track(fut, desc)
         return fut
 
 
