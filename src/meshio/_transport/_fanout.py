@@ -254,6 +254,12 @@ class Relayed(Pending):
         addr: str = self.point
         return addr
 
+    @property
+    def target(self) -> str:
+        # (so that a process found not responding is told to cancel it:
+        # Connection.fail_all(cancel=True))
+        return self.mesh
+
     def fail(self, info: ErrorInfo) -> None:
         if not self.done():
             self.set_result(info)
