@@ -884,6 +884,9 @@ class HostMesh(MeshShape):
                 ``partition_timeout``, ``keep_alive``) given as a ``str`` or
                 a ``bool``, an ``env`` value that is not a ``str``, or
                 ``bootstrap`` is not callable or cannot be pickled.
+            RuntimeError: called in an actor of the in-process transport
+                (:func:`meshio.testing.in_process_host`) on this host,
+                where no process can be started.
             ValueError: an argument has a wrong value, e.g. seconds out of
                 range (0 or less, ``shutdown`` below 0, NaN, an int no float
                 holds, ``math.inf`` for ``partition_timeout`` or
@@ -970,8 +973,17 @@ class HostMesh(MeshShape):
                              f"that the job's resize removed; it has {len(self._launchers)} "
                              f"hosts now (slice it again)")
         # (after the other checks: a runtime is made for it, as for the processes)
-        name = check_name(name, "spawn_procs", runtime().namespace, kept=keep_alive is not None)
+        rt = runtime()
+        name = check_name(name, "spawn_procs", rt.namespace, kept=keep_alive is not None)
         launchers = [self._launchers[r] for r in self._region.ranks]
+        if rt.in_process and any(isinstance(launcher, LocalLauncher) for launcher in launchers):
+            # (its runtime listens on no socket: a new process could not reach it)
+            raise RuntimeError(
+                f"spawn_procs: worker {rt.worker!r} is a worker of the in-process transport "
+                f"(meshio.testing.in_process_host()), which starts no processes; an actor "
+                f"there cannot start worker processes with this_host().spawn_procs(). Run "
+                f"this test on the 'processes' transport "
+                f"(pytest.mark.meshio_transports(\"processes\"))")
         n = math.prod(per_host.values())
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])

@@ -1,0 +1,45 @@
+"""The in-process transport's limits, said before anything starts: an actor
+there cannot start worker processes (its runtime listens on no socket they
+could reach), so ``this_host().spawn_procs()`` in it is refused at once;
+an in-process host still spawns from it."""
+
+from __future__ import annotations
+
+import pytest
+
+import meshio
+from meshio import Actor, endpoint
+from meshio.testing import child_pids, in_process_host
+
+GUARD = 30.0
+
+
+class Parent(Actor):
+    @endpoint
+    async def spawn_processes(self) -> None:
+        async with meshio.this_host().spawn_procs(per_host={"procs": 1}):
+            pass
+
+    @endpoint
+    async def spawn_in_process(self) -> list[int]:
+        async with in_process_host().spawn_procs(per_host={"procs": 2}) as procs:
+            children = await procs.spawn("children", Child)
+            return (await children.rank.call()).values()
+
+
+class Child(Actor):
+    @endpoint
+    async def rank(self) -> int:
+        return meshio.current_rank().rank
+
+
+@pytest.mark.timeout(GUARD)
+async def test_an_in_process_actor_cannot_start_processes() -> None:
+    before = child_pids()
+    async with in_process_host().spawn_procs(per_host={"procs": 1}) as procs:
+        parent = await procs.spawn("parent", Parent)
+        with pytest.raises(RuntimeError, match=r"in-process transport.*'processes' transport"):
+            await parent.spawn_processes.call_one()
+        assert child_pids() == before  # nothing was launched
+        # the actor goes on serving, and an in-process host spawns from it
+        assert await parent.spawn_in_process.call_one() == [0, 1]
