@@ -1215,6 +1215,12 @@ def _prep_untyped(v: Any) -> Any:
     return _Pickled(v)
 
 
+def _prep_escaped(v: Any) -> Any:
+    """:func:`_prep_untyped`, where encoding met a str UTF-8 cannot encode
+    (:func:`_escaped`)."""
+    return _prep_untyped(_escaped(v))
+
+
 def _escaped(v: Any) -> Any:
     """``v``, an untyped value whose encoding met a str that UTF-8 cannot
     encode (one holding a lone surrogate, ``"\\ud800"``: msgpack's str is
@@ -1240,26 +1246,6 @@ def _encodes_utf8(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _not_utf8(values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> ValueError:
-    """Why the typed ``values`` cannot travel: the one (by name) that holds a
-    str with a lone surrogate, which a str annotation sends as UTF-8."""
-    for k, v in values.items():
-        if typed[k] is not False:
-            try:
-                msgspec.msgpack.encode(v, enc_hook=_no_object)
-            except UnicodeEncodeError as e:
-                bad = e.object[e.start:e.end]
-                return ValueError(
-                    f"{k!r} holds a str UTF-8 cannot encode ({e.reason}: {bad!r} at {e.start});"
-                    " its annotation sends a str as UTF-8: annotate it `Any` to send it pickled")
-    return ValueError("a str UTF-8 cannot encode (a lone surrogate) where its annotation "
-                      "sends it as UTF-8; annotate it `Any` to send it pickled")
-
-
-def _no_object(obj: Any) -> None:
-    """(:func:`_not_utf8` looks for strs only: any other object is encoded as None.)"""
 
 
 # ---------------------------------------------------------------- fitting
@@ -1390,10 +1376,13 @@ class _Fitting:
     """Builds the function that fits values to a msgspec type (its
     ``msgspec.inspect`` description).  ``full``: every part (:func:`refitter`);
     else only the untyped parts (:func:`travel`), the others as
-    :func:`_prep_typed` prepares them."""
+    :func:`_prep_typed` prepares them.  ``escape``: the untyped parts' strs
+    UTF-8 cannot encode are pickled (:func:`_escaped`)."""
 
-    def __init__(self, full: bool) -> None:
+    def __init__(self, full: bool, escape: bool = False) -> None:
         self.full = full
+        #: how an untyped part travels
+        self.untyped: Fit = _prep_escaped if escape else _prep_untyped
         self._fits: dict[int, Fit] = {}
         self._open: dict[int, bool] = {}
 
@@ -1437,9 +1426,9 @@ class _Fitting:
 
     def _make(self, info: Any) -> Fit:
         if isinstance(info, _MI.AnyType):
-            return _prep_untyped
+            return self.untyped
         if isinstance(info, _MI.CustomType):
-            return _prep_untyped if _open_class(info.cls) else _fit_custom
+            return self.untyped if _open_class(info.cls) else _fit_custom
         if isinstance(info, _MI.Metadata):
             return self.part(info.type)
         if isinstance(info, _ARRAY_TYPES):
@@ -1603,7 +1592,7 @@ def travel(tp: Any) -> bool | Fit:
     return True if fit is None else fit
 
 
-def refitter(tp: Any) -> Fit:
+def refitter(tp: Any, escape: bool = False) -> Fit:
     """The function that prepares a value of the type ``tp`` to travel
     when the encoder refused it (:class:`Refit`, :class:`Unfit`,
     ``OverflowError``): as :func:`travel` prepares it, and in every typed
@@ -1611,9 +1600,13 @@ def refitter(tp: Any) -> Fit:
     ``str``), except where the annotation names a class of its own (it then
     travels pickled, as it is); an int msgpack cannot carry raises
     :class:`Unfit`; a value holding a subclass's instance where a dataclass,
-    attrs class or Struct is named travels pickled whole (:class:`Subclassed`)."""
+    attrs class or Struct is named travels pickled whole (:class:`Subclassed`).
+    ``escape`` (the encoder met a str UTF-8 cannot encode,
+    ``UnicodeEncodeError``): such strs in the untyped parts (``Any``) are
+    pickled too, as untyped values' are; in a typed part, one still raises
+    ``UnicodeEncodeError`` (its annotation sends a str as UTF-8)."""
     try:
-        fit = _Fitting(full=True).part(msgspec.inspect.type_info(tp))
+        fit = _Fitting(full=True, escape=escape).part(msgspec.inspect.type_info(tp))
     except Exception:  # (as in travel)
         return _fit_leaf
 
@@ -1702,7 +1695,11 @@ class Packer(list[tuple[Any, int]]):
     ``pack`` and ``pack_map`` raise :class:`~meshio.SchemaError` when the
     message would exceed the size limit (:func:`set_limits`); for a typed
     value, :class:`Refit`, :class:`Unfit` or ``OverflowError`` when it
-    cannot travel as it is prepared (:func:`refitter` prepares it anew).
+    cannot travel as it is prepared (:func:`refitter` prepares it anew),
+    and ``UnicodeEncodeError`` when it holds a str UTF-8 cannot encode (a
+    lone surrogate: ``refitter(tp, escape=True)`` prepares it anew, each
+    value then encoded with :meth:`encode`); ``pack`` pickles such a str
+    in an untyped value itself.
 
     How a value travels (``typed``): False, untyped; True, typed
     (natively); or a function that prepares it (:func:`travel`,
@@ -1724,29 +1721,14 @@ class Packer(list[tuple[Any, int]]):
             if typed is not False:
                 raise
             self.clear()
-            return self.encode(_prep_untyped(_escaped(value)))
+            return self.encode(_prep_escaped(value))
 
     def pack_map(self, values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> bytes:
         """``values`` by name; ``typed``: how each travels."""
-        try:
-            for v in values.values():  # (a loop: all(map(...)) calls _inline from C, 2x the cost)
-                if not _inline(v):
-                    return self.encode(_prepped(values, typed))
-            return _small.encode(values)  # the common case: nothing to prepare
-        except UnicodeEncodeError:  # a str with a lone surrogate
-            return self._pack_escaped(values, typed)
-
-    def _pack_escaped(self, values: dict[str, Any], typed: Mapping[str, bool | Fit]) -> bytes:
-        """:meth:`pack_map` again, where encoding met a str UTF-8 cannot
-        encode: the untyped values' such strs pickled (:func:`_escaped`);
-        a typed one's is refused, naming it.  (A method of its own: its
-        comprehension's closure is not made on every call.)"""
-        self.clear()
-        escaped = {k: _escaped(v) if typed[k] is False else v for k, v in values.items()}
-        try:
-            return self.encode(_prepped(escaped, typed))
-        except UnicodeEncodeError:
-            raise _not_utf8(values, typed) from None
+        for v in values.values():  # (a loop: all(map(...)) calls _inline from C, 2x the cost)
+            if not _inline(v):
+                return self.encode(_prepped(values, typed))
+        return _small.encode(values)  # the common case: nothing to prepare
 
     def clear(self) -> None:
         """Forget what an encoding of the frame noted (its buffers, and a

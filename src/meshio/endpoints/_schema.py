@@ -174,9 +174,10 @@ class Schema:
             f"{self.qualname}.args", fields, kw_only=True, forbid_unknown_fields=True)
         self._args = (_Checked(struct, list(self._checks.items())) if self._checks
                       else TypedDecoder(struct))
-        #: by argument: how it travels where it cannot as :attr:`_how` says (made
-        #: when first needed: :meth:`_pack_refitted`)
-        self._refit: dict[str, bool | Fit] | None = None
+        #: by whether a str UTF-8 cannot encode was met (``escape``), by
+        #: argument: how it travels where it cannot as :attr:`_how` says
+        #: (made when first needed: :meth:`_pack_refitted`)
+        self._refit: dict[bool, dict[str, Fit]] = {}
         rtp = hints.get("return", Any)
         if _is_awaitable(rtp):
             rtp = typing.get_args(rtp)[-1] if typing.get_args(rtp) else Any
@@ -184,7 +185,8 @@ class Schema:
         self.result_typed: bool
         self.result_type, self.result_typed = decoder_for(rtp)
         self._result_how = travel(self.result_type) if self.result_typed else False
-        self._result_refit: Fit | None = None
+        #: by ``escape``: as :attr:`_refit`, for the result
+        self._result_refit: dict[bool, Fit] = {}
         #: the result may arrive pickled whole (:class:`Subclassed`)
         self._result_whole = self.result_typed and holds_objects(self.result_type)
         check = check_for(rtp) if self._result_whole or not self.result_typed else None
@@ -221,21 +223,34 @@ class Schema:
             return packer.pack_map(bound, self._how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (a typed value msgpack cannot
             return self._pack_refitted(bound, packer)          # carry as it is)
+        except UnicodeEncodeError:  # a str with a lone surrogate
+            return self._pack_refitted(bound, packer, escape=True)
         except SchemaError as e:  # over the message size limit
             raise self._unsendable(e, bound) from None
         except Exception as e:  # the values' own pickling code may raise anything
             raise self._unsendable(e, bound) from e
 
-    def _pack_refitted(self, bound: dict[str, Any], packer: Packer) -> bytes:
+    def _pack_refitted(self, bound: dict[str, Any], packer: Packer, escape: bool = False) -> bytes:
         """:meth:`pack_call` again, each typed value fitted to its
         annotation (:func:`refitter`: a builtin's subclass becomes the
-        builtin), where it could not travel as it was."""
-        if self._refit is None:
-            self._refit = {name: refitter(tp) for name, tp in self._types.items()}
+        builtin), where it could not travel as it was; ``escape``: where it
+        held a str UTF-8 cannot encode (a lone surrogate), which travels
+        pickled in an untyped part (``Any``) and is refused in a typed one."""
+        fits = self._refit.get(escape)
+        if fits is None:
+            fits = self._refit[escape] = {
+                name: refitter(tp, escape) for name, tp in self._types.items()}
         packer.clear()
         try:
             with lenient():
-                return packer.pack_map(bound, self._refit)
+                if escape:  # (each value fitted: pack_map would send a short str as it is)
+                    return packer.encode(_fitted(bound, fits))
+                return packer.pack_map(bound, fits)
+        except UnicodeEncodeError as e:
+            if not escape:
+                return self._pack_refitted(bound, packer, escape=True)
+            raise SchemaError(f"{self.qualname}: arguments cannot be sent: "
+                              f"{_not_utf8(e, bound, '$.')}") from None
         except Unfit as e:
             raise SchemaError(
                 f"{self.qualname}: arguments cannot be sent: {e}{_where(bound, e.value, '$.')}"
@@ -333,15 +348,22 @@ class Schema:
             return packer.pack(value, self._result_how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (as in pack_call)
             return self._pack_result_refitted(value, packer)
+        except UnicodeEncodeError:  # (as in pack_call)
+            return self._pack_result_refitted(value, packer, escape=True)
 
-    def _pack_result_refitted(self, value: Any, packer: Packer) -> bytes:
+    def _pack_result_refitted(self, value: Any, packer: Packer, escape: bool = False) -> bytes:
         """:meth:`pack_result` again, fitted (as :meth:`_pack_refitted`)."""
-        if self._result_refit is None:
-            self._result_refit = refitter(self.result_type)
+        fit = self._result_refit.get(escape)
+        if fit is None:
+            fit = self._result_refit[escape] = refitter(self.result_type, escape)
         packer.clear()
         try:
             with lenient():
-                return packer.pack(value, self._result_refit)
+                return packer.encode(fit(value)) if escape else packer.pack(value, fit)
+        except UnicodeEncodeError as e:
+            if not escape:
+                return self._pack_result_refitted(value, packer, escape=True)
+            raise SchemaError(_not_utf8(e, {"": value}, "$")) from None
         except Unfit as e:
             raise SchemaError(f"{e}{_where({'': value}, e.value, '$')}; return it as a float "
                               "or a str, or annotate the result `Any` (an untyped int travels "
@@ -523,15 +545,40 @@ def _size_of(item: tuple[str, Any]) -> int:
         return 0
 
 
+def _fitted(values: dict[str, Any], fits: dict[str, Fit]) -> dict[str, Any]:
+    """Each of ``values`` (by name) prepared by its function in ``fits``."""
+    return {name: fits[name](v) for name, v in values.items()}
+
+
+def _not_utf8(e: UnicodeEncodeError, values: dict[str, Any], root: str) -> str:
+    """Why ``values`` (by name, after ``root``; ``""``: the result) cannot
+    travel: one holds ``e``'s str, which UTF-8 cannot encode (a lone
+    surrogate, as ``os.fsdecode`` makes of a file name's undecodable
+    bytes), where its annotation says ``str`` (sent as UTF-8)."""
+    found = _found(values, e.object)
+    what = "a value" if found is None else repr(found[0]) if found[0] else "the result"
+    where = "" if found is None else f" - at `{root}{found[0]}{found[1]}`"
+    return (f"{what} holds a str UTF-8 cannot encode ({e.reason}: "
+            f"{e.object[e.start:e.end]!r} at {e.start}){where}; its annotation sends a str "
+            "as UTF-8: annotate it `Any` there to send it pickled")
+
+
 def _where(values: dict[str, Any], target: Any, root: str) -> str:
     """`` - at `$.big[2].n` ``: where ``target`` (by identity) is in one of
     ``values`` (by name, after ``root``), a value that cannot travel (``""``
     if it is not found)."""
+    found = _found(values, target)
+    return "" if found is None else f" - at `{root}{found[0]}{found[1]}`"
+
+
+def _found(values: dict[str, Any], target: Any) -> tuple[str, str] | None:
+    """``(name, path)``: where ``target`` (by identity) is in one of
+    ``values`` (by name); None if it is not found."""
     for name, value in values.items():
         path = _path_to(value, target, set())
         if path is not None:
-            return f" - at `{root}{name}{path}`"
-    return ""
+            return name, path
+    return None
 
 
 def _path_to(v: Any, target: Any, seen: set[int]) -> str | None:
