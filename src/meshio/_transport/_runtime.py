@@ -422,6 +422,9 @@ class Runtime:
         self.dead: DeadTable = DeadTable()
         #: by peer address: called with the connection when it is lost
         self.on_lost: dict[str, Callable[[Connection], None]] = {}
+        #: called with every connection lost, after its actors' and ports'
+        #: calls (layers' states drop what a peer held: weight stores' waits)
+        self.on_any_lost: list[Callable[[Connection], None]] = []
         self.on_fault: Callable[[Connection, ErrorInfo], None] = _log_fault
         #: the workers this runtime started (a controller's role)
         self.watch: Watch = Watch()
@@ -517,6 +520,8 @@ class Runtime:
         for receiver in list(self.ports.values()):
             receiver._lost(conn)
         self.fanout.lost(conn)
+        for lost in self.on_any_lost:
+            lost(conn)
         cause = f"connection lost ({exc})" if exc else "connection closed"
         tcp = tcp_endpoint(conn.peer or "")
         host = self.host if tcp is None else tcp[0]

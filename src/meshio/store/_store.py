@@ -311,6 +311,13 @@ class _Owner:
             waiter.timer.cancel()
         return waiter
 
+    def lost(self, conn: Connection) -> None:
+        """Reader connection ``conn`` is gone (its process died): its waits
+        and leases go, and its relay with it."""
+        for key in [k for k in self.waiters if k[0] is conn]:
+            self.drop(key)
+        self.prune()
+
     def fail(self, version: int) -> None:
         """A relay's pull of ``version`` failed: its readers read from the
         owner."""
@@ -383,6 +390,7 @@ class _Stores:
         self.named: dict[str, _Owner] = {}
         #: closed stores, by key: why, and the versions readers still copy
         self.closed: dict[str, _Owner] = {}
+        rt.on_any_lost.append(self.lost)
 
     def create(self, name: str, keep: int, ctx: Context[Any] | None) -> _Owner:
         """A new store ``name`` of the actor of ``ctx`` (None: of no actor),
@@ -400,6 +408,12 @@ class _Stores:
     def find(self, key: str) -> _Owner | None:
         """Store (or relay) ``key``, open or closed."""
         return self.by_key.get(key) or self.closed.get(key)
+
+    def lost(self, conn: Connection) -> None:
+        """Connection ``conn`` of this runtime is lost (a reader's process
+        died): every store here drops what the reader held (:meth:`_Owner.lost`)."""
+        for owner in [*self.by_key.values(), *self.closed.values()]:
+            owner.lost(conn)
 
     def relay(self, key: str) -> _Owner:
         """The versions this process relays to its host's readers under
