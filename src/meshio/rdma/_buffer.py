@@ -125,8 +125,16 @@ class RDMABuffer:
 
     ``RDMABuffer(obj)`` registers ``obj`` — a contiguous CPU ``torch.Tensor``,
     ``bytearray``, writable ``memoryview`` or other writable buffer — in this
-    process (it stays alive while registered).  The buffer is a value: send
-    it in an endpoint argument or result and use it from the other side.
+    process.  The buffer is a value: send it in an endpoint argument or
+    result and use it from the other side.
+
+    What is registered is the memory ``obj`` has now, kept alive until the
+    buffer is dropped: a tensor given other storage (``t.data = other``,
+    ``t.set_(other)``) leaves the buffer on its old storage, which transfers
+    still read and write; a ``bytearray`` or NumPy array cannot be resized
+    while registered.  Growing a tensor past its storage with ``resize_()``
+    moves it to new memory and frees the registered one: don't; drop the
+    buffer and register the tensor again.
 
     Args:
         obj: the memory to register.

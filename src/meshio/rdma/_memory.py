@@ -1,6 +1,14 @@
 """The memory an RDMA transfer touches in this process: a buffer-like object
 or a CPU tensor turned into a contiguous byte range (address, size) and the
-object that keeps it alive, with clear errors for what cannot be used."""
+object that keeps that memory alive, with clear errors for what cannot be
+used.
+
+What is kept is the memory, not the object it came from: a tensor's storage
+(not the tensor, whose ``.data =`` or ``set_()`` gives it other storage and
+would free the registered one), a buffer's export (a ``memoryview``, which
+also refuses to resize a ``bytearray`` or a NumPy array while it lives).  A
+tensor grown past its storage by ``resize_()`` moves to new memory all the
+same: torch offers no way to lock a storage's size."""
 
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ BufferLike: TypeAlias = "Buffer | torch.Tensor"
 class Memory:
     """A contiguous byte range in this process, and what keeps it alive."""
 
-    keep: Any
+    keep: Any  # a tensor's storage, or a buffer's memoryview
     addr: int
     size: int
     writable: bool
@@ -44,7 +52,7 @@ def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
         size = obj.numel() * obj.element_size()
         if size == 0:
             raise RDMASizeError(f"{what}: the tensor is empty")
-        return Memory(obj, obj.data_ptr(), size, True)
+        return Memory(obj.untyped_storage(), obj.data_ptr(), size, True)
     try:
         view = memoryview(obj)
     except TypeError:
