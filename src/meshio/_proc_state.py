@@ -762,15 +762,19 @@ class ProcState:
                 pid=conn.peer_pid, cause="stopped by its supervisor"))
             return
         # Until _fail_calls has the exit status, new calls fail at once with
-        # what is known (not with a bare "connection refused" from a redial).
+        # what is known (not with a bare "connection refused" from a redial);
+        # those errors are a hole's if that is the verdict (made: _fail_calls_of)
         handle = worker.handle
+        made: weakref.WeakSet[SupervisionError] = weakref.WeakSet()
 
         def error(p: Pending) -> SupervisionError:
             cause, said = _exit_cause(handle)
-            return SupervisionError(
+            down = SupervisionError(
                 f"{p.who} on proc mesh {self.name!r} rank {worker.rank}: process "
                 f"{handle.pid} on {handle.host} is down ({said}); {p.endpoint} was not sent",
                 actor=p.mesh, rank=p.rank, host=handle.host, pid=handle.pid, cause=cause)
+            made.add(down)
+            return down
 
         self.responds(worker)  # gone rather than hung: workers see the lost connection
         if worker.state in (*_LIVE, SlotState.REFILLING):  # (not on purpose, nor stopped)
@@ -780,18 +784,23 @@ class ProcState:
             self.rt.dead[worker.addr] = error
             if worker.ready.done():  # retryable calls wait for the restart, not spin
                 worker.ready = self.rt.loop.create_future()
-        self.rt.tasks.start(self._fail_calls(worker, conn, handle))
+        self.rt.tasks.start(self._fail_calls(worker, conn, handle, made))
 
-    async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle) -> None:
+    async def _fail_calls(self, worker: _Worker, conn: Connection, handle: ProcHandle,
+                          made: weakref.WeakSet[SupervisionError]) -> None:
         try:
-            await self._fail_calls_of(worker, conn, handle)
+            await self._fail_calls_of(worker, conn, handle, made)
         finally:
             self._failing.discard(worker.rank)
             if not self._failing and self._unreported:
                 self._print_failures()
 
-    async def _fail_calls_of(self, worker: _Worker, conn: Connection,
-                             handle: ProcHandle) -> None:
+    async def _fail_calls_of(self, worker: _Worker, conn: Connection, handle: ProcHandle,
+                             made: weakref.WeakSet[SupervisionError]) -> None:
+        """Fail the calls of ``worker``'s process, lost with ``conn``, once
+        its exit status is known, and decide what comes of it; ``made``:
+        the errors given meanwhile to the calls made after the loss
+        (:meth:`_lost`), a hole's if it is one."""
         if not self.stopped:
             try:
                 await within(handle.wait(), EXIT_STATUS_WAIT)
@@ -864,6 +873,8 @@ class ProcState:
             conn.fail_all(error)
             return
         self.rt.dead[worker.addr] = self.of_hole(error_after) if hole else error_after
+        if hole:
+            self.hole_errors.update(made)
         conn.fail_all(self.of_hole(error) if hole else error)
         if not self.stopped:
             down = SupervisionError(
