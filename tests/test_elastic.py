@@ -352,8 +352,12 @@ async def test_a_grow_cancelled_at_any_turn_grows_nothing() -> None:
     CancelledError and leaves the mesh and its processes as they were.
     Before, a cancellation that came as a process started (its launch is
     one step) was lost in ``asyncio.wait_for`` (Python 3.11): the grow went
-    on and finished."""
-    async with meshio.this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+    on and finished.  A new process that had not connected yet (no
+    Shutdown can reach it) is killed at once, as by a start given up: it
+    waited out the whole graceful ``shutdown`` before (5 s by default; here
+    longer than the guard)."""
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 1},
+                                              shutdown=10 * DEADLINE) as procs:
         before = child_pids()
         for turns in range(4):
             growing = asyncio.ensure_future(procs.grow(gpus=1))

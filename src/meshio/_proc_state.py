@@ -1359,6 +1359,9 @@ class ProcState:
             except BaseException:
                 for hello in hellos:
                     hello.close()  # never awaited when a later launch failed
+                for w in added:
+                    if w.conn is None:  # no Shutdown can reach it: killed, as by a start given up
+                        w.handle.send_signal(signal.SIGKILL)
                 self.per_host, self.launchers = old_per_host, old_launchers
                 await self._remove(added, "grow failed")
                 raise
