@@ -370,6 +370,30 @@ async def test_a_grow_cancelled_at_any_turn_grows_nothing() -> None:
             await wait_gone(list(child_pids() - before), DEADLINE)
 
 
+async def test_a_replace_cancelled_at_any_turn_leaves_a_serving_rank_or_a_hole() -> None:
+    """``replace()`` cancelled after 0, 1, ... turns of the loop (before it
+    began, while it stopped the live process, while the new one started)
+    leaves the rank serving as it was or a hole, which the next ``replace``
+    fills.  Before, one cancelled while it stopped the process left the
+    rank neither: calls failed as to a process down and the next
+    ``replace`` waited forever for a restart nobody made."""
+    async with counters(2) as (procs, c):
+        for turns in range(6):
+            replacing = asyncio.ensure_future(procs.replace(1))
+            for _ in range(turns):
+                await asyncio.sleep(0)  # (one turn of the loop, not a wait)
+            replacing.cancel()
+            try:
+                await asyncio.wait_for(replacing, DEADLINE)
+            except asyncio.CancelledError:
+                pass
+            values = await asyncio.wait_for(c.get.call(), DEADLINE)
+            assert [p.rank for p in values.holes] in ([], [1]), f"after {turns} turns"
+            await asyncio.wait_for(procs.replace(1), DEADLINE)
+            values = await asyncio.wait_for(c.get.call(), DEADLINE)
+            assert [v for v, _ in values.values()] == [10, 10] and not values.holes
+
+
 # ------------------------------------------------------------ bad arguments
 
 

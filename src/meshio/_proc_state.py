@@ -134,7 +134,8 @@ TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
     (_S.RESTARTING, _S.STARTING),  # launched again
     (_S.HOLE, _S.REFILLING), (_S.REFILLING, _S.SERVING),  # a hole replaced
     (_S.LOST, _S.HOLE), (_S.LOST, _S.FAILED),  # the verdict: not restarted
-    *((s, _S.HOLE) for s in (_S.STARTING, _S.RESTARTING, _S.REFILLING)),  # replace() failed
+    # replace() failed, or was cancelled (stopping the process it replaces too)
+    *((s, _S.HOLE) for s in (_S.STARTING, _S.RESTARTING, _S.REFILLING, _S.STOPPING)),
     *((s, _S.REMOVED) for s in (*_LIVE, _S.LOST, _S.HOLE, _S.REFILLING)),  # shrink
     *((s, _S.STOPPED) for s in _S if s not in (_S.STOPPED, _S.REMOVED)),  # stop()
 })
@@ -1246,9 +1247,14 @@ class ProcState:
             self._check_open("replace")
             if w.state is not SlotState.HOLE and grank in self.failures:  # given up
                 raise self.failures[grank]
-            if w.state is not SlotState.HOLE:
-                await self.stop_ranks([grank])
-            (result,) = await self.restart_ranks([grank], everything=True)
+            try:
+                if w.state is not SlotState.HOLE:
+                    await self.stop_ranks([grank])
+                (result,) = await self.restart_ranks([grank], everything=True)
+            except asyncio.CancelledError:
+                if not self.stopped:  # (its process stopping or starting: a hole, to fill again)
+                    await self._failed_replace(w, "replace cancelled")
+                raise
             if isinstance(result, tuple):
                 if self.supervisor is not None:
                     self.supervisor.event("restart", self.name, grank, "procs.replace()",
@@ -1256,12 +1262,12 @@ class ProcState:
                 return result
             self._check_open("replace")
             assert result is not None  # (None: stopped)
-            await self._failed_replace(w, result)
+            await self._failed_replace(w, f"replace failed: {type(result).__name__}: {result}")
             raise result
 
-    async def _failed_replace(self, w: _Worker, e: Exception) -> None:
-        """Make ``w``'s rank a hole again after :meth:`replace` failed with
-        ``e`` (its new process, if it started, is killed)."""
+    async def _failed_replace(self, w: _Worker, cause: str) -> None:
+        """Make ``w``'s rank a hole again after :meth:`replace` failed or was
+        cancelled (``cause``): its process, old or new, is killed if it runs."""
         conn, w.conn = w.conn, None  # its loss is then not a failure to report
         w.move(SlotState.HOLE)
         if w.handle.returncode is None:
@@ -1269,7 +1275,7 @@ class ProcState:
             await asyncio.wait([awaited(w.handle.wait())], timeout=KILL_WAIT)
         if conn is not None:
             conn.abort()
-        handle, cause = w.handle, f"replace failed: {type(e).__name__}: {e}"
+        handle = w.handle
         failure = SupervisionError(
             f"proc mesh {self.name!r} rank {w.rank}: {cause}", actor=self.name, rank=w.rank,
             host=handle.host, pid=handle.pid, cause=cause)
