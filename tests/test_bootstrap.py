@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,15 @@ def _lock_holder() -> Callable[[], None]:
     return setup
 
 
+def _needs_a_rank(rank: int) -> None:
+    os.environ["RANK"] = str(rank)
+
+
+def _set_up_lazily() -> Iterator[None]:
+    os.environ["SET_UP"] = "1"  # (never runs: calling a generator function runs nothing)
+    yield
+
+
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
     ({"env": {"NCCL_DEBUG": 1}}, TypeError, r"env\['NCCL_DEBUG'\] must be a str, got int"),
     ({"env": {1: "x"}}, TypeError, r"env keys must be str, got int 1"),
@@ -241,6 +250,12 @@ def _lock_holder() -> Callable[[], None]:
      r"bootstrap must be a function of no arguments, got str 'setup'"),
     ({"bootstrap": _lock_holder()}, TypeError,
      r"bootstrap <function _lock_holder.<locals>.setup at .*> cannot be pickled .*lock"),
+    ({"bootstrap": _needs_a_rank}, TypeError,
+     r"bootstrap <function _needs_a_rank at .*> must be callable with no arguments "
+     r"\(missing a required argument: 'rank'\); bind them first"),
+    ({"bootstrap": _set_up_lazily}, TypeError,
+     r"bootstrap <function _set_up_lazily at .*> is a generator function: calling it would "
+     r"run none of its body"),
 ])
 async def test_bad_env_or_bootstrap_fails_before_any_process_starts(
         kwargs: dict[str, Any], error: type[Exception], match: str) -> None:

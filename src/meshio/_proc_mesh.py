@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import os
@@ -765,6 +766,22 @@ class _Hosts:
         self.resizing = asyncio.Lock()
 
 
+def _check_bootstrap(bootstrap: Callable[..., object]) -> None:
+    """Refuse a ``bootstrap`` each process could not run as given: one that
+    needs arguments, or a generator function (calling it runs nothing)."""
+    if inspect.isgeneratorfunction(bootstrap) or inspect.isasyncgenfunction(bootstrap):
+        raise TypeError(f"spawn_procs: bootstrap {bootstrap!r} is a generator function: "
+                        "calling it would run none of its body; make it a plain (or async) "
+                        "function")
+    try:
+        inspect.signature(bootstrap).bind()
+    except ValueError:  # (no signature to read: a builtin, called as it is)
+        return
+    except TypeError as e:
+        raise TypeError(f"spawn_procs: bootstrap {bootstrap!r} must be callable with no "
+                        f"arguments ({e}); bind them first, e.g. functools.partial") from None
+
+
 class HostMesh(MeshShape):
     """Hosts that can run worker processes.  ``this_host()`` is the
     controller's own host (a mesh with no dims and a single point); a job's
@@ -937,6 +954,7 @@ class HostMesh(MeshShape):
             if not callable(bootstrap):
                 raise TypeError(f"spawn_procs: bootstrap must be a function of no arguments, "
                                 f"got {type(bootstrap).__name__} {bootstrap!r}")
+            _check_bootstrap(bootstrap)
             try:
                 blob = dumps(bootstrap)
             except Exception as e:
