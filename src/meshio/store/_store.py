@@ -88,6 +88,8 @@ _Layout = list[tuple[str, str, list[int], int, int]]
 _TIMED_OUT: Final = -1
 _RELAY_FAILED: Final = -2
 _CLOSED: Final = -3
+#: the newest version number a store takes (its cell holds a signed 64-bit int)
+_MAX_VERSION: Final = 2**63 - 1
 
 
 class _Grant(msgspec.Struct, frozen=True, array_like=True):
@@ -495,6 +497,36 @@ def _dtype(name: str) -> Any:
     return getattr(import_torch(), name.removeprefix("torch."))
 
 
+def _check_version(value: object, what: str) -> None:
+    """Raise unless ``value`` is a version number (``what`` names the
+    argument, as in ``"WeightStore.publish: version"``)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+    if value > _MAX_VERSION:
+        raise ValueError(f"{what} must be at most 2**63-1 (the store keeps version numbers "
+                         f"as signed 64-bit ints), got {value!r}")
+
+
+def _unpublishable(t: torch.Tensor) -> str:
+    """Why tensor ``t`` cannot be published ("": it can).  A snapshot holds
+    each tensor's elements as one dense block, so only strided tensors with
+    data qualify (on any device; subclasses such as ``nn.Parameter`` too)."""
+    if t.is_quantized:
+        return ("a quantized tensor cannot be published: publish its dequantize(), or its "
+                "int_repr() and its scales and zero points")
+    if t.is_nested:
+        return ("a nested tensor cannot be published: publish its unbind() pieces, or its "
+                "to_padded_tensor()")
+    if t.layout != import_torch().strided:
+        return f"a tensor of layout {t.layout} cannot be published: publish its to_dense()"
+    if t.device.type == "meta":
+        return ("a meta tensor has no data to publish: publish one with data (to_empty() and "
+                "a load, for a model built on the meta device)")
+    return ""
+
+
 class WeightStore:
     """Versioned snapshots of a state dict: one process publishes, any
     process reads a whole version (never a mix of two).
@@ -645,10 +677,13 @@ class WeightStore:
 
         Raises:
             RuntimeError: this process does not own the store.
-            TypeError: ``state_dict`` is not a mapping of ``str`` to tensors,
-                or ``version`` is not an int (a bool).
-            ValueError: ``version`` is negative, or not above the newest
-                version.
+            TypeError: ``state_dict`` is not a mapping of ``str`` to tensors;
+                a tensor is quantized, nested, sparse (a layout other than
+                strided) or on the meta device (the error names its key; the
+                store's memory is untouched); or ``version`` is not an int (a
+                bool).
+            ValueError: ``version`` is negative, above 2**63-1, or not above
+                the newest version.
             RDMAError: the store is closed (the actor that created it was
                 stopped).
         """
@@ -661,11 +696,7 @@ class WeightStore:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"WeightStore.publish: expected a mapping of str to tensors, got "
                             f"{type(state_dict).__name__}")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise TypeError(f"WeightStore.publish: version must be an int >= 0, got "
-                            f"{type(version).__name__} {version!r}")
-        if version < 0:
-            raise ValueError(f"WeightStore.publish: version must be an int >= 0, got {version!r}")
+        _check_version(version, "WeightStore.publish: version")
         layout: _Layout = []
         tensors: list[Any] = []
         at = 0
@@ -673,6 +704,8 @@ class WeightStore:
             if not isinstance(key, str) or not isinstance(t, torch.Tensor):
                 raise TypeError(f"WeightStore.publish: expected str keys and tensors, got "
                                 f"{type(key).__name__} -> {type(t).__name__} (key {key!r})")
+            if why := _unpublishable(t):
+                raise TypeError(f"WeightStore.publish: key {key!r}: {why}")
             n = t.numel() * t.element_size()
             layout.append((key, str(t.dtype), list(t.shape), at, n))
             tensors.append(t)
@@ -727,7 +760,8 @@ class WeightStore:
             ValueError: ``shard`` returned a tensor that is not a view of
                 the one it was given, or reaches outside it (the key and
                 what it returned are named), ``timeout`` is not seconds
-                >= 0 (NaN, or an int no float holds), or ``at_least`` < 0.
+                >= 0 (NaN, or an int no float holds), or ``at_least`` is
+                not in 0..2**63-1.
             RDMAError: the store is closed, before or while this waits (the
                 actor that created it was stopped), or the version was
                 dropped while copied (the same).
@@ -764,8 +798,8 @@ class WeightStore:
         Raises:
             ValueError: a key is missing or extra, or a shape or dtype differs
                 (the key and both are named), or ``timeout`` is not seconds
-                >= 0 or ``at_least`` < 0 (as for :meth:`read`; not a number,
-                not an int: ``TypeError``).
+                >= 0 or ``at_least`` is not in 0..2**63-1 (as for
+                :meth:`read`; not a number, not an int: ``TypeError``).
             TimeoutError: no such version within ``timeout``.
             RDMAError: the store is closed (see :meth:`read`).
         """
@@ -896,12 +930,7 @@ class WeightStore:
         relay of this host, or from the owner when the relay fails (``what``:
         the method, ``"read"`` or ``"read_into"``, as errors name it)."""
         if at_least is not None:
-            if not isinstance(at_least, int) or isinstance(at_least, bool):
-                raise TypeError(f"WeightStore.{what}: at_least must be an int >= 0, got "
-                                f"{type(at_least).__name__} {at_least!r}")
-            if at_least < 0:
-                raise ValueError(f"WeightStore.{what}: at_least must be an int >= 0, got "
-                                 f"{at_least!r}")
+            _check_version(at_least, f"WeightStore.{what}: at_least")
         if timeout is not None:
             timeout = check_seconds(timeout, f"WeightStore.{what}", "timeout", zero=True,
                                     also=" or None")
