@@ -1,0 +1,82 @@
+"""Calls with a deadline (``.options(timeout=...)``): correctness only (no
+timing assertions): silent calls expire in the order they fall due while
+answered ones on the same timeout keep their answers, a cancelled caller is
+not timed out, and a call answered in the turn its deadline passes keeps
+its answer.  (A guard for any change to how deadlines are timed: one timer
+per timeout instead of one per call was tried and measured, see
+``benchmarks/README.md``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import meshio
+from meshio import Actor, CallTimeout, endpoint
+
+#: generous bound on any single wait on a loaded machine
+GUARD = 20.0
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x: int) -> int:
+        return x
+
+    @endpoint(concurrent=True)
+    async def forever(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_timed_calls_answered_and_silent_on_one_line(procs: meshio.ProcMesh) -> None:
+    actors = await procs.slice(procs=0).spawn("echo", Echo)
+    fast = actors.echo.options(timeout=GUARD)
+    slow = actors.forever.options(timeout=0.2)
+    order: list[str] = []
+    futs: list[asyncio.Future[Any]] = []
+    for i in range(50):  # answered ones between silent ones, on two lines
+        f = fast.call_one(i)
+        s = slow.call_one()
+        f.add_done_callback(lambda _, i=i: order.append(f"echo {i}"))
+        s.add_done_callback(lambda _, i=i: order.append(f"forever {i}"))
+        futs += [f, s]
+    results = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), GUARD)
+    assert results[0::2] == list(range(50))
+    for error in results[1::2]:
+        assert isinstance(error, CallTimeout) and tuple(error.ranks) == (0,)
+    silent = [name for name in order if name.startswith("forever")]
+    assert silent == [f"forever {i}" for i in range(50)]  # (expired in order)
+    # later calls find the lines working
+    assert await fast.call_one(7) == 7
+
+
+async def test_a_cancelled_caller_is_not_timed_out(procs: meshio.ProcMesh) -> None:
+    actors = await procs.slice(procs=0).spawn("echo", Echo)
+    fut = actors.forever.options(timeout=0.1).call_one()
+    task = asyncio.ensure_future(fut)
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait([task], timeout=GUARD)
+    assert task.cancelled() and fut.cancelled()
+    # the line's timer passes the cancelled call by; the next one still expires
+    try:
+        await actors.forever.options(timeout=0.1).call_one()
+    except CallTimeout as e:
+        assert tuple(e.ranks) == (0,)
+    else:
+        raise AssertionError("no CallTimeout")
+
+
+async def test_a_call_answered_as_its_deadline_passes_keeps_its_answer() -> None:
+    loop = asyncio.get_running_loop()
+    from meshio.endpoints._endpoint import _Due  # (what an adverb with a deadline returns)
+
+    class Ep:  # (expiring needs no more of it when the call is answered)
+        _timeout = 0.5
+
+    call: asyncio.Future[int] = loop.create_future()
+    due = _Due(call, Ep(), time.monotonic() - 1.0, 0)  # type: ignore[arg-type]
+    loop.call_soon(call.set_result, 7)  # answered in the turn its line's timer fires
+    assert await asyncio.wait_for(due, GUARD) == 7
