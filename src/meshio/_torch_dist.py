@@ -123,9 +123,23 @@ async def setup_torch_distributed(procs: ProcMesh, *,
         (every point, unless there are holes).
 
     Raises:
+        TypeError: ``procs`` is not a :class:`ProcMesh` (an actor mesh, a
+            host mesh), or ``master_port`` is not an int (a str, a bool).
+        ValueError: ``master_port`` is not a TCP port, 1..65535.
         SupervisionError: every process of ``procs`` is a hole, or a process
             died meanwhile.
     """
+    if not isinstance(procs, ProcMesh):
+        raise TypeError(f"setup_torch_distributed: expected a ProcMesh (the processes of the "
+                        f"world), got {type(procs).__name__} {procs!r}")
+    if master_port is not None:
+        if isinstance(master_port, bool) or not isinstance(master_port, int):
+            raise TypeError(f"setup_torch_distributed(master_port=...) must be an int TCP port "
+                            f"or None (a free one), got {type(master_port).__name__} "
+                            f"{master_port!r}")
+        if not 0 < master_port < 65536:
+            raise ValueError(f"setup_torch_distributed(master_port=...) must be a TCP port, "
+                             f"1..65535, or None (a free one), got {master_port}")
     state = procs._state
     await procs._wait_ready()
     holes = set(state.holes)

@@ -9,12 +9,12 @@ started any other way.
 
 from .._transport._tls import TLSConfig as TLSConfig
 from .._util import fixup_module_metadata as _fixup_module_metadata
+from ._job import ClusterError as ClusterError
 from ._job import Job as Job
 from ._job import JobCacheError as JobCacheError
 from ._job import JobState as JobState
 from ._job import LocalJob as LocalJob
 from ._job import ProcessJob as ProcessJob
-from ._kubernetes import ClusterError as ClusterError
 from ._kubernetes import ClusterNotConfiguredError as ClusterNotConfiguredError
 from ._kubernetes import KubernetesJob as KubernetesJob
 from ._remote import attach as attach

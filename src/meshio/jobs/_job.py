@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import keyword
 import logging
 import os
 import secrets
@@ -38,10 +39,10 @@ from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach, checked_secret
 
-__all__ = ("AgentsJob", "CachedJob", "Job", "JobCacheError", "JobState", "LocalJob", "ProcessJob",
-           "check_job_name", "check_meshes", "check_tls", "job_lock", "not_cached",
-           "read_job_secret", "read_own_cache",
-           "record_resize", "resize_job", "write_cache")
+__all__ = ("AgentsJob", "CachedJob", "ClusterError", "Job", "JobCacheError", "JobState", "LocalJob",
+           "ProcessJob", "check_cache_dir", "check_job_name", "check_meshes", "check_tls",
+           "job_lock", "not_cached", "read_job_secret", "read_own_cache", "record_resize",
+           "resize_job", "write_cache")
 
 log = logging.getLogger("meshio")
 
@@ -58,12 +59,25 @@ class JobCacheError(RuntimeError):
     controller killed it (and perhaps applied a new one, or resized it)."""
 
 
+class ClusterError(RuntimeError):
+    """Raised when the cluster refuses or fails a job.  By
+    :class:`KubernetesJob`: an API request fails (an object of that name
+    exists already, the account may not create it, the API server cannot be
+    reached) or an agent's pod cannot start (its image cannot be pulled, it
+    crash-loops).  By :class:`ProcessJob`'s ``apply()``, ``state()`` and
+    ``resize()``: an agent process did not start (its ``host`` does not
+    resolve, or is no address of this machine); the message names the host
+    and gives the agent's own reason, from the job's log."""
+
+
 class JobState:
     """The hosts of a job, one :class:`~meshio.HostMesh` per mesh name:
     ``state.trainers`` (or ``state.meshes["trainers"]``)."""
 
+    meshes: Mapping[str, HostMesh]
+
     def __init__(self, meshes: Mapping[str, HostMesh]) -> None:
-        self.meshes: Mapping[str, HostMesh] = dict(meshes)
+        self.meshes = dict(meshes)
 
     def __getattr__(self, name: str) -> HostMesh:
         try:
@@ -115,21 +129,38 @@ class Job(Protocol):
         ...
 
 
+#: what ``state.<name>`` of a :class:`JobState` gives other than a host
+#: mesh: no mesh may have one of these names
+_STATE_NAMES = frozenset(dir(JobState)) | frozenset(JobState.__annotations__)
+
+
 def check_meshes(meshes: Mapping[str, int]) -> dict[str, int]:
-    """``meshes={"trainers": 2}`` checked: names are identifiers, counts ≥ 1.
+    """``meshes={"trainers": 2}`` checked: names are identifiers that
+    ``state.<name>`` gives (no keyword, no attribute of :class:`JobState`),
+    counts ≥ 1.
 
     Raises:
-        TypeError: a count that is not an int (a bool).
+        TypeError: a name that is not a str, a count that is not an int (a
+            bool).
         ValueError: not a mapping, or an empty one, a name that is not an
-            identifier (or no str), a count below 1.
+            identifier, is a keyword (``class``) or names an attribute of
+            the job's state (``meshes``), a count below 1.
     """
     if not isinstance(meshes, Mapping) or not meshes:
         raise ValueError("meshes must be a non-empty mapping of mesh name to host count, "
                          "e.g. {'trainers': 2}")
     checked: dict[str, int] = {}
     for name, n in meshes.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"mesh name {name!r} must be an identifier (state.{name} names it)")
+        if not isinstance(name, str):
+            raise TypeError(f"mesh name {name!r} must be a str (an identifier: state.<name> "
+                            f"names the mesh), got {type(name).__name__}")
+        if not name.isidentifier() or keyword.iskeyword(name):
+            why = "a Python keyword" if name.isidentifier() else "not an identifier"
+            raise ValueError(f"mesh name {name!r} is {why}: state.<name> must name the mesh; "
+                             "choose another name")
+        if name in _STATE_NAMES:
+            raise ValueError(f"mesh name {name!r} is an attribute of the job's state "
+                             f"(state.{name} is not a host mesh); choose another name")
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"meshes[{name!r}] must be an int host count, got "
                             f"{type(n).__name__}")
@@ -153,6 +184,26 @@ def check_job_name(kind: str, name: object) -> str:
     if not name.replace("-", "_").isidentifier():
         raise ValueError(f"{kind}: job name {name!r} must be letters, digits, - and _")
     return name
+
+
+def check_cache_dir(kind: str, cache_dir: object) -> Path:
+    """A job's ``cache_dir=``, checked: a path (a str or an
+    ``os.PathLike``) as a :class:`~pathlib.Path`.
+
+    Raises:
+        TypeError: not a path (None, an int, bytes).
+        ValueError: it holds a NUL character.
+    """
+    got = f"{type(cache_dir).__name__} {cache_dir!r}"  # (before isinstance narrows it)
+    path: Path | None = None
+    if isinstance(cache_dir, (str, os.PathLike)):
+        with contextlib.suppress(TypeError):  # (an os.PathLike of bytes)
+            path = Path(cast("str | os.PathLike[str]", cache_dir))
+    if path is None:
+        raise TypeError(f"{kind}(cache_dir=...) must be a path (a str or os.PathLike), got {got}")
+    if "\0" in str(path):
+        raise ValueError(f"{kind}(cache_dir=...) must be a path without NUL, got {cache_dir!r}")
+    return path
 
 
 def check_tls(what: str, tls: object) -> TLSConfig | None:
@@ -661,12 +712,12 @@ class ProcessJob(AgentsJob):
         if not isinstance(host, str):
             raise TypeError(f"{what}: host must be a str (an address of this machine), got "
                             f"{type(host).__name__} {host!r}")
-        if not host:
-            raise ValueError(f"{what}: host must be an address of this machine, got ''")
+        if not host.strip():
+            raise ValueError(f"{what}: host must be an address of this machine, got {host!r}")
         self.host: str = host
         self.tls: TLSConfig | None = check_tls(what, tls)
         self.idle_timeout: float = check_seconds(idle_timeout, "ProcessJob", "idle_timeout")
-        self.cache: Path = Path(cache_dir) / f"{name}.json"
+        self.cache: Path = check_cache_dir("ProcessJob", cache_dir) / f"{name}.json"
         self._entry: dict[str, Any] | None = None
         self._state: JobState | None = None
 
@@ -681,7 +732,8 @@ class ProcessJob(AgentsJob):
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
                 holds a job of another kind.
-            RuntimeError: an agent did not start (see the job's log).
+            ClusterError: an agent did not start (the message says why: its
+                last line in the job's log ``<cache_dir>/<name>.log``).
         """
         await super().apply()
 
@@ -736,6 +788,7 @@ class ProcessJob(AgentsJob):
         log_path = self.cache.with_suffix(".log")
         # (readable by this user only, as the cache beside it: whatever the umask)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        logged = os.fstat(log_fd).st_size  # (what this agent writes follows)
         with os.fdopen(log_fd, "ab") as log_file:
             # ``sh`` starts the agent in the background and exits: the agent is
             # nobody's child here and outlives this script (the next run
@@ -747,6 +800,7 @@ class ProcessJob(AgentsJob):
         out = shell.stdout
         pid_line = asyncio.get_running_loop().run_in_executor(None, out.readline)
         pid = 0
+        timed_out = False
         try:
             pid = int(await asyncio.shield(pid_line))
             line = await within(asyncio.to_thread(out.readline), AGENT_START_TIMEOUT)
@@ -760,13 +814,15 @@ class ProcessJob(AgentsJob):
             if not isinstance(e, TimeoutError):
                 raise
             line = b""
+            timed_out = True
         finally:
             out.close()
             shell.wait()  # (it exits once it printed the pid)
         prefix = b"meshio agent listening on "
         if not line.startswith(prefix):
-            raise RuntimeError(f"ProcessJob {self.name!r}: an agent did not start; see "
-                               f"{log_path}")
+            raise ClusterError(f"ProcessJob {self.name!r}: an agent did not start on host "
+                               f"{self.host!r}: {_agent_error(log_path, logged, line, timed_out)}"
+                               f" (see {log_path})")
         addr = line[len(prefix):].decode().strip()
         return {"addr": addr, "pid": pid, "start": _start_time(pid)}
 
@@ -776,7 +832,7 @@ class ProcessJob(AgentsJob):
         records the new shape.  See :meth:`Job.resize`.
 
         Raises:
-            RuntimeError: a new agent did not start (nothing changed).
+            ClusterError: a new agent did not start (nothing changed).
             JobCacheError: another controller killed the job (or changed
                 it): no agent is started or stopped.
         """
@@ -822,6 +878,24 @@ class ProcessJob(AgentsJob):
         self.cache.unlink(missing_ok=True)
         self._entry = None
         self._state = None
+
+
+def _agent_error(log_path: Path, logged: int, line: bytes, timed_out: bool) -> str:
+    """Why an agent did not start: the last line it wrote to the job's log
+    (from offset ``logged`` on), or what it printed instead of its address
+    (``line``), or that it printed nothing within the start timeout."""
+    with open(log_path, "rb") as f:
+        f.seek(logged)
+        said = f.read().decode(errors="replace").strip().splitlines()
+    last = said[-1] if said else ""
+    if timed_out:
+        return (f"it printed no address within {AGENT_START_TIMEOUT:g}s and was killed"
+                + (f"; its last line: {last}" if last else ""))
+    if last:
+        return last
+    if line:
+        return f"it printed {line.decode(errors='replace').strip()!r}, not its address"
+    return "it exited without a word"
 
 
 def attached(entry: dict[str, Any], tls: TLSConfig | None) -> JobState:

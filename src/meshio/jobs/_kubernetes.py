@@ -38,7 +38,9 @@ from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
     CachedJob,
+    ClusterError,
     JobState,
+    check_cache_dir,
     check_meshes,
     check_tls,
     not_cached,
@@ -81,13 +83,6 @@ class ClusterNotConfiguredError(RuntimeError):
     ``kill()`` when there is no cluster to talk to: no kubeconfig
     (``$KUBECONFIG``, ``~/.kube/config``), not running in a pod with a
     service account, or the ``kubernetes`` package is not installed."""
-
-
-class ClusterError(RuntimeError):
-    """Raised by :class:`KubernetesJob` when the cluster refuses or fails the
-    job: an API request fails (an object of that name exists already, the
-    account may not create it, the API server cannot be reached) or an
-    agent's pod cannot start (its image cannot be pulled, it crash-loops)."""
 
 
 def _kubernetes() -> Any:
@@ -218,7 +213,7 @@ class KubernetesJob(CachedJob):
         self.idle_timeout: float | None = idle_timeout
         self.context: str | None = context
         self.start_timeout: float = start_timeout
-        self.cache: Path = Path(cache_dir) / f"{name}.json"
+        self.cache: Path = check_cache_dir("KubernetesJob", cache_dir) / f"{name}.json"
         self.secret_file: Path = self.cache.with_suffix(".secret")
         self._objects: dict[str, str] = {}  # mesh -> object name (of its Service and workload)
         for mesh, n in self.meshes.items():

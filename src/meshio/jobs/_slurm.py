@@ -49,6 +49,7 @@ from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
     AgentsJob,
+    check_cache_dir,
     check_job_name,
     check_meshes,
     check_tls,
@@ -209,7 +210,7 @@ class SlurmJob(AgentsJob):
         self.tls: TLSConfig | None = check_tls(what, tls)
         self.idle_timeout: float = check_seconds(idle_timeout, "SlurmJob", "idle_timeout")
         self.start_timeout: float = start_timeout
-        self.cache: Path = Path(cache_dir).absolute() / f"{name}.json"
+        self.cache: Path = check_cache_dir("SlurmJob", cache_dir).absolute() / f"{name}.json"
         self._entry: dict[str, Any] | None = None
         self._state = None
 
