@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 import pytest
@@ -384,9 +384,23 @@ async def test_constructor_raising_on_every_rank(procs: meshio.ProcMesh) -> None
     assert "cannot start rank 0" in str(err) and "cannot start rank 1" in str(err)
 
 
+T = TypeVar("T")
+
+
+class Boxed(Actor, Generic[T]):
+    @endpoint
+    async def held(self, value: T) -> T:
+        return value
+
+
 async def test_spawn_rejects_non_actors_and_bad_names(procs: meshio.ProcMesh) -> None:
     with pytest.raises(TypeError, match="not a subclass"):
         await procs.spawn("x", dict)  # type: ignore[type-var]
+    with pytest.raises(TypeError, match=r"^spawn: .*Boxed\[int\] is a parametrized alias of "
+                                        r"the actor class Boxed; spawn Boxed itself"):
+        await procs.spawn("boxed", Boxed[int])
+    boxed: Boxed[int] = await procs.spawn("boxed", Boxed)  # (as the error says)
+    assert await boxed.held.choose(3) == 3
     with pytest.raises(ValueError, match="name"):
         await procs.spawn("a/b", Faulty)
     with pytest.raises(ValueError, match="name"):

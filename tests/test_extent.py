@@ -259,6 +259,11 @@ def test_value_mesh_values_items_item() -> None:
         m.item(x=1, y=0, z=0)
     with pytest.raises(IndexError, match="out of range"):
         m.item(x=2, y=0)
+    # from the end, as slice() counts (and as Python indexes)
+    assert m.item(x=-1, y=-1) == "f" == m.slice(x=-1, y=-1).item()
+    assert m.item(x=-2, y=-3) == "a"
+    with pytest.raises(IndexError, match=r"y=-4 out of range"):
+        m.item(x=0, y=-4)
 
 
 @pytest.mark.parametrize("bad", [True, False, 1.0, "1"])

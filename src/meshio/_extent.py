@@ -242,9 +242,10 @@ class Region:
                 raise TypeError(self._where(
                     f"coordinates {dict(coords)}: {k} must be an int, got "
                     f"{type(i).__name__} {i!r}"))
-        for k, i, s in zip(labels, idx, sizes):
-            if not 0 <= i < s:
+        for d, (k, i, s) in enumerate(zip(labels, idx, sizes)):
+            if not -s <= i < s:
                 raise IndexError(self._where(f"coordinate {k}={i} out of range"))
+            idx[d] = i + s if i < 0 else i  # (from the end, as slice() counts)
         return _flat(idx, sizes)
 
 

@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, ParamSpec, TypeGuard, TypeVar, cast, get_args
+from typing import Any, ParamSpec, TypeGuard, TypeVar, cast, get_args, get_origin
 
 import msgspec
 
@@ -233,7 +233,7 @@ class ProcMesh(MeshShape):
                      **kwargs: P.kwargs) -> A:
         """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
         if not _is_actor_class(cls):
-            raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
+            raise _not_an_actor_class(cls)
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"spawn: actor mesh name must be a non-empty str without '/', "
                              f"got {name!r}")
@@ -689,7 +689,7 @@ class _ProcMeshRef(ProcMesh):
         """Spawn through the controller owning the processes (see
         :meth:`ProcMesh.spawn`)."""
         if not _is_actor_class(cls):
-            raise TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
+            raise _not_an_actor_class(cls)
         try:
             mesh: A = await self._service.spawn_on.call_one(self._where(), self._options,
                                                             name, cls, args, kwargs)
@@ -746,6 +746,18 @@ def _as_local(e: ActorError) -> Exception:
     here (so ``except ValueError`` works the same on a reference)."""
     make = _LOCAL_ERRORS.get(e.remote_type)
     return e if make is None else make(e.remote_message)
+
+
+def _not_an_actor_class(cls: object) -> TypeError:
+    """The error of ``spawn`` given ``cls``, which is no actor class."""
+    origin = get_origin(cls)
+    if isinstance(origin, type) and issubclass(origin, Actor):  # (G[int] of a generic G)
+        name = origin.__qualname__
+        return TypeError(f"spawn: {cls!r} is a parametrized alias of the actor class {name}; "
+                         f"spawn {name} itself (type arguments are for type checkers: "
+                         f"annotate the mesh instead, mesh: {name}[...] = await "
+                         f"procs.spawn(..., {name}, ...))")
+    return TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
 
 
 def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:

@@ -62,7 +62,8 @@ class ValueMesh(MeshShape, Generic[R]):
                 if r not in self._holes]
 
     def item(self, **coords: int) -> R:
-        """The value at ``coords`` (dims of size 1 may be left out).
+        """The value at ``coords`` (dims of size 1 may be left out; a
+        negative coordinate counts from the end, as in ``slice``).
 
         Raises:
             SupervisionError: the point is a hole (the error names its rank
