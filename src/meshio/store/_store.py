@@ -509,22 +509,51 @@ def _check_version(value: object, what: str) -> None:
                          f"as signed 64-bit ints), got {value!r}")
 
 
-def _unpublishable(t: torch.Tensor) -> str:
-    """Why tensor ``t`` cannot be published ("": it can).  A snapshot holds
-    each tensor's elements as one dense block, so only strided tensors with
-    data qualify (on any device; subclasses such as ``nn.Parameter`` too)."""
+def _no_dense_data(t: torch.Tensor) -> str:
+    """What tensor ``t`` is when its elements are not one dense block of
+    data of its own ("": they are).  A snapshot holds each tensor's elements
+    as one dense block, so only strided tensors with data are published or
+    read into (on any device; subclasses such as ``nn.Parameter`` too)."""
     if t.is_quantized:
-        return ("a quantized tensor cannot be published: publish its dequantize(), or its "
-                "int_repr() and its scales and zero points")
+        return "a quantized tensor"
     if t.is_nested:
-        return ("a nested tensor cannot be published: publish its unbind() pieces, or its "
-                "to_padded_tensor()")
+        return "a nested tensor"
     if t.layout != import_torch().strided:
-        return f"a tensor of layout {t.layout} cannot be published: publish its to_dense()"
+        return f"a tensor of layout {t.layout}"
     if t.device.type == "meta":
+        return "a meta tensor"
+    return ""
+
+
+def _unpublishable(t: torch.Tensor) -> str:
+    """Why tensor ``t`` cannot be published ("": it can), and what to
+    publish instead (see :func:`_no_dense_data`)."""
+    what = _no_dense_data(t)
+    if not what:
+        return ""
+    if what == "a meta tensor":
         return ("a meta tensor has no data to publish: publish one with data (to_empty() and "
                 "a load, for a model built on the meta device)")
-    return ""
+    instead = ("its dequantize(), or its int_repr() and its scales and zero points"
+               if t.is_quantized else
+               "its unbind() pieces, or its to_padded_tensor()" if t.is_nested else
+               "its to_dense()")
+    return f"{what} cannot be published: publish {instead}"
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether elements of strided tensor ``t`` may share memory (an
+    ``expand()``ed dim has stride 0): taking its dims of size > 1 by stride,
+    each stride must pass the extent of the dims before it.  Exact for the
+    views slicing, ``expand``, ``unfold`` and transposes make; a hand-made
+    ``as_strided`` that interleaves two dims counts as overlapping."""
+    extent = 1  # elements spanned by the dims taken so far
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
+                               if sz > 1):
+        if stride < extent:
+            return True
+        extent += (size - 1) * stride
+    return False
 
 
 class WeightStore:
@@ -797,7 +826,10 @@ class WeightStore:
 
         Raises:
             ValueError: a key is missing or extra, or a shape or dtype differs
-                (the key and both are named), or ``timeout`` is not seconds
+                (the key and both are named), a tensor of ``dst`` has no dense
+                data (quantized, nested, sparse, meta) or elements that share
+                memory (an ``expand()``ed view; the key is named): ``dst`` is
+                then untouched; or ``timeout`` is not seconds
                 >= 0 or ``at_least`` is not in 0..2**63-1 (as for
                 :meth:`read`; not a number, not an int: ``TypeError``).
             TimeoutError: no such version within ``timeout``.
@@ -817,16 +849,27 @@ class WeightStore:
                 if not isinstance(t, torch.Tensor):
                     raise ValueError(f"WeightStore.read_into: dst[{key!r}] is a "
                                      f"{type(t).__name__}, not a tensor")
+                if what := _no_dense_data(t):
+                    raise ValueError(f"WeightStore.read_into: dst[{key!r}] is {what}, with no "
+                                     f"dense data of its own to write the version into: pass "
+                                     f"strided tensors with data (on the CPU or a GPU)")
                 if list(t.shape) != shape or str(t.dtype) != dtype:
                     raise ValueError(f"WeightStore.read_into: key {key!r}: the store has shape "
                                      f"{tuple(shape)} ({dtype}), dst has {tuple(t.shape)} "
                                      f"({t.dtype})")
+                if _overlaps(t):
+                    raise ValueError(f"WeightStore.read_into: dst[{key!r}] has elements that "
+                                     f"share memory (shape {tuple(t.shape)}, strides "
+                                     f"{t.stride()}: an expand()ed, unfold()ed or as_strided "
+                                     f"view), so it cannot hold the version's values: pass a "
+                                     f"tensor of its own (its clone())")
             staging: memoryview | None = None  # for a GPU or non-contiguous dst
             for key, dtype, shape, off, n in grant.layout:
                 t = dst[key]
                 if not n:
                     continue
-                if t.device.type == "cpu" and t.is_contiguous():
+                if (t.device.type == "cpu" and t.is_contiguous() and not t.is_conj()
+                        and not t.is_neg()):  # (a lazily conjugated view: copy_ conjugates)
                     await _copy_range(grant, memory, t, off, n)
                     continue
                 # through one block of pooled memory: mapped already, so
@@ -837,7 +880,10 @@ class WeightStore:
                     pin_for_cuda(staging)
                 target = _tensor(staging, dtype, shape, 0, n)
                 await _copy_range(grant, memory, target, off, n)
-                t.copy_(target)
+                # (as the copy into a CPU tensor: into a leaf that requires grad,
+                # or an inference tensor, too)
+                with torch.inference_mode():
+                    t.copy_(target)
             return grant.version
 
         return await self._using("read_into", at_least, timeout, copy)
