@@ -51,6 +51,19 @@ def doctor_json(*args: str, **kw: Any) -> tuple[int, dict[str, Any], str]:
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
+def test_a_reader_that_goes_away_ends_it_quietly() -> None:
+    """``meshio doctor --json | head``: the reader has closed the pipe when
+    the report is written; the command ends without a traceback."""
+    read, write = os.pipe()
+    os.close(read)  # (gone before anything is written)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "meshio", "doctor", "--json"],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=GUARD)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1 and proc.stderr == ""
+
+
 def test_help_lists_doctor() -> None:
     out = subprocess.run([sys.executable, "-m", "meshio", "--help"], capture_output=True,
                          text=True, timeout=GUARD, check=True).stdout

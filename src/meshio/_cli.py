@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from importlib.metadata import version
 from typing import Any
@@ -23,7 +24,17 @@ __all__ = ("main",)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args_in = sys.argv[1:] if argv is None else argv
+    try:
+        _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``meshio doctor --json | head``): end quietly,
+        # as other tools do, and keep Python's exit from flushing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _main(args_in: list[str]) -> None:
     if args_in[:1] == ["agent"]:  # its own parser: meshio agent --help
         agent_main(args_in[1:])
         return

@@ -245,7 +245,8 @@ class _ActorRecord:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         index = self.ranks.index(grank)
         assert w.conn is not None
-        req = w.conn.next_req(Pending(fut, ignore_result, f"{self.name}.__init__", self.name,
+        ctor = f"{self.cls_name[1] or self.name}.__init__"  # (the class's, as spawn names it)
+        req = w.conn.next_req(Pending(fut, ignore_result, ctor, self.name,
                                       Region(Extent(self.labels, self.sizes), self.ranks)
                                       .point(index)))
         w.conn.send_message(SpawnActor(req, self.target, self.name, self.cls_blob, index,
