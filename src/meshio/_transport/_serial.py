@@ -54,6 +54,7 @@ import pickle
 import sys
 import threading
 import types
+import typing
 import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import Any, Final
@@ -788,6 +789,7 @@ def _reduce_struct_class(cls: Any) -> Any:
         ns["__post_init__"] = vars(cls)["__post_init__"]
     skip = {*ns, *cls.__struct_fields__, *_CLASS_CACHES, "__slots__", "__dict__", "__weakref__"}
     later = {k: v for k, v in vars(cls).items() if k not in skip}  # methods, class vars
+    later["__annotations__"] = _resolved_annotations(cls)
     return (_make_struct_class,
             (type(cls), cls.__name__, cls.__bases__, ns, factories, kwargs, _tracker_id(cls)),
             later, None, None, _set_class_attrs)
@@ -859,20 +861,44 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         if isinstance(obj, type) and not _by_reference(obj):
             if issubclass(obj, msgspec.Struct) and obj is not msgspec.Struct:
                 return _reduce_struct_class(obj)
-            return _without_caches(super().reducer_override(obj))
+            return _as_shipped(obj, super().reducer_override(obj))
         return super().reducer_override(obj)
 
 
-def _without_caches(reduced: Any) -> Any:
-    """cloudpickle's reduction of a class shipped by value (``(make,
-    args, (class dict, slots), ...)``, its class dict a copy), less
-    :data:`_CLASS_CACHES`: msgspec's cache of a dataclass used in an
-    annotation once made every later pickling of the class fail."""
+def _as_shipped(cls: type, reduced: Any) -> Any:
+    """cloudpickle's reduction of ``cls``, a class shipped by value
+    (``(make, args, (class dict, slots), ...)``, its class dict a copy),
+    less :data:`_CLASS_CACHES` (msgspec's cache of a dataclass used in an
+    annotation once made every later pickling of the class fail), its
+    annotations resolved (:func:`_resolved_annotations`)."""
     if (type(reduced) is tuple and len(reduced) > 2 and type(reduced[2]) is tuple
             and reduced[2] and type(reduced[2][0]) is dict):
+        state = reduced[2][0]
         for name in _CLASS_CACHES:
-            reduced[2][0].pop(name, None)
+            state.pop(name, None)
+        if "__annotations__" in state:
+            state["__annotations__"] = _resolved_annotations(cls)
     return reduced
+
+
+def _resolved_annotations(cls: type) -> dict[str, Any]:
+    """The annotations ``cls`` declares, each a str (as ``from __future__
+    import annotations`` makes them, or a forward reference such as
+    ``"list[Tree]"``) resolved where its module can resolve it.  A class
+    shipped by value arrives without its module: where it is decoded, its
+    ``__module__`` (``__main__``: the worker's own) does not define the
+    names its annotations refer to.  (Set on the class once it exists, as
+    pickle's state: an annotation may refer to the class itself.)  Where
+    one cannot be resolved here, they are shipped as they are; the
+    receiver's schema names the name it cannot resolve."""
+    own: dict[str, Any] = dict(vars(cls).get("__annotations__", {}))
+    if any(isinstance(v, str) for v in own.values()):
+        try:
+            hints = typing.get_type_hints(cls, include_extras=True)
+        except Exception:
+            return own
+        own = {name: hints.get(name, v) for name, v in own.items()}
+    return own
 
 
 def _ship_mp_main_by_value() -> None:

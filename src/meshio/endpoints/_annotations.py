@@ -32,7 +32,8 @@ import msgspec
 
 from .._transport._serial import type_name
 
-__all__ = ("Check", "Mismatch", "check_for", "describe", "items_of", "mapping_of", "why")
+__all__ = ("Check", "Mismatch", "check_for", "describe", "expected", "items_of", "mapping_of",
+           "why")
 
 
 def why(e: BaseException) -> str:
@@ -206,31 +207,31 @@ def _bound(hint: Any, values: dict[Any, Any]) -> Any:
         return Any
 
 
-def _expected(tp: Any) -> str:
+def expected(tp: Any) -> str:
     """An annotation as a message names it (``P | Q``, ``list[P | Q]``)."""
     if tp is None or tp is type(None):
         return "None"
     if tp is Ellipsis:
         return "..."
     if isinstance(tp, list):  # (a Callable's parameters)
-        return f"[{', '.join(_expected(a) for a in tp)}]"
+        return f"[{', '.join(expected(a) for a in tp)}]"
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Union or origin is types.UnionType:
-        return " | ".join(_expected(a) for a in args)
+        return " | ".join(expected(a) for a in args)
     if origin is typing.Literal:
         return f"Literal[{', '.join(map(repr, args))}]"
     if origin is typing.Annotated:
-        return _expected(args[0])
+        return expected(args[0])
     if origin is not None:
-        inner = ", ".join(_expected(a) for a in args)
-        return f"{_expected(origin)}[{inner}]" if args else _expected(origin)
+        inner = ", ".join(expected(a) for a in args)
+        return f"{expected(origin)}[{inner}]" if args else expected(origin)
     if isinstance(tp, type):
         return tp.__qualname__ if tp.__module__ in ("builtins", "typing") else tp.__name__
     return repr(tp)
 
 
 def _got(tp: Any, v: Any) -> Mismatch:
-    return Mismatch(f"Expected `{_expected(tp)}`, got `{type_name(type(v))}`")
+    return Mismatch(f"Expected `{expected(tp)}`, got `{type_name(type(v))}`")
 
 
 def _check_none(v: Any, active: set[tuple[int, int]]) -> None:
@@ -272,7 +273,7 @@ def _subclass(tp: Any, arg: Any) -> Check:
         if Any in bases or object in bases:
             return
         if not all(isinstance(b, type) for b in bases) or not issubclass(v, bases):
-            raise Mismatch(f"Expected `{_expected(tp)}`, got the class `{v.__qualname__}`")
+            raise Mismatch(f"Expected `{expected(tp)}`, got the class `{v.__qualname__}`")
     return check
 
 
@@ -294,7 +295,7 @@ def _literal(tp: Any, values: tuple[Any, ...]) -> Check:
     def check(v: Any, active: set[tuple[int, int]]) -> None:
         # (the same type first: True is no 1 here, as for msgspec)
         if not any(type(v) is type(a) and v == a for a in values):
-            raise Mismatch(f"Expected `{_expected(tp)}`, got `{type_name(type(v))}` "
+            raise Mismatch(f"Expected `{expected(tp)}`, got `{type_name(type(v))}` "
                             f"{describe(v)}")
     return check
 
@@ -324,7 +325,7 @@ def _fixed(tp: Any, items: list[Check | None]) -> Check:
         if not isinstance(v, tuple):
             raise _got(tp, v)
         if len(v) != n:
-            raise Mismatch(f"Expected `{_expected(tp)}`, got a tuple of length {len(v)}",
+            raise Mismatch(f"Expected `{expected(tp)}`, got a tuple of length {len(v)}",
                             matched=True)
         for i, (item, x) in enumerate(zip(items, v)):
             if item is not None:
@@ -427,7 +428,7 @@ def _constrained(tp: Any, base: Check | None, metadata: tuple[Any, ...]) -> Chec
         for meta in metas:
             why = _unmet(meta, v)
             if why is not None:
-                raise Mismatch(f"Expected `{_expected(tp)}` {why}", matched=True)
+                raise Mismatch(f"Expected `{expected(tp)}` {why}", matched=True)
     return check
 
 

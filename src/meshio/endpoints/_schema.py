@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import types
 import typing
@@ -51,7 +52,16 @@ from .._transport._serial import (
     travel,
     unpickle,
 )
-from ._annotations import Check, Mismatch, check_for, describe, items_of, mapping_of, why
+from ._annotations import (
+    Check,
+    Mismatch,
+    check_for,
+    describe,
+    expected,
+    items_of,
+    mapping_of,
+    why,
+)
 
 __all__ = ("Schema",)
 
@@ -146,7 +156,7 @@ class Schema:
         fields: list[tuple[str, Any, Any]] = []
         for p in params:
             hint = hints.get(p.name, Any)
-            tp, typed = decoder_for(hint)
+            tp, typed = self._decoder_for(hint, f"argument {p.name!r}")
             self.typed[p.name] = typed
             whole = typed and holds_objects(tp)
             check = check_for(hint) if whole or not typed else None
@@ -183,7 +193,7 @@ class Schema:
             rtp = typing.get_args(rtp)[-1] if typing.get_args(rtp) else Any
         self.result_type: Any
         self.result_typed: bool
-        self.result_type, self.result_typed = decoder_for(rtp)
+        self.result_type, self.result_typed = self._decoder_for(rtp, "the result")
         self._result_how = travel(self.result_type) if self.result_typed else False
         #: by ``escape``: as :attr:`_refit`, for the result
         self._result_refit: dict[bool, Fit] = {}
@@ -198,6 +208,18 @@ class Schema:
         self._none = rtp is type(None) or rtp is None
         self._check = self._none
         self._ready = True
+
+    def _decoder_for(self, hint: Any, what: str) -> tuple[Any, bool]:
+        """:func:`decoder_for` ``hint``, the annotation of ``what``; a
+        ``SchemaError`` where a class it names has a field annotation this
+        process cannot resolve."""
+        try:
+            return decoder_for(hint)
+        except Exception as e:  # (msgspec resolves the fields' annotations)
+            raise SchemaError(
+                f"{self.qualname}: the annotation of {what} (`{expected(hint)}`) cannot be "
+                f"resolved in pid {os.getpid()}: {why(e)}; define or import the types a "
+                "class's field annotations name at the top level of its module") from e
 
     # ------------------------------------------------------------- sender
 
@@ -390,8 +412,9 @@ class Schema:
         except msgspec.ValidationError as e:
             if self._whole:  # (one may have arrived pickled whole)
                 return self._unpack_each(data, bufs)
+            reason = self._args.explain_lazily(data, bufs, str(e))
             raise SchemaError(f"bad arguments for {self.qualname}: "
-                              f"{self._args.explain_lazily(data, bufs, str(e))}") from None
+                              f"{self._keyed(reason, data, bufs)}") from None
         except Exception:  # a pickle to run, or bad data: argument by argument
             return self._unpack_each(data, bufs)
         kwargs: dict[str, Any] = msgspec.structs.asdict(value)
@@ -429,8 +452,9 @@ class Schema:
                     pickled.append(name)
                     whole.add(name)
                     continue
-                reason = dec.explain_lazily(raw, bufs, str(e))
-                raise SchemaError(f"bad arguments for {q}: {_at(reason, name)}") from None
+                reason = _at(dec.explain_lazily(raw, bufs, str(e)), name)
+                raise SchemaError(f"bad arguments for {q}: "
+                                  f"{self._keyed(reason, data, bufs)}") from None
             except Exception as e:
                 raise SchemaError(f"undecodable argument {name!r} for {q}: {why(e)}") from None
         for name in pickled:
@@ -444,6 +468,27 @@ class Schema:
                 raise SchemaError(f"argument {name!r} of {q} cannot be decoded in this "
                                   f"process: {why(e)}") from None
         return self._spread(values) if self._spreads else ((), values)
+
+    def _keyed(self, reason: str, data: Any, bufs: Buffers) -> str:
+        """``reason`` (why the arguments ``data`` are bad), where msgspec
+        writes ``$.kw[...]`` for a value of the ``**kwargs`` map, naming its
+        key (``$.kw['x']``): the first whose value does not validate."""
+        at = f"`$.{self._varkw}[...]"
+        if self._varkw is None or at not in reason:
+            return reason
+        dec = TypedDecoder(typing.get_args(self._types[self._varkw])[1])
+        try:
+            values = _raw_map.decode(_raw_map.decode(data)[self._varkw])
+        except Exception:
+            return reason
+        for key, raw in values.items():
+            try:
+                dec.decode(raw, bufs, lazy=True)
+            except msgspec.ValidationError:
+                return reason.replace(at, f"`$.{self._varkw}[{describe(key)}]", 1)
+            except Exception:  # (a pickle, validated when unpickled)
+                continue
+        return reason
 
     def _decoder(self, name: str) -> TypedDecoder:
         dec = self._each.get(name)
