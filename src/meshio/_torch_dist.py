@@ -14,7 +14,7 @@ from ._actor import Actor, context, current_rank
 from ._constants import SIOCGIFADDR
 from ._exceptions import SupervisionError
 from ._extent import Extent, Point, Region
-from ._proc_mesh import ProcMesh
+from ._proc_mesh import ProcMesh, _ProcMeshRef
 from ._transport._sockets import tcp_endpoint
 from .endpoints._endpoint import endpoint
 
@@ -125,6 +125,10 @@ async def setup_torch_distributed(procs: ProcMesh, *,
     Raises:
         TypeError: ``procs`` is not a :class:`ProcMesh` (an actor mesh, a
             host mesh), or ``master_port`` is not an int (a str, a bool).
+        RuntimeError: ``procs`` is a reference (a proc mesh passed to an
+            actor): only the controller that started its processes can set
+            them up, as it spawns helper actors there and keeps the settings
+            for replacements.
         ValueError: ``master_port`` is not a TCP port, 1..65535.
         SupervisionError: every process of ``procs`` is a hole, or a process
             died meanwhile.
@@ -132,6 +136,10 @@ async def setup_torch_distributed(procs: ProcMesh, *,
     if not isinstance(procs, ProcMesh):
         raise TypeError(f"setup_torch_distributed: expected a ProcMesh (the processes of the "
                         f"world), got {type(procs).__name__} {procs!r}")
+    if isinstance(procs, _ProcMeshRef):
+        raise RuntimeError(f"setup_torch_distributed: proc mesh {procs._name!r} is a reference "
+                           f"(passed on by the controller that started its processes); call "
+                           f"it in that controller")
     if master_port is not None:
         if isinstance(master_port, bool) or not isinstance(master_port, int):
             raise TypeError(f"setup_torch_distributed(master_port=...) must be an int TCP port "

@@ -41,6 +41,7 @@ from ._frames import (
     _DIRECT,
     _HDR,
     _LEN_MASK,
+    _MEMORY_SCRATCH,
     _PEEK,
     _SCRATCH,
     MAX_BUFS,
@@ -1102,14 +1103,15 @@ class Connection(asyncio.BufferedProtocol):
         """Make room for ``need`` bytes from ``_start`` in the scratch buffer.
         A new one is not zeroed: its memory is committed only as data
         arrives, so an idle connection holds little (and none before its
-        first message)."""
+        first message).  An in-memory connection's starts small."""
         avail = self._end - self._start
         if need <= len(self._buf) - self._start:
             return
         if need <= len(self._buf) and self._start:
             self._buf[:avail] = self._buf[self._start:self._end]
         else:
-            bigger, view = _allocate(KIND_BYTEARRAY, max(need, 2 * len(self._buf), _SCRATCH))
+            first = _SCRATCH if self._socket else _MEMORY_SCRATCH
+            bigger, view = _allocate(KIND_BYTEARRAY, max(need, 2 * len(self._buf), first))
             view[:avail] = self._mv[self._start:self._end]
             self._buf, self._mv = bigger, view
         self._start, self._end = 0, avail

@@ -25,6 +25,11 @@ MAX_BUFS: Final = 1 << 16
 #: the scratch receive buffer's normal size; frames up to this size are not
 #: counted against the receive budget
 _SCRATCH: Final = 1 << 18
+#: an in-memory connection's first scratch buffer (it doubles as frames need):
+#: a 1,024-point in-process mesh opens thousands of connections, and glibc
+#: keeps their freed 256 KiB buffers in its heap (below its mmap threshold,
+#: raised by earlier frees), so the process grew with each mesh stopped
+_MEMORY_SCRATCH: Final = 1 << 12
 #: parts (body or buffer) from this size on are received straight into their
 #: own object; smaller ones wait in the scratch buffer
 _DIRECT: Final = 1 << 16

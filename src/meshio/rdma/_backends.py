@@ -2,8 +2,9 @@
 (:class:`~._registry.RdmaBackend`): :func:`backend` names the module of
 each, and :func:`serve_op` is the owner's side of every request that
 reaches its runtime: checked here (the buffer registered, its token, the
-range), ``drop`` done here (the registry's), every other kind handed to the
-backend that serves it (``tcp`` chunks, the ``ibverbs`` connection set-up).
+range, its memory not moved), ``drop`` done here (the registry's), every
+other kind handed to the backend that serves it (``tcp`` chunks, the
+``ibverbs`` connection set-up).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply
 from .._transport._runtime import Runtime, register_handler
 from .._transport._serial import Buffers
 from . import _same_host, _tcp
-from ._registry import BACKENDS, DROPPED, Backend, RdmaBackend, Registry
+from ._registry import BACKENDS, DROPPED, MOVED, Backend, RdmaBackend, Registry
 
 __all__ = ("backend", "serve_op")
 
@@ -64,6 +65,9 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
     if msg.op == "drop":
         registry.release(msg.buf)
         conn.send_message(Reply(msg.req, MSGPACK_NIL))
+        return
+    if reg.memory.moved():  # (a one-sided read or write cannot tell: no owner code runs)
+        conn.send_message(Fail(msg.req, ErrorInfo("rdma", "RDMAError", MOVED)))
         return
     for name in _ASKED:
         try:

@@ -8,7 +8,8 @@ What is kept is the memory, not the object it came from: a tensor's storage
 would free the registered one), a buffer's export (a ``memoryview``, which
 also refuses to resize a ``bytearray`` or a NumPy array while it lives).  A
 tensor grown past its storage by ``resize_()`` moves to new memory all the
-same: torch offers no way to lock a storage's size."""
+same: torch offers no way to lock a storage's size.  :meth:`Memory.moved`
+tells, where the owner's code serves a transfer (``tcp``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ class Memory:
     addr: int
     size: int
     writable: bool
+
+    def moved(self) -> bool:
+        """Whether the range is no longer inside the memory kept: a tensor
+        grown by ``resize_()`` past its storage (torch moved the storage to
+        new memory and freed this range) or its storage resized smaller.  A
+        buffer's export never moves."""
+        if isinstance(self.keep, memoryview):
+            return False
+        start: int = self.keep.data_ptr()
+        return not start <= self.addr <= self.addr + self.size <= start + self.keep.nbytes()
 
 
 def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:

@@ -36,6 +36,11 @@ BACKENDS: Final[tuple[Backend, ...]] = ("same_host", "ibverbs", "tcp")
 #: puts the transfer, the buffer, its owner and itself before it)
 DROPPED: Final = ("the buffer was dropped (drop() was called, its owning actor stopped or "
                   "its runtime closed): ask its owner for a new RDMABuffer")
+#: why the owner refuses a request on a registered tensor whose memory moved
+#: (:meth:`Memory.moved`)
+MOVED: Final = ("its memory moved (the registered tensor was resized past its storage, and "
+                "torch freed the registered memory): drop the buffer and register the tensor "
+                "again")
 
 
 #: the owner's side of one kind of request (:class:`RdmaOp`) on a registered
