@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import signal
 
 import pytest
@@ -55,6 +56,30 @@ async def test_a_closed_port_still_says_closed() -> None:
         await asyncio.wait_for(holder.close.call_one(), GUARD)
         with pytest.raises(ClosedResourceError):
             await asyncio.wait_for(receiver.recv(), GUARD)
+
+
+async def test_a_value_sent_after_another_sender_closed_is_dropped_and_said(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One ``close()`` ends the channel for every sender (README, Ports):
+    a value another holder sends after it is dropped, and the receiving
+    process says so on its ``meshio`` log, once per port."""
+    port, receiver = Channel[int].open()
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        holders = await procs.spawn("holders", Holder, port)
+        first, second = holders.slice(procs=0), holders.slice(procs=1)
+        await asyncio.wait_for(first.send.call_one(1), GUARD)
+        await asyncio.wait_for(first.close.call_one(), GUARD)
+        assert [v async for v in receiver] == [1]  # (ended by the close)
+        with caplog.at_level("WARNING", logger="meshio"):
+            pid = await asyncio.wait_for(second.send.call_one(2), GUARD)
+            await asyncio.wait_for(second.send.call_one(3), GUARD)
+            # (the answer to a later call from the same process comes after its values)
+            await asyncio.wait_for(second.send.call_one(4), GUARD)
+        said = [r.getMessage() for r in caplog.records if "was dropped" in r.getMessage()]
+        assert len(said) == 1 and re.fullmatch(
+            rf"meshio: a value sent to port \d+ by process {pid} was dropped: the port is "
+            r"closed \(one close\(\) ends it for every sender\), or its receiver was closed "
+            r"or is gone \(said once per port\)", said[0]), said
 
 
 class Handed(Actor):

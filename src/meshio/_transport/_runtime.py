@@ -418,6 +418,9 @@ class Runtime:
         #: the actors a message wanting no answer (a ``broadcast``) found
         #: gone here, said once each (:meth:`post`)
         self.unheard: set[str] = set()
+        #: the ports (of this runtime) a value arrived for after they were
+        #: closed, said once each
+        self.dropped: set[int] = set()
         #: addresses known dead → the error their callers get
         self.dead: DeadTable = DeadTable()
         #: by peer address: called with the connection when it is lost
@@ -641,7 +644,13 @@ class Runtime:
             case PortSend():
                 receiver = self.ports.get(msg.port)
                 if receiver is None:
-                    pass
+                    if not (msg.held or msg.released or msg.close) \
+                            and msg.port not in self.dropped:
+                        self.dropped.add(msg.port)  # (a value lost: said, once per port)
+                        log.warning("meshio: a value sent to port %d by process %s was dropped: "
+                                    "the port is closed (one close() ends it for every sender), "
+                                    "or its receiver was closed or is gone (said once per port)",
+                                    msg.port, conn.peer_pid)
                 elif msg.held:
                     receiver._held(conn)
                 elif msg.released:
