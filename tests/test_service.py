@@ -523,6 +523,10 @@ async def test_bad_arguments(procs: meshio.ProcMesh) -> None:
         svc.slice(replicas=0)
     with pytest.raises(TypeError, match="parameter named 'session'"):
         await svc.greet.route("x")
+    for routing in ("least_loaded", "sticky"):  # (whatever the routing)
+        with pytest.raises(TypeError, match=r"^Gen\.whoami\.route\(session=\.\.\.\) must be "
+                                            r"hashable .*, got list \['a'\]"):
+            await meshio.Service(gens, routing=routing).whoami.route(session=["a"])  # type: ignore[call-overload]
     foreign = ReplicaStats(7, True, 0, 0, None, None, None)
     bad = meshio.Service(gens, routing=lambda replicas, session: foreign)
     with pytest.raises(ValueError, match="must return one of the ReplicaStats"):

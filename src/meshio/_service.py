@@ -877,6 +877,11 @@ class _ServiceEndpoint(Endpoint[P, R]):
             raise TypeError(
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
                 f"for the routing key; rename the parameter to route calls to it")
+        try:
+            hash(session)  # (whatever the routing: a sticky one keys a dict by it)
+        except TypeError:
+            raise TypeError(f"{self._qualname}.route(session=...) must be hashable (a str, an "
+                            f"int, a tuple), got {type(session).__name__} {session!r}") from None
         body, packer = self._encode(args, kwargs)
         sent: list[_Replica] = []
         routed = self._service._routed(self._desc, body, packer, session, self._deadline(),
