@@ -375,6 +375,41 @@ async def test_constructor_that_raises(procs: meshio.ProcMesh) -> None:
     assert "__init__" in err.remote_traceback
 
 
+class Hop(Actor):
+    """One link of a chain of calls; the last one raises."""
+
+    def __init__(self) -> None:
+        self.next: Hop | None = None
+
+    @endpoint
+    async def link(self, nxt: Hop) -> None:
+        self.next = nxt
+
+    @endpoint
+    async def hop(self) -> int:
+        if self.next is None:
+            raise ValueError("leaf failure")
+        return 1 + await self.next.hop.call_one()
+
+
+async def test_an_error_through_a_chain_of_calls_is_told_once_per_hop(
+        procs: meshio.ProcMesh) -> None:
+    """An error no endpoint of a chain catches reaches the caller as what
+    the last one raised (``except ValueError`` catches it), its message once
+    per hop: it held each hop's whole text twice (in the message and the
+    traceback), doubling per hop (120 KB after 8 hops)."""
+    hops = [(await procs.spawn(f"hop{i}", Hop)).slice(procs=i % 2) for i in range(4)]
+    for mine, nxt in zip(hops, hops[1:]):
+        await mine.link.call_one(nxt)
+    with pytest.raises(ValueError) as info:
+        await hops[0].hop.call_one()
+    e = info.value
+    assert isinstance(e, ActorError)
+    assert (e.remote_type, e.remote_message, e.actor) == ("ValueError", "leaf failure", "hop0")
+    assert str(e).count("leaf failure") == 3 + 3  # (as one hop's, and once for each further)
+    assert str(e).count("in hop3 rank") == 1
+
+
 async def test_constructor_raising_on_every_rank(procs: meshio.ProcMesh) -> None:
     with pytest.raises(ActorError) as info:
         await procs.spawn("faulty", Faulty, fail_ranks=[0, 1])

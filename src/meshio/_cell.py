@@ -36,7 +36,7 @@ from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, _scope
-from ._exceptions import CallTimeout, SchemaError
+from ._exceptions import ActorError, CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import Meter, encode_report, process_report
@@ -104,16 +104,23 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
     """What the caller is told of ``e``: everything that can be told, even of
     an exception whose ``__str__`` raises or whose traceback cannot be
     formatted (the user's code runs here, so nothing may escape)."""
-    try:
-        type_name = _type_name(e)
-    except BaseException:
-        type_name = "<exception of an unnameable type>"
-    try:
-        message = str(e)
-        if not isinstance(message, str):  # pragma: no cover - str() checks this itself
-            raise TypeError("__str__ returned a non-string")
-    except BaseException as inner:
-        message = f"<unprintable {type_name}: str() raised {type(inner).__name__}>"
+    if isinstance(e, ActorError):
+        # A remote error passing through (a call this endpoint made failed):
+        # told as what it is (``except ValueError`` still catches it), its
+        # message once; the remote traceback below it is in this one's.  (As
+        # str(e) it was in the message and the traceback both: doubled per hop.)
+        type_name, message = e.remote_type, e.remote_message
+    else:
+        try:
+            type_name = _type_name(e)
+        except BaseException:
+            type_name = "<exception of an unnameable type>"
+        try:
+            message = str(e)
+            if not isinstance(message, str):  # pragma: no cover - str() checks this itself
+                raise TypeError("__str__ returned a non-string")
+        except BaseException as inner:
+            message = f"<unprintable {type_name}: str() raised {type(inner).__name__}>"
     tb = ""
     if kind == "actor":
         try:
