@@ -4,6 +4,7 @@ constructors, unknown endpoints."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import pickle
 from typing import Any, Generic, TypeVar, cast
 
@@ -399,7 +400,7 @@ async def test_an_error_through_a_chain_of_calls_is_told_once_per_hop(
     per hop: it held each hop's whole text twice (in the message and the
     traceback), doubling per hop (120 KB after 8 hops)."""
     hops = [(await procs.spawn(f"hop{i}", Hop)).slice(procs=i % 2) for i in range(4)]
-    for mine, nxt in zip(hops, hops[1:]):
+    for mine, nxt in itertools.pairwise(hops):
         await mine.link.call_one(nxt)
     with pytest.raises(ValueError) as info:
         await hops[0].hop.call_one()

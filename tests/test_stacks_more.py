@@ -163,3 +163,25 @@ async def test_the_stacks_of_many_actors_read_the_threads_once(
         stacks = await asyncio.wait_for(procs.stacks(), GUARD)
     assert not stacks.errors and len(stacks.actors) == 20
     assert reads == 2, reads  # one per process asked, not one per actor
+
+
+async def test_the_stacks_of_a_stopped_actor_mesh_say_it_was_stopped() -> None:
+    """The stacks of a stopped actor, as its calls, say it was stopped (they
+    listed no actor and no error line), and once its proc mesh is stopped
+    say that, as the proc mesh's stacks do (they said "connection
+    refused")."""
+    async with in_process_host().spawn_procs(per_host={"procs": 3}) as procs:
+        idle = await procs.spawn("idle", Idle)
+        await idle.slice(procs=1).stop()
+        some = await asyncio.wait_for(idle.stacks(), GUARD)
+        assert [a.rank for a in some.actors] == [0, 2]
+        assert some.errors == ("actor mesh 'idle' rank 1 was stopped",)
+        await idle.stop()
+        stopped = await asyncio.wait_for(idle.stacks(), GUARD)
+        assert stopped == Stacks((), ("actor mesh 'idle' was stopped",))
+        assert "error: actor mesh 'idle' was stopped" in stopped.text()
+        with pytest.raises(ValueError, match="timeout"):
+            await idle.stacks(timeout=0)
+    gone = await asyncio.wait_for(idle.stacks(), GUARD)
+    assert gone == Stacks((), ("actor mesh 'idle': proc mesh 'procs' was stopped",))
+    assert (await procs.stacks()).errors == ("proc mesh 'procs' was stopped",)

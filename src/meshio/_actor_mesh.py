@@ -223,7 +223,9 @@ class ActorMesh(MeshShape, Generic[A]):
         """Warn of the actors a stop did not wait for (``silent``, and those
         of ``asked`` whose process stopped answering meanwhile): each is
         taken as stopped."""
-        if not gathered.cancelled():
+        # (cancelled from the task awaiting it, gather may end with a
+        # CancelledError set rather than cancelled: nothing was answered then)
+        if not gathered.cancelled() and gathered.exception() is None:
             silent += [e for (_, addr), e in zip(asked, gathered.result())
                        if isinstance(e, SupervisionError) and _silent(rt, addr) is not None]
         if not silent:
@@ -245,16 +247,33 @@ class ActorMesh(MeshShape, Generic[A]):
             timeout: seconds to wait for each process; one that has not
                 answered by then (stopped, hung, or its loop blocked by an
                 ``async`` endpoint) is listed in ``Stacks.errors``, as is
-                one that is gone.
+                one that is gone, and an actor stopped (``stop()`` on the
+                mesh or a slice holding it, or on its proc mesh).
 
         Raises:
             TypeError: ``timeout`` is not a number (a str, a bool).
             ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
                 float holds; ``math.inf``: no bound).
         """
-        return await gather(self._route.runtime(), [
-            (self._addrs[grank], self._target, f"actor mesh {self._name!r}", self._site(index))
-            for index, grank in enumerate(self._region.ranks)], timeout)
+        ranks, name = self._region.ranks, self._name
+        state = self._procs._state if self._procs is not None else None
+        stopped: Container[int] = ()  # (known where its proc mesh is this process's)
+        errors: list[str] = []
+        if state is not None and state.stopped:
+            stopped = ranks
+            errors.append(f"actor mesh {name!r}: proc mesh {state.name!r} was stopped")
+        elif state is not None:  # (a mesh stopped everywhere is forgotten: no record)
+            record = next((a for a in state.actors if a.target == self._target), None)
+            stopped = ranks if record is None else record.stopped
+            if all(grank in stopped for grank in ranks):
+                errors.append(f"actor mesh {name!r} was stopped")
+            else:
+                errors += [f"actor mesh {name!r} rank {self._site(index).rank} was stopped"
+                           for index, grank in enumerate(ranks) if grank in stopped]
+        stacks = await gather(self._route.runtime(), [
+            (self._addrs[grank], self._target, f"actor mesh {name!r}", self._site(index))
+            for index, grank in enumerate(ranks) if grank not in stopped], timeout)
+        return Stacks(stacks.actors, (*errors, *stacks.errors))
 
     # -------------------------------------------------------- internals
     # _route, _gather_all, _request_all, _send_all, _check_room, _site,

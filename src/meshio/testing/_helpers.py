@@ -133,15 +133,30 @@ def child_pids() -> set[int]:
 
 async def wait_exited(pidfd: int, timeout: float) -> None:
     """Wait on the running loop until the process behind ``pidfd``
-    (``os.pidfd_open``) has exited.
+    (``os.pidfd_open``) has exited.  Several may wait on one pidfd at once:
+    each waits on a duplicate of it of its own.
 
     Raises:
         TimeoutError: it is still running after ``timeout`` seconds.
-        TypeError: ``timeout`` is not a number (a str, a bool).
-        ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no float
-            holds; ``math.inf``: no bound).
+        TypeError: ``pidfd`` is not an int (a str, a bool), or ``timeout``
+            is not a number (a str, a bool).
+        ValueError: ``pidfd`` is no open pidfd (closed, a file, a pipe), or
+            ``timeout`` is not seconds > 0 (NaN, or an int no float holds;
+            ``math.inf``: no bound).
     """
+    if isinstance(pidfd, bool) or not isinstance(pidfd, int):
+        raise TypeError(f"wait_exited(pidfd=...) must be a pidfd (an int, from "
+                        f"os.pidfd_open), got {type(pidfd).__name__} {pidfd!r}")
     timeout = check_seconds(timeout, "wait_exited", "timeout")
+    try:  # (a pidfd's fdinfo names its process: a "Pid:" line, -1 once reaped)
+        with open(f"/proc/self/fdinfo/{pidfd}") as f:
+            is_pidfd = any(line.startswith("Pid:") for line in f)
+    except OSError:
+        raise ValueError(f"wait_exited(pidfd={pidfd}): no such open file descriptor in "
+                         f"process {os.getpid()} (closed?)") from None
+    if not is_pidfd:
+        raise ValueError(f"wait_exited(pidfd={pidfd}): not a pidfd (a file, a pipe or a "
+                         "socket?); pass one from os.pidfd_open(pid)")
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[None] = loop.create_future()
 
@@ -149,11 +164,19 @@ async def wait_exited(pidfd: int, timeout: float) -> None:
         if not fut.done():
             fut.set_result(None)
 
-    loop.add_reader(pidfd, readable)
+    # (one reader per fd and loop: another waiter's would replace this one's)
+    fd = os.dup(pidfd)
     try:
-        await within(fut, timeout)
+        loop.add_reader(fd, readable)
+        try:
+            await within(fut, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"wait_exited: pidfd {pidfd} did not become readable (the "
+                               f"process did not exit) within {timeout:g} s") from None
+        finally:
+            loop.remove_reader(fd)
     finally:
-        loop.remove_reader(pidfd)
+        os.close(fd)
 
 
 async def open_job_connection(addr: str, secret: bytes | None = None
