@@ -9,7 +9,7 @@ it (``commit``), so a step is applied once or not at all.  Each rank then
 publishes its weights to its own :class:`~meshio.store.WeightStore`
 (version = the number of steps applied).
 
-Midway, one rank is SIGKILLed during a step.  The survivors' all-reduce
+Midway, one rank is SIGKILLed as a step begins.  The survivors' all-reduce
 fails, they drop their process group and the step is not applied.  The
 controller sees the dead rank as a hole (nothing restarts it), starts
 ``procs.replace(rank)`` in the background and has the N-1 survivors form a
@@ -176,10 +176,12 @@ async def main(ranks: int, steps: int, kill_at: int, kill_rank: int,
                          if joining else "")
                       + f" ({1000 * (time.perf_counter() - start):.0f} ms)")
             began = time.perf_counter()
-            attempt = trainers.compute.call(step, generation)  # (on its way)
             if step == kill_at and failed_at == steps:
+                # (as the step begins: killed after it was sent, a rank could
+                # answer first on a busy machine, and the step would succeed)
                 os.kill(procs.pids[kill_rank], signal.SIGKILL)
                 print(f"step {step}: SIGKILL rank {kill_rank}")
+            attempt = trainers.compute.call(step, generation)
             try:
                 done = {p.rank: loss for p, loss in (await attempt).items()}
             except meshio.SupervisionError:  # a member died (not known as a hole yet)
