@@ -114,6 +114,10 @@ class Probe(Actor):
     async def wait_chain_ended(self) -> None:
         await self.chain_ended.wait()
 
+    @endpoint(concurrent=True)
+    async def chain_began(self) -> bool:
+        return self.in_chain.is_set()
+
     @endpoint
     def poll_until_given_up(self, started: Port[str], cancels: Port[str]) -> None:
         """A def endpoint that stops early once its caller gave up."""
@@ -237,12 +241,12 @@ async def test_cancelling_a_call_cancels_its_chain(procs: meshio.ProcMesh, how: 
 @pytest.mark.parametrize("deadline", [None, 10 * GUARD])
 async def test_a_call_cancelled_in_the_read_that_brings_it_cancels_its_chain(
         procs: meshio.ProcMesh, tmp_path: Path, deadline: float | None) -> None:
-    """A call and its Cancel reach an idle actor in one read: the call
-    starts in that read and waits on a call of its own, then the Cancel
-    comes.  That inner call is cancelled too (before, it ran on, and its
-    failure was "never retrieved").  The process's loop is held at a FIFO
-    gate (by another actor there) while both frames arrive.  With a
-    deadline, the inner call inherits it (and waits in a task of its own)."""
+    """A call and its Cancel reach an idle actor in one read: every message
+    of a read is in before a call of it runs, so the Cancel drops the call
+    before it starts, and nothing of its chain runs (before, the call
+    started in that read and the Cancel then had to cancel its inner call).
+    The process's loop is held at a FIFO gate (by another actor there)
+    while both frames arrive.  With a deadline too."""
     a, b = await probes(procs, "a", "b")
     blocker = await procs.slice(procs=0).spawn("blocker", Probe)
     gate = Gate(tmp_path)
@@ -256,8 +260,10 @@ async def test_a_call_cancelled_in_the_read_that_brings_it_cancels_its_chain(
     await asyncio.wait_for(blocking, GUARD)
     with pytest.raises(asyncio.CancelledError):
         await call
-    await asyncio.wait_for(b.wait_chain_ended.call_one(), GUARD)
-    await asyncio.wait_for(a.wait_chain_ended.call_one(), GUARD)
+    # (a's mailbox call behind the dropped one: it ran nothing of the chain)
+    await asyncio.wait_for(a.work.call_one(), GUARD)
+    assert await asyncio.wait_for(a.chain_began.call_one(), GUARD) is False
+    assert await asyncio.wait_for(b.chain_began.call_one(), GUARD) is False
 
 
 async def test_concurrent_calls_cancelled_as_they_arrive_do_not_run_on(

@@ -135,6 +135,7 @@ class FakeRuntime:
         self.got: list[tuple[M.Message, list[Any]]] = []
         self.reading = False  # (set by a read; batching() below ignores it)
         self.batched: list[Connection] = []  # (always empty: nothing for a read to write)
+        self.admitted: list[Callable[[], None]] = []  # (no actor here: no call to serve)
 
     def dispatch(self, conn: Connection, msg: M.Message, bufs: list[Any]) -> None:
         self.got.append((msg, bufs))

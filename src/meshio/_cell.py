@@ -4,8 +4,9 @@ message at a time (unless the endpoint is ``concurrent``; one
 in :class:`_Slots`).
 
 ``async def`` endpoints run on the worker's loop (a mailbox call in the
-actor's pump task, or at once in the loop callback that brought it, as that
-task, when the actor was idle; a concurrent call in its own task); plain ``def``
+actor's pump task, or in the loop callback that brought it, as that task,
+when the actor was idle: once the rest of that read is handled, so that a
+Cancel in it comes first; a concurrent call in its own task); plain ``def``
 endpoints run in the actor's thread (:class:`ActorThread`), so a blocking
 one leaves the loop free to answer heartbeats and other actors.  The
 constructor runs in that thread first, so what it sets per thread is theirs.
@@ -349,11 +350,15 @@ class ActorCell:
         self.waiter: asyncio.Future[None] | None = None
         #: by endpoint name: its calls so far (``meshio.stats()``)
         self.meters: dict[str, Meter] = {name: Meter() for name in self.endpoints}
-        #: a call begun in :meth:`post` that had to wait: the mailbox task
+        #: a call begun outside the mailbox task that had to wait: the task
         #: goes on with it (:meth:`_begin`)
         self.begun: _GoOn | None = None
         #: the mailbox task's context (a call begun in :meth:`post` runs in it)
         self.context = contextvars.copy_context()
+        #: :meth:`_take_up`, noted once per socket read that brought calls
+        #: while the actor was idle (:attr:`Runtime.admitted`), to run as
+        #: the read ends: a Cancel later in the read drops its call first
+        self.take_up = self._take_up
         #: the deadlock probes mailbox call :attr:`probe_seq` passed on
         #: (:meth:`probed`), by where each started and what it looks for
         self.probe_seq = 0
@@ -406,9 +411,23 @@ class ActorCell:
                 return
             probing = scope is not None and scope.waits is not None
         waiter = self.waiter
-        if waiter is not None and not waiter.done() and self._begin(waiter, conn, msg, bufs,
-                                                                    deadline):
-            return
+        if waiter is not None and not waiter.done():  # idle
+            rt = self.rt
+            if not rt.reading or (conn._start == conn._end and not rt.admitted
+                                  and not self.mailbox):
+                # (nothing follows it in the read that brought it: no Cancel)
+                if self._begin(waiter, conn, msg, bufs, deadline):
+                    return
+            else:
+                # A Cancel may follow in the read that brought it: it runs
+                # once that read is parsed (each actor noted once in a row).
+                if msg.req:
+                    self.queued.add((conn, msg.req))
+                self.mailbox.append((conn, msg, bufs, deadline))
+                admitted = rt.admitted
+                if not admitted or admitted[-1] is not self.take_up:
+                    admitted.append(self.take_up)
+                return
         if msg.req:
             self.queued.add((conn, msg.req))
         self.mailbox.append((conn, msg, bufs, deadline))
@@ -418,6 +437,17 @@ class ActorCell:
             self.waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _take_up(self) -> None:
+        """The read that brought calls while the actor was idle is parsed:
+        serve them here (:meth:`_begin`) if it still is, or, within a task,
+        by waking the mailbox task."""
+        waiter = self.waiter
+        if waiter is None or waiter.done() or not self.mailbox:
+            return
+        if not self._begin(waiter, None, None, None, None):
+            self.waiter = None
+            waiter.set_result(None)
 
     def _start(self, conn: Connection, msg: Call, desc: EndpointDescriptor[Any, Any, Any],
                args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None,
@@ -486,17 +516,19 @@ class ActorCell:
                 if not msg.req or (conn, msg.req) in queued:
                     yield conn, msg
 
-    def _begin(self, waiter: asyncio.Future[None], conn: Connection, msg: Call, bufs: Buffers,
-               deadline: float | None) -> bool:
-        """Serve a call that found the actor idle here, in the loop callback
-        that brought it, rather than by waking the mailbox task (which waits
-        on ``waiter``): the call runs without a wake-up or a turn of the loop
-        first, and its answer goes out in the same turn.  It runs as if in
-        that task (``asyncio.current_task()`` is the task, in its context),
-        so everything else sees a mailbox call; one that has to wait is
-        handed to the task, which goes on with it (:class:`_GoOn`).  False
-        (nothing done) when called within a task (a call made in this
-        process): the call queues."""
+    def _begin(self, waiter: asyncio.Future[None], conn: Connection | None, msg: Call | None,
+               bufs: Buffers | None, deadline: float | None) -> bool:
+        """Serve a call that found the actor idle (``msg``; None: the calls
+        of its mailbox) here, in the loop callback that brought it, rather
+        than by waking the mailbox task (which waits on ``waiter``): it runs
+        without a wake-up or a turn of the loop first, and its answer goes
+        out in the same turn; then the calls in the mailbox (admitted by the
+        read that brought it, or come meanwhile), while it stays idle.  Each
+        runs as if in that task (``asyncio.current_task()`` is the task, in
+        its context), so everything else sees a mailbox call; one that has
+        to wait is handed to the task, which goes on with it and the calls
+        behind it (:class:`_GoOn`).  False (nothing done) when called within
+        a task (a call made in this process): the task serves them."""
         loop, task = self.rt.loop, self.task
         try:
             # (It refuses when a task runs: asking current_task() first
@@ -505,26 +537,30 @@ class ActorCell:
         except RuntimeError:
             return False
         try:
-            if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin)
-            context = self.context
-            coro = context.run(self._serve, conn, msg, bufs, deadline)
-            if coro is None:  # answered already
-                return True
-            self.waiter = None  # (calls that arrive meanwhile queue)
-            try:
-                yielded = context.run(coro.send, None)
-            except StopIteration:  # served
-                if not waiter.done():  # (done: the call stopped the actor)
-                    if self.mailbox:  # calls that came meanwhile (a budget it freed let them in)
-                        waiter.set_result(None)
-                    else:
+            context, mailbox = self.context, self.mailbox
+            coro = None
+            if msg is not None and conn is not None and bufs is not None:
+                if msg.bounded:
+                    took(conn, self.target, self.credit_batch, msg.origin)
+                coro = context.run(self._serve, conn, msg, bufs, deadline)
+            while True:
+                if coro is not None:  # (None: dropped, or answered already)
+                    self.waiter = None  # (calls that arrive meanwhile queue)
+                    try:
+                        yielded = context.run(coro.send, None)
+                    except StopIteration:  # served
+                        if waiter.done():  # the call stopped the actor
+                            return True
                         self.waiter = waiter
-                return True
-            except BaseException as e:  # (a bug): raised in the task, as it would have been
-                self.begun = _GoOn(coro, None, e)
-            else:
-                self.begun = _GoOn(coro, yielded, None)
+                    except BaseException as e:  # (a bug): raised in the task, as it would be
+                        self.begun = _GoOn(coro, None, e)
+                        break
+                    else:
+                        self.begun = _GoOn(coro, yielded, None)
+                        break
+                if not mailbox:
+                    return True
+                coro = context.run(self._next)
         finally:
             _leave_task(loop, task)
         if not waiter.done():
@@ -780,7 +816,6 @@ class ActorCell:
     async def _pump(self) -> None:
         _context.set(self.ctx)
         mailbox = self.mailbox
-        queued = self.queued
         loop = self.rt.loop
         while self.stopping is None:
             if not mailbox:
@@ -799,21 +834,28 @@ class ActorCell:
                         if not _thrown_in(self.task):
                             raise
                 continue
-            conn, msg, bufs, deadline = mailbox.popleft()
-            if msg.bounded:
-                took(conn, self.target, self.credit_batch, msg.origin)
-            key = (conn, msg.req)
-            run = None
-            if not msg.req or key in queued:  # (not: cancelled by its caller)
-                queued.discard(key)
-                run = self._serve(conn, msg, bufs, deadline)
-            del conn, msg, bufs, key  # an idle actor keeps no value of its last call
+            run = self._next()
             if run is not None:
                 try:
                     await run  # (a coroutine done keeps nothing of its call)
                 except GeneratorExit:
                     if not _thrown_in(self.task):
                         raise
+
+    def _next(self) -> Coroutine[Any, Any, None] | None:
+        """Take the first call of the mailbox (its credit goes back to its
+        caller): what serves it (:meth:`_serve`), or None if its caller
+        cancelled it meanwhile or it ends here.  (Its values go with this
+        frame: an idle actor keeps none of its last call.)"""
+        conn, msg, bufs, deadline = self.mailbox.popleft()
+        if msg.bounded:
+            took(conn, self.target, self.credit_batch, msg.origin)
+        if msg.req:
+            key = (conn, msg.req)
+            if key not in self.queued:  # cancelled by its caller
+                return None
+            self.queued.remove(key)
+        return self._serve(conn, msg, bufs, deadline)
 
     def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
                deadline: float | None) -> Coroutine[Any, Any, None] | None:

@@ -980,8 +980,18 @@ class Connection(asyncio.BufferedProtocol):
         try:
             self._run_parse()
         finally:
-            # What the calls it delivered answered goes out now, not after
-            # a callback at the end of the turn (Runtime.batching).
+            # The calls it brought for idle actors run now, once every
+            # message it brought is in (a Cancel behind a call drops it, as
+            # for a call queued behind a busy actor: ActorCell.post), and
+            # what they answered goes out now, not after a callback at the
+            # end of the turn (Runtime.batching).
+            while rt.admitted:  # (again for calls those posted here meanwhile)
+                admitted, rt.admitted = rt.admitted, []
+                for serve in admitted:
+                    try:
+                        serve()
+                    except Exception:  # (a bug: the other actors' calls are served all the same)
+                        log.exception("meshio: serving the calls a read brought failed")
             rt.reading = False
             if rt.batched:
                 rt.end_turn()

@@ -387,6 +387,9 @@ class Runtime:
         #: a connection's read (``buffer_updated``) is running: it writes
         #: what was batched meanwhile when it returns
         self.reading = False
+        #: what serves the calls that read brought for idle actors (each
+        #: actor's, once), run as it returns: the read's Cancels are in by then
+        self.admitted: list[Callable[[], None]] = []
         endpoint = None if in_process else tcp_endpoint(addr)
         if endpoint is not None:  # a TCP address of its own: port 0 picks one
             addr = self.sockets.listen(tcp_listener(*endpoint), advertise or endpoint[0],
