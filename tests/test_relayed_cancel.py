@@ -19,7 +19,7 @@ import pytest
 from supervision_helpers import next_pong
 
 import meshio
-from meshio import Actor, endpoint
+from busy_actor import Busy
 from meshio.jobs import ProcessJob
 
 GUARD = 30.0
@@ -27,44 +27,6 @@ GUARD = 30.0
 BEATS = {"heartbeat_interval": 0.2, "heartbeat_timeout": 2.0}
 #: calls queued behind the running one on each stopped process
 QUEUED = 200
-
-
-class Busy(Actor):
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self.running = asyncio.Event()
-        self.cancelled = asyncio.Event()
-
-    @endpoint
-    async def addr(self) -> str:
-        return meshio.context().proc.addr
-
-    @endpoint
-    async def wait_long(self) -> None:
-        self.running.set()
-        try:
-            await asyncio.Event().wait()  # until cancelled
-        except asyncio.CancelledError:
-            self.log.append("wait_long cancelled")
-            self.cancelled.set()
-            raise
-
-    @endpoint
-    async def record(self, what: str) -> None:
-        self.log.append(what)
-
-    @endpoint(concurrent=True)
-    async def started(self) -> None:
-        await self.running.wait()
-
-    @endpoint(concurrent=True)
-    async def was_cancelled(self) -> None:
-        await self.cancelled.wait()
-
-    @endpoint
-    async def seen(self) -> list[str]:
-        """What ran (through the mailbox: after what was queued before it)."""
-        return self.log
 
 
 @dataclass(frozen=True)

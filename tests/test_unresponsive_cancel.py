@@ -16,6 +16,7 @@ import pytest
 from supervision_helpers import next_pong
 
 import meshio
+from busy_actor import Busy
 from meshio import Actor, endpoint
 
 GUARD = 10.0
@@ -23,44 +24,6 @@ GUARD = 10.0
 BEATS = {"heartbeat_interval": 0.1, "heartbeat_timeout": 1.0}
 #: calls queued behind the running one: their Cancels take more than one read
 QUEUED = 5000
-
-
-class Busy(Actor):
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self.running = asyncio.Event()
-        self.cancelled = asyncio.Event()
-
-    @endpoint
-    async def addr(self) -> str:
-        return meshio.context().proc.addr
-
-    @endpoint
-    async def wait_long(self) -> None:
-        self.running.set()
-        try:
-            await asyncio.Event().wait()  # until cancelled
-        except asyncio.CancelledError:
-            self.log.append("wait_long cancelled")
-            self.cancelled.set()
-            raise
-
-    @endpoint
-    async def record(self, what: str) -> None:
-        self.log.append(what)
-
-    @endpoint(concurrent=True)
-    async def started(self) -> None:
-        await self.running.wait()
-
-    @endpoint(concurrent=True)
-    async def was_cancelled(self) -> None:
-        await self.cancelled.wait()
-
-    @endpoint
-    async def seen(self) -> list[str]:
-        """What ran (through the mailbox: after what was queued before it)."""
-        return self.log
 
 
 @pytest.mark.parametrize("adverb", ["call_one", "call"])
