@@ -7,6 +7,10 @@ answered (see tests/test_hole_race.py for a process killed):
   judged once the call completed, after ``replace`` had made the rank serve
   again, so the call raised ``SupervisionError``.  Now a call to such an
   actor is not sent; it fails at once with a hole's error.
+- a call made after the process's connection was lost but before its exit
+  was handled (the verdict: a hole): it failed at once with what was known
+  then, an error not remembered as a hole's.  The errors made in that
+  window are now remembered as a hole's when the verdict is a hole.
 
 Real processes; nothing sleeps: the survivors' calls wait on an event of
 their actor that the test sets only once ``replace`` returned.
@@ -15,37 +19,35 @@ their actor that the test sets only once ``replace`` returned.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 from supervision_helpers import DEADLINE
 
 import meshio
-from meshio import Actor, endpoint
+from gated_actor import Gated
+from meshio import endpoint
+from meshio._transport._connection import Connection
+from meshio._transport._runtime import runtime
+from meshio._value_mesh import ValueMesh
 
 
-class Gated(Actor):
-    """``wait`` answers (its rank) once ``open`` was called on the same actor."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-
-    @endpoint(concurrent=True)  # (opened while waiting)
-    async def wait(self) -> int:
-        await self.opened.wait()
-        return meshio.current_rank().rank
-
-    @endpoint(concurrent=True)
-    async def open(self) -> None:
-        self.opened.set()
+class Ending(Gated):
+    """Gated, whose actor can end itself and say where it runs."""
 
     @endpoint
     async def exit(self) -> None:
         raise SystemExit(3)
 
+    @endpoint
+    async def addr(self) -> str:
+        return meshio.context().proc.addr
+
 
 async def test_a_call_to_an_actor_its_system_exit_ended_keeps_it_a_hole_after_replace(
         ) -> None:
     async with meshio.this_host().spawn_procs(per_host={"gpus": 3}) as procs:
-        g = await procs.spawn("gated", Gated)
+        g = await procs.spawn("gated", Ending)
         one = g.slice(gpus=1)
         try:
             await asyncio.wait_for(one.exit.call_one(), DEADLINE)
@@ -75,4 +77,31 @@ async def test_a_call_to_an_actor_its_system_exit_ended_keeps_it_a_hole_after_re
             assert e.rank == 1 and "SystemExit" in str(e) and "procs.replace(1)" in str(e)
         else:
             raise AssertionError("the hole's item() did not raise")
+        assert (await asyncio.wait_for(g.wait.call(), DEADLINE)).values() == [0, 1, 2]
+
+
+async def test_a_call_made_before_a_lost_process_exit_is_handled_keeps_it_a_hole(
+        ) -> None:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 3}) as procs:
+        g = await procs.spawn("gated", Ending)
+        addr = await asyncio.wait_for(g.slice(gpus=1).addr.call_one(), DEADLINE)
+        rt = runtime()
+        lost = rt.on_lost[addr]
+        made: asyncio.Future[asyncio.Future[ValueMesh[int]]] = rt.loop.create_future()
+
+        def then_call(conn: Connection) -> None:  # the call goes before the exit is handled
+            lost(conn)
+            made.set_result(asyncio.ensure_future(g.wait.call()))
+
+        rt.on_lost[addr] = then_call
+        os.kill(procs.pids[1], signal.SIGKILL)
+        pending = await asyncio.wait_for(made, DEADLINE)
+        failure = await asyncio.wait_for(procs.wait_failed(), DEADLINE)
+        assert failure.rank == 1 and [p.rank for p in procs.holes] == [1]
+        await asyncio.wait_for(procs.replace(1), DEADLINE)
+        assert procs.holes == [] and not pending.done()  # ranks 0 and 2 still wait
+        await asyncio.wait_for(g.open.call(), DEADLINE)
+        values = await asyncio.wait_for(pending, DEADLINE)
+        assert [p.rank for p in values.holes] == [1]
+        assert values.values() == [0, 2]
         assert (await asyncio.wait_for(g.wait.call(), DEADLINE)).values() == [0, 1, 2]

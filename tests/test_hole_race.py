@@ -20,23 +20,7 @@ from contextlib import asynccontextmanager
 from supervision_helpers import DEADLINE
 
 import meshio
-from meshio import Actor, endpoint
-
-
-class Gated(Actor):
-    """``wait`` answers (its rank) once ``open`` was called on the same actor."""
-
-    def __init__(self) -> None:
-        self.opened = asyncio.Event()
-
-    @endpoint(concurrent=True)  # (opened while waiting)
-    async def wait(self) -> int:
-        await self.opened.wait()
-        return meshio.current_rank().rank
-
-    @endpoint(concurrent=True)
-    async def open(self) -> None:
-        self.opened.set()
+from gated_actor import Gated
 
 
 @asynccontextmanager
