@@ -779,7 +779,8 @@ class Recorder(Connection):
     """A Connection with no socket: frames delivered are recorded."""
 
     def __init__(self) -> None:
-        super().__init__(mock.Mock(), None)  # a runtime whose timers never fire
+        # a runtime whose timers never fire (and no actor to serve calls)
+        super().__init__(mock.Mock(admitted=[]), None)
         self.got: list[tuple[bytes, list[Any]]] = []
         self.written: list[bytes] = []
         self.aborted = False
@@ -971,7 +972,7 @@ def test_parser_delivers_real_messages() -> None:
     """The unpatched deliver path: a Reply resolves its pending future."""
     loop = asyncio.new_event_loop()
     try:
-        c = Connection(mock.Mock(), None)
+        c = Connection(mock.Mock(admitted=[]), None)
         from meshio._transport._connection import Pending
 
         fut = loop.create_future()
