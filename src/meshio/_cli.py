@@ -6,8 +6,9 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, TypeVar
 
 from ._bench import bench as run_bench
 from ._dashboard import ask_dashboard
@@ -21,6 +22,8 @@ from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
 
 __all__ = ("main",)
+
+_V = TypeVar("_V")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,37 +106,30 @@ def _main(args_in: list[str]) -> None:
 
 
 def _count(text: str) -> int:
-    """A count option (``--procs``, ``--calls``): an int >= 1, as argparse's ``type``."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
-    return n
+    """A count option (``--procs``, ``--calls``): an int >= 1."""
+    return _option(text, int, lambda n: n >= 1, "an int >= 1")
 
 
 def _seconds(text: str) -> float:
-    """A ``--timeout``: finite seconds > 0, as argparse's ``type`` (so the
-    subcommand's parser says what was wrong)."""
-    try:
-        t = float(text)
-    except ValueError:
-        t = math.nan
-    if not 0 < t < math.inf:
-        raise argparse.ArgumentTypeError(f"must be finite seconds > 0, got {text!r}")
-    return t
+    """A ``--timeout``: finite seconds > 0."""
+    return _option(text, float, lambda t: 0 < t < math.inf, "finite seconds > 0")
 
 
 def _port(text: str) -> int:
-    """A ``--port``: an int in 0..65535, as argparse's ``type``."""
+    """A ``--port``: an int in 0..65535."""
+    return _option(text, int, lambda n: 0 <= n <= 65535, "an int in 0..65535")
+
+
+def _option(text: str, parse: Callable[[str], _V], ok: Callable[[_V], bool], want: str) -> _V:
+    """An option's value, ``text`` parsed, as argparse's ``type`` (so the
+    subcommand's parser says what was wrong: it must be ``want``)."""
     try:
-        n = int(text)
+        value = parse(text)
     except ValueError:
-        n = -1
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"must be an int in 0..65535, got {text!r}")
-    return n
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}")
+    return value
 
 
 def _asking(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
