@@ -509,35 +509,34 @@ def _check_version(value: object, what: str) -> None:
                          f"as signed 64-bit ints), got {value!r}")
 
 
-def _no_dense_data(t: torch.Tensor) -> str:
+def _no_dense_data(t: torch.Tensor) -> tuple[str, str]:
     """What tensor ``t`` is when its elements are not one dense block of
-    data of its own ("": they are).  A snapshot holds each tensor's elements
-    as one dense block, so only strided tensors with data are published or
-    read into (on any device; subclasses such as ``nn.Parameter`` too)."""
+    data of its own, and what to publish instead ("" for a meta tensor,
+    which has no data); ``("", "")``: they are.  A snapshot holds each
+    tensor's elements as one dense block, so only strided tensors with data
+    are published or read into (on any device; subclasses such as
+    ``nn.Parameter`` too)."""
     if t.is_quantized:
-        return "a quantized tensor"
+        return ("a quantized tensor",
+                "its dequantize(), or its int_repr() and its scales and zero points")
     if t.is_nested:
-        return "a nested tensor"
+        return "a nested tensor", "its unbind() pieces, or its to_padded_tensor()"
     if t.layout != import_torch().strided:
-        return f"a tensor of layout {t.layout}"
+        return f"a tensor of layout {t.layout}", "its to_dense()"
     if t.device.type == "meta":
-        return "a meta tensor"
-    return ""
+        return "a meta tensor", ""
+    return "", ""
 
 
 def _unpublishable(t: torch.Tensor) -> str:
     """Why tensor ``t`` cannot be published ("": it can), and what to
     publish instead (see :func:`_no_dense_data`)."""
-    what = _no_dense_data(t)
+    what, instead = _no_dense_data(t)
     if not what:
         return ""
-    if what == "a meta tensor":
-        return ("a meta tensor has no data to publish: publish one with data (to_empty() and "
-                "a load, for a model built on the meta device)")
-    instead = ("its dequantize(), or its int_repr() and its scales and zero points"
-               if t.is_quantized else
-               "its unbind() pieces, or its to_padded_tensor()" if t.is_nested else
-               "its to_dense()")
+    if not instead:
+        return (f"{what} has no data to publish: publish one with data (to_empty() and a load, "
+                "for a model built on the meta device)")
     return f"{what} cannot be published: publish {instead}"
 
 
@@ -849,7 +848,7 @@ class WeightStore:
                 if not isinstance(t, torch.Tensor):
                     raise ValueError(f"WeightStore.read_into: dst[{key!r}] is a "
                                      f"{type(t).__name__}, not a tensor")
-                if what := _no_dense_data(t):
+                if what := _no_dense_data(t)[0]:
                     raise ValueError(f"WeightStore.read_into: dst[{key!r}] is {what}, with no "
                                      f"dense data of its own to write the version into: pass "
                                      f"strided tensors with data (on the CPU or a GPU)")
