@@ -189,6 +189,9 @@ async def test_system_exit_stops_the_actor_and_runs_its_cleanup(
     with pytest.raises(SupervisionError, match=r"\(rank 0\) was stopped by the SystemExit an "
                        r"endpoint raised: 3"):
         await asyncio.wait_for(r.pid.call_one(), GUARD)
+    with pytest.raises(SupervisionError, match=r"\(rank 0\) was stopped by the SystemExit an "
+                       r"endpoint raised: 3"):  # (choose: why, as a call's)
+        await asyncio.wait_for(r.pid.choose(), GUARD)
     assert await asyncio.wait_for(other.pid.call_one(), GUARD) == procs.pids[0]
     assert await asyncio.wait_for(cleanups.recv(), GUARD) == "SystemExit(3)"
     await asyncio.wait_for(r.stop(), GUARD)  # the name is free: spawned again, it serves

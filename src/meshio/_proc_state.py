@@ -448,10 +448,7 @@ class ProcState:
         record = next((a for a in self.actors if a.target == target), None)
         out = dict.fromkeys(record.stopped if record is not None else (),
                             "its actor was stopped (actors.stop() on a slice holding it)")
-        for grank in self.lost_actors.get(target, ()):
-            out[grank] = ("its actor is a hole: gone for good while its process serves (a "
-                          "temporary actor a restart did not rebuild, or one its own endpoint's "
-                          "SystemExit/KeyboardInterrupt ended, with no supervisor)")
+        out.update(self.lost_actors.get(target, {}))
         for grank in self.holes:
             out[grank] = f"its process is a hole until procs.replace({grank})"
         return out
