@@ -34,7 +34,7 @@ async def main() -> None:
         print("call_one ", one)
         async for point, loss in trainers.train.stream(step=2):
             print("stream   ", dict(point), loss)
-        trainers.train.broadcast(step=3)  # fire and forget
+        trainers.train.broadcast(step=3)  # no reply; in a loop, await it
         any_one = await trainers.train.choose(step=4)  # load-balanced
         print("choose   ", any_one)
         counts = await trainers.count.options(timeout=10.0).call()

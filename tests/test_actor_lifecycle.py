@@ -236,6 +236,25 @@ async def test_fatal_or_unprintable_errors_are_supervision_events(
     assert "unhandled" not in err
 
 
+async def test_a_broadcast_with_bad_arguments_is_no_failure(
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """A broadcast whose arguments do not fit the endpoint (the sender's
+    mistake, found where they are decoded) is not run and is logged; it is
+    no failure of the actor: a supervised process is not replaced (it was,
+    losing every actor's state, and Supervisor() gave up on a mesh of 2)."""
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0, clock=ManualClock())
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=sup) as procs:
+        r = await procs.spawn("r", Raiser)
+        old = procs.pids
+        r.raise_async.broadcast(cast(str, 42))
+        for _ in range(2):  # (the first's answers could overtake a kill a fault caused)
+            assert (await asyncio.wait_for(r.pid.call(), GUARD)).values() == old
+    assert "failure in r rank" not in capsys.readouterr().err
+    logged = [rec.getMessage() for rec in caplog.records]
+    assert any("a broadcast to" in m and "was not run" in m and "bad arguments" in m
+               for m in logged), logged
+
+
 @pytest.mark.parametrize("fail_init", ["exit", "unprintable", "cancelled"])
 async def test_constructor_raising_the_unusual_fails_the_spawn(
         procs: meshio.ProcMesh, fail_init: str) -> None:

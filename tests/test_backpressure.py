@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 from collections.abc import Awaitable
 from typing import Any
@@ -291,9 +292,14 @@ async def test_a_broadcast_from_a_def_endpoint_honours_the_bound(
 
 
 async def test_bad_options_are_clear_errors(procs: meshio.ProcMesh) -> None:
-    for bad in (0, -1, 1.5, True, "10"):
-        with pytest.raises(ValueError, match=r"options\(max_queued=...\) must be a positive "
-                                             rf"integer, got {bad!r}"):
+    for low in (0, -1):
+        with pytest.raises(ValueError, match=r"^ProcMesh\.options\(max_queued=...\) must be "
+                                             rf"an int >= 1, got {low}$"):
+            procs.options(max_queued=low)
+    for bad in (1.5, 3.0, True, "10", [3]):  # a wrong type, as options(timeout="5") says
+        with pytest.raises(TypeError, match=r"^ProcMesh\.options\(max_queued=...\) must be "
+                                            rf"an int >= 1, got {type(bad).__name__} "
+                                            rf"{re.escape(repr(bad))}$"):
             procs.options(max_queued=bad)  # type: ignore[arg-type]
     s = await slow(procs)
     with pytest.raises(ValueError, match=r"options\(on_full=...\) must be 'wait' or "

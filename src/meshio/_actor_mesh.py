@@ -465,7 +465,9 @@ class ActorMesh(MeshShape, Generic[A]):
         fan-out tree) and send the call again as the endpoint's retry policy
         says.  Where this process owns the actors' processes, a call that
         was running each time its process died, ``poison_after`` times in a
-        row (its supervisor's), is not sent again."""
+        row (its supervisor's), is not sent again: it fails with
+        PoisonMessageError once the restart its last crash began is over
+        (so a call made next reaches the new process), or failed."""
         policy = desc.retry
         assert policy is not None
         loop = asyncio.get_running_loop()
@@ -488,7 +490,12 @@ class ActorMesh(MeshShape, Generic[A]):
                 if isinstance(e, SupervisionError) and state is not None \
                         and state.supervisor is not None \
                         and crashes >= state.supervisor.poison_after:
-                    raise self._poisoned(state, index, desc, crashes, e) from e
+                    poison = self._poisoned(state, index, desc, crashes, e)
+                    try:
+                        await state.wait_ready(grank)
+                    except SupervisionError:
+                        pass  # (no restart comes: the supervisor gave up, or a stop)
+                    raise poison from e
                 if not policy.sends_again(e, attempt, deadline):
                     raise
                 if isinstance(e, SupervisionError) and state is not None:

@@ -779,6 +779,10 @@ class ActorCell:
     def _fail(self, conn: Connection, req: int, info: ErrorInfo) -> None:
         if req:
             conn.send_message(Fail(req, info))
+        elif info.kind in ("schema", "unknown_endpoint"):
+            # A broadcast this actor could not run (its sender's mistake): no
+            # failure of the actor, whose process a supervisor would replace.
+            log.error("meshio: a broadcast to %s was not run: %s", self.where, info.message)
         else:  # nobody waits for a broadcast: a supervision event
             self.rt.report_fault(info)
 

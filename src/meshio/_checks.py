@@ -6,7 +6,7 @@ import math
 import numbers
 import sys
 
-__all__ = ("check_seconds",)
+__all__ = ("check_count", "check_seconds")
 
 def _as_seconds(value: object) -> float | None:
     """``value`` as a float if it is a real number and not a bool; else
@@ -61,6 +61,24 @@ def check_seconds(value: object, where: str, arg: str, *, zero: bool = False,
     bound = f"seconds {'>= 0' if zero else '> 0'}{'' if inf else ' and finite'}"
     raise ValueError(f"{where}({arg}=...) must be {bound}{also}, got {value!r}"
                      f"{_too_large(value)}")
+
+
+def check_count(value: object, what: str, least: int) -> int:
+    """``value``, the argument ``what`` names (``"Retry(attempts=...)"``,
+    ``"Supervisor: max_restarts"``), checked to be an int (not a bool, nor
+    a float such as ``3.0``) of at least ``least``.
+
+    Raises:
+        TypeError: ``value`` is no int: a str, a float, a bool, ...
+            (``Retry(attempts=...) must be an int >= 1, got float 2.5``).
+        ValueError: ``value`` is an int below ``least``.
+    """
+    if type(value) is not int:
+        raise TypeError(f"{what} must be an int >= {least}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < least:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+    return value
 
 
 def _beyond_float(value: object) -> bool:

@@ -16,7 +16,7 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._cell import ActorCell, cell_of
-from ._checks import check_seconds
+from ._checks import check_count, check_seconds
 from ._constants import MAX_PER_HOST, PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
@@ -106,11 +106,11 @@ class ProcMesh(MeshShape):
                 hold up the caller's calls to its other endpoints).
 
         Raises:
-            TypeError: ``stall_after`` is not a number (a str, a bool).
+            TypeError: ``stall_after`` is not a number (a str, a bool), or
+                ``max_queued`` is not an int (a str, a float, a bool).
             ValueError: ``restart`` is not one of the three restart types,
                 ``stall_after`` is not finite seconds > 0 (NaN, or an int
-                no float holds), or ``max_queued`` is not a positive
-                integer.
+                no float holds), or ``max_queued`` is below 1.
         """
         options = self._options
         if restart is not None:
@@ -122,10 +122,8 @@ class ProcMesh(MeshShape):
             options = replace(options, stall_after=check_seconds(
                 stall_after, "ProcMesh.options", "stall_after", inf=False, also=" or None"))
         if max_queued is not None:
-            if not isinstance(max_queued, int) or isinstance(max_queued, bool) or max_queued < 1:
-                raise ValueError(f"options(max_queued=...) must be a positive integer, got "
-                                 f"{max_queued!r}")
-            options = replace(options, max_queued=max_queued)
+            options = replace(options, max_queued=check_count(
+                max_queued, "ProcMesh.options(max_queued=...)", 1))
         return self._with_options(options)
 
     def __repr__(self) -> str:

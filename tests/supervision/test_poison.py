@@ -53,6 +53,32 @@ async def test_a_poison_message_is_quarantined_and_counts_as_one_failure(tmp_pat
         assert (await asyncio.wait_for(food.eat.call(2, log), DEADLINE)).values() == [2, 2]
 
 
+async def test_a_call_made_right_after_the_poison_error_is_served(tmp_path: Path) -> None:
+    """The poison error reaches its caller once the restart its last crash
+    began is over: a plain call (not retryable, so it does not wait for a
+    restart) made next is served by the new process."""
+    log = str(tmp_path / "runs")
+    async with supervised(1, max_restarts=1, poison_after=3) as s:
+        food = await s.procs.spawn("food", Food)
+        with pytest.raises(PoisonMessageError):
+            await asyncio.wait_for(food.eat.call_one(666, log), DEADLINE)
+        assert await asyncio.wait_for(food.eat_once.call_one(5), DEADLINE) == 5
+        assert s.sup.failure is None
+
+
+async def test_the_poison_error_comes_when_its_supervisor_gives_up(tmp_path: Path) -> None:
+    """No restart follows the last crash (the supervisor gives up): the
+    caller still gets its PoisonMessageError, at once."""
+    log = str(tmp_path / "runs")
+    with pytest.raises(SupervisionError, match="SIGKILL"):  # (the owner's exit: gave up)
+        async with supervised(1, max_restarts=0, poison_after=1) as s:
+            food = await s.procs.spawn("food", Food)
+            with pytest.raises(PoisonMessageError) as info:
+                await asyncio.wait_for(food.eat.call_one(666, log), DEADLINE)
+            assert info.value.count == 1
+    assert s.sup.failure is not None
+
+
 async def test_crashes_not_in_a_row_are_not_poison(tmp_path: Path) -> None:
     """Two crashes then success, under poison_after=3: the call completes."""
     log = str(tmp_path / "runs")

@@ -110,7 +110,9 @@ def test_a_policy_matches_by_type_or_by_the_remote_type_name() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [
-    ({"attempts": 0}, ValueError), ({"attempts": 1.5}, ValueError),
+    ({"attempts": 0}, ValueError), ({"attempts": -1}, ValueError),
+    ({"attempts": 1.5}, TypeError), ({"attempts": 2.0}, TypeError),
+    ({"attempts": True}, TypeError), ({"attempts": "3"}, TypeError),
     ({"on": (int,)}, TypeError), ({"on": ValueError}, TypeError),
     ({"on": (asyncio.CancelledError,)}, ValueError), ({"backoff": -1}, ValueError),
     ({"backoff": float("nan")}, ValueError)])

@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from .._checks import check_seconds
+from .._checks import check_count, check_seconds
 from .._exceptions import ActorError, SupervisionError
 
 __all__ = ("PROCESS_DEATH", "Retry")
@@ -35,9 +35,10 @@ class Retry:
         backoff: seconds before the first retry (doubled for each next one).
 
     Raises:
-        TypeError: ``on`` is not a tuple of exception types, or ``backoff``
-            is not a number (a str, a bool).
-        ValueError: ``attempts`` is not an int >= 1, ``on`` holds
+        TypeError: ``attempts`` is not an int (a float, a bool), ``on`` is
+            not a tuple of exception types, or ``backoff`` is not a number
+            (a str, a bool).
+        ValueError: ``attempts`` is below 1, ``on`` holds
             ``CancelledError``, or ``backoff`` is not finite seconds >= 0
             (NaN, or an int no float holds).
     """
@@ -47,8 +48,7 @@ class Retry:
     backoff: float = 0.1
 
     def __post_init__(self) -> None:
-        if type(self.attempts) is not int or self.attempts < 1:
-            raise ValueError(f"Retry(attempts=...) must be an int >= 1, got {self.attempts!r}")
+        check_count(self.attempts, "Retry(attempts=...)", 1)
         if not isinstance(self.on, tuple) or not all(
                 isinstance(t, type) and issubclass(t, BaseException) for t in self.on):
             raise TypeError(f"Retry(on=...) must be a tuple of exception types, got {self.on!r}")

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import FunctionType
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
-from .._checks import check_seconds
+from .._checks import check_count, check_seconds
 from .._context import _context
 from .._exceptions import SupervisionError
 from .._transport._messages import ErrorInfo
@@ -180,9 +180,9 @@ class Supervisor:
         _check_types(strategy, name, parent, clock, on_escalate)
         if strategy not in _STRATEGIES:
             raise ValueError(f"Supervisor: strategy must be one of {_STRATEGIES}, got {strategy!r}")
-        _check_count("max_restarts", max_restarts, 0)
+        check_count(max_restarts, "Supervisor: max_restarts", 0)
         within = check_seconds(within, "Supervisor", "within")
-        _check_count("poison_after", poison_after, 1)
+        check_count(poison_after, "Supervisor: poison_after", 1)
         heartbeat_interval = check_seconds(heartbeat_interval, "Supervisor", "heartbeat_interval")
         if heartbeat_timeout is not None:
             heartbeat_timeout = check_seconds(heartbeat_timeout, "Supervisor", "heartbeat_timeout",
@@ -555,17 +555,6 @@ def _check_types(strategy: object, name: object, parent: object, clock: object,
         raise TypeError(f"Supervisor: on_escalate must be a function called with the "
                         f"SupervisionError when the supervisor gives up, or None, "
                         f"{got(on_escalate)}")
-
-
-def _check_count(arg: str, value: object, least: int) -> None:
-    """Refuse ``value`` unless it is an int (not a bool, nor a float such
-    as ``3.0``) of at least ``least``: TypeError for another type,
-    ValueError for one too small."""
-    if type(value) is not int:
-        raise TypeError(f"Supervisor: {arg} must be an int >= {least}, got "
-                        f"{type(value).__name__} {value!r}")
-    if value < least:
-        raise ValueError(f"Supervisor: {arg} must be an int >= {least}, got {value!r}")
 
 
 def _gangs(units: list[tuple[Supervised | Supervisor, int]]
