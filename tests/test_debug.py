@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -98,6 +99,55 @@ def test_the_controller_s_own_terminal_debugs(env: dict[str, str]) -> None:
         controller.sendline("continue all")
         controller.expect_exact("meshio: back to the program")
         controller.expect(r"results \[21, 61\]")
+        exited_cleanly(controller)
+    finally:
+        close(controller)
+
+
+#: a controller on its own terminal (``python -c`` this) whose rank 1 stays
+#: paused in ``step_sync`` while rank 0 pauses in ``step``, is continued and
+#: pauses again, the terminal's console open meanwhile
+PAUSES_AGAIN = """
+import asyncio
+import meshio
+from debug_controller import Paused
+
+
+async def main() -> None:
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        paused = await procs.spawn("steppers", Paused)
+        held = asyncio.ensure_future(paused.slice(gpus=1).step_sync.call_one(20))
+        first = await paused.slice(gpus=0).step.call_one(10)
+        second = await paused.slice(gpus=0).step.call_one(first)
+        print(f"results {[first, second, await held]}", flush=True)
+
+meshio.run(main())
+"""
+
+
+def test_a_pause_is_announced_once_on_the_controller_s_terminal(env: dict[str, str]) -> None:
+    """A pause while the controller's terminal debugs another one is
+    announced there once (its stderr line), not once more by the console."""
+    path = os.pathsep.join(filter(None, [str(CONTROLLER.parent), env.get("PYTHONPATH")]))
+    controller = spawn("-c", PAUSES_AGAIN,
+                       env={**env, "MESHIO_DEBUG_TERMINAL": "", "PYTHONPATH": path})
+    try:
+        announced = r"meshio: steppers rank {} paused at .*; debug it on this terminal"
+        for _ in range(2):  # in either order, the console opening at the first
+            controller.expect(announced.format(r"\d"))
+        ask(controller, "attach steppers 0")
+        since = len(seen_on(controller))
+        controller.sendline("c")
+        controller.expect(announced.format(0))  # it paused again
+        controller.sendline("list")  # (its answer follows whatever the console was sent)
+        controller.expect(r"oldest first:\r\n  steppers rank 1: [^\r]*\r\n"
+                          r"  steppers rank 0: [^\r]*\r\n" + re.escape(PROMPT))
+        again = seen_on(controller)[since:]
+        assert "meshio: steppers rank 0 continued" in again
+        assert again.count("steppers rank 0 paused at") == 1, again
+        controller.sendline("continue all")
+        controller.expect_exact("meshio: back to the program")
+        controller.expect(r"results \[21, 43, 61\]")
         exited_cleanly(controller)
     finally:
         close(controller)
@@ -211,6 +261,41 @@ def test_stepping_out_of_the_endpoint_continues(env: dict[str, str], rank: int) 
         assert "paused at" not in seen_on(controller).split("bystander 1 answered")[1]
     finally:
         close(controller, *([debug] if debug is not None else []))
+
+
+def test_attach_again_shows_where_pdb_stands(env: dict[str, str]) -> None:
+    """A session attached to again (after ``detach``, or after its
+    ``meshio debug`` was killed) shows where pdb stands and its prompt, as
+    at the first attach; a killed client's session is not listed as
+    attached any more."""
+    controller = spawn(str(CONTROLLER), "pair", env=env)
+    debugs: list[pexpect.spawn] = []
+    where = f"> {CONTROLLER}({line_of('# def breakpoint') + STOPS_AFTER})step_sync()"
+    try:
+        for _ in range(2):
+            controller.expect(r"meshio: steppers rank \d paused at ")
+        for _ in range(2):
+            debug = spawn("-m", "meshio", "debug", env=env)
+            debugs.append(debug)
+            debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
+            assert "(attached)" not in debug.match.group(1)
+            assert where in "\n".join(ask(debug, "attach steppers 1"))
+            assert ask(debug, "p doubled") == ["60"]
+            debug.kill(signal.SIGKILL)
+            debug.expect(pexpect.EOF)
+        debug = debugs[-1] = spawn("-m", "meshio", "debug", env=env)
+        debug.expect_exact(PROMPT)
+        ask(debug, "attach steppers 1")
+        assert ask(debug, "detach", PROMPT) == [
+            "meshio: detached from steppers rank 1 (it stays paused)"]
+        assert where in "\n".join(ask(debug, "attach steppers 1"))
+        assert ask(debug, "c", PROMPT) == ["meshio: steppers rank 1 continued"]
+        debug.sendline("continue all")
+        controller.sendline("go")
+        controller.expect(r"results \[21, 61\]")
+        exited_cleanly(controller)
+    finally:
+        close(controller, *debugs)
 
 
 def test_attach_names_what_exists(env: dict[str, str]) -> None:

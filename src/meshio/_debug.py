@@ -18,12 +18,16 @@ paused, and serves ``meshio debug`` clients on its inspection listener
 (:mod:`meshio._inspect`): ``list``, ``attach <actor> <rank>`` (the pdb
 session's output and prompt reach that client only; the others' wait, so
 sessions are queued, never interleaved), ``detach``, ``continue all``.
-The client (:func:`debug_client`) is a plain terminal: it shows what the
-controller sends and sends back the lines typed.  When the controller's own
-stdin is a terminal (or ``MESHIO_DEBUG_TERMINAL=1``; ``0`` turns it off),
-the first pause opens that client on it, in the controller's process: the
-user debugs where the program runs, and once no actor is paused any more
-the terminal is the program's again.
+A client that attaches to a session another one left (by ``detach``, or
+by dying: a lost client's session is free again) is shown where pdb
+stands and its prompt again, as at a fresh attach (``"open"`` to the
+session's link).  The client (:func:`debug_client`) is a plain terminal:
+it shows what the controller sends and sends back the lines typed.  When
+the controller's own stdin is a terminal (or ``MESHIO_DEBUG_TERMINAL=1``;
+``0`` turns it off), the first pause opens that client on it, in the
+controller's process: the user debugs where the program runs (each pause
+announced there once), and once no actor is paused any more the terminal
+is the program's again.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import pdb
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Any, cast
@@ -91,15 +96,16 @@ class DebugLink:
         self.loop = asyncio.new_event_loop()
         self.numbers = itertools.count(1)
         #: sessions waiting for input, by number: their lines ("" once the
-        #: controller is gone: pdb reads end of file and quits)
-        self.inputs: dict[int, queue.SimpleQueue[str]] = {}
+        #: controller is gone: pdb reads end of file and quits; None: a client
+        #: attached again, pdb shows it where it stands and its prompt)
+        self.inputs: dict[int, queue.SimpleQueue[str | None]] = {}
         self.lost = False
         self.rt = Runtime(self.loop, secret=secret, tls=tls)
         self.rt.on_lost[controller] = lambda conn: self._lost()
         threading.Thread(target=self.loop.run_forever, name="meshio debug link",
                          daemon=True).start()
 
-    def open(self) -> tuple[int, queue.SimpleQueue[str]]:
+    def open(self) -> tuple[int, queue.SimpleQueue[str | None]]:
         """A new session: its number and where its input lines arrive."""
         number = next(self.numbers)
         lines = self.inputs[number] = queue.SimpleQueue()
@@ -122,6 +128,8 @@ class DebugLink:
         lines = self.inputs.get(msg.session)
         if lines is not None and msg.kind == "input":
             lines.put(msg.text + "\n")
+        elif lines is not None and msg.kind == "open":
+            lines.put(None)
 
     def _lost(self) -> None:
         self.lost = True
@@ -191,10 +199,12 @@ def _on_loop(rt: Runtime) -> bool:
 class _Terminal:
     """A pdb session's stdin and stdout, over the debug link."""
 
-    def __init__(self, link: DebugLink) -> None:
+    def __init__(self, link: DebugLink, again: Callable[[], None]) -> None:
         self.link = link
+        #: writes where pdb stands and its prompt (for a client attached again)
+        self.again = again
         self.session = 0
-        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self.out: list[str] = []
 
     def write(self, text: str) -> int:
@@ -207,7 +217,10 @@ class _Terminal:
 
     def readline(self) -> str:
         self._send("read")
-        return self.lines.get()
+        while (line := self.lines.get()) is None:
+            self.again()
+            self._send("read")
+        return line
 
     def _send(self, kind: DebugIOKind) -> None:
         text, self.out = "".join(self.out), []
@@ -223,7 +236,7 @@ class _RemotePdb(pdb.Pdb):
     over, so the session is too, as after ``continue``."""
 
     def __init__(self, link: DebugLink, ctx: Context[Any]) -> None:
-        self.terminal = _Terminal(link)
+        self.terminal = _Terminal(link, self._again)
         self.ctx = ctx
         #: the call it paused (see :class:`~meshio._context.CallScope`)
         self.scope: CallScope | None = None
@@ -249,6 +262,11 @@ class _RemotePdb(pdb.Pdb):
                 term.link.addr, frame.f_code.co_qualname, frame.f_code.co_filename,
                 frame.f_lineno))
         super().interaction(frame, traceback)
+
+    def _again(self) -> None:
+        """Show a client attached again where pdb stands, and its prompt."""
+        self.print_stack_entry(self.stack[self.curindex])
+        self.stdout.write(self.prompt)
 
     def dispatch_call(self, frame: FrameType, arg: None) -> Any:
         trace = super().dispatch_call(frame, arg)
@@ -375,6 +393,7 @@ class Debugger:
         #: the client on this controller's own terminal, while it runs
         self.console: asyncio.Task[int] | None = None
         self.terminal: Connection | None = None
+        rt.on_any_lost.append(self._left)  # (a client killed: as if it had left)
 
     def close(self) -> None:
         """The controller ends: its connections are gone (clients see that)."""
@@ -409,8 +428,8 @@ class Debugger:
                 del self.waiting[client]
                 self._attach(client, list(awaited))
                 break
-        for client, attached in self.clients.items():
-            if attached is None and client not in self.waiting:
+        for client, attached in self.clients.items():  # (this terminal has the line above)
+            if attached is None and client is not self.terminal and client not in self.waiting:
                 self._say(client, f"meshio: {session.name} paused at {session.where()}\n")
 
     async def _console(self) -> int:
@@ -475,11 +494,8 @@ class Debugger:
         if client not in self.clients:
             return
         attached = self.clients[client]
-        if msg.kind == "end":  # the client left
-            del self.clients[client]
-            self.waiting.pop(client, None)
-            if attached is not None:
-                attached.client = None
+        if msg.kind == "end":
+            self._left(client)
             return
         if msg.kind != "input":
             return
@@ -499,6 +515,14 @@ class Debugger:
             attached.link.send_message(DebugIO(attached.paused.session, "input", msg.text))
             return
         self._command(client, attached, line)
+
+    def _left(self, client: Connection) -> None:
+        """``client`` left, or its connection is lost: the session it was
+        attached to is free again."""
+        attached = self.clients.pop(client, None)
+        self.waiting.pop(client, None)
+        if attached is not None:
+            attached.client = None
 
     def _command(self, client: Connection, attached: _Session | None, line: str) -> None:
         words = line.split()
@@ -547,7 +571,11 @@ class Debugger:
             self.clients[client] = session
             self._say(client, f"meshio: attached to {session.name} at {session.where()}"
                               " (`detach` to leave it paused)\n")
-            self._show(session)
+            if session.reading and not session.pending:  # a client before it saw the prompt
+                session.reading = False  # (pdb shows it again, then reads)
+                session.link.send_message(DebugIO(session.paused.session, "open"))
+            else:
+                self._show(session)
             return True
         if sessions:
             self._say(client, f"meshio debug: {sessions[0].name} is attached to another "
