@@ -9,6 +9,8 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import meshio
+
 ROOT = Path(__file__).resolve().parent.parent
 #: a fresh interpreter that spawns workers
 DEADLINE = 120
@@ -31,10 +33,13 @@ def test_import_meshio_makes_the_subpackages_usable() -> None:
 
 
 def test_meshio_version() -> None:
-    """issue 8 item 5: ``meshio --version``."""
+    """issue 8 item 5: ``meshio --version``, and ``meshio.__version__`` (the
+    one place the version is written: the installed package's metadata
+    reads it there)."""
     proc = _run(sys.executable, "-m", "meshio._cli", "--version")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"meshio {version('meshio')}"
+    assert meshio.__version__ == version("meshio")
 
 
 def test_ci_runs_the_readme_setup_commands() -> None:

@@ -5,6 +5,8 @@ The public sub-packages (``meshio.endpoints``, ``meshio.rdma``,
 ``meshio.supervision``, ``meshio.testing``) are usable after ``import meshio``.
 """
 
+__version__ = "0.1.0"  #: (the package's version: pyproject.toml reads it here)
+
 from . import endpoints as endpoints
 from . import jobs as jobs
 from . import rdma as rdma

@@ -7,9 +7,9 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from importlib.metadata import version
 from typing import Any, TypeVar
 
+from . import __version__
 from ._bench import bench as run_bench
 from ._dashboard import ask_dashboard
 from ._debug import debug_client
@@ -42,7 +42,7 @@ def _main(args_in: list[str]) -> None:
         agent_main(args_in[1:])
         return
     ap = argparse.ArgumentParser(prog="meshio", description="meshio command line")
-    ap.add_argument("--version", action="version", version=f"meshio {version('meshio')}")
+    ap.add_argument("--version", action="version", version=f"meshio {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="spawn a mesh on this host and tour every adverb")
     demo.add_argument("--procs", type=_count, default=2, help="worker processes (default 2)")
