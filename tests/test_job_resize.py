@@ -129,6 +129,40 @@ async def test_a_resize_adds_and_gives_back_hosts_under_the_jobs_lock(job: Proce
     await wait_gone(grown[1:], DEADLINE)
 
 
+@pytest.mark.parametrize(("start", "asked"), [(1, (2, 3)), (2, (3, 1))])
+async def test_concurrent_resizes_take_turns(tmp_path: Path, start: int,
+                                             asked: tuple[int, int]) -> None:
+    """Two resizes of one job at once take turns, each changing the size it
+    finds to the size it asks for: the job ends at one of the sizes asked
+    (the one that ran last), and its host mesh, its cache, its running
+    agents and an elastic proc mesh all agree.  Before, each computed its
+    change from the size before either ran: from 1 host, resizes to 2 and
+    3 added 1 and 2 hosts, ending at 4."""
+    job = ProcessJob(meshes={"workers": start}, cache_dir=tmp_path / ".meshio")
+    try:
+        workers = (await job.state()).workers
+        async with workers.spawn_procs(per_host={"gpus": 1}, elastic=True) as procs:
+            actors = await procs.spawn("where", Where, tag="elastic")
+            await asyncio.wait_for(asyncio.gather(
+                *(job.resize("workers", hosts=n) for n in asked)), DEADLINE)
+            n = workers.sizes["hosts"]
+            assert n in asked
+            hosts = agents(job, "workers")
+            assert len(hosts) == n
+            cached = json.loads(job.cache.read_text())
+            assert cached["meshes"] == {"workers": n}
+            assert [a["pid"] for a in cached["hosts"]["workers"]] == hosts
+            assert procs.sizes == actors.sizes == {"hosts": n, "gpus": 1}
+            found = await asyncio.wait_for(actors.where.call(), DEADLINE)
+            assert [agent for _, agent, _, _ in found.values()] == hosts  # one per agent
+            # (the agents given back are on their way out; no other runs)
+            running = agents_with(tmp_path / ".meshio" / "job.secret")
+            await wait_gone(running - set(hosts), DEADLINE)
+            assert set(hosts) <= running
+    finally:
+        await job.kill()
+
+
 #: another controller: the job of that cache directory (named ``killed``),
 #: killed (``kill``), or killed and applied again (``kill-apply``)
 OTHER = """

@@ -79,6 +79,24 @@ async def test_views_it_can_write_take_the_version() -> None:
     assert torch.equal(dst["c"].resolve_conj(), c) and torch.equal(plain, c.conj())
 
 
+@pytest.mark.parametrize(("dst_keys", "said"), [
+    ("az", r"has keys \['b'\] missing from dst$"),
+    ("abzq", r"lacks keys \['q'\] that dst has$"),
+    ("aq", r"has keys \['b', 'z'\] missing from dst, and lacks keys \['q'\] that dst has$"),
+], ids=["dst-lacks", "version-lacks", "both"])
+async def test_a_key_set_mismatch_names_only_the_keys_that_differ(dst_keys: str,
+                                                                   said: str) -> None:
+    """A dst whose keys are not the version's: the error names the keys
+    each side lacks, and says nothing of a side that lacks none (before:
+    "..., and dst has keys [] it lacks")."""
+    store = WeightStore(f"into-keys-{dst_keys}")
+    await store.publish(published(), version=1)
+    dst = {k: published().get(k, torch.zeros(3)) for k in dst_keys}
+    with pytest.raises(ValueError, match=rf"^WeightStore.read_into: version 1 of "
+                                         rf"'into-keys-{dst_keys}' {said}"):
+        await asyncio.wait_for(store.read_into(dst, timeout=0), GUARD)
+
+
 class Reader(Actor):
     @endpoint
     async def read_into(self, store: WeightStore) -> tuple[str, bool]:

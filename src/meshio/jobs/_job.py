@@ -111,6 +111,9 @@ class Job(Protocol):
         hosts get their processes and actors; on the hosts removed, the
         processes are stopped before the hosts go).  Other proc meshes
         keep their shape (those on a removed host lose its processes).
+        Resizes of one job take turns (under the job's lock, as ``apply()``
+        and ``kill()``): each changes the size it finds to ``hosts``, so
+        resizes at once end at the size of the one that ran last.
 
         Raises:
             KeyError: the job has no host mesh ``name``.
@@ -245,29 +248,32 @@ async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name:
     returns them as a host mesh, which the named host mesh and its elastic
     proc meshes grow onto; to shrink, those proc meshes stop their
     processes on the last hosts, then ``remove(n)`` gives those hosts back
-    (``what`` names the job in errors).  ``add`` and ``remove`` run under
-    the job's lock (:meth:`CachedJob.locked`), as ``apply()`` and ``kill()``
-    do: a kill by another controller waits for them, then gives back the
-    hosts added too; one that came first is found under the lock
-    (:meth:`CachedJob._check_cached`), and nothing is added or given back
-    (nor, to shrink, are the elastic proc meshes' processes stopped).
+    (``what`` names the job in errors).  The whole resize holds the job's
+    lock (:meth:`CachedJob.locked`), as ``apply()`` and ``kill()`` do:
+    another resize of the job (another task, or another controller) waits
+    for it, then changes the size it finds, ``meshes[name]`` read under
+    the lock, to the size it asks for; a kill by another controller waits
+    for it, then gives back the hosts added too; one that came first is
+    found under the lock (:meth:`CachedJob._check_cached`), and nothing is
+    added or given back (nor, to shrink, are the elastic proc meshes'
+    processes stopped).  Nothing under the lock takes it again: the host
+    mesh is got (``state()``, which may ``apply()``) before, and growing or
+    shrinking proc meshes never calls into the job.
 
     Raises:
         JobCacheError: another controller killed (or changed) the job."""
     check_resize(what, meshes, name, hosts)
     mesh = (await job.state()).meshes[name]  # (may apply() it: the lock is taken after)
-    old = meshes[name]
-    if hosts > old:
-        async with job.locked():  # (the hosts added and the cache recorded, or neither)
-            job._check_cached(what)
-            added = await add(hosts - old)
-        await grow_hosts(mesh, added)
-    elif hosts < old:
-        async with job.locked():  # (killed already: no process is stopped either)
-            job._check_cached(what)
-        await shrink_hosts(mesh, old - hosts)
-        async with job.locked():
-            job._check_cached(what)
+    async with job.locked():
+        job._check_cached(what)
+        old = meshes[name]
+        if hosts > old:
+            # (add() records the new hosts and grow_hosts() puts them in the host mesh
+            # before it first waits: cancelled after, the recorded size is still true)
+            await grow_hosts(mesh, await add(hosts - old))
+        elif hosts < old:
+            # (cancelled in shrink_hosts(): the host mesh keeps its hosts, none given back)
+            await shrink_hosts(mesh, old - hosts)
             await remove(old - hosts)
 
 

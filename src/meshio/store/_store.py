@@ -840,9 +840,10 @@ class WeightStore:
             missing = sorted(set(have) - set(dst))
             extra = sorted(set(dst) - set(have))
             if missing or extra:
+                said = ([f"has keys {missing} missing from dst"] if missing else []) + (
+                    [f"lacks keys {extra} that dst has"] if extra else [])
                 raise ValueError(f"WeightStore.read_into: version {grant.version} of "
-                                 f"{self._name!r} has keys {missing} missing from dst, and dst "
-                                 f"has keys {extra} it lacks")
+                                 f"{self._name!r} {', and '.join(said)}")
             for key, dtype, shape, _, _ in grant.layout:
                 t = dst[key]
                 if not isinstance(t, torch.Tensor):
