@@ -10,7 +10,9 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +32,7 @@ from meshio.rdma import (
 )
 from meshio.testing import wait_exited
 from rdma_actors import N, Owner, Peer
+from test_docs import run_page
 
 GUARD = 60
 
@@ -63,14 +66,15 @@ async def test_size_errors(pair: tuple[Owner, Peer], backend: str) -> None:
     with pytest.raises(RDMAError, match="read-only"):
         await buf.read_into(b"immutable")
     # a bool is no offset or length (True was taken for 1: a shifted transfer)
+    integer = "must be an integer (an int, a NumPy or torch integer, not a bool)"
     for call, message in (
-            (buf.read_into(bytearray(8), offset=True), "read_into: offset must be an int, got "
+            (buf.read_into(bytearray(8), offset=True), f"read_into: offset {integer}, got "
                                                        "True (bool)"),
-            (buf.read_into(bytearray(8), length=True), "read_into: length must be an int or "
+            (buf.read_into(bytearray(8), length=True), f"read_into: length {integer} or "
                                                        "None, got True (bool)"),
-            (buf.write_from(b"zz", offset=False), "write_from: offset must be an int, got "
+            (buf.write_from(b"zz", offset=False), f"write_from: offset {integer}, got "
                                                   "False (bool)"),
-            (buf.read_into(bytearray(8), offset=1.0), "read_into: offset must be an int, got "  # type: ignore[arg-type]
+            (buf.read_into(bytearray(8), offset=1.0), f"read_into: offset {integer}, got "  # type: ignore[arg-type]
                                                       "1.0 (float)")):
         with pytest.raises(TypeError) as info:
             await call
@@ -88,6 +92,10 @@ async def test_drop_then_use_is_a_clear_error(pair: tuple[Owner, Peer], backend:
     assert "dropped" in err.value.remote_message
     with pytest.raises(RDMAError, match="dropped"):
         await buf.read_into(bytearray(10), length=10)
+    # nothing to copy, still a transfer on a dropped buffer (it returned 0)
+    for edge in ({"length": 0}, {"offset": N}, {"offset": N, "length": 0}):
+        with pytest.raises(RDMAError, match="dropped"):
+            await buf.read_into(bytearray(1), **edge)
     await buf.drop()  # idempotent
     # its token cell, reused by a new registration, still says "dropped" to it
     newer = await owner.register.call_one(backend)
@@ -122,6 +130,8 @@ async def test_dead_owner_fails_promptly(pair: tuple[Owner, Peer], backend: str)
     with pytest.raises(meshio.ActorError) as err:
         await asyncio.wait_for(peer.read.call_one(buf, 0, 10), GUARD)
     assert err.value.remote_type.endswith("RDMAError")
+    with pytest.raises(RDMAError):  # 0 bytes to copy from it, all the same (it returned 0)
+        await asyncio.wait_for(buf.read_into(bytearray(1), length=0), GUARD)
 
 
 async def test_one_sided_owner_loop_blocked(pair: tuple[Owner, Peer], backend: str,
@@ -178,10 +188,27 @@ async def test_tcp_fallback_warns_once(pair: tuple[Owner, Peer]) -> None:
         await buf.read_into(bytearray(8), length=8)
 
 
+async def test_tcp_fallback_warning_names_the_line_that_transferred(
+        pair: tuple[Owner, Peer]) -> None:
+    """The warning is attributed to the user's line (here), not to meshio's
+    (it named ``_buffer.py``): ``filterwarnings(module=...)`` matches it."""
+    owner, _ = pair
+    buf = await owner.register.call_one("tcp")
+    import meshio.rdma._tcp as tcp
+
+    for transfer in (lambda: buf.read_into(bytearray(8), length=8),
+                     lambda: buf.options(timeout=GUARD).read_into(bytearray(8), length=0),
+                     lambda: buf.write_from(b"x", offset=3)):
+        tcp._warned = False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            await transfer()
+        [warning] = [w for w in caught if issubclass(w.category, RDMAFallbackWarning)]
+        assert warning.filename == __file__, warning
+
+
 class _no_warning:
     def __enter__(self) -> None:
-        import warnings
-
         self._cm = warnings.catch_warnings(record=True)
         self.caught = self._cm.__enter__()
         warnings.simplefilter("always")
@@ -251,6 +278,32 @@ async def test_numpy_array_registers_and_receives() -> None:
     await buf.write_from(np.full(10, -1, dtype=np.int64), offset=0)
     assert (src[:10] == -1).all() and src[10] == 10
     await buf.drop()
+
+
+async def test_numpy_integers_are_offsets_and_lengths() -> None:
+    """An offset or a length computed with NumPy is taken, as by slicing
+    (``operator.index``); a NumPy bool is not."""
+    np = pytest.importorskip("numpy")
+    data = bytearray(range(64))
+    buf = RDMABuffer(data)
+    dst = bytearray(8)
+    assert await buf.read_into(dst, offset=np.int64(8), length=np.uint8(4)) == 4
+    assert dst[:4] == data[8:12]
+    assert await buf.write_from(b"ab", offset=np.int32(62)) == 2
+    assert data[62:] == b"ab"
+    with pytest.raises(TypeError, match=r"offset must be an integer .*got np\.True_"):
+        await buf.read_into(dst, offset=np.True_)
+    await buf.drop()
+
+
+async def test_the_opening_example_of_the_rdma_page_runs(tmp_path: Path) -> None:
+    """``docs/rdma.md`` opens with a block meant to run as copied (it used an
+    attribute never set, and names it never imported); it runs, printing
+    what the page shows.  (That page's blocks are not among the pages
+    ``test_docs.py`` runs, only compiles.)"""
+    page = Path(__file__).resolve().parents[2] / "docs" / "rdma.md"
+    [block], [printed] = await asyncio.to_thread(run_page, page, tmp_path)
+    assert block.output is not None and printed == block.output
 
 
 async def test_stopping_the_owning_actor_releases_its_buffers(

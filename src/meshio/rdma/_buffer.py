@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import operator
 import os
-from typing import Any
+from typing import Any, SupportsIndex
 
 import msgspec
 
@@ -37,7 +38,7 @@ from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionErro
 from .._transport._messages import RdmaOp, Transfer
 from .._transport._runtime import runtime
 from .._transport._tasks import within
-from . import _backends, _same_host
+from . import _backends, _same_host, _tcp
 from ._memory import BufferLike, Memory, memory_of
 from ._registry import (
     BACKENDS,
@@ -116,6 +117,27 @@ def backend_for(handle: Handle | RDMABuffer) -> Backend:
     if h.ib is not None and "ibverbs" in have:
         return "ibverbs"
     return "tcp"
+
+
+def _index(value: SupportsIndex, what: str, arg: str, also: str = "") -> int:
+    """``value``, the argument ``arg`` of ``what``, as an int: anything
+    :func:`operator.index` takes (an ``int``, ``numpy.int64(5)``,
+    ``torch.tensor(5)``), as Python's slicing does, but never a bool
+    (``True``, ``numpy.True_``, ``torch.tensor(True)``) — it would be taken
+    for 1, a shifted transfer — as meshio's other checks refuse bools.
+
+    Raises:
+        TypeError: ``value`` is no integer (``also``: what else the
+            argument takes, for the message).
+    """
+    if not isinstance(value, bool) and str(getattr(value, "dtype", "")) not in (
+            "bool", "torch.bool"):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{what}: {arg} must be an integer (an int, a NumPy or torch integer, "
+                    f"not a bool){also}, got {value!r} ({type(value).__name__})")
 
 
 # ------------------------------------------------------------ the buffer
@@ -215,20 +237,19 @@ class RDMABuffer:
 
     # ------------------------------------------------------- transfers
 
-    def _range(self, offset: int, length: int | None, what: str) -> int:
-        """The length of the transfer ``what`` asks for.
+    def _range(self, offset: SupportsIndex, length: SupportsIndex | None,
+               what: str) -> tuple[int, int]:
+        """The offset and the length of the transfer ``what`` asks for.
 
         Raises:
-            TypeError: ``offset`` or ``length`` is not an int (a bool: ``True``
-                would be taken for 1).
+            TypeError: ``offset`` or ``length`` is not an integer (see
+                :func:`_index`).
             RDMASizeError: the range does not fit the buffer.
         """
         size = self._handle.size
-        for arg, v in (("offset", offset), ("length", length)):
-            if (isinstance(v, bool) or not isinstance(v, int)) and (arg, v) != ("length", None):
-                raise TypeError(f"{what}: {arg} must be an int"
-                                f"{' or None' if arg == 'length' else ''}, got {v!r} "
-                                f"({type(v).__name__})")
+        offset = _index(offset, what, "offset")
+        if length is not None:
+            length = _index(length, what, "length", also=" or None")
         if offset < 0:
             raise RDMASizeError(f"{what}: offset must be an int >= 0, got {offset!r}")
         if offset > size:
@@ -239,14 +260,18 @@ class RDMABuffer:
         if length < 0 or offset + length > size:
             raise RDMASizeError(f"{what}: offset {offset} + length {length} exceeds the "
                                 f"buffer's {size} bytes")
-        return length
+        return offset, length
 
-    async def read_into(self, dst: BufferLike, *, offset: int = 0,
-                        length: int | None = None) -> int:
+    async def read_into(self, dst: BufferLike, *, offset: SupportsIndex = 0,
+                        length: SupportsIndex | None = None) -> int:
         """Copy ``length`` bytes (default: to the end) from ``offset`` of this
         buffer into ``dst`` (a writable buffer or CPU tensor of at least that
-        size).  Returns the number of bytes copied."""
-        length = self._range(offset, length, "read_into")
+        size).  Returns the number of bytes copied.  ``offset`` and ``length``
+        are integers: an ``int``, a NumPy integer, a one-element integer
+        tensor (not a bool).  Copying 0 bytes (``length=0``,
+        ``offset=buf.size``) copies nothing but fails as any transfer on a
+        dropped buffer or a gone owner does."""
+        offset, length = self._range(offset, length, "read_into")
         local = memory_of(dst, "read_into destination", writable=True)
         if local.size < length:
             raise RDMASizeError(f"read_into: destination holds {local.size} bytes, "
@@ -254,11 +279,12 @@ class RDMABuffer:
         await self._run("read", local, offset, length)
         return length
 
-    async def write_from(self, src: BufferLike, *, offset: int = 0) -> int:
-        """Copy all of ``src`` into this buffer at ``offset``.  Returns the
-        number of bytes copied."""
+    async def write_from(self, src: BufferLike, *, offset: SupportsIndex = 0) -> int:
+        """Copy all of ``src`` (not empty) into this buffer at ``offset`` (an
+        integer, as :meth:`read_into` takes).  Returns the number of bytes
+        copied."""
         local = memory_of(src, "write_from source", writable=False)
-        self._range(offset, local.size, "write_from")
+        offset, _ = self._range(offset, local.size, "write_from")
         await self._run("write", local, offset, local.size)
         return local.size
 
@@ -303,8 +329,8 @@ class RDMABuffer:
 
     async def _run(self, op: Transfer, local: Memory, offset: int, length: int) -> None:
         name = backend_for(self._handle)
-        if length == 0:
-            return
+        if name == "tcp":  # warned here, at a fixed depth: it names the caller's line
+            _tcp.warn_fallback(self._handle, stacklevel=3)
         coro = _backends.backend(name).transfer(self._handle, op, local, offset, length)
         if self._timeout is None:
             await coro

@@ -461,6 +461,14 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
     local_addr = local.addr
     where = (f"RDMA {op} on buffer {h.buf} of pid {h.pid} on {h.host.split('/')[0]} "
              "(ibverbs)")
+    if length == 0:
+        # nothing to move, and RDMA checks no remote key for 0 bytes: the
+        # owner tells whether the buffer is still registered
+        try:
+            await _request(rt, h, RdmaOp(0, "read", h.buf, h.token, offset, 0), None)
+        except RDMAError as e:
+            raise RDMAError(f"{where}: {e}") from None
+        return
     remote = Remote.unpack(h.ib, where)
     ep = rt.state(IbEndpoint)
     lkey, mr = ep.local_key(rt, local_addr, length, op)

@@ -53,11 +53,16 @@ def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
     """The bytes behind a tensor or buffer object, with clear errors."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type == "meta":
+            raise RDMAError(f"{what}: a meta tensor has no data, so no memory to register or "
+                            "copy; use a tensor on the CPU")
         if obj.device.type != "cpu":
             raise RDMAError(
-                f"{what}: a {obj.device.type} tensor; GPU memory needs GPUDirect RDMA "
-                "(nvidia-peermem or dma-buf) with the ibverbs backend, which this host does "
-                "not offer. Copy it to a CPU tensor first.")
+                f"{what}: a tensor on {obj.device}; meshio RDMA reaches host (CPU) memory "
+                "only: registering GPU or other device memory (GPUDirect RDMA through "
+                "nvidia-peermem or dma-buf) is not implemented in this version, whatever "
+                "the hardware. Copy it to a CPU tensor first: t.cpu(), or cpu.copy_(t) into a "
+                "tensor made with pin_memory=True (faster copies)")
         if not obj.is_contiguous():
             raise RDMASizeError(f"{what}: the tensor is not contiguous; call .contiguous() first")
         size = obj.numel() * obj.element_size()

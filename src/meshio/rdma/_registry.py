@@ -69,7 +69,9 @@ class RdmaBackend(Protocol):
     async def transfer(self, h: Handle, op: Transfer, local: Memory, offset: int,
                        length: int) -> None:
         """``op`` ("read": owner → ``local``, "write": ``local`` → owner) of
-        ``length`` bytes at ``offset`` of ``h``'s buffer."""
+        ``length`` bytes at ``offset`` of ``h``'s buffer.  ``length`` may be
+        0: nothing is copied, but a dropped buffer or a gone owner fails it
+        as it fails any transfer."""
         ...
 
 

@@ -1,6 +1,6 @@
 """The ``tcp`` fallback: chunks over the meshio connection, served by the
 owner's runtime (not its actors: :data:`SERVES`); a
-:class:`RDMAFallbackWarning` is emitted once."""
+:class:`RDMAFallbackWarning` is emitted once (:func:`warn_fallback`)."""
 
 from __future__ import annotations
 
@@ -27,20 +27,23 @@ TCP_WINDOW: Final = 4
 _warned = False
 
 
-def _warn_tcp(h: Handle) -> None:
+def warn_fallback(h: Handle, stacklevel: int) -> None:
+    """The :class:`RDMAFallbackWarning` of a transfer on ``h``, once per
+    process, attributed to the frame ``stacklevel`` above the caller's (1:
+    the caller's own line), as :func:`warnings.warn` counts."""
     global _warned
     if not _warned:
         _warned = True
         why = ("the tcp backend was forced" if h.backend or os.environ.get("MESHIO_RDMA_BACKEND")
                else "no same-host path or ibverbs device between these processes")
         warnings.warn(f"meshio RDMA: {why}; transfers go over TCP (slower)",
-                      RDMAFallbackWarning, stacklevel=4)
+                      RDMAFallbackWarning, stacklevel=stacklevel + 1)
 
 
 async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: int) -> None:
     """Chunks over the meshio connection (the transfer's timeout is applied
-    around the whole transfer by :meth:`RDMABuffer._run`)."""
-    _warn_tcp(h)
+    around the whole transfer by :meth:`RDMABuffer._run`, which warns:
+    :func:`warn_fallback`)."""
     rt = runtime()
     view = memoryview((ctypes.c_char * local.size).from_address(local.addr)).cast("B")
     sem = asyncio.Semaphore(TCP_WINDOW)
@@ -60,8 +63,9 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
             except RDMAError as e:  # the owner's reason (dropped, unreachable)
                 raise type(e)(f"{where}: {e}") from None
 
+    # (one empty chunk for 0 bytes: the owner still refuses a dropped buffer)
     await asyncio.gather(*(chunk(s, min(TCP_CHUNK, length - s))
-                           for s in range(0, length, TCP_CHUNK)))
+                           for s in range(0, max(length, 1), TCP_CHUNK)))
 
 
 def _serve_read(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers,
