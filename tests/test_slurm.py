@@ -456,3 +456,115 @@ async def test_kill_cancels_what_the_cache_names_whatever_the_shape(
         assert sorted(p.name for p in cache.iterdir()) == ["job.lock"]  # (a job's lock is kept)
     finally:
         await running.kill()
+
+
+PENDING_CONTROLLER = """
+import logging, sys
+import meshio
+from meshio.jobs import SlurmJob
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+job = SlurmJob(meshes={"hosts": 2}, name=sys.argv[2], cache_dir=sys.argv[1], idle_timeout=60)
+meshio.run(job.apply())
+"""
+
+
+@pytest.fixture
+def nodes_held(slurm: None) -> Iterator[str]:
+    """Both nodes held by another job (a ``salloc`` without a shell), whose
+    name this is: a SlurmJob submitted meanwhile stays PENDING."""
+    blocker = f"blocker-{os.getpid()}"
+    slurm_cmd("salloc", "--no-shell", "--nodes=2", "--exclusive", f"--job-name={blocker}")
+    try:
+        yield blocker
+    finally:
+        slurm_cmd("scancel", f"--name={blocker}")
+
+
+def queued(name: str) -> list[str]:
+    """The ids of the Slurm jobs of SlurmJob ``name`` that are queued or running."""
+    return slurm_cmd("squeue", "-h", f"--name=meshio-{name}", "-o", "%i").split()
+
+
+async def submit_and_sigkill(tmp_path: Path, name: str) -> str:
+    """A controller script's ``apply()`` of SlurmJob ``name``, SIGKILLed once
+    it waits for the agents of a Slurm job (its nodes are held: the job is
+    PENDING); that job's id."""
+    script = tmp_path / "pending_controller.py"
+    script.write_text(PENDING_CONTROLLER)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), str(tmp_path / ".meshio"), name, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        lines: list[str] = []
+        while not lines or "waiting for its agents" not in lines[-1]:
+            line = (await asyncio.wait_for(proc.stdout.readline(), DEADLINE)).decode()
+            assert line, f"the controller exited: {lines}"
+            lines.append(line)
+        found = re.search(r"Slurm job (\d+)", lines[-1])
+        assert found is not None, lines
+        assert job_state(found[1]) == "PENDING"
+    finally:
+        proc.kill()
+        await proc.wait()
+    return found[1]
+
+
+async def test_a_controller_killed_while_its_job_is_queued_leaks_nothing(
+        nodes_held: str, tmp_path: Path) -> None:
+    """A controller SIGKILLed while its Slurm job is still queued: the job
+    is recorded in the cache from sbatch on, so the next run waits for that
+    job instead of queueing a second one, and ``kill()`` cancels it.
+    Before, the cache was written once the agents had started: a run
+    killed in the queue left a job nobody knew of; each re-run queued one
+    more."""
+    name = f"pend{os.getpid()}"
+    try:
+        first = await submit_and_sigkill(tmp_path, name)
+        again = await submit_and_sigkill(tmp_path, name)
+        assert again == first and queued(name) == [first]
+        await SlurmJob(meshes={"hosts": 2}, name=name, cache_dir=tmp_path / ".meshio").kill()
+        assert queued(name) == []
+        assert sorted(p.name for p in (tmp_path / ".meshio").iterdir()) == [f"{name}.lock"]
+    finally:
+        for job_id in queued(name):
+            slurm_cmd("scancel", job_id)
+
+
+async def test_the_next_run_reattaches_to_a_job_queued_by_a_killed_controller(
+        nodes_held: str, tmp_path: Path) -> None:
+    """The job a SIGKILLed controller left in the queue is the next run's:
+    once the nodes are free, its agents start and the run attaches to them."""
+    name = f"reatt{os.getpid()}"
+    job = SlurmJob(meshes={"hosts": 2}, name=name, cache_dir=tmp_path / ".meshio",
+                   idle_timeout=60)
+    try:
+        first = await submit_and_sigkill(tmp_path, name)
+        slurm_cmd("scancel", f"--name={nodes_held}")
+        state = await job.state()
+        assert job.job_id == first and queued(name) == [first]
+        async with state.hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            nodes = (await asyncio.wait_for(w.where.call(), DEADLINE)).values()
+            assert sorted(n for n, _ in nodes) == ["n1", "n2"]
+    finally:
+        await job.kill()
+        for job_id in queued(name):
+            slurm_cmd("scancel", job_id)
+
+
+async def test_an_unschedulable_job_times_out_with_slurms_reason(slurm: None,
+                                                                tmp_path: Path) -> None:
+    """A job Slurm accepts but can never run (more nodes than the partition
+    has) fails ``apply()`` after ``start_timeout`` with Slurm's reason for
+    keeping it queued; it is cancelled, and nothing of it is kept."""
+    name = f"big{os.getpid()}"
+    job = SlurmJob(meshes={"hosts": 3}, name=name, cache_dir=tmp_path / ".meshio",
+                   start_timeout=2)
+    try:
+        with pytest.raises(TimeoutError, match=r"PENDING \(PartitionNodeLimit\).*cancelled"):
+            await job.apply()
+        assert queued(name) == []
+        assert sorted(p.name for p in (tmp_path / ".meshio").iterdir()) == [f"{name}.lock"]
+    finally:
+        await job.kill()

@@ -11,7 +11,9 @@ trainers, task 2 the generator.
 
 **Lifetime.** The job outlives the controller script, so running the
 script again re-attaches (the job id, its nodes, the agents' addresses and
-the secret file are cached in ``.meshio/<name>.json``); it ends by itself
+the secret file are cached in ``.meshio/<name>.json``; the job id from
+``sbatch`` on, so a run killed while the job is queued leaves it to the
+next run, which waits for its agents, or to ``kill()``); it ends by itself
 once nobody uses it: every agent exits when no controller has been
 connected to it for ``idle_timeout`` seconds, the step ends when its agents
 have, and the batch script (nothing but that step) ends with it, which
@@ -109,11 +111,12 @@ async def _run(*argv: str, stdin: bytes | None = None,
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def _squeue(job_id: str) -> tuple[str, str, str] | None:
-    """``(state, comment, nodelist)`` of job ``job_id``; None if Slurm no
+async def _squeue(job_id: str) -> tuple[str, str, str, str] | None:
+    """``(state, comment, nodelist, reason)`` of job ``job_id`` (the reason
+    Slurm gives for its state, e.g. why it is pending); None if Slurm no
     longer knows it."""
     rc, out, err = await _run("squeue", "--noheader", "--states=all", f"--jobs={job_id}",
-                              "--format=%T|%k|%N")
+                              "--format=%T|%N|%r|%k")
     if rc != 0:
         if "Invalid job id" in err:
             return None
@@ -121,8 +124,8 @@ async def _squeue(job_id: str) -> tuple[str, str, str] | None:
     line = out.strip()
     if not line:
         return None
-    state, comment, nodes = line.split("|", 2)
-    return state, comment, nodes
+    state, nodes, reason, comment = line.split("|", 3)  # (the comment, any text, last)
+    return state, comment, nodes, reason
 
 
 async def probe(timeout: float) -> str:
@@ -221,7 +224,9 @@ class SlurmJob(AgentsJob):
 
     async def apply(self) -> None:
         """Re-attach to the cached job if Slurm still runs it on all its
-        nodes, or submit a new one and wait for its agents.  A cached job of
+        nodes, or submit a new one and wait for its agents (cached from
+        ``sbatch`` on: a cached job still queued, whose controller was
+        killed, is waited for, not submitted again).  A cached job of
         another shape (other ``meshes``, or resized) is reported and
         cancelled first.  One ``apply()`` or ``kill()`` of a job name runs at
         a time (the job's lock): another waits for it, then re-attaches.
@@ -232,7 +237,8 @@ class SlurmJob(AgentsJob):
             SlurmError: Slurm refused the job, or it ended before its
                 agents started.
             TimeoutError: the agents did not all start within
-                ``start_timeout`` (the job is cancelled).
+                ``start_timeout`` (the job is cancelled; the message gives
+                Slurm's reason if it was still pending).
         """
         await super().apply()
 
@@ -245,6 +251,12 @@ class SlurmJob(AgentsJob):
             await _release(entry)
         elif entry is not None:
             stale = await self._stale(entry)
+            if stale is None and "hosts" not in entry:
+                log.info("meshio: Slurm job %s of %s was submitted by an earlier run (which "
+                         "ended before its agents started); waiting for its agents",
+                         entry["job_id"], self.name)
+                await self._start(entry)
+                return
             if stale is None:
                 self._entry = entry
                 return
@@ -254,11 +266,28 @@ class SlurmJob(AgentsJob):
         secret_file = self.cache.with_suffix(".secret")
         write_secret(secret_file, secrets.token_bytes(32))
         try:
-            allocated = await self._allocate(self.meshes, secret_file)
+            submitted = await self._submit(self.meshes, secret_file)
         except BaseException:  # (no cache names the secret: nobody else would remove it)
             secret_file.unlink(missing_ok=True)
             raise
-        started: dict[str, Any] = {**allocated, "secret_file": str(secret_file), "extra": []}
+        # (cached before its agents start: a run killed meanwhile leaves the queued job
+        # to the next run or to kill(), not to Slurm alone)
+        entry = {**submitted, "secret_file": str(secret_file), "extra": []}
+        write_cache(self.cache, entry)
+        log.info("meshio: Slurm job %s submitted for %s; waiting for its agents",
+                 entry["job_id"], self.name)
+        await self._start(entry)
+
+    async def _start(self, entry: dict[str, Any]) -> None:
+        """Wait for the agents of the submitted job the cache holds as
+        ``entry`` and cache them; if they do not start, the job is
+        cancelled and forgotten (its cache and secret removed)."""
+        try:
+            started = await self._started(entry)
+        except BaseException:
+            self.cache.unlink(missing_ok=True)
+            Path(entry["secret_file"]).unlink(missing_ok=True)
+            raise
         write_cache(self.cache, started)
         self._entry = started
 
@@ -292,9 +321,11 @@ class SlurmJob(AgentsJob):
     async def _add(self, name: str, n: int) -> HostMesh:
         entry = self._entry
         assert entry is not None
-        results = await asyncio.gather(
-            *(self._allocate({name: 1}, Path(entry["secret_file"])) for _ in range(n)),
-            return_exceptions=True)
+
+        async def allocate() -> dict[str, Any]:  # (a job of its own, cached once started)
+            return await self._started(await self._submit({name: 1}, Path(entry["secret_file"])))
+
+        results = await asyncio.gather(*(allocate() for _ in range(n)), return_exceptions=True)
         new = [r for r in results if not isinstance(r, BaseException)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
@@ -318,10 +349,10 @@ class SlurmJob(AgentsJob):
                 await _stop_agent(entry, agent)
         self._removed(name, n)
 
-    async def _allocate(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
-        """One Slurm job of a node per host of ``meshes``, its agents
-        holding the secret in ``secret_file``: its cache entry, with the
-        agents by mesh in ``"hosts"``."""
+    async def _submit(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
+        """Submit one Slurm job of a node per host of ``meshes``, its agents
+        holding the secret in ``secret_file``: its cache entry, without
+        agents yet (:meth:`_started` adds them)."""
         total = sum(meshes.values())
         token = f"meshio:{secrets.token_hex(8)}"
         log_pattern = self.cache.with_name(f"{self.name}.%j.log")
@@ -340,19 +371,32 @@ class SlurmJob(AgentsJob):
             raise SlurmError(f"SlurmJob {self.name!r}: sbatch refused the job: {err.strip()}")
         job_id = out.strip().split(";")[0]
         log_path = Path(str(log_pattern).replace("%j", job_id))
-        log.info("meshio: Slurm job %s submitted for %s; waiting for its agents", job_id,
-                 self.name)
-        entry = {"kind": self.kind, "meshes": dict(meshes), "job_id": job_id, "token": token,
-                 "log": str(log_path)}
+        return {"kind": self.kind, "meshes": dict(meshes), "job_id": job_id, "token": token,
+                "log": str(log_path)}
+
+    async def _started(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Wait for the agents of the submitted job ``entry``: its cache
+        entry, with its nodes and its agents by mesh (``"nodes"``,
+        ``"hosts"``).  The job is
+        cancelled if they do not all start within ``start_timeout`` (or the
+        wait is cancelled)."""
+        meshes: dict[str, int] = entry["meshes"]
+        job_id, total = entry["job_id"], sum(meshes.values())
         try:
-            agents, nodes = await within(self._agents(entry, total),
-                                                   self.start_timeout)
+            agents, nodes = await within(self._agents(entry, total), self.start_timeout)
         except TimeoutError:
+            found = await _squeue(job_id)
+            if found is None:
+                why = "Slurm no longer knows it"
+            elif found[0] == "PENDING":  # (the reason, e.g. Resources, PartitionNodeLimit)
+                why = f"Slurm keeps it PENDING ({found[3]})"
+            else:
+                why = f"Slurm has it {found[0]}"
             await _cancel(entry)
             raise TimeoutError(
                 f"SlurmJob {self.name!r}: the agents of Slurm job {job_id} did not all start "
-                f"within {self.start_timeout:g} s (queued, or see {log_path}); it is "
-                "cancelled") from None
+                f"within {self.start_timeout:g} s ({why}; or see {entry['log']}); "
+                "it is cancelled") from None
         except BaseException:
             await asyncio.shield(_cancel(entry))
             raise
@@ -409,11 +453,11 @@ class SlurmJob(AgentsJob):
             await asyncio.sleep(_POLL)
 
     async def kill(self) -> None:
-        """End the Slurm jobs the cache names, whatever its shape (their
-        nodes are free when this returns), and forget the cached job.  It
-        holds the job's lock, as :meth:`apply` does: a kill while another
-        controller applies the job waits for it, then cancels what it
-        allocated.
+        """End the Slurm jobs the cache names, queued ones too, whatever
+        its shape (their nodes are free when this returns), and forget the
+        cached job.  It holds the job's lock, as :meth:`apply` does: a kill
+        while another controller applies the job waits for it, then
+        cancels what it allocated.
 
         Raises:
             JobCacheError: the cache file or directory is unsafe, or the
@@ -453,9 +497,11 @@ async def _stale_job(entry: dict[str, Any]) -> str | None:
     found = await _squeue(job_id)
     if found is None:
         return f"Slurm no longer knows job {job_id}"
-    state, comment, nodes = found
+    state, comment, nodes, _ = found
     if comment != entry["token"]:
         return f"Slurm job {job_id} is now another job"
+    if "nodes" not in entry and state in _ACTIVE:  # (submitted: its agents may start yet)
+        return None
     if state != "RUNNING":
         return f"Slurm job {job_id} is {state}"
     if nodes != entry["nodes"]:
