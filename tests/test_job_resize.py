@@ -255,9 +255,27 @@ async def test_local_job_has_one_host() -> None:
     state = await job.state()
     async with state.workers.spawn_procs(elastic=True) as procs:  # the same code as on a cluster
         await job.resize("workers", hosts=1)
-        assert procs.sizes == {"procs": 1}
+        assert procs.sizes == {"hosts": 1, "procs": 1}
+        assert (await job.state()).workers is state.workers
     with pytest.raises(ValueError, match="a LocalJob has one host"):
         await job.resize("workers", hosts=2)
+
+
+async def test_a_local_job_mesh_has_the_hosts_dim_of_a_one_host_process_job(
+        job: ProcessJob) -> None:
+    """Code written for a cluster runs on a LocalJob, and the other way round:
+    its host meshes have ``hosts`` of size 1, as a one-host ProcessJob's do
+    (before, a LocalJob gave ``this_host()``, with no dimension)."""
+    local = await LocalJob(meshes={"workers": 1}).state()
+    assert local.workers.sizes == {"hosts": 1} and meshio.this_host().sizes == {}
+    async with local.workers.spawn_procs(per_host={"gpus": 2}) as procs, \
+            (await job.state()).workers.spawn_procs(per_host={"gpus": 2}) as remote:
+        assert procs.sizes == {"hosts": 1, "gpus": 2} and procs.extent == remote.extent
+        actors = await procs.spawn("where", Where, tag="local")
+        found = await asyncio.wait_for(actors.slice(hosts=0).where.call(), DEADLINE)
+        assert found.sizes == {"gpus": 2}
+        for _, parent, _, shape in found.values():  # children of this controller
+            assert parent == os.getpid() and shape == {"hosts": 1, "gpus": 2}
 
 
 @pytest.mark.parametrize("pid_read", ["done", "held"])

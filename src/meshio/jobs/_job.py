@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from .._checks import check_seconds
-from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts, this_host
+from .._extent import Region
+from .._launcher import LocalLauncher
+from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
@@ -664,7 +666,10 @@ def _start_time(pid: int) -> str | None:
 
 class LocalJob:
     """This host only, for every mesh name (each with one host): the job
-    kind a script uses before it has a cluster, with the same code."""
+    kind a script uses before it has a cluster, with the same code.  Its
+    host meshes have a ``hosts`` dimension of size 1, as a one-host mesh
+    of every other job kind does (``this_host()`` has no dimension); their
+    processes are children of the controller, as ``this_host()``'s are."""
 
     def __init__(self, meshes: Mapping[str, int]) -> None:
         self.meshes: dict[str, int] = check_meshes(meshes)
@@ -672,12 +677,16 @@ class LocalJob:
         if many:
             raise ValueError(f"LocalJob has one host; meshes {many} ask for more (use "
                              "ProcessJob to simulate several hosts on this one)")
+        self._state: JobState | None = None
 
     async def apply(self) -> None:
         pass
 
     async def state(self) -> JobState:
-        return JobState({name: this_host() for name in self.meshes})
+        if self._state is None:
+            self._state = JobState({name: HostMesh([LocalLauncher()], Region.full(("hosts",), (1,)))
+                                    for name in self.meshes})
+        return self._state
 
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Nothing to do for ``hosts=1``; a LocalJob has one host.
