@@ -11,9 +11,15 @@ import textwrap
 import threading
 from pathlib import Path
 
+import pexpect
 import pytest
 
-CONTROLLER = """
+#: the controller's rounds: the stream it leaves a line unfinished on while
+#: its workers print to the other one, or to the same
+ROUNDS = (("stdout", "stdout"), ("stdout", "stdout"), ("stderr", "stderr"),
+          ("stdout", "stderr"), ("stderr", "stdout"))
+
+CONTROLLER = f"ROUNDS = {ROUNDS!r}\n" + """
 import asyncio
 import sys
 
@@ -63,11 +69,11 @@ class Talker(Actor):
 async def main() -> None:
     procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})
     talkers = await procs.spawn("talkers", Talker)
-    for rnd, stream in enumerate(["stdout", "stdout", "stderr"]):
+    for rnd, (stream, worker_stream) in enumerate(ROUNDS):
         out = getattr(sys, stream)
         print(f"controller {stream} line {rnd} begins", end="", file=out, flush=True)
-        marker = f"worker {stream} round {rnd}"
-        await talkers.say.call(marker, 3, stream)
+        marker = f"worker {worker_stream} round {rnd}"
+        await talkers.say.call(marker, 3, worker_stream)
         await lines_arrived(f"[procs procs=0] {marker}", 3)
         await lines_arrived(f"[procs procs=1] {marker}", 3)
         print(" ... and ends", file=out, flush=True)
@@ -82,15 +88,44 @@ meshio.run(main())
 """
 
 
-@pytest.fixture(scope="module")
-def controller(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    """CONTROLLER's run, in a fresh interpreter."""
-    tmp_path = tmp_path_factory.mktemp("output")
+def controller_script(tmp_path: Path) -> Path:
     script = tmp_path / "controller.py"
     script.write_text(textwrap.dedent(CONTROLLER))
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONWARNINGS": "error"})
+    return script
+
+
+#: the controller's environment
+ENV = {**os.environ, "PYTHONWARNINGS": "error"}
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """CONTROLLER's run, in a fresh interpreter, its stdout and stderr apart."""
+    tmp_path = tmp_path_factory.mktemp("output")
+    return subprocess.run([sys.executable, str(controller_script(tmp_path))], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, env=ENV)
+
+
+def assert_whole_lines(text: str, streams: tuple[str, ...]) -> None:
+    """In ``text`` (what CONTROLLER wrote to ``streams``), each controller
+    line and each worker line is whole."""
+    lines = text.splitlines()
+    ours = [line for line in lines if not line.startswith("[procs ")]
+    theirs = [line for line in lines if line.startswith("[procs ")]
+    for rnd, (_, worker_stream) in enumerate(ROUNDS):
+        if worker_stream in streams:
+            for rank in (0, 1):
+                for i in range(3):
+                    assert (f"[procs procs={rank}] worker {worker_stream} round {rnd} #{i}"
+                            in theirs), text
+    for line in theirs:
+        assert line.count("[procs ") == 1 and " #" in line, text
+    expected = {f"controller {stream} line {rnd} begins ... and ends"
+                for rnd, (stream, _) in enumerate(ROUNDS) if stream in streams}
+    if "stdout" in streams:
+        expected.add("last controller line, no newline")
+    assert set(ours) == expected, text
 
 
 def test_forwarded_lines_never_split_a_controller_line(
@@ -101,21 +136,31 @@ def test_forwarded_lines_never_split_a_controller_line(
     stderr."""
     proc = controller
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for stream, text, rounds in (("stdout", proc.stdout, (0, 1)), ("stderr", proc.stderr, (2,))):
-        lines = text.splitlines()
-        ours = [line for line in lines if not line.startswith("[procs ")]
-        theirs = [line for line in lines if line.startswith("[procs ")]
-        for rnd in rounds:
-            assert f"controller {stream} line {rnd} begins ... and ends" in ours, text
-            for rank in (0, 1):
-                for i in range(3):
-                    assert f"[procs procs={rank}] worker {stream} round {rnd} #{i}" in theirs, text
-        for line in theirs:
-            assert line.count("[procs ") == 1 and " #" in line, text
-        expected = {f"controller {stream} line {rnd} begins ... and ends" for rnd in rounds}
-        if stream == "stdout":
-            expected.add("last controller line, no newline")
-        assert set(ours) == expected, text
+    assert_whole_lines(proc.stdout, ("stdout",))
+    assert_whole_lines(proc.stderr, ("stderr",))
+
+
+def test_on_one_pipe_forwarded_lines_never_split_a_controller_line(tmp_path: Path) -> None:
+    """issue 8 item 7, with the controller's stdout and stderr one pipe
+    (``2>&1 | ...``): worker lines on either stream wait behind a partial
+    controller line on either."""
+    proc = subprocess.run([sys.executable, str(controller_script(tmp_path))], cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=ENV)
+    assert proc.returncode == 0, proc.stdout
+    assert_whole_lines(proc.stdout, ("stdout", "stderr"))
+
+
+def test_on_a_terminal_forwarded_lines_never_split_a_controller_line(tmp_path: Path) -> None:
+    """issue 8 item 7, with the controller's stdout and stderr one terminal."""
+    child = pexpect.spawn(sys.executable, [str(controller_script(tmp_path))], cwd=str(tmp_path),
+                          env=ENV, encoding="utf-8", timeout=60)
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, child.before
+    assert_whole_lines(child.before.replace("\r\n", "\n"), ("stdout", "stderr"))
 
 
 def test_worker_lines_held_behind_a_partial_line_come_out_at_exit(

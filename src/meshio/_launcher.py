@@ -36,7 +36,9 @@ import contextvars
 import ctypes
 import functools
 import io
+import itertools
 import json
+import operator
 import os
 import secrets
 import signal
@@ -784,11 +786,53 @@ def _to_last_cell(out: Any) -> None:
         set_parent(dict(_last_cell))
 
 
+class _Line:
+    """The line the controller's output ends on, in one file: whether it is
+    unfinished, and the worker lines held until it ends.  A gate has one of
+    its own, or shares its sibling's where ``sys.stdout`` and ``sys.stderr``
+    are the same file (a terminal, ``2>&1``): there a line begun on either
+    stream is ended on either, and holds worker lines of both."""
+
+    def __init__(self, stream: io.TextIOWrapper) -> None:
+        self.lock = threading.RLock()  # a signal handler may print mid-write
+        #: the thread inside a gate's write (a signal handler's print waits for no one)
+        self.owner: int | None = None
+        self.mid = False
+        #: worker lines held, each with the stream it goes to; their characters
+        self.held: list[tuple[io.TextIOWrapper, str]] = []
+        self.held_len = 0
+        #: the streams that write to this file
+        self.streams = [stream]
+
+    def put(self, stream: io.TextIOWrapper, text: str) -> None:
+        """Write ``text`` to ``stream`` after what the file's other streams
+        have buffered (a block-buffered stdout may have sent part of a line)."""
+        for other in self.streams:
+            if other is not stream:
+                with contextlib.suppress(OSError, ValueError):  # (closed: nothing buffered)
+                    other.flush()
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # the stream is closed: nowhere to go
+            pass
+
+    def write_held(self, before: str) -> None:
+        held, self.held, self.held_len = self.held, [], 0
+        for stream, run in itertools.groupby(held, key=operator.itemgetter(0)):
+            self.put(stream, before + "".join(text for _, text in run))
+            before = ""
+
+
 class _LineGate:
     """The controller's ``sys.stdout`` or ``sys.stderr`` while workers' output
     is forwarded to it: whole lines of worker output wait while the
     controller is in the middle of a line of its own (``print(..., end="")``)
-    and follow that line once it ends, so neither splits the other.
+    and follow that line once it ends, so neither splits the other.  Where
+    stdout and stderr are the same file (same device and inode: one
+    terminal, ``2>&1``; decided when a gate is installed), the two gates
+    share one :class:`_Line`: a partial line on either stream holds worker
+    lines of both.
 
     Worker lines are written by a thread of the gate's own, never by the
     event loop: a stream nobody reads (a pipe into a stalled consumer, a
@@ -816,14 +860,10 @@ class _LineGate:
         self.start_over()
 
     def start_over(self) -> None:
-        """Nothing queued or held, no writer thread: a new gate, or one in a
-        child forked from this process (the parent writes what it had)."""
-        self._lock = threading.RLock()  # a signal handler may print mid-write
-        #: the thread inside :meth:`write` (a signal handler's print waits for no one)
-        self._owner: int | None = None
-        self._mid_line = False
-        self._held: list[str] = []
-        self._held_len = 0
+        """Nothing queued or held, no writer thread, a line of its own: a new
+        gate, or one in a child forked from this process (the parent writes
+        what it had; :func:`_forked` shares lines again)."""
+        self._line = _Line(self._stream)
         #: worker lines for the writer thread; their characters; lines dropped
         self._queue: collections.deque[str] = collections.deque()
         self._queued = 0
@@ -837,22 +877,40 @@ class _LineGate:
     def install(cls, name: str) -> None:
         stream = getattr(sys, name)
         if isinstance(stream, io.TextIOWrapper):  # not already a gate
-            setattr(sys, name, cls(cast(io.TextIOWrapper, stream)))
+            gate = cls(cast(io.TextIOWrapper, stream))
+            gate.share_line()
+            setattr(sys, name, gate)
+
+    def share_line(self) -> None:
+        """Share the other gate's line where both write to the same file
+        (this gate is new, or was started over: nothing of its own is held)."""
+        for other in _gates():
+            if other is not self and self._same_file(other):
+                self._line = other._line
+                self._line.streams.append(self._stream)
+
+    def _same_file(self, other: _LineGate) -> bool:
+        try:
+            return os.path.samestat(os.fstat(self._stream.fileno()),
+                                    os.fstat(other._stream.fileno()))
+        except (OSError, ValueError):  # no descriptor (pytest's capture), or closed
+            return False
 
     def write(self, text: str) -> int:
         """The controller's own output."""
         self._wait_written()
-        with self._lock:
-            owner, self._owner = self._owner, threading.get_ident()
+        line = self._line
+        with line.lock:
+            owner, line.owner = line.owner, threading.get_ident()
             try:
                 n = self._stream.write(text)
                 if text:
-                    self._mid_line = not text.endswith("\n")
-                    if not self._mid_line and self._held:
-                        self._write_held("")
+                    line.mid = not text.endswith("\n")
+                    if not line.mid and line.held:
+                        line.write_held("")
                 return n
             finally:
-                self._owner = owner
+                line.owner = owner
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -883,15 +941,16 @@ class _LineGate:
     def release(self) -> None:
         """Writes what is queued and what is held, on a new line (at exit)."""
         self._wait_written()
-        with self._lock:
-            if self._held:
-                self._write_held("\n")
-                self._mid_line = False
+        line = self._line
+        with line.lock:
+            if line.held:
+                line.write_held("\n")
+                line.mid = False
 
     def _wait_written(self) -> None:
         """Until the worker lines queued so far are written (unless this
         thread is the writer, or interrupted one of its writes)."""
-        if threading.get_ident() in (self._owner, self._writer and self._writer.ident):
+        if threading.get_ident() in (self._line.owner, self._writer and self._writer.ident):
             return
         with self._moved:
             upto = self._put
@@ -917,33 +976,22 @@ class _LineGate:
                     self._moved.notify_all()
 
     def _forward_now(self, text: str) -> None:
-        with self._lock:
-            if not self._mid_line:
-                try:
-                    self._stream.write(text)
-                    self._stream.flush()
-                except (OSError, ValueError):  # the stream is closed: nowhere to go
-                    pass
+        line = self._line
+        with line.lock:
+            if not line.mid:
+                line.put(self._stream, text)
                 return
-            self._held.append(text)
-            self._held_len += len(text)
-            if self._held_len > self.HOLD_LIMIT:
-                self._write_held("\n")
-                self._mid_line = False
-
-    def _write_held(self, before: str) -> None:
-        held, self._held, self._held_len = "".join(self._held), [], 0
-        try:
-            self._stream.write(before + held)
-            self._stream.flush()
-        except (OSError, ValueError):  # the stream is closed: nowhere to go
-            pass
+            line.held.append((self._stream, text))
+            line.held_len += len(text)
+            if line.held_len > self.HOLD_LIMIT:
+                line.write_held("\n")
+                line.mid = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
-def _gates() -> Iterable[_LineGate]:
+def _gates() -> list[_LineGate]:
     return [gate for gate in (sys.stdout, sys.stderr) if isinstance(gate, _LineGate)]
 
 
@@ -956,6 +1004,8 @@ def _release_held() -> None:
 def _forked() -> None:
     for gate in _gates():
         gate.start_over()
+    for gate in _gates()[1:]:
+        gate.share_line()
 
 
 os.register_at_fork(after_in_child=_forked)
