@@ -17,12 +17,14 @@ It adds nothing to a test that does not ask for it:
   test, a class or a module's ``pytestmark``; it parametrises the tests
   there that use these fixtures and leaves the others alone), or override
   the fixture.
-- ``meshio_runtime_cleanup``: closes the test loop's meshio runtime (its
-  listening socket and connections) after the test; ``meshio_procs`` uses it.
-- ``meshio_leak_check``: fails a test that leaves child processes or open
-  file descriptors (sockets, pipes, files) behind, and cleans up after it
-  (kills those processes, collects what the test dropped without closing,
-  so the next test does not inherit its warnings). On for every test with the
+- ``meshio_runtime_cleanup``: stops the proc meshes still running on the
+  test's loop, then closes its meshio runtime (its listening socket and
+  connections) after the test; ``meshio_procs`` uses it.
+- ``meshio_leak_check``: fails a test that leaves proc meshes not stopped,
+  child processes or open file descriptors (sockets, pipes, files) behind,
+  and cleans up after it (stops those meshes, kills those processes,
+  collects what the test dropped without closing, so the next test does not
+  inherit its warnings). On for every test with the
   ini option ``meshio_leak_check = true``, or per test/module with the
   ``meshio_leak_check`` marker.
 
@@ -41,10 +43,12 @@ from typing import Any
 
 import pytest
 
+from .._inspect import Inspection
 from .._proc_mesh import HostMesh, ProcMesh, this_host
-from .._transport._runtime import close_runtime
+from .._proc_state import ProcState
+from .._transport._runtime import close_runtime, existing_runtime
 from ._helpers import child_pids
-from ._inprocess import TRANSPORTS, Transport, in_process_host
+from ._inprocess import TRANSPORTS, InProcessLauncher, Transport, in_process_host
 from ._leaks import open_fds
 
 try:
@@ -60,6 +64,9 @@ DEFAULT_PER_HOST = {"procs": 2}
 _CHECKED = pytest.StashKey[bool]()
 #: what the leak check found: failed by :func:`pytest_runtest_teardown`
 _LEAKED = pytest.StashKey[str]()
+#: the proc meshes the test left running, as the leak check names them
+#: (found by :func:`meshio_runtime_cleanup`, which stops them)
+_UNSTOPPED = pytest.StashKey[list[str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -103,9 +110,10 @@ def _meshio_autouse_leak_check(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def meshio_leak_check(request: pytest.FixtureRequest) -> None:
-    """Fail the test if, once its function-scoped fixtures are torn down and
-    its loop's meshio runtime is closed, it left child processes (killed
-    then) or file descriptors open that were not open before it. What
+    """Fail the test if, once its function-scoped fixtures are torn down, it
+    left proc meshes running on its loop (stopped then, before its loop's
+    meshio runtime closes), or, once that runtime is closed, child processes
+    (killed then) or file descriptors open that were not open before it. What
     fixtures of wider scope set up before it is not counted. A test on a
     loop of wider scope (``loop_scope="module"``) shares that loop's runtime
     and sockets with its neighbours: only its child processes are checked."""
@@ -143,6 +151,10 @@ def _meshio_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     leaked_fds = [f"fd {fd}: {what}" for fd, what in sorted(now.items())
                   if fds.get(fd) != what]
     problems: list[str] = []
+    unstopped = request.node.stash.get(_UNSTOPPED, [])
+    if unstopped:
+        problems.append(f"proc mesh{'es' * (len(unstopped) > 1)} {', '.join(unstopped)}, "
+                        f"never stopped (now stopped)")
     if leaked_pids:
         problems.append(f"child processes {leaked_pids} (now killed)")
     if leaked_fds:
@@ -211,11 +223,34 @@ def _collect_quietly() -> None:
 
 
 @_async_fixture
-async def meshio_runtime_cleanup() -> AsyncIterator[None]:
-    """Close the test loop's meshio runtime (listening socket, connections)
-    after the test, with its loop."""
+async def meshio_runtime_cleanup(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """After the test, stop the proc meshes it left running on its loop
+    (the leak check, if on, names them), then close the loop's meshio
+    runtime (listening socket, connections), with its loop.  Stopped first,
+    not only dropped with the runtime's connections: their workers have
+    exited when the leak check counts child processes."""
     yield
-    close_runtime()
+    try:
+        rt = existing_runtime()
+        if rt is None or not rt.has_state(Inspection):  # (it watches every proc mesh started)
+            return
+        running = [state for state in rt.state(Inspection).procs if not state.stopped]
+        # (a mesh whose every process failed with nothing to restart it holds none)
+        leaked = [_named(state) for state in running
+                  if not set(state.region.ranks) <= state.failures.keys()]
+        if leaked and request.node.stash.get(_CHECKED, False):
+            request.node.stash[_UNSTOPPED] = leaked
+        for state in running:
+            await ProcMesh(state, None).stop()
+    finally:
+        close_runtime()
+
+
+def _named(state: ProcState) -> str:
+    """A proc mesh as the leak check names it: ``'procs' (pids [...])``."""
+    if all(isinstance(launcher, InProcessLauncher) for launcher in state.launchers):
+        return f"{state.name!r} (in-process)"
+    return f"{state.name!r} (pids {[w.handle.pid for w in state.workers]})"
 
 
 @pytest.fixture
