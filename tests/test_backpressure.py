@@ -162,6 +162,9 @@ async def test_a_broadcast_waits_for_room(procs: meshio.ProcMesh) -> None:
     calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
     await until_full(s)
     sent = s.take.broadcast(100)
+    # (what a notebook cell ending with it shows: what it is, not a private class)
+    assert repr(sent) == ("<broadcast of Slow.take on 'slow': 1 of its actors had no room for "
+                          "it yet; awaiting it waits until it went to them>")
     waiting = asyncio.ensure_future(awaited(sent))
     # a bug would finish it at once; a correct one never does before the gate opens
     done, _ = await asyncio.wait([waiting], timeout=0.2)
@@ -169,11 +172,14 @@ async def test_a_broadcast_waits_for_room(procs: meshio.ProcMesh) -> None:
     assert await queued(s) == BOUND
     await s.open_gate.call_one()
     await asyncio.wait_for(waiting, GUARD)
+    assert repr(sent) == "<broadcast of Slow.take on 'slow' sent: awaiting it returns at once>"
     await asyncio.wait_for(asyncio.gather(*calls), GUARD)
     assert await s.take.call_one(101) == 101  # behind the broadcast
     assert await s.taken.call_one() == [*range(BOUND + 1), 100, 101]
     # with room, a broadcast goes at once: its awaitable is already done
-    await asyncio.wait_for(awaited(s.take.broadcast(102)), GUARD)
+    at_once = s.take.broadcast(102)
+    assert repr(at_once) == "<broadcast sent: awaiting it returns at once>"
+    await asyncio.wait_for(awaited(at_once), GUARD)
 
 
 async def awaited(a: Awaitable[None]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import pickle
+import sys
 from typing import Any, Generic, TypeVar, cast
 
 import msgspec
@@ -21,6 +22,8 @@ from meshio import (
     current_rank,
     endpoint,
 )
+from meshio._exceptions import new_actor_error
+from meshio._transport._messages import ErrorInfo, Fail, decode_message
 
 #: these tests hold on both transports: worker processes and in-process
 pytestmark = pytest.mark.meshio_transports()
@@ -112,6 +115,12 @@ class Faulty(Actor):
     @endpoint
     async def ok(self) -> str:
         return "ok"
+
+    @endpoint
+    async def bad_batch(self) -> None:
+        import worker_only_errors  # (here only: the test process must not have it)
+
+        raise worker_only_errors.BadBatch("batch 3 is empty")
 
     @endpoint
     def raise_(self, kind: str) -> None:  # (plain def: an async one cannot raise StopIteration)
@@ -208,6 +217,64 @@ async def test_remote_custom_exceptions_keep_their_class(faulty: Faulty) -> None
         with pytest.raises(ActorError) as plain:
             await one.raise_.call_one(kind=kind)
         assert type(plain.value) is ActorError and plain.value.remote_type == name
+
+
+class Relay(Actor):
+    @endpoint
+    async def bad_batch_of(self, faulty: Faulty) -> None:
+        await faulty.bad_batch.call_one()
+
+
+@pytest.mark.meshio_transports("processes")  # (in-process, the test's process imports the class)
+async def test_a_remote_class_not_loaded_here_is_its_nearest_loaded_base(
+        procs: meshio.ProcMesh) -> None:
+    """issue 15 item 12: an endpoint raising ``BadBatch(BatchError(ValueError))``
+    of a module the caller never imported is caught by ``except ValueError``
+    (the nearest base class loaded here), also through an actor that has not
+    imported it either and lets it pass; ``remote_type`` still names BadBatch.
+    (It was a plain ActorError: only loaded classes counted.)"""
+    assert "worker_only_errors" not in sys.modules
+    faulty = await procs.spawn("faulty", Faulty)
+    with pytest.raises(ValueError) as direct:
+        await faulty.slice(procs=1).bad_batch.call_one()
+    relay = (await procs.spawn("relay", Relay)).slice(procs=0)
+    with pytest.raises(ValueError) as through:
+        await relay.bad_batch_of.call_one(faulty.slice(procs=1))
+    for e in (direct.value, through.value):
+        assert isinstance(e, ActorError)
+        assert (e.remote_type, e.remote_bases, e.remote_message) == (
+            "worker_only_errors.BadBatch", ("worker_only_errors.BatchError", "ValueError"),
+            "batch 3 is empty")
+        assert type(pickle.loads(pickle.dumps(e))) is type(e)
+    assert "worker_only_errors" not in sys.modules
+
+
+def test_the_first_loaded_class_of_the_remote_mro_decides() -> None:
+    """The nearest loaded class of the remote exception's MRO is the one the
+    error is also an instance of; where that is one of meshio's (or another
+    of the classes never stood for), the error stays a plain ActorError
+    rather than an instance of a farther base."""
+    def made(remote_type: str, *bases: str) -> ActorError:
+        return new_actor_error("m", remote_type=remote_type, remote_bases=bases,
+                               remote_message="m", remote_traceback="", actor="a", rank=0,
+                               endpoint="e")
+
+    assert isinstance(made("gone.Missing", "gone.Base", "KeyError", "LookupError"), KeyError)
+    assert isinstance(made("gone.Missing", f"{__name__}.CustomError"), CustomError)
+    assert type(made("gone.Missing", "gone.Base")) is ActorError
+    for bases in [("meshio.DeadlockError", "meshio.MeshioError", "RuntimeError"),
+                  ("SyntaxError",), ("StopIteration",)]:
+        assert type(made("gone.Missing", *bases)) is ActorError
+    # (a class loaded here that cannot be subclassed gives way to its base)
+    assert isinstance(made(f"{__name__}.Sealed", "RuntimeError"), RuntimeError)
+
+
+def test_an_older_peers_failure_decodes_without_bases() -> None:
+    """``ErrorInfo.bases`` is new: a Fail from a peer without it decodes."""
+    old = msgspec.msgpack.encode([4, 7, ["actor", "ValueError", "m", "tb", "a", 0]])
+    decoded = decode_message(old)
+    assert decoded == Fail(7, ErrorInfo("actor", "ValueError", "m", "tb", "a", 0))
+    assert isinstance(decoded, Fail) and decoded.error.bases == ()
 
 
 async def test_stop_iteration_from_a_def_endpoint(faulty: Faulty) -> None:

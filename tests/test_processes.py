@@ -537,7 +537,11 @@ async def test_controller_returning_without_stop_leaves_no_orphans(
     ({"per_host": {"gpus": True}}, TypeError, r": per_host must map dim names \(str\) to ints"),
     ({"per_host": {"gpus": 10**9}}, ValueError, ": per_host .* is 1000000000 processes on each"),
     ({"shutdown": "gently"}, ValueError, r"\(shutdown=\.\.\.\) must be seconds >= 0 or 'brutal"),
-    ({"restart": "always"}, ValueError, ": restart must be 'permanent'")])
+    ({"restart": "always"}, ValueError, ": restart must be 'permanent'"),
+    ({"restart": 3}, TypeError, ": restart must be 'permanent', .*, got int 3"),
+    ({"per_host": "gpus"}, TypeError, r": per_host must be a mapping of dim names \(str\) to "
+                                      r"ints >= 1, e\.g\. \{'gpus': 4\}, got str 'gpus'"),
+    ({"per_host": ["gpus", 2]}, TypeError, ": per_host must be a mapping .*, got list")])
 async def test_spawn_procs_rejects_bad_arguments_before_starting_anything(
         kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     """issue 7: a wrong argument type or value is a clear TypeError/ValueError
@@ -546,3 +550,19 @@ async def test_spawn_procs_rejects_bad_arguments_before_starting_anything(
     with pytest.raises(error, match=f"spawn_procs{match}"):
         meshio.this_host().spawn_procs(**kwargs)
     assert child_pids() == before
+
+
+async def test_options_and_spawn_reject_a_wrong_type_with_type_error(
+        procs: meshio.ProcMesh) -> None:
+    """issue 9: a wrong argument type is a TypeError naming the argument (a
+    wrong value of the right type stays a ValueError)."""
+    with pytest.raises(TypeError, match=r"options\(restart=\.\.\.\) must be 'permanent', "
+                                        r".*, got int 3"):
+        procs.options(restart=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"options\(restart=\.\.\.\) .*, got str 'always'"):
+        procs.options(restart="always")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="spawn: actor mesh name must be a non-empty str "
+                                        "without '/', got int 5"):
+        await procs.spawn(5, Victim)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"spawn: actor mesh name .*, got str 'a/b'"):
+        await procs.spawn("a/b", Victim)

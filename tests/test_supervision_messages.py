@@ -165,6 +165,31 @@ class Picky(Actor):
         raise ValueError("boom")
 
 
+class HeldRaiser(Actor):
+    """Raises once the test holds its loop, then says that its fault went,
+    through the FIFOs ``<rank>.raise`` and ``<rank>.sent`` in ``fifos``."""
+
+    @endpoint
+    async def boom(self, fifos: str) -> None:
+        _opened(fifos, "raise")
+        raise ValueError("boom")
+
+    @endpoint
+    async def sent(self, fifos: str) -> None:
+        await asyncio.sleep(0)  # (after the turn that raised: its fault was written then)
+        _opened(fifos, "sent")
+
+    @endpoint
+    async def rank(self) -> int:
+        return meshio.current_rank().rank
+
+
+def _opened(fifos: str, what: str) -> None:
+    """Open and close this rank's FIFO ``what``: until the test opens it too."""
+    rank = meshio.current_rank().rank
+    os.close(os.open(os.path.join(fifos, f"{rank}.{what}"), os.O_WRONLY))
+
+
 def test_rank_ranges() -> None:
     """issue 8 item 4: sorted ranks are written as runs."""
     assert rank_ranges([0, 1, 2, 3, 4, 5, 6, 7]) == "0-7"
@@ -191,6 +216,33 @@ async def test_identical_failures_of_many_ranks_are_one_line() -> None:
         assert summary == ("Picky.check failed on 8 of 8 ranks of 'picky':\n"
                            "  ranks 0-4, 6-7: ActorError: ValueError: boom\n"
                            "  rank 5 {'procs': 5}: ActorError: KeyError: 'odd'")
+
+
+async def test_a_broadcast_failing_on_many_ranks_is_one_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 8 item 4: a broadcast raising the same error on 4 ranks, whose
+    faults come in together, is one report on stderr "ranks 0-3" with one
+    traceback, not 4 (each with its traceback)."""
+    fifos = [tmp_path / f"{rank}.{what}" for what in ("raise", "sent") for rank in range(4)]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        raiser = await procs.spawn("raiser", HeldRaiser)
+        raiser.boom.broadcast(str(tmp_path))
+        raiser.sent.broadcast(str(tmp_path))
+        await asyncio.sleep(0)  # (to after this turn's end, which sends them)
+        # The loop held (no await): each actor raises, and its fault waits
+        # unread in its socket until every fault is there.
+        for fifo in fifos:
+            os.close(os.open(fifo, os.O_RDONLY))
+        # (the actors still serve; the report is printed by the time they answer)
+        assert (await asyncio.wait_for(raiser.rank.call(), DEADLINE)).values() == [0, 1, 2, 3]
+    err = capsys.readouterr().err
+    reports = [line for line in err.splitlines() if line.startswith("meshio: failure in")]
+    assert reports == [f"meshio: failure in raiser ranks 0-3 (pids "
+                       f"{', '.join(map(str, procs.pids))}; nothing restarts it (no "
+                       f"supervisor)): ValueError: boom"]
+    assert err.count("Traceback (most recent call last)") == 1
 
 
 def sigkill_all(pids: list[int]) -> None:

@@ -1010,6 +1010,15 @@ class _CallSite:
         relay's connection: ``Pending.callee``)."""
         return self.mesh._addrs[self.mesh._region.ranks[self.index]]
 
+    @property
+    def proc(self) -> str:
+        """The actor's process as its proc mesh names it, ``proc mesh 'wp'
+        rank 1`` ("": not known): the mesh's name is in the actor mesh's
+        target, which begins with the proc mesh's id, ``<name>-<uuid>/``
+        (``ProcState.new_target``); its rank is the process's there."""
+        name = self.mesh._target.partition("/")[0].rpartition("-")[0]
+        return f"proc mesh {name!r} rank {self.mesh._region.ranks[self.index]}" if name else ""
+
     def __repr__(self) -> str:
         return repr(self.mesh._region.point(self.index))
 

@@ -92,10 +92,9 @@ STARTED_FLUSH = 1.0
 OWNED_STOP_TIMEOUT = 2 * CLEANUP_TIMEOUT
 
 
-def _type_name(e: BaseException) -> str:
+def _type_name(t: type) -> str:
     """``ValueError``, ``mypkg.MyError``; meshio's errors by their public
     name (``meshio.SupervisionError``: see ``fixup_module_metadata``)."""
-    t = type(e)
     if t.__module__ == "builtins":
         return t.__qualname__
     return f"{t.__module__}.{t.__qualname__}"
@@ -110,12 +109,17 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
         # told as what it is (``except ValueError`` still catches it), its
         # message once; the remote traceback below it is in this one's.  (As
         # str(e) it was in the message and the traceback both: doubled per hop.)
-        type_name, message = e.remote_type, e.remote_message
+        type_name, bases, message = e.remote_type, e.remote_bases, e.remote_message
     else:
         try:
-            type_name = _type_name(e)
+            type_name = _type_name(type(e))
         except BaseException:
             type_name = "<exception of an unnameable type>"
+        try:  # (the caller's error is an instance of the first it has loaded)
+            bases = tuple(utf8(_type_name(k)) for k in type(e).__mro__[1:]
+                          if k not in (Exception, BaseException, object))
+        except BaseException:
+            bases = ()
         try:
             message = str(e)
             if not isinstance(message, str):  # pragma: no cover - str() checks this itself
@@ -134,7 +138,7 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
             except BaseException:
                 tb = f"{type_name}: {message} (its traceback could not be formatted)\n"
     return ErrorInfo(kind, utf8(type_name), utf8(message), utf8(tb),
-                     ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1)
+                     ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1, bases)
 
 
 def _own_cancellation(e: BaseException) -> bool:
@@ -1245,8 +1249,7 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
             await _stop_owned(ctx, f"{msg.name}[{msg.rank}]")
         info = actor_error(e, ctx)
         if ctx is None:
-            info = ErrorInfo(info.kind, info.type_name, info.message, info.traceback,
-                             msg.name, msg.rank)
+            info = msgspec.structs.replace(info, actor=msg.name, rank=msg.rank)
         built()
         conn.send_message(Fail(msg.req, info))
         _stopped_meanwhile(stops)

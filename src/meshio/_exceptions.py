@@ -5,7 +5,9 @@ mesh / rank / host, and what you can do about it::
 
     MeshioError                      base of everything meshio raises
     ├── ActorError                   an endpoint (or constructor) raised remotely
-    │                                (also an instance of the remote exception's class)
+    │                                (also an instance of the remote exception's class,
+    │                                or of its nearest base class loaded here; not of
+    │                                meshio's own: remote_type 'meshio.DeadlockError')
     ├── SchemaError (ValueError)     arguments or a result do not match the signature
     ├── SupervisionError             a process or actor died; the call cannot complete
     │   └── ProcessStartError        a worker process exited or never said hello at start
@@ -118,16 +120,25 @@ class ActorError(MeshioError):
     class, so ``except ValueError:`` around a call catches a ``ValueError``
     raised by the endpoint: when that class is loaded in the caller's process
     under the same name (a built-in, or a class of a module the caller has
-    imported), is an ``Exception`` and can be subclassed.  It is built without
-    running that class's ``__init__``, so the remote exception's attributes
-    are not there: ``args`` is the message below, ``remote_message`` is
-    ``str()`` of the remote exception.  It stays a plain ``ActorError`` when
-    the remote exception is one of meshio's (a remote ``SupervisionError`` is
-    not this call's process dying) or a ``StopIteration``,
-    ``StopAsyncIteration`` or ``SyntaxError``.
+    imported), is an ``Exception`` and can be subclassed.  Where it is not
+    loaded (its module only the remote process imported) or cannot be
+    subclassed, the nearest of its base classes that is and can stands in
+    for it: a remote ``class BadBatch(ValueError)`` is a ``ValueError`` here.
+    It is built without running that class's ``__init__``, so the remote
+    exception's attributes are not there: ``args`` is the message below,
+    ``remote_message`` is ``str()`` of the remote exception.  It stays a
+    plain ``ActorError`` when the remote exception is one of meshio's (a
+    remote ``SupervisionError`` is not this call's process dying: the caller
+    gets an ``ActorError`` whose ``remote_type`` is
+    ``'meshio.SupervisionError'``) or a ``StopIteration``,
+    ``StopAsyncIteration`` or ``SyntaxError`` (the first class of its MRO
+    loaded here), and where none of its classes is loaded here and can be
+    subclassed.
 
     Attributes:
         remote_type: qualified name of the remote exception's type.
+        remote_bases: qualified names of its base classes, nearest first
+            (without ``Exception``, ``BaseException`` and ``object``).
         remote_message: ``str()`` of the remote exception.
         remote_traceback: the remote traceback, formatted.
         actor: name of the actor mesh.
@@ -145,10 +156,12 @@ class ActorError(MeshioError):
         actor: str,
         rank: int,
         endpoint: str,
+        remote_bases: Sequence[str] = (),
         failures: Sequence[tuple[Point, MeshioError]] = (),
     ) -> None:
         super().__init__(message, failures=failures)
         self.remote_type = remote_type
+        self.remote_bases = tuple(remote_bases)
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback
         self.actor = actor
@@ -174,16 +187,22 @@ _NOT_ALSO = (MeshioError, StopIteration, StopAsyncIteration, SyntaxError)
 
 
 def new_actor_error(message: str, *, remote_type: str, remote_message: str,
-                    remote_traceback: str, actor: str, rank: int,
-                    endpoint: str) -> ActorError:
+                    remote_traceback: str, actor: str, rank: int, endpoint: str,
+                    remote_bases: Sequence[str] = ()) -> ActorError:
     """The :class:`ActorError` for a remote exception of type ``remote_type``
-    (``ValueError``, ``pkg.mod.MyError``): also an instance of that class
-    where it can be (see the class docstring)."""
-    state = {"failures": (), "remote_type": remote_type, "remote_message": remote_message,
+    (``ValueError``, ``pkg.mod.MyError``) with base classes ``remote_bases``
+    (nearest first): also an instance of the first of these classes loaded
+    here that can be, but of none where a class of :data:`_NOT_ALSO` comes
+    first (see the class docstring)."""
+    state = {"failures": (), "remote_type": remote_type,
+             "remote_bases": tuple(remote_bases), "remote_message": remote_message,
              "remote_traceback": remote_traceback, "actor": actor, "rank": rank,
              "endpoint": endpoint}
-    remote = _loaded_class(remote_type)
-    cls = _also(remote) if remote is not None else None
+    cls: type[ActorError] | None = None
+    for name in (remote_type, *remote_bases):
+        remote = _loaded_class(name)
+        if remote is not None and (issubclass(remote, _NOT_ALSO) or (cls := _also(remote))):
+            break
     return rebuild_error(cls or ActorError, (message,), state)
 
 

@@ -106,17 +106,16 @@ class ProcMesh(MeshShape):
                 hold up the caller's calls to its other endpoints).
 
         Raises:
-            TypeError: ``stall_after`` is not a number (a str, a bool), or
-                ``max_queued`` is not an int (a str, a float, a bool).
+            TypeError: ``restart`` is not a str, ``stall_after`` is not a
+                number (a str, a bool), or ``max_queued`` is not an int (a
+                str, a float, a bool).
             ValueError: ``restart`` is not one of the three restart types,
                 ``stall_after`` is not finite seconds > 0 (NaN, or an int
                 no float holds), or ``max_queued`` is below 1.
         """
         options = self._options
         if restart is not None:
-            if restart not in _RESTART_TYPES:
-                raise ValueError(f"options(restart=...) must be 'permanent', 'transient' or "
-                                 f"'temporary', got {restart!r}")
+            _check_restart(restart, "options(restart=...)")
             options = replace(options, restart=restart)
         if stall_after is not None:
             options = replace(options, stall_after=check_seconds(
@@ -160,13 +159,15 @@ class ProcMesh(MeshShape):
 
     async def _start_owned(self) -> ProcMesh:
         """The first await of what ``spawn_procs`` returned: cancelled before
-        the processes are up, it stops them (``await
-        asyncio.wait_for(host.spawn_procs(...), 60)`` timing out leaves no
-        process behind, and nobody holds one to stop it)."""
+        the processes are up, or failing to start them, it stops the mesh
+        (``await asyncio.wait_for(host.spawn_procs(...), 60)`` timing out
+        leaves no process behind, a ``ProcessStartError`` nothing of the mesh
+        in the runtime: nobody holds one to stop it)."""
         try:
             return await self._wait_ready()
-        except asyncio.CancelledError:
-            if not self._state.ready.done():
+        except BaseException:
+            ready = self._state.ready
+            if not ready.done() or ready.cancelled() or ready.exception() is not None:
                 await self.stop()
             raise
 
@@ -222,6 +223,9 @@ class ProcMesh(MeshShape):
         Raises:
             ActorError: a constructor raised (every failing rank listed).
             SchemaError: the arguments do not match ``cls.__init__``.
+            TypeError: ``name`` is not a str, or ``cls`` is not an
+                :class:`Actor` subclass.
+            ValueError: ``name`` is empty or has a ``/``.
         """
         mesh = await self._spawn(name, cls, *args, **kwargs)
         _own(mesh)
@@ -233,8 +237,9 @@ class ProcMesh(MeshShape):
         if not _is_actor_class(cls):
             raise _not_an_actor_class(cls)
         if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"spawn: actor mesh name must be a non-empty str without '/', "
-                             f"got {name!r}")
+            raise (ValueError if isinstance(name, str) else TypeError)(
+                f"spawn: actor mesh name must be a non-empty str without '/', "
+                f"got {type(name).__name__} {name!r}")
         schema = cls._meshio_ctor
         packer = Packer()
         body = schema.pack_call(args, kwargs, packer)
@@ -746,6 +751,20 @@ def _as_local(e: ActorError) -> Exception:
     return e if make is None else make(e.remote_message)
 
 
+def _check_restart(restart: object, what: str) -> None:
+    """``restart`` checked as a restart type (``what``: the argument, as the
+    message names it).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: not one of the three restart types.
+    """
+    if restart not in _RESTART_TYPES:
+        raise (ValueError if isinstance(restart, str) else TypeError)(
+            f"{what} must be 'permanent', 'transient' or 'temporary', got "
+            f"{type(restart).__name__} {restart!r}")
+
+
 def _not_an_actor_class(cls: object) -> TypeError:
     """The error of ``spawn`` given ``cls``, which is no actor class."""
     origin = get_origin(cls)
@@ -906,7 +925,8 @@ class HostMesh(MeshShape):
                 this user only while it runs; stopping it removes that.
 
         Raises:
-            TypeError: an argument has the wrong type, e.g. seconds
+            TypeError: an argument has the wrong type, e.g. ``per_host``
+                not a mapping of str to int, ``restart`` not a str, seconds
                 (``shutdown``, ``heartbeat_interval``, ``heartbeat_timeout``,
                 ``partition_timeout``, ``keep_alive``) given as a ``str`` or
                 a ``bool``, an ``env`` value that is not a ``str``, or
@@ -928,9 +948,8 @@ class HostMesh(MeshShape):
             keep_alive = check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
                                        also=" or None")
         _check_supervisor(supervisor, "spawn_procs")
-        if restart not in (None, "permanent", "transient", "temporary"):
-            raise ValueError(f"spawn_procs: restart must be 'permanent', 'transient' or "
-                             f"'temporary', got {restart!r}")
+        if restart is not None:
+            _check_restart(restart, "spawn_procs: restart")
         if isinstance(shutdown, str):  # (a str is of its type: a wrong one is a wrong value)
             if shutdown != "brutal_kill":
                 raise ValueError(f"{_SPAWN_PROCS}(shutdown=...) must be seconds >= 0 or "
@@ -972,6 +991,10 @@ class HostMesh(MeshShape):
                                 f"send it to the new processes ({type(e).__name__}: {e}); "
                                 f"make it a module-level function, or capture only "
                                 f"picklable values") from e
+        if per_host is not None and not isinstance(per_host, Mapping):
+            raise TypeError(f"spawn_procs: per_host must be a mapping of dim names (str) to "
+                            f"ints >= 1, e.g. {{'gpus': 4}}, got {type(per_host).__name__} "
+                            f"{per_host!r}")
         per_host = dict(per_host or {"procs": 1})
         for k, v in per_host.items():
             if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):

@@ -358,9 +358,13 @@ class ProcState:
         #: and of the stop (None), by :func:`meshio.monitor`
         self.monitors: set[Callable[[tuple[int, int, SupervisionError] | None], None]] = set()
         #: ranks lost whose calls are not failed yet, and the failures waiting
-        #: for them to be printed in one line (processes that died together)
+        #: for them to be printed in one line (processes that died together);
+        #: the same for the faults of actors (:meth:`_fault`) as (what the
+        #: actor raised, its pid, what happens now), also held until the end
+        #: of this turn of the loop (a broadcast failing on many ranks)
         self._failing: set[int] = set()
         self._unreported: list[SupervisionError] = []
+        self._faults: list[tuple[ErrorInfo, int, str]] = []
         self._failed: asyncio.Future[None] = self.rt.loop.create_future()
         if supervisor is not None:
             supervisor.children.append(self)
@@ -793,6 +797,7 @@ class ProcState:
             self._failing.discard(worker.rank)
             if not self._failing and self._unreported:
                 self._print_failures()
+            self._print_faults()
 
     async def _fail_calls_of(self, worker: _Worker, conn: Connection, handle: ProcHandle,
                              made: weakref.WeakSet[SupervisionError]) -> None:
@@ -920,6 +925,23 @@ class ProcState:
                         f"{', '.join(hosts)} {cause}; no supervisor restarts them")
             print(f"meshio: {line}", file=sys.stderr, flush=True)
 
+    def _print_faults(self) -> None:
+        """Print the faults of actors waiting (:meth:`_fault`), unless a lost
+        process's calls are still being failed (then with its failure): one
+        report for the ranks that raised the same error with the same
+        outcome, with the first's traceback."""
+        if self._failing:
+            return
+        faults, self._faults = self._faults, []
+        alike: dict[tuple[str, str, str, str], dict[int, tuple[ErrorInfo, int]]] = {}
+        for info, pid, what_now in faults:
+            key = (info.actor, info.type_name, info.message, what_now)
+            alike.setdefault(key, {}).setdefault(info.rank, (info, pid))
+        for (_, _, _, what_now), by_rank in alike.items():
+            ranks = sorted(by_rank)
+            print_fault(by_rank[ranks[0]][0], [by_rank[r][1] for r in ranks], what_now,
+                        rank_ranges(ranks))
+
     def _wake(self) -> None:
         """Wake every :meth:`ProcMesh.wait_failed` to look again."""
         if not self._failed.done():
@@ -979,7 +1001,9 @@ class ProcState:
         else:
             what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
                         f"max_restarts is exceeded")
-        print_fault(info, worker.handle.pid, what_now)
+        if not self._faults:
+            self.rt.loop.call_soon(self._print_faults)
+        self._faults.append((info, worker.handle.pid, what_now))
         if restarts:
             worker.move(SlotState.KILLING)
             worker.cause = (f"{info.type_name}: {info.message} in {info.actor} rank "
@@ -1513,6 +1537,7 @@ class ProcState:
             # (first: nothing here awaits, so a waiter runs after the rest
             # all the same, and an error below cannot leave it waiting)
             done.set_result(None)
+            why, cause = self._stopped_why()
             for w in self.workers:
                 self.rt.on_lost.pop(w.addr, None)
                 self.rt.watch.on_fault_from.pop(w.addr, None)
@@ -1522,8 +1547,8 @@ class ProcState:
                 self.responds(w)
                 self.rt.dead[w.addr] = self._stopped_error(w)
                 self._no_restart(w, SupervisionError(
-                    f"proc mesh {self.name!r} was stopped", actor=self.name, rank=w.rank,
-                    cause="proc mesh stopped"))
+                    f"proc mesh {self.name!r} was stopped{why}", actor=self.name, rank=w.rank,
+                    cause=cause))
 
     def release(self) -> None:
         """Forget this mesh (its owner stopped it for good): nothing of it

@@ -284,7 +284,8 @@ async def test_supervise_hook_of_owning_actor_handles_escalation() -> None:
 async def test_replacement_failing_to_start_counts_is_retried_and_escalates(
         tmp_path: Path) -> None:
     """A replacement whose bootstrap raises is one more failure: retried while
-    the intensity allows, then the supervisor gives up; nothing waits forever."""
+    the intensity allows, then the supervisor gives up; nothing waits forever,
+    and ``procs.ready()`` says the supervisor gave up."""
     flag = tmp_path / "flag"
     sup, _ = manual_sup(max_restarts=2)
     with pytest.raises(meshio.SupervisionError) as ei:
@@ -321,6 +322,13 @@ async def test_replacement_failing_to_start_counts_is_retried_and_escalates(
             assert not set(procs.pids) & child_pids()
             with pytest.raises(meshio.SupervisionError):
                 await asyncio.wait_for(procs.ready(), DEADLINE)
+            # rank 1, whose replacement never started (it said only "proc mesh
+            # 'procs' was stopped")
+            with pytest.raises(meshio.SupervisionError, match=r"^proc mesh 'procs' was stopped "
+                               r"after its supervisor gave up \(proc mesh 'procs' rank 1 "
+                               r"failed \(restart failed: ") as ready:
+                await asyncio.wait_for(procs.slice(procs=1).ready(), DEADLINE)
+            assert ready.value.cause == "supervisor gave up"
     assert ei.value is sup.failure
 
 

@@ -220,6 +220,13 @@ class Pending:
         return addr
 
     @property
+    def proc(self) -> str:
+        """The process called as its proc mesh names it, ``proc mesh 'wp'
+        rank 1``, where known ("" otherwise)."""
+        proc: str = getattr(self.point, "proc", "")
+        return proc
+
+    @property
     def target(self) -> str:
         """The actor mesh whose actor the call runs on, as a :class:`Cancel`
         of it names it ("": the call is not an actor's, nothing cancels it
@@ -1353,7 +1360,7 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             return new_actor_error(
                 f"{info.type_name}: {info.message}\n  in {info.actor} rank {info.rank}, "
                 f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{info.traceback}",
-                remote_type=info.type_name, remote_message=info.message,
+                remote_type=info.type_name, remote_bases=info.bases, remote_message=info.message,
                 remote_traceback=info.traceback, actor=info.actor, rank=info.rank,
                 endpoint=p.endpoint if p else "")
         case "schema":
@@ -1397,6 +1404,32 @@ def lost_with_relay(p: Pending, relay: BaseException, addr: str, down: bool
     return SupervisionError(
         f"{p.who}: {p.endpoint} was lost with the fan-out relay that carried "
         f"it ({what}); {own}", actor=p.mesh, rank=p.rank, cause="lost with its fan-out relay")
+
+
+def disconnected(peer: str, pid: int, host: str, cause: str
+                 ) -> Callable[[Pending], SupervisionError]:
+    """What the calls in flight to the process at ``peer`` (``pid`` on
+    ``host``) get when its connection is lost (``cause``: "connection
+    lost", with the exception that ended it if one did) where nothing
+    watching the process says why: a worker's actors calling those of
+    another proc mesh, whose exit status only the process that spawned it
+    knows (the controller, which says so; its supervisor acts on it).  It
+    names who was called, its process by its proc mesh and rank where known
+    (else by its address), and guesses no cause."""
+    said = "connection closed" if cause == "connection lost" else cause
+
+    def error(p: Pending) -> SupervisionError:
+        proc = p.proc
+        if proc:
+            where = f" on {proc}: process {pid} on {host}"
+            why = ("; the owner of the proc mesh reports why, and its supervisor, if any, "
+                   "restarts it")
+        else:
+            where, why = f": process {pid} at {peer} on {host}", ""
+        return SupervisionError(
+            f"{p.who}{where}: {said} while {p.endpoint} was in flight (the process exited "
+            f"or was killed{why})", actor=p.mesh, rank=p.rank, host=host, pid=pid, cause=cause)
+    return error
 
 
 def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool

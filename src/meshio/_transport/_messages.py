@@ -146,6 +146,11 @@ class ErrorInfo(msgspec.Struct, frozen=True, array_like=True, gc=False):
     traceback: str = ""
     actor: str = ""
     rank: int = -1
+    #: qualified names of the remote exception's base classes, nearest first,
+    #: without ``Exception``, ``BaseException`` and ``object``: the caller's
+    #: error is an instance of the first it has loaded (kind "actor"; a
+    #: default, so an older peer's frames still decode)
+    bases: tuple[str, ...] = ()
 
 
 class Fail(_Msg, frozen=True, tag=4):
@@ -637,7 +642,9 @@ DebugIOKind: TypeAlias = Literal["open", "output", "read", "input", "end"]
 class DebugIO(_Msg, frozen=True, tag=40):
     """A pdb session's terminal, between a worker's debug link and the
     controller (``session``: its number) and between the controller and a
-    ``meshio debug`` client on its inspection listener (``session`` 0)."""
+    ``meshio debug`` client on its inspection listener (``session`` 0).
+    ``"open"``: a client starts; from the controller to a session's link, a
+    client attached to it again (pdb shows where it stands and its prompt)."""
 
     session: int
     kind: DebugIOKind

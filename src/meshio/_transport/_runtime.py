@@ -29,7 +29,7 @@ from .._exceptions import (
     WrongLoopError,
 )
 from ._bulk import fill
-from ._connection import Connection, Pending, ignore_result, not_responding
+from ._connection import Connection, Pending, disconnected, ignore_result, not_responding
 from ._credentials import Credentials
 from ._credit import credit, took, windows_lost
 from ._fanout import FanoutState, Order, refuse, relay
@@ -528,7 +528,7 @@ class Runtime:
         self.fanout.lost(conn)
         for lost in self.on_any_lost:
             lost(conn)
-        cause = f"connection lost ({exc})" if exc else "connection closed"
+        cause = f"connection lost ({exc})" if exc else "connection lost"
         tcp = tcp_endpoint(conn.peer or "")
         host = self.host if tcp is None else tcp[0]
         windows_lost(conn, lambda: SupervisionError(
@@ -538,10 +538,7 @@ class Runtime:
         if hook is not None:
             hook(conn)
         else:
-            conn.fail_all(lambda p: SupervisionError(
-                f"{p.who}: {cause} to process {conn.peer_pid} at {conn.peer} while "
-                f"{p.endpoint} was in flight", actor=p.mesh, rank=p.rank, host=host,
-                pid=conn.peer_pid, cause=cause))
+            conn.fail_all(disconnected(conn.peer or "", conn.peer_pid, host, cause))
         if conn.peer is not None:  # (once its owner knows it is dead: see the hook)
             self.fanout.gone(conn.peer)
 
@@ -914,18 +911,21 @@ async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Messag
     return answers
 
 
-def print_fault(info: ErrorInfo, pid: int, what_now: str) -> None:
-    """One report on stderr of an actor that failed with nobody to tell:
-    where, what happens now, and its error."""
-    print(f"meshio: failure in {info.actor} rank {info.rank} (pid {pid}; {what_now}): "
-          f"{info.type_name}: {info.message}\n{info.traceback}", file=sys.stderr, flush=True)
+def print_fault(info: ErrorInfo, pids: Sequence[int], what_now: str, ranks: str = "") -> None:
+    """One report on stderr of actors that failed alike with nobody to
+    tell: where (``info.rank``, or ``ranks`` of several, written as runs),
+    what happens now, and the error with the traceback of ``info``."""
+    where = (f"rank {info.rank} (pid {pids[0]}" if len(pids) == 1
+             else f"ranks {ranks} (pids {', '.join(map(str, pids))}")
+    print(f"meshio: failure in {info.actor} {where}; {what_now}): {info.type_name}: "
+          f"{info.message}\n{info.traceback}", file=sys.stderr, flush=True)
 
 
 def _log_fault(conn: Connection, info: ErrorInfo) -> None:
     """A fault from an actor that no proc mesh of this process supervises
     (one in this process, or in a process no longer watched)."""
     pid = os.getpid() if conn.peer_pid == -1 else conn.peer_pid  # -1: from this process
-    print_fault(info, pid, "no proc mesh of this process watches it: nothing restarts it")
+    print_fault(info, (pid,), "no proc mesh of this process watches it: nothing restarts it")
 
 
 register_handler(Fill, fill)  # the transport's own: large values (._bulk)

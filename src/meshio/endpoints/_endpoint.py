@@ -830,6 +830,15 @@ class _Sent:
         if self._sends:
             yield from self._wait().__await__()
 
+    def __repr__(self) -> str:
+        ep = self._endpoint
+        what = "broadcast" if ep is None else f"broadcast of {ep._qualname} on {ep._mesh._name!r}"
+        waiting = sum(not w.over for w in self._sends)
+        if not waiting:
+            return f"<{what} sent: awaiting it returns at once>"
+        return (f"<{what}: {waiting} of its actors had no room for it yet; awaiting it "
+                f"waits until it went to them>")
+
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         sends = [w.future(loop) for w in self._sends]
