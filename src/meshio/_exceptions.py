@@ -161,7 +161,7 @@ class ActorError(MeshioError):
     ) -> None:
         super().__init__(message, failures=failures)
         self.remote_type = remote_type
-        self.remote_bases = tuple(remote_bases)
+        self.remote_bases: tuple[str, ...] = tuple(remote_bases)
         self.remote_message = remote_message
         self.remote_traceback = remote_traceback
         self.actor = actor

@@ -272,7 +272,7 @@ class SlurmJob(AgentsJob):
             raise
         # (cached before its agents start: a run killed meanwhile leaves the queued job
         # to the next run or to kill(), not to Slurm alone)
-        entry = {**submitted, "secret_file": str(secret_file), "extra": []}
+        entry: dict[str, Any] = {**submitted, "secret_file": str(secret_file), "extra": []}
         write_cache(self.cache, entry)
         log.info("meshio: Slurm job %s submitted for %s; waiting for its agents",
                  entry["job_id"], self.name)
