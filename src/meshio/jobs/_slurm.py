@@ -272,11 +272,11 @@ class SlurmJob(AgentsJob):
             raise
         # (cached before its agents start: a run killed meanwhile leaves the queued job
         # to the next run or to kill(), not to Slurm alone)
-        entry: dict[str, Any] = {**submitted, "secret_file": str(secret_file), "extra": []}
-        write_cache(self.cache, entry)
+        queued: dict[str, Any] = {**submitted, "secret_file": str(secret_file), "extra": []}
+        write_cache(self.cache, queued)
         log.info("meshio: Slurm job %s submitted for %s; waiting for its agents",
-                 entry["job_id"], self.name)
-        await self._start(entry)
+                 queued["job_id"], self.name)
+        await self._start(queued)
 
     async def _start(self, entry: dict[str, Any]) -> None:
         """Wait for the agents of the submitted job the cache holds as
