@@ -1110,6 +1110,11 @@ class ProcState:
     def worker(self, grank: int) -> _Worker:
         return next(w for w in self.workers if w.rank == grank)
 
+    def running(self) -> list[tuple[int, int, str]]:
+        """(rank, pid, host) of each process that runs (not lost, failed, a
+        hole or stopped): what :meth:`stop` takes down."""
+        return [(w.rank, w.handle.pid, w.handle.host) for w in self.workers if w.state in _LIVE]
+
     async def stop_ranks(self, granks: Sequence[int]) -> None:
         """Take processes down on purpose, together, by the shutdown policy."""
         workers = [self.worker(grank) for grank in granks]

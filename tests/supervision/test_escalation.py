@@ -226,6 +226,48 @@ async def test_restarts_spread_beyond_within_do_not_escalate_but_a_storm_does(
         assert ei.value is sup.failure  # the `async with` block raised it on exit
 
 
+async def test_giving_up_stops_children_in_reverse_declaration_order_with_events(
+        tmp_path: Path) -> None:
+    """Children start in declaration order (a one_for_all restart) and, when
+    the supervisor gives up, stop in reverse order: one ``"stopped"`` event
+    per process it takes down, as its mesh is down, then the escalation."""
+    sup, _ = manual_sup("one_for_all", max_restarts=1)
+    host = meshio.this_host()
+    stops = tmp_path / "stops"
+    async with Events(sup) as events:
+        with pytest.raises(meshio.SupervisionError) as ei:
+            async with host.spawn_procs(per_host={"procs": 2}, supervisor=sup, name="a") as a, \
+                    host.spawn_procs(per_host={"procs": 1}, supervisor=sup, name="b") as b, \
+                    host.spawn_procs(per_host={"procs": 1}, supervisor=sup, name="c") as c:
+                for mesh, tag in ((a, "a"), (b, "b"), (c, "c")):
+                    await mesh.spawn("t", Tidy, str(stops), tag)
+                os.kill(a.pids[0], signal.SIGKILL)
+                await events.next("restart", mesh="c")
+                assert events.kinds() == [
+                    ("failure", "a", 0), ("stopped", "c", 0), ("stopped", "b", 0),
+                    ("stopped", "a", 1), ("restart", "a", 0), ("restart", "a", 1),
+                    ("restart", "b", 0), ("restart", "c", 0)]
+                stops.unlink()
+
+                # the second failure exceeds the intensity: b's rank 0 is dead,
+                # the others are stopped (c, then a), then the escalation
+                del events.seen[:]
+                up = {"a": a.pids, "c": c.pids}
+                os.kill(b.pids[0], signal.SIGKILL)
+                await events.next("escalation")
+                assert events.kinds() == [
+                    ("failure", "b", 0), ("stopped", "c", 0), ("stopped", "a", 1),
+                    ("stopped", "a", 0), ("escalation", "supervisor", -1)]
+                for ev in events.seen[1:-1]:
+                    check_event(ev, "stopped", ev.mesh, ev.rank)
+                    assert ev.cause == "supervisor 'supervisor' gave up"
+                    assert (ev.pid, ev.host) == (up[ev.mesh][ev.rank], HOST)
+                # really stopped in that order: c was down before a's stop began
+                assert stops.read_text().split() == ["c", "a", "a"]
+                assert not set(a.pids + b.pids + c.pids) & child_pids()
+        assert ei.value is sup.failure
+
+
 async def test_nested_supervisor_escalates_to_parent_which_restarts_it() -> None:
     clock = ManualClock()
     root = meshio.Supervisor("one_for_one", max_restarts=1, within=60.0, name="root",

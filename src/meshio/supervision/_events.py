@@ -20,7 +20,9 @@ class SupervisionEvent:
     Attributes:
         kind: ``"failure"``, ``"restart"`` (a replacement is up and its actors
             rebuilt), ``"escalation"`` (intensity exceeded: gave up),
-            ``"stopped"`` (a child was stopped by the strategy) or
+            ``"stopped"`` (a process or child supervisor was stopped: by
+            the strategy's restart, by a shrink, or as the supervisor gave
+            up, before its ``"escalation"``) or
             ``"stall"`` (a call has run longer than its actor's
             ``stall_after``; ``cause`` names actor, endpoint, duration and
             holds the call's stack; nothing is restarted) or ``"poison"``

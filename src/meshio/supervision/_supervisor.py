@@ -97,6 +97,11 @@ class Supervised(Protocol):
     async def stop(self) -> None:
         """Stop every process."""
 
+    def running(self) -> list[tuple[int, int, str]]:
+        """(rank, pid, host) of each of its processes that runs (not lost,
+        failed, a hole or stopped): what :meth:`stop` takes down."""
+        ...
+
     async def stop_ranks(self, granks: Sequence[int], /) -> None:
         """Stop the processes of ranks ``granks``, together."""
 
@@ -445,7 +450,7 @@ class Supervisor:
                 f"supervisor {self.name!r} gave up: {why}; its children are stopped",
                 actor=self.name, cause=why, host=host)
             self.failure = error
-            await self.stop()
+            await self._stop_children(f"supervisor {self.name!r} gave up")
             self.event("escalation", self.name, -1, why)
         owner_said = ""
         try:
@@ -515,8 +520,27 @@ class Supervisor:
                 :class:`~meshio.ClosedResourceError`.
         """
         self._check_loop()
+        await self._stop_children()
+
+    async def _stop_children(self, gave_up: str = "") -> None:
+        """Stop every child in reverse declaration order, each once the one
+        declared after it is down (OTP's order; a proc mesh's processes
+        together, by its shutdown policy).  ``gave_up``: the cause of a
+        ``"stopped"`` event for each process it takes down (in reverse rank
+        order) and each child supervisor that had not given up itself, as
+        its child is down."""
         for child in reversed(list(self.children)):  # an owner may release one meanwhile
+            if isinstance(child, Supervisor):
+                up = child.failure is None
+                await child.stop()
+                if gave_up and up:
+                    self.event("stopped", child.name, -1, gave_up)
+                continue
+            running = child.running()
             await child.stop()
+            if gave_up:
+                for rank, pid, host in reversed(running):
+                    self.event("stopped", child.name, rank, gave_up, pid, host)
 
 
 def _check_types(strategy: object, name: object, parent: object, clock: object,
