@@ -7,12 +7,15 @@ forever; ``0`` exited before any controller could reach it)."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import trustme
+
+from meshio.jobs._remote import not_private
 
 DEADLINE = 60.0
 
@@ -68,9 +71,44 @@ def test_agent_missing_or_short_secret_file(tmp_path: Path) -> None:
     assert_usage_error(out, "--secret-file", str(missing), "No such file")
     short = tmp_path / "short"
     short.write_bytes(b"abc")
+    short.chmod(0o600)
     out = meshio_cli("agent", "--listen", "127.0.0.1:0", "--secret-file", str(short),
                      cwd=tmp_path)
     assert_usage_error(out, "--secret-file", "at least 16 bytes")
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o606])
+def test_agent_refuses_a_secret_file_others_may_read(tmp_path: Path, secret_file: Path,
+                                                     mode: int) -> None:
+    """A secret file every user may read or write is refused, as the job
+    caches refuse it; the agent served with it before."""
+    secret_file.chmod(mode)
+    out = meshio_cli("agent", "--listen", "127.0.0.1:0", "--secret-file", str(secret_file),
+                     cwd=tmp_path)
+    assert_usage_error(out, "--secret-file", str(secret_file), f"(mode {mode:o})", "chmod 600")
+    assert "listening" not in out.stdout
+
+
+def test_a_private_secret_file_is_its_users_or_roots_shared_with_its_group() -> None:
+    """What the agent's ``--secret-file`` check (``private=True``) and the
+    job caches' refuse: a file of root's may be shared with its group (how
+    Kubernetes mounts the job's Secret: root's, mode 0440, for the pod's
+    ``fsGroup``), one of the user's may not; nobody's may be every user's."""
+    def st(mode: int, uid: int) -> os.stat_result:
+        return os.stat_result((mode, 0, 0, 1, uid, 0, 32, 0, 0, 0))
+
+    me, file = os.getuid(), stat.S_IFREG
+    for root_group in (False, True):
+        assert not_private(st(file | 0o600, me), root_group=root_group) is None
+        assert "mode 644" in str(not_private(st(file | 0o644, me), root_group=root_group))
+        assert not_private(st(stat.S_IFIFO | 0o600, me), root_group=root_group) \
+            == "is not a file"
+    assert not_private(st(file | 0o640, me)) == "is readable or writable by others (mode 640)"
+    assert not_private(st(file | 0o400, me + 1)) \
+        == f"belongs to uid {me + 1}, not to you (uid {me})"
+    assert not_private(st(file | 0o440, 0), root_group=True) is None
+    assert not_private(st(file | 0o444, 0), root_group=True) \
+        == "is readable or writable by every user (mode 444)"
 
 
 def test_agent_tls_files_that_are_not_pem(tmp_path: Path, secret_file: Path) -> None:

@@ -701,3 +701,16 @@ async def test_agents_on_ipv6_serve(tmp_path: Path) -> None:
             assert (await asyncio.wait_for(w.echo.call(7), DEADLINE)).values() == [7, 7]
     finally:
         await j.kill()
+
+
+def test_the_same_agent_twice_is_refused() -> None:
+    """``attach`` makes one host per address: an agent named twice (as
+    written, or once without ``tcp://``) would be a two-host mesh on one
+    host, and is a ValueError naming it; two names of one host are not
+    compared (as the addresses are not resolved)."""
+    secret = secrets.token_bytes(32)
+    for twice in (["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"], ["127.0.0.1:1", "tcp://127.0.0.1:1"]):
+        with pytest.raises(ValueError, match=r"agent tcp://127\.0\.0\.1:1 is given twice "
+                                             r"\(addresses 0 and 1\)"):
+            meshio.attach([*twice, "127.0.0.1:2"], secret=secret)
+    assert len(meshio.attach(["127.0.0.1:1", "localhost:1", "127.0.0.1:2"], secret=secret)) == 3

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from meshio.jobs import ClusterError, KubernetesJob, LocalJob, ProcessJob, SlurmJob
+from meshio.jobs import ClusterError, Job, KubernetesJob, LocalJob, ProcessJob, SlurmJob
 
 
 def _process(tmp_path: Path, **kw: Any) -> ProcessJob:
@@ -114,3 +114,13 @@ async def test_an_agent_that_does_not_start_is_a_cluster_error_saying_why(
     assert isinstance(info.value, RuntimeError)  # (as before)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.lock", "job.log"]
 
+
+
+def test_every_job_kind_is_a_job_to_isinstance(tmp_path: Path) -> None:
+    """``meshio.jobs.Job`` is the protocol every job kind shares:
+    ``isinstance(job, Job)`` holds for each (it raised TypeError, the
+    protocol not being runtime-checkable), and not for what is no job."""
+    jobs = [LocalJob(meshes={"a": 1}), *(make(tmp_path) for make in MAKERS.values())]
+    assert [type(job).__name__ for job in jobs if isinstance(job, Job)] == [
+        "LocalJob", "ProcessJob", "SlurmJob", "KubernetesJob"]
+    assert not isinstance(tmp_path, Job)

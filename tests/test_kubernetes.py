@@ -253,7 +253,8 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
 
     monkeypatch.setattr(agent_module, "serve_agent", serve)
     monkeypatch.setattr(agent_module, "_unloadable", loadable)
-    def read_secret_file(path: str) -> bytes:
+    def read_secret_file(path: str, *, private: bool) -> bytes:
+        assert private  # (the mounted Secret, root's and mode 0440, passes: test_cli_args)
         return f"read {path}".encode()
 
     monkeypatch.setattr(agent_module, "read_secret_file", read_secret_file)

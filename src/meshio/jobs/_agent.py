@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
                                  description="serve this host's workers to a meshio controller")
     ap.add_argument("--listen", required=True, help="HOST:PORT to listen on (port 0: any)")
     ap.add_argument("--secret-file", required=True,
-                    help="file holding the job secret (at least 16 bytes)")
+                    help="file holding the job secret (at least 16 bytes), that others may "
+                         "neither read nor write (mode 0600)")
     ap.add_argument("--advertise", help="address controllers and workers reach this host at "
                                         "(default: the listen host, or this host's address)")
     ap.add_argument("--tls-cert", help="PEM certificate chain of this host")
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         if (why := _unloadable(*tls_args)) is not None:
             ap.error(why)
     try:
-        secret = read_secret_file(args.secret_file)
+        secret = read_secret_file(args.secret_file, private=True)
     except OSError as e:
         ap.error(f"--secret-file {args.secret_file!r}: cannot read it: {e.strerror or e}")
     except ValueError as e:

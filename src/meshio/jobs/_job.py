@@ -30,7 +30,7 @@ import tempfile
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._checks import check_seconds
 from .._extent import Region
@@ -39,7 +39,7 @@ from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
-from ._remote import attach, checked_secret
+from ._remote import attach, checked_secret, not_private
 
 __all__ = ("AgentsJob", "CachedJob", "ClusterError", "Job", "JobCacheError", "JobState", "LocalJob",
            "ProcessJob", "check_cache_dir", "check_job_name", "check_meshes", "check_tls",
@@ -95,8 +95,10 @@ class JobState:
         return f"JobState({', '.join(f'{k}={len(v)} hosts' for k, v in self.meshes.items())})"
 
 
+@runtime_checkable
 class Job(Protocol):
-    """What every job kind does."""
+    """What every job kind does (``isinstance(job, Job)`` checks that
+    ``job`` has these methods)."""
 
     async def apply(self) -> None:
         """Get the hosts: re-attach to a live cached job, or start one."""
@@ -470,15 +472,9 @@ def _read_private(path: Path, what: str) -> bytes | None:
 
 def _refuse_unless_private(path: Path, what: str, st: os.stat_result) -> None:
     """(:func:`_read_private`'s checks of the file opened, ``st``.)"""
-    if not stat.S_ISREG(st.st_mode):
-        raise JobCacheError(f"{what} {path} is not a file; it is not used. Remove it.")
-    if st.st_uid != os.getuid():
-        raise JobCacheError(f"{what} {path} belongs to uid {st.st_uid}, not to you "
-                            f"(uid {os.getuid()}); it is not used. Remove it or choose "
+    if (why := not_private(st)) is not None:
+        raise JobCacheError(f"{what} {path} {why}; it is not used. Remove it or choose "
                             "another job name.")
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise JobCacheError(f"{what} {path} is readable or writable by others (mode "
-                            f"{stat.S_IMODE(st.st_mode):o}); it is not used. Remove it.")
 
 
 def read_job_secret(path: Path) -> bytes | None:

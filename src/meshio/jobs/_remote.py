@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -53,8 +54,8 @@ from .._transport._serial import Buffers
 from .._transport._sockets import tcp_endpoint
 from .._transport._tls import TLSConfig
 
-__all__ = ("RemoteLauncher", "RemoteProc", "attach", "checked_secret", "read_secret_file",
-           "route_to")
+__all__ = ("RemoteLauncher", "RemoteProc", "attach", "checked_secret", "not_private",
+           "read_secret_file", "route_to")
 
 log = logging.getLogger("meshio")
 
@@ -63,16 +64,41 @@ log = logging.getLogger("meshio")
 AGENT_BEAT = 1.0
 
 
-def read_secret_file(path: str | os.PathLike[str]) -> bytes:
+def read_secret_file(path: str | os.PathLike[str], *, private: bool = False) -> bytes:
     """The job secret in the file ``path`` (``meshio agent --secret-file``;
-    trailing whitespace dropped).
+    trailing whitespace dropped).  With ``private``, the file opened must
+    be one that others may neither read nor write (:func:`not_private`,
+    a file of root's shared with its group allowed).
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: the secret is shorter than 16 bytes.
+        ValueError: the secret is shorter than 16 bytes; with ``private``,
+            the file is not private.
     """
     with open(path, "rb") as f:
+        if private and (why := not_private(os.fstat(f.fileno()), root_group=True)):
+            raise ValueError(f"the file {why}; a job secret must be yours alone "
+                             "(chmod 600 it)")
         return checked_secret(f.read().strip())
+
+
+def not_private(st: os.stat_result, *, root_group: bool = False) -> str | None:
+    """Why the file of ``st`` may not hold a job's secret, or None: it is no
+    regular file, it is another user's, or others may read or write it.
+    With ``root_group``, a file of root's that its group may read or write
+    passes too, not one that every user may: a Kubernetes Secret is
+    mounted so (root's, mode 0440, its group the pod's ``fsGroup``)."""
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a file"
+    if root_group and st.st_uid == 0:
+        return None if not mode & stat.S_IRWXO else (
+            f"is readable or writable by every user (mode {mode:o})")
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.getuid()})"
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return f"is readable or writable by others (mode {mode:o})"
+    return None
 
 
 def checked_secret(secret: bytes) -> bytes:
@@ -361,8 +387,9 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
         tls: certificates, when the agents were started with ``--tls-*``.
 
     Raises:
-        ValueError: no address, or a malformed one; a secret shorter than
-            16 bytes.
+        ValueError: no address, a malformed one, or one given twice (as
+            written, ``tcp://`` added: two names of one host are not
+            compared); a secret shorter than 16 bytes.
         TypeError: ``secret`` not bytes (a ``str`` too: pass a file as
             ``secret_file``), or both or neither of ``secret`` and
             ``secret_file``.
@@ -387,5 +414,9 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
                         "secret_file=<path>")
     job = Credentials(key, tls)
     agents = [a if a.startswith("tcp://") else f"tcp://{a}" for a in addresses]
+    for i, agent in enumerate(agents):
+        if agent in agents[:i]:
+            raise ValueError(f"attach: agent {agent} is given twice (addresses "
+                             f"{agents.index(agent)} and {i}): each address is one host")
     launchers = [RemoteLauncher(a, job) for a in agents]
     return HostMesh(launchers, Region.full(("hosts",), (len(launchers),)))
