@@ -147,6 +147,9 @@ async def test_endpoint_raising_the_unusual_reaches_the_caller(
     assert text in ei.value.remote_message
     assert ei.value.actor == "r" and ei.value.rank == 0
     assert method in ei.value.remote_traceback
+    # from the endpoint's frame: not meshio's mailbox, task or thread that ran it
+    assert ei.value.remote_traceback.startswith(
+        f'Traceback (most recent call last):\n  File "{__file__}", line ')
     assert await asyncio.wait_for(r.pid.call_one(), GUARD) == procs.pids[0]
 
 
@@ -682,6 +685,8 @@ async def test_failing_or_hanging_cleanup_does_not_hang_the_stop(
     await asyncio.wait_for(hanging.stop(), GUARD)
     raised = logs[0].read_text()
     assert "BadTidy.__cleanup__ of raising[0] raised" in raised and "cleanup failed" in raised
+    # its traceback from the hook's frame: not meshio's that ran it
+    assert raised.split('\n  File "')[1].startswith(f'{__file__}", line ')
     assert "BadTidy.__cleanup__ of hanging[0] did not finish within" in logs[1].read_text()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import pickle
 import sys
 from typing import Any, Generic, TypeVar, cast
@@ -59,6 +60,15 @@ def deep_helper_that_raises(msg: str) -> None:
     raise ValueError(msg)
 
 
+def frame_files(tb: str) -> list[str]:
+    """The files of a formatted traceback's frames, in order (those of the
+    remote tracebacks in its message too)."""
+    return [line.split('"')[1] for line in tb.splitlines() if line.startswith('  File "')]
+
+
+MESHIO_DIR = os.path.join(os.path.dirname(os.path.abspath(meshio.__file__)), "")
+
+
 class Faulty(Actor):
     def __init__(self, lr: float = 0.1, fail_ranks: list[int] | None = None) -> None:
         if current_rank().rank in (fail_ranks or []):
@@ -72,6 +82,10 @@ class Faulty(Actor):
     @endpoint
     def sync_boom(self) -> int:
         raise CustomError("custom failure")
+
+    @endpoint
+    def bad_extent(self) -> None:
+        meshio.Extent(["gpus"], [-1])  # (raises inside meshio)
 
     @endpoint
     async def fail_on(self, ranks: list[int]) -> int:
@@ -152,6 +166,9 @@ async def test_remote_exception_is_an_actor_error(faulty: Faulty) -> None:
     assert "boom" in err.endpoint
     assert "deep_helper_that_raises" in err.remote_traceback
     assert "raise ValueError(msg)" in err.remote_traceback
+    # from the user's frame: not meshio's that called it
+    assert frame_files(err.remote_traceback) == [__file__, __file__]
+    assert "    deep_helper_that_raises(msg)\n" in err.remote_traceback
     msg = str(err)
     assert "ValueError: kaboom" in msg and "faulty" in msg and "rank 1" in msg
     assert "deep_helper_that_raises" in msg  # the traceback is part of the message
@@ -166,6 +183,20 @@ async def test_remote_custom_exception_and_plain_def(faulty: Faulty) -> None:
     assert err.remote_message == "custom failure"
     assert err.rank == 0
     assert "sync_boom" in err.remote_traceback
+    # not the actor thread's frames that ran it
+    assert frame_files(err.remote_traceback) == [__file__]
+    assert '    raise CustomError("custom failure")\n' in err.remote_traceback
+
+
+async def test_remote_traceback_keeps_meshio_frames_the_user_s_code_called(
+        faulty: Faulty) -> None:
+    """Only the leading frames, which called the user's code, are left out:
+    those of a call back into meshio that failed there stay."""
+    with pytest.raises(ValueError, match="size of 'gpus'") as info:
+        await faulty.slice(procs=0).bad_extent.call_one()
+    assert isinstance(info.value, ActorError)
+    files = frame_files(info.value.remote_traceback)
+    assert files[0] == __file__ and files[1:] and all(f.startswith(MESHIO_DIR) for f in files[1:])
 
 
 async def test_remote_value_error_is_a_value_error(faulty: Faulty) -> None:
@@ -441,6 +472,10 @@ async def test_constructor_that_raises(procs: meshio.ProcMesh) -> None:
     assert err.remote_message == "cannot start rank 1"
     assert "__init__" in str(err) and "Faulty" in str(err)
     assert "__init__" in err.remote_traceback
+    # the constructor's frame first: not the spawn's and the thread's
+    assert frame_files(err.remote_traceback) == [__file__]
+    assert '    raise RuntimeError(f"cannot start rank {current_rank().rank}")\n' \
+        in err.remote_traceback
 
 
 class Hop(Actor):
@@ -476,6 +511,14 @@ async def test_an_error_through_a_chain_of_calls_is_told_once_per_hop(
     assert (e.remote_type, e.remote_message, e.actor) == ("ValueError", "leaf failure", "hop0")
     assert str(e).count("leaf failure") == 3 + 3  # (as one hop's, and once for each further)
     assert str(e).count("in hop3 rank") == 1
+    # each hop's traceback starts at its endpoint's frame, not meshio's
+    tbs = e.remote_traceback.split("Traceback (most recent call last):\n")[1:]
+    assert len(tbs) == 4
+    for tb in tbs[:-1]:
+        assert tb.startswith(f'  File "{__file__}", line ')
+        assert "    return 1 + await self.next.hop.call_one()\n" in tb
+    assert frame_files(tbs[-1]) == [__file__]
+    assert '    raise ValueError("leaf failure")\n' in tbs[-1]
 
 
 async def test_constructor_raising_on_every_rank(procs: meshio.ProcMesh) -> None:

@@ -41,7 +41,7 @@ from ._exceptions import ActorError, CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import Meter, encode_report, process_report
-from ._stacks import Stacks, capture, capture_construction, encode_actors, thread_frames
+from ._stacks import _MESHIO, Stacks, capture, capture_construction, encode_actors, thread_frames
 from ._tracing import ENABLED as TRACING
 from ._tracing import failed, served
 from ._transport._connection import Connection, ignore_result
@@ -70,6 +70,8 @@ from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import Registry
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from ._proc_state import ProcState
 
 __all__ = ("CLEANUP_TIMEOUT", "OWNED_STOP_TIMEOUT", "ActorCell", "ActorThread", "actor_error",
@@ -100,10 +102,22 @@ def _type_name(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from its first frame outside meshio's package: without the
+    runtime's frames that called the user's code (the mailbox, the actor's
+    thread).  Those after a user's frame stay (a call back into meshio that
+    failed there); all of them if every one is meshio's."""
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(_MESHIO):
+        first = first.tb_next
+    return tb if first is None else first
+
+
 def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "actor") -> ErrorInfo:
     """What the caller is told of ``e``: everything that can be told, even of
     an exception whose ``__str__`` raises or whose traceback cannot be
-    formatted (the user's code runs here, so nothing may escape)."""
+    formatted (the user's code runs here, so nothing may escape).  Its
+    traceback starts at the user's code (:func:`_user_traceback`)."""
     if isinstance(e, ActorError):
         # A remote error passing through (a call this endpoint made failed):
         # told as what it is (``except ValueError`` still catches it), its
@@ -129,11 +143,11 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
     tb = ""
     if kind == "actor":
         try:
-            tb = "".join(traceback.format_exception(e))
+            tb = "".join(traceback.format_exception(type(e), e, _user_traceback(e.__traceback__)))
         except BaseException:
             try:
                 tb = ("Traceback (most recent call last):\n"
-                      + "".join(traceback.format_tb(e.__traceback__))
+                      + "".join(traceback.format_tb(_user_traceback(e.__traceback__)))
                       + f"{type_name}: {message} (the rest could not be formatted)\n")
             except BaseException:
                 tb = f"{type_name}: {message} (its traceback could not be formatted)\n"
@@ -165,7 +179,8 @@ async def _guarded(work: Coroutine[Any, Any, None], what: str) -> None:
     except BaseException as e:
         if _own_cancellation(e):
             raise
-        log.error("meshio: %s raised; the stop goes on", what, exc_info=e)
+        log.error("meshio: %s raised; the stop goes on", what,
+                  exc_info=(type(e), e, _user_traceback(e.__traceback__)))
 
 
 async def _bounded(work: Coroutine[Any, Any, None], timeout: float, what: str) -> None:
