@@ -96,6 +96,11 @@ def test_the_controller_s_own_terminal_debugs(env: dict[str, str]) -> None:
         assert ask(controller, "c", PROMPT) == ["meshio: steppers rank 0 continued"]
         listing = "\n".join(ask(controller, "list", PROMPT))
         assert "steppers rank 1: " in listing and "steppers rank 0" not in listing
+        # the actor alone: its only paused rank
+        assert "attached to steppers rank 1" in "\n".join(ask(controller, "attach steppers"))
+        assert ask(controller, "p doubled") == ["60"]
+        assert ask(controller, "detach", PROMPT) == [
+            "meshio: detached from steppers rank 1 (it stays paused)"]
         controller.sendline("continue all")
         controller.expect_exact("meshio: back to the program")
         controller.expect(r"results \[21, 61\]")
@@ -301,9 +306,10 @@ def test_attach_again_shows_where_pdb_stands(env: dict[str, str]) -> None:
 def test_attach_names_what_exists(env: dict[str, str]) -> None:
     """``attach`` of an actor mesh or a rank this controller does not have
     says so, naming those it has, instead of waiting for it to pause;
-    waiting for one that has not paused stops at a line typed or at the end
-    of ``meshio debug``'s input; ``detach`` with nothing attached says
-    what it is for."""
+    ``attach <actor>`` with several of its ranks paused, or none, names
+    them (or says none is), not the whole help; waiting for one that has
+    not paused stops at a line typed or at the end of ``meshio debug``'s
+    input; ``detach`` with nothing attached says what it is for."""
     controller = spawn(str(CONTROLLER), "pair", env=env)
     debug = None
 
@@ -326,6 +332,14 @@ def test_attach_names_what_exists(env: dict[str, str]) -> None:
             "steppers (ranks 0-1)"]
         assert answer("attach steppers 7") == [
             "meshio debug: actor mesh 'steppers' has no rank 7 (it has ranks 0-1)"]
+        assert answer("attach steppers") == [
+            "meshio debug: 2 ranks of 'steppers' are paused (0, 1): `attach steppers <rank>` "
+            "picks one"]
+        assert answer("attach bystanders") == [
+            "meshio debug: no rank of 'bystanders' is paused (`attach bystanders <rank>` waits "
+            "for that rank)"]
+        assert answer("attach nosuch")[0].startswith(
+            "meshio debug: no actor mesh named 'nosuch' in the proc meshes of this controller")
         waiting = "meshio: waiting for bystanders rank 1 to pause (`detach` stops waiting)"
         debug.sendline("attach bystanders 1")  # (it never pauses)
         debug.expect_exact(waiting)

@@ -154,6 +154,22 @@ async def test_custom_routing_function(procs: meshio.ProcMesh) -> None:
     assert seen == [([0, 1, 2], None), ([0, 1, 2], None), ([0, 1, 2], "k")]
 
 
+async def test_session_is_refused_by_routings_that_ignore_it(procs: meshio.ProcMesh) -> None:
+    """``route(session=...)`` on a service whose routing would ignore the
+    session (before, the call went out, silently not sticky) raises
+    ValueError naming the routings that honour sessions; nothing is sent."""
+    gens = await procs.spawn("gens", Gen, "t")
+    for routing in ("least_loaded", "round_robin"):
+        svc = meshio.Service(gens, routing=routing)
+        with pytest.raises(ValueError, match=(
+                rf"^Gen\.whoami\.route\(session='alice'\) on service 'gens': its routing "
+                rf"'{routing}' ignores sessions; make the service with routing=\"sticky\" \(or "
+                r"a routing function")):
+            await svc.whoami.route(session="alice")
+        assert [(s.in_flight, s.completed) for s in svc.stats()] == [(0, 0), (0, 0)]
+        assert await svc.whoami.route(session=None) in procs.pids  # (no session: routed)
+
+
 # ----------------------------------------------------------------- failures
 
 

@@ -17,7 +17,8 @@ The controller (:class:`Debugger`) announces each pause once on its stderr
 paused, and serves ``meshio debug`` clients on its inspection listener
 (:mod:`meshio._inspect`): ``list``, ``attach <actor> <rank>`` (the pdb
 session's output and prompt reach that client only; the others' wait, so
-sessions are queued, never interleaved), ``detach``, ``continue all``.
+sessions are queued, never interleaved; ``attach <actor>``: its only
+paused rank), ``detach``, ``continue all``.
 A client that attaches to a session another one left (by ``detach``, or
 by dying: a lost client's session is free again) is shown where pdb
 stands and its prompt again, as at a fresh attach (``"open"`` to the
@@ -68,9 +69,11 @@ _SKIP = ("meshio", "meshio.*", "asyncio", "asyncio.*", "uvloop", "uvloop.*", "se
 _HELP = """\
 commands:
   list                   the paused actors, oldest first
-  attach <actor> <rank>  run the pdb session of that actor (attach: the oldest;
-                         waits for that actor to pause if it has not yet); then
-                         pdb's commands (p, n, s, bt, c, ...) and detach
+  attach <actor> <rank>  run the pdb session of that actor's rank (waits for it
+                         to pause if it has not yet); then pdb's commands
+                         (p, n, s, bt, c, ...) and detach
+  attach <actor>         the same, for its paused rank (when only one is)
+  attach                 the same, for the oldest paused actor
   detach                 in a pdb session: back here, the actor staying paused;
                          while waiting for an actor to pause: stop waiting
   continue all           continue every paused actor
@@ -540,6 +543,9 @@ class Debugger:
         elif words[0] == "attach" and len(words) in (1, 3):
             if self._attach(client, words[1:]):
                 return
+        elif words[0] == "attach" and len(words) == 2:
+            if self._attach_actor(client, words[1]):
+                return
         elif words == ["continue", "all"]:
             for session in self.sessions.values():
                 session.link.send_message(DebugIO(session.paused.session, "input", "continue"))
@@ -593,10 +599,29 @@ class Debugger:
             return True
         return False
 
-    def _unknown(self, actor: str, rank: str) -> str | None:
+    def _attach_actor(self, client: Connection, actor: str) -> bool:
+        """``attach <actor>``: attach ``client`` to the paused rank of
+        ``actor`` when only one of its ranks is paused (as :meth:`_attach`);
+        else False, having said which of its ranks are paused (or that
+        none is, or that it has no such actor mesh)."""
+        ranks = sorted({s.paused.rank for s in self.sessions.values() if s.paused.actor == actor})
+        if len(ranks) == 1:
+            return self._attach(client, [actor, str(ranks[0])])
+        if ranks:
+            self._say(client, f"meshio debug: {len(ranks)} ranks of {actor!r} are paused "
+                              f"({', '.join(map(str, ranks))}): `attach {actor} <rank>` picks "
+                              "one\n")
+        else:
+            self._say(client, self._unknown(actor) or (
+                f"meshio debug: no rank of {actor!r} is paused (`attach {actor} <rank>` "
+                "waits for that rank)\n"))
+        return False
+
+    def _unknown(self, actor: str, rank: str | None = None) -> str | None:
         """Why ``attach <actor> <rank>`` can never attach: no actor mesh of
         that name in this controller's proc meshes, or none with that rank
-        (None: it can, once that actor pauses)."""
+        (None: it can, once that actor pauses; ``rank`` None: the actor
+        mesh alone)."""
         sizes: dict[str, int] = {}
         procs = self.rt.state(Inspection).procs if self.rt.has_state(Inspection) else []
         for state in procs:
@@ -613,7 +638,7 @@ class Debugger:
             return (f"meshio debug: no actor mesh named {actor!r} in the proc meshes of this "
                     f"controller (pid {os.getpid()}); "
                     + (f"its actor meshes: {there}\n" if there else "it has none\n"))
-        if not rank.isdigit() or int(rank) >= sizes[actor]:
+        if rank is not None and (not rank.isdigit() or int(rank) >= sizes[actor]):
             return (f"meshio debug: actor mesh {actor!r} has no rank {rank} (it has "
                     f"{ranks(actor)})\n")
         return None

@@ -257,7 +257,8 @@ class Service(MeshShape):
       (None without one), it returns one of them.  It runs in the caller's
       loop for every call: keep it quick.
 
-    The built-in policies other than ``"sticky"`` ignore ``session=``.
+    ``route(..., session=...)`` with ``"least_loaded"`` or ``"round_robin"``
+    raises ValueError (nothing sent): they would ignore the session.
 
     Failures: a replica whose process died is out of rotation as soon as
     this process learns of it (its connection drops), and back once its
@@ -872,7 +873,9 @@ class _ServiceEndpoint(Endpoint[P, R]):
     async def route(self, *args: Any, session: Hashable | None = None, **kwargs: Any) -> R:
         """Call one replica, chosen by the service's routing, and again as
         the endpoint's retry policy says (see :class:`Service`);
-        ``session``: the sticky-session key."""
+        ``session``: the sticky-session key (routing ``"sticky"`` or a
+        routing function only: the other policies refuse it with
+        ValueError, nothing sent)."""
         if self._takes_session:
             raise TypeError(
                 f"{self._qualname} takes a parameter named 'session', which route() takes "
@@ -882,6 +885,14 @@ class _ServiceEndpoint(Endpoint[P, R]):
         except TypeError:
             raise TypeError(f"{self._qualname}.route(session=...) must be hashable (a str, an "
                             f"int, a tuple), got {type(session).__name__} {session!r}") from None
+        routing = self._service._routing
+        if session is not None and routing in ("least_loaded", "round_robin"):
+            raise ValueError(
+                f"{self._qualname}.route(session={session!r}) on service "
+                f"{self._service._name!r}: its routing {routing!r} ignores sessions; make the "
+                "service with routing=\"sticky\" (or a routing function, which is given the "
+                "session) for calls of a session to reach the same replica, or leave out "
+                "session=")
         body, packer = self._encode(args, kwargs)
         sent: list[_Replica] = []
         routed = self._service._routed(self._desc, body, packer, session, self._deadline(),

@@ -35,7 +35,7 @@ def last(replicas: Sequence[ReplicaStats], session: Hashable | None) -> ReplicaS
 
 async def use(procs: meshio.ProcMesh) -> None:
     generators = await procs.spawn("generators", Generator, temperature=0.7)
-    svc = meshio.Service(generators, routing="least_loaded")
+    svc = meshio.Service(generators, routing="sticky")  # (session= below: sticky)
     # A service is typed as its actor class: endpoints carry their result type.
     assert_type(svc, Generator)
     assert_type(await svc.generate.route("hi", session="user-1"), list[int])
@@ -55,7 +55,7 @@ async def use(procs: meshio.ProcMesh) -> None:
     assert_type(stats[0].completed, int)
     assert_type(stats[0].latency_p99, float | None)
     # Routing: a policy name or a function of the live replicas and the session.
-    meshio.Service(generators, routing="sticky")
+    meshio.Service(generators, routing="least_loaded")
     meshio.Service(generators, routing=last)
     meshio.Service(generators, routing="fastest")  # type: ignore[arg-type]
     meshio.Service(procs)  # type: ignore[type-var]
