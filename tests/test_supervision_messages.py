@@ -19,7 +19,7 @@ import pytest
 from supervision_helpers import Events
 
 import meshio
-from meshio import Actor, endpoint
+from meshio import Actor, _proc_state, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._frames import frame_header
 from meshio._transport._runtime import runtime
@@ -166,28 +166,17 @@ class Picky(Actor):
 
 
 class HeldRaiser(Actor):
-    """Raises once the test holds its loop, then says that its fault went,
-    through the FIFOs ``<rank>.raise`` and ``<rank>.sent`` in ``fifos``."""
+    """Raises once the test opens this rank's FIFO ``<rank>`` in ``fifos``."""
 
     @endpoint
     async def boom(self, fifos: str) -> None:
-        _opened(fifos, "raise")
+        rank = meshio.current_rank().rank
+        os.close(os.open(os.path.join(fifos, str(rank)), os.O_WRONLY))  # (until the test's open)
         raise ValueError("boom")
-
-    @endpoint
-    async def sent(self, fifos: str) -> None:
-        await asyncio.sleep(0)  # (after the turn that raised: its fault was written then)
-        _opened(fifos, "sent")
 
     @endpoint
     async def rank(self) -> int:
         return meshio.current_rank().rank
-
-
-def _opened(fifos: str, what: str) -> None:
-    """Open and close this rank's FIFO ``what``: until the test opens it too."""
-    rank = meshio.current_rank().rank
-    os.close(os.open(os.path.join(fifos, f"{rank}.{what}"), os.O_WRONLY))
 
 
 def test_rank_ranges() -> None:
@@ -219,30 +208,117 @@ async def test_identical_failures_of_many_ranks_are_one_line() -> None:
 
 
 async def test_a_broadcast_failing_on_many_ranks_is_one_report(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """issue 8 item 4: a broadcast raising the same error on 4 ranks, whose
-    faults come in together, is one report on stderr "ranks 0-3" with one
-    traceback, not 4 (each with its traceback)."""
-    fifos = [tmp_path / f"{rank}.{what}" for what in ("raise", "sent") for rank in range(4)]
-    for fifo in fifos:
-        os.mkfifo(fifo)
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 8 item 4: a broadcast raising the same error on 4 ranks at once
+    is one report on stderr "ranks 0-3" with one traceback, not one per read
+    of the controller that brought faults (each with its traceback): the
+    faults are held for a window after the first (here one longer than the
+    test, so the mesh's stop prints them, at once)."""
+    monkeypatch.setattr(_proc_state, "FAULT_WINDOW", 3600.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 4}) as procs:
+        picky = await procs.spawn("picky", Picky)
+        picky.boom.broadcast()
+        # (each rank's fault comes before its answer: all are held by then)
+        assert (await asyncio.wait_for(picky.pid.call(), DEADLINE)).values() == procs.pids
+    assert_one_report(capsys.readouterr().err, "picky", procs.pids)
+
+
+async def test_faults_coming_in_apart_within_the_window_are_one_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 8 item 4: a broadcast whose ranks raise at different times
+    (ranks 0-1, then once their faults are in, ranks 2-3) within the window
+    is one report "ranks 0-3" (before: one per loop turn that brought faults)."""
+    monkeypatch.setattr(_proc_state, "FAULT_WINDOW", 3600.0)
+    for rank in range(4):
+        os.mkfifo(tmp_path / str(rank))
     async with meshio.this_host().spawn_procs(per_host={"procs": 4}) as procs:
         raiser = await procs.spawn("raiser", HeldRaiser)
         raiser.boom.broadcast(str(tmp_path))
-        raiser.sent.broadcast(str(tmp_path))
         await asyncio.sleep(0)  # (to after this turn's end, which sends them)
-        # The loop held (no await): each actor raises, and its fault waits
-        # unread in its socket until every fault is there.
-        for fifo in fifos:
-            os.close(os.open(fifo, os.O_RDONLY))
-        # (the actors still serve; the report is printed by the time they answer)
-        assert (await asyncio.wait_for(raiser.rank.call(), DEADLINE)).values() == [0, 1, 2, 3]
-    err = capsys.readouterr().err
+        for first, then in ((0, 2), (2, 4)):
+            for rank in range(first, then):  # these ranks raise
+                os.close(os.open(tmp_path / str(rank), os.O_RDONLY))
+            # (each rank's fault comes before its answer: theirs are in)
+            answers = await asyncio.wait_for(
+                raiser.slice(procs=slice(first, then)).rank.call(), DEADLINE)
+            assert answers.values() == list(range(first, then))
+    assert_one_report(capsys.readouterr().err, "raiser", procs.pids)
+
+
+def assert_one_report(err: str, actor: str, pids: list[int]) -> None:
+    """``err`` holds one report of ``actor`` raising ``ValueError("boom")``
+    on the 4 ranks (of ``pids``) of a mesh with no supervisor."""
     reports = [line for line in err.splitlines() if line.startswith("meshio: failure in")]
-    assert reports == [f"meshio: failure in raiser ranks 0-3 (pids "
-                       f"{', '.join(map(str, procs.pids))}; nothing restarts it (no "
+    assert reports == [f"meshio: failure in {actor} ranks 0-3 (pids "
+                       f"{', '.join(map(str, pids))}; nothing restarts it (no "
                        f"supervisor)): ValueError: boom"]
     assert err.count("Traceback (most recent call last)") == 1
+
+
+def held_faults_script(tmp_path: Path) -> Path:
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent('''
+        import asyncio
+        import os
+        import sys
+
+        import meshio
+        import meshio._proc_state
+        from meshio import Actor, endpoint
+
+
+        class Raiser(Actor):
+            @endpoint
+            async def boom(self) -> None:
+                raise ValueError("boom")
+
+            @endpoint
+            def pid(self) -> int:
+                return os.getpid()
+
+
+        async def main(stop: bool) -> None:
+            meshio._proc_state.FAULT_WINDOW = 3600.0  # (held until the end)
+            procs = await meshio.this_host().spawn_procs(per_host={"procs": 2})
+            raiser = await procs.spawn("raiser", Raiser)
+            for rank in range(2):  # faults coming in apart
+                one = raiser.slice(procs=rank)
+                one.boom.broadcast()
+                await one.pid.call()  # (its fault comes before its answer)
+            print(*procs.pids, flush=True)
+            if stop:
+                await procs.stop()
+
+
+        runner, stop = sys.argv[1:]
+        (meshio.run if runner == "meshio" else asyncio.run)(main(stop == "stop"))
+    '''))
+    return script
+
+
+@pytest.mark.parametrize(("runner", "stop"), [
+    ("meshio", "no_stop"), ("asyncio", "no_stop"), ("asyncio", "stop")])
+async def test_faults_held_when_the_program_ends_are_printed(
+        tmp_path: Path, runner: str, stop: str) -> None:
+    """issue 8 item 4: faults of a broadcast still held when the program
+    ends (its proc mesh not stopped: the runtime closes with the loop; or
+    stopped) are printed then, as one report, not lost with the window."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(held_faults_script(tmp_path)), runner, stop,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), DEADLINE)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    assert proc.returncode == 0, text
+    reports = [line for line in text.splitlines() if line.startswith("meshio: failure in")]
+    pids = out.decode().split()
+    assert reports == [f"meshio: failure in raiser ranks 0-1 (pids {', '.join(pids)}; "
+                       f"nothing restarts it (no supervisor)): ValueError: boom"]
 
 
 def sigkill_all(pids: list[int]) -> None:

@@ -79,6 +79,10 @@ EXIT_STATUS_WAIT = 1.0
 #: seconds to wait for a killed worker's exit before giving up on it (a worker
 #: on a host cut off by a partition: its exit is not heard of until the heal)
 KILL_WAIT = 10.0
+#: seconds a proc mesh holds the faults of its actors after the first one
+#: (:meth:`ProcState._fault`), so that those of a broadcast failing on many
+#: ranks, coming in apart, are printed as one report
+FAULT_WINDOW = 0.1
 #: heartbeats of a proc mesh without a supervisor (``spawn_procs(heartbeat_interval=...,
 #: heartbeat_timeout=...)``; a supervisor's own settings apply to its meshes)
 HEARTBEAT_INTERVAL = 1.0
@@ -360,11 +364,13 @@ class ProcState:
         #: ranks lost whose calls are not failed yet, and the failures waiting
         #: for them to be printed in one line (processes that died together);
         #: the same for the faults of actors (:meth:`_fault`) as (what the
-        #: actor raised, its pid, what happens now), also held until the end
-        #: of this turn of the loop (a broadcast failing on many ranks)
+        #: actor raised, its pid, what happens now), also held for
+        #: FAULT_WINDOW seconds after the first (a broadcast failing on many
+        #: ranks), until ``_fault_window`` ends
         self._failing: set[int] = set()
         self._unreported: list[SupervisionError] = []
         self._faults: list[tuple[ErrorInfo, int, str]] = []
+        self._fault_window: asyncio.TimerHandle | None = None
         self._failed: asyncio.Future[None] = self.rt.loop.create_future()
         if supervisor is not None:
             supervisor.children.append(self)
@@ -925,13 +931,28 @@ class ProcState:
                         f"{', '.join(hosts)} {cause}; no supervisor restarts them")
             print(f"meshio: {line}", file=sys.stderr, flush=True)
 
+    def _fault_window_ended(self) -> None:
+        self._fault_window = None
+        self._print_faults()
+
     def _print_faults(self) -> None:
-        """Print the faults of actors waiting (:meth:`_fault`), unless a lost
-        process's calls are still being failed (then with its failure): one
-        report for the ranks that raised the same error with the same
-        outcome, with the first's traceback."""
-        if self._failing:
+        """Print the faults of actors held (:meth:`_fault`), unless their
+        window is still open (then as it ends) or a lost process's calls are
+        still being failed (then with its failure)."""
+        if self._fault_window is None and not self._failing:
+            self.flush_faults()
+
+    def flush_faults(self) -> None:
+        """Print the faults of actors held (:meth:`_fault`) now, their window
+        ended (the mesh is stopped or released, the runtime closes: no
+        failure is printed after): one report for the ranks that raised the
+        same error with the same outcome, with the first's traceback."""
+        if self._fault_window is not None:
+            self._fault_window.cancel()
+            self._fault_window = None
+        if not self._faults:
             return
+        self.rt.state(_HeldFaults).meshes.discard(self)
         faults, self._faults = self._faults, []
         alike: dict[tuple[str, str, str, str], dict[int, tuple[ErrorInfo, int]]] = {}
         for info, pid, what_now in faults:
@@ -981,7 +1002,10 @@ class ProcState:
 
     def _fault(self, worker: _Worker, info: ErrorInfo, stopped: bool) -> None:
         """An actor failed with nobody to tell (a broadcast, a hook) or was
-        ended (``stopped``) by ``SystemExit``/``KeyboardInterrupt``."""
+        ended (``stopped``) by ``SystemExit``/``KeyboardInterrupt``: its
+        process is killed at once where its supervisor restarts it; its
+        report waits FAULT_WINDOW seconds from the first fault held, for
+        those of the other ranks (:meth:`flush_faults`)."""
         sup = self.supervisor
         restarts = (sup is not None and not self.stopped
                     and worker.state in (SlotState.STARTING, SlotState.SERVING))
@@ -1002,7 +1026,9 @@ class ProcState:
             what_now = (f"the process is killed; supervisor {sup.name!r} restarts it unless "
                         f"max_restarts is exceeded")
         if not self._faults:
-            self.rt.loop.call_soon(self._print_faults)
+            self.rt.state(_HeldFaults).meshes.add(self)
+        if self._fault_window is None:
+            self._fault_window = self.rt.loop.call_later(FAULT_WINDOW, self._fault_window_ended)
         self._faults.append((info, worker.handle.pid, what_now))
         if restarts:
             worker.move(SlotState.KILLING)
@@ -1554,6 +1580,7 @@ class ProcState:
                 self._no_restart(w, SupervisionError(
                     f"proc mesh {self.name!r} was stopped{why}", actor=self.name, rank=w.rank,
                     cause=cause))
+            self.flush_faults()
 
     def release(self) -> None:
         """Forget this mesh (its owner stopped it for good): nothing of it
@@ -1563,6 +1590,7 @@ class ProcState:
         if self.released:
             return
         self.released = True
+        self.flush_faults()
         rt = self.rt
         for grank in self.region.ranks:
             rt.watch.hello_waiters.pop(f"{self.id}-{grank}", None)
@@ -1689,6 +1717,18 @@ async def _shutdown(workers: Sequence[_Worker], policy: ShutdownPolicy) -> None:
         _, pending = await asyncio.wait(pending, timeout=KILL_WAIT)
     for wait in pending:  # on a host cut off: its agent kills it once it hears
         wait.cancel()
+
+
+class _HeldFaults:
+    """Per runtime: the proc meshes holding faults of their actors
+    (:meth:`ProcState._fault`), printed at once when the runtime closes."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.meshes: set[ProcState] = set()
+
+    def close(self) -> None:
+        for state in list(self.meshes):
+            state.flush_faults()
 
 
 class _Reports:
