@@ -31,6 +31,7 @@ HOT = {
                                       "Connection._reply", "Connection.next_req",
                                       "Connection.send", "Connection.flush",
                                       "Connection.buffer_updated", "Connection._parse",
+                                      "Connection.cancel_follows",
                                       "Pending.__init__"],
     "meshio._transport._runtime": ["Runtime.dispatch", "Runtime.admit", "Runtime.post",
                                    "Runtime.batching", "Runtime.end_turn", "Runtime.heard"],

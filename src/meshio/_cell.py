@@ -5,8 +5,9 @@ in :class:`_Slots`).
 
 ``async def`` endpoints run on the worker's loop (a mailbox call in the
 actor's pump task, or in the loop callback that brought it, as that task,
-when the actor was idle: once the rest of that read is handled, so that a
-Cancel in it comes first; a concurrent call in its own task); plain ``def``
+when the actor was idle: at once, or, if a Cancel follows in the read that
+brought it, once that read is handled, so that the Cancel comes first; a
+concurrent call in its own task); plain ``def``
 endpoints run in the actor's thread (:class:`ActorThread`), so a blocking
 one leaves the loop free to answer heartbeats and other actors.  The
 constructor runs in that thread first, so what it sets per thread is theirs.
@@ -375,8 +376,9 @@ class ActorCell:
         #: the mailbox task's context (a call begun in :meth:`post` runs in it)
         self.context = contextvars.copy_context()
         #: :meth:`_take_up`, noted once per socket read that brought calls
-        #: while the actor was idle (:attr:`Runtime.admitted`), to run as
-        #: the read ends: a Cancel later in the read drops its call first
+        #: with a Cancel behind them while the actor was idle
+        #: (:attr:`Runtime.admitted`), to run as the read ends: the Cancel
+        #: drops its call first
         self.take_up = self._take_up
         #: the deadlock probes mailbox call :attr:`probe_seq` passed on
         #: (:meth:`probed`), by where each started and what it looks for
@@ -431,19 +433,21 @@ class ActorCell:
             probing = scope is not None and scope.waits is not None
         waiter = self.waiter
         if waiter is not None and not waiter.done():  # idle
-            rt = self.rt
-            if not rt.reading or (conn._start == conn._end and not rt.admitted
-                                  and not self.mailbox):
-                # (nothing follows it in the read that brought it: no Cancel)
+            if not self.mailbox and (conn._start == conn._end or conn.cancel_at < conn._start
+                                     or not conn.cancel_follows()):
+                # (no Cancel follows it in the read that brought it: it is the
+                # read's last message, or the read's Cancels are in already;
+                # else Connection.cancel_follows looks, once a read)
                 if self._begin(waiter, conn, msg, bufs, deadline):
                     return
-            else:
-                # A Cancel may follow in the read that brought it: it runs
-                # once that read is parsed (each actor noted once in a row).
+            elif self.rt.reading:
+                # A Cancel may follow in the read that brought it, or calls
+                # that wait for the read's end are before it: it runs once
+                # that read is parsed (each actor noted once in a row).
                 if msg.req:
                     self.queued.add((conn, msg.req))
                 self.mailbox.append((conn, msg, bufs, deadline))
-                admitted = rt.admitted
+                admitted = self.rt.admitted
                 if not admitted or admitted[-1] is not self.take_up:
                     admitted.append(self.take_up)
                 return
