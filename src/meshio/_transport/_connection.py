@@ -512,7 +512,7 @@ class Connection(asyncio.BufferedProtocol):
         #: read being parsed (:meth:`cancel_follows`): -1 none, or not
         #: looked for yet (``_UNSCANNED``, after any position).  Below
         #: ``_start``: no Cancel follows (``ActorCell.post`` reads it so)
-        self.cancel_at = _UNSCANNED
+        self.cancel_at: int = _UNSCANNED
         self._frame: _Frame | None = None
         self._cur: memoryview | None = None
         self._cur_pos: int = 0
@@ -1377,7 +1377,7 @@ _PORT_SEND: Final = PortSend.__struct_config__.tag
 #: (none) on: its body's array header and tag (array_like, every field
 #: encoded: the same for every Cancel)
 _CANCEL_START: Final = _HDR.pack(0, 0)[4:] + encode_message(Cancel(0, ""))[:2]
-_UNSCANNED: Final = sys.maxsize
+_UNSCANNED: Final[int] = sys.maxsize
 
 
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
