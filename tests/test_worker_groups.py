@@ -343,8 +343,12 @@ async def second() -> None:
 
 meshio.run(first())
 worker = int(sys.stdin.readline())  # (the test opened its pidfd: safe to reap)
-fd = os.pidfd_open(worker)
-select.select([fd], [], [])  # it exited (its connection lost); nothing watched it
+try:
+    fd = os.pidfd_open(worker)
+except ProcessLookupError:  # (it exited while the first loop was ending, which reaped it)
+    pass
+else:
+    select.select([fd], [], [])  # it exited (its connection lost); nothing watched it
 gc.collect()  # (the first run's objects, cycles included, are gone)
 meshio.run(second())
 print("SECOND", flush=True)
