@@ -52,12 +52,6 @@ class Peer(Actor):
         return list((await peers.score.call()).values())
 
     @endpoint
-    async def ring(self, peers: Peer) -> int:
-        """The next rank's score only."""
-        nxt = (context().point.rank + 1) % 2
-        return await peers.slice(procs=nxt).score.call_one()
-
-    @endpoint
     async def ask_then_hold(self, other: Peer, told: meshio.Port[str]) -> int:
         """Wait for ``other`` (answered), say so, then stay busy until
         released: waiting for nobody."""
@@ -126,14 +120,19 @@ async def test_peers_asking_every_peer_fail_at_once_not_at_the_deadline(
 async def test_a_ring_exchange_fails_at_once_rather_than_hanging(
         procs: meshio.ProcMesh) -> None:
     """Each rank asks only the next one: no call reaches its own actor, and
-    the last of the two to arrive fails with DeadlockError, naming both."""
+    the last of the two to arrive fails with DeadlockError, naming both.
+    (Each is inside its call before either asks: on a loaded machine one
+    could otherwise finish before the other began, no deadlock at all.)"""
     peers = await procs.spawn("peers", Peer)
-    with pytest.raises(Exception) as caught:
-        await asyncio.wait_for(peers.ring.options(timeout=GUARD).call(peers), GUARD + 5)
-    found = deadlocks(caught.value)
-    assert found, repr(caught.value)
-    assert any("call would deadlock" in m and "Peer.ring" in m and "Peer.score" in m
-               for m in found), found
+    port, told = meshio.Channel[str].open()
+    calls = asyncio.gather(*(peers.slice(procs=r).hold_then_ring.options(timeout=GUARD)
+                             .call_one(peers, port) for r in range(2)), return_exceptions=True)
+    await release_in_turn([peers.slice(procs=r) for r in range(2)], told)
+    results = await asyncio.wait_for(calls, GUARD + 5)
+    found = [m for r in results if isinstance(r, BaseException) for m in deadlocks(r)]
+    assert any("call would deadlock" in m and "Peer.hold_then_ring" in m and "Peer.score" in m
+               for m in found), results
+    assert not any(isinstance(r, meshio.CallTimeout) for r in results), results
 
 
 async def test_two_actors_calling_each_other_fail_at_once(procs: meshio.ProcMesh) -> None:
