@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -602,6 +603,7 @@ def test_secret_is_bytes_and_a_file_is_secret_file(tmp_path: Path) -> None:
         meshio.attach(["127.0.0.1:1"])
     path = tmp_path / "job.secret"
     path.write_text(token + "\n")
+    path.chmod(0o600)
     with pytest.raises(TypeError, match="one of the two"):
         meshio.attach(["127.0.0.1:1"], secret=token.encode(), secret_file=path)
     with pytest.raises(ValueError, match="at least 16 bytes"):
@@ -609,6 +611,25 @@ def test_secret_is_bytes_and_a_file_is_secret_file(tmp_path: Path) -> None:
     for hosts in (meshio.attach(["127.0.0.1:1"], secret_file=path),
                   meshio.attach(["127.0.0.1:1"], secret=token.encode())):
         assert token not in repr(hosts) and token not in str(hosts)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602], ids=lambda m: f"{m:o}")
+def test_attach_refuses_a_secret_file_others_may_use(tmp_path: Path, mode: int) -> None:
+    """``attach(secret_file=...)`` refuses a file every user may read or
+    write, as ``meshio agent --secret-file`` does, naming the file and its
+    mode; before, it read the secret from it.  Mode 600 is taken.  (Run as
+    root, a file its group may read passes, as a Kubernetes Secret must.)"""
+    token = secrets.token_hex(24)
+    path = tmp_path / "job.secret"
+    path.write_text(token)
+    path.chmod(mode)
+    with pytest.raises(ValueError, match=(
+            rf"^attach: secret_file {re.escape(repr(str(path)))}: the file is readable or "
+            rf"writable by (others|every user) \(mode {mode:o}\).*chmod 600")) as info:
+        meshio.attach(["127.0.0.1:1"], secret_file=path)
+    assert token not in str(info.value)
+    path.chmod(0o600)
+    assert len(meshio.attach(["127.0.0.1:1"], secret_file=str(path))) == 1
 
 
 async def test_tls_without_hostname_checks_reaches_the_agents_workers(tmp_path: Path) -> None:

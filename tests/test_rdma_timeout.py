@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -65,3 +67,43 @@ async def test_tcp_transfers_and_drop_time_out_on_a_stopped_owner() -> None:
                 assert dst[8:24] == bytes(16)
         with pytest.raises(meshio.RDMAError, match="dropped"):  # so was the drop
             await asyncio.wait_for(buf.read_into(dst), GUARD)
+
+
+#: the proc mesh's heartbeat timeout in the test below: far past GUARD, so
+#: only the buffer's own deadline can end a transfer on a stopped owner
+NO_HEARTBEAT = 600.0
+
+
+class Reader(Actor):
+    @endpoint
+    async def read(self, buf: RDMABuffer) -> int:
+        return await buf.read_into(bytearray(N))
+
+    @endpoint
+    async def read_untyped(self, buf: Any) -> int:
+        return int(await buf.read_into(bytearray(N)))
+
+
+async def test_the_timeout_travels_with_the_buffer() -> None:
+    """``buf.options(timeout=...)`` sent to another actor (an argument
+    annotated ``RDMABuffer``, or ``Any``) keeps its deadline there: a read
+    from a stopped owner (SIGSTOP) raises CallTimeout in that actor.
+    Before, the buffer arrived without it and the read waited for the
+    owner's heartbeat timeout."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2},
+                                              heartbeat_timeout=NO_HEARTBEAT) as procs:
+        owner = await procs.slice(procs=0).spawn("owner", Owner)
+        peer = await procs.slice(procs=1).spawn("peer", Reader)
+        buf = (await asyncio.wait_for(owner.register.call_one(), GUARD)).options(timeout=TIMEOUT)
+        for read in (peer.read, peer.read_untyped):
+            os.kill(procs.pids[0], signal.SIGSTOP)
+            try:
+                with pytest.raises(meshio.ActorError) as info:
+                    await asyncio.wait_for(read.call_one(buf), GUARD)
+            finally:
+                os.kill(procs.pids[0], signal.SIGCONT)
+            assert info.value.remote_type == "meshio.CallTimeout"
+            assert re.search(rf"RDMA read of {N} bytes .* took longer than {TIMEOUT}s",
+                             info.value.remote_message), info.value.remote_message
+            # resumed: the same buffer reads there
+            assert await asyncio.wait_for(read.call_one(buf), GUARD) == N

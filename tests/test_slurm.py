@@ -9,11 +9,14 @@ fail instead where ``MESHIO_REQUIRE_SLURM=1`` (CI)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -469,16 +472,24 @@ meshio.run(job.apply())
 """
 
 
-@pytest.fixture
-def nodes_held(slurm: None) -> Iterator[str]:
-    """Both nodes held by another job (a ``salloc`` without a shell), whose
-    name this is: a SlurmJob submitted meanwhile stays PENDING."""
+@contextlib.contextmanager
+def held(nodes: int) -> Iterator[str]:
+    """``nodes`` nodes held by another job (a ``salloc`` without a shell),
+    whose name this is: a SlurmJob that needs them stays PENDING."""
     blocker = f"blocker-{os.getpid()}"
-    slurm_cmd("salloc", "--no-shell", "--nodes=2", "--exclusive", f"--job-name={blocker}")
+    slurm_cmd("salloc", "--no-shell", f"--nodes={nodes}", "--exclusive",
+              f"--job-name={blocker}")
     try:
         yield blocker
     finally:
         slurm_cmd("scancel", f"--name={blocker}")
+
+
+@pytest.fixture
+def nodes_held(slurm: None) -> Iterator[str]:
+    """Both nodes held by another job (:func:`held`)."""
+    with held(2) as blocker:
+        yield blocker
 
 
 def queued(name: str) -> list[str]:
@@ -567,4 +578,144 @@ async def test_an_unschedulable_job_times_out_with_slurms_reason(slurm: None,
         assert queued(name) == []
         assert sorted(p.name for p in (tmp_path / ".meshio").iterdir()) == [f"{name}.lock"]
     finally:
+        await job.kill()
+
+
+GROW_CONTROLLER = """
+import sys
+import meshio
+from meshio.jobs import SlurmJob
+
+job = SlurmJob(meshes={"workers": 1}, name=sys.argv[2], cache_dir=sys.argv[1], idle_timeout=60)
+
+async def main() -> None:
+    await job.state()
+    await job.resize("workers", hosts=2)
+
+meshio.run(main())
+"""
+
+SQUEUE_TAP = """#!/bin/sh
+echo "$*" > {fifo}
+exec {squeue} "$@"
+"""
+
+
+@contextlib.asynccontextmanager
+async def squeue_tap(tmp_path: Path) -> AsyncIterator[tuple[dict[str, str],
+                                                           asyncio.StreamReader]]:
+    """An environment for a controller whose ``squeue`` is Slurm's, run
+    after writing its arguments as a line to the stream yielded with it:
+    what the controller asks Slurm, when it asks."""
+    tap = tmp_path / "tap"
+    tap.mkdir()
+    fifo = tmp_path / "squeued"
+    os.mkfifo(fifo)
+    squeue = shutil.which("squeue")
+    assert squeue is not None
+    (tap / "squeue").write_text(SQUEUE_TAP.format(fifo=shlex.quote(str(fifo)),
+                                                  squeue=shlex.quote(squeue)))
+    (tap / "squeue").chmod(0o755)
+    reading = open(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0)
+    writer = os.open(fifo, os.O_WRONLY)  # (held: no end of stream between two squeues)
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), reading)
+    try:
+        yield {**os.environ, "PATH": f"{tap}:{os.environ['PATH']}"}, reader
+    finally:
+        transport.close()
+        os.close(writer)
+
+
+@pytest.mark.parametrize("then", ["re-run", "kill"])
+async def test_a_controller_killed_while_its_grow_is_queued_leaks_nothing(
+        slurm: None, tmp_path: Path, then: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A controller SIGKILLed while it waits for the Slurm job that a
+    ``resize`` submitted to grow, still queued (the other node is held; the
+    controller's first ``squeue`` of that job tells when): that job is
+    recorded in the cache from sbatch on, so the next run cancels it (the
+    resize did not finish) and re-attaches to the first job, and ``kill()``
+    cancels both.  Before, it was recorded once its agent had started: it
+    stayed queued, known to nobody."""
+    name = f"grow{os.getpid()}"
+    cache = tmp_path / ".meshio"
+    script = tmp_path / "grow_controller.py"
+    script.write_text(GROW_CONTROLLER)
+    try:
+        with held(1):
+            async with squeue_tap(tmp_path) as (env, squeued):
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, str(script), str(cache), name, env=env)
+                try:
+                    asked: list[str] = []
+                    while len(set(asked)) < 2:
+                        line = (await asyncio.wait_for(squeued.readline(), DEADLINE)).decode()
+                        asked += re.findall(r"--jobs=(\d+)", line)
+                finally:
+                    proc.kill()
+                    await proc.wait()
+            first, extra = asked[0], asked[-1]
+            assert job_state(extra) == "PENDING" and job_state(first) == "RUNNING"
+            if then == "re-run":
+                again = SlurmJob(meshes={"workers": 1}, name=name, cache_dir=cache)
+                with caplog.at_level(logging.WARNING, logger="meshio"):
+                    await again.apply()
+                assert f"Slurm job {extra} of {name} was submitted by a resize that did " \
+                    "not finish" in caplog.text
+                assert again.job_id == first and queued(name) == [first]
+                assert job_record(again) is not None and job_record(again)["extra"] == []
+            await SlurmJob(meshes={"workers": 1}, name=name, cache_dir=cache).kill()
+            assert job_state(extra) not in _slurm._ACTIVE
+            assert job_state(first) not in _slurm._ACTIVE
+    finally:
+        for job_id in queued(name):
+            slurm_cmd("scancel", job_id)
+
+
+async def test_a_shrink_cancelled_midway_leaves_a_true_cache(slurm: None,
+                                                             tmp_path: Path) -> None:
+    """A shrink by two hosts that ``resize`` added, cancelled once one of
+    their Slurm jobs is cancelled (their agents are SIGSTOPped, so each
+    takes the SIGTERM wait): the cache names exactly the hosts and Slurm
+    jobs left, each still RUNNING.  Before, the cache was written once
+    both were cancelled: cancelled between, it still named the one that
+    had been cancelled (the next run found the whole job stale)."""
+    job = SlurmJob(meshes={"workers": 1}, exclusive=False, partition="debug",
+                   time_limit="00:10:00", cache_dir=tmp_path / ".meshio", idle_timeout=60)
+    stopped: list[int] = []
+    gone: list[asyncio.Future[None]] = []
+    try:
+        await job.apply()
+        await asyncio.wait_for(job.resize("workers", hosts=3), 120)
+        record = job_record(job)
+        assert record is not None and len(record["extra"]) == 2
+        stopped = [int(a["pid"]) for a in record["hosts"]["workers"][1:]]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        shrink = asyncio.ensure_future(job.resize("workers", hosts=1))
+        gone = [asyncio.ensure_future(wait_gone([pid])) for pid in stopped]
+        done, _ = await asyncio.wait(gone, timeout=DEADLINE,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        assert done, "no agent was given back"
+        shrink.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await shrink
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        cached = json.loads(job.cache.read_text())
+        hosts = cached["hosts"]["workers"]
+        assert cached["meshes"] == {"workers": len(hosts)} and len(hosts) < 3
+        assert [a["job_id"] for a in hosts] == [job.job_id, *(j["job_id"]
+                                                              for j in cached["extra"])]
+        for j in cached["extra"]:
+            assert job_state(j["job_id"]) == "RUNNING"
+    finally:
+        for fut in gone:
+            fut.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         await job.kill()

@@ -383,13 +383,17 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
         addresses: the agents, ``"tcp://HOST:PORT"`` or ``"HOST:PORT"``.
         secret: the job secret the agents hold (bytes).
         secret_file: or the path of the file holding it (the agents'
-            ``--secret-file``).
+            ``--secret-file``), which others may neither read nor write
+            (as the agents'; a file of root's shared with its group, as
+            Kubernetes mounts a Secret, passes).
         tls: certificates, when the agents were started with ``--tls-*``.
 
     Raises:
         ValueError: no address, a malformed one, or one given twice (as
             written, ``tcp://`` added: two names of one host are not
-            compared); a secret shorter than 16 bytes.
+            compared); a secret shorter than 16 bytes; a ``secret_file``
+            that is not private (another user's, or others may read or
+            write it: the error names its mode; ``chmod 600`` it).
         TypeError: ``secret`` not bytes (a ``str`` too: pass a file as
             ``secret_file``), or both or neither of ``secret`` and
             ``secret_file``.
@@ -405,7 +409,10 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
         if not isinstance(secret_file, (str, os.PathLike)):
             raise TypeError("attach: secret_file= is the path of the job secret's file, got "
                             f"{type(secret_file).__name__}")
-        key = read_secret_file(secret_file)
+        try:
+            key = read_secret_file(secret_file, private=True)
+        except ValueError as e:
+            raise ValueError(f"attach: secret_file {os.fspath(secret_file)!r}: {e}") from None
     elif isinstance(secret, bytes):
         key = checked_secret(secret)
     else:  # never read as a file name, and never shown

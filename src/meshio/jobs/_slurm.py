@@ -13,7 +13,9 @@ trainers, task 2 the generator.
 script again re-attaches (the job id, its nodes, the agents' addresses and
 the secret file are cached in ``.meshio/<name>.json``; the job id from
 ``sbatch`` on, so a run killed while the job is queued leaves it to the
-next run, which waits for its agents, or to ``kill()``); it ends by itself
+next run, which waits for its agents, or to ``kill()``; so are the jobs a
+``resize`` submits to grow, which the next run cancels if that resize did
+not finish); it ends by itself
 once nobody uses it: every agent exits when no controller has been
 connected to it for ``idle_timeout`` seconds, the step ends when its agents
 have, and the batch script (nothing but that step) ends with it, which
@@ -46,7 +48,7 @@ from typing import Any
 
 from .._checks import check_seconds
 from .._proc_mesh import HostMesh
-from .._transport._tasks import within
+from .._transport._tasks import awaited, finished, within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
@@ -250,6 +252,7 @@ class SlurmJob(AgentsJob):
                         entry.get("meshes"), _job_ids(entry), self.meshes)
             await _release(entry)
         elif entry is not None:
+            await self._cancel_unfinished(entry)
             stale = await self._stale(entry)
             if stale is None and "hosts" not in entry:
                 log.info("meshio: Slurm job %s of %s was submitted by an earlier run (which "
@@ -291,6 +294,25 @@ class SlurmJob(AgentsJob):
         write_cache(self.cache, started)
         self._entry = started
 
+    async def _cancel_unfinished(self, entry: dict[str, Any]) -> None:
+        """Cancel and forget the Slurm jobs that a resize of the cached job
+        ``entry`` submitted but never added to its meshes: its controller was
+        killed while they were queued or starting (recorded from ``sbatch``
+        on, see :meth:`_add`)."""
+        used = {a["job_id"] for agents in entry.get("hosts", {}).values() for a in agents}
+        extra: list[dict[str, Any]] = entry.get("extra", [])
+        unfinished = [job for job in extra if job["job_id"] not in used]
+        if not unfinished:
+            return
+        log.warning("meshio: Slurm job %s of %s was submitted by a resize that did not finish "
+                    "(its controller ended first): cancelling it",
+                    ", ".join(job["job_id"] for job in unfinished), self.name)
+        for job in unfinished:
+            await _cancel(job)
+            Path(job["log"]).unlink(missing_ok=True)
+            extra.remove(job)
+            write_cache(self.cache, entry)
+
     async def _stale(self, entry: dict[str, Any]) -> str | None:
         """Why the cached job cannot be used, or None if it can."""
         for job in [entry, *entry.get("extra", [])]:
@@ -306,7 +328,11 @@ class SlurmJob(AgentsJob):
         allocation added by ``resize`` is cancelled (its node is Slurm's
         again at once); on a node of the first allocation, a job step ends
         the agent (the node stays in that job, idle, until it ends).  The
-        cache records the new shape and allocations.  See :meth:`Job.resize`.
+        cache records the new shape and allocations: a new allocation from
+        ``sbatch`` on (a run killed while it is queued leaves it to the next
+        run, which cancels it, or to :meth:`kill`), a host given back as soon
+        as it is (cancelled midway, a shrink first finishes giving back the
+        host it is at).  See :meth:`Job.resize`.
 
         Raises:
             SlurmError, TimeoutError: a new allocation failed (as for
@@ -321,33 +347,61 @@ class SlurmJob(AgentsJob):
     async def _add(self, name: str, n: int) -> HostMesh:
         entry = self._entry
         assert entry is not None
+        extra: list[dict[str, Any]] = entry.setdefault("extra", [])
+        added: list[dict[str, Any]] = []  # (this call's jobs, as the cache records them)
 
-        async def allocate() -> dict[str, Any]:  # (a job of its own, cached once started)
-            return await self._started(await self._submit({name: 1}, Path(entry["secret_file"])))
+        async def allocate() -> dict[str, Any]:  # (a job of its own)
+            submitted = await self._submit({name: 1}, Path(entry["secret_file"]))
+            # (cached from sbatch on, as apply()'s job: a run killed while it is queued
+            # leaves it to the next run, which cancels it, or to kill())
+            job = {k: submitted[k] for k in ("job_id", "token", "log")}
+            added.append(job)
+            extra.append(job)
+            write_cache(self.cache, entry)
+            log.info("meshio: Slurm job %s submitted to grow %r of %s; waiting for its agent",
+                     job["job_id"], name, self.name)
+            started = await self._started(submitted)
+            job["nodes"] = started["nodes"]
+            return started
 
-        results = await asyncio.gather(*(allocate() for _ in range(n)), return_exceptions=True)
-        new = [r for r in results if not isinstance(r, BaseException)]
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            await asyncio.shield(asyncio.gather(*(_cancel(job) for job in new)))
-            raise failed[0]
-        entry.setdefault("extra", []).extend(
-            {k: job[k] for k in ("job_id", "token", "log", "nodes")} for job in new)
-        return self._added(name, [a for job in new for a in job["hosts"][name]])
+        try:
+            results = await asyncio.gather(*(allocate() for _ in range(n)),
+                                           return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+        except BaseException:  # (failed or cancelled: none of this call's jobs is kept)
+            await asyncio.shield(asyncio.gather(*(_cancel(job) for job in added)))
+            for job in added:
+                extra.remove(job)
+            write_cache(self.cache, entry)
+            raise
+        return self._added(name, [a for job in results
+                                  if not isinstance(job, BaseException)
+                                  for a in job["hosts"][name]])
 
     async def _remove(self, name: str, n: int) -> None:
         entry = self._entry
         assert entry is not None
         agents: list[dict[str, str]] = entry["hosts"][name]
         extra: list[dict[str, Any]] = entry.setdefault("extra", [])
-        for agent in agents[len(agents) - n:]:
+
+        async def give_back(agent: dict[str, str]) -> None:
             job = next((j for j in extra if j["job_id"] == agent.get("job_id")), None)
             if job is not None:
                 await _cancel(job)
                 extra.remove(job)
             else:
                 await _stop_agent(entry, agent)
-        self._removed(name, n)
+            self._removed(name, 1)
+
+        for _ in range(n):
+            # (the last host first, each recorded in the cache once given back; cancelled
+            # meanwhile, the host being given back still is, and is recorded: the cache
+            # names what is left)
+            step = awaited(give_back(agents[-1]))
+            await finished([step])
+            step.result()
 
     async def _submit(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
         """Submit one Slurm job of a node per host of ``meshes``, its agents

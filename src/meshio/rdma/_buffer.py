@@ -194,7 +194,7 @@ class RDMABuffer:
         return buf
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RDMABuffer._from_handle, (self._handle,))
+        return (RDMABuffer._from_handle, (self._handle, self._timeout))  # (options travel)
 
     def __repr__(self) -> str:
         h = self._handle
@@ -216,7 +216,9 @@ class RDMABuffer:
         return backend_for(self._handle)
 
     def options(self, *, timeout: float | None = None) -> RDMABuffer:
-        """The same buffer with per-transfer options.
+        """The same buffer with per-transfer options.  They travel with it:
+        sent to another process (in an argument or result), its transfers
+        and :meth:`drop` there keep them.
 
         Args:
             timeout: seconds before a transfer (any backend) or :meth:`drop`
