@@ -129,6 +129,41 @@ async def test_a_resize_adds_and_gives_back_hosts_under_the_jobs_lock(job: Proce
     await wait_gone(grown[1:], DEADLINE)
 
 
+async def test_a_shrink_cancelled_midway_leaves_the_host_mesh_as_the_cache(
+        job: ProcessJob) -> None:
+    """A shrink from 3 hosts to 1, cancelled while the last host's processes
+    are being stopped (its agent is SIGSTOPped: its worker has exited, but
+    the agent does not report it): that host is still given back, then the
+    resize raises CancelledError; the host mesh, the elastic proc mesh, the
+    cache and the agents running agree on 2 hosts, and a later resize to 1
+    finds them so.  Before, the elastic proc mesh had dropped both hosts,
+    the host mesh none (nor the cache), and the later resize shrank the
+    proc mesh below one host."""
+    workers = (await job.state()).workers
+    async with workers.spawn_procs(per_host={"gpus": 1}, elastic=True) as procs:
+        await asyncio.wait_for(job.resize("workers", hosts=3), DEADLINE)
+        hosts = agents(job, "workers")
+        os.kill(hosts[2], signal.SIGSTOP)
+        try:
+            shrink = asyncio.ensure_future(job.resize("workers", hosts=1))
+            # (the worker exits on its Shutdown; its stopped agent never reports it)
+            await wait_gone([procs.pids[2]], DEADLINE)
+            shrink.cancel()
+        finally:
+            os.kill(hosts[2], signal.SIGCONT)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(shrink, DEADLINE)
+        cached = json.loads(job.cache.read_text())
+        n = cached["meshes"]["workers"]
+        assert workers.sizes == {"hosts": n} and procs.sizes == {"hosts": n, "gpus": 1}
+        assert n == 2 and [a["pid"] for a in cached["hosts"]["workers"]] == hosts[:2]
+        await wait_gone(hosts[2:], DEADLINE)
+        await asyncio.wait_for(job.resize("workers", hosts=1), DEADLINE)
+        assert workers.sizes == {"hosts": 1} and procs.sizes == {"hosts": 1, "gpus": 1}
+        assert agents(job, "workers") == hosts[:1]
+        await wait_gone(hosts[1:], DEADLINE)
+
+
 @pytest.mark.parametrize(("start", "asked"), [(1, (2, 3)), (2, (3, 1))])
 async def test_concurrent_resizes_take_turns(tmp_path: Path, start: int,
                                              asked: tuple[int, int]) -> None:

@@ -36,7 +36,7 @@ from .._checks import check_seconds
 from .._extent import Region
 from .._launcher import LocalLauncher
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts
-from .._transport._tasks import within
+from .._transport._tasks import awaited, finished, within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach, checked_secret, not_private
@@ -117,7 +117,12 @@ class Job(Protocol):
         keep their shape (those on a removed host lose its processes).
         Resizes of one job take turns (under the job's lock, as ``apply()``
         and ``kill()``): each changes the size it finds to ``hosts``, so
-        resizes at once end at the size of the one that ran last.
+        resizes at once end at the size of the one that ran last.  A
+        shrink gives the hosts back one at a time, the last first;
+        cancelled midway, it finishes the host at hand (its processes
+        stopped, the host given back), then raises ``CancelledError``: the
+        host mesh, its elastic proc meshes and the job agree on the hosts
+        left.
 
         Raises:
             KeyError: the job has no host mesh ``name``.
@@ -250,9 +255,13 @@ async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name:
     """``job.resize(name, hosts=hosts)``, the same for every kind: ``add(n)``
     gets ``n`` more hosts from the scheduler (the job records them) and
     returns them as a host mesh, which the named host mesh and its elastic
-    proc meshes grow onto; to shrink, those proc meshes stop their
-    processes on the last hosts, then ``remove(n)`` gives those hosts back
-    (``what`` names the job in errors).  The whole resize holds the job's
+    proc meshes grow onto; to shrink, one host at a time, the last first,
+    those proc meshes stop their processes on it, it leaves the host mesh,
+    then ``remove(1)`` gives it back (and records it).  Each host is
+    finished once begun: cancelled meanwhile, the resize gives back the
+    host at hand, then raises ``CancelledError``, so the host mesh, its
+    elastic proc meshes and the cache name the same hosts (``what`` names
+    the job in errors).  The whole resize holds the job's
     lock (:meth:`CachedJob.locked`), as ``apply()`` and ``kill()`` do:
     another resize of the job (another task, or another controller) waits
     for it, then changes the size it finds, ``meshes[name]`` read under
@@ -276,9 +285,25 @@ async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name:
             # before it first waits: cancelled after, the recorded size is still true)
             await grow_hosts(mesh, await add(hosts - old))
         elif hosts < old:
-            # (cancelled in shrink_hosts(): the host mesh keeps its hosts, none given back)
-            await shrink_hosts(mesh, old - hosts)
-            await remove(old - hosts)
+            for _ in range(old - hosts):
+                # (finished once begun: the elastic proc meshes may have dropped the host
+                # already, so it leaves the host mesh and is given back all the same)
+                step = awaited(_give_back_last(mesh, remove))
+                try:
+                    await finished([step])
+                except asyncio.CancelledError:
+                    if not step.cancelled():
+                        step.exception()  # (retrieved: what is raised is the cancellation)
+                    raise
+                step.result()
+
+
+async def _give_back_last(mesh: HostMesh, remove: Callable[[int], Awaitable[None]]) -> None:
+    """(:func:`resize_job`'s shrink by one host: the elastic proc meshes stop
+    their processes on the last host of ``mesh``, which leaves it, then
+    ``remove(1)`` gives it back.)"""
+    await shrink_hosts(mesh, 1)
+    await remove(1)
 
 
 def not_cached(what: str, cache: Path, cached: Mapping[str, Any] | None) -> JobCacheError:

@@ -450,9 +450,9 @@ class KubernetesJob(CachedJob):
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Patch the mesh's StatefulSet to ``hosts`` replicas.  Growing, it
         waits until the new pods are ready, then the host mesh and its
-        elastic proc meshes grow onto them; shrinking, those proc meshes
-        stop their processes on the last pods first, then the patch removes
-        those pods (a StatefulSet removes the highest ordinals first).
+        elastic proc meshes grow onto them; shrinking, one pod at a time,
+        the last first, those proc meshes stop their processes on it, then
+        a patch removes it (a StatefulSet removes the highest ordinal).
         :meth:`manifests` and the cache give the new replica count.  See
         :meth:`Job.resize`.
 

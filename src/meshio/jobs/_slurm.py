@@ -48,7 +48,7 @@ from typing import Any
 
 from .._checks import check_seconds
 from .._proc_mesh import HostMesh
-from .._transport._tasks import awaited, finished, within
+from .._transport._tasks import within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
@@ -324,15 +324,17 @@ class SlurmJob(AgentsJob):
     async def resize(self, name: str, /, *, hosts: int) -> None:
         """Grow: one more Slurm job (an allocation of one node, with its
         agent) per new host, submitted together.  Shrink: the last hosts
-        go, once the elastic proc meshes' processes there are stopped: an
-        allocation added by ``resize`` is cancelled (its node is Slurm's
-        again at once); on a node of the first allocation, a job step ends
-        the agent (the node stays in that job, idle, until it ends).  The
+        go, one at a time, each once the elastic proc meshes' processes
+        there are stopped: an allocation added by ``resize`` is cancelled
+        (its node is Slurm's again at once); on a node of the first
+        allocation, a job step ends the agent (the node stays in that job,
+        idle, until it ends).  The
         cache records the new shape and allocations: a new allocation from
         ``sbatch`` on (a run killed while it is queued leaves it to the next
         run, which cancels it, or to :meth:`kill`), a host given back as soon
         as it is (cancelled midway, a shrink first finishes giving back the
-        host it is at).  See :meth:`Job.resize`.
+        host it is at, which the host mesh then no longer has).  See
+        :meth:`Job.resize`.
 
         Raises:
             SlurmError, TimeoutError: a new allocation failed (as for
@@ -385,8 +387,10 @@ class SlurmJob(AgentsJob):
         assert entry is not None
         agents: list[dict[str, str]] = entry["hosts"][name]
         extra: list[dict[str, Any]] = entry.setdefault("extra", [])
-
-        async def give_back(agent: dict[str, str]) -> None:
+        for _ in range(n):
+            # (the last host first, each recorded in the cache once given back; resize_job
+            # gives back one host at a time and finishes it once begun, even if cancelled)
+            agent = agents[-1]
             job = next((j for j in extra if j["job_id"] == agent.get("job_id")), None)
             if job is not None:
                 await _cancel(job)
@@ -394,14 +398,6 @@ class SlurmJob(AgentsJob):
             else:
                 await _stop_agent(entry, agent)
             self._removed(name, 1)
-
-        for _ in range(n):
-            # (the last host first, each recorded in the cache once given back; cancelled
-            # meanwhile, the host being given back still is, and is recorded: the cache
-            # names what is left)
-            step = awaited(give_back(agents[-1]))
-            await finished([step])
-            step.result()
 
     async def _submit(self, meshes: Mapping[str, int], secret_file: Path) -> dict[str, Any]:
         """Submit one Slurm job of a node per host of ``meshes``, its agents
