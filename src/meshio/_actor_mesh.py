@@ -21,6 +21,8 @@ from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, Unkno
 from ._extent import Extent, MeshShape, Point, Region, rank_runs, shared_ranks
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
+from ._tracing import OTEL
+from ._tracing import _inbound as inbound_trace
 from ._tracing import current as current_trace
 from ._transport._connection import (
     DEADLINE,
@@ -55,6 +57,8 @@ __all__ = ("ActorMesh",)
 
 log = logging.getLogger("meshio")
 
+#: the running loop or None (C; read per call, so bound here once)
+_running_loop = asyncio.events._get_running_loop
 
 A = TypeVar("A")
 P = ParamSpec("P")
@@ -716,16 +720,17 @@ class _Route:
         if self.numbered:
             return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline,
                                       chain)
+        # (current_trace()'s common case, no tracer provider, inline: this runs per call)
+        trace = "" if not TRACING else inbound_trace.get() \
+            if OTEL._TRACER_PROVIDER is None else current_trace()
         if bounded:
             window = conn.windows.get(self.target) or self.window(conn)
             if window.used >= window.limit or window.waiting:
                 return window.wait(Call(req, self.target, desc.name, msgspec.Raw(body),
-                                        chain, 0, "", None, True,
-                                        current_trace() if TRACING else ""), out, deadline)
+                                        chain, 0, "", None, True, trace), out, deadline)
             window.used += 1
         conn.call(Call(req, self.target, desc.name, msgspec.Raw(body), chain, 0, "",
-                       None if deadline is None else budget(deadline), bounded,
-                       current_trace() if TRACING else ""), out)
+                       None if deadline is None else budget(deadline), bounded, trace), out)
         return None
 
     def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
@@ -737,8 +742,10 @@ class _Route:
         ``once`` (a service fails it over to another replica instead).  (No
         keyword-only parameter: CPython 3.11 does not specialize a call to a
         function with one, ~400 instructions a call here.)"""
-        rt = self.runtime()
-        fut = _CallFuture(loop=rt.loop)
+        rt = self.rt
+        if rt is None or rt.loop is not _running_loop():  # (once bound: this, inline)
+            rt = self.runtime()
+        fut = _CallFuture()  # (of the running loop, rt's: no loop= keyword to parse per call)
         self.send(rt, index, desc, body, out, fut, deadline)
         if desc.retry is None or once:
             return fut
@@ -840,12 +847,25 @@ class _Route:
             req = conn.next_req(answer)
             answer.sent(conn, req)
             return req
-        p = _Request(answer, desc, self, conn, index)
+        # (Pending's and _Request's fields set here, in this frame: made
+        # through a Python __init__, ~2k instructions more per call)
+        p = _Request.__new__(_Request)
+        p._fut = answer
+        p.decode = desc.unpack_result
+        p.endpoint = desc.qualname
+        p.mesh = self.name
+        p.route = self
+        p.conn = conn
+        p.index = index
+        p.inflight = inflight = self.inflight
+        inflight[index] += 1
+        p.started = False
+        req = p.req = conn.next_req(p)
         if type(answer) is _CallFuture:
             answer.request = p
         else:  # a future of the caller's (a fan-out's)
             cast("asyncio.Future[Any]", answer).add_done_callback(p.on_done)
-        return p.req
+        return req
 
     def call_sites(self) -> list[_CallSite]:
         """Who each call of this view goes to (made once per view, not once per call)."""
@@ -926,23 +946,17 @@ class _Request(Pending):
 
     __slots__ = ("conn", "index", "inflight", "req", "route", "started")
 
-    def __init__(self, fut: Settle, desc: EndpointDescriptor[Any, Any, Any], route: _Route,
-                 conn: Connection, index: int) -> None:
-        """The request on ``conn`` for the call to the actor at ``index`` of
-        ``route``'s view, counted in flight.  (Pending's fields set here, in
-        one frame; who was called is made only if an error message asks.)"""
-        self._fut = fut
-        self.decode = desc.unpack_result
-        self.endpoint = desc.qualname
-        self.mesh = route.name
-        self.route = route
-        self.conn = conn
-        self.index = index
-        self.inflight = inflight = route.inflight
-        inflight[index] += 1
-        #: the callee said the call started running (endpoints with a retry policy)
-        self.started = False
-        self.req = conn.next_req(self)
+    #: the request on ``conn`` for the call to the actor at ``index`` of
+    #: ``route``'s view, counted in ``inflight`` (the view's); made by
+    #: :meth:`_Route.pending`, which sets these and Pending's fields (no
+    #: ``__init__``; who was called is made only if an error message asks)
+    conn: Connection
+    index: int
+    inflight: list[int]
+    req: int
+    route: _Route
+    #: the callee said the call started running (endpoints with a retry policy)
+    started: bool
 
     @property
     def point(self) -> Any:

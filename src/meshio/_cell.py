@@ -28,7 +28,7 @@ import time
 import traceback
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,10 +41,10 @@ from ._context import CallScope, Context, ProcInfo, _context, _scope
 from ._exceptions import ActorError, CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
-from ._metrics import Meter, encode_report, process_report
+from ._metrics import METER_MASK, Meter, encode_report, process_report
 from ._stacks import _MESHIO, Stacks, capture, capture_construction, encode_actors, thread_frames
 from ._tracing import ENABLED as TRACING
-from ._tracing import failed, served
+from ._tracing import OTEL, failed, served
 from ._transport._connection import Connection, ignore_result
 from ._transport._credit import forget_target, took
 from ._transport._messages import (
@@ -438,7 +438,7 @@ class ActorCell:
                 # (no Cancel follows it in the read that brought it: it is the
                 # read's last message, or the read's Cancels are in already;
                 # else Connection.cancel_follows looks, once a read)
-                if self._begin(waiter, conn, msg, bufs, deadline):
+                if self._begin(waiter, conn, msg, bufs, deadline) >= 0:
                     return
             elif self.rt.reading:
                 # A Cancel may follow in the read that brought it, or calls
@@ -461,6 +461,28 @@ class ActorCell:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def post_run(self, conn: Connection, calls: Sequence[Call], i: int) -> int:
+        """``Mailbox.post_run``: ``calls[i]`` as :meth:`post` takes it, but a
+        mailbox call that finds the actor idle (and no Cancel that may
+        follow it in its read) is served here with the calls after it that
+        a mailbox would take as they are, in one go (:meth:`_begin`; a
+        burst of small calls comes as one frame of ~30): the index of the
+        first call not taken."""
+        msg = calls[i]
+        waiter = self.waiter
+        if (waiter is None or waiter.done() or self.mailbox
+                or (desc := self.endpoints.get(msg.method)) is None or desc.concurrent
+                or not (conn._start == conn._end or conn.cancel_at < conn._start
+                        or not conn.cancel_follows())):
+            self.post(conn, msg, [])
+            return i + 1
+        deadline = None if msg.deadline is None else _deadline(msg.deadline)
+        end = self._begin(waiter, conn, msg, [], deadline, calls, i + 1)
+        if end < 0:  # (within a task: post queues it for the task)
+            self.post(conn, msg, [])
+            return i + 1
+        return end
+
     def _take_up(self) -> None:
         """The read that brought calls while the actor was idle is parsed:
         serve them here (:meth:`_begin`) if it still is, or, within a task,
@@ -468,7 +490,7 @@ class ActorCell:
         waiter = self.waiter
         if waiter is None or waiter.done() or not self.mailbox:
             return
-        if not self._begin(waiter, None, None, None, None):
+        if self._begin(waiter, None, None, None, None) < 0:
             self.waiter = None
             waiter.set_result(None)
 
@@ -540,40 +562,55 @@ class ActorCell:
                     yield conn, msg
 
     def _begin(self, waiter: asyncio.Future[None], conn: Connection | None, msg: Call | None,
-               bufs: Buffers | None, deadline: float | None) -> bool:
+               bufs: Buffers | None, deadline: float | None, run: Sequence[Call] = (),
+               at: int = 0) -> int:
         """Serve a call that found the actor idle (``msg``; None: the calls
         of its mailbox) here, in the loop callback that brought it, rather
         than by waking the mailbox task (which waits on ``waiter``): it runs
         without a wake-up or a turn of the loop first, and its answer goes
-        out in the same turn; then the calls in the mailbox (admitted by the
-        read that brought it, or come meanwhile), while it stays idle.  Each
-        runs as if in that task (``asyncio.current_task()`` is the task, in
-        its context), so everything else sees a mailbox call; one that has
-        to wait is handed to the task, which goes on with it and the calls
-        behind it (:class:`_GoOn`).  False (nothing done) when called within
-        a task (a call made in this process): the task serves them."""
+        out in the same turn; then, while it stays idle, the calls in the
+        mailbox (admitted by the read that brought it, or come meanwhile)
+        and those of ``run`` from ``at`` on that a mailbox would take as
+        they are (the rest of the :class:`Calls` frame that brought ``msg``:
+        to this actor, not numbered, a mailbox endpoint's; see
+        :meth:`post_run`).  Each runs as if in that task
+        (``asyncio.current_task()`` is the task, in its context), so
+        everything else sees a mailbox call; one that has to wait is handed
+        to the task, which goes on with it and the calls behind it
+        (:class:`_GoOn`).  Returns the index of the first call of ``run``
+        not taken; -1 (nothing done) when called within a task (a call made
+        in this process): the task serves them."""
         loop, task = self.rt.loop, self.task
         try:
             # (It refuses when a task runs: asking current_task() first
             # would cost a Python call per call on 3.11.)
             _enter_task(loop, task)
         except RuntimeError:
-            return False
+            return -1
         try:
-            context, mailbox = self.context, self.mailbox
+            context, mailbox, target = self.context, self.mailbox, self.target
             coro = None
-            if msg is not None and conn is not None and bufs is not None:
-                if msg.bounded:
-                    took(conn, self.target, self.credit_batch, msg.origin)
-                coro = context.run(self._serve, conn, msg, bufs, deadline)
             while True:
+                if msg is not None and conn is not None and bufs is not None:
+                    if msg.bounded:  # (took()'s common case, inline: this runs per call)
+                        taken, key = conn.taken, (target, msg.origin)
+                        count = taken.get(key, 0) + 1
+                        if count < self.credit_batch:
+                            taken[key] = count
+                        else:  # (credit goes back now)
+                            took(conn, target, self.credit_batch, msg.origin)
+                    try:
+                        coro = context.run(self._serve, conn, msg, bufs, deadline)
+                    except Exception as e:  # a bug: its caller hears of it, not a hang
+                        self.rt.refuse(conn, msg, e)
+                    msg = None
                 if coro is not None:  # (None: dropped, or answered already)
                     self.waiter = None  # (calls that arrive meanwhile queue)
                     try:
                         yielded = context.run(coro.send, None)
                     except StopIteration:  # served
                         if waiter.done():  # the call stopped the actor
-                            return True
+                            return at
                         self.waiter = waiter
                     except BaseException as e:  # (a bug): raised in the task, as it would be
                         self.begun = _GoOn(coro, None, e)
@@ -581,14 +618,27 @@ class ActorCell:
                     else:
                         self.begun = _GoOn(coro, yielded, None)
                         break
-                if not mailbox:
-                    return True
-                coro = context.run(self._next)
+                    coro = None
+                if mailbox:
+                    try:
+                        coro = context.run(self._next)
+                    except Exception:  # a bug (never raised out of here: the run goes on)
+                        log.exception("meshio: %s: serving a call from the mailbox failed",
+                                      self.identity)
+                    continue
+                if at == len(run):
+                    return at
+                msg = run[at]
+                if msg.seq or msg.target != target or (
+                        (desc := self.endpoints.get(msg.method)) is None or desc.concurrent):
+                    return at  # (post takes it: numbered, another actor's, not a mailbox call)
+                at += 1
+                deadline = None if msg.deadline is None else _deadline(msg.deadline)
         finally:
             _leave_task(loop, task)
         if not waiter.done():
             waiter.set_result(None)
-        return True
+        return at
 
     def _probe(self, msg: Call) -> None:
         """``msg`` queued behind the mailbox call under way, which may wait
@@ -910,7 +960,9 @@ class ActorCell:
         self.seq += 1
         run = self._run(conn, msg.req, desc, args, kwargs,
                         CallScope(deadline, msg.chain, self.identity, self.seq), self.task)
-        return served(run, msg.trace, desc.qualname, self.where) if TRACING else run
+        if TRACING and (msg.trace or OTEL._TRACER_PROVIDER is not None):  # (else served() is run)
+            return served(run, msg.trace, desc.qualname, self.where)
+        return run
 
     def _expire(self, conn: Connection, msg: Call, late: float, where: str) -> None:
         """Drop call ``msg``, whose deadline passed ``late`` seconds ago while
@@ -976,8 +1028,15 @@ class ActorCell:
                     return  # its caller gave up: nobody to answer
                 self._error(conn, req, e)
                 return
-            meter.record(time.monotonic() - start, False)
-            self._done(key, task)
+            ran = time.monotonic() - start
+            n = meter.calls  # (Meter.record of a call that returned, inline: this runs per call)
+            meter.window[n & METER_MASK] = ran
+            meter.calls = n + 1
+            meter.seconds += ran
+            if mailbox and not self.cancelled:  # (_done's common case, inline: this runs per call)
+                self.scopes.pop(key, None)
+            else:
+                self._done(key, task)
             if not req:
                 return
             packer = Packer()

@@ -48,12 +48,14 @@ STATS_TIMEOUT = 10.0
 #: the latency percentiles are over the run times of this many last calls
 #: of an endpoint (a power of two: the ring's index is masked)
 WINDOW: Final = 1024
-_MASK: Final = WINDOW - 1
+#: a :class:`Meter`'s ``calls`` masked: its index in ``window``
+METER_MASK: Final = WINDOW - 1
 
 
 class Meter:
     """One endpoint of one actor: its calls so far, counted on the actor's
-    loop as each ends (:meth:`record`)."""
+    loop as each ends (:meth:`record`; a call that returned, by
+    ``ActorCell._run`` inline)."""
 
     __slots__ = ("calls", "errors", "seconds", "window")
 
@@ -67,7 +69,7 @@ class Meter:
     def record(self, seconds: float, error: bool) -> None:
         """A call ran ``seconds`` and ended (``error``: it raised)."""
         n = self.calls
-        self.window[n & _MASK] = seconds
+        self.window[n & METER_MASK] = seconds
         self.calls = n + 1
         self.errors += error
         self.seconds += seconds

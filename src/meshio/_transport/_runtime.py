@@ -246,6 +246,12 @@ class Mailbox(Protocol):
         """Queue ``msg`` (a call from ``conn``) for the actor."""
         ...
 
+    def post_run(self, conn: Connection, calls: Sequence[Call], i: int, /) -> int:
+        """:meth:`post` of ``calls[i]`` (a call of a :class:`Calls` frame to
+        the actor, unnumbered) and perhaps of calls after it to the actor;
+        the index of the first call not taken (> ``i``)."""
+        ...
+
     def cancel(self, conn: Connection, req: int, expired: bool = False, /) -> None:
         """The caller of ``req`` on ``conn`` gave up (``expired``: its deadline passed)."""
         ...
@@ -605,8 +611,7 @@ class Runtime:
             case Call():
                 self.admit(conn, msg, bufs)
             case Calls():
-                for call in msg.calls:
-                    self.admit(conn, call, [])
+                self.admit_calls(conn, msg.calls)
             case Fanout():
                 try:
                     relay(self, conn, msg, bufs, self.admit)
@@ -725,13 +730,39 @@ class Runtime:
         try:
             if msg.seq:
                 self.order.admit(conn, msg, bufs, self.post)
+            elif (cell := self.actors.get(msg.target)) is not None:
+                cell.post(conn, msg, bufs)  # (post's common case, inline: this runs per call)
             else:
                 self.post(conn, msg, bufs)
         except Exception as e:  # a bug here: the caller hears of it, not a hang
-            log.exception("meshio: admitting a call of %s.%s from %s failed",
-                          msg.target, msg.method, conn.peer or "unidentified peer")
-            conn.send_message(Fail(msg.req, ErrorInfo(
-                "protocol", "ProtocolError", _internal(self, "call", e))))
+            self.refuse(conn, msg, e)
+
+    def admit_calls(self, conn: Connection, calls: Sequence[Call]) -> None:
+        """:meth:`admit` of each call of a :class:`Calls` frame, in order; a
+        run of calls to one actor in one go (``Mailbox.post_run``: one that
+        finds it idle is served with those after it, as they come)."""
+        i, n = 0, len(calls)
+        while i < n:
+            msg = calls[i]
+            cell = self.actors.get(msg.target) if not msg.seq else None
+            if cell is None:
+                self.admit(conn, msg, [])
+                i += 1
+                continue
+            try:
+                i = cell.post_run(conn, calls, i)
+            except Exception as e:  # a bug here, before calls[i] was taken (see refuse)
+                self.refuse(conn, msg, e)
+                i += 1
+
+    def refuse(self, conn: Connection, msg: Call, e: Exception) -> None:
+        """Admitting or starting ``msg`` failed with ``e``, a bug: it is
+        logged and the caller hears of it (not a hang); the connection and
+        the actor serve on."""
+        log.exception("meshio: admitting a call of %s.%s from %s failed", msg.target,
+                      msg.method, conn.peer or "unidentified peer", exc_info=e)
+        conn.send_message(Fail(msg.req, ErrorInfo(  # (req 0, a broadcast: the peer logs it)
+            "protocol", "ProtocolError", _internal(self, "call", e))))
 
     def post(self, conn: Connection, msg: Call, bufs: Buffers) -> None:
         """Hand a call to the actor it is for (in :meth:`admit`, which

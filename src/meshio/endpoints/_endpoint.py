@@ -601,11 +601,17 @@ class Endpoint(Generic[P, R]):
             raise MeshShapeError(
                 f"call_one on {mesh._name!r}: the mesh has {len(mesh)} actors "
                 f"{mesh.sizes}; slice it down to one (mesh.slice(...)) or use call()")
-        body, packer = self._encode(args, kwargs)
+        desc = self._desc
+        packer = Packer()  # (_encode and, with no timeout, _deadline inline: this runs per call)
+        body = desc.schema.pack_call(args, kwargs, packer)
         if self._on_full == "raise":
-            mesh._check_room(self._desc, (0,))
-        deadline = self._deadline()
-        fut = route.request(0, self._desc, body, packer, deadline)
+            mesh._check_room(desc, (0,))
+        if self._timeout is None:
+            scope = _scope.get()
+            deadline = scope.deadline if scope is not None else None
+        else:
+            deadline = self._deadline()
+        fut = route.request(0, desc, body, packer, deadline)
         return fut if deadline is None else _Due(fut, self, deadline, 0)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:

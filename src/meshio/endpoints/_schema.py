@@ -44,6 +44,8 @@ from .._transport._serial import (
     TypedDecoder,
     Unfit,
     _Deferred,
+    _inline,
+    _small,
     decoder_for,
     holds_objects,
     is_pickle,
@@ -235,13 +237,18 @@ class Schema:
         """
         if not self._ready:
             self._build()
+        one = False
         if not kwargs and len(args) == self._npos:  # every parameter, by position
-            # (one: a display, 4x cheaper than dict(zip()) per call)
-            bound = ({self.positional[0]: args[0]} if self._npos == 1
-                     else dict(zip(self.positional, args)))
+            if self._npos == 1:  # (a display, 4x cheaper than dict(zip()) per call)
+                bound = {self.positional[0]: args[0]}
+                one = True
+            else:
+                bound = dict(zip(self.positional, args))
         else:
             bound = self._bind(args, kwargs)
         try:
+            if one and _inline(args[0]):  # (Packer.pack_map's common case, one frame less)
+                return _small.encode(bound)
             return packer.pack_map(bound, self._how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (a typed value msgpack cannot
             return self._pack_refitted(bound, packer)          # carry as it is)
@@ -366,8 +373,11 @@ class Schema:
         """
         if self._check:  # not built yet, or ``-> None``
             self._check_result(value)
+        how = self._result_how
         try:
-            return packer.pack(value, self._result_how)
+            if how is not False and _inline(value):  # (Packer.pack's common case, one frame less)
+                return _small.encode(value)
+            return packer.pack(value, how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (as in pack_call)
             return self._pack_result_refitted(value, packer)
         except UnicodeEncodeError:  # (as in pack_call)
@@ -408,7 +418,8 @@ class Schema:
         if not self._ready:
             self._build()
         try:
-            value = self._args.decode(data, bufs, lazy=True)
+            # (lazy=True, by position: a call passing a keyword is not specialized)
+            value = self._args.decode(data, bufs, True)
         except msgspec.ValidationError as e:
             if self._whole:  # (one may have arrived pickled whole)
                 return self._unpack_each(data, bufs)
