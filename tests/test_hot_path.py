@@ -10,8 +10,11 @@ regrew one."""
 
 from __future__ import annotations
 
+import dis
 import importlib
 import inspect
+import itertools
+import types
 from typing import Any
 
 import pytest
@@ -89,6 +92,45 @@ def test_calls_on_the_call_path_can_be_specialized(module: str, qualname: str) -
     assert code.co_kwonlyargcount == 0, f"{module}.{qualname} has keyword-only parameters"
     assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), (
         f"{module}.{qualname} takes *args or **kwargs")
+
+
+def _methods_read_as_attributes(fn: Any) -> list[str]:
+    """``name.method`` read with LOAD_ATTR in ``fn``, ``name`` a global
+    that is neither a module nor a class."""
+    ins = list(dis.get_instructions(fn))
+    found = []
+    for load, attr in itertools.pairwise(ins):
+        if load.opname == "LOAD_GLOBAL" and attr.opname == "LOAD_ATTR":
+            obj = fn.__globals__.get(load.argval)
+            if obj is not None and not isinstance(obj, (types.ModuleType, type)) \
+                    and callable(getattr(obj, attr.argval, None)):
+                found.append(f"{load.argval}.{attr.argval}")
+    return found
+
+
+@pytest.mark.parametrize(("module", "qualname"),
+                         [(m, q) for m, names in HOT.items() for q in names])
+def test_no_method_of_an_imported_object_is_read_as_an_attribute(module: str,
+                                                                 qualname: str) -> None:
+    """CPython 3.11 compiles ``name.method()`` to LOAD_ATTR, not
+    LOAD_METHOD, when ``name`` is bound by an import in that module (as
+    for ``os.path.join()``); on an object that is no module (a ContextVar,
+    an Encoder) that read is never specialized and makes a bound method on
+    each call: ~400 instructions each (``bench_instructions.py``).  Such a
+    method is bound once, at import (``meshio._context.enter_scope``).
+    (Plain attributes, a ``threading.local``'s or ``limits``', are not
+    methods.)"""
+    found = _methods_read_as_attributes(_function(module, qualname))
+    assert not found, (f"{module}.{qualname} reads {found} anew on each call; bind each "
+                       "once at import")
+
+
+def test_a_method_of_an_imported_object_is_seen() -> None:
+    """The check above: an imported ContextVar's ``get()`` (3.11)."""
+    namespace: dict[str, Any] = {}
+    exec(compile("from meshio._context import _scope\n"
+                 "def scoped():\n    return _scope.get()\n", "<check>", "exec"), namespace)
+    assert _methods_read_as_attributes(namespace["scoped"]) == ["_scope.get"]
 
 
 @pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "broadcast"])

@@ -37,7 +37,7 @@ import msgspec
 from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
-from ._context import CallScope, Context, ProcInfo, _context, _scope
+from ._context import CallScope, Context, ProcInfo, _context, context_or, enter_context, enter_scope
 from ._exceptions import ActorError, CallTimeout, SchemaError
 from ._extent import Region
 from ._logs import records_dropped
@@ -996,9 +996,9 @@ class ActorCell:
         within ``scope``."""
         if req and desc.retry is not None:
             await _started(conn, req)
-        if _context.get(None) is not self.ctx:  # (a new one once its mesh grew or shrank)
-            _context.set(self.ctx)
-        _scope.set(scope)  # (a def endpoint's thread runs in a copy of this context)
+        if context_or(None) is not self.ctx:  # (a new one once its mesh grew or shrank)
+            enter_context(self.ctx)
+        enter_scope(scope)  # (a def endpoint's thread runs in a copy of this context)
         key = (conn, req)
         if req:  # (a concurrent call's task is in ``running`` already; a mailbox call's is
             self.scopes[key] = scope  # the mailbox task, found by its scope: see cancel())

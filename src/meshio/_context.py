@@ -77,6 +77,9 @@ class Context(Generic[M]):
 
 
 _context: contextvars.ContextVar[Context[Any]] = contextvars.ContextVar("meshio_context")
+#: ``_context.get`` and ``_context.set`` (see :data:`enter_scope`)
+context_or: Callable[[Context[Any] | None], Context[Any] | None] = _context.get
+enter_context: Callable[[Context[Any]], contextvars.Token[Context[Any]]] = _context.set
 
 
 class CallScope(msgspec.Struct, gc=False):
@@ -171,6 +174,10 @@ _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
 #: now carries as ``Call.chain``); None outside any.  (The variable's own
 #: ``get``: no Python frame per call made.)
 call_scope: Callable[[], CallScope | None] = _scope.get
+#: ``_scope.set`` and ``_context.get``, bound once: a method of a name a
+#: module imports is read as an attribute on Python 3.11 (LOAD_ATTR, never
+#: specialized for a method: a bound method made per call), not LOAD_METHOD
+enter_scope: Callable[[CallScope | None], contextvars.Token[CallScope | None]] = _scope.set
 
 
 def _own(thing: Any) -> None:

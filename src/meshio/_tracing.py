@@ -67,11 +67,15 @@ OTEL: Any = _trace if ENABLED else None
 #: adverb's inline test then lets it run as is
 sending: contextvars.ContextVar[bool] = contextvars.ContextVar("meshio_sending",
                                                                default=False)
+#: ``sending.get``, bound once (see ``meshio._context.enter_scope``)
+sending_now: Callable[[], bool] = sending.get
 
 #: while a call is served in a process that records no spans: its caller's
 #: ``traceparent``, passed on as is by the calls it makes
 _inbound: contextvars.ContextVar[str] = contextvars.ContextVar("meshio_traceparent",
                                                               default="")
+#: ``_inbound.get``, bound once (see ``meshio._context.enter_scope``)
+inbound: Callable[[], str] = _inbound.get
 
 
 def _recording() -> bool:

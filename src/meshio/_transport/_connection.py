@@ -50,6 +50,7 @@ from ._frames import (
     _peek,
     frame_header,
     is_ascii,
+    read_header,
     text_part,
 )
 from ._messages import (
@@ -1170,7 +1171,7 @@ class Connection(asyncio.BufferedProtocol):
                 if avail < 8:  # no header yet
                     break
                 # fast path: a small frame without buffers, all here
-                body_len, nbufs = _HDR.unpack_from(self._buf, before)
+                body_len, nbufs = read_header(self._buf, before)
                 if not nbufs and body_len <= avail - 8 and body_len <= limits.max_message:
                     self._start = before + 8 + body_len
                     self.deliver(bytes(self._mv[before + 8:self._start]), [])
@@ -1204,7 +1205,7 @@ class Connection(asyncio.BufferedProtocol):
         after refusing one over the limit)."""
         start = self._start
         avail = self._end - start
-        body_len, nbufs = _HDR.unpack_from(self._buf, start)
+        body_len, nbufs = read_header(self._buf, start)
         if body_len > MAX_BODY or nbufs > MAX_BUFS:
             raise ProtocolError(
                 f"malformed frame header (body {body_len} bytes, {nbufs} buffers)")

@@ -20,6 +20,8 @@ from typing import Any, Final
 from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers
 
 _HDR: Final = struct.Struct("<II")
+#: ``_HDR.unpack_from``, bound once (see ``meshio._context.enter_scope``)
+read_header: Final = _HDR.unpack_from
 _LEN_MASK: Final = (1 << 56) - 1
 MAX_BUFS: Final = 1 << 16
 #: the scratch receive buffer's normal size; frames up to this size are not

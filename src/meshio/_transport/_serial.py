@@ -972,6 +972,8 @@ class _Pickled:
 
 
 _small = msgspec.msgpack.Encoder()
+#: ``_small.encode``, bound once (see ``meshio._context.enter_scope``)
+encode_small: Callable[[Any], bytes] = _small.encode
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -1840,12 +1842,15 @@ class TypedDecoder:
     for deep nesting): callers turn them into typed errors.
     """
 
-    __slots__ = ("_dec", "_lazy", "_tp")
+    __slots__ = ("_dec", "_lazy", "_tp", "plain")
 
     def __init__(self, tp: Any) -> None:
         self._tp = tp
         self._dec = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_ext_hook)
         self._lazy = msgspec.msgpack.Decoder(tp, dec_hook=_dec_hook, ext_hook=_lazy_ext_hook)
+        #: :meth:`decode` of a value with no buffers, not lazily, in one C
+        #: call (None where a subclass checks more)
+        self.plain: Callable[[Any], Any] | None = self._dec.decode
 
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
         """The value; with ``lazy``, no pickle is unpickled (the value's own

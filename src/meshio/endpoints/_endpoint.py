@@ -41,7 +41,7 @@ from typing import (
 )
 
 from .._checks import check_seconds
-from .._context import _scope
+from .._context import call_scope
 from .._exceptions import (
     CallTimeout,
     MeshioError,
@@ -51,7 +51,7 @@ from .._exceptions import (
     rebuild_error,
 )
 from .._tracing import ENABLED as TRACING
-from .._tracing import OTEL, in_span, sending, traced
+from .._tracing import OTEL, in_span, sending_now, traced
 from .._transport._bulk import snapshot
 from .._transport._connection import DEADLINE, Gathering
 from .._transport._credit import Waiting
@@ -484,7 +484,7 @@ class Endpoint(Generic[P, R]):
         """When this call's answers are due (``time.monotonic()``): the
         tighter of its own timeout and the deadline of the call being
         served, if any (None: neither)."""
-        scope = _scope.get()
+        scope = call_scope()
         inherited = scope.deadline if scope is not None else None
         if self._timeout is None:
             return inherited
@@ -510,7 +510,7 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, an actor's
                 mailbox is full; nothing was sent.
         """
-        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending_now():
             return in_span(self, self.call, args, kwargs)  # (see meshio._tracing)
         body, packer = self._encode(args, kwargs)
         mesh = self._mesh
@@ -568,7 +568,7 @@ class Endpoint(Generic[P, R]):
         caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
         mesh = self._mesh
         ranks = [mesh._site(i).rank for i in late]
-        scope = _scope.get()
+        scope = call_scope()
         inherited = scope is not None and scope.deadline == deadline
         within = ("before the deadline of the call being served" if inherited else
                   f"within {self._timeout}s")
@@ -593,7 +593,7 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, its
                 mailbox is full; nothing was sent.
         """
-        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending_now():
             return in_span(self, self.call_one, args, kwargs)  # (see meshio._tracing)
         mesh = self._mesh
         route = mesh._route
@@ -607,7 +607,7 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(desc, (0,))
         if self._timeout is None:
-            scope = _scope.get()
+            scope = call_scope()
             deadline = scope.deadline if scope is not None else None
         else:
             deadline = self._deadline()
@@ -625,7 +625,7 @@ class Endpoint(Generic[P, R]):
             Overloaded: made with ``.options(on_full="raise")``, the chosen
                 actor's mailbox is full; nothing was sent.
         """
-        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending_now():
             return in_span(self, self.choose, args, kwargs)  # (see meshio._tracing)
         mesh = self._mesh
         if len(mesh) == 0:
@@ -732,7 +732,7 @@ class Endpoint(Generic[P, R]):
             SupervisionError: (awaited) an actor's process died (its
                 connection was lost) while the message waited for room.
         """
-        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending.get():
+        if TRACING and OTEL._TRACER_PROVIDER is not None and not sending_now():
             return in_span(self, self.broadcast, args, kwargs)  # (see meshio._tracing)
         body, packer = self._encode(args, kwargs)
         # nobody waits for the delivery: its buffers are copied now, so that

@@ -45,8 +45,8 @@ from .._transport._serial import (
     Unfit,
     _Deferred,
     _inline,
-    _small,
     decoder_for,
+    encode_small,
     holds_objects,
     is_pickle,
     lenient,
@@ -248,7 +248,7 @@ class Schema:
             bound = self._bind(args, kwargs)
         try:
             if one and _inline(args[0]):  # (Packer.pack_map's common case, one frame less)
-                return _small.encode(bound)
+                return encode_small(bound)
             return packer.pack_map(bound, self._how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (a typed value msgpack cannot
             return self._pack_refitted(bound, packer)          # carry as it is)
@@ -376,7 +376,7 @@ class Schema:
         how = self._result_how
         try:
             if how is not False and _inline(value):  # (Packer.pack's common case, one frame less)
-                return _small.encode(value)
+                return encode_small(value)
             return packer.pack(value, how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (as in pack_call)
             return self._pack_result_refitted(value, packer)
@@ -540,8 +540,11 @@ class Schema:
     def unpack_result(self, data: Any, bufs: Buffers) -> Any:
         if not self._ready:
             self._build()
+        result = self._result
         try:
-            return self._result.decode(data, bufs)
+            if not bufs and result.plain is not None:  # (decode's common case, one frame less)
+                return result.plain(data)
+            return result.decode(data, bufs)
         except msgspec.ValidationError as e:
             if self._result_whole and is_pickle(data):
                 return self._unpack_result_whole(data, bufs)
@@ -673,6 +676,7 @@ class _Checked(TypedDecoder):
     def __init__(self, tp: Any, checks: list[tuple[str | None, Check]]) -> None:
         super().__init__(tp)
         self._checks = checks
+        self.plain = None  # (decode checks)
 
     def decode(self, data: Any, bufs: Buffers, lazy: bool = False) -> Any:
         value = super().decode(data, bufs, lazy)
