@@ -89,6 +89,19 @@ async def finished(futs: Sequence[asyncio.Future[Any]]) -> None:
         raise asyncio.CancelledError
 
 
+async def to_the_end(fut: asyncio.Future[T]) -> T:
+    """``fut``'s result, waited for to its end even if cancelled meanwhile
+    (:func:`finished`: work nothing can stop halfway), then raising
+    ``CancelledError`` (its own outcome retrieved: not "never retrieved")."""
+    try:
+        await finished([fut])
+    except asyncio.CancelledError:
+        if not fut.cancelled():
+            fut.exception()
+        raise
+    return fut.result()
+
+
 async def within(aw: Awaitable[T], seconds: float | None) -> T:
     """``await aw``, raising ``TimeoutError`` after ``seconds`` (None: no
     limit): ``asyncio.wait_for`` without its flaw on Python 3.11, where a

@@ -36,7 +36,7 @@ from .._checks import check_seconds
 from .._extent import Region
 from .._launcher import LocalLauncher
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts
-from .._transport._tasks import awaited, finished, within
+from .._transport._tasks import awaited, to_the_end, within
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._remote import attach, checked_secret, not_private
@@ -288,14 +288,7 @@ async def resize_job(job: CachedJob, what: str, meshes: Mapping[str, int], name:
             for _ in range(old - hosts):
                 # (finished once begun: the elastic proc meshes may have dropped the host
                 # already, so it leaves the host mesh and is given back all the same)
-                step = awaited(_give_back_last(mesh, remove))
-                try:
-                    await finished([step])
-                except asyncio.CancelledError:
-                    if not step.cancelled():
-                        step.exception()  # (retrieved: what is raised is the cancellation)
-                    raise
-                step.result()
+                await to_the_end(awaited(_give_back_last(mesh, remove)))
 
 
 async def _give_back_last(mesh: HostMesh, remove: Callable[[int], Awaitable[None]]) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from .._checks import check_seconds
 from .._proc_mesh import HostMesh
-from .._transport._tasks import finished
+from .._transport._tasks import to_the_end
 from .._transport._tls import TLSConfig
 from ._agent import tls_flags
 from ._job import (
@@ -723,14 +723,7 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
     lock been let go at once it would go on creating or deleting objects
     and writing the cache while another controller applies or kills the job
     (which then misses them)."""
-    done = asyncio.get_running_loop().run_in_executor(None, partial(fn, *args))
-    try:
-        await finished([done])
-    except asyncio.CancelledError:
-        if not done.cancelled():
-            done.exception()  # (retrieved: what is raised is the cancellation)
-        raise
-    return done.result()
+    return await to_the_end(asyncio.get_running_loop().run_in_executor(None, partial(fn, *args)))
 
 
 def _client(context: str | None, *, retries: int | None = None) -> tuple[Any, Any]:
