@@ -462,31 +462,47 @@ async def test_idle_connections_commit_little_memory() -> None:
 
 
 def _break_dispatch() -> None:
-    """A bootstrap: this process's runtime fails admitting a call, and
-    relaying a tree call, of a method named ``explode`` (a bug injected where
-    the runtime hands a message on)."""
+    """A bootstrap: this process fails admitting a call of a method named
+    ``explode`` to its actor (alone, in a burst of calls, or from the
+    mailbox), and relaying a tree call of it (bugs injected where the
+    runtime hands a message on)."""
+    from meshio import _cell
     from meshio._transport import _runtime
 
-    post, relay = _runtime.Runtime.post, _runtime.relay
+    serve, relay = _cell.ActorCell._serve, _runtime.relay
 
-    def broken_post(rt: Any, conn: Any, msg: Any, bufs: Any) -> None:
+    def broken_serve(cell: Any, conn: Any, msg: Any, bufs: Any, deadline: Any) -> Any:
         if msg.method == "explode":
             raise RuntimeError("injected admit bug")
-        post(rt, conn, msg, bufs)
+        return serve(cell, conn, msg, bufs, deadline)
 
     def broken_relay(rt: Any, up: Any, msg: Any, bufs: Any, post: Any) -> None:
         if msg.method == "explode":
             raise RuntimeError("injected relay bug")
         relay(rt, up, msg, bufs, post)
 
-    _runtime.Runtime.post = broken_post  # type: ignore[method-assign, assignment]
+    _cell.ActorCell._serve = broken_serve  # type: ignore[method-assign]
     _runtime.relay = broken_relay
 
 
 class Exploder(Actor):
+    def __init__(self) -> None:
+        self.held = asyncio.Event()
+        self.go = asyncio.Event()
+
     @endpoint
     async def explode(self) -> int:
         return 1
+
+    @endpoint
+    async def hold(self) -> None:
+        self.held.set()
+        await self.go.wait()
+
+    @endpoint(concurrent=True)
+    async def release(self) -> None:
+        await self.held.wait()  # (the calls after hold are in the mailbox by now)
+        self.go.set()
 
     @endpoint
     async def addr(self) -> str:
@@ -504,6 +520,24 @@ async def test_a_failing_handler_answers_its_calls_and_the_process_serves_on() -
         with pytest.raises(meshio.ProtocolError,
                            match=rf"failed serving this call in pid {pid} .*injected admit bug"):
             await asyncio.wait_for(mesh.explode.call_one(), 30)
+        # a burst (one frame after the turn's first): each fails, those between serve
+        burst = await asyncio.wait_for(asyncio.gather(
+            *[(mesh.explode if i % 2 else mesh.addr).call_one() for i in range(9)],
+            return_exceptions=True), 30)
+        for i, got in enumerate(burst):
+            if i % 2:
+                assert isinstance(got, meshio.ProtocolError) and "injected admit bug" in str(
+                    got), got
+            else:
+                assert isinstance(got, str), got
+        # from the mailbox (behind a call that waits): the same
+        queued: list[asyncio.Future[Any]] = [mesh.hold.call_one(), mesh.explode.call_one(),
+                                             mesh.addr.call_one()]
+        await asyncio.wait_for(mesh.release.call_one(), 30)
+        held, exploded, served = await asyncio.wait_for(
+            asyncio.gather(*queued, return_exceptions=True), 30)
+        assert held is None and isinstance(served, str), (held, served)
+        assert isinstance(exploded, meshio.ProtocolError), exploded
         addr = await mesh.addr.call_one()
         rt = runtime()
         conn = rt.conns.get(addr) or rt.connect(addr)

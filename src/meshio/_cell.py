@@ -620,11 +620,7 @@ class ActorCell:
                         break
                     coro = None
                 if mailbox:
-                    try:
-                        coro = context.run(self._next)
-                    except Exception:  # a bug (never raised out of here: the run goes on)
-                        log.exception("meshio: %s: serving a call from the mailbox failed",
-                                      self.identity)
+                    coro = context.run(self._next)
                     continue
                 if at == len(run):
                     return at
@@ -932,7 +928,11 @@ class ActorCell:
             if key not in self.queued:  # cancelled by its caller
                 return None
             self.queued.remove(key)
-        return self._serve(conn, msg, bufs, deadline)
+        try:
+            return self._serve(conn, msg, bufs, deadline)
+        except Exception as e:  # a bug: its caller hears of it, not a hang
+            self.rt.refuse(conn, msg, e)
+            return None
 
     def _serve(self, conn: Connection, msg: Call, bufs: Buffers,
                deadline: float | None) -> Coroutine[Any, Any, None] | None:
