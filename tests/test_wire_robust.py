@@ -466,22 +466,22 @@ def _break_dispatch() -> None:
     ``explode`` to its actor (alone, in a burst of calls, or from the
     mailbox), and relaying a tree call of it (bugs injected where the
     runtime hands a message on)."""
-    from meshio import _cell
     from meshio._transport import _runtime
+    from meshio.endpoints import _schema
 
-    serve, relay = _cell.ActorCell._serve, _runtime.relay
+    unpack, relay = _schema.Schema.unpack_args, _runtime.relay
 
-    def broken_serve(cell: Any, conn: Any, msg: Any, bufs: Any, deadline: Any) -> Any:
-        if msg.method == "explode":
+    def broken_unpack(schema: Any, data: Any, bufs: Any) -> Any:
+        if schema.qualname.endswith(".explode"):
             raise RuntimeError("injected admit bug")
-        return serve(cell, conn, msg, bufs, deadline)
+        return unpack(schema, data, bufs)
 
     def broken_relay(rt: Any, up: Any, msg: Any, bufs: Any, post: Any) -> None:
         if msg.method == "explode":
             raise RuntimeError("injected relay bug")
         relay(rt, up, msg, bufs, post)
 
-    _cell.ActorCell._serve = broken_serve  # type: ignore[method-assign]
+    _schema.Schema.unpack_args = broken_unpack  # type: ignore[method-assign]
     _runtime.relay = broken_relay
 
 
