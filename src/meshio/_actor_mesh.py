@@ -21,9 +21,7 @@ from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, Unkno
 from ._extent import Extent, MeshShape, Point, Region, rank_runs, shared_ranks
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
-from ._tracing import OTEL
 from ._tracing import current as current_trace
-from ._tracing import inbound as inbound_trace
 from ._transport._connection import (
     DEADLINE,
     Connection,
@@ -720,9 +718,7 @@ class _Route:
         if self.numbered:
             return self.send_numbered(rt, conn, addr, req, desc, body, out, bounded, deadline,
                                       chain)
-        # (current_trace()'s common case, no tracer provider, inline: this runs per call)
-        trace = "" if not TRACING else inbound_trace() \
-            if OTEL._TRACER_PROVIDER is None else current_trace()
+        trace = current_trace() if TRACING else ""
         if bounded:
             window = conn.windows.get(self.target) or self.window(conn)
             if window.used >= window.limit or window.waiting:

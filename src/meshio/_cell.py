@@ -468,20 +468,16 @@ class ActorCell:
         a mailbox would take as they are, in one go (:meth:`_begin`; a
         burst of small calls comes as one frame of ~30): the index of the
         first call not taken."""
-        msg = calls[i]
         waiter = self.waiter
-        if (waiter is None or waiter.done() or self.mailbox
-                or (desc := self.endpoints.get(msg.method)) is None or desc.concurrent
-                or not (conn._start == conn._end or conn.cancel_at < conn._start
-                        or not conn.cancel_follows())):
-            self.post(conn, msg, [])
-            return i + 1
-        deadline = None if msg.deadline is None else _deadline(msg.deadline)
-        end = self._begin(waiter, conn, msg, [], deadline, calls, i + 1)
-        if end < 0:  # (within a task: post queues it for the task)
-            self.post(conn, msg, [])
-            return i + 1
-        return end
+        if (waiter is not None and not waiter.done() and not self.mailbox
+                and (conn._start == conn._end or conn.cancel_at < conn._start
+                     or not conn.cancel_follows())):
+            end = self._begin(waiter, conn, None, [], None, calls, i)
+            if end > i:
+                return end
+            # (none taken: not a mailbox call, or within a task: post queues it)
+        self.post(conn, calls[i], [])
+        return i + 1
 
     def _take_up(self) -> None:
         """The read that brought calls while the actor was idle is parsed:
@@ -565,13 +561,13 @@ class ActorCell:
                bufs: Buffers | None, deadline: float | None, run: Sequence[Call] = (),
                at: int = 0) -> int:
         """Serve a call that found the actor idle (``msg``; None: the calls
-        of its mailbox) here, in the loop callback that brought it, rather
-        than by waking the mailbox task (which waits on ``waiter``): it runs
-        without a wake-up or a turn of the loop first, and its answer goes
-        out in the same turn; then, while it stays idle, the calls in the
-        mailbox (admitted by the read that brought it, or come meanwhile)
-        and those of ``run`` from ``at`` on that a mailbox would take as
-        they are (the rest of the :class:`Calls` frame that brought ``msg``:
+        of its mailbox, or of ``run``) here, in the loop callback that
+        brought it, rather than by waking the mailbox task (which waits on
+        ``waiter``): it runs without a wake-up or a turn of the loop first,
+        and its answer goes out in the same turn; then, while it stays idle,
+        the calls in the mailbox (admitted by the read that brought it, or
+        come meanwhile) and those of ``run`` from ``at`` on that a mailbox
+        would take as they are (the :class:`Calls` frame that brought them:
         to this actor, not numbered, a mailbox endpoint's; see
         :meth:`post_run`).  Each runs as if in that task
         (``asyncio.current_task()`` is the task, in its context), so

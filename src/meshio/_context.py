@@ -174,7 +174,7 @@ _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
 #: now carries as ``Call.chain``); None outside any.  (The variable's own
 #: ``get``: no Python frame per call made.)
 call_scope: Callable[[], CallScope | None] = _scope.get
-#: ``_scope.set`` and ``_context.get``, bound once: a method of a name a
+#: ``_scope.set``, bound once: a method of a name a
 #: module imports is read as an attribute on Python 3.11 (LOAD_ATTR, never
 #: specialized for a method: a bound method made per call), not LOAD_METHOD
 enter_scope: Callable[[CallScope | None], contextvars.Token[CallScope | None]] = _scope.set

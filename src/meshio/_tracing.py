@@ -74,8 +74,6 @@ sending_now: Callable[[], bool] = sending.get
 #: ``traceparent``, passed on as is by the calls it makes
 _inbound: contextvars.ContextVar[str] = contextvars.ContextVar("meshio_traceparent",
                                                               default="")
-#: ``_inbound.get``, bound once (see ``meshio._context.enter_scope``)
-inbound: Callable[[], str] = _inbound.get
 
 
 def _recording() -> bool:

@@ -373,11 +373,8 @@ class Schema:
         """
         if self._check:  # not built yet, or ``-> None``
             self._check_result(value)
-        how = self._result_how
         try:
-            if how is not False and _inline(value):  # (Packer.pack's common case, one frame less)
-                return encode_small(value)
-            return packer.pack(value, how)
+            return packer.pack(value, self._result_how)
         except (Refit, Unfit, OverflowError, Subclassed):  # (as in pack_call)
             return self._pack_result_refitted(value, packer)
         except UnicodeEncodeError:  # (as in pack_call)
