@@ -6,6 +6,7 @@ awaiting forever), grouped as text, and as JSON."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import stat
@@ -268,6 +269,27 @@ def test_meshio_stacks_reads_a_running_controller(tmp_path: Path) -> None:
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
         assert controller.stdin is not None and controller.stdout is not None
         check_cli(controller, env, tmp_path / "meshio" / f"{controller.pid}.json")
+
+
+def test_meshio_stacks_refuses_an_inspection_dir_others_may_write(tmp_path: Path) -> None:
+    # a controller's file planted by another user: a live pid of ours, their
+    # address and secret; a directory others may write cannot vouch for it
+    shared = tmp_path / "meshio"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / f"{os.getpid()}.json").write_text(json.dumps({
+        "meshio_controller": 1, "pid": os.getpid(), "address": "tcp://127.0.0.1:9",
+        "secret": bytes(32).hex(), "argv": ["planted"], "started": 0.0}))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    for command in ("stacks", "dashboard"):
+        refused = meshio_cli(command, env=env)
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert f"meshio {command}: {shared} belongs to uid {os.getuid()} with mode 777; " \
+               "meshio needs it to be yours, mode 700" in refused.stderr
+        assert "planted" not in refused.stderr
+    shared.chmod(0o700)  # closed to others: the same file is read
+    found = meshio_cli("stacks", env=env)
+    assert found.returncode == 1 and "planted" in found.stderr
 
 
 def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published: Path) -> None:

@@ -151,7 +151,11 @@ def _choose(command: str, pid: int | None) -> Controller | None:
     """The running controller ``meshio <command>`` talks to: the one of
     this user (with ``pid``, when given); None, with why on stderr, when
     there is none or several."""
-    found = controllers()
+    try:
+        found = controllers()
+    except PermissionError as e:
+        print(f"meshio {command}: {e}", file=sys.stderr)
+        return None
     chosen = [c for c in found if pid is None or c.pid == pid]
     if len(chosen) != 1:
         where = inspection_dir()

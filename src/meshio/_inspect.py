@@ -73,6 +73,16 @@ def private_dir() -> Path:
     """
     path = inspection_dir()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _checked(path)
+
+
+def _checked(path: Path) -> Path:
+    """``path``, the inspection directory, once known to be this user's
+    and closed to others (what it holds is only as private as it is).
+
+    Raises:
+        PermissionError: it is another user's, or others may use it.
+    """
     st = path.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} belongs to uid {st.st_uid} with mode "
@@ -184,10 +194,16 @@ class Controller:
 
 def controllers() -> list[Controller]:
     """This user's running controllers, oldest first; the files of
-    controllers that are gone are removed."""
+    controllers that are gone are removed.
+
+    Raises:
+        PermissionError: the inspection directory is another user's, or
+            others may use it: what it names (addresses, secrets) could be
+            planted there.
+    """
     path = inspection_dir()
     found: list[Controller] = []
-    for entry in sorted(path.glob("*.json")) if path.is_dir() else []:
+    for entry in sorted(_checked(path).glob("*.json")) if path.is_dir() else []:
         try:
             data: Any = json.loads(entry.read_text())
             controller = Controller(int(data["pid"]), str(data["address"]),
