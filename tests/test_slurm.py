@@ -564,16 +564,43 @@ async def test_the_next_run_reattaches_to_a_job_queued_by_a_killed_controller(
             slurm_cmd("scancel", job_id)
 
 
-async def test_an_unschedulable_job_times_out_with_slurms_reason(slurm: None,
-                                                                tmp_path: Path) -> None:
+async def test_a_job_slurm_will_never_start_fails_at_once(slurm: None,
+                                                          tmp_path: Path) -> None:
     """A job Slurm accepts but can never run (more nodes than the partition
-    has) fails ``apply()`` after ``start_timeout`` with Slurm's reason for
-    keeping it queued; it is cancelled, and nothing of it is kept."""
+    has: PENDING with reason ``PartitionNodeLimit``) fails ``apply()`` as
+    soon as ``squeue`` gives that reason, with a SlurmError naming the job,
+    the reason and what it means; it is cancelled, and nothing of it is
+    kept.  Before, apply() waited for ``start_timeout`` (here longer than
+    the test waits)."""
     name = f"big{os.getpid()}"
-    job = SlurmJob(meshes={"hosts": 3}, name=name, cache_dir=tmp_path / ".meshio",
+    job = SlurmJob(meshes={"hosts": 3}, name=name, partition="debug",
+                   cache_dir=tmp_path / ".meshio", start_timeout=120)
+    try:
+        with pytest.raises(SlurmError, match=r"Slurm job \d+ can never start: .*PENDING with "
+                           r"reason PartitionNodeLimit, it asks for more nodes than its "
+                           r"partition has or allows \(3 node\(s\), partition debug.*"
+                           r"cancelled") as caught:
+            async with asyncio.timeout(DEADLINE):
+                await job.apply()
+        job_id = re.search(r"Slurm job (\d+)", str(caught.value))
+        assert job_id is not None
+        assert queued(name) == [] and job_state(job_id[1]) == "CANCELLED"
+        assert sorted(p.name for p in (tmp_path / ".meshio").iterdir()) == [f"{name}.lock"]
+    finally:
+        await job.kill()
+
+
+async def test_a_queued_job_times_out_with_slurms_reason(nodes_held: str,
+                                                         tmp_path: Path) -> None:
+    """A job that could start once other jobs end (its nodes are held)
+    waits for its agents up to ``start_timeout``, then fails with Slurm's
+    reason for keeping it queued; it is cancelled, and nothing of it is
+    kept."""
+    name = f"wait{os.getpid()}"
+    job = SlurmJob(meshes={"hosts": 2}, name=name, cache_dir=tmp_path / ".meshio",
                    start_timeout=2)
     try:
-        with pytest.raises(TimeoutError, match=r"PENDING \(PartitionNodeLimit\).*cancelled"):
+        with pytest.raises(TimeoutError, match=r"PENDING \((Resources|Priority)\).*cancelled"):
             await job.apply()
         assert queued(name) == []
         assert sorted(p.name for p in (tmp_path / ".meshio").iterdir()) == [f"{name}.lock"]

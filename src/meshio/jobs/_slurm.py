@@ -77,6 +77,25 @@ _SQUEUE_EVERY = 10
 _KILL_WAIT = 5.0
 #: the states of a Slurm job that still holds (or waits for) its nodes
 _ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "RESIZING")
+#: the reasons (``squeue``'s ``%r``, Slurm 22.05's names) for which Slurm keeps a job
+#: PENDING that never clear by themselves (only the user changing the job or an admin
+#: changing a limit does): what each means, completing "it asks for ..."
+_NEVER_STARTS: Mapping[str, str] = {
+    "PartitionNodeLimit": "more nodes than its partition has or allows",
+    "PartitionTimeLimit": "a time limit above its partition's MaxTime",
+    "BadConstraints": "constraints (features, GRES) that no node can satisfy",
+    "DependencyNeverSatisfied": "a dependency on a job that can never satisfy it",
+    "InvalidAccount": "an account that does not exist or that it may not use",
+    "InvalidQOS": "a QOS that does not exist or that it may not use",
+    "QOSMaxNodePerJobLimit": "more nodes than its QOS allows a job",
+    "QOSMaxCpuPerJobLimit": "more CPUs than its QOS allows a job",
+    "QOSMaxGRESPerJob": "more GRES (e.g. GPUs) than its QOS allows a job",
+    "QOSMaxWallDurationPerJobLimit": "a time limit above its QOS's limit for a job",
+    "AssocMaxNodePerJobLimit": "more nodes than its account allows a job",
+    "AssocMaxCpuPerJobLimit": "more CPUs than its account allows a job",
+    "AssocMaxGRESPerJob": "more GRES (e.g. GPUs) than its account allows a job",
+    "AssocMaxWallDurationPerJobLimit": "a time limit above its account's limit for a job",
+}
 
 _LINE = re.compile(r"^\s*(\d+): meshio (node|pid|agent listening on) (\S+)\s*$", re.M)
 
@@ -84,8 +103,9 @@ _LINE = re.compile(r"^\s*(\d+): meshio (node|pid|agent listening on) (\S+)\s*$",
 class SlurmError(RuntimeError):
     """Raised by :class:`SlurmJob` when Slurm cannot give it its hosts:
     Slurm's commands are missing or refuse the request (``sbatch``'s error
-    is in the message), or the job ended before its agents started (the
-    message names the job's log)."""
+    is in the message), Slurm keeps the job pending for a reason that never
+    clears by itself (the message names it), or the job ended before its
+    agents started (the message names the job's log)."""
 
 
 async def _run(*argv: str, stdin: bytes | None = None,
@@ -236,8 +256,13 @@ class SlurmJob(AgentsJob):
         Raises:
             JobCacheError: the cache file is unsafe, not a meshio cache, or
                 holds a job of another kind.
-            SlurmError: Slurm refused the job, or it ended before its
-                agents started.
+            SlurmError: Slurm refused the job; or it keeps the job pending
+                for a reason that never clears by itself, e.g.
+                ``PartitionNodeLimit`` (more nodes than the partition has or
+                allows), ``PartitionTimeLimit``, ``BadConstraints``: raised
+                as soon as ``squeue`` gives that reason, naming it and what
+                it means, and the job is cancelled; or the job ended before
+                its agents started.
             TimeoutError: the agents did not all start within
                 ``start_timeout`` (the job is cancelled; the message gives
                 Slurm's reason if it was still pending).
@@ -477,7 +502,9 @@ class SlurmJob(AgentsJob):
     async def _agents(self, entry: dict[str, Any],
                       total: int) -> tuple[list[dict[str, str]], str]:
         """Wait until every task has printed its node and address; the
-        agents in task order, and the job's node list."""
+        agents in task order, and the job's node list.  A :class:`SlurmError`
+        if the job ends first, or Slurm keeps it pending for a reason of
+        :data:`_NEVER_STARTS`."""
         log_path = Path(entry["log"])
         looks = 0
         while True:
@@ -499,6 +526,15 @@ class SlurmJob(AgentsJob):
                         f"SlurmJob {self.name!r}: Slurm job {entry['job_id']} ended "
                         f"({found[0] if found else 'gone'}) before its agents started; "
                         f"{log_path} ends with:\n{tail}")
+                if found[0] == "PENDING" and found[3] in _NEVER_STARTS:
+                    time_limit = self.time_limit or "the partition's"
+                    raise SlurmError(
+                        f"SlurmJob {self.name!r}: Slurm job {entry['job_id']} can never "
+                        f"start: Slurm keeps it PENDING with reason {found[3]}, it asks for "
+                        f"{_NEVER_STARTS[found[3]]} ({total} node(s), partition "
+                        f"{self.partition or 'the default'}, time limit {time_limit}); it is "
+                        "cancelled. Change the request (meshes, partition, time_limit, "
+                        "sbatch_args) or ask the cluster's admins")
             looks += 1
             await asyncio.sleep(_POLL)
 
