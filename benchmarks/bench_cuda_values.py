@@ -78,7 +78,7 @@ async def main(sizes: list[int], reps: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64, 256, 1024])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")

@@ -291,12 +291,26 @@ def plot(results: dict[tuple[int, str], Row], floors: dict[int, float], hosts: l
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=(__doc__ or '').splitlines()[0])
-    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    p.add_argument("--per-host", type=int, default=8)
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8, 16, 32],
+                   help="host counts, at least two different ones (the model fits a line)")
+    p.add_argument("--per-host", type=int, default=8,
+                   help="processes per host, at least 2 (the model times a relay calling "
+                        "its host's others)")
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--plot", type=Path, default=Path(__file__).with_name("fanout.png"))
     args = p.parse_args()
+    # checked before anything is measured: the model needs these to fit its costs
+    hosts = sorted(set(args.hosts))  # (the smallest first: the model's one-level size)
+    if len(hosts) < 2 or hosts[0] < 1:
+        p.error(f"--hosts {' '.join(map(str, args.hosts))}: give at least two different host "
+                "counts, each at least 1, for the model to fit a line through")
+    args.hosts = hosts
+    if args.per_host < 2:
+        p.error(f"--per-host {args.per_host}: give at least 2, for the model to time a relay "
+                "calling its host's other processes")
+    if args.calls < 1:
+        p.error(f"--calls {args.calls}: give at least 1")
     meshio.set_limits(busy_poll=0)  # CPU spent working, not waiting (see above)
     print(f"fan-out on {os.cpu_count()} CPUs: hosts {args.hosts}, {args.per_host} per host, "
           f"{args.calls} calls each")

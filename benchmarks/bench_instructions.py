@@ -43,9 +43,11 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+from run import UVLOOP_SITE, pythonpath  # noqa: E402
+
 PEERS = os.environ.get("MESHIO_BENCH_PEERS",
                        os.path.join(HERE, "..", "..", "shared", "bench-peers"))
-UVLOOP_SITE = os.path.join(HERE, "peers", "uvloop_site")
 
 #: the driver: warm up, then ``batches`` rounds of 1,000 calls in flight;
 #: ``worker`` (a wrapper running callgrind) is what actors are started with
@@ -116,12 +118,8 @@ def count(work: str, side: str, batches: int, pattern: str, where: str,
     out = os.path.join(work, f"{side}.{where}.{batches}.out")
     log = os.path.join(work, "valgrind.log")
     env = dict(os.environ, MESHIO_BUSY_POLL="0")
-    path = [work, HERE]  # (the driver, the harness's scripts, bench_small's actor)
-    if src is not None:
-        path.append(src)
-    if side == "plain":
-        path.append(UVLOOP_SITE)  # its worker on uvloop too, as meshio's
-    env["PYTHONPATH"] = os.pathsep.join([*path, env.get("PYTHONPATH", "")])
+    # the driver, the harness's scripts, bench_small's actor; a plain worker on uvloop too
+    env["PYTHONPATH"] = pythonpath(work, HERE, src, UVLOOP_SITE if side == "plain" else None)
     driver = [sys.executable, os.path.join(work, "driver.py"), side, str(batches), pattern,
               "" if timeout is None else str(timeout)]
     if where == "worker":
@@ -150,7 +148,7 @@ def count(work: str, side: str, batches: int, pattern: str, where: str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=5,
                     help="batches of 1,000 calls counted (default 5)")
     ap.add_argument("--sides", nargs="+", choices=("meshio", "plain"),

@@ -8,9 +8,9 @@ Rows, as in the harness: int->int latency (median and p99 of sequential
 + gather.  Then the ratios meshio / baseline.  ``--loop asyncio`` is the
 standard loop (``asyncio.run``, what Jupyter and pytest-asyncio users get),
 ``--loop uvloop`` is ``meshio.run``'s; the baseline's controller shares the
-loop, its workers run the standard loop as the harness starts them (uvloop
-with ``benchmarks/peers/uvloop_site`` on ``PYTHONPATH``, as in the peer
-run's uvloop column).
+loop, its workers run the same loop (with ``--loop uvloop`` this puts
+``benchmarks/peers/uvloop_site`` on their ``PYTHONPATH``, as in the peer
+run's uvloop column; the header line says which loop they ran).
 
 A third side, the floor, is what no framework on these loops can beat: a
 bare ``asyncio.Protocol`` that writes 8 bytes to each of as many worker
@@ -44,9 +44,12 @@ import uvloop
 import meshio
 from meshio import Actor, endpoint
 
-PEERS = os.environ.get(
-    "MESHIO_BENCH_PEERS",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench-peers"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+from run import UVLOOP_SITE, pythonpath  # noqa: E402
+
+PEERS = os.environ.get("MESHIO_BENCH_PEERS",
+                       os.path.join(HERE, "..", "..", "shared", "bench-peers"))
 
 
 class Bench(Actor):
@@ -237,6 +240,26 @@ async def interleave(sides: dict[str, Side], reps: int,
     return out
 
 
+def baseline_pythonpath(loop: str) -> str:
+    """The ``PYTHONPATH`` the baseline's workers start with: with ``--loop
+    uvloop``, ``peers/uvloop_site`` first, so that they run uvloop as in the
+    peer run's uvloop column."""
+    return pythonpath(UVLOOP_SITE if loop == "uvloop" else None)
+
+
+async def spawn_baseline(backend: Any, n: int, path: str) -> Any:
+    """``n`` of the baseline's workers, ``path`` their ``PYTHONPATH`` (the
+    harness starts them with this process's environment)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = path
+    try:
+        return await backend.spawn(n)
+    finally:
+        del os.environ["PYTHONPATH"]
+        if before is not None:
+            os.environ["PYTHONPATH"] = before
+
+
 async def main(args: argparse.Namespace) -> None:
     work = tempfile.mkdtemp(prefix="bench-small-")
     for f in os.listdir(PEERS):
@@ -245,12 +268,13 @@ async def main(args: argparse.Namespace) -> None:
     sys.path.insert(0, work)
     # the harness writes beside its scripts: a copy
     raw_backend = importlib.import_module("bench_rawasyncio").RawBackend()
+    raw_path = baseline_pythonpath(args.loop)
     results: dict[str, Row] = {}
     for n in (2, 4):
         procs = await meshio.this_host().spawn_procs(per_host={"procs": n})
         actors = await procs.spawn("bench", Bench)
         await actors.ping.call(0)
-        raw = await raw_backend.spawn(n)
+        raw = await spawn_baseline(raw_backend, n, raw_path)
         floor = await FloorSide.start(work, n)
         sides: dict[str, Side] = {"meshio": MeshioSide(procs, actors), "raw": RawSide(raw),
                                   "floor": floor}
@@ -281,7 +305,9 @@ async def main(args: argparse.Namespace) -> None:
             await procs.stop()
     shutil.rmtree(work, ignore_errors=True)
 
-    print(f"loop: {args.loop}; medians of {args.reps} interleaved reps [min-max]")
+    raw_loop = "uvloop" if UVLOOP_SITE in raw_path.split(os.pathsep) else "asyncio"
+    print(f"loop: {args.loop}, the baseline's workers {raw_loop}; "
+          f"medians of {args.reps} interleaved reps [min-max]")
     print("| measurement | meshio | plain asyncio | meshio / plain | floor | floor / plain |")
     print("|---|---|---|---|---|---|")
 
@@ -300,7 +326,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--calls", type=int, default=2000)

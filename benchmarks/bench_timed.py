@@ -83,7 +83,7 @@ async def main(reps: int, timeout: float) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=5.0)

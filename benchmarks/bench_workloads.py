@@ -164,7 +164,7 @@ def table(m: dict[str, object], r: dict[str, object] | str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--kill-at", type=int, default=20)
     ap.add_argument("--sync-mib", type=int, nargs="+", default=[16, 256])

@@ -7,6 +7,7 @@ timing is asserted, only that every measurement came back."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import os
@@ -182,3 +183,89 @@ def test_bench_instructions_counts_a_worker_under_callgrind(peers: Path) -> None
         row = next(line for line in p.stdout.splitlines() if line.startswith("| worker |"))
         counts[pattern] = int(row.strip("| ").split(" | ")[1].replace(",", ""))
     assert 1000 < counts["inflight"] < counts["lone"], counts  # (thousands a call)
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--hosts", "2", "--per-host", "2", "--calls", "3"], "--hosts 2: give at least two"),
+    (["--hosts", "4"], "--hosts 4: give at least two"),
+    (["--hosts", "4", "4"], "--hosts 4 4: give at least two"),
+    (["--hosts", "2", "4", "--per-host", "1", "--calls", "1"], "--per-host 1: give at least 2")])
+def test_bench_fanout_refuses_what_its_model_cannot_fit(args: list[str], error: str) -> None:
+    """``benchmarks/bench_fanout.py`` refuses, before measuring anything,
+    sizes its model cannot fit (one host count: a line through one point;
+    one process per host: no relay to time) instead of measuring them all
+    and then dividing by zero."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fanout.py"
+    p = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stdout == "", p.stdout  # nothing measured
+    assert f"bench_fanout.py: error: {error}" in p.stderr, p.stderr
+
+
+@pytest.mark.timeout(120)
+def test_bench_small_baseline_workers_run_uvloop_with_it(peers: Path, tmp_path: Path) -> None:
+    """``benchmarks/bench_small.py --loop uvloop`` starts the plain-asyncio
+    baseline's workers with ``peers/uvloop_site`` on their ``PYTHONPATH``:
+    each has uvloop loaded (its ``sitecustomize`` imports it and makes it
+    asyncio's loop), which a standard-loop worker never imports."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_small.py"
+    for f in peers.glob("*.py"):  # the harness writes beside its scripts: a copy
+        shutil.copy(f, tmp_path)
+    p = subprocess.run([sys.executable, "-c", (
+        "import asyncio, runpy, sys;"
+        f"g = runpy.run_path({str(bench)!r}, run_name='bench')\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "import bench_rawasyncio\n"
+        "async def main():\n"
+        "    for loop in ('asyncio', 'uvloop'):\n"
+        "        group = await g['spawn_baseline'](bench_rawasyncio.RawBackend(), 1,\n"
+        "                                          g['baseline_pythonpath'](loop))\n"
+        "        try:\n"
+        "            with open(f'/proc/{group.conns[0].proc.pid}/maps') as f:\n"
+        "                print(loop, '/uvloop/' in f.read())\n"
+        "        finally:\n"
+        "            await group.stop()\n"
+        "asyncio.run(main())")], capture_output=True, text=True, timeout=100)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["asyncio", "False", "uvloop", "True"], p.stdout
+
+
+@pytest.mark.parametrize("script", sorted(
+    f.name for f in (Path(__file__).resolve().parent.parent / "benchmarks").glob("*.py")
+    if "description=" in f.read_text() and "__doc__" in f.read_text()))
+def test_bench_help_describes_with_the_docstring_first_paragraph(script: str) -> None:
+    """A benchmark's ``--help`` describes it with its docstring's whole first
+    paragraph, not a line cut mid-sentence."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / script
+    p = subprocess.run([sys.executable, str(bench), "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = ast.get_docstring(ast.parse(bench.read_text()), clean=False) or ""
+    # (compared without white space: argparse wraps at hyphens too)
+    assert "".join(doc.split("\n\n")[0].split()) in "".join(p.stdout.split()), p.stdout
+
+
+def test_peers_run_report_keeps_failures_and_no_stale_plot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/peers/run.py``: ``--no-sweep`` over all systems leaves no
+    plot of an earlier sweep beside a table that measured none, and the
+    systems a run could not measure are still listed when ``--report-only``
+    writes the section again."""
+    monkeypatch.syspath_prepend(str(PEERS_DIR))
+    run = _module("run")
+    plot, readme = tmp_path / "payload_throughput.png", tmp_path / "README.md"
+    plot.write_bytes(b"an earlier sweep's plot")
+    readme.write_text("# benchmarks\n")
+    for name, value in (("BENCH", str(tmp_path)), ("PLOT", str(plot)), ("README", str(readme)),
+                        ("find_peers", lambda: str(tmp_path))):
+        monkeypatch.setattr(run, name, value)
+    monkeypatch.setattr(run, "measure", lambda *a: {"ray": "virtualenv venv-ray could not "
+                                                           "be made (no network)"})
+    for args in (["--no-sweep"], ["--report-only"]):
+        monkeypatch.setattr(sys, "argv", ["run.py", *args])
+        run.main()
+        text = readme.read_text()
+        assert "Not measured in this run:\n- ray: virtualenv venv-ray could not be made" in text
+        assert "(payload_throughput.png)" not in text and "no plot" in text, text
+        assert not plot.exists()

@@ -39,6 +39,9 @@ README = os.path.join(BENCH, "README.md")
 PLOT = os.path.join(BENCH, "payload_throughput.png")
 BEGIN, END = "<!-- peers:begin (python benchmarks/peers/run.py) -->", "<!-- peers:end -->"
 MiB = 1 << 20
+#: on ``PYTHONPATH``, its ``sitecustomize`` runs asyncio on uvloop in every
+#: interpreter started (the plain-asyncio baseline's uvloop column)
+UVLOOP_SITE = os.path.join(HERE, "uvloop_site")
 
 
 @dataclass
@@ -64,7 +67,7 @@ SYSTEMS = [
            "bench_rawasyncio:RawBackend", None),
     System("raw-uvloop", "plain asyncio + pickle, uvloop", "bench_rawasyncio.py",
            "bench_rawasyncio:RawBackend", None,
-           env={"PYTHONPATH": os.path.join(HERE, "uvloop_site")}),
+           env={"PYTHONPATH": UVLOOP_SITE}),
     System("monarch", "Monarch 0.7.0", "bench_monarch.py", "bench_monarch:MonarchBackend",
            "torch.Tensor", venv="venv-monarch"),
     System("ray", "Ray 2.60.0", "bench_ray.py", "bench_ray:RayBackend", "numpy.ndarray",
@@ -110,6 +113,11 @@ def ensure_venv(name: str) -> str:
     return python
 
 
+def pythonpath(*paths: str | None) -> str:
+    """``paths``, then the ``PYTHONPATH`` this process was started with."""
+    return os.pathsep.join(p for p in (*paths, os.environ.get("PYTHONPATH")) if p)
+
+
 def run_logged(cmd: list[str], env: dict[str, str], cwd: str, logfile: str,
                timeout: float) -> str | None:
     """Run ``cmd``, its output to ``logfile``; None, or why it failed."""
@@ -145,9 +153,8 @@ def _measure(systems: list[System], harness: str, work: str, harness_args: list[
             log(failed[s.name])
             continue
         env = dict(os.environ)
-        paths = [p for p in (s.env.get("PYTHONPATH"), harness, HERE,
-                             os.environ.get("PYTHONPATH")) if p]
-        env.update(s.env, MESHIO_BENCH_PEERS=harness, PYTHONPATH=os.pathsep.join(paths))
+        env.update(s.env, MESHIO_BENCH_PEERS=harness,
+                   PYTHONPATH=pythonpath(s.env.get("PYTHONPATH"), harness, HERE))
         script = os.path.join(HERE if s.script == "bench_meshio.py" else harness, s.script)
         out = f"{work}/results/{s.name}.json"
         why = run_logged([python, script, *s.args, "--out", out, *harness_args], env, harness,
@@ -362,7 +369,8 @@ def main() -> None:
                     help="3 repetitions, fewer calls, sweep up to 256 MiB (~8 min)")
     ap.add_argument("--only", nargs="+", choices=[s.name for s in SYSTEMS],
                     help="measure only these; the others' results of an earlier run are kept")
-    ap.add_argument("--no-sweep", action="store_true", help="no payload sweep (no plot update)")
+    ap.add_argument("--no-sweep", action="store_true",
+                    help="no payload sweep (without --only: no plot, an earlier one removed)")
     ap.add_argument("--report-only", action="store_true",
                     help="measure nothing: table and plot from the results already there")
     args = ap.parse_args()
@@ -374,7 +382,9 @@ def main() -> None:
     systems = [s for s in SYSTEMS if not args.only or s.name in args.only]
     harness_args = ["--reps", "3", "--calls", "1000", "--bcast-calls", "200"] if args.quick else []
     sweep_max = (256 if args.quick else 1024) * MiB
-    failed: dict[str, str] = {}
+    # {name: why it is missing}, kept for --report-only and for the systems --only leaves
+    failures = os.path.join(work, "failed.json")
+    failed: dict[str, str] = load(failures) or {}
     if not args.report_only:
         if not args.only:  # a result of an earlier run must not pass for this one's
             for d in ("results", "sweep"):
@@ -383,27 +393,35 @@ def main() -> None:
         t0 = time.monotonic()
         with open(os.path.join(work, "REVISION"), "w") as f:
             f.write(src_revision())
-        failed = measure(systems, peers, work, harness_args, sweep_max, not args.no_sweep)
+        failed = {k: v for k, v in failed.items() if k not in {s.name for s in systems}}
+        failed.update(measure(systems, peers, work, harness_args, sweep_max, not args.no_sweep))
+        with open(failures, "w") as f:
+            json.dump(failed, f, indent=1)
         log(f"measured in {time.monotonic() - t0:.0f} s")
     results = [f"{work}/results/{s.name}.json" for s in SYSTEMS
                if os.path.exists(f"{work}/results/{s.name}.json")]
     with open(os.path.join(work, "TABLE.md"), "w") as f:  # the harness's own table
         subprocess.run([sys.executable, os.path.join(peers, "report.py"), *results], stdout=f,
                        check=False)
-    notes = sweep_notes(work)
-    section = "\n\n".join([
-        table(work, failed),
-        "![payload size against throughput](payload_throughput.png)",
-        "Sizes the plot marks x (not measured):\n" + "\n".join(f"- {n}" for n in notes)
-        if notes else "Every size of the plot was measured for every system.",
-        "Runs:\n" + run_info(work),
-    ])
-    if not args.no_sweep or args.report_only:
+    sweeps = os.path.join(work, "sweep")
+    if os.path.isdir(sweeps) and os.listdir(sweeps):  # this run's, or kept from an earlier one
         plot(work, PLOT)
+        notes = sweep_notes(work)
+        sweep = ["![payload size against throughput](payload_throughput.png)",
+                 "Sizes the plot marks x (not measured):\n" + "\n".join(f"- {n}" for n in notes)
+                 if notes else "Every size of the plot was measured for every system."]
+    else:
+        sweep = ["No payload sweep in these results (`--no-sweep`, or every sweep failed: "
+                 "see `benchmarks/results/peers/logs/`), so no plot."]
+        if os.path.exists(PLOT):  # an earlier run's: not what the table above measured
+            os.remove(PLOT)
+            log(f"removed {os.path.relpath(PLOT)}: no sweep in these results")
+    section = "\n\n".join([table(work, failed), *sweep, "Runs:\n" + run_info(work)])
     write_readme(section)
     print(section)
-    log(f"wrote {os.path.relpath(README)} and {os.path.relpath(PLOT)}; "
-        f"all results in {os.path.relpath(work)}")
+    log(f"wrote {os.path.relpath(README)}"
+        + (f" and {os.path.relpath(PLOT)}" if os.path.exists(PLOT) else "")
+        + f"; all results in {os.path.relpath(work)}")
 
 
 if __name__ == "__main__":
