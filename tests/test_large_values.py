@@ -271,6 +271,38 @@ async def test_heartbeats_pass_while_a_long_frame_streams(path: str, tmp_path: P
         assert procs.pids == pids
 
 
+@pytest.mark.parametrize("how", ["deadline", "cancel"])
+async def test_a_call_given_up_on_a_receiver_that_never_reads_ends(
+        how: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A call with a large argument given up (its deadline passed, or
+    cancelled) while the worker it calls is stopped (SIGSTOP, no
+    supervisor: nothing declares it dead) and so never reads the argument
+    ends once ``LEND_TIMEOUT`` has passed, with a warning, instead of
+    waiting for the read for ever; the worker, continued, serves on."""
+    from meshio._transport import _tasks
+    monkeypatch.setattr(_tasks, "LEND_TIMEOUT", 1.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        keeper = (await procs.spawn("keeper", Keeper)).slice(procs=0)
+        n = 4 << 20
+        assert await keeper.length.call_one(b"a" * n) == n
+        os.kill(procs.pids[0], signal.SIGSTOP)
+        try:
+            if how == "deadline":
+                with pytest.raises(meshio.CallTimeout):
+                    await asyncio.wait_for(
+                        keeper.length.options(timeout=0.5).call_one(b"b" * n), GUARD)
+            else:
+                call = asyncio.ensure_future(keeper.length.call_one(b"c" * n))
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(call, GUARD)
+        finally:
+            os.kill(procs.pids[0], signal.SIGCONT)
+        assert "still being read by the process it called after 1 s" in caplog.text
+        assert await asyncio.wait_for(keeper.length.call_one(b"d" * n), GUARD) == n
+
+
 @pytest.mark.parametrize("kind", ["bytes", "str"])
 async def test_a_receiver_that_never_reads(kind: str) -> None:
     """A worker stopped (SIGSTOP) before a large argument reaches it never

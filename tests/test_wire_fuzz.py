@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import functools
 import struct
+import subprocess
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -486,6 +487,16 @@ def fills(transport: FakeTransport) -> list[M.Message]:
     return [m for m in sent_messages(transport) if isinstance(m, M.Fill)]
 
 
+@functools.cache
+def gone_pid() -> int:
+    """A process of this host that has exited and been reaped: the peer of
+    :func:`by_descriptor`'s connections (no one writes their parts, so
+    one that ends mid-frame keeps nothing: ``_bulk.quarantine``)."""
+    with subprocess.Popen(["true"]) as p:
+        p.wait()
+    return p.pid
+
+
 @contextlib.contextmanager
 def by_descriptor() -> Generator[tuple[FakeRuntime, Connection, FakeTransport]]:
     """A connection to a process of this host (its peer writes large parts
@@ -495,7 +506,7 @@ def by_descriptor() -> Generator[tuple[FakeRuntime, Connection, FakeTransport]]:
         limits.max_message = 8 * _bulk.THRESHOLD
         rt = FakeRuntime()
         conn, transport = connect(rt)
-        conn.bulk = _bulk.Exports(os.getpid())
+        conn.bulk = _bulk.Exports(gone_pid())
         yield rt, conn, transport
 
 

@@ -65,7 +65,7 @@ from ._transport._messages import (
 )
 from ._transport._runtime import Runtime, actor_thread, ask_each, register_handler, tell_held
 from ._transport._serial import Buffers, Packer, loads
-from ._transport._tasks import awaited, within
+from ._transport._tasks import LEND_TIMEOUT, awaited, within
 from ._util import utf8
 from .endpoints._endpoint import EndpointDescriptor
 from .rdma._registry import Registry
@@ -83,9 +83,6 @@ log = logging.getLogger("meshio")
 #: seconds an actor's ``__cleanup__`` (and the end of its last call) may take
 #: before its stop goes on without it
 CLEANUP_TIMEOUT = 3.0
-#: seconds an actor waits for its caller to copy a large result from its
-#: memory before it runs its next call (see ``Cell._until_read``)
-LEND_TIMEOUT = 10.0
 #: seconds a call with a retry policy waits for its Started message to be
 #: written before it runs (so that its caller hears of it if it kills the process)
 STARTED_FLUSH = 1.0

@@ -62,6 +62,7 @@ from ._serial import (
     KIND_BUFFER,
     KIND_BYTEARRAY,
     KIND_BYTES,
+    Buffers,
     Handing,
     OutBuffers,
     limits,
@@ -73,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ("CAP_IPC_LOCK", "CAP_SYS_PTRACE", "HOST_ID", "REMOTE", "THRESHOLD", "Exports",
            "address_of", "capable", "cma", "exports_for", "pin_for_cuda", "pool_view",
-           "ptrace_scope", "snapshot")
+           "ptrace_scope", "quarantine", "snapshot")
 
 log = logging.getLogger("meshio")
 
@@ -519,6 +520,41 @@ class Exports:
             to.append(address_of(view, writable=True))
         conn.send_control(Fill(eid, to))
         return eid
+
+
+#: landing memory a peer may still be writing into, though its connection
+#: ended (:func:`quarantine`), until that peer exits.  Held here, not by a
+#: loop: one closed first never releases it, and it is then held until this
+#: process exits.
+_quarantined: dict[int, Buffers] = {}
+
+
+def quarantine(loop: asyncio.AbstractEventLoop, pid: int, memory: Buffers) -> None:
+    """Keep ``memory``, which process ``pid`` was asked to write into
+    (:class:`Fill`) and may still be writing in its copy threads, which
+    nothing stops, until ``pid`` exits (its pidfd, watched on ``loop``): a
+    pool block given back, or freed memory, would take that write into
+    another value or this process's heap.  A peer gone already: nothing."""
+    try:
+        pidfd = -1 if pid == os.getpid() else os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except OSError:  # (no pidfd: kept until this process exits)
+        pidfd = -1
+    key = id(memory)
+    _quarantined[key] = memory
+    log.warning("meshio: keeping the %d bytes of a frame whose large parts pid %d was asked "
+                "to write, until it exits: its connection ended, its copy may go on",
+                sum(len(b) for b in memory), pid)
+    if pidfd < 0:  # (this process's own copy threads, a connection to itself)
+        return
+
+    def exited() -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        del _quarantined[key]
+
+    loop.add_reader(pidfd, exited)
 
 
 def snapshot(out: OutBuffers) -> OutBuffers:

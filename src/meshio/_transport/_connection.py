@@ -37,7 +37,7 @@ from .._exceptions import (
     UnknownEndpointError,
     new_actor_error,
 )
-from ._bulk import Exports, exports_for
+from ._bulk import Exports, exports_for, quarantine
 from ._frames import (
     _DIRECT,
     _HDR,
@@ -1135,8 +1135,10 @@ class Connection(asyncio.BufferedProtocol):
         if self._held:
             _budget.give(self._held)
             self._held = 0
-        self._filling = None
+        filling, self._filling = self._filling, None
         if self.bulk is not None:
+            if filling is not None:  # the peer may still write into its parts
+                quarantine(self.rt.loop, self.bulk.pid, filling[1])
             self.bulk.close()
 
     def _reserve(self, need: int) -> None:

@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("TaskOwner", "awaited", "owning", "take_outcome", "when_done")
+__all__ = ("LEND_TIMEOUT", "TaskOwner", "awaited", "owning", "take_outcome", "when_done")
 
 T = TypeVar("T")
+log = logging.getLogger("meshio")
+
+#: seconds a process waits for another to read a large value from its memory
+#: (by descriptor on one host, in slices over a connection) before going on
+#: without: an actor before its next call (``Cell._until_read``), a caller
+#: who gave up a call before its cancellation is done (:func:`when_done`)
+LEND_TIMEOUT = 10.0
 
 
 class TaskOwner:
@@ -120,12 +128,31 @@ def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
 
 def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], object]) -> bool:
     """Call ``then`` once every future of ``futs`` (a call's lent
-    arguments, ``Pending.lent``; the calls an adverb owns) is done; False,
-    calling nothing, if they all are already."""
+    arguments, ``Pending.lent``; the calls an adverb owns) is done, or after
+    :data:`LEND_TIMEOUT` seconds, whichever is first (a callee that never
+    reads, stopped or hung, must not keep its caller's cancellation or
+    deadline waiting for ever: it is warned of); False, calling nothing, if
+    they all are already."""
     left = [f for f in futs or () if not f.done()]
     if not left:
         return False
-    asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: then())
+    called = False
+
+    def once(late: bool) -> None:
+        nonlocal called
+        if called:
+            return
+        called = True
+        timer.cancel()
+        if late:
+            log.warning("meshio: a call given up is done, though %d of its large values are "
+                        "still being read by the process it called after %g s (not "
+                        "responding?): changing them in place now may reach it",
+                        sum(not f.done() for f in left), LEND_TIMEOUT)
+        then()
+
+    timer = left[0].get_loop().call_later(LEND_TIMEOUT, once, True)
+    asyncio.gather(*left, return_exceptions=True).add_done_callback(lambda _: once(False))
     return True
 
 
