@@ -21,7 +21,9 @@ namespace, the receiver on a namespace host.  Rows, interleaved over
 - ``meshio tcp|tls bytes|tensor (LOOP)``: ``call_one`` with the value as the
   argument of an actor in a worker on the namespace host (reached through
   its ``meshio agent``), answered with its length; the controller on
-  ``uvloop`` (``meshio.run``) or ``asyncio`` (``asyncio.run``).
+  ``uvloop`` (``meshio.run``) or ``asyncio`` (``asyncio.run``);
+  ``bytes-result|tensor-result``: the other way, the actor's result (a
+  value it made once), received by the controller in the root namespace.
 
 Each row times ``--reps`` transfers after one warm-up (connection set-up
 excluded) and keeps their median; the table gives the median over rounds
@@ -62,7 +64,8 @@ RAW_PORT = 29600
 RAW = [f"raw {t} {io}" for t in ("tcp", "tls")
        for io in ("block", "block-reused", "asyncio", "uvloop", "asyncio-sliced",
                   "uvloop-sliced")]
-MESHIO = [f"meshio {t} {what} ({loop})" for t in ("tcp", "tls") for what in ("bytes", "tensor")
+MESHIO = [f"meshio {t} {what} ({loop})" for t in ("tcp", "tls")
+          for what in ("bytes", "tensor", "bytes-result", "tensor-result")
           for loop in ("uvloop", "asyncio")]
 
 
@@ -79,6 +82,17 @@ class Sink(Actor):
     @endpoint
     async def nbytes(self, t: Any) -> int:  # a torch.Tensor
         return int(t.numel() * t.element_size())
+
+    @endpoint
+    async def give(self, what: str, n: int) -> Any:
+        """A value of ``n`` bytes made once (``bytes``, or a tensor), as a result."""
+        if getattr(self, "value", None) is None:
+            import torch
+
+            data = os.urandom(n)
+            self.value = torch.frombuffer(bytearray(data), dtype=torch.uint8) \
+                if what == "tensor" else data
+        return self.value
 
 
 # ------------------------------------------------------------------ raw sockets
@@ -243,7 +257,9 @@ def send_raw(addr: str, io: str, tls_dir: str, n: int, reps: int) -> list[float]
 
 async def send_meshio(agent: str, secret: str, tls_dir: str, what: str, n: int,
                       reps: int) -> list[float]:
-    """The seconds of each timed call carrying the value to the namespace host."""
+    """The seconds of each timed call carrying the value to the namespace host
+    (``what`` "bytes" or "tensor"), or back from it ("bytes-result",
+    "tensor-result": the actor's result)."""
     from meshio.jobs import TLSConfig
 
     d = Path(tls_dir) if tls_dir else None
@@ -259,14 +275,21 @@ async def send_meshio(agent: str, secret: str, tls_dir: str, what: str, n: int,
     async with meshio.attach([agent], secret_file=secret, tls=tls).spawn_procs() as procs:
         sink = await procs.spawn("sink", Sink)
         one = sink.slice(**{k: 0 for k in procs.extent.labels})
-        call = (lambda v: one.nbytes.call_one(v)) if what == "tensor" else (
-            lambda v: one.length.call_one(v))
+        if what.endswith("-result"):
+            kind = what.removesuffix("-result")
+
+            async def call(v: Any) -> int:
+                got = await one.give.call_one(kind, n)
+                return len(got) if kind == "bytes" else int(got.numel())
+        else:
+            call = (lambda v: one.nbytes.call_one(v)) if what == "tensor" else (
+                lambda v: one.length.call_one(v))
         for _ in range(reps):
             t0 = time.perf_counter()
             got = await call(value)
             times.append(time.perf_counter() - t0)
             if got != n:
-                raise AssertionError(f"sent {n} bytes, the actor saw {got}")
+                raise AssertionError(f"moved {n} bytes, {got} arrived")
     return times
 
 
