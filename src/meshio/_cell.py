@@ -38,7 +38,7 @@ from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, context_or, enter_context, enter_scope
-from ._exceptions import ActorError, CallTimeout, SchemaError
+from ._exceptions import ActorError, CallTimeout, SchemaError, readable
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import METER_MASK, Meter, encode_report, process_report
@@ -149,7 +149,8 @@ def actor_error(e: BaseException, ctx: Context[Any] | None, kind: ErrorKind = "a
                       + f"{type_name}: {message} (the rest could not be formatted)\n")
             except BaseException:
                 tb = f"{type_name}: {message} (its traceback could not be formatted)\n"
-    return ErrorInfo(kind, utf8(type_name), utf8(message), utf8(tb),
+    # (cut here, not only where it is read: 32 MiB of bytes in a message is not sent)
+    return ErrorInfo(kind, utf8(type_name), utf8(readable(message)), utf8(readable(tb)),
                      ctx.actor_name if ctx else "", ctx.point.rank if ctx else -1, bases)
 
 

@@ -44,7 +44,7 @@ import builtins
 import sys
 import types
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 if TYPE_CHECKING:
     from ._extent import Point
@@ -126,7 +126,8 @@ class ActorError(MeshioError):
     for it: a remote ``class BadBatch(ValueError)`` is a ``ValueError`` here.
     It is built without running that class's ``__init__``, so the remote
     exception's attributes are not there: ``args`` is the message below,
-    ``remote_message`` is ``str()`` of the remote exception.  It stays a
+    ``remote_message`` is ``str()`` of the remote exception.  Its texts are
+    cut to a size a terminal or log can take (:func:`readable`).  It stays a
     plain ``ActorError`` when the remote exception is one of meshio's (a
     remote ``SupervisionError`` is not this call's process dying: the caller
     gets an ``ActorError`` whose ``remote_type`` is
@@ -204,6 +205,36 @@ def new_actor_error(message: str, *, remote_type: str, remote_message: str,
         if remote is not None and (issubclass(remote, _NOT_ALSO) or (cls := _also(remote))):
             break
     return rebuild_error(cls or ActorError, (message,), state)
+
+
+#: the characters a line of a remote error's text keeps (:func:`readable`)
+_LINE_KEEP: Final = 8 * 1024
+#: the characters a remote error's whole text keeps (:func:`readable`)
+_TEXT_KEEP: Final = 32 * 1024
+
+
+def readable(text: str) -> str:
+    """``text`` of a remote error (its message, its traceback) cut to a size
+    a terminal or log can take: a line longer than :data:`_LINE_KEEP`
+    characters keeps its start and end, its middle replaced by a note of how
+    many characters were cut, and so does the whole text beyond
+    :data:`_TEXT_KEEP`; the traceback's frames, short lines, stay.  (A
+    remote ``ValueError(b"e" * 2**25)`` printed 64 MiB: its message's
+    ``repr`` of the bytes, once at the top and once in the traceback.)"""
+    if len(text) <= _LINE_KEEP:
+        return text
+    return _cut("\n".join(_cut(line, _LINE_KEEP) for line in text.split("\n")), _TEXT_KEEP)
+
+
+def _cut(text: str, keep: int) -> str:
+    """``text``, where longer than ``keep`` characters, as its start and end
+    around a note of how many were cut, ``keep`` characters in all (so that
+    a text cut by the process that raised is not cut again where it is
+    read)."""
+    if len(text) <= keep:
+        return text
+    half = (keep - 48) // 2  # (room for the note)
+    return f"{text[:half]} ... [{len(text) - 2 * half} characters cut] ... {text[-half:]}"
 
 
 def _loaded_class(type_name: str) -> type[Exception] | None:

@@ -36,6 +36,7 @@ from .._exceptions import (
     UnknownActorError,
     UnknownEndpointError,
     new_actor_error,
+    readable,
 )
 from ._bulk import Exports, exports_for, quarantine
 from ._frames import (
@@ -1386,12 +1387,13 @@ _UNSCANNED: Final[int] = sys.maxsize
 def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
     where = f" [{p.who}]" if p is not None else ""
     match info.kind:
-        case "actor":
+        case "actor":  # (its texts cut where raised; a peer that did not, cut here)
+            message, tb = readable(info.message), readable(info.traceback)
             return new_actor_error(
-                f"{info.type_name}: {info.message}\n  in {info.actor} rank {info.rank}, "
-                f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{info.traceback}",
-                remote_type=info.type_name, remote_bases=info.bases, remote_message=info.message,
-                remote_traceback=info.traceback, actor=info.actor, rank=info.rank,
+                f"{info.type_name}: {message}\n  in {info.actor} rank {info.rank}, "
+                f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{tb}",
+                remote_type=info.type_name, remote_bases=info.bases, remote_message=message,
+                remote_traceback=tb, actor=info.actor, rank=info.rank,
                 endpoint=p.endpoint if p else "")
         case "schema":
             return SchemaError(info.message + where)

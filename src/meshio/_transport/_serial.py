@@ -862,7 +862,27 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             if issubclass(obj, msgspec.Struct) and obj is not msgspec.Struct:
                 return _reduce_struct_class(obj)
             return _as_shipped(obj, super().reducer_override(obj))
+        if type(obj) is memoryview:
+            return _reduce_view(obj) or super().reducer_override(obj)
         return super().reducer_override(obj)
+
+
+def _reduce_view(view: memoryview) -> Any:
+    """How a ``memoryview`` inside a pickled value travels (cloudpickle's own
+    reduction makes it ``bytes``): its bytes as a pickle buffer (in a frame,
+    out of band as a NumPy array's: :func:`_dump_part`), rebuilt with its
+    format and shape (:func:`_view`), read-only where it was; None where
+    they cannot be rebuilt from bytes (a format such as ``">i"``, an empty
+    view of another format than ``"B"``): it travels as ``bytes`` then."""
+    flat = view if view.c_contiguous else (bytes if view.readonly else bytearray)(view)
+    if view.format == "B" and view.ndim == 1:
+        return _view, (pickle.PickleBuffer(flat),)
+    shape = list(view.shape or ())
+    try:
+        _view(flat, view.format, shape)
+    except ValueError:
+        return None
+    return _view, (pickle.PickleBuffer(flat), view.format, shape)
 
 
 def _as_shipped(cls: type, reduced: Any) -> Any:
@@ -1096,15 +1116,7 @@ def _ext_hook(code: int, data: memoryview) -> Any:
         if as_ == _AS_STR:  # received as a str when it is ASCII
             return buf if type(buf) is str else str(buf, "utf-8")
         if as_ == _AS_MEMORYVIEW:
-            view = memoryview(buf)
-            if ref.shape is None:
-                return view
-            try:
-                flat: Any = view.cast("B")  # (typeshed knows only the struct formats' letters)
-                return flat.cast(ref.format, ref.shape)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"memoryview of format {ref.format!r} and shape "
-                                 f"{ref.shape} does not fit its {view.nbytes} bytes: {e}") from None
+            return _view(buf, ref.format, ref.shape)
         return buf
     if code == EXT_TENSOR:
         return _tensor(bufs, _tensor_ref.decode(data))
@@ -1119,6 +1131,22 @@ def _ext_hook(code: int, data: memoryview) -> Any:
             frame.keep(pickled.tag, obj)
         return obj
     raise ValueError(f"unknown msgpack extension code {code}")
+
+
+def _view(buf: Any, format: str = "B", shape: list[int] | None = None) -> memoryview:
+    """``buf``'s bytes as a ``memoryview`` of ``format`` and ``shape`` (None:
+    of bytes, as ``buf`` holds them); read-only where ``buf`` is.  (A
+    ``memoryview`` value, sent as such or inside a pickle: :func:`_reduce_view`.)"""
+    view = memoryview(buf)
+    if shape is None:
+        return view
+    try:
+        flat: Any = view.cast("B")  # (typeshed knows only the struct formats' letters)
+        shaped: memoryview = flat.cast(format, shape)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"memoryview of format {format!r} and shape "
+                         f"{shape} does not fit its {view.nbytes} bytes: {e}") from None
+    return shaped
 
 
 def _unpickled(bufs: Buffers, ref: _PickleRef) -> Any:
