@@ -269,3 +269,19 @@ def test_peers_run_report_keeps_failures_and_no_stale_plot(
         assert "Not measured in this run:\n- ray: virtualenv venv-ray could not be made" in text
         assert "(payload_throughput.png)" not in text and "no plot" in text, text
         assert not plot.exists()
+
+
+@pytest.mark.timeout(300)
+def test_bench_flame_writes_both_graphs(tmp_path: Path) -> None:
+    """``benchmarks/bench_flame.py`` samples the controller and its worker
+    with py-spy under 1,000 calls in flight and writes both flame graphs,
+    titled with the commit and the loop."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_flame.py"
+    p = subprocess.run([sys.executable, str(bench), "--seconds", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=280)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # each side's own frames: the caller's call_one, the worker's actor serving
+    for side, frame in (("controller", "Endpoint.call_one ("), ("worker", "Runtime.dispatch (")):
+        svg = (tmp_path / f"flame_small_calls_{side}.svg").read_text()
+        assert f"the {side}, 1,000 calls in flight, uvloop</text>" in svg
+        assert f"<title>{frame}" in svg

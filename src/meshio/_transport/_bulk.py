@@ -554,7 +554,10 @@ def quarantine(loop: asyncio.AbstractEventLoop, pid: int, memory: Buffers) -> No
         os.close(pidfd)
         del _quarantined[key]
 
-    loop.add_reader(pidfd, exited)
+    try:
+        loop.add_reader(pidfd, exited)
+    except RuntimeError:  # (the loop is closed: kept until this process exits)
+        os.close(pidfd)
 
 
 def snapshot(out: OutBuffers) -> OutBuffers:
