@@ -380,6 +380,24 @@ async def test_no_growth_over_many_large_calls(procs: meshio.ProcMesh) -> None:
     assert set(os.listdir("/dev/shm")) <= shm
 
 
+def test_the_pool_keeps_the_blocks_given_back_last() -> None:
+    """Idle pool blocks are capped (``IDLE_CAP``): a block given back that
+    does not fit beside the idle ones takes the place of the oldest, so
+    values of a new size (a 1 GiB tensor after 256 MiB ones) land in mapped
+    memory from the second on, instead of each mapping (and faulting in)
+    new memory."""
+    pool = _bulk._Pool()
+    quarter = pool.view(_bulk.IDLE_CAP // 4)
+    older = _bulk._block_of(quarter)
+    del quarter
+    whole = pool.view(_bulk.IDLE_CAP)  # (the quarter idle meanwhile)
+    block = _bulk._block_of(whole)
+    del whole
+    again = pool.view(_bulk.IDLE_CAP)
+    assert _bulk._block_of(again) is block
+    assert older is not None and older.map.closed  # (it made room)
+
+
 def test_a_write_into_a_killed_receiver_fails_cleanly() -> None:
     """The one copy into a process that died is an error (``ESRCH``), which
     the sender turns into a dropped connection, never a hang."""
