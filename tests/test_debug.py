@@ -137,7 +137,8 @@ def test_a_pause_is_announced_once_on_the_controller_s_terminal(env: dict[str, s
     controller = spawn("-c", PAUSES_AGAIN,
                        env={**env, "MESHIO_DEBUG_TERMINAL": "", "PYTHONPATH": path})
     try:
-        announced = r"meshio: steppers rank {} paused at .*; debug it on this terminal"
+        # (pexpect matches with re.DOTALL: ``.*`` would take both lines when both are in)
+        announced = r"meshio: steppers rank {} paused at [^\r\n]*; debug it on this terminal"
         for _ in range(2):  # in either order, the console opening at the first
             controller.expect(announced.format(r"\d"))
         ask(controller, "attach steppers 0")
@@ -185,7 +186,7 @@ def test_attach_print_step_continue(env: dict[str, str]) -> None:
         controller.expect_exact("bystander 1 answered")
 
         debug = spawn("-m", "meshio", "debug", env=env)
-        debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
+        debug.expect("paused actors, oldest first:\r\n(.*?)" + re.escape(PROMPT))
         listing = debug.match.group(1)
         assert "steppers rank 0: " in listing and "steppers rank 1: " in listing
 
@@ -282,7 +283,7 @@ def test_attach_again_shows_where_pdb_stands(env: dict[str, str]) -> None:
         for _ in range(2):
             debug = spawn("-m", "meshio", "debug", env=env)
             debugs.append(debug)
-            debug.expect("paused actors, oldest first:\r\n(.*)" + re.escape(PROMPT))
+            debug.expect("paused actors, oldest first:\r\n(.*?)" + re.escape(PROMPT))
             assert "(attached)" not in debug.match.group(1)
             assert where in "\n".join(ask(debug, "attach steppers 1"))
             assert ask(debug, "p doubled") == ["60"]
