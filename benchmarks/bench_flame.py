@@ -25,6 +25,9 @@ import meshio
 from meshio import Actor, endpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+from run import src_revision  # noqa: E402
+
 LOOPS = {"asyncio": asyncio.run, "uvloop": meshio.run}
 
 
@@ -69,8 +72,7 @@ async def profile(loop: str, seconds: float, out: str) -> None:
         failed = [spy.args for spy in spies if spy.returncode]
         if failed:
             raise SystemExit(f"bench_flame: py-spy failed: {failed}")
-    head = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip() or "an unknown commit"
+    head = src_revision() or "an unknown commit"
     for side, graph in graphs.items():
         retitle(graph, f"meshio at {head}: the {side}, 1,000 calls in flight, {loop}")
         print(f"bench_flame: {graph}")

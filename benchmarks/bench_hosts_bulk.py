@@ -74,6 +74,8 @@ class Sink(Actor):
         # now, not on the first tensor: importing torch blocks the worker
         # for seconds on a loaded machine, past the heartbeat timeout
         import torch  # noqa: F401  # pyright: ignore[reportUnusedImport]
+        #: what ``give`` returns, made on its first call
+        self.value: Any = None
 
     @endpoint
     async def length(self, data: bytes) -> int:
@@ -86,7 +88,7 @@ class Sink(Actor):
     @endpoint
     async def give(self, what: str, n: int) -> Any:
         """A value of ``n`` bytes made once (``bytes``, or a tensor), as a result."""
-        if getattr(self, "value", None) is None:
+        if self.value is None:
             import torch
 
             data = os.urandom(n)

@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import struct
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Generator
 
-import msgspec
 import pytest
 
 from meshio._transport import _bulk
-from meshio._transport import _messages as M
 from meshio._transport._bulk import THRESHOLD, Exports, address_of, pool_view, quarantine
-from meshio._transport._connection import Connection
-from meshio._transport._frames import frame_header
-from meshio._transport._serial import KIND_BUFFER, KIND_BYTEARRAY
+from test_wire_fuzz import FakeRuntime, connect, described_call, fills
 
 #: generous bound on any single wait: a regression fails instead of hanging
 DEADLINE = 30.0
@@ -82,51 +76,6 @@ async def test_memory_of_a_peer_gone_is_freed_at_once(peer: subprocess.Popen[byt
 # ------------------------------------------------ through a connection
 
 
-class Runtime:
-    """What a connection's receiving side uses of its runtime."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.reading = False
-        self.batched: list[Connection] = []
-        self.admitted: list[Callable[[], None]] = []
-        self.got: list[M.Message] = []
-
-    def dispatch(self, conn: Connection, msg: M.Message, bufs: list[Any]) -> None:
-        self.got.append(msg)
-
-    def batching(self, conn: Connection) -> None:
-        pass
-
-    def _connection_lost(self, conn: Connection, exc: Exception | None) -> None:
-        pass
-
-
-class Transport:
-    """Where a connection writes: what it wrote."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.written.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def abort(self) -> None:  # (the test ends the connection: connection_lost)
-        self.closing = True
-
-
-def described_call(eid: int) -> bytes:
-    """A call whose one buffer (``THRESHOLD`` bytes) its sender writes."""
-    body = M.encode_message(M.Call(1, "t", "method", msgspec.Raw(b"\x80")))
-    kind = (KIND_BUFFER | _bulk.REMOTE) << 56
-    return (frame_header(len(body), [(b"", KIND_BYTEARRAY)])[:8]
-            + struct.pack("<Q", kind | 24) + body + struct.pack("<QQQ", eid, THRESHOLD, 0))
-
-
 @pytest.mark.parametrize("end", ["connection lost", "a frame before Filled"])
 async def test_a_connection_ended_mid_fill_keeps_its_landing_memory(
         peer: subprocess.Popen[bytes], end: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,21 +91,25 @@ async def test_a_connection_ended_mid_fill_keeps_its_landing_memory(
         return view
 
     monkeypatch.setattr(_bulk, "pool_view", lent)
-    rt = Runtime(asyncio.get_running_loop())
-    conn = Connection(rt, None)  # type: ignore[arg-type]
-    transport = Transport()
-    conn.transport = transport  # type: ignore[assignment]
+    rt = FakeRuntime()
+    rt.loop = asyncio.get_running_loop()  # type: ignore[assignment]  # (the pidfd is watched)
+    conn, transport = connect(rt)
     conn.bulk = Exports(peer.pid)
-    data = described_call(7)
+    data = described_call(1, 7)
     if end != "connection lost":
-        data += described_call(8)  # (large parts before export 7's: dropped)
+        data += described_call(2, 8)  # (large parts before export 7's: dropped)
     conn.get_buffer(-1)[:len(data)] = data
     conn.buffer_updated(len(data))
     assert transport.closing == (end != "connection lost")
-    fills = [m for w in transport.written if isinstance(m := M.decode_message(w[8:]), M.Fill)]
-    assert [f.export for f in fills] == [7] and len(landed) == 1
-    conn.connection_lost(None)
+    assert [f.export for f in fills(transport)] == [7] and len(landed) == 1
+    if transport.closing:  # aborted: its connection_lost is queued, then this turn's end
+        turn = rt.loop.create_future()
+        rt.loop.call_soon(turn.set_result, None)
+        await turn
+    else:
+        conn.connection_lost(None)
     gc.collect()
     assert rt.got == [] and not landed[0].is_set()
     peer.kill()
     await asyncio.wait_for(landed[0].wait(), DEADLINE)
+
