@@ -26,6 +26,7 @@ from supervision_helpers import DEADLINE, Events, Supervised, manual_sup, until
 
 import meshio
 from meshio.testing import child_pids
+from script_run import run_script
 
 
 def record_boot(path: str) -> None:
@@ -199,6 +200,37 @@ async def test_raising_bootstrap_fails_the_start_naming_it(
     await until(traceback_forwarded)
     assert f"[procs procs={e.rank}] Traceback (most recent call last):" in err
     assert 'raise RuntimeError("no GPU 3 here")' in err  # by value, with its source
+
+
+def test_a_failed_start_leaves_no_task_behind(tmp_path: Path) -> None:
+    """A bootstrap raising in one of several processes: ``spawn_procs``
+    raises ProcessStartError and the other processes' starts end with it
+    (they were left running, their coroutines closed under them: "cannot
+    reuse already awaited coroutine" at the loop's shutdown)."""
+    out = run_script(tmp_path, """
+        import asyncio
+        import meshio
+
+        def needs_gpu() -> None:
+            raise RuntimeError("no GPU here")
+
+        reported = []
+
+        async def main() -> None:
+            asyncio.get_running_loop().set_exception_handler(
+                lambda loop, context: reported.append(context["message"]))
+            try:
+                async with meshio.this_host().spawn_procs(per_host={"procs": 3},
+                                                          bootstrap=needs_gpu):
+                    pass
+            except meshio.ProcessStartError as e:
+                print(e.cause)
+
+        asyncio.run(main())
+        print("reported:", reported)
+        """)
+    assert out == ["bootstrap __main__.needs_gpu() raised RuntimeError: no GPU here",
+                   "reported: []"]
 
 
 async def test_worker_dying_before_reading_its_stdin(capsys: pytest.CaptureFixture[str]) -> None:

@@ -516,6 +516,39 @@ async def test_the_mesh_adverbs_over_the_replicas(procs: meshio.ProcMesh) -> Non
     assert [(s.in_flight, s.completed) for s in one.stats()] == [(0, 1)]
 
 
+class Other(Actor):
+    @endpoint
+    async def whoami(self) -> int:
+        return 0
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 2})
+async def test_call_and_stacks_over_the_replicas(procs: meshio.ProcMesh) -> None:
+    """``svc.call(Gen.whoami)`` and ``svc.stacks()``, which type checkers
+    allow on a service as on a mesh, reach every replica, a scaled one
+    too: one entry per replica, at its place in the ``replicas`` dim."""
+    svc = meshio.Service(await procs.spawn("gens", Gen, "t"))
+    assert (await svc.call(Gen.whoami)).values() == procs.pids
+    await svc.scale(replicas=3)
+    pids = (await svc.call(Gen.whoami)).values()
+    assert pids[:2] == procs.pids and len(set(pids)) == 3
+    stacks = await svc.stacks()
+    assert stacks.errors == ()
+    assert [(a.actor, a.rank, a.point, a.pid) for a in stacks.actors] == [
+        ("gens", i, {"replicas": i}, pid) for i, pid in enumerate(pids)]
+    with pytest.raises(TypeError, match=r"service 'gens'\.call: 'whoami' is not an endpoint"):
+        svc.call("whoami")  # type: ignore[arg-type]
+    with pytest.raises(meshio.UnknownEndpointError, match="is not an endpoint of Gen"):
+        svc.call(Other.whoami)
+    with pytest.raises(ValueError, match="timeout"):
+        await svc.stacks(timeout=0)
+    await svc.stop()
+    with pytest.raises(meshio.SupervisionError, match="was stopped"):
+        await svc.stacks()
+    with pytest.raises(meshio.SupervisionError, match="was stopped"):
+        await svc.call(Gen.whoami)
+
+
 async def test_bad_arguments(procs: meshio.ProcMesh) -> None:
     gens = await procs.spawn("gens", Gen, "t")
     with pytest.raises(TypeError, match="expected an actor mesh"):

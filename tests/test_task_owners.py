@@ -1,7 +1,8 @@
 """Every task has an owner (issue 18, "the runtime underneath"): meshio
 starts tasks only through :class:`~meshio._transport._tasks.TaskOwner`
 (which cancels and awaits them when its object closes) or ``awaited``
-(a task its caller awaits), or inside an ``asyncio.TaskGroup``."""
+(a task its caller awaits, ``together`` several), or inside an
+``asyncio.TaskGroup``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import meshio
 from meshio._transport._runtime import runtime
-from meshio._transport._tasks import TaskOwner, awaited
+from meshio._transport._tasks import TaskOwner, awaited, together
 
 SRC = Path(meshio.__file__).resolve().parent
 #: the module where tasks are made
@@ -101,3 +102,55 @@ async def test_awaited_is_cancelled_with_what_the_caller_awaits() -> None:
     fut.cancel()
     await asyncio.wait([fut])
     assert fut.cancelled()
+
+
+async def test_together_gives_results_in_order() -> None:
+    async def after(n: int, value: str) -> str:
+        for _ in range(n):
+            await asyncio.sleep(0)
+        return value
+
+    assert await together([after(3, "a"), after(0, "b"), after(1, "c")]) == ["a", "b", "c"]
+
+
+async def _ended(what: list[str], forever: asyncio.Event) -> None:
+    try:
+        await forever.wait()
+    finally:
+        what.append("ended")
+
+
+async def test_together_ends_the_others_before_raising_the_first_failure() -> None:
+    """Unlike ``asyncio.gather``, which leaves the others running with no
+    owner (a failed start's other hellos, a TCP read's other chunks)."""
+    ended: list[str] = []
+    forever = asyncio.Event()
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise meshio.ProcessStartError("rank 1 failed")
+
+    try:
+        await together([_ended(ended, forever), fails(), _ended(ended, forever)])
+    except meshio.ProcessStartError as e:
+        assert str(e) == "rank 1 failed"
+    else:
+        raise AssertionError("together() returned")
+    assert ended == ["ended", "ended"]  # both cancelled and waited for: none still running
+
+
+async def test_together_cancelled_ends_every_one() -> None:
+    ended: list[str] = []
+    forever = asyncio.Event()
+    started = asyncio.Event()
+
+    async def first() -> None:
+        started.set()
+        await _ended(ended, forever)
+
+    outer = awaited(together([first(), _ended(ended, forever)]))
+    await started.wait()
+    outer.cancel()
+    await asyncio.wait([outer])
+    assert outer.cancelled()
+    assert ended == ["ended", "ended"]

@@ -153,14 +153,7 @@ class ActorMesh(MeshShape, Generic[A]):
     def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
              **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
         """``mesh.call(Trainer.train, step=0)``: same as ``mesh.train.call(step=0)``."""
-        if not isinstance(ep, EndpointDescriptor):
-            raise TypeError(f"{self._name!r}.call: {ep!r} is not an endpoint; pass one "
-                            f"such as {self._cls.__qualname__}.<endpoint name>")
-        # an endpoint of cls or of a base class
-        if not any(vars(k).get(ep.name) is ep for k in self._cls.__mro__):
-            raise UnknownEndpointError(
-                f"{self._name!r}.call: {ep!r} is not an endpoint of {self._cls.__qualname__}")
-        return Endpoint(self, ep).call(*args, **kwargs)
+        return Endpoint(self, endpoint_of(self._cls, ep, repr(self._name))).call(*args, **kwargs)
 
     async def stop(self) -> None:
         """Stop these actors (their processes keep running); returns once
@@ -907,6 +900,24 @@ def endpoint_named(cls: type[Any], name: str, what: str) -> EndpointDescriptor[A
         raise UnknownEndpointError(
             f"{what} has no endpoint {name!r} (endpoints: {sorted(endpoints)}){hint}")
     return desc
+
+
+def endpoint_of(cls: type[Any], ep: EndpointDescriptor[Any, P, R],
+                what: str) -> EndpointDescriptor[Any, P, R]:
+    """``ep``, given to ``call`` on ``what`` (a mesh or a service, for the
+    message) of actor class ``cls``, checked to be an endpoint of ``cls``
+    (defined there or on a base class).
+
+    Raises:
+        TypeError: ``ep`` is not an endpoint.
+        UnknownEndpointError: it is another class's.
+    """
+    if not isinstance(ep, EndpointDescriptor):
+        raise TypeError(f"{what}.call: {ep!r} is not an endpoint; pass one "
+                        f"such as {cls.__qualname__}.<endpoint name>")
+    if not any(vars(k).get(ep.name) is ep for k in cls.__mro__):
+        raise UnknownEndpointError(f"{what}.call: {ep!r} is not an endpoint of {cls.__qualname__}")
+    return ep
 
 
 class _CallFuture(asyncio.Future[Any]):

@@ -1182,7 +1182,12 @@ async def shrink_hosts(mesh: HostMesh, by: int) -> None:
     async with hosts.resizing:
         (dim,) = hosts.region.extent.labels
         following = [s for s in hosts.elastic if not s.stopped]
-        await asyncio.gather(*(s.shrink(dim, by) for s in following))
+        # (each stops its processes on those hosts to the end, whatever the others do)
+        results = await asyncio.gather(*(s.shrink(dim, by) for s in following),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         del hosts.launchers[len(hosts.launchers) - by:]
         hosts.region = Region.full((dim,), (len(hosts.launchers),))
 

@@ -55,7 +55,7 @@ from ._transport._messages import (
 from ._transport._runtime import Runtime, print_fault, register_handler, runtime
 from ._transport._serial import Buffers, dumps
 from ._transport._sockets import tcp_endpoint
-from ._transport._tasks import awaited, within
+from ._transport._tasks import awaited, together, within
 from .endpoints._endpoint import combine_failures, rank_ranges
 from .supervision._clocks import Clock, MonotonicClock
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -585,7 +585,7 @@ class ProcState:
                 worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
                 self.workers.append(worker)
                 waits.append(self._hello(worker, waiter))
-            await asyncio.gather(*waits)
+            await together(waits)
         except BaseException:
             for w in waits:
                 w.close()  # never awaited when a later launch failed
@@ -1396,7 +1396,7 @@ class ProcState:
                     w = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
                     added.append(w)
                     hellos.append(self._hello(w, waiter))
-                await asyncio.gather(*hellos)
+                await together(hellos)
                 addrs = [w.addr for w in self.workers] + [w.addr for w in added]
                 following = [(a, a.mesh) for a in self.actors if a.mesh is not None]
                 built = [_ActorRecord(a.name, a.target, a.cls_blob,

@@ -23,21 +23,24 @@ import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, NoReturn, ParamSpec, TypeVar, cast, get_args
 
 from ._actor import Actor
-from ._actor_mesh import ActorMesh, endpoint_named
+from ._actor_mesh import ActorMesh, endpoint_named, endpoint_of
 from ._checks import check_seconds
 from ._exceptions import CallTimeout, SupervisionError
 from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
 from ._proc_state import ProcState, _ActorRecord
+from ._stacks import STACKS_TIMEOUT, Stacks
 from ._tracing import traced
 from ._transport._connection import Gathering
 from ._transport._credit import Waiting
 from ._transport._runtime import check_loop
 from ._transport._serial import OutBuffers
+from ._transport._tasks import together
+from ._value_mesh import ValueMesh
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site, combine_failures
 
 __all__ = ("ReplicaStats", "Service")
@@ -290,6 +293,9 @@ class Service(MeshShape):
     Type checkers see a service as its actor class (as a mesh from
     ``procs.spawn``), so ``svc.generate.route(...)`` has the endpoint's
     result type; :meth:`scale` and :meth:`stats` are declared there too.
+    ``svc.call(Cls.endpoint, ...)`` and :meth:`stacks` work as on a mesh,
+    over the replicas; ``slice``, ``flatten``, ``rename`` and ``split``
+    raise TypeError (slice the mesh before making the service).
 
     Raises:
         TypeError: ``actor_mesh`` is not an actor mesh, or ``routing`` is
@@ -388,6 +394,30 @@ class Service(MeshShape):
         return ep
 
     # ---------------------------------------------------------- operations
+
+    def call(self, ep: EndpointDescriptor[Any, P, R], /, *args: P.args,
+             **kwargs: P.kwargs) -> asyncio.Future[ValueMesh[R]]:
+        """``svc.call(Generator.generate, prompt)``: same as
+        ``svc.generate.call(prompt)`` (every replica), as on a mesh."""
+        desc = endpoint_of(self._cls, ep, f"service {self._name!r}")
+        return _ServiceEndpoint(self, desc).call(*args, **kwargs)
+
+    async def stacks(self, *, timeout: float = STACKS_TIMEOUT) -> Stacks:
+        """What the replicas are doing now, as ``ActorMesh.stacks`` says:
+        one entry per replica, its ``point`` its place in the ``replicas``
+        dim (as in ``svc.generate.call()``'s value mesh) and its ``rank``
+        that index too; a replica that cannot answer is an error line.
+
+        Raises:
+            SupervisionError: the service was stopped.
+            TypeError, ValueError: ``timeout`` is not seconds > 0.
+        """
+        self._check_open()
+        timeout = check_seconds(timeout, "stacks", "timeout")
+        parts = await together(r.mesh.stacks(timeout=timeout) for r in self._replicas)
+        return Stacks(tuple(replace(a, rank=i, point={"replicas": i})
+                            for i, part in enumerate(parts) for a in part.actors),
+                      tuple(e for part in parts for e in part.errors))
 
     def stats(self) -> list[ReplicaStats]:
         """Per replica, in order: whether it is alive, its calls in flight

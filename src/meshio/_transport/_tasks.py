@@ -7,7 +7,8 @@ keeps them until they end, and cancels and awaits them all when its object close
 (:meth:`TaskOwner.aclose`, or :meth:`TaskOwner.cancel` where closing is
 synchronous).  :func:`awaited` is the one other way to make a task: one
 its caller awaits itself (the future an adverb returns, a wait with a
-timeout), so the caller owns it.
+timeout), so the caller owns it; :func:`together` awaits several side by
+side with them, as a task group does.
 
 These two are the only places in meshio that call ``create_task`` or
 ``ensure_future`` (``tests/test_task_owners.py`` keeps it so).
@@ -18,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("LEND_TIMEOUT", "TaskOwner", "awaited", "owning", "take_outcome", "when_done")
+__all__ = ("LEND_TIMEOUT", "TaskOwner", "awaited", "owning", "take_outcome", "together",
+           "when_done")
 
 T = TypeVar("T")
 log = logging.getLogger("meshio")
@@ -124,6 +126,23 @@ def awaited(aw: Awaitable[T]) -> asyncio.Future[T]:
     """``aw`` as a future its caller awaits (or hands to the user, who
     awaits it): the caller owns it, and cancelling it cancels ``aw``."""
     return asyncio.ensure_future(aw)
+
+
+async def together(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """Await ``aws`` side by side: their results, in order.  As in a task
+    group, the first to fail (or this call's cancellation) cancels the
+    others, and its error is raised once every one has ended:
+    ``asyncio.gather`` would leave them running, owned by nobody (a start
+    that failed left its other workers' hellos waiting on processes it had
+    killed)."""
+    futs = [awaited(aw) for aw in aws]
+    try:
+        return await asyncio.gather(*futs)
+    except BaseException:
+        for fut in futs:
+            fut.cancel()
+        await finished(futs)
+        raise
 
 
 def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], object]) -> bool:

@@ -17,6 +17,7 @@ from .._transport._connection import Connection
 from .._transport._messages import RdmaOp, RdmaOpName, Reply, Transfer
 from .._transport._runtime import Runtime, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
+from .._transport._tasks import together
 from ._memory import Memory
 from ._registry import Handle, OwnerSide, Registration, _request
 
@@ -64,8 +65,9 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
                 raise type(e)(f"{where}: {e}") from None
 
     # (one empty chunk for 0 bytes: the owner still refuses a dropped buffer)
-    await asyncio.gather(*(chunk(s, min(TCP_CHUNK, length - s))
-                           for s in range(0, max(length, 1), TCP_CHUNK)))
+    # (a chunk that fails stops the others: none lands in memory its caller has back)
+    await together(chunk(s, min(TCP_CHUNK, length - s))
+                   for s in range(0, max(length, 1), TCP_CHUNK))
 
 
 def _serve_read(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers,
