@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +26,7 @@ from fifo_gate import Gate, hold
 from meshio import Actor, endpoint
 from meshio._transport import _bulk
 from meshio.jobs import ProcessJob
+from script_run import run_script
 
 MiB = 1 << 20
 GUARD = 60.0
@@ -396,6 +398,60 @@ def test_the_pool_keeps_the_blocks_given_back_last() -> None:
     again = pool.view(_bulk.IDLE_CAP)
     assert _bulk._block_of(again) is block
     assert older is not None and older.map.closed  # (it made room)
+
+
+def test_idle_blocks_are_unmapped_once_no_value_took_them() -> None:
+    """A block given back waits ``IDLE_KEEP`` seconds for the next value,
+    then is unmapped (``trim``): a burst of large values leaves nothing
+    mapped (before, up to ``IDLE_CAP`` stayed for good)."""
+    pool = _bulk._Pool()
+    view = pool.view(_bulk.THRESHOLD)
+    block = _bulk._block_of(view)
+    assert block is not None
+    del view
+    pool.trim()
+    assert not block.map.closed and pool.idle_bytes == block.size  # kept for a while
+    pool.trim(time.monotonic() + _bulk.IDLE_KEEP)
+    assert block.map.closed and pool.idle_bytes == 0 and not pool.idle
+
+
+def test_a_runtime_trims_the_pool(tmp_path: Path) -> None:
+    """The controller's runtime trims its receive pool as it runs: a 64
+    MiB result, dropped, is unmapped without another value coming (here
+    after 0.2 s, ``IDLE_KEEP`` set so before the runtime starts)."""
+    out = run_script(tmp_path, """
+        import asyncio
+        import meshio
+        from meshio import Actor, endpoint
+        from meshio._transport import _bulk
+
+        class Big(Actor):
+            @endpoint
+            async def make(self) -> memoryview:
+                return memoryview(bytearray(64 << 20))
+
+        def pooled() -> int:
+            with _bulk._pool.lock:
+                return _bulk._pool.idle_bytes + sum(b.size for b in _bulk._pool.returned)
+
+        async def main() -> None:
+            async with meshio.this_host().spawn_procs() as procs:
+                big = await procs.spawn("big", Big)
+                view = await big.make.call_one()  # (it aliases a block of the pool)
+                print("received", view.nbytes, "pooled before the drop", pooled())
+                del view
+                await asyncio.sleep(0)  # (the step that took the result holds its future)
+                print("pooled after it", pooled() >= 64 << 20)
+                async with asyncio.timeout(30):
+                    while pooled():
+                        await asyncio.sleep(0.05)  # (the trim is timed: nothing to wait on)
+                print("pooled at last", pooled())
+
+        _bulk.IDLE_KEEP = 0.2
+        asyncio.run(main())
+        """)
+    assert out == [f"received {64 << 20} pooled before the drop 0", "pooled after it True",
+                   "pooled at last 0"]
 
 
 def test_a_write_into_a_killed_receiver_fails_cleanly() -> None:

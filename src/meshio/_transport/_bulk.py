@@ -48,6 +48,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +97,9 @@ _SPLIT: Final = 8 << 20
 _HUGE: Final = 4 << 20
 #: bytes of idle pool memory a process keeps for the next values
 IDLE_CAP: Final = 1 << 30
+#: seconds an idle pool block waits for a value before it is unmapped
+#: (:meth:`_Pool.trim`: a burst of large values leaves nothing mapped)
+IDLE_KEEP: Final = 10.0
 #: ``cudaHostRegisterPortable``: registered for every CUDA context of the process
 _PORTABLE: Final = 1
 
@@ -228,7 +232,7 @@ class _Block:
     """One anonymous mapping of the pool, its address, and whether it is
     registered with CUDA (:func:`pin_for_cuda`)."""
 
-    __slots__ = ("addr", "map", "pinned", "size")
+    __slots__ = ("addr", "idle_since", "map", "pinned", "size")
 
     def __init__(self, size: int) -> None:
         self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -239,6 +243,7 @@ class _Block:
         self.addr = ctypes.addressof(probe)
         del probe  # (an exported buffer would keep the map from closing)
         self.pinned = False
+        self.idle_since = 0.0
 
     def close(self) -> None:
         if self.pinned:
@@ -264,7 +269,8 @@ class _Pool:
     """Mapped memory for received values: a value aliases a block until it
     is dropped; idle blocks, up to :data:`IDLE_CAP` bytes, serve the next
     values without page faults (the blocks given back last: the next values
-    are likelier of their sizes than of older ones)."""
+    are likelier of their sizes than of older ones), for up to
+    :data:`IDLE_KEEP` seconds (:meth:`trim`)."""
 
     def __init__(self) -> None:
         self.idle: list[_Block] = []
@@ -277,17 +283,7 @@ class _Pool:
         lent until it is dropped."""
         n += start
         with self.lock:
-            while self.returned:  # the latest kept, the oldest idle making room
-                block = self.returned.popleft()
-                if block.size > IDLE_CAP:
-                    block.close()
-                    continue
-                while self.idle_bytes + block.size > IDLE_CAP:
-                    old = self.idle.pop(0)
-                    self.idle_bytes -= old.size
-                    old.close()
-                self.idle.append(block)
-                self.idle_bytes += block.size
+            self._collect(time.monotonic())
             fits = [b for b in self.idle if n <= b.size <= 2 * n]
             if fits:
                 block = min(fits, key=lambda b: b.size)
@@ -299,10 +295,51 @@ class _Pool:
         array._meshio_owner = _Lease(self, block)
         return memoryview(array).cast("B")
 
+    def _collect(self, now: float) -> None:
+        """Take the blocks given back since (under the lock) into the idle
+        ones: the latest kept, the oldest idle making room."""
+        while self.returned:
+            block = self.returned.popleft()
+            if block.size > IDLE_CAP:
+                block.close()
+                continue
+            while self.idle_bytes + block.size > IDLE_CAP:
+                self._unmap(self.idle.pop(0))
+            block.idle_since = now
+            self.idle.append(block)
+            self.idle_bytes += block.size
+
+    def _unmap(self, block: _Block) -> None:
+        self.idle_bytes -= block.size
+        block.close()
+
+    def trim(self, now: float | None = None) -> None:
+        """Unmap the blocks idle for :data:`IDLE_KEEP` seconds by ``now``
+        (``time.monotonic()``; None: now), given back since too: what
+        each runtime does every ``IDLE_KEEP / 2`` seconds
+        (:func:`trimming`), so memory no value took again goes back to
+        the system, not kept up to :data:`IDLE_CAP` for good."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            self._collect(now)
+            stale = [b for b in self.idle if now - b.idle_since >= IDLE_KEEP]
+            if stale:
+                self.idle = [b for b in self.idle if now - b.idle_since < IDLE_KEEP]
+                for block in stale:
+                    self._unmap(block)
+
 
 _pool = _Pool()
 #: a writable ``n``-byte view of mapped memory, lent until it is dropped
 pool_view: Final = _pool.view
+
+
+async def trimming() -> None:
+    """Trim the pool (:meth:`_Pool.trim`) every ``IDLE_KEEP / 2`` seconds,
+    for ever: a task of each runtime's."""
+    while True:
+        await asyncio.sleep(IDLE_KEEP / 2)
+        _pool.trim()
 
 
 def pin_for_cuda(memory: object) -> None:

@@ -28,7 +28,7 @@ from .._exceptions import (
     SupervisionError,
     WrongLoopError,
 )
-from ._bulk import fill
+from ._bulk import fill, trimming
 from ._connection import Connection, Pending, disconnected, ignore_result, not_responding
 from ._credentials import Credentials
 from ._credit import credit, took, windows_lost
@@ -378,6 +378,8 @@ class Runtime:
         #: its tasks: serving each listener, TLS handshakes, dialling, and
         #: what the layers start on its behalf (cancelled by :meth:`close`)
         self.tasks: TaskOwner = TaskOwner(f"the runtime at {addr}", self.loop)
+        if not in_process:  # (memory idle in the receive pool goes back to the system)
+            self.tasks.start(trimming(), name="meshio: trim the receive pool")
         #: how it reaches peers and is reached: its sockets (listeners and
         #: dialler), and memory for the in-process runtimes on its loop
         self.sockets: SocketBackend = SocketBackend(self)
