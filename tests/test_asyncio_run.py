@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import meshio
+
 SCRIPT = """
 import asyncio, json, os, select, time
 
@@ -161,3 +163,15 @@ def test_loops_that_end_unstopped_leave_nothing_behind(tmp_path: Path, runner: s
     assert report["pidfds"] == [0, 0, 0], report
     assert len(set(report["fds"])) == 1, report
     assert report["earlier"] == [[], [], []], report
+
+
+def test_meshio_run_of_a_function_says_to_call_it() -> None:
+    """``meshio.run(main)``, the function not called: a TypeError saying so
+    (not ``'function' object has no attribute 'close'``), in a cell too."""
+
+    async def main() -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"call the function, `meshio\.run\(main\(\)\)` \(in a "
+                                        r"notebook cell: `await main\(\)`\); got function"):
+        meshio.run(main)  # type: ignore[arg-type]

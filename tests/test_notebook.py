@@ -407,7 +407,14 @@ async def main():
 
 meshio.run(main())
 ''',
-    # 6
+    # 6: meshio's own line about a process lost goes to the running cell too
+    '''
+import os, signal
+lone = await meshio.this_host().spawn_procs(name="lone")
+os.kill(lone.pids[0], signal.SIGKILL)
+print("CELL6", await printed(asyncio.sleep(0, "told"), "no supervisor restarts it", "stderr"))
+''',
+    # 7
     '''
 await procs.stop()
 print("STOPPED")
@@ -452,7 +459,18 @@ def test_kernel_worker_output_lands_in_the_cell_that_made_the_call(
     for i, cell in enumerate(cells):
         others = {f"line from cell {n}" for n in (1, 2, 3) if n != i}
         assert not any(o in cell for o in others), (i, cells)
-    assert "STOPPED" in cells[6], cells
+    assert "STOPPED" in cells[7], cells
+
+
+def test_kernel_meshio_own_lines_land_in_the_running_cell(kernel_notebook: list[str]) -> None:
+    """What meshio itself says about an event in the job (here a process
+    lost with no supervisor) is the running cell's output, as worker output
+    is, not that of the cell whose context started the runtime (cell 1)."""
+    cells = kernel_notebook
+    lost = "meshio: proc mesh 'lone' rank 0: process "
+    assert lost in cells[6] and "killed by signal SIGKILL; no supervisor restarts it" in cells[6]
+    assert "CELL6 told" in cells[6]
+    assert not any(lost in cell for i, cell in enumerate(cells) if i != 6), cells
 
 
 def test_kernel_remote_traceback_shows_notebook_source(kernel_notebook: list[str]) -> None:

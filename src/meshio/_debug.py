@@ -49,6 +49,7 @@ from typing import IO, Any, cast
 
 from ._context import CallScope, Context, _context, _scope
 from ._inspect import Controller, Inspection
+from ._launcher import say
 from ._transport._connection import Connection
 from ._transport._messages import DebugIO, DebugIOKind, DebugPaused
 from ._transport._runtime import Runtime, register_handler
@@ -417,8 +418,8 @@ class Debugger:
                 self.console = self.rt.tasks.start(self._console())
         else:
             then = "attach with `meshio debug`"
-        print(f"meshio: {session.name} paused at {msg.file}:{msg.line} in {msg.function} "
-              f"(pid {msg.pid} on {msg.host}); {then}", file=sys.stderr, flush=True)
+        say(f"{session.name} paused at {msg.file}:{msg.line} in {msg.function} (pid {msg.pid} "
+            f"on {msg.host}); {then}")
         if self.links.get(msg.addr) is not link and link.peer is not None:
             self.links[msg.addr] = link
             # its heartbeats' answers count through its link, and its loss ends its sessions

@@ -740,6 +740,16 @@ def forward_text(stream: Stream, text: str) -> None:
         pass
 
 
+def say(line: str) -> None:
+    """Write ``meshio: <line>`` on the controller's stderr: what happened
+    in its processes (one lost or not responding, an actor that failed
+    with nobody to tell, one paused at a breakpoint), told as their own
+    output is (:func:`forward_text`).  In a Jupyter kernel it goes to the
+    running cell (else the last one run), not to the cell whose context
+    the task telling it began in (the cell that started the runtime)."""
+    forward_text("stderr", f"meshio: {line}\n")
+
+
 def _emit(out: Any, text: str) -> None:
     if out is None:  # no stream at all (pythonw, a closed descriptor)
         return

@@ -12,7 +12,6 @@ import os
 import select
 import signal
 import socket
-import sys
 import time
 import uuid
 import weakref
@@ -32,7 +31,15 @@ from ._extent import Extent, Point, Region
 from ._inspect import Inspection
 from ._keep_alive import KeptActor, KeptMesh, KeptWorker, claim, publish
 from ._keep_alive import forget as forget_record
-from ._launcher import GPU_ENV, LaunchRefused, ProcHandle, ProcLauncher, WorkerSpec, describe_exit
+from ._launcher import (
+    GPU_ENV,
+    LaunchRefused,
+    ProcHandle,
+    ProcLauncher,
+    WorkerSpec,
+    describe_exit,
+    say,
+)
 from ._logs import LOGS_ENV, logs_env
 from ._transport._connection import Connection, Pending, ignore_result, not_responding
 from ._transport._credentials import Credentials
@@ -52,7 +59,7 @@ from ._transport._messages import (
     SpawnActor,
     Stalled,
 )
-from ._transport._runtime import Runtime, print_fault, register_handler, runtime
+from ._transport._runtime import Runtime, fault_report, register_handler, runtime
 from ._transport._serial import Buffers, dumps
 from ._transport._sockets import tcp_endpoint
 from ._transport._tasks import awaited, together, within
@@ -929,7 +936,7 @@ class ProcState:
                 line = (f"proc mesh {self.name!r} ranks {rank_ranges([f.rank for f in group])}"
                         f": processes {', '.join(str(f.pid) for f in group)} on "
                         f"{', '.join(hosts)} {cause}; no supervisor restarts them")
-            print(f"meshio: {line}", file=sys.stderr, flush=True)
+            say(line)
 
     def _fault_window_ended(self) -> None:
         self._fault_window = None
@@ -960,8 +967,8 @@ class ProcState:
             alike.setdefault(key, {}).setdefault(info.rank, (info, pid))
         for (_, _, _, what_now), by_rank in alike.items():
             ranks = sorted(by_rank)
-            print_fault(by_rank[ranks[0]][0], [by_rank[r][1] for r in ranks], what_now,
-                        rank_ranges(ranks))
+            say(fault_report(by_rank[ranks[0]][0], [by_rank[r][1] for r in ranks], what_now,
+                             rank_ranges(ranks)))
 
     def _wake(self) -> None:
         """Wake every :meth:`ProcMesh.wait_failed` to look again."""
@@ -1091,10 +1098,9 @@ class ProcState:
         handle, clock, since = w.handle, self.clock, now - silent
         down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
         w.hung = not_responding(down, clock.now, in_flight=False)
-        print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on "
-              f"{handle.host}) not responding for {silent:.1f} s (heartbeat_timeout="
-              f"{timeout} s{held}); its calls fail until it answers again",
-              file=sys.stderr, flush=True)
+        say(f"proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on {handle.host}) not "
+            f"responding for {silent:.1f} s (heartbeat_timeout={timeout} s{held}); its calls "
+            f"fail until it answers again")
         self.rt.dead[w.addr] = w.hung
         self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
             down, silent=clock.now() - since)
@@ -1108,8 +1114,7 @@ class ProcState:
         if w.state is SlotState.NOT_RESPONDING:  # it answers again: calls go through
             w.move(SlotState.SERVING)
             self.responds(w)
-            print(f"meshio: proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) "
-                  f"responds again", file=sys.stderr, flush=True)
+            say(f"proc mesh {self.name!r} rank {w.rank} (pid {w.handle.pid}) responds again")
 
     def responds(self, w: _Worker) -> None:
         """``w`` is no longer "not responding" (it answers, is gone, or is

@@ -147,7 +147,15 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
             143 after SIGTERM, 129 after SIGHUP.
         RuntimeError: called while an event loop runs in this thread (a
             notebook cell, an ``async def``): ``await main`` there instead.
+        TypeError: ``main`` is not a coroutine (``meshio.run(main)``: the
+            function, not yet called).
     """
+    if not asyncio.iscoroutine(main):
+        name = getattr(main, "__name__", "main")
+        raise TypeError(
+            f"meshio.run() takes a coroutine, as asyncio.run() does: call the function, "
+            f"`meshio.run({name}())` (in a notebook cell: `await {name}()`); got "
+            f"{type(main).__name__} {main!r}")
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -65,7 +65,7 @@ from ._tls import TLSConfig
 
 __all__ = ("Connection", "Pending", "Runtime", "RuntimeState", "ask_each", "check_loop",
            "close_runtime", "existing_runtime", "ignore_result", "no_running_loop", "not_its_loop",
-           "print_fault", "runtime", "tcp_address", "tell_held")
+           "fault_report", "runtime", "tcp_address", "tell_held")
 
 log = logging.getLogger("meshio")
 
@@ -944,21 +944,23 @@ async def ask_each(rt: Runtime, asks: Sequence[tuple[str, Callable[[int], Messag
     return answers
 
 
-def print_fault(info: ErrorInfo, pids: Sequence[int], what_now: str, ranks: str = "") -> None:
-    """One report on stderr of actors that failed alike with nobody to
-    tell: where (``info.rank``, or ``ranks`` of several, written as runs),
-    what happens now, and the error with the traceback of ``info``."""
+def fault_report(info: ErrorInfo, pids: Sequence[int], what_now: str, ranks: str = "") -> str:
+    """One report (for stderr, after ``meshio: ``) of actors that failed
+    alike with nobody to tell: where (``info.rank``, or ``ranks`` of
+    several, written as runs), what happens now, and the error with the
+    traceback of ``info``."""
     where = (f"rank {info.rank} (pid {pids[0]}" if len(pids) == 1
              else f"ranks {ranks} (pids {', '.join(map(str, pids))}")
-    print(f"meshio: failure in {info.actor} {where}; {what_now}): {info.type_name}: "
-          f"{info.message}\n{info.traceback}", file=sys.stderr, flush=True)
+    return (f"failure in {info.actor} {where}; {what_now}): {info.type_name}: "
+            f"{info.message}\n{info.traceback}")
 
 
 def _log_fault(conn: Connection, info: ErrorInfo) -> None:
     """A fault from an actor that no proc mesh of this process supervises
     (one in this process, or in a process no longer watched)."""
     pid = os.getpid() if conn.peer_pid == -1 else conn.peer_pid  # -1: from this process
-    print_fault(info, (pid,), "no proc mesh of this process watches it: nothing restarts it")
+    print("meshio: " + fault_report(info, (pid,), "no proc mesh of this process watches it: "
+                                     "nothing restarts it"), file=sys.stderr, flush=True)
 
 
 register_handler(Fill, fill)  # the transport's own: large values (._bulk)
