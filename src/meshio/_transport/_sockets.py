@@ -447,8 +447,11 @@ class SocketBackend:
             dead = self.rt.dead.get(addr)
             conn.fail_all(dead or self._dial_error(addr, e))
             if addr == self.rt.controller:  # a worker that cannot reach its controller lost it
-                print(f"meshio: worker {self.rt.worker} cannot connect to its controller at "
-                      f"{addr}: {str(e) or type(e).__name__}", file=sys.stderr, flush=True)
+                try:  # (its stderr is a pipe a dead controller read: then nobody hears it)
+                    print(f"meshio: worker {self.rt.worker} cannot connect to its controller "
+                          f"at {addr}: {str(e) or type(e).__name__}", file=sys.stderr, flush=True)
+                except OSError:
+                    pass
                 hook = self.rt.on_lost.get(addr)
                 if hook is not None:
                     hook(conn)
