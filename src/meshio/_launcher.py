@@ -741,13 +741,26 @@ def forward_text(stream: Stream, text: str) -> None:
 
 
 def say(line: str) -> None:
-    """Write ``meshio: <line>`` on the controller's stderr: what happened
-    in its processes (one lost or not responding, an actor that failed
-    with nobody to tell, one paused at a breakpoint), told as their own
-    output is (:func:`forward_text`).  In a Jupyter kernel it goes to the
-    running cell (else the last one run), not to the cell whose context
-    the task telling it began in (the cell that started the runtime)."""
-    forward_text("stderr", f"meshio: {line}\n")
+    """Write ``meshio: <line>`` on the controller's stderr, as its own
+    line (after the worker lines that came before it): what happened in
+    its processes (one lost or not responding, an actor that failed with
+    nobody to tell, one paused at a breakpoint).  In a Jupyter kernel it
+    goes where worker output does (:func:`_to_last_cell`): to the running
+    cell, else the last one run, not to the cell whose context the task
+    telling it began in (the cell that started the runtime)."""
+    out = sys.stderr
+    if out is None:  # (pythonw, a closed descriptor)
+        return
+    try:
+        contextvars.Context().run(_said, out, f"meshio: {line}\n")
+    except (OSError, ValueError):  # the controller's stream is closed: drop it
+        pass
+
+
+def _said(out: Any, text: str) -> None:
+    _to_last_cell(out)
+    out.write(text)
+    out.flush()
 
 
 def _emit(out: Any, text: str) -> None:
