@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from meshio._constants import MAX_PER_HOST
 from meshio.jobs._remote import not_private
 
 DEADLINE = 60.0
@@ -126,9 +127,19 @@ def test_agent_tls_files_that_are_not_pem(tmp_path: Path, secret_file: Path) -> 
     assert_usage_error(out, "--tls-ca", "not a PEM CA bundle")
 
 
-@pytest.mark.parametrize("args", [["bench", "--procs", "0"], ["bench", "--calls", "0"],
-                                  ["bench", "--inflight", "-1"], ["demo", "--procs", "0"],
-                                  ["demo", "--procs", "two"]])
+@pytest.mark.parametrize("args", [["bench", "--calls", "0"], ["bench", "--inflight", "-1"]])
 def test_counts_below_one_are_refused(tmp_path: Path, args: list[str]) -> None:
     out = meshio_cli(*args, cwd=tmp_path)
     assert_usage_error(out, args[1], "must be an int >= 1", repr(args[2]))
+
+
+@pytest.mark.parametrize("args", [["bench", "--procs", "0"], ["demo", "--procs", "0"],
+                                  ["demo", "--procs", "two"],
+                                  ["demo", "--procs", str(MAX_PER_HOST + 1)],
+                                  ["bench", "--procs", "5000"]])
+def test_procs_beyond_what_one_host_starts_are_refused(tmp_path: Path, args: list[str]) -> None:
+    """``--procs`` is 1 to what ``spawn_procs`` starts on one host; more was a
+    ValueError traceback from ``spawn_procs`` once the command had started."""
+    out = meshio_cli(*args, cwd=tmp_path)
+    assert_usage_error(out, "--procs", f"must be an int in 1..{MAX_PER_HOST}", repr(args[2]))
+    assert out.stdout == ""

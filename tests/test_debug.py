@@ -18,6 +18,8 @@ import pexpect
 import pytest
 
 import debug_controller
+from meshio._dashboard import ASK_TIMEOUT
+from stacks_controller import running
 
 CONTROLLER = Path(debug_controller.__file__).resolve()
 #: generous bound on one expected answer (a loaded 2-core machine)
@@ -407,6 +409,24 @@ def test_actor_of_a_host_agent(env: dict[str, str], tmp_path: Path) -> None:
         exited_cleanly(controller)
     finally:
         close(controller, *([debug] if debug is not None else []))
+
+
+def test_a_controller_that_does_not_answer_is_given_up(env: dict[str, str]) -> None:
+    """``meshio debug`` against a controller that does not answer (stopped:
+    SIGSTOP) says so in one line and exits 1 once :data:`ASK_TIMEOUT` has
+    passed, as ``meshio dashboard`` does; it waited, silent, for ever."""
+    with running(env) as controller:
+        os.kill(controller.pid, signal.SIGSTOP)
+        try:
+            out = subprocess.run(
+                [sys.executable, "-m", "meshio", "debug", "--pid", str(controller.pid)],
+                env=env, text=True, capture_output=True, stdin=subprocess.DEVNULL,
+                timeout=ASK_TIMEOUT + EXPECT_TIMEOUT)
+        finally:
+            os.kill(controller.pid, signal.SIGCONT)
+    assert out.returncode == 1 and out.stdout == ""
+    assert re.fullmatch(rf"meshio debug: controller pid {controller.pid} started [^\n]* did "
+                        rf"not answer within {ASK_TIMEOUT:g} s\n", out.stderr), out.stderr
 
 
 def test_cli(env: dict[str, str]) -> None:

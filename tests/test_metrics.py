@@ -386,3 +386,32 @@ async def test_render_lets_the_loop_run_between_slices() -> None:
 def test_process_stats_cpu_seconds_adds_user_and_system() -> None:
     p = ProcessStats(0, {}, "h", 1, 0, 1.5, 0.25, 0, 0, ())
     assert p.cpu_seconds == 1.75
+
+
+def test_stats_print_and_show_in_a_notebook_as_one_readable_tree() -> None:
+    """``print(stats)``, ``str(stats)`` and what IPython shows for ``await
+    meshio.stats()`` as a cell's last line are the same short tree (IPython
+    showed a dump of the dataclasses, thousands of characters on one line)."""
+    pretty = pytest.importorskip("IPython.lib.pretty").pretty
+    work = EndpointStats("Counted.work", 30, 8, 2, 1, 0.5, 0.000123, 0.0456, 1.5)
+    idle = EndpointStats("Counted.idle", 1, 0, 0, 0, 0.25, 0.25, 0.25, 0.25)
+    never = EndpointStats("Counted.never", 0, 0, 0, 0, 0.0, None, None, None)
+    answered = ProcessStats(0, {"procs": 0}, "h", 41, 2, 1.0, 0.25, 3 * 2**20, 5, (
+        ActorStats("counted", 0, {"procs": 0}, 3, 4, (work, idle, never)),))
+    stopped = ProcessStats(1, {"procs": 1}, "h", 42, 0, 0.0, 0.0, 0, 0, (),
+                           "proc mesh 'procs' rank 1 (pid 42) did not answer within 2 s")
+    stats = Stats((ProcMeshStats("procs", (answered, stopped), "procs-1a2b3c4d"),))
+    assert str(stats).splitlines() == [
+        "proc mesh 'procs' (procs-1a2b3c4d)",
+        "  rank 0 (pid 41 on h): cpu 1.25 s, rss 3.0 MiB, restarts 2, log records dropped 5",
+        "    counted rank 0, 3 queued, 4 expired",
+        "      Counted.work: 30 calls, 8 raised, 2 queued, 1 running, p50 0.123 ms, "
+        "p90 45.6 ms, p99 1.5 s",
+        "      Counted.idle: 1 call, p50 250 ms, p90 250 ms, p99 250 ms",
+        "      Counted.never: 0 calls",
+        "  rank 1 (pid 42 on h): error: proc mesh 'procs' rank 1 (pid 42) did not answer "
+        "within 2 s",
+    ]
+    assert pretty(stats) == str(stats).rstrip("\n") == stats.text().rstrip("\n")
+    assert str(Stats(())) == "no proc meshes\n"
+    assert repr(stats).startswith("Stats(proc_meshes=(ProcMeshStats(")  # (unchanged)

@@ -216,6 +216,16 @@ def test_identical_stacks_are_one_group_per_mesh() -> None:
     assert Stacks(()).text() == "no actors\n"
 
 
+def test_a_notebook_shows_stacks_as_print_does() -> None:
+    """``await mesh.stacks()`` as a cell's last line: IPython shows the
+    grouped text, as ``print`` does, not a dump of the dataclasses."""
+    pretty = pytest.importorskip("IPython.lib.pretty").pretty
+    stacks = Stacks((_actor(0, 41), _actor(1, 41)), ("proc mesh 'p' rank 2: gone",))
+    assert pretty(stacks) == str(stacks).rstrip("\n") == stacks.text().rstrip("\n")
+    assert pretty(stacks).startswith("t ranks 0-1: in Trainer.step at train.py:41 ")
+    assert repr(stacks).startswith("Stacks(actors=(ActorStacks(")  # (unchanged)
+
+
 def test_from_json_rejects_what_is_not_stacks() -> None:
     with pytest.raises(ValueError, match=r"Object missing required field `actors`"):
         Stacks.from_json("{}")
@@ -322,6 +332,56 @@ def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published:
         controller.stdin.close()  # the actors are released and the controller ends
         assert controller.wait(GUARD) == 0
     assert not published.exists()
+
+
+#: a controller of two idle actors (no call in flight that a stopped one
+#: would fail) until its stdin closes
+IDLE_CONTROLLER = """
+import asyncio, sys, meshio
+from meshio import Actor
+
+class Idle(Actor):
+    pass
+
+async def main():
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        await procs.spawn("idle", Idle)
+        print(*procs.pids, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+meshio.run(main())
+"""
+
+
+def test_meshio_stacks_exits_1_when_a_process_did_not_answer(tmp_path: Path) -> None:
+    """A process that does not answer (stopped) is an error line after the
+    others' stacks, and the exit status is 1 (it was 0: a script could not
+    tell a partial answer from a whole one)."""
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    with subprocess.Popen([sys.executable, "-c", IDLE_CONTROLLER], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
+        assert controller.stdin is not None and controller.stdout is not None
+        try:
+            _, stopped = map(int, controller.stdout.readline().split())
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                text = meshio_cli("stacks", "--timeout", "1", env=env)
+                as_json = meshio_cli("stacks", "--timeout", "1", "--json", env=env)
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+            whole = meshio_cli("stacks", env=env)
+        finally:
+            controller.stdin.close()
+        assert controller.wait(GUARD) == 0
+    assert text.returncode == 1 and text.stderr == ""
+    printed, error = text.stdout.splitlines()
+    assert printed == "idle rank 0: idle"
+    assert error.startswith(f"error: proc mesh 'procs' rank 1 (pid {stopped}) did not answer "
+                            "within 1 s: ")
+    assert as_json.returncode == 1 and as_json.stderr == ""
+    partial = Stacks.from_json(as_json.stdout)
+    assert [a.rank for a in partial.actors] == [0] and len(partial.errors) == 1
+    assert whole.returncode == 0 and whole.stdout == "idle ranks 0-1: idle\n"
 
 
 async def test_an_inspection_client_may_read_stacks_and_nothing_else(

@@ -11,12 +11,13 @@ from typing import Any, TypeVar
 
 from . import __version__
 from ._bench import bench as run_bench
-from ._dashboard import ask_dashboard
+from ._constants import MAX_PER_HOST
+from ._dashboard import ASK_TIMEOUT, ask_dashboard
 from ._debug import debug_client
 from ._demo import demo as run_demo
 from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
-from ._inspect import Controller, ask_stacks, controllers, inspection_dir
+from ._inspect import ANSWER_GRACE, Controller, ask_stacks, controllers, inspection_dir
 from ._run import run
 from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main
@@ -45,13 +46,13 @@ def _main(args_in: list[str]) -> None:
     ap.add_argument("--version", action="version", version=f"meshio {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="spawn a mesh on this host and tour every adverb")
-    demo.add_argument("--procs", type=_count, default=2, help="worker processes (default 2)")
+    demo.add_argument("--procs", type=_procs, default=2, help="worker processes (default 2)")
     bench = sub.add_parser("bench", help="measure per-call latency and throughput on this host")
     bench.add_argument("--calls", type=_count, default=2000,
                        help="sequential calls (default 2000)")
     bench.add_argument("--inflight", type=_count, default=1000,
                        help="concurrent calls (default 1000)")
-    bench.add_argument("--procs", type=_count, default=4, help="worker processes (default 4)")
+    bench.add_argument("--procs", type=_procs, default=4, help="worker processes (default 4)")
     sub.add_parser("agent", help="serve this host's workers to a controller on another host "
                                  "(meshio agent --help)")
     stacks = _asking(
@@ -110,6 +111,12 @@ def _count(text: str) -> int:
     return _option(text, int, lambda n: n >= 1, "an int >= 1")
 
 
+def _procs(text: str) -> int:
+    """A ``--procs``: an int in 1.. :data:`MAX_PER_HOST` (what
+    ``spawn_procs`` starts on one host)."""
+    return _option(text, int, lambda n: 1 <= n <= MAX_PER_HOST, f"an int in 1..{MAX_PER_HOST}")
+
+
 def _seconds(text: str) -> float:
     """A ``--timeout``: finite seconds > 0."""
     return _option(text, float, lambda t: 0 < t < math.inf, "finite seconds > 0")
@@ -142,9 +149,14 @@ def _asking(sub: Any, name: str, help: str, description: str) -> argparse.Argume
 
 async def _debug(pid: int | None) -> int:
     """``meshio debug``: 0 once the user quits, 1 (with why, on stderr)
-    when no controller was found or it went away."""
+    when no controller was found, it did not answer, or it went away."""
     chosen = _choose("debug", pid)
-    return 1 if chosen is None else await debug_client(chosen)
+    if chosen is None:
+        return 1
+    try:
+        return await debug_client(chosen, timeout=ASK_TIMEOUT)
+    except TimeoutError as e:
+        return _failed("debug", chosen, "did not answer", e, ASK_TIMEOUT)
 
 
 def _choose(command: str, pid: int | None) -> Controller | None:
@@ -174,18 +186,17 @@ def _choose(command: str, pid: int | None) -> Controller | None:
 
 async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
     """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
-    controller answered."""
+    controller answered; 1 too, once printed, when some processes did not
+    answer (their error lines end the stacks)."""
     chosen = _choose("stacks", pid)
     if chosen is None:
         return 1
     try:
         stacks = await ask_stacks(chosen, timeout)
     except (MeshioError, TimeoutError) as e:
-        print(f"meshio stacks: controller {chosen.describe()} did not answer: "
-              f"{str(e) or type(e).__name__}", file=sys.stderr)
-        return 1
+        return _failed("stacks", chosen, "did not answer", e, timeout + ANSWER_GRACE)
     print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")
-    return 0
+    return 1 if stacks.errors else 0
 
 
 async def _dashboard(pid: int | None, port: int, host: str) -> int:
@@ -197,11 +208,20 @@ async def _dashboard(pid: int | None, port: int, host: str) -> int:
     try:
         url = await ask_dashboard(controller, port, host)
     except (MeshioError, TimeoutError) as e:
-        print(f"meshio dashboard: controller {controller.describe()} did not serve it: "
-              f"{str(e) or type(e).__name__}", file=sys.stderr)
-        return 1
+        return _failed("dashboard", controller, "did not serve it", e, ASK_TIMEOUT)
     print(url)
     return 0
+
+
+def _failed(command: str, controller: Controller, what: str, error: Exception,
+            timeout: float) -> int:
+    """Say on stderr that ``controller`` ``what`` (``did not answer``) to
+    ``meshio <command>``, and why (``error``; a TimeoutError: within
+    ``timeout`` seconds); 1, the command's exit status."""
+    why = (f" within {timeout:g} s" if isinstance(error, TimeoutError)
+           else f": {str(error) or type(error).__name__}")
+    print(f"meshio {command}: controller {controller.describe()} {what}{why}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -695,6 +695,8 @@ class _Client:
         self.rt = rt
         self.conn: Connection | None = None
         self.done: asyncio.Future[int] = rt.loop.create_future()
+        #: done once the controller answered (or :attr:`done` is)
+        self.answered: asyncio.Future[None] = rt.loop.create_future()
         #: a thread reads a line of stdin (one at a time: lines stay in order)
         self.reading = False
 
@@ -702,6 +704,7 @@ class _Client:
         self._finish(1)
 
     def got(self, msg: DebugIO) -> None:
+        self._answered()
         sys.stdout.write(msg.text)
         sys.stdout.flush()
         if msg.kind == "read" and not self.reading:
@@ -728,14 +731,29 @@ class _Client:
             self._finish(0)
 
     def _finish(self, code: int) -> None:
+        self._answered()
         if not self.done.done():
             self.done.set_result(code)
 
+    def _answered(self) -> None:
+        if not self.answered.done():
+            self.answered.set_result(None)
 
-async def debug_client(controller: Controller, *, terminal: bool = False) -> int:
+
+async def debug_client(controller: Controller, *, terminal: bool = False,
+                       timeout: float | None = None) -> int:
     """Run ``meshio debug`` against ``controller`` until the user quits
     (0) or the controller is gone (1); ``terminal``: in the controller's own
-    process, on its terminal (it ends once no actor is paused)."""
+    process, on its terminal (it ends once no actor is paused).
+
+    Args:
+        timeout: seconds the controller has to answer at first (it answers
+            at once unless it is stopped or its loop is blocked); None: no
+            bound.
+
+    Raises:
+        TimeoutError: it did not answer within ``timeout`` seconds.
+    """
     loop = asyncio.get_running_loop()
     rt = Runtime(loop, secret=controller.secret)
     try:
@@ -749,6 +767,8 @@ async def debug_client(controller: Controller, *, terminal: bool = False) -> int
         rt.on_lost[controller.address] = lost
         client.conn = rt.connect(controller.address)
         client.conn.send_message(DebugIO(0, "open", "terminal" if terminal else ""))
+        async with asyncio.timeout(timeout):
+            await client.answered
         return await client.done
     finally:
         del rt.on_lost[controller.address]  # (closing is not losing it)

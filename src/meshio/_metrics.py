@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from ._inspect import Inspection
+from ._stacks import PrettyPrinter
 from ._transport._messages import GetStats
 from ._transport._runtime import (
     Runtime,
@@ -186,13 +187,55 @@ class ProcMeshStats:
 @dataclass(frozen=True)
 class Stats:
     """Every process of every proc mesh this controller started:
-    ``await meshio.stats()``.
+    ``await meshio.stats()``.  ``str(stats)`` is :meth:`text`, and so is
+    what IPython (a notebook) shows for it.
 
     Attributes:
         proc_meshes: by start order.
     """
 
     proc_meshes: tuple[ProcMeshStats, ...]
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+        p.text(self.text().rstrip("\n"))
+
+    def text(self) -> str:
+        """The tree, one line per proc mesh, process, actor and endpoint::
+
+            proc mesh 'procs' (procs-1a2b3c4d)
+              rank 0 (pid 4242 on node7): cpu 1.20 s, rss 45.6 MiB
+                greeters rank 0
+                  Greeter.hello: 10 calls, 1 raised, p50 0.12 ms, p90 0.3 ms, p99 0.5 ms
+
+        Counts that are 0 (errors: ``raised``, queued, running, restarts,
+        expired, dropped log records) are left out; a process that did not
+        answer shows its error instead of its numbers."""
+        lines: list[str] = []
+        for pm in self.proc_meshes:
+            lines.append(f"proc mesh {pm.name!r}" + (f" ({pm.id})" if pm.id else ""))
+            for p in pm.processes:
+                head = f"  rank {p.rank} (pid {p.pid} on {p.host}): "
+                if p.error is not None:
+                    lines.append(f"{head}error: {p.error}")
+                    continue
+                more = {"restarts": p.restarts, "log records dropped": p.log_records_dropped}
+                lines.append(head + ", ".join([
+                    f"cpu {p.cpu_seconds:.2f} s", f"rss {p.rss / 2**20:.1f} MiB",
+                    *(f"{name} {n}" for name, n in more.items() if n)]))
+                for a in p.actors:
+                    lines.append(", ".join([f"    {a.actor} rank {a.rank}",
+                                            *_counts(queued=a.queued, expired=a.expired)]))
+                    for e in a.endpoints:
+                        lines.append(f"      {e.endpoint}: " + ", ".join([
+                            f"{e.calls} call{'s' * (e.calls != 1)}",
+                            *_counts(raised=e.errors, queued=e.queued, running=e.running),
+                            *(f"{q} {_duration(t)}" for q, t in
+                              (("p50", e.p50), ("p90", e.p90), ("p99", e.p99))
+                              if t is not None)]))
+        return "\n".join(lines) + "\n" if lines else "no proc meshes\n"
 
     def endpoints(self) -> Iterator[tuple[ProcMeshStats, ProcessStats, ActorStats,
                                           EndpointStats]]:
@@ -206,6 +249,16 @@ class Stats:
     def json(self) -> str:
         """The tree as JSON (the fields of the dataclasses)."""
         return msgspec.json.encode(self).decode()
+
+
+def _counts(**counts: int) -> list[str]:
+    """``3 queued`` for each count that is not 0."""
+    return [f"{n} {name}" for name, n in counts.items() if n]
+
+
+def _duration(seconds: float) -> str:
+    """``0.123 ms``, ``45.6 ms``, ``1.2 s``: three significant digits."""
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 class ProcessReport(msgspec.Struct, frozen=True, array_like=True):

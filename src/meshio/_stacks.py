@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -43,11 +43,18 @@ from ._util import utf8
 if TYPE_CHECKING:
     from ._cell import ActorCell, Construction
 
-__all__ = ("ActorStacks", "StackFrame", "Stacks", "TaskStack", "capture",
+__all__ = ("ActorStacks", "PrettyPrinter", "StackFrame", "Stacks", "TaskStack", "capture",
            "capture_construction", "decode_actors", "encode_actors", "gather", "thread_frames")
 
 #: seconds ``stacks()`` waits for a process's answer by default
 STACKS_TIMEOUT = 10.0
+
+
+class PrettyPrinter(Protocol):
+    """What IPython passes to ``_repr_pretty_`` (its
+    ``RepresentationPrinter``), as far as meshio uses it."""
+
+    def text(self, obj: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,8 @@ class ActorStacks:
 class Stacks:
     """The stacks of many actors: ``await actor_mesh.stacks()`` (one entry
     per rank) or ``await proc_mesh.stacks()`` (every actor of those
-    processes).  ``str(stacks)`` is :meth:`text`.
+    processes).  ``str(stacks)`` is :meth:`text`, and so is what IPython
+    (a notebook) shows for it.
 
     Attributes:
         actors: one entry per actor, by actor mesh name then rank.
@@ -164,6 +172,9 @@ class Stacks:
 
     def __str__(self) -> str:
         return self.text()
+
+    def _repr_pretty_(self, p: PrettyPrinter, cycle: bool) -> None:
+        p.text(self.text().rstrip("\n"))
 
     def text(self) -> str:
         """The stacks grouped: actors of one mesh with identical stacks are
