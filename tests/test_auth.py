@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import logging
 import os
 import secrets
 import signal
@@ -222,6 +223,30 @@ async def test_garbage_before_the_handshake_is_refused(
     await expect_dropped(r, w, challenge=True)
     await controller_log.wait_for(f"refused a connection to {process_address(targets, 0)}")
     await assert_serving(targets, 4)
+
+
+async def test_a_peer_gone_during_the_handshake_is_no_warning(
+        controller_log: LogWatch) -> None:
+    """A peer that connects and goes away before the handshake ends (a
+    worker killed as its start is cancelled, a CLI client past its
+    timeout) refused nothing: an INFO record, no warning (a notebook cell
+    showed one for an interrupted start)."""
+    ended = LogWatch()
+    ended.setLevel(logging.INFO)
+    logger = logging.getLogger("meshio")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(ended)
+    try:
+        rt = runtime()
+        _, w = await raw(rt.addr)
+        w.close()
+        line = await ended.wait_for(f"a connection to {rt.addr} from ")
+    finally:
+        logger.removeHandler(ended)
+        logger.setLevel(level)
+    assert "ended: connection closed during the handshake" in line
+    assert not any("refused a connection" in m for m in controller_log.messages)
 
 
 async def test_silent_peer_times_out(monkeypatch: pytest.MonkeyPatch,

@@ -368,7 +368,13 @@ class SocketBackend:
 
     def _log_refused(self, addr: str, hs: HandshakeProtocol, error: Exception) -> None:
         """Log a refused connection: :data:`REFUSALS_LOGGED` at once, then
-        one a second, each line naming the refusals not logged before it."""
+        one a second, each line naming the refusals not logged before it.
+        A peer that only went away during the handshake (it died, or gave
+        up: a start cancelled, a ``meshio stacks`` past its timeout) proved
+        nothing wrong: said at INFO level, not as a warning."""
+        if isinstance(error, ConnectionResetError):
+            log.info("meshio: a connection to %s from %s ended: %s", addr, hs.describe(), error)
+            return
         now = time.monotonic()
         self._may_log = min(float(REFUSALS_LOGGED), self._may_log + now - self._counted)
         self._counted = now
