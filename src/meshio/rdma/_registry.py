@@ -75,6 +75,18 @@ class RdmaBackend(Protocol):
         ...
 
 
+def view_of(m: Memory) -> memoryview:
+    """A writable view of ``m`` that keeps its memory alive while it, or a
+    slice of it, lives: a ``tcp`` frame lends such a slice to its
+    connection, which reads it after the send returned (written into a peer
+    of this host, or queued), so memory dropped meanwhile — a registration
+    released, a transfer given up — is freed only once the frame is sent or
+    its connection ended, never under the copy."""
+    array: Any = (ctypes.c_char * m.size).from_address(m.addr)
+    array._meshio_owner = m.keep  # the memory outlives its views
+    return memoryview(array).cast("B")
+
+
 # ------------------------------------------------------ owner's registry
 
 class Registration:
@@ -102,8 +114,8 @@ class Registration:
         return ctypes.addressof(self.token_cell)
 
     def view(self) -> memoryview:
-        m = self.memory
-        return memoryview((ctypes.c_char * m.size).from_address(m.addr)).cast("B")
+        """The registered memory (see :func:`view_of`)."""
+        return view_of(self.memory)
 
     def release(self) -> None:
         if self.token_cell.value != self.token:  # released already (its cell may be another's)

@@ -5,7 +5,6 @@ owner's runtime (not its actors: :data:`SERVES`); a
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import warnings
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from .._transport._runtime import Runtime, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
 from .._transport._tasks import together
 from ._memory import Memory
-from ._registry import Handle, OwnerSide, Registration, _request
+from ._registry import Handle, OwnerSide, Registration, _request, view_of
 
 #: bytes per TCP chunk, and chunks in flight
 TCP_CHUNK: Final = 8 << 20
@@ -46,7 +45,7 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
     around the whole transfer by :meth:`RDMABuffer._run`, which warns:
     :func:`warn_fallback`)."""
     rt = runtime()
-    view = memoryview((ctypes.c_char * local.size).from_address(local.addr)).cast("B")
+    view = view_of(local)  # (a write's chunks lend it: kept until sent, see view_of)
     sem = asyncio.Semaphore(TCP_WINDOW)
     where = f"RDMA {op} on buffer {h.buf} of pid {h.pid} on {h.host.split('/')[0]} (tcp)"
 
