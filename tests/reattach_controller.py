@@ -1,9 +1,13 @@
 """Trainers for ``tests/test_reattach.py``, and, run as a script, the
 controllers it kills and starts:
 
-- ``spawn NAME KEEP_ALIVE``: spawns proc mesh NAME (two processes, with
-  ``keep_alive`` seconds unless it is ``none``) and trainers on it, trains
-  three steps, prints ``ready <pids as JSON>`` and waits (to be killed);
+- ``spawn NAME KEEP_ALIVE [OPTIONS [SLOW]]``: spawns proc mesh NAME (two
+  processes, with ``keep_alive`` seconds unless it is ``none``, and the
+  other ``spawn_procs`` options of the JSON object OPTIONS) and trainers on
+  it, trains three steps, prints ``ready <pids as JSON>`` and waits (to be
+  killed); with SLOW (a Unix socket's path), it spawns ``slow``
+  (:class:`SlowInit`) first, whose constructors wait there, so that it is
+  killed in the middle of that spawn;
 - ``step NAME``: re-attaches to NAME, trains one step and exits at once
   (``os._exit``: a second controller lost without stopping anything);
 - ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
@@ -19,6 +23,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import sys
 
 import meshio
@@ -67,12 +72,31 @@ class Trainer(Actor):
         logging.getLogger("trainer").warning("trainer at step %d", len(self.history))
 
 
-async def spawn(name: str, keep_alive: float | None) -> None:
+class SlowInit(Actor):
+    """Its constructor, given a Unix socket's path, connects there and waits
+    until the other end closes: the test holds it in the middle of a spawn."""
+
+    def __init__(self, hold: str | None) -> None:
+        if hold is not None:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(hold)
+                s.recv(1)
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def spawn(name: str, keep_alive: float | None, options: dict[str, object],
+                slow: str | None) -> None:
     procs = await (await hosts()).spawn_procs(per_host=per_host(), name=name,
-                                              keep_alive=keep_alive)
+                                              keep_alive=keep_alive,
+                                              **options)  # type: ignore[arg-type]
     trainers = await procs.spawn("trainers", Trainer, lr=0.5)
     await trainers.train.call(steps=3)
     print("ready", json.dumps(procs.pids), flush=True)
+    if slow is not None:
+        await procs.spawn("slow", SlowInit, slow)  # (killed before it returns)
     sys.stdin.read()  # until the test kills this process
 
 
@@ -106,6 +130,8 @@ if __name__ == "__main__":
         sys.argv.pop()
     what, mesh = sys.argv[1], sys.argv[2]
     if what == "spawn":
-        meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3])))
+        meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3]),
+                         json.loads(sys.argv[4]) if len(sys.argv) > 4 else {},
+                         sys.argv[5] if len(sys.argv) > 5 else None))
     else:
         meshio.run(step(mesh) if what == "step" else resume(mesh))

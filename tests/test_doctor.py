@@ -362,6 +362,27 @@ def test_kubernetes_not_answering_or_not_configured(tmp_path: Path) -> None:
         "no Kubernetes cluster is configured")
 
 
+@pytest.mark.parametrize("content", ["hello\n", "a: [\n"])
+def test_kubernetes_with_a_malformed_kubeconfig_is_missing_and_the_rest_reported(
+        tmp_path: Path, content: str) -> None:
+    """Before, the client's TypeError (or yaml error) ended the command with
+    a traceback and no report."""
+    pytest.importorskip("kubernetes")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    rc, report, err = doctor_json(env={"KUBECONFIG": str(kubeconfig)})
+    assert rc == 0 and "Traceback" not in err
+    assert tuple(report["checks"]) == CHECKS
+    check = report["checks"]["kubernetes"]
+    assert check["status"] == "missing"
+    assert check["detail"].startswith(f"the kubeconfig {kubeconfig} is not valid (")
+    assert "\n" not in check["detail"]
+    proc = doctor("--require", "kubernetes", env={"KUBECONFIG": str(kubeconfig)})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"kubernetes  the kubeconfig {kubeconfig} is not valid (" in proc.stdout
+    assert "kubernetes is required but missing" in proc.stderr
+
+
 # ------------------------------------------------------------ the rest
 
 def test_unknown_require_is_a_usage_error() -> None:

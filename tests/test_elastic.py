@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ import pytest
 from supervision_helpers import DEADLINE, Events, manual_sup
 
 import meshio
+from fifo_gate import Gate, hold
 from gone import wait_gone
 from meshio import Actor, endpoint
 from meshio.testing import child_pids, wait_exited
@@ -59,6 +61,21 @@ class Counter(Actor):
         """The values of every actor of its mesh, called through its context."""
         mesh = meshio.context(Counter).mesh
         return [v for v, _ in (await mesh.get.call()).values()]
+
+
+class HeldWhenArmed(Actor):
+    """Once the file ``armed`` is in ``gate``, its constructor writes its
+    pid to ``gate/pid`` and holds its process at the gate (see fifo_gate)."""
+
+    def __init__(self, gate: str) -> None:
+        if os.path.exists(os.path.join(gate, "armed")):
+            with open(os.path.join(gate, "pid"), "w") as f:
+                f.write(str(os.getpid()))
+            hold(os.path.join(gate, "ready"), os.path.join(gate, "release"))
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
 
 
 @asynccontextmanager
@@ -243,6 +260,30 @@ async def test_replace_a_live_process_stops_it_first() -> None:
         values = await c.get.call()
         assert [v for v, _ in values.values()] == [10, 13]
         assert procs.pids[0] != old
+
+
+async def test_a_replacement_killed_while_its_actors_are_rebuilt_is_a_hole_again(
+        tmp_path: pathlib.Path) -> None:
+    """The new process of ``replace()`` SIGKILLed inside a rebuilt actor's
+    constructor: SupervisionError naming it, and the point a hole that the
+    next ``replace`` fills.  Before, ``replace`` raised a bare AssertionError."""
+    gate = Gate(tmp_path)
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        held = await procs.spawn("held", HeldWhenArmed, str(tmp_path))
+        (tmp_path / "armed").touch()
+        await kill_and_wait(procs, 0)
+        replacing = asyncio.ensure_future(procs.replace(0))
+        await gate.wait_held(DEADLINE)
+        new = int((tmp_path / "pid").read_text())
+        os.kill(new, signal.SIGKILL)
+        with pytest.raises(meshio.SupervisionError,
+                           match=f"rank 0: its new process {new} .*killed by signal SIGKILL "
+                                 f"while its actors were rebuilt; it is a hole again"):
+            await asyncio.wait_for(replacing, DEADLINE)
+        assert [p.rank for p in procs.holes] == [0]
+        (tmp_path / "armed").unlink()
+        await asyncio.wait_for(procs.replace(0), DEADLINE)
+        assert procs.holes == [] and await held.pid.call_one() == procs.pids[0]
 
 
 # ------------------------------------------------------------ grow, shrink

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -47,7 +48,7 @@ from meshio.jobs import (
     KubernetesJob,
     TLSConfig,
 )
-from meshio.jobs._job import write_secret
+from meshio.jobs._job import write_cache, write_secret
 from meshio.jobs._kubernetes import JOB_LABEL
 from netns_hosts import Host, netns_hosts, requires_netns
 
@@ -259,9 +260,14 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
 
     monkeypatch.setattr(agent_module, "read_secret_file", read_secret_file)
     monkeypatch.setattr(agent_module, "TLSConfig", tls_config)
+
+    def in_pod(command: list[str]) -> list[str]:
+        """``command`` as Kubernetes runs it: ``$(POD_IP)`` expanded from the env."""
+        return [a.replace("$(POD_IP)", "10.0.0.5") for a in command]
+
     for job in golden_jobs(tmp_path).values():
         (wl,) = [d for d in job.manifests() if d["kind"] in ("Job", "StatefulSet")][:1]
-        argv = wl["spec"]["template"]["spec"]["containers"][0]["command"]
+        argv = in_pod(wl["spec"]["template"]["spec"]["containers"][0]["command"])
         assert argv[:2] == ["meshio", "agent"]
         seen.clear()
         with pytest.raises(SystemExit) as exit_:
@@ -269,7 +275,7 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
         assert exit_.value.code == 0
         assert seen["listen"] == f"0.0.0.0:{job.port}"
         assert seen["secret"] == b"read /etc/meshio/secret/secret"
-        assert seen["advertise"] == "$(POD_IP)"  # Kubernetes expands it from the env
+        assert seen["advertise"] == "10.0.0.5"
         assert seen["idle_timeout"] == job.idle_timeout
         assert seen["tls"] == (None if job.tls is None else (
             "/etc/meshio/tls/tls.crt", "/etc/meshio/tls/tls.key", "/etc/meshio/tls/ca.crt", True,
@@ -281,7 +287,7 @@ def test_the_agent_command_parses_with_meshios_cli(tmp_path: Path,
                         tls=TLSConfig(tls.cert, tls.key, tls.ca, check_hostname=False))
     seen.clear()
     with pytest.raises(SystemExit) as exit_:
-        meshio._cli.main(job.agent_command()[1:])
+        meshio._cli.main(in_pod(job.agent_command())[1:])
     assert exit_.value.code == 0
     assert seen["tls"] == ("/etc/meshio/tls/tls.crt", "/etc/meshio/tls/tls.key",
                            "/etc/meshio/tls/ca.crt", True, False)
@@ -577,11 +583,13 @@ async def test_a_cancelled_apply_lets_the_lock_go_once_its_requests_are_done(
         tmp_path: Path, cluster: FakeCluster) -> None:
     """apply() cancelled while its thread creates the job's objects (the
     API server holds the create of one): the job's lock stays held until
-    that thread is done, so another controller (another process here) that
-    takes the lock then finds every object created and named by the cache,
-    and a kill() deletes them all; the cancellation still propagates.
-    Before, the lock went at once: a kill() by another controller then
-    found no cache, and the objects created after it were left running."""
+    that request is answered, and the thread makes no other, so another
+    controller (another process here) that takes the lock then finds every
+    object created named by the cache, and a kill() deletes them all; the
+    cancellation still propagates.  Before, the lock went at once: a kill()
+    by another controller then found no cache, and the objects created
+    after it were left running; and the thread went on creating every
+    object, a request after another, before the call could end."""
     job = make_job(tmp_path)
     cluster.hold = ("jobs", "rl-trainers")
     applying = asyncio.ensure_future(job.apply())
@@ -593,8 +601,11 @@ async def test_a_cancelled_apply_lets_the_lock_go_once_its_requests_are_done(
             cluster.released.set()
             assert await other.said() == "held"
             assert applying.done()  # (it let the lock go as it ended)
-            assert len(json.loads(job.cache.read_text())["uids"]) == 5
-            assert len(cluster.names("pods")) == 3
+            # the create under way was answered, and no other was made
+            assert sorted(json.loads(job.cache.read_text())["uids"]) == [
+                "Job/rl-trainers", "Secret/rl-secret", "Service/rl-trainers"]
+            assert cluster.names("jobs") == ["rl-trainers"]
+            assert len(cluster.names("pods")) == 2
             await other.release()
         with pytest.raises(asyncio.CancelledError):
             await applying
@@ -709,6 +720,126 @@ async def test_an_unreachable_api_server_is_a_cluster_error(
     kubeconfig.write_text(json.dumps(config))
     with pytest.raises(ClusterError, match="API server did not answer"):
         await make_job(tmp_path).apply()
+
+
+class SilentServer:
+    """An API server that takes each request and never answers it: a
+    socket that listens, accepts and reads (``requests``: their first
+    lines; ``came`` is set at each)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.requests: list[str] = []
+        self.came = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self.serve)
+        self.thread.start()
+
+    def serve(self) -> None:
+        with contextlib.suppress(OSError):  # (the listener shut down: the test is over)
+            while True:
+                conn, _ = self.listener.accept()
+                self.conns.append(conn)
+                head = b""
+                while b"\r\n\r\n" not in head and (data := conn.recv(4096)):
+                    head += data
+                self.requests.append(head.split(b"\r\n", 1)[0].decode())
+                self.came.set()
+
+    def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # (wakes accept())
+        self.thread.join()
+        self.listener.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def silent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentServer]:
+    server = SilentServer()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "silent",
+        "clusters": [{"name": "silent", "cluster": {
+            "server": f"http://127.0.0.1:{server.listener.getsockname()[1]}"}}],
+        "users": [{"name": "me", "user": {"token": "t"}}],
+        "contexts": [{"name": "silent", "context": {"cluster": "silent", "user": "me"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def test_an_api_server_that_never_answers_gets_start_timeout_and_one_request(
+        tmp_path: Path, silent: SilentServer) -> None:
+    """Each request is given what is left of the call's ``start_timeout``
+    (at most 30 s), and one that got no answer is not sent again.  A failed
+    apply() leaves no cache and no secret.  Before, a request had 30 s
+    whatever ``start_timeout``, kill()'s delete was sent 4 times (2 min),
+    and apply() left ``rl.secret`` behind."""
+    job = make_job(tmp_path, start_timeout=2)
+    with pytest.raises(ClusterError, match="API server did not answer"):
+        await job.apply()
+    assert not job.cache.exists() and not job.secret_file.exists()
+    with pytest.raises(ClusterError, match="API server did not answer"):
+        await job.kill()
+    assert [r.split(" ", 1)[0] for r in silent.requests] == ["POST", "DELETE"]
+
+
+async def test_a_kill_cancelled_while_the_api_server_does_not_answer_ends_with_that_request(
+        tmp_path: Path, silent: SilentServer) -> None:
+    """kill() cancelled while its first delete gets no answer: the
+    cancellation ends it once that request's time is out (``start_timeout``
+    here), with no other request made, and the cache is kept for the next
+    kill().  Before, it waited for the delete sent 4 times, 30 s each."""
+    job = make_job(tmp_path, start_timeout=5)
+    write_secret(job.secret_file, SECRET)
+    write_cache(job.cache, {"kind": "KubernetesJob", "meshes": job.meshes, "namespace": "ml",
+                            "workload": "job", "uids": {}})
+    killing = asyncio.ensure_future(job.kill())
+    came = asyncio.ensure_future(asyncio.to_thread(silent.came.wait, DEADLINE))
+    try:
+        await asyncio.wait([came, killing], return_when=asyncio.FIRST_COMPLETED)
+        assert not killing.done() and await came  # its delete is under way
+        killing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await killing
+    finally:
+        killing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await killing
+        silent.came.set()
+        await came
+    assert [r.split(" ", 1)[0] for r in silent.requests] == ["DELETE"]
+    assert job.cache.exists() and job.secret_file.exists()
+
+
+@pytest.mark.parametrize("content", ["hello\n", "a: [\n"])
+@pytest.mark.parametrize("where", ["KUBECONFIG", "~/.kube/config"])
+async def test_a_malformed_kubeconfig_is_the_typed_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, where: str) -> None:
+    """Before, the client's own TypeError or yaml error came out of apply()."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if where == "KUBECONFIG":
+        kubeconfig = tmp_path / "garbage"
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    else:
+        kubeconfig = tmp_path / ".kube" / "config"
+        kubeconfig.parent.mkdir()
+        monkeypatch.delenv("KUBECONFIG", raising=False)
+    kubeconfig.write_text(content)
+    job = make_job(tmp_path)
+    for op in (job.apply, job.kill):
+        with pytest.raises(ClusterNotConfiguredError) as raised:
+            await op()
+        said = str(raised.value)
+        assert said.startswith(f"the kubeconfig {kubeconfig} is not valid (")
+        assert ("TypeError: " if content == "hello\n" else "ParserError: ") in said
+        assert "\n" not in said
+    assert not job.cache.exists() and not job.secret_file.exists()
 
 
 class Where(Actor):

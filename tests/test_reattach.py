@@ -13,6 +13,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ import reattach_controller
 from meshio._keep_alive import KeptMesh
 from meshio.jobs import ProcessJob
 from meshio.supervision import SupervisionEvent
-from reattach_controller import Trainer
+from reattach_controller import SlowInit, Trainer
 
 GUARD = 60.0
 SCRIPT = Path(reattach_controller.__file__).resolve()
@@ -43,10 +44,11 @@ class Controller:
     """A first controller, run as a script: it spawns, trains three steps
     and waits to be killed."""
 
-    def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
+    def __init__(self, name: str, keep_alive: float | None, *args: str) -> None:
+        """``args``: the script's further arguments (see its docstring)."""
         self.proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), "spawn", name,
-             "none" if keep_alive is None else str(keep_alive), *job],
+             "none" if keep_alive is None else str(keep_alive), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         ready = _readline(self.proc.stdout.fileno())
@@ -71,8 +73,8 @@ def controller() -> Iterator[type[Controller]]:
     started: list[Controller] = []
 
     class Started(Controller):
-        def __init__(self, name: str, keep_alive: float | None, *job: str) -> None:
-            super().__init__(name, keep_alive, *job)
+        def __init__(self, name: str, keep_alive: float | None, *args: str) -> None:
+            super().__init__(name, keep_alive, *args)
             started.append(self)
 
     yield Started
@@ -237,23 +239,29 @@ async def test_a_supervisor_given_to_reattach_restarts_a_killed_worker(
     assert not (records / "supervised.json").exists()
 
 
+@pytest.mark.parametrize("on", ["this host", "a job"])
 @pytest.mark.parametrize("supervised", [False, True])
 async def test_reattach_to_a_mesh_that_lost_a_worker_meanwhile(
-        controller: type[Controller], records: Path, supervised: bool) -> None:
+        controller: type[Controller], records: Path, tmp_path: Path, supervised: bool,
+        on: str) -> None:
     """A worker of a kept-alive mesh dies while no controller serves it: the
     others are re-attached, and the dead one fails as if after it (a
     supervisor restarts it and rebuilds its actors; without one it is a
     hole), so the mesh serves and stops.  Before, reattach refused
     ("Connection refused"), and so did spawn_procs of that name (it told
     the user to reattach and stop it): the survivors ran unreachable until
-    their keep_alive ran out."""
-    first = controller("half", 60)
+    their keep_alive ran out.  On a job's hosts, reattach failed for good
+    ("host agent at ... has no worker ... (it has exited)")."""
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    first = controller("half", 60, *(["--job", cache] if on == "a job" else []))
     first.sigkill()
     os.kill(first.pids[1], signal.SIGKILL)
     wait_exited([first.pids[1]])
+    hosts = meshio.this_host() if on == "this host" else (await job.state()).hosts
     sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0) if supervised else None
     events = sup.events() if sup is not None else None
-    procs = await meshio.this_host().reattach("half", supervisor=sup)
+    procs = await hosts.reattach("half", supervisor=sup)
     try:
         trainers = procs.actors("trainers", Trainer)
         if events is not None:
@@ -273,8 +281,89 @@ async def test_reattach_to_a_mesh_that_lost_a_worker_meanwhile(
         if events is not None:
             await events.aclose()
         await procs.stop()
+        await job.kill()
     wait_exited(first.pids)
     assert not (records / "half.json").exists()
+
+
+async def test_a_reattached_mesh_keeps_its_spawn_options(
+        controller: type[Controller], records: Path) -> None:
+    """``spawn_procs``' options (restart type, shutdown, heartbeats,
+    partition_timeout) hold after a re-attach too.  Before, the re-attached
+    mesh had the defaults (a heartbeat_timeout of 3 s instead of the 30
+    asked for), and its processes were restarted though spawned
+    ``restart="temporary"``."""
+    options = {"restart": "temporary", "shutdown": "brutal_kill", "heartbeat_interval": 2.0,
+               "heartbeat_timeout": 30.0, "partition_timeout": 20.0}
+    first = controller("opts", 60, json.dumps(options))
+    first.sigkill()
+    sup = meshio.Supervisor("one_for_one", max_restarts=3, within=60.0)
+    events = sup.events()
+    procs = await meshio.this_host().reattach("opts", supervisor=sup)
+    try:
+        os.kill(first.pids[1], signal.SIGKILL)
+        async with asyncio.timeout(GUARD):
+            ev = await anext(events)
+        assert (ev.kind, ev.rank) == ("failure", 1)
+        # temporary: its supervisor restarts nothing, the process is a hole
+        states = await procs.actors("trainers", Trainer).state.call()
+        assert [p.rank for p in states.holes] == [1] and states.values() == [(3, 1.5)]
+        kept = record(records, "opts").options  # as the re-attached mesh has them
+        assert kept is not None
+        assert (kept.restart, kept.shutdown, kept.partition_timeout) == (
+            "temporary", "brutal_kill", 20.0)
+    finally:
+        await events.aclose()
+        await procs.stop()
+    wait_exited(first.pids)
+    # without a supervisor, the heartbeats are those spawn_procs was given
+    second = controller("beats", 60, json.dumps(options))
+    second.sigkill()
+    procs = await meshio.this_host().reattach("beats")
+    try:
+        kept = record(records, "beats").options
+        assert kept is not None
+        assert (kept.heartbeat_interval, kept.heartbeat_timeout) == (2.0, 30.0)
+    finally:
+        await procs.stop()
+    wait_exited(second.pids)
+
+
+async def test_a_spawn_the_lost_controller_did_not_finish_is_stopped(
+        controller: type[Controller], tmp_path: Path) -> None:
+    """The controller is lost while the constructors of ``procs.spawn("slow",
+    ...)`` run: the re-attach stops those actors (nobody ever got them), and
+    the name can be spawned again.  Before, the record did not know of that
+    spawn: ``procs.actors("slow", ...)`` said there was no such mesh, and
+    ``procs.spawn("slow", ...)`` failed on every rank ("an actor mesh named
+    'slow' already lives in this process"), for good."""
+    hold = str(tmp_path / "hold.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(hold)
+        listener.listen()
+        listener.settimeout(GUARD)
+        first = controller("cut", 60, "{}", hold)
+        held = [listener.accept()[0] for _ in first.pids]  # both constructors run
+    try:
+        first.sigkill()
+        procs = await meshio.this_host().reattach("cut")
+        try:
+            with pytest.raises(meshio.UnknownActorError,
+                               match=r"no actors named 'slow' .*its spawn was interrupted by "
+                                     r"the lost controller"):
+                procs.actors("slow", SlowInit)
+            slow = await procs.spawn("slow", SlowInit, None)
+            assert sorted((await slow.pid.call()).values()) == sorted(first.pids)
+            trainers = procs.actors("trainers", Trainer)
+            assert list((await trainers.state.call()).values()) == [(3, 1.5), (3, 1.5)]
+        finally:
+            for conn in held:  # the held constructors end: those actors stop once built
+                conn.close()
+            await procs.stop()
+    finally:
+        for conn in held:  # (closed already, unless the re-attach failed)
+            conn.close()
+    wait_exited(first.pids)
 
 
 async def test_keep_alive_arguments_and_names_are_checked(records: Path) -> None:

@@ -63,6 +63,21 @@ async def test_a_destination_it_cannot_write_is_refused_before_any_copy(kind: st
     assert all((t == 7).all() for t in fine.values())
 
 
+@pytest.mark.parametrize("dst", [[torch.zeros(N)], torch.zeros(N), None],
+                         ids=["list", "tensor", "None"])
+async def test_a_destination_that_is_not_a_mapping_is_a_type_error(dst: object) -> None:
+    """Before, a list or a tensor gave a ValueError listing its elements as
+    keys, and None "'NoneType' object is not iterable"."""
+    store = WeightStore(f"into-{type(dst).__name__}")
+    want = (rf"^WeightStore.read_into: dst must be a mapping of name to tensor .*got "
+            rf"{type(dst).__name__}$")
+    with pytest.raises(TypeError, match=want):  # before waiting for a version
+        await asyncio.wait_for(store.read_into(dst, timeout=0), GUARD)  # type: ignore[arg-type]
+    await store.publish(published(), version=1)
+    with pytest.raises(TypeError, match=want):
+        await asyncio.wait_for(store.read_into(dst), GUARD)  # type: ignore[arg-type]
+
+
 async def test_views_it_can_write_take_the_version() -> None:
     store = WeightStore("into-views")
     c = torch.tensor([1 + 2j, 3 - 4j])

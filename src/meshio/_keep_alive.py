@@ -6,9 +6,10 @@ A controller publishes one file per kept-alive proc mesh,
 ``<inspection dir>/procs/<name>.json`` (the directory of ``meshio stacks``'
 files, :func:`~meshio._inspect.inspection_dir`: mode 0700, the file 0600,
 so only this user reads it): the mesh's name, id and shape, its job secret,
-each worker's address, listening name and pid, and per actor mesh its name,
-class and constructor arguments (to rebuild its actors when a supervisor
-replaces a process).  It is rewritten as the mesh changes (spawns,
+each worker's address, listening name and pid, its ``spawn_procs`` options,
+and per actor mesh its name, class and constructor arguments (to rebuild its
+actors when a supervisor replaces a process), and the actor meshes whose
+spawn is under way.  It is rewritten as the mesh changes (spawns,
 restarts, grow/shrink) and removed when the mesh is stopped normally.
 
 Here too the check of a proc mesh's name (:func:`check_name`), for every
@@ -31,8 +32,8 @@ from ._exceptions import UnknownProcMeshError
 from ._inspect import private_dir
 from ._transport._sockets import sockaddr
 
-__all__ = ("KeptActor", "KeptMesh", "KeptWorker", "check_name", "claim", "forget", "lookup",
-           "publish")
+__all__ = ("KeptActor", "KeptMesh", "KeptOptions", "KeptWorker", "check_name", "claim",
+           "forget", "lookup", "publish")
 
 
 class KeptWorker(msgspec.Struct, frozen=True):
@@ -67,6 +68,18 @@ class KeptActor(msgspec.Struct, frozen=True):
     stall_after: float
 
 
+class KeptOptions(msgspec.Struct, frozen=True):
+    """The ``spawn_procs`` options of a kept-alive proc mesh, which a
+    re-attach keeps (the heartbeats' are a supervisor's if one watched it)."""
+
+    restart: str | None
+    #: seconds, or ``"brutal_kill"``
+    shutdown: float | str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    partition_timeout: float
+
+
 class KeptMesh(msgspec.Struct, frozen=True):
     """What a new controller needs to re-attach to a proc mesh."""
 
@@ -89,6 +102,12 @@ class KeptMesh(msgspec.Struct, frozen=True):
     actors: list[KeptActor]
     #: actor meshes spawned on it so far (:meth:`ProcState.new_target`)
     spawns: int = 0
+    #: its options (None: a record of an older meshio, which kept none; the
+    #: defaults apply)
+    options: KeptOptions | None = None
+    #: the targets of actor meshes whose spawn is under way (a re-attach
+    #: stops their actors: the spawn never returned them to anyone)
+    spawning: list[str] = []
 
 
 _decode = msgspec.json.Decoder(KeptMesh).decode

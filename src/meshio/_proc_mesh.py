@@ -21,7 +21,7 @@ from ._constants import MAX_PER_HOST, PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
 from ._extent import Extent, MeshShape, Point, Region
-from ._keep_alive import KeptActor, check_name, lookup
+from ._keep_alive import KeptActor, KeptOptions, check_name, lookup
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -258,6 +258,10 @@ class ProcMesh(MeshShape):
             raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}")
         state.actor_names.add(name)
         target = state.new_target(name)
+        # (kept alive, published before any process builds it: a controller
+        # lost before the spawn returns leaves a record that says so)
+        state.spawning.add(target)
+        state.published()
         addrs = [""] * state.region.extent.nelem
         for w in state.workers:
             addrs[w.rank] = w.addr
@@ -290,24 +294,28 @@ class ProcMesh(MeshShape):
                                          self._options, mesh if self._view is None else None,
                                          (cls.__module__, cls.__qualname__)))
         try:
-            await asyncio.wait(futs)
-        except asyncio.CancelledError:
-            # The caller gave up: each actor is stopped once built (a
-            # constructor cannot be interrupted), the name is free at once for
-            # a new spawn, and nothing waits on the answers.
-            for fut in futs:
-                fut.cancel()
-            mesh._stopping(tell=False)
-            state.forget(name)
-            raise
-        failures = [(p, f.exception()) for p, f in zip(self, futs) if f.exception() is not None]
-        if failures:
-            # (not waiting for a process that answers no heartbeat: the error says it)
-            await mesh._stopping(tell=False)
-            state.forget(name)  # stopped everywhere: the name is free again
-            raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
-                                   cast(list[tuple[Any, BaseException]], failures))
-        state.published()
+            try:
+                await asyncio.wait(futs)
+            except asyncio.CancelledError:
+                # The caller gave up: each actor is stopped once built (a
+                # constructor cannot be interrupted), the name is free at once
+                # for a new spawn, and nothing waits on the answers.
+                for fut in futs:
+                    fut.cancel()
+                mesh._stopping(tell=False)
+                state.forget(name)
+                raise
+            failures = [(p, f.exception()) for p, f in zip(self, futs)
+                        if f.exception() is not None]
+            if failures:
+                # (not waiting for a process that answers no heartbeat: the error says it)
+                await mesh._stopping(tell=False)
+                state.forget(name)  # stopped everywhere: the name is free again
+                raise combine_failures(f"{cls.__qualname__}.__init__", mesh,
+                                       cast(list[tuple[Any, BaseException]], failures))
+        finally:
+            state.spawning.discard(target)
+            state.published()
         return cast(A, mesh)
 
     def actors(self, name: str, cls: type[A], /) -> A:
@@ -328,8 +336,11 @@ class ProcMesh(MeshShape):
         record = next((a for a in state.actors if a.name == name), None)
         if record is None:
             names = ", ".join(repr(a.name) for a in state.actors) or "none"
+            why = (f"; its spawn was interrupted by the lost controller, which never got "
+                   f"them, so the re-attach stopped them: spawn {name!r} again"
+                   if name in state.interrupted else "")
             raise UnknownActorError(f"procs.actors({name!r}): proc mesh {state.name!r} has no "
-                                    f"actors named {name!r} (its actor meshes: {names})")
+                                    f"actors named {name!r} (its actor meshes: {names}){why}")
         module, qualname = record.cls_name
         if not _is_actor_class(cls) or cls.__qualname__ != qualname or (
                 module != cls.__module__ and "__main__" not in (module, cls.__module__)):
@@ -456,7 +467,9 @@ class ProcMesh(MeshShape):
             IndexError: the rank or a coordinate is out of range.
             KeyError: the coordinates name an unknown dimension or miss one.
             TypeError: neither an int nor a mapping of coordinates.
-            SupervisionError: the mesh was stopped (or its supervisor gave up).
+            SupervisionError: the mesh was stopped (or its supervisor gave
+                up), or the new process was lost while its actors were
+                rebuilt (the point is a hole again).
             ProcessStartError: the new process did not start (the point is a
                 hole then).
             ActorError: a constructor raised (the point is a hole then).
@@ -1054,13 +1067,18 @@ class HostMesh(MeshShape):
         as they are: this controller serves them from now on (a later
         :meth:`ProcMesh.stop` stops them; losing this controller starts
         their ``keep_alive`` wait again).  Get the actors back with
-        ``procs.actors("trainers", Trainer)``.
+        ``procs.actors("trainers", Trainer)``.  The mesh keeps the options
+        it was spawned with (``restart``, ``shutdown``, the heartbeats,
+        ``partition_timeout``).  The actors of a spawn the lost controller
+        did not finish are stopped (nobody got them): their name is free
+        for a new ``procs.spawn``.
 
         Args:
             supervisor: watches the processes from now on (declared as its
                 next child), restarting them and rebuilding their actors
-                with their constructor arguments; without one, failures are
-                reported and nothing restarts (as for ``spawn_procs``).
+                with their constructor arguments (its heartbeat settings
+                apply); without one, failures are reported and nothing
+                restarts (as for ``spawn_procs``).
 
         Raises:
             TypeError: ``name`` is not a ``str``.
@@ -1093,11 +1111,16 @@ class HostMesh(MeshShape):
                              f"{dict(zip(record.labels, record.sizes))}; re-attach on the host "
                              f"mesh it was spawned on (dims {self.sizes})")
         region = Region.full(record.labels, record.sizes)
+        options = record.options or KeptOptions(None, STOP_GRACE, HEARTBEAT_INTERVAL,
+                                                3 * HEARTBEAT_INTERVAL, PARTITION_TIMEOUT)
         state = ProcState(record.name, launchers, region,
-                          region.extent.nelem // len(launchers), supervisor, None, STOP_GRACE,
-                          (HEARTBEAT_INTERVAL, 3 * HEARTBEAT_INTERVAL), record.env,
+                          region.extent.nelem // len(launchers), supervisor,
+                          cast(RestartType | None, options.restart),
+                          cast(ShutdownPolicy, options.shutdown),
+                          (options.heartbeat_interval, options.heartbeat_timeout), record.env,
                           record.bootstrap, host_dims, record.log_records, record.log_dir,
-                          keep_alive=record.keep_alive, adopt=record)
+                          options.partition_timeout, keep_alive=record.keep_alive,
+                          adopt=record)
         procs = ProcMesh(state, None)
         try:
             await procs

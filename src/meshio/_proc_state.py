@@ -29,7 +29,7 @@ from ._debug import debug_link
 from ._exceptions import ProcessStartError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
-from ._keep_alive import KeptActor, KeptMesh, KeptWorker, claim, publish
+from ._keep_alive import KeptActor, KeptMesh, KeptOptions, KeptWorker, claim, publish
 from ._keep_alive import forget as forget_record
 from ._launcher import (
     GPU_ENV,
@@ -58,6 +58,7 @@ from ._transport._messages import (
     Shutdown,
     SpawnActor,
     Stalled,
+    StopActor,
 )
 from ._transport._runtime import Runtime, fault_report, register_handler, runtime
 from ._transport._serial import Buffers, dumps
@@ -319,6 +320,12 @@ class ProcState:
         self.spawns: int = 0 if adopt is None else adopt.spawns
         #: workers found dead on re-attaching, failed once their actors are known
         self.gone: list[_Worker] = []
+        #: the targets of the actor meshes whose spawn is under way (kept
+        #: alive, the record lists them: :meth:`_adopt` stops their actors)
+        self.spawning: set[str] = set()
+        #: re-attached: the names of the actor meshes whose spawn the lost
+        #: controller did not finish (their actors stopped; the names free)
+        self.interrupted: list[str] = []
         self.stopped: bool = False
         #: done once the stop under way has stopped every process (:meth:`stop`)
         self._stop_done: asyncio.Future[None] | None = None
@@ -650,6 +657,19 @@ class ProcState:
             w.started()
         self.actor_names = {a.name for a in record.actors}
         self._beating = rt.tasks.start(self._heartbeats())
+        # The actors of a spawn the lost controller did not finish were never
+        # anyone's: stopped (once built, as a spawn given up on does), so that
+        # their names are free; each process stops those it has.
+        for target in record.spawning:
+            for w in self.workers:
+                if w not in self.gone:
+                    assert w.conn is not None
+                    w.conn.send_message(StopActor(0, target, whole=True))
+        self.interrupted = [target.rpartition("/")[2] for target in record.spawning]
+        if self.interrupted:
+            log.warning("meshio: reattach(%r): the spawn of actor mesh(es) %s was interrupted "
+                        "by the lost controller: their actors are stopped; spawn them again",
+                        self.name, ", ".join(map(repr, self.interrupted)))
 
     def fail_gone(self) -> None:
         """Fail the workers found dead on re-attaching (:meth:`_adopt`), once
@@ -674,7 +694,11 @@ class ProcState:
                 [KeptActor(a.name, a.target, *a.cls_name, a.cls_blob,
                            None if a.out else a.body,
                            a.labels, a.sizes, list(a.ranks), a.options.restart,
-                           a.options.stall_after) for a in self.actors], self.spawns))
+                           a.options.stall_after)
+                 for a in self.actors if a.target not in self.spawning], self.spawns,
+                KeptOptions(self.restart, self.shutdown, self.heartbeat_interval,
+                            self.heartbeat_timeout, self.partition_timeout),
+                sorted(self.spawning)))
         except OSError as e:  # the mesh works on; only reattach cannot find it
             log.warning("meshio: cannot publish proc mesh %r for reattach (%s)", self.name, e)
 
@@ -1290,7 +1314,9 @@ class ProcState:
         too; a restart under way is waited for first.  Its new pid and host.
 
         Raises:
-            SupervisionError: the mesh was stopped.
+            SupervisionError: the mesh was stopped; or the new process was
+                lost while its actors were rebuilt (its loss made the verdict:
+                a hole again, with no supervisor).
             ProcessStartError, ActorError: the new process did not start, or
                 a constructor raised: the point is a hole (again).
         """
@@ -1319,7 +1345,16 @@ class ProcState:
                                           *result)
                 return result
             self._check_open("replace")
-            assert result is not None  # (None: stopped)
+            if result is None:  # lost while its actors were rebuilt: the verdict is made
+                handle = w.handle
+                cause, said = _exit_cause(handle)
+                what_now = ("it is a hole again: replace it again" if w.state is SlotState.HOLE
+                            else "its supervisor decides what comes of it")
+                raise SupervisionError(
+                    f"replace: proc mesh {self.name!r} rank {grank}: its new process "
+                    f"{handle.pid} on {handle.host} {said} while its actors were rebuilt; "
+                    f"{what_now}", actor=self.name, rank=grank, host=handle.host,
+                    pid=handle.pid, cause=cause)
             await self._failed_replace(w, f"replace failed: {type(result).__name__}: {result}")
             raise result
 

@@ -1,14 +1,17 @@
 """A store closes when the actor that created it is stopped: readers
 waiting for a version that will never come, in any process, are told so
 (RDMAError naming the store) instead of waiting for ever; a store created
-anew under the name is another store; and an old handle's ``latest`` says
-the closed store's last version, never what freed memory holds."""
+anew under the name is another store (in a process that replaced the
+owner's too); and an old handle's ``latest`` says the closed store's last
+version, never what freed memory holds."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
+import signal
 from typing import Any
 
 from test_weight_store import Learner as Publisher
@@ -191,3 +194,32 @@ async def test_an_old_handle_keeps_its_last_version() -> None:
         for reader in (other, beside):
             assert await reader.latest.call_one(old) == 3
             assert await reader.latest.call_one(new) == 1
+
+
+async def test_an_old_handle_of_a_replaced_process_says_its_store_is_closed() -> None:
+    """The learner's process SIGKILLed and replaced (``procs.replace``, at the
+    same address), the rebuilt learner creates "policy" again: the old handle
+    says its store is closed (RDMAError naming the old pid), in the
+    controller and in another process, and never reads the new store.
+    Before, the new process answered with a string that the reader's
+    decoder turned into a SchemaError."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        learner = await procs.slice(procs=0).spawn("learner", Learner)
+        other = await procs.slice(procs=1).spawn("other", Reader)
+        old = await learner.handle.call_one()
+        await learner.step.call_one(3)
+        pid = procs.pids[0]
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.wait_for(procs.wait_failed(), GUARD)
+        await asyncio.wait_for(procs.replace(0), GUARD)
+        new = await learner.handle.call_one()
+        await learner.step.call_one(4)
+        gone = (rf"WeightStore 'policy' of pid {pid} on .* is closed: its process is gone; "
+                rf"pid {procs.pids[0]}, which took its address")
+        for e in (await raised(old.read(at_least=4)), await raised(other.read.call_one(old, 0))):
+            if isinstance(e, meshio.ActorError):
+                assert e.remote_type == "meshio.RDMAError", e
+            else:
+                assert isinstance(e, meshio.RDMAError), e
+            assert re.search(gone, str(e)), e
+        assert await other.read.call_one(new, 4) == 4.0

@@ -59,7 +59,7 @@ from .._transport._serial import Buffers
 from .._transport._sockets import tcp_endpoint
 from .._transport._tasks import within
 from .._transport._tls import TLSConfig
-from ._remote import read_secret_file
+from ._remote import not_a_host, read_secret_file
 
 __all__ = ("Agent", "host_address", "main", "serve_agent")
 
@@ -205,11 +205,17 @@ class Agent:
 
     def watch(self, conn: Connection, msg: WatchWorker) -> None:
         """A controller re-attached to a kept-alive worker of this host: its
-        output and exit go to that controller (on ``conn``) from now on."""
+        output and exit go to that controller (on ``conn``) from now on.
+        Answered with its pid, or None if it has exited (while no controller
+        watched it, or with an earlier incarnation of this agent): the
+        controller fails it as if it died after the re-attach."""
         proc = self.procs.get(msg.worker)
-        if proc is not None:
+        if proc is not None and proc.returncode is None:  # (reaped now if it has exited)
             self._conns[msg.worker] = conn
-        self._answer(conn, msg.req, proc, f"has no worker {msg.worker} (it has exited)")
+            pid: int | None = proc.pid
+        else:
+            pid = None
+        conn.send_message(Reply(msg.req, msgspec.Raw(msgspec.msgpack.encode(pid))))
 
     def _answer(self, conn: Connection, req: int, proc: LocalProc | None, why: str) -> None:
         """Answer request ``req`` with the pid of ``proc``, or fail it: ``why``."""
@@ -362,8 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--secret-file", required=True,
                     help="file holding the job secret (at least 16 bytes), that others may "
                          "neither read nor write (mode 0600)")
-    ap.add_argument("--advertise", help="address controllers and workers reach this host at "
-                                        "(default: the listen host, or this host's address)")
+    ap.add_argument("--advertise", help="host name or IP address (no port) controllers and "
+                                        "workers reach this host at (default: the listen host, "
+                                        "or this host's address)")
     ap.add_argument("--tls-cert", help="PEM certificate chain of this host")
     ap.add_argument("--tls-key", help="PEM private key")
     ap.add_argument("--tls-ca", help="PEM CA bundle peers must chain to")
@@ -380,11 +387,18 @@ def main(argv: list[str] | None = None) -> None:
         bind, port = _host_port(args.listen)
     except ValueError as e:
         ap.error(str(e))
+    if (why := not_a_host(bind)) is not None:  # (getaddrinfo: a UnicodeError)
+        ap.error(f"--listen {args.listen!r}: {bind!r} {why}")
     try:
         socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
     except OSError as e:  # (socket.gaierror)
         ap.error(f"--listen {args.listen!r}: cannot resolve {bind!r}: {e.strerror or e}")
+    if args.advertise is not None and (why := not_a_host(args.advertise)) is not None:
+        ap.error(f"--advertise {args.advertise!r} {why} (give no port, no brackets)")
     tls_args = (args.tls_cert, args.tls_key, args.tls_ca)
+    for flag, path in zip(("--tls-cert", "--tls-key", "--tls-ca"), tls_args):
+        if path == "":  # (an unset variable, say: never taken for "no TLS")
+            ap.error(f"{flag} '': names no file")
     if any(tls_args) and not all(tls_args):
         ap.error("--tls-cert, --tls-key and --tls-ca go together")
     tls = None

@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import contextvars
 import importlib
 import logging
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from functools import partial
@@ -65,7 +67,8 @@ TLS_DIR = "/etc/meshio/tls"
 #: labels meshio puts on everything it generates
 JOB_LABEL = "meshio.dev/job"
 MESH_LABEL = "meshio.dev/mesh"
-#: seconds one request to the API server may take
+#: seconds one request to the API server may take (less when less is left
+#: of the call's ``start_timeout``: :func:`_request_timeout`)
 REQUEST_TIMEOUT = 30
 #: a pod's container waiting for one of these will not start by itself
 _BROKEN = frozenset({"ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -81,8 +84,9 @@ _APIS = {"Secret": ("CoreV1Api", "namespaced_secret"),
 class ClusterNotConfiguredError(RuntimeError):
     """Raised by :class:`KubernetesJob`'s ``apply()``, ``state()`` and
     ``kill()`` when there is no cluster to talk to: no kubeconfig
-    (``$KUBECONFIG``, ``~/.kube/config``), not running in a pod with a
-    service account, or the ``kubernetes`` package is not installed."""
+    (``$KUBECONFIG``, ``~/.kube/config``) or one that is not valid, not
+    running in a pod with a service account, or the ``kubernetes`` package
+    is not installed."""
 
 
 def _kubernetes() -> Any:
@@ -131,9 +135,11 @@ class KubernetesJob(CachedJob):
             exits (None: never).
         context: the kubeconfig context (default: its current one).
         cache_dir: where the job cache and the job secret are kept.
-        start_timeout: seconds ``apply()`` waits for every agent's pod to be
-            ready, and ``kill()`` for the job's objects to be gone (finite:
-            the API server's watch takes whole seconds).
+        start_timeout: seconds ``apply()`` has to create the job's objects
+            and see every agent's pod ready, and ``kill()`` to delete them
+            and see them gone (finite: the API server's watch takes whole
+            seconds); each request to the API server gets what is left of
+            it, at most 30 s, and one that gets no answer is not sent again.
 
     Raises:
         ValueError: a name that does not make valid Kubernetes names, a
@@ -401,10 +407,12 @@ class KubernetesJob(CachedJob):
         ``kill()`` of a job name runs at a time (the job's lock,
         ``<cache_dir>/<name>.lock``): another, in this process or another,
         waits for it, then re-attaches to the objects it created.
-        Cancelled while it talks to the API server, it lets the lock go
-        only once the requests under way are done (what it created is then
-        in the cache, for the next ``apply()`` or ``kill()``), then raises
-        ``CancelledError``; so do ``resize()`` and ``kill()``.
+        Cancelled while it talks to the API server, it makes no other
+        request, lets the lock go only once the one under way is done (what
+        it created is then in the cache, for the next ``apply()`` or
+        ``kill()``), then raises ``CancelledError``; so do ``resize()`` and
+        ``kill()``.  One that fails to create the job's objects deletes
+        those it created and leaves no cache, nor the secret file it made.
 
         Raises:
             ClusterNotConfiguredError: no cluster is configured.
@@ -428,7 +436,7 @@ class KubernetesJob(CachedJob):
         raise not_cached(what, self.cache, cached)
 
     async def _apply_locked(self) -> None:
-        self._ips = await _in_thread(self._apply)
+        self._ips = await _in_thread(self.start_timeout, self._apply)
 
     async def state(self) -> JobState:
         """The job's host meshes by name (``apply()`` first if needed)."""
@@ -475,11 +483,12 @@ class KubernetesJob(CachedJob):
 
     async def _add(self, name: str, n: int) -> HostMesh:
         old = self.meshes[name]
-        self._ips = await _in_thread(self._scale, name, old + n)
+        self._ips = await _in_thread(self.start_timeout, self._scale, name, old + n)
         return self._state({name: self._hosts()[name][old:]}).meshes[name]
 
     async def _remove(self, name: str, n: int) -> None:
-        await _in_thread(self._scale, name, self.meshes[name] - n)
+        await _in_thread(self.start_timeout, self._scale, name,
+                         self.meshes[name] - n)
 
     def _scale(self, name: str, hosts: int) -> dict[str, str]:
         """Patch mesh ``name``'s StatefulSet to ``hosts`` replicas, record it,
@@ -514,7 +523,7 @@ class KubernetesJob(CachedJob):
         await super().kill()
 
     async def _kill_locked(self) -> None:
-        await _in_thread(self._kill, _client(self.context))
+        await _in_thread(self.start_timeout, self._kill, _client(self.context))
         self.cache.unlink(missing_ok=True)
         self.secret_file.unlink(missing_ok=True)
         self._ips = None
@@ -534,6 +543,7 @@ class KubernetesJob(CachedJob):
     def _apply_with(self, k8s: Any, api: Any) -> dict[str, str]:
         self._release_other(k8s, api)
         entry = read_own_cache(self.cache, self.kind)
+        made_secret = not self.secret_file.exists()  # (manifests() makes it)
         docs = self.manifests()
         if entry is not None:
             gone = self._gone(k8s, api, docs, entry["uids"])
@@ -550,14 +560,24 @@ class KubernetesJob(CachedJob):
                              self._method(k8s, api, kind, "create"), self.namespace, doc)
                 uids[f"{kind}/{name}"] = made.metadata.uid
         except BaseException:
-            for made_as in uids:  # only what this call made, never a namesake found there
+            # What this call made (never a namesake found there) is named by
+            # the cache until it is deleted: a cancelled call makes no more
+            # requests, a failed deletion leaves it for kill().
+            self._write_cache(uids)
+            for made_as in uids:
                 kind, name = made_as.split("/")
                 self._delete_one(k8s, api, self.namespace, kind, name)
+            self.cache.unlink()
+            if made_secret:
+                self.secret_file.unlink(missing_ok=True)
             raise
+        self._write_cache(uids)
+        return self._wait_ready(k8s, api, uids)
+
+    def _write_cache(self, uids: Mapping[str, str]) -> None:
         write_cache(self.cache, {"kind": self.kind, "meshes": self.meshes,
                                  "namespace": self.namespace, "workload": self.workload,
                                  "uids": uids, "secret_file": str(self.secret_file)})
-        return self._wait_ready(k8s, api, uids)
 
     @staticmethod
     def _method(k8s: Any, api: Any, kind: str, verb: str) -> Any:
@@ -568,7 +588,7 @@ class KubernetesJob(CachedJob):
         """The live object ``kind``/``name`` of namespace ``ns``; None if there is none."""
         try:
             return self._method(k8s, api, kind, "read")(name, ns,
-                                                        _request_timeout=REQUEST_TIMEOUT)
+                                                        _request_timeout=_request_timeout())
         except k8s.client.ApiException as e:
             if e.status != 404:
                 raise _api_error(f"read {kind} {name}", e) from e
@@ -602,7 +622,7 @@ class KubernetesJob(CachedJob):
         try:
             for event in watch.stream(core.list_namespaced_pod, self.namespace,
                                       label_selector=f"{JOB_LABEL}={self.name}",
-                                      timeout_seconds=max(1, int(self.start_timeout))):
+                                      timeout_seconds=max(1, int(_TALK.get().left()))):
                 pod = event["object"]
                 host = pod.spec.hostname or pod.metadata.name
                 if host not in want or not any(
@@ -685,7 +705,7 @@ class KubernetesJob(CachedJob):
             self._method(k8s, api, kind, "delete")(name, ns,
                                                    propagation_policy="Background",
                                                    _preload_content=False,
-                                                   _request_timeout=REQUEST_TIMEOUT).read()
+                                                   _request_timeout=_request_timeout()).read()
         except k8s.client.ApiException as e:
             if e.status != 404:
                 raise _api_error(f"delete {kind} {name}", e) from e
@@ -697,7 +717,7 @@ class KubernetesJob(CachedJob):
         stays, terminating, and creating its name again meanwhile is refused
         (409).  An object of that name not terminating is a new one, not
         waited for."""
-        deadline = time.monotonic() + self.start_timeout
+        talk = _TALK.get()
         delay = 0.1
         while True:
             left = [(kind, name) for kind, name in objects
@@ -705,40 +725,96 @@ class KubernetesJob(CachedJob):
                     and live.metadata.deletion_timestamp is not None]
             if not left:
                 return
-            if time.monotonic() >= deadline:
+            if talk.left() <= 0:
                 raise TimeoutError(
                     f"KubernetesJob {self.name!r}: {', '.join(f'{k} {n}' for k, n in left)} "
                     f"still terminating after {self.start_timeout:g} s (a finalizer that does "
                     f"not finish? kubectl get {left[0][0].lower()} {left[0][1]} -n "
                     f"{ns} -o yaml)")
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            talk.stop.wait(min(delay, max(0.0, talk.left())))
             delay = min(2 * delay, 2.0)
             objects = left
 
 
-async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a thread (the client blocks), under the job's lock.
-    Cancelled, this waits until the thread is done, then raises
+class _Talk:
+    """The requests to the API server of one call (``apply()``, ``kill()``,
+    a resize's step), made by :func:`_in_thread`'s thread: they have
+    ``seconds`` from the call's start, and none is made once ``stop`` is
+    set (the call was cancelled)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.stop = threading.Event()
+
+    def left(self) -> float:
+        """Seconds left to the call (<= 0: none).
+
+        Raises:
+            CancelledError: the call was cancelled; it makes no more requests.
+        """
+        if self.stop.is_set():
+            raise asyncio.CancelledError
+        return self.deadline - time.monotonic()
+
+
+#: the call whose requests this thread makes (set by :func:`_in_thread`)
+_TALK: contextvars.ContextVar[_Talk] = contextvars.ContextVar("_TALK")
+
+
+def _request_timeout() -> float:
+    """Seconds the next request of this thread's call may take: what is left
+    of the call's time, at most ``REQUEST_TIMEOUT``, at least 1 (a request
+    made at the deadline gets its answer or its error, not a hang).
+
+    Raises:
+        CancelledError: the call was cancelled.
+    """
+    return min(REQUEST_TIMEOUT, max(1.0, _TALK.get().left()))
+
+
+async def _in_thread(seconds: float, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread (the client blocks), under the job's lock,
+    its requests given ``seconds`` in all (:func:`_request_timeout`).
+    Cancelled, this lets the thread finish the request under way but make
+    no other (so a cancelled call waits for one request, at most
+    ``REQUEST_TIMEOUT``), waits until the thread is done, then raises
     ``CancelledError``: the thread cannot be stopped halfway, and had the
     lock been let go at once it would go on creating or deleting objects
     and writing the cache while another controller applies or kills the job
     (which then misses them)."""
-    return await to_the_end(asyncio.get_running_loop().run_in_executor(None, partial(fn, *args)))
+    talk = _Talk(seconds)
+    context = contextvars.copy_context()
+    context.run(_TALK.set, talk)
+    done = asyncio.get_running_loop().run_in_executor(None, context.run, partial(fn, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        talk.stop.set()
+        with contextlib.suppress(Exception):  # (its outcome: the call was cancelled)
+            await to_the_end(done)
+        raise
 
 
-def _client(context: str | None, *, retries: int | None = None) -> tuple[Any, Any]:
+def _client(context: str | None, *, retries: int = 3) -> tuple[Any, Any]:
     """The ``kubernetes`` module and an API client for the configured
-    cluster: in-cluster (a pod's service account) or the kubeconfig
-    (``retries``: of a failed request; None: the client's default)."""
+    cluster: in-cluster (a pod's service account) or the kubeconfig.  A
+    request that fails to connect is sent again, up to ``retries`` times;
+    one that got no answer in its time is not (that time was its call's).
+
+    Raises:
+        ClusterNotConfiguredError: no ``kubernetes`` package, no cluster
+            configured, or a kubeconfig that is not valid.
+    """
     k8s = _kubernetes()
+    urllib3 = importlib.import_module("urllib3")  # the client's own HTTP library
     cfg = k8s.client.Configuration()
-    cfg.retries = retries
+    cfg.retries = urllib3.Retry(retries, read=0)
+    # $KUBECONFIG read now (the client reads it once, when first imported)
+    kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and context is None:
             k8s.config.load_incluster_config(client_configuration=cfg)
             return k8s, k8s.client.ApiClient(cfg)
-        # $KUBECONFIG read now (the client reads it once, when first imported)
-        kubeconfig = os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
         return k8s, k8s.config.new_client_from_config(config_file=kubeconfig, context=context,
                                                       persist_config=False,
                                                       client_configuration=cfg)
@@ -747,6 +823,11 @@ def _client(context: str | None, *, retries: int | None = None) -> tuple[Any, An
             f"no Kubernetes cluster is configured ({e}): KubernetesJob needs a kubeconfig "
             "($KUBECONFIG or ~/.kube/config) or to run in a pod with a service account; "
             "without one, apply job.manifests() with kubectl and use job.attach()") from e
+    except Exception as e:  # the client's parser fails on what it meets (TypeError, YAMLError)
+        reason = " ".join(f"{type(e).__name__}: {e}".split())  # (YAML's errors span lines)
+        raise ClusterNotConfiguredError(
+            f"the kubeconfig {kubeconfig} is not valid ({reason}): fix it, or point "
+            "$KUBECONFIG at a valid one") from e
 
 
 def probe(timeout: float) -> str:
@@ -792,7 +873,7 @@ def _items(field: Any) -> list[Any]:
 
 def _call(k8s: Any, what: str, fn: Any, *args: Any) -> Any:
     try:
-        return fn(*args, _request_timeout=REQUEST_TIMEOUT)
+        return fn(*args, _request_timeout=_request_timeout())
     except k8s.client.ApiException as e:
         raise _api_error(what, e) from e
 

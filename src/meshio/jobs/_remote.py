@@ -23,9 +23,11 @@ The agent, which has not been heard for as long, has killed it by then
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -36,7 +38,7 @@ import msgspec
 
 from .._exceptions import SupervisionError
 from .._extent import Region
-from .._launcher import ExitWatch, Forward, WorkerSpec
+from .._launcher import EXIT_UNKNOWN, ExitWatch, Forward, WorkerSpec
 from .._proc_mesh import HostMesh
 from .._transport._connection import Connection, Pending
 from .._transport._credentials import Credentials
@@ -54,14 +56,17 @@ from .._transport._serial import Buffers
 from .._transport._sockets import tcp_endpoint
 from .._transport._tls import TLSConfig
 
-__all__ = ("RemoteLauncher", "RemoteProc", "attach", "checked_secret", "not_private",
-           "read_secret_file", "route_to")
+__all__ = ("RemoteLauncher", "RemoteProc", "attach", "checked_secret", "not_a_host",
+           "not_private", "read_secret_file", "route_to")
 
 log = logging.getLogger("meshio")
 
 #: most seconds between two beats to a host agent (a quarter of the
 #: shortest ``partition_timeout`` of its workers when that is shorter)
 AGENT_BEAT = 1.0
+#: a host name once IDNA-encoded: dot-separated labels (their lengths checked
+#: by the encoding), an optional final dot
+_HOST_NAME = re.compile(rb"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")
 
 
 def read_secret_file(path: str | os.PathLike[str], *, private: bool = False) -> bytes:
@@ -73,9 +78,11 @@ def read_secret_file(path: str | os.PathLike[str], *, private: bool = False) -> 
     Raises:
         OSError: the file cannot be read.
         ValueError: the secret is shorter than 16 bytes; with ``private``,
-            the file is not private.
+            the file is not private (a FIFO or a device too: opened without
+            waiting for a writer, then refused).
     """
-    with open(path, "rb") as f:
+    # (O_NONBLOCK: opening a FIFO would wait for a writer, forever)
+    with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
         if private and (why := not_private(os.fstat(f.fileno()), root_group=True)):
             raise ValueError(f"the file {why}; a job secret must be yours alone "
                              "(chmod 600 it)")
@@ -110,6 +117,25 @@ def checked_secret(secret: bytes) -> bytes:
     if len(secret) < 16:
         raise ValueError(f"the job secret must be at least 16 bytes, got {len(secret)}")
     return secret
+
+
+def not_a_host(host: str) -> str | None:
+    """Why ``host`` is neither a host name nor an IP address (a port,
+    brackets, spaces, an empty or over-long DNS label), or None."""
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna")
+    except UnicodeError as e:  # a label empty or over 63 characters
+        return f"is not a host name ({e.__cause__ or e})"
+    if not _HOST_NAME.fullmatch(name):
+        return "is neither a host name nor an IP address"
+    if len(name.rstrip(b".")) > 253:
+        return "is not a host name (longer than 253 characters)"
+    return None
 
 
 def route_to(host: str) -> str:
@@ -272,6 +298,11 @@ def _pid(raw: msgspec.Raw, bufs: Buffers) -> int:
     return msgspec.msgpack.decode(raw, type=int)
 
 
+def _pid_or_none(raw: msgspec.Raw, bufs: Buffers) -> int | None:
+    """A watch's answer: the worker's pid, or None (the agent has it no more)."""
+    return msgspec.msgpack.decode(raw, type=int | None)
+
+
 class RemoteLauncher:
     """Starts workers on one remote host through its agent at ``agent``
     (``tcp://HOST:PORT``)."""
@@ -340,12 +371,17 @@ class RemoteLauncher:
     async def adopt(self, worker: str, pid: int, label: str) -> RemoteProc:
         rt = runtime()
         conn = rt.connect(self.agent, self._job)
-        fut: asyncio.Future[int] = rt.loop.create_future()
-        req = conn.next_req(Pending(fut, _pid, "watch worker", f"host agent {self.agent}",
-                                    label))
+        fut: asyncio.Future[int | None] = rt.loop.create_future()
+        req = conn.next_req(Pending(fut, _pid_or_none, "watch worker",
+                                    f"host agent {self.agent}", label))
         conn.send_message(WatchWorker(req, worker))
         rt.on_lost.setdefault(self.agent, self._agent_lost)
-        return self._watch(conn, worker, await fut, label)
+        running = await fut
+        proc = self._watch(conn, worker, pid if running is None else running, label)
+        if running is None:  # it exited while no controller watched it: it fails now
+            rt.state(_Remote).procs.pop(worker, None)
+            proc._exited(EXIT_UNKNOWN)
+        return proc
 
     def _agent_lost(self, conn: Connection) -> None:
         """The agent's connection dropped: its workers died with it (they are
@@ -389,19 +425,29 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
         tls: certificates, when the agents were started with ``--tls-*``.
 
     Raises:
-        ValueError: no address, a malformed one, or one given twice (as
+        ValueError: no address, a malformed one (its host no host name or
+            IP address: :func:`not_a_host`), or one given twice (as
             written, ``tcp://`` added: two names of one host are not
             compared); a secret shorter than 16 bytes; a ``secret_file``
             that is not private (another user's, or others may read or
-            write it: the error names its mode; ``chmod 600`` it).
-        TypeError: ``secret`` not bytes (a ``str`` too: pass a file as
-            ``secret_file``), or both or neither of ``secret`` and
-            ``secret_file``.
+            write it: the error names its mode; ``chmod 600`` it), or no
+            regular file.
+        TypeError: an address not a ``str``; ``tls`` not a
+            :class:`~meshio.TLSConfig` or None; ``secret`` not bytes (a
+            ``str`` too: pass a file as ``secret_file``), or both or
+            neither of ``secret`` and ``secret_file``.
         OSError: ``secret_file`` cannot be read.
     """
     if isinstance(addresses, str) or not addresses:
         raise ValueError("attach: addresses must be a non-empty sequence of "
                          "'tcp://HOST:PORT' strings")
+    for i, address in enumerate(addresses):
+        if not isinstance(address, str):
+            raise TypeError(f"attach: addresses[{i}] must be a 'tcp://HOST:PORT' string, "
+                            f"got {type(address).__name__}")
+    if tls is not None and not isinstance(tls, TLSConfig):
+        raise TypeError(f"attach: tls= takes a meshio.TLSConfig or None, got "
+                        f"{type(tls).__name__}")
     if (secret is None) == (secret_file is None):
         raise TypeError("attach: pass the job secret as secret=<bytes> or the path of its "
                         "file as secret_file=<path>, one of the two")
@@ -426,4 +472,7 @@ def attach(addresses: Sequence[str], *, secret: bytes | None = None,
             raise ValueError(f"attach: agent {agent} is given twice (addresses "
                              f"{agents.index(agent)} and {i}): each address is one host")
     launchers = [RemoteLauncher(a, job) for a in agents]
+    for launcher in launchers:  # (resolved at spawn_procs: a name that cannot be is refused now)
+        if (why := not_a_host(launcher.host)) is not None:
+            raise ValueError(f"attach: agent {launcher.agent}: {launcher.host!r} {why}")
     return HostMesh(launchers, Region.full(("hosts",), (len(launchers),)))

@@ -28,6 +28,7 @@ import functools
 import importlib.util
 import operator
 import os
+import sys
 from typing import Any, SupportsIndex
 
 import msgspec
@@ -138,6 +139,20 @@ def _index(value: SupportsIndex, what: str, arg: str, also: str = "") -> int:
             pass
     raise TypeError(f"{what}: {arg} must be an integer (an int, a NumPy or torch integer, "
                     f"not a bool){also}, got {value!r} ({type(value).__name__})")
+
+
+def _destination(dst: Any, length: int) -> Memory:
+    """The memory of ``dst``, where a read of ``length`` bytes lands: empty
+    for 0 bytes (nothing lands; the owner still refuses a dropped buffer)."""
+    try:
+        return memory_of(dst, "read_into destination", writable=True)
+    except RDMASizeError:
+        torch = sys.modules.get("torch")
+        empty = (dst.numel() == 0 if torch is not None and isinstance(dst, torch.Tensor)
+                 else memoryview(dst).nbytes == 0)
+        if length or not empty:
+            raise
+        return Memory(dst, 0, 0, True)
 
 
 # ------------------------------------------------------------ the buffer
@@ -254,12 +269,15 @@ class RDMABuffer:
             length = _index(length, what, "length", also=" or None")
         if offset < 0:
             raise RDMASizeError(f"{what}: offset must be an int >= 0, got {offset!r}")
+        if length is not None and length < 0:
+            raise RDMASizeError(f"{what}: length must be >= 0 (or None: to the end), got "
+                                f"{length!r}")
         if offset > size:
             raise RDMASizeError(f"{what}: offset {offset} is past the end of the buffer "
                                 f"({size} bytes)")
         if length is None:
             length = size - offset
-        if length < 0 or offset + length > size:
+        if offset + length > size:
             raise RDMASizeError(f"{what}: offset {offset} + length {length} exceeds the "
                                 f"buffer's {size} bytes")
         return offset, length
@@ -271,10 +289,10 @@ class RDMABuffer:
         size).  Returns the number of bytes copied.  ``offset`` and ``length``
         are integers: an ``int``, a NumPy integer, a one-element integer
         tensor (not a bool).  Copying 0 bytes (``length=0``,
-        ``offset=buf.size``) copies nothing but fails as any transfer on a
-        dropped buffer or a gone owner does."""
+        ``offset=buf.size``) copies nothing, into an empty ``dst`` too, but
+        fails as any transfer on a dropped buffer or a gone owner does."""
         offset, length = self._range(offset, length, "read_into")
-        local = memory_of(dst, "read_into destination", writable=True)
+        local = _destination(dst, length)
         if local.size < length:
             raise RDMASizeError(f"read_into: destination holds {local.size} bytes, "
                                 f"{length} requested")

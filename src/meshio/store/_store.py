@@ -460,10 +460,10 @@ def _serve(rt: Runtime, conn: Connection, msg: StoreOp, bufs: Buffers) -> None:
         if waiter is not None:  # (else its answer is on the way already)
             waiter.fire(_TIMED_OUT)  # the answer it waits for, and no more
         return
-    if owner is None:
-        conn.send_message(Reply(msg.req, msgspec.Raw(_encode(
-            f"no weight store {msg.store!r} in pid {os.getpid()} (closed, or never "
-            f"created there)"))))
+    if owner is None:  # its handle's process is gone: this one took its address
+        conn.send_message(Reply(msg.req, msgspec.Raw(_encode(_Grant(_CLOSED, closed=(
+            f"its process is gone; pid {os.getpid()}, which took its address (a process "
+            f"replaced, as procs.replace() does), has no store {msg.store!r}"))))))
         return
     timeout = None if msg.timeout < 0 else msg.timeout
 
@@ -486,11 +486,7 @@ register_handler(StoreOp, _serve)
 # ------------------------------------------------------------- readers
 
 def _decode_grant(raw: Any, bufs: Buffers) -> _Grant:
-    data = bytes(raw)
-    try:
-        return _grant.decode(data)
-    except msgspec.ValidationError:
-        raise LookupError(msgspec.msgpack.decode(data)) from None
+    return _grant.decode(bytes(raw))
 
 
 def _dtype(name: str) -> Any:
@@ -791,8 +787,9 @@ class WeightStore:
                 >= 0 (NaN, or an int no float holds), or ``at_least`` is
                 not in 0..2**63-1.
             RDMAError: the store is closed, before or while this waits (the
-                actor that created it was stopped), or the version was
-                dropped while copied (the same).
+                actor that created it was stopped; or its process died and
+                ``procs.replace()`` put another at its address), or the
+                version was dropped while copied (the same).
         """
         async def copy(grant: _Grant, memory: _Source) -> dict[str, Any]:
             wanted = _select(grant.layout, keys)
@@ -824,6 +821,8 @@ class WeightStore:
         ``model.state_dict()``) or views.
 
         Raises:
+            TypeError: ``dst`` is not a mapping of name to tensor (checked
+                before any wait).
             ValueError: a key is missing or extra, or a shape or dtype differs
                 (the key and both are named), a tensor of ``dst`` has no dense
                 data (quantized, nested, sparse, meta) or elements that share
@@ -834,6 +833,10 @@ class WeightStore:
             TimeoutError: no such version within ``timeout``.
             RDMAError: the store is closed (see :meth:`read`).
         """
+        if not isinstance(dst, Mapping):
+            raise TypeError(f"WeightStore.read_into: dst must be a mapping of name to tensor "
+                            f"(a state_dict()), got {type(dst).__name__}")
+
         async def copy(grant: _Grant, memory: _Source) -> int:
             torch = import_torch()
             have = {e[0]: e for e in grant.layout}
