@@ -18,15 +18,6 @@ from meshio.jobs._agent import main
 from meshio.jobs._remote import not_a_host
 
 
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "secret"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
-    return path
-
-
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     """The one error line of ``meshio agent ARGV``, which must exit with
     status 2 before it serves (``--idle-timeout``: an agent that does serve

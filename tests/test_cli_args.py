@@ -37,15 +37,6 @@ def assert_usage_error(out: subprocess.CompletedProcess[str], *named: str) -> No
         assert what in last, last
 
 
-@pytest.fixture
-def secret_file(tmp_path: Path) -> Path:
-    path = tmp_path / "secret"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(os.urandom(32).hex().encode())
-    return path
-
-
 @pytest.mark.parametrize(("listen", "named"), [
     ("127.0.0.1", "HOST:PORT"), ("127.0.0.1:99999", "0..65535"),
     ("no-such-host.invalid:0", "cannot resolve 'no-such-host.invalid'")])
