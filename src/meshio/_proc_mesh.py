@@ -255,7 +255,9 @@ class ProcMesh(MeshShape):
                                    f"spawn a new one", actor=state.name,
                                    cause="proc mesh stopped")
         if name in state.actor_names:
-            raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}")
+            raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}; "
+                             f"stop them first (`await <that mesh>.stop()` frees the name) or "
+                             f"spawn under another name")
         state.actor_names.add(name)
         target = state.new_target(name)
         # (kept alive, published before any process builds it: a controller
