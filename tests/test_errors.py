@@ -552,7 +552,8 @@ async def test_spawn_rejects_non_actors_and_bad_names(procs: meshio.ProcMesh) ->
     with pytest.raises(ValueError, match="name"):
         await procs.spawn("", Faulty)
     await procs.spawn("twice", Faulty)
-    with pytest.raises(ValueError, match=r"already has actors named 'twice'; stop them first \(`await "):
+    with pytest.raises(ValueError,
+                       match=r"already has actors named 'twice'; stop them first \(`await "):
         await procs.spawn("twice", Faulty)
 
 
