@@ -61,6 +61,21 @@ class SoleOwner(Actor):
         return os.getpid()
 
 
+class Overwriter(SoleOwner):
+    """Keeps the memory it registers, and changes it once dropped."""
+
+    @endpoint
+    async def register(self, size: int) -> RDMABuffer:
+        self.data = bytearray(pattern(size))
+        self.buf = RDMABuffer(self.data, backend="tcp")
+        return self.buf
+
+    @endpoint
+    async def drop_and_overwrite(self) -> None:
+        await self.buf.drop()
+        self.data[:] = bytes(len(self.data))
+
+
 def _requests(buf: RDMABuffer, op: str) -> int:
     """The requests ``op`` on ``buf``'s owner this process has sent and
     waits on."""
@@ -137,3 +152,30 @@ async def test_a_write_given_up_keeps_its_source_until_sent(procs: meshio.ProcMe
     assert dst[:sent] == b"\xa5" * sent
     assert dst[sent:] == pattern(UNMAPPED)[sent:]
     assert await owner.quarantined.call_one() == 0
+
+
+async def test_a_drop_returns_once_the_reads_served_before_are_done(
+        procs: meshio.ProcMesh, tmp_path: Path) -> None:
+    """The owner serves a read, then drops the buffer and at once changes
+    its memory in place (as a learner reuses a tensor): the drop returns
+    only once the read's frame no longer reads that memory, so the reader
+    gets the bytes the buffer held when it served the read, not the new
+    ones (the frame is read from the owner's memory after it is sent)."""
+    owner = await procs.slice(procs=0).spawn("overwriter", Overwriter)
+    buf = await owner.register.call_one(TCP_CHUNK)
+    gate = Gate(tmp_path)
+    blocked = asyncio.ensure_future(owner.block.call_one(gate.ready, gate.release))
+    try:
+        await gate.wait_held(GUARD)
+        dst = bytearray(TCP_CHUNK)
+        reading = asyncio.ensure_future(buf.read_into(dst))
+        await until(lambda: _requests(buf, "read") == 1, GUARD)
+        overwriting = asyncio.ensure_future(owner.drop_and_overwrite.call_one())
+    finally:
+        await gate.open()
+    await asyncio.wait_for(blocked, GUARD)
+    await asyncio.wait_for(overwriting, GUARD)
+    assert await asyncio.wait_for(reading, GUARD) == TCP_CHUNK
+    assert dst == pattern(TCP_CHUNK)
+    with pytest.raises(RDMAError, match="dropped"):
+        await asyncio.wait_for(buf.read_into(bytearray(8), length=8), GUARD)

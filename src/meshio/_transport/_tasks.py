@@ -20,7 +20,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 __all__ = ("LEND_TIMEOUT", "TaskOwner", "awaited", "owning", "take_outcome", "together",
            "when_done")
@@ -145,13 +145,20 @@ async def together(aws: Iterable[Awaitable[T]]) -> list[T]:
         raise
 
 
-def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], object]) -> bool:
+#: what :func:`when_done` warns of by default (``{n}``: the values still read)
+GIVEN_UP: Final = ("a call given up is done, though {n} of its large values are still being "
+                   "read by the process it called")
+
+
+def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], object],
+              warning: str = GIVEN_UP) -> bool:
     """Call ``then`` once every future of ``futs`` (a call's lent
-    arguments, ``Pending.lent``; the calls an adverb owns) is done, or after
-    :data:`LEND_TIMEOUT` seconds, whichever is first (a callee that never
-    reads, stopped or hung, must not keep its caller's cancellation or
-    deadline waiting for ever: it is warned of); False, calling nothing, if
-    they all are already."""
+    arguments, ``Pending.lent``; the calls an adverb owns; the frames a
+    dropped RDMA buffer lent) is done, or after :data:`LEND_TIMEOUT`
+    seconds, whichever is first (a callee that never reads, stopped or
+    hung, must not keep its caller's cancellation or deadline waiting for
+    ever: it is warned of, ``warning`` saying what); False, calling nothing,
+    if they all are already."""
     left = [f for f in futs or () if not f.done()]
     if not left:
         return False
@@ -164,10 +171,9 @@ def when_done(futs: Sequence[asyncio.Future[Any]] | None, then: Callable[[], obj
         called = True
         timer.cancel()
         if late:
-            log.warning("meshio: a call given up is done, though %d of its large values are "
-                        "still being read by the process it called after %g s (not "
-                        "responding?): changing them in place now may reach it",
-                        sum(not f.done() for f in left), LEND_TIMEOUT)
+            log.warning("meshio: %s after %g s (not responding?): changing them in place now "
+                        "may reach it", warning.format(n=sum(not f.done() for f in left)),
+                        LEND_TIMEOUT)
         then()
 
     timer = left[0].get_loop().call_later(LEND_TIMEOUT, once, True)

@@ -16,8 +16,9 @@ from .._transport._connection import Connection
 from .._transport._messages import ErrorInfo, Fail, RdmaOp, Reply
 from .._transport._runtime import Runtime, register_handler
 from .._transport._serial import Buffers
+from .._transport._tasks import when_done
 from . import _same_host, _tcp
-from ._registry import BACKENDS, DROPPED, MOVED, Backend, RdmaBackend, Registry
+from ._registry import BACKENDS, DROPPED, LENT_LATE, MOVED, Backend, RdmaBackend, Registry
 
 __all__ = ("backend", "serve_op")
 
@@ -62,9 +63,13 @@ def serve_op(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers) -> None:
             "rdma", "RDMASizeError", f"RDMA {msg.op}: offset {msg.offset} + length "
             f"{msg.length} exceeds buffer {msg.buf}'s {size} bytes")))
         return
-    if msg.op == "drop":
-        registry.release(msg.buf)
-        conn.send_message(Reply(msg.req, MSGPACK_NIL))
+    if msg.op == "drop":  # answered once the reads served before are done with its memory
+
+        def dropped() -> None:
+            conn.send_message(Reply(msg.req, MSGPACK_NIL))
+
+        if not when_done(registry.release(msg.buf), dropped, LENT_LATE):
+            dropped()
         return
     if reg.memory.moved():  # (a one-sided read or write cannot tell: no owner code runs)
         conn.send_message(Fail(msg.req, ErrorInfo("rdma", "RDMAError", MOVED)))

@@ -24,6 +24,7 @@ backends below it (and :mod:`._memory`, :mod:`._registry`) never import it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import operator
@@ -38,11 +39,12 @@ from .._context import _context
 from .._exceptions import CallTimeout, RDMAError, RDMASizeError, SupervisionError
 from .._transport._messages import RdmaOp, Transfer
 from .._transport._runtime import runtime
-from .._transport._tasks import within
+from .._transport._tasks import when_done, within
 from . import _backends, _same_host, _tcp
 from ._memory import BufferLike, Memory, memory_of
 from ._registry import (
     BACKENDS,
+    LENT_LATE,
     Backend,
     Handle,
     Registration,
@@ -312,10 +314,12 @@ class RDMABuffer:
         """Release the registration (in the owner, wherever this is called);
         later transfers raise :class:`~meshio.RDMAError`.  Idempotent.
 
-        Returns once the owner released it (or had already), or once the
-        owner's process is gone — exited, killed (a supervisor kills a hung
-        one), its proc mesh stopped, its host downed: its registrations went
-        with it.
+        Returns once the owner released it (or had already) and the
+        ``tcp`` reads it served before are done with its memory (so that
+        the owner changing it then reaches none of them; at most 10 s, with
+        a warning, for a reader not responding), or once the owner's process
+        is gone — exited, killed (a supervisor kills a hung one), its proc
+        mesh stopped, its host downed: its registrations went with it.
 
         Raises:
             CallTimeout: the owner did not answer within ``options(timeout=...)``
@@ -331,8 +335,15 @@ class RDMABuffer:
         """
         h = self._handle
         rt = runtime()
-        if h.owner == rt.addr:
-            rt.state(Registry).release(h.buf)
+        if h.owner == rt.addr:  # (once the reads served before are done with its memory)
+            done: asyncio.Future[None] = rt.loop.create_future()
+
+            def released() -> None:
+                if not done.done():  # (not if this drop was cancelled meanwhile)
+                    done.set_result(None)
+
+            if when_done(rt.state(Registry).release(h.buf), released, LENT_LATE):
+                await done
             return
         try:
             await ask_owner(rt, h, RdmaOp(0, "drop", h.buf, h.token), self._timeout)

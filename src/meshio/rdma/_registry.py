@@ -89,10 +89,15 @@ def view_of(m: Memory) -> memoryview:
 
 # ------------------------------------------------------ owner's registry
 
+#: what a drop waiting too long for the frames it lent warns of (:func:`when_done`)
+LENT_LATE: Final = ("a dropped RDMA buffer is released, though {n} transfers served before "
+                    "the drop still read its memory")
+
+
 class Registration:
     """A registered buffer in its owner process."""
 
-    __slots__ = ("ib", "id", "memory", "owner", "token", "token_cell")
+    __slots__ = ("ib", "id", "lent", "memory", "owner", "token", "token_cell")
 
     def __init__(self, reg_id: int, memory: Memory, owner: str) -> None:
         self.id = reg_id
@@ -108,6 +113,9 @@ class Registration:
             self.token_cell = ctypes.c_uint64()
         self.token_cell.value = self.token
         self.ib: IbRegistration | None = None
+        #: the frames of ``tcp`` reads served from it, done once nothing
+        #: reads them any more (:meth:`lend`; a drop waits for them)
+        self.lent: list[asyncio.Future[None]] = []
 
     @property
     def token_addr(self) -> int:
@@ -116,6 +124,13 @@ class Registration:
     def view(self) -> memoryview:
         """The registered memory (see :func:`view_of`)."""
         return view_of(self.memory)
+
+    def lend(self, sent: asyncio.Future[None] | None) -> None:
+        """A frame served from this memory was sent (``sent``: what
+        ``Connection.send`` returned, None if nothing of it is read later)."""
+        if sent is not None:
+            self.lent = [f for f in self.lent if not f.done()]
+            self.lent.append(sent)
 
     def release(self) -> None:
         if self.token_cell.value != self.token:  # released already (its cell may be another's)
@@ -143,11 +158,17 @@ class Registry:
     def __init__(self, rt: Runtime) -> None:
         self.by_id: dict[int, Registration] = {}
 
-    def release(self, reg_id: int) -> None:
-        """Release buffer ``reg_id`` (nothing if it is not registered)."""
+    def release(self, reg_id: int) -> list[asyncio.Future[None]]:
+        """Release buffer ``reg_id`` (nothing if it is not registered); the
+        frames it lent that are still read (its memory stays alive for them:
+        :func:`view_of`; a drop returns once they are done, so that the
+        owner changing the memory then reaches no transfer served before)."""
         reg = self.by_id.pop(reg_id, None)
-        if reg is not None:
-            reg.release()
+        if reg is None:
+            return []
+        reg.release()
+        return reg.lent
+
 
     def release_owned(self, owner: str) -> None:
         """Release every buffer registered by the actor ``owner`` (it stopped)."""

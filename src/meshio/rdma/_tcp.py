@@ -71,8 +71,9 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
 
 def _serve_read(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers,
                 reg: Registration) -> None:
-    conn.send_message(Reply(msg.req, MSGPACK_NIL),
-                      [(reg.view()[msg.offset:msg.offset + msg.length], KIND_BYTEARRAY)])
+    reg.lend(conn.send_message(Reply(msg.req, MSGPACK_NIL),
+                               [(reg.view()[msg.offset:msg.offset + msg.length],
+                                 KIND_BYTEARRAY)]))
 
 
 def _serve_write(rt: Runtime, conn: Connection, msg: RdmaOp, bufs: Buffers,
