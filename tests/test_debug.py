@@ -18,7 +18,7 @@ import pexpect
 import pytest
 
 import debug_controller
-from meshio._dashboard import ASK_TIMEOUT
+from meshio._inspect import ASK_TIMEOUT
 from stacks_controller import running
 
 CONTROLLER = Path(debug_controller.__file__).resolve()

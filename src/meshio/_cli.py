@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 from . import __version__
 from ._bench import bench as run_bench
 from ._constants import MAX_PER_HOST
-from ._dashboard import ASK_TIMEOUT, ask_dashboard
+from ._dashboard import ask_dashboard
 from ._debug import debug_client
 from ._demo import demo as run_demo
 from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
-from ._inspect import ANSWER_GRACE, Controller, ask_stacks, controllers, inspection_dir
+from ._inspect import ANSWER_GRACE, ASK_TIMEOUT, Controller, ask_stacks, controllers, inspection_dir
 from ._run import run
 from ._stacks import STACKS_TIMEOUT
 from .jobs._agent import main as agent_main

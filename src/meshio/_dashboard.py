@@ -47,7 +47,7 @@ from typing import cast
 import msgspec
 
 from ._http import HTTPServer, Request, response_head, start
-from ._inspect import Controller, Inspection, ask, from_inspection
+from ._inspect import ASK_TIMEOUT, Controller, Inspection, ask, from_inspection
 from ._metrics import stats
 from ._prometheus import SCRAPE_TIMEOUT, write_metrics
 from ._stacks import STACKS_TIMEOUT, Stacks
@@ -69,8 +69,6 @@ INTERVAL = 1.0
 FEED = 1000
 #: events a live stream's client may leave unread before it is dropped
 BACKLOG = 1000
-#: seconds a ``meshio dashboard`` client waits for the controller's answer
-ASK_TIMEOUT = 10.0
 
 _encode = msgspec.json.Encoder().encode
 _encode_msgpack = msgspec.msgpack.Encoder().encode

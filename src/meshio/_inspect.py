@@ -45,8 +45,8 @@ from ._transport._tasks import TaskOwner
 if TYPE_CHECKING:
     from ._proc_state import ProcState
 
-__all__ = ("Controller", "Inspection", "ask", "ask_stacks", "controllers", "from_inspection",
-           "inspection_dir", "private_dir")
+__all__ = ("ANSWER_GRACE", "ASK_TIMEOUT", "Controller", "Inspection", "ask", "ask_stacks",
+           "controllers", "from_inspection", "inspection_dir", "private_dir")
 
 _T = TypeVar("_T")
 
@@ -54,6 +54,8 @@ log = logging.getLogger("meshio")
 
 #: seconds a client waits for the controller beyond the processes' timeout
 ANSWER_GRACE = 10.0
+#: seconds ``meshio dashboard`` and ``meshio debug`` wait for the controller's answer
+ASK_TIMEOUT = 10.0
 
 _encode = msgspec.msgpack.Encoder().encode
 _stacks_decoder = msgspec.msgpack.Decoder(Stacks)
