@@ -67,6 +67,7 @@ from ._serial import (
     Handing,
     OutBuffers,
     limits,
+    owned_view,
 )
 from ._tasks import finished
 
@@ -291,9 +292,7 @@ class _Pool:
                 self.idle_bytes -= block.size
             else:
                 block = _Block(-(-n // mmap.PAGESIZE) * mmap.PAGESIZE)
-        array: Any = (ctypes.c_char * (n - start)).from_address(block.addr + start)
-        array._meshio_owner = _Lease(self, block)
-        return memoryview(array).cast("B")
+        return owned_view(block.addr + start, n - start, _Lease(self, block))
 
     def _collect(self, now: float) -> None:
         """Take the blocks given back since (under the lock) into the idle

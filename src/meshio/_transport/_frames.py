@@ -17,7 +17,7 @@ import struct
 import sys
 from typing import Any, Final
 
-from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers
+from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers, owned_view
 
 _HDR: Final = struct.Struct("<II")
 #: ``_HDR.unpack_from``, bound once (see ``meshio._context.enter_scope``)
@@ -62,9 +62,7 @@ def _allocate(kind: int, n: int) -> tuple[Any, memoryview]:
         # A new str filled in place (its bytes checked as they arrive): text
         # received without a decoding pass over it.
         s = _str_alloc(n, 127)
-        array: Any = (ctypes.c_char * n).from_address(id(s) + _ASCII_DATA_OFFSET)
-        array._meshio_owner = s  # the str outlives its view
-        return s, memoryview(array).cast("B")
+        return s, owned_view(id(s) + _ASCII_DATA_OFFSET, n, s)
     if kind == KIND_BYTES:
         # A bytes object filled in place: zero-copy receive of ``bytes``.
         b = _bytes_alloc(None, n)

@@ -69,7 +69,7 @@ from .._exceptions import SchemaError
 
 __all__ = ("Buffers", "Handing", "Limits", "OutBuffers", "Packer", "Refit", "Unfit",
            "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient", "limits", "loads",
-           "refitter", "set_limits", "travel", "type_name")
+           "owned_view", "refitter", "set_limits", "travel", "type_name")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
@@ -279,9 +279,8 @@ def _tensor_memory(t: Any) -> tuple[Any, Any, str]:
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return t, bytearray(), device
-    array = (ctypes.c_char * nbytes).from_address(t.data_ptr())
-    array._meshio_owner = t  # keep the storage alive while the bytes are in flight
-    return t, memoryview(array).cast("B"), device
+    # (the storage kept alive while the bytes are in flight)
+    return t, owned_view(t.data_ptr(), nbytes, t), device
 
 
 def _to_host(t: Any) -> Any:
@@ -741,8 +740,16 @@ _utf8.argtypes = (ctypes.py_object, ctypes.POINTER(ctypes.c_ssize_t))
 def ascii_memory(s: str) -> Any:
     """The bytes of the ASCII string ``s``: its own memory (no copy)."""
     n = ctypes.c_ssize_t()
-    array: Any = (ctypes.c_char * len(s)).from_address(_utf8(s, ctypes.byref(n)))
-    array._meshio_owner = s  # keep the str alive while its bytes are in flight
+    return owned_view(_utf8(s, ctypes.byref(n)), len(s), s)
+
+
+def owned_view(addr: int, n: int, owner: object) -> memoryview:
+    """A writable byte view of the ``n`` bytes at ``addr``, which keeps
+    ``owner`` (what holds that memory: a tensor, a str, a pool lease) alive
+    while it, or a slice of it, lives: a frame lending it reads it after
+    the send returned, so the memory goes only once nothing reads it."""
+    array: Any = (ctypes.c_char * n).from_address(addr)
+    array._meshio_owner = owner
     return memoryview(array).cast("B")
 
 

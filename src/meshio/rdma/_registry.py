@@ -21,7 +21,7 @@ from .._exceptions import CallTimeout, RDMAError, SupervisionError
 from .._transport._connection import Connection, Pending
 from .._transport._messages import RdmaOp, RdmaOpName, Transfer
 from .._transport._runtime import Runtime
-from .._transport._serial import Buffers
+from .._transport._serial import Buffers, owned_view
 from .._transport._tasks import within
 from ._memory import Memory
 
@@ -77,14 +77,13 @@ class RdmaBackend(Protocol):
 
 def view_of(m: Memory) -> memoryview:
     """A writable view of ``m`` that keeps its memory alive while it, or a
-    slice of it, lives: a ``tcp`` frame lends such a slice to its
-    connection, which reads it after the send returned (written into a peer
-    of this host, or queued), so memory dropped meanwhile — a registration
-    released, a transfer given up — is freed only once the frame is sent or
-    its connection ended, never under the copy."""
-    array: Any = (ctypes.c_char * m.size).from_address(m.addr)
-    array._meshio_owner = m.keep  # the memory outlives its views
-    return memoryview(array).cast("B")
+    slice of it, lives (:func:`owned_view`): a ``tcp`` frame lends such a
+    slice to its connection, which reads it after the send returned
+    (written into a peer of this host, or queued), so memory dropped
+    meanwhile — a registration released, a transfer given up — is freed
+    only once the frame is sent or its connection ended, never under the
+    copy."""
+    return owned_view(m.addr, m.size, m.keep)
 
 
 # ------------------------------------------------------ owner's registry
@@ -168,7 +167,6 @@ class Registry:
             return []
         reg.release()
         return reg.lent
-
 
     def release_owned(self, owner: str) -> None:
         """Release every buffer registered by the actor ``owner`` (it stopped)."""
