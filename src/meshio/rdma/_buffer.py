@@ -29,7 +29,6 @@ import functools
 import importlib.util
 import operator
 import os
-import sys
 from typing import Any, SupportsIndex
 
 import msgspec
@@ -141,20 +140,6 @@ def _index(value: SupportsIndex, what: str, arg: str, also: str = "") -> int:
             pass
     raise TypeError(f"{what}: {arg} must be an integer (an int, a NumPy or torch integer, "
                     f"not a bool){also}, got {value!r} ({type(value).__name__})")
-
-
-def _destination(dst: Any, length: int) -> Memory:
-    """The memory of ``dst``, where a read of ``length`` bytes lands: empty
-    for 0 bytes (nothing lands; the owner still refuses a dropped buffer)."""
-    try:
-        return memory_of(dst, "read_into destination", writable=True)
-    except RDMASizeError:
-        torch = sys.modules.get("torch")
-        empty = (dst.numel() == 0 if torch is not None and isinstance(dst, torch.Tensor)
-                 else memoryview(dst).nbytes == 0)
-        if length or not empty:
-            raise
-        return Memory(dst, 0, 0, True)
 
 
 # ------------------------------------------------------------ the buffer
@@ -294,7 +279,8 @@ class RDMABuffer:
         ``offset=buf.size``) copies nothing, into an empty ``dst`` too, but
         fails as any transfer on a dropped buffer or a gone owner does."""
         offset, length = self._range(offset, length, "read_into")
-        local = _destination(dst, length)
+        # (empty for 0 bytes: nothing lands; the owner still refuses a dropped buffer)
+        local = memory_of(dst, "read_into destination", writable=True, empty=length == 0)
         if local.size < length:
             raise RDMASizeError(f"read_into: destination holds {local.size} bytes, "
                                 f"{length} requested")

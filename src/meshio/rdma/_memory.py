@@ -49,8 +49,10 @@ class Memory:
         return not start <= self.addr <= self.addr + self.size <= start + self.keep.nbytes()
 
 
-def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
-    """The bytes behind a tensor or buffer object, with clear errors."""
+def memory_of(obj: Any, what: str, *, writable: bool, empty: bool = False) -> Memory:
+    """The bytes behind a tensor or buffer object, with clear errors; an
+    empty one is refused unless ``empty`` (a read of 0 bytes lands
+    nowhere): then it is 0 bytes at address 0, whatever its layout."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.device.type == "meta":
@@ -63,6 +65,8 @@ def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
                 "nvidia-peermem or dma-buf) is not implemented in this version, whatever "
                 "the hardware. Copy it to a CPU tensor first: t.cpu(), or cpu.copy_(t) into a "
                 "tensor made with pin_memory=True (faster copies)")
+        if empty and obj.numel() == 0:
+            return Memory(obj, 0, 0, True)
         if not obj.is_contiguous():
             raise RDMASizeError(f"{what}: the tensor is not contiguous; call .contiguous() first")
         size = obj.numel() * obj.element_size()
@@ -74,6 +78,8 @@ def memory_of(obj: Any, what: str, *, writable: bool) -> Memory:
     except TypeError:
         raise TypeError(f"{what}: expected a CPU torch.Tensor, bytearray, memoryview or "
                         f"another buffer object, got {type(obj).__name__}") from None
+    if empty and view.nbytes == 0:
+        return Memory(obj, 0, 0, True)
     if not view.c_contiguous:
         raise RDMASizeError(f"{what}: the buffer is not contiguous")
     if view.nbytes == 0:
