@@ -316,6 +316,45 @@ async def test_tls_job_calls_and_refuses_plain_text_and_foreign_certs(tmp_path: 
         await j.kill()
 
 
+async def test_tls_listener_survives_running_out_of_descriptors(tmp_path: Path) -> None:
+    """A TLS listener whose accept fails (the process out of descriptors:
+    its limit lowered, then restored) accepts again once it can, as a
+    plain-TCP listener does.  Before, its accept loop ended at the first
+    EMFILE: the process lived on with its port listening and never
+    accepted again, every TLS dial to it timed out ("Task exception was
+    never retrieved" its only trace)."""
+    import resource
+
+    tls, _ = _certs(tmp_path)
+    log = tmp_path / ".meshio" / "job.log"
+    j = ProcessJob(meshes={"hosts": 1}, cache_dir=tmp_path / ".meshio", tls=tls)
+    try:
+        state = await j.state()
+        agent = (job_record(j) or {})["hosts"]["hosts"][0]
+        host, port = agent["addr"].removeprefix("tcp://").rsplit(":", 1)
+        pid = agent["pid"]
+        limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE,
+                         (len(os.listdir(f"/proc/{pid}/fd")), limits[1]))
+        conns = []
+        try:
+            async def refused() -> None:  # (its warning: there is no other event)
+                while "cannot accept connections at" not in log.read_text():
+                    conns.append(socket.create_connection((host, int(port))))
+                    await asyncio.sleep(0.05)
+            await asyncio.wait_for(refused(), DEADLINE)
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+            for c in conns:
+                c.close()
+        assert "Too many open files; trying again in 1 s" in log.read_text()
+        async with state.hosts.spawn_procs() as procs:
+            w = await procs.spawn("w", Where)
+            assert await asyncio.wait_for(w.echo.call_one(7), DEADLINE) == 7
+    finally:
+        await j.kill()
+
+
 def test_agent_cli_help_and_bad_tls_arguments() -> None:
     """``meshio agent --help`` documents its options; half a TLS set is refused."""
     import subprocess

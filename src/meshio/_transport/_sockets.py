@@ -33,7 +33,9 @@ __all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "SocketBackend", "fee
 
 log = logging.getLogger("meshio")
 
-
+#: seconds a TLS listener waits before accepting again after an accept
+#: failed (out of descriptors or memory; asyncio's servers wait as long)
+ACCEPT_RETRY_DELAY: Final = 1.0
 #: listen backlog of every runtime (the kernel caps it at net.core.somaxconn)
 LISTEN_BACKLOG: Final = 4096
 #: seconds a dialler gives a peer to accept and complete the handshake
@@ -289,7 +291,15 @@ class SocketBackend:
         an accept sometimes lost the first bytes and stalled the handshake)."""
         sock.setblocking(False)
         while True:
-            conn, peer = await self.rt.loop.sock_accept(sock)
+            try:
+                conn, peer = await self.rt.loop.sock_accept(sock)
+            except ConnectionAbortedError:  # (gone before it was accepted)
+                continue
+            except OSError as e:  # out of descriptors or memory: as asyncio's servers do
+                log.warning("meshio: cannot accept connections at %s: %s; trying again in "
+                            "%g s", addr, e, ACCEPT_RETRY_DELAY)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY)
+                continue
             self.rt.tasks.start(self._accept_tls(conn, peer, addr, job))
 
     async def _accept_tls(self, conn: socket.socket, peer: Any, addr: str,
