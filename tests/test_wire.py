@@ -9,6 +9,7 @@ After each abuse the worker must still serve the controller's calls.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,6 +26,7 @@ from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
 from meshio.testing import actor_target, forged_mesh, process_address
+from log_watch import LogWatch
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -251,8 +253,11 @@ async def test_unknown_endpoint_via_controller(echo: ActorMesh[Echo]) -> None:
     await assert_serving(echo, 17)
 
 
-async def test_controller_socket_survives_garbage(echo: ActorMesh[Echo]) -> None:
-    """The controller's own listening socket is as robust as a worker's."""
+async def test_controller_socket_survives_garbage(echo: ActorMesh[Echo],
+                                                  controller_log: LogWatch) -> None:
+    """The controller's own listening socket is as robust as a worker's; what
+    it logs names the peer as its handshake showed it (a peer that sent no
+    Hello was an "unidentified peer")."""
     addr = runtime().addr
     r, w = await dial(addr)
     try:
@@ -265,6 +270,8 @@ async def test_controller_socket_survives_garbage(echo: ActorMesh[Echo]) -> None
         await expect_eof(r)
     finally:
         await close(w)
+    line = await controller_log.wait_for("malformed frame header")
+    assert line.endswith(f"dropping connection from pid {os.getpid()} (uid {os.getuid()})"), line
     await assert_serving(echo, 18)
 
 

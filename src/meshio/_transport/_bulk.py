@@ -476,7 +476,7 @@ class Exports:
             what = (f"the export whose frame it has is {waiting or 'none'}" if views is None
                     else f"{len(views)} parts")
             log.warning("meshio: a Fill from %s for export %d with %d addresses (%s); "
-                        "dropping the connection", conn.peer or "unidentified peer",
+                        "dropping the connection", conn.who,
                         msg.export, len(msg.to), what)
             conn.abort()
             return
@@ -497,7 +497,7 @@ class Exports:
             if error is not None:
                 log.warning("meshio: writing a large value into pid %d failed (%s); "
                             "dropping the connection to %s", self.pid, error,
-                            conn.peer or "unidentified peer")
+                            conn.who)
                 conn.abort()
                 return
             conn.filled(True)
@@ -630,5 +630,5 @@ def fill(rt: Any, conn: Connection, msg: Fill, bufs: Any) -> None:
         conn.bulk.fill(conn, msg)
     else:
         log.warning("meshio: a Fill from %s, which sends nothing by descriptor; "
-                    "dropping the connection", conn.peer or "unidentified peer")
+                    "dropping the connection", conn.who)
         conn.abort()

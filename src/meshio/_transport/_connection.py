@@ -475,6 +475,9 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, rt: Runtime, peer: str | None) -> None:
         self.rt = rt
         self.peer = peer
+        #: the peer as its handshake showed it (pid and uid, or host and
+        #: port), for log lines until its Hello names its address
+        self.origin = "unidentified peer"
         self.peer_pid = -1
         self.worker = ""
         #: where the peer listens, as its Hello says (a replacement worker:
@@ -536,6 +539,12 @@ class Connection(asyncio.BufferedProtocol):
         self._filling: tuple[int, Buffers] | None = None
 
     # ------------------------------------------------------------ sending
+
+
+    @property
+    def who(self) -> str:
+        """The peer, for log lines: its address, or as its handshake showed it."""
+        return self.peer or self.origin
 
     def next_req(self, pending: Pending) -> int:
         req = self._req = self._req + 1
@@ -897,7 +906,7 @@ class Connection(asyncio.BufferedProtocol):
         self._merged = []
         if self._frame is not None or self._cur is not None or self._start != self._end:
             log.warning("meshio: truncated frame from %s (connection closed mid-frame)",
-                        self.peer or "unidentified peer")
+                        self.who)
         self._stop_receiving()
         self.rt._connection_lost(self, exc)
 
@@ -1016,7 +1025,7 @@ class Connection(asyncio.BufferedProtocol):
             self._parse()
         except ProtocolError as e:
             log.warning("meshio: %s; dropping connection from %s", e,
-                        self.peer or "unidentified peer")
+                        self.who)
             self.send_message(Fail(0, ErrorInfo("protocol", "ProtocolError", str(e))))
             self.abort()
             return
@@ -1076,7 +1085,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         log.warning("meshio: a message from %s stopped arriving (no data for %g s, "
                     "meshio.set_limits(frame_timeout=...)); dropping the connection",
-                    self.peer or "unidentified peer", limits.frame_timeout)
+                    self.who, limits.frame_timeout)
         self.abort()
 
     @property
@@ -1276,7 +1285,7 @@ class Connection(asyncio.BufferedProtocol):
         is recognisably about, else report it (``Fail`` with ``req`` 0)."""
         deep = isinstance(e, RecursionError)
         why = f"malformed message: {'nested too deeply: ' if deep else ''}{e}"
-        log.warning("meshio: %s from %s", why, self.peer or "unidentified peer")
+        log.warning("meshio: %s from %s", why, self.who)
         tag, req = _peek(body[:_PEEK]) or (0, 0)
         if tag in _REQUESTS and req:
             self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why) if deep
@@ -1301,7 +1310,7 @@ class Connection(asyncio.BufferedProtocol):
                f"{limits.max_message} bytes of process {os.getpid()}; raise it with "
                "meshio.set_limits(max_message=...) or MESHIO_MAX_MESSAGE, or send less at a time")
         log.warning("meshio: skipped a message from %s unread: %s",
-                    self.peer or "unidentified peer", why)
+                    self.who, why)
         if tag in _REQUESTS:
             if req:
                 self.send_message(Fail(req, ErrorInfo("schema", "SchemaError", why)))
@@ -1343,7 +1352,7 @@ class Connection(asyncio.BufferedProtocol):
             self.rt.dispatch(self, msg, bufs)
         except Exception:  # one message's handler failed; the connection serves on
             log.exception("meshio: handling %s from %s failed", type(msg).__name__,
-                          self.peer or "unidentified peer")
+                          self.who)
 
     def _filled(self, msg: Message) -> None:
         """``msg`` came while a frame waits for its large parts: the

@@ -340,7 +340,7 @@ def relay(rt: Runtime, up: Connection, msg: Fanout, bufs: Buffers,
     why = malformed(msg)
     if why is not None:
         why = f"malformed fan-out message for {msg.target}.{msg.method}: {why}"
-        log.warning("meshio: %s, from %s", why, up.peer or "unidentified peer")
+        log.warning("meshio: %s, from %s", why, up.who)
         refuse(up, msg, why)
         if msg.ports:  # (passed on to none)
             _Handed(up, msg.ports).release()

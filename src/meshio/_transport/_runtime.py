@@ -462,12 +462,14 @@ class Runtime:
 
     def accept(self, transport: asyncio.Transport, leftover: bytes,
                 creds: tuple[int, int, int] | None, job: Credentials | None,
-                addr: str) -> None:
+                addr: str, origin: str) -> None:
         """A connection at this runtime's address ``addr`` passed the
-        handshake (on TCP, for the processes of ``job``): a Connection
-        takes over its transport (``leftover``: bytes read already)."""
+        handshake (on TCP, for the processes of ``job``) with the peer
+        ``origin`` (for log lines): a Connection takes over its transport
+        (``leftover``: bytes read already)."""
         conn = Connection(self, None)
         conn.job = job
+        conn.origin = origin
         if creds is not None:
             conn.peer_pid = creds[0]
         self.all_conns.add(conn)
@@ -619,7 +621,7 @@ class Runtime:
                     relay(self, conn, msg, bufs, self.admit)
                 except Exception as e:  # a bug here: its callers hear of it, not a hang
                     log.exception("meshio: relaying a tree call of %s.%s from %s failed",
-                                  msg.target, msg.method, conn.peer or "unidentified peer")
+                                  msg.target, msg.method, conn.who)
                     refuse(conn, msg, _internal(self, "tree call", e))
             case Hello() if conn.peer is not None:  # a runtime this one dialled names itself
                 if msg.addr != conn.peer:
@@ -762,7 +764,7 @@ class Runtime:
         logged and the caller hears of it (not a hang); the connection and
         the actor serve on."""
         log.exception("meshio: admitting a call of %s.%s from %s failed", msg.target,
-                      msg.method, conn.peer or "unidentified peer", exc_info=e)
+                      msg.method, conn.who, exc_info=e)
         conn.send_message(Fail(msg.req, ErrorInfo(  # (req 0, a broadcast: the peer logs it)
             "protocol", "ProtocolError", _internal(self, "call", e))))
 

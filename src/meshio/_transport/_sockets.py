@@ -344,7 +344,7 @@ class SocketBackend:
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
             self._incoming.pop(hs, None)
-            self.rt.accept(transport, leftover, hs.creds, job, addr)
+            self.rt.accept(transport, leftover, hs.creds, job, addr, hs.describe())
 
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)

@@ -168,7 +168,7 @@ class Agent:
             log.warning("meshio agent at %s: no contact with the controller at %s for its "
                         "workers' partition_timeout: killed %s, so that none of them runs "
                         "beside a replacement (self-fencing)", self.rt.addr,
-                        conn.peer or "unidentified peer", ", ".join(workers))
+                        conn.who, ", ".join(workers))
         self._arm()
 
     def _relay(self, worker: str, stream: Stream, data: bytes) -> None:
