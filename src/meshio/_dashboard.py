@@ -125,10 +125,17 @@ def tcp_peer_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
 
 
 def _host_name(header: str) -> str:
-    """The host of a ``Host`` header (``127.0.0.1:8265``, ``[::1]:8265``)."""
+    """The host of a ``Host`` header (``127.0.0.1:8265``, ``[::1]:8265``);
+    a header that is none (``[::1]evil``, ``localhost:x``) whole, which
+    names no host."""
     if header.startswith("["):
-        return header[1:].partition("]")[0]
-    return header.rpartition(":")[0] if header.count(":") == 1 else header
+        host, bracket, rest = header[1:].partition("]")
+        port = rest.removeprefix(":") if bracket and rest[:1] in ("", ":") else "x"
+    elif header.count(":") == 1:
+        host, _, port = header.partition(":")
+    else:
+        return header
+    return host if port == "" or (port.isascii() and port.isdigit()) else header
 
 
 def _utf8_all(value: object) -> object:

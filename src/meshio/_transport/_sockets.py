@@ -65,8 +65,10 @@ def is_loopback(host: str) -> bool:
     host = host.lower().removesuffix(".")
     if host == "localhost":
         return True
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:  # (another name)
         return False
 
