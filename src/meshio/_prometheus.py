@@ -196,7 +196,9 @@ def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> MetricsServer:
     """Serve :func:`meshio.stats` as Prometheus metrics at
     ``http://host:port/metrics``, from this controller's event loop (call it
     there), each scrape gathering them afresh; the metric names are in the
-    README ("Metrics").  Listens on loopback by default.
+    README ("Metrics").  Listens on loopback by default; on another address
+    it answers whoever reaches it, as Prometheus exporters do (the
+    dashboard's ``/metrics`` asks for the job's token there).
 
     Args:
         port: the TCP port (0: any free one, see :attr:`MetricsServer.port`).
