@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import meshio
+from log_watch import loop_reports
 from meshio import Actor, endpoint
 from meshio.testing import child_pids, wait_exited
 
@@ -562,7 +563,15 @@ async def test_options_and_spawn_reject_a_wrong_type_with_type_error(
     with pytest.raises(ValueError, match=r"options\(restart=\.\.\.\) .*, got str 'always'"):
         procs.options(restart="always")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="spawn: actor mesh name must be a non-empty str "
-                                        "without '/', got int 5"):
+                                        "without '/' that UTF-8 can encode, got int 5"):
         await procs.spawn(5, Victim)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"spawn: actor mesh name .*, got str 'a/b'"):
         await procs.spawn("a/b", Victim)
+    # a name of bytes that were not UTF-8 (os.fsdecode: a lone surrogate) was
+    # a UnicodeEncodeError from the message encoder, the spawn half made
+    with loop_reports() as reported:
+        with pytest.raises(ValueError, match=r"spawn: actor mesh name .*, got str 'caf\\udce9'"):
+            await procs.spawn(os.fsdecode(b"caf\xe9"), Victim)
+    assert reported == []
+    accented = await procs.spawn("caf\u00e9", Victim)  # (UTF-8 that is not ASCII: fine)
+    assert (await accented.echo.call(3)).values() == [3] * len(procs)

@@ -141,6 +141,12 @@ async def test_a_name_that_is_no_str_is_a_type_error() -> None:
                 host.spawn_procs(name=bad, keep_alive=keep_alive)  # type: ignore[arg-type]
             assert str(refused.value) == (
                 f"spawn_procs: name must be a str, got {type(bad).__name__} {bad!r}")
+    # bytes that were not UTF-8, as os.fsdecode gives them (a lone surrogate):
+    # a UnicodeEncodeError out of the launcher, the workers half started
+    for keep_alive in (None, 5.0):
+        with pytest.raises(ValueError, match=r"spawn_procs: a proc mesh's name must be text "
+                                             r"UTF-8 can encode, got 'caf\\udce9'"):
+            host.spawn_procs(name=os.fsdecode(b"caf\xe9"), keep_alive=keep_alive)
 
 
 async def test_a_supervisor_that_is_no_supervisor_is_a_type_error() -> None:

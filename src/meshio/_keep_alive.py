@@ -161,10 +161,10 @@ def check_name(name: object, where: str, namespace: str, *, kept: bool) -> str:
     if "\0" in name:
         raise ValueError(f"{where}: a proc mesh's name cannot have a NUL character, got {name!r}")
     try:
-        size = len(os.fsencode(name))
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{where}: a proc mesh's name must be encodable as a file name "
-                         f"(UTF-8), got {name!r}: {e.reason}") from None
+        size = len(name.encode())
+    except UnicodeEncodeError as e:  # (a lone surrogate: os.fsdecode of bytes not UTF-8)
+        raise ValueError(f"{where}: a proc mesh's name must be text UTF-8 can encode, got "
+                         f"{name!r}: {e.reason}") from None
     limit = name_limit(namespace)
     if size > limit:
         raise ValueError(

@@ -29,6 +29,7 @@ from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
 from ._transport._runtime import Runtime, check_loop, on_loop_wait, runtime
 from ._transport._serial import OutBuffers, Packer, dumps, loads
+from ._util import utf8
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
 
@@ -236,10 +237,10 @@ class ProcMesh(MeshShape):
         """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
         if not _is_actor_class(cls):
             raise _not_an_actor_class(cls)
-        if not isinstance(name, str) or not name or "/" in name:
+        if not isinstance(name, str) or not name or "/" in name or utf8(name) != name:
             raise (ValueError if isinstance(name, str) else TypeError)(
-                f"spawn: actor mesh name must be a non-empty str without '/', "
-                f"got {type(name).__name__} {name!r}")
+                f"spawn: actor mesh name must be a non-empty str without '/' that UTF-8 "
+                f"can encode, got {type(name).__name__} {name!r}")
         schema = cls._meshio_ctor
         packer = Packer()
         body = schema.pack_call(args, kwargs, packer)
