@@ -85,6 +85,38 @@ async def test_hostile_requests_get_a_status_saying_what_was_wrong(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
+async def test_idle_connections_hold_at_most_max_unread_and_crowd_out_only_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections that send nothing are held at most MAX_UNREAD at once:
+    past it the oldest of the address holding the most is dropped, so a
+    flood of idle connections from one address (every one taken before any
+    token is asked) costs the controller a bounded number of descriptors
+    and does not crowd out a client at another address.  Before, each was
+    held its REQUEST_TIMEOUT: thousands took the controller to its
+    descriptor limit."""
+    monkeypatch.setattr(_http, "MAX_UNREAD", 8)
+    flood = 20
+    async with meshio.serve_metrics(0) as server:
+        # one client at 127.0.0.1 first (the oldest of all), then a flood from 127.0.0.2
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        held = []
+        try:
+            for _ in range(flood):
+                held.append(await asyncio.open_connection(
+                    "127.0.0.1", server.port, local_addr=("127.0.0.2", 0)))
+            # the flood's oldest are dropped (the server closes them: EOF)
+            async with asyncio.timeout(GUARD):
+                for r, _ in held[:flood - 7]:
+                    assert await r.read() == b""
+            writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            got, body = status_and_body(await asyncio.wait_for(reader.read(), GUARD))
+            assert got == "200 OK" and "meshio_" in body, got
+        finally:
+            writer.close()
+            for _, w in held:
+                w.close()
+
+
 class Failing(_http.HTTPServer):
     """A server whose answer to ``/boom`` fails (a bug of its own)."""
 

@@ -2,7 +2,8 @@
 
 An :class:`HTTPServer` listens on the controller's loop from its start
 (asyncio streams: each request is one ``GET`` read by its head, answered,
-and the connection closed), answers each request in a task it owns, and
+and the connection closed; :data:`MAX_UNREAD` connections at most wait for
+their head), answers each request in a task it owns, and
 on :meth:`~HTTPServer.aclose` stops listening and cancels and awaits the
 requests being answered (a server-sent event stream among them), quietly.
 Subclasses say what each request gets (``_respond``); what they write is
@@ -20,6 +21,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from ._transport._sockets import Crowd
 from ._transport._tasks import TaskOwner, awaited, within
 
 __all__ = ("HTTPServer", "Request", "response_head", "start")
@@ -32,6 +34,11 @@ log = logging.getLogger("meshio")
 REQUEST_TIMEOUT = 10.0
 #: bytes of a request's head at most
 MAX_REQUEST = 1 << 16
+#: connections whose request's head is not read yet, at once: past it the
+#: oldest of the address holding the most is dropped for the newest
+#: (:class:`~._transport._sockets.Crowd`): idle connections by the thousand
+#: hold at most this many descriptors of the controller
+MAX_UNREAD = 256
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,8 @@ class HTTPServer:
         self._answering: set[asyncio.Task[None]] = set()
         #: each request's task (cancelled by aclose)
         self._requests = TaskOwner(f"the requests to {self._base()}")
+        #: the connections whose request's head is not read yet
+        self._unread: Crowd[asyncio.StreamWriter] = Crowd(MAX_UNREAD)
         self._starting: asyncio.Future[asyncio.Server] = awaited(
             asyncio.start_server(self._answer, sock=sock, limit=MAX_REQUEST))
 
@@ -213,6 +222,7 @@ class HTTPServer:
         connection = asyncio.current_task()
         assert connection is not None
         self._answering.add(connection)
+        self._unread.admit(writer, writer.get_extra_info("peername"), writer.transport.abort)
         try:
             request = self._requests.start(self._serve(reader, writer))
             try:
@@ -224,12 +234,16 @@ class HTTPServer:
                 request.result()  # (it catches all it expects: anything else is a bug)
         finally:
             self._answering.discard(connection)
+            self._unread.leave(writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read the request of a connection, answer it and close the connection."""
         try:
             try:
-                head = await within(_read_head(reader), REQUEST_TIMEOUT)
+                try:
+                    head = await within(_read_head(reader), REQUEST_TIMEOUT)
+                finally:
+                    self._unread.leave(writer)
                 request = _parse(head)
             except asyncio.LimitOverrunError:
                 _refuse(writer, "431 Request Header Fields Too Large",

@@ -17,7 +17,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
 from .._exceptions import AuthenticationError, ClosedResourceError, MeshioError, SupervisionError
 from ._connection import Connection, Pending
@@ -28,10 +28,12 @@ from ._tasks import within
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "SocketBackend", "feed", "is_loopback",
-           "sockaddr", "tcp_endpoint", "tcp_listener", "unix_listener")
+__all__ = ("CONNECT_TIMEOUT", "LISTEN_BACKLOG", "Backend", "Crowd", "SocketBackend", "feed",
+           "is_loopback", "sockaddr", "tcp_endpoint", "tcp_listener", "unix_listener")
 
 log = logging.getLogger("meshio")
+
+_K = TypeVar("_K")
 
 #: seconds a TLS listener waits before accepting again after an accept
 #: failed (out of descriptors or memory; asyncio's servers wait as long)
@@ -91,6 +93,33 @@ def _source(peer: object) -> str:
     if ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+
+
+class Crowd(Generic[_K]):
+    """Incoming connections that proved nothing yet, oldest first, each
+    counted against its source (:func:`_source`): past ``most`` of them,
+    the oldest of the source that holds the most is dropped for the newest,
+    so that a flood from one address crowds out only itself."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        #: each connection → (the source it counts against, how to drop it)
+        self._held: dict[_K, tuple[str, Callable[[], None]]] = {}
+
+    def admit(self, key: _K, peer: object, drop: Callable[[], None]) -> None:
+        """Count ``key``, a connection from ``peer`` (its address), which
+        ``drop`` drops."""
+        held = self._held
+        if len(held) >= self.most:
+            crowd, _ = Counter(source for source, _ in held.values()).most_common(1)[0]
+            oldest = next(k for k, (source, _) in held.items() if source == crowd)
+            held.pop(oldest)[1]()
+        held[key] = (_source(peer), drop)
+
+    def leave(self, key: _K) -> bool:
+        """Count ``key`` no longer (it proved itself, or ended); whether it
+        was counted (not dropped)."""
+        return self._held.pop(key, None) is not None
 
 
 def tcp_endpoint(addr: str) -> tuple[str, int] | None:
@@ -172,9 +201,8 @@ class SocketBackend:
         self._socks: list[socket.socket] = []
         self._servers: list[asyncio.Server] = []
         self._handshakes: set[HandshakeProtocol] = set()
-        #: the incoming ones, oldest first → (the source they count
-        #: against, how to drop it) (:meth:`_admit`)
-        self._incoming: dict[HandshakeProtocol, tuple[str, Callable[[], None]]] = {}
+        #: the incoming ones, under way (:meth:`_admit`)
+        self._incoming: Crowd[HandshakeProtocol] = Crowd(MAX_HANDSHAKING)
         #: refusals that may be logged now (:data:`REFUSALS_LOGGED`), when
         #: that was counted, and those not logged since the last line
         self._may_log = float(REFUSALS_LOGGED)
@@ -331,7 +359,7 @@ class SocketBackend:
         except BaseException as e:
             conn.close()
             self._handshakes.discard(hs)
-            admitted = self._incoming.pop(hs, None) is not None
+            admitted = self._incoming.leave(hs)
             if isinstance(e, asyncio.CancelledError) and not admitted and not self.rt.closed:
                 self._log_refused(addr, hs, self._dropped())  # (dropped by _admit)
             raise
@@ -345,12 +373,12 @@ class SocketBackend:
         begins."""
         def done(transport: asyncio.Transport, leftover: bytes) -> None:
             self._handshakes.discard(hs)
-            self._incoming.pop(hs, None)
+            self._incoming.leave(hs)
             self.rt.accept(transport, leftover, hs.creds, job, addr, hs.describe())
 
         def fail(error: Exception) -> None:
             self._handshakes.discard(hs)
-            self._incoming.pop(hs, None)
+            self._incoming.leave(hs)
             if not self.rt.closed:
                 self._log_refused(addr, hs, error)
 
@@ -362,15 +390,10 @@ class SocketBackend:
         return hs
 
     def _admit(self, hs: HandshakeProtocol, drop: Callable[[], None]) -> None:
-        """Count ``hs`` among the incoming handshakes under way, against its
-        source (:func:`_source`); if :data:`MAX_HANDSHAKING` are, the oldest
-        of the source that holds the most is dropped first (``drop``)."""
-        incoming = self._incoming
-        if len(incoming) >= MAX_HANDSHAKING:
-            crowd, _ = Counter(source for source, _ in incoming.values()).most_common(1)[0]
-            oldest = next(h for h, (source, _) in incoming.items() if source == crowd)
-            incoming.pop(oldest)[1]()
-        incoming[hs] = (_source(hs.peername), drop)
+        """Count ``hs`` among the incoming handshakes under way
+        (:class:`Crowd`: if :data:`MAX_HANDSHAKING` are, the oldest of the
+        source that holds the most is dropped first, by its ``drop``)."""
+        self._incoming.admit(hs, hs.peername, drop)
 
     @staticmethod
     def _dropped() -> ConnectionAbortedError:
