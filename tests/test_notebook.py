@@ -475,9 +475,12 @@ def test_kernel_meshio_own_lines_land_in_the_running_cell(kernel_notebook: list[
 
 def test_kernel_remote_traceback_shows_notebook_source(kernel_notebook: list[str]) -> None:
     """issue 8 item 3: a remote traceback through an endpoint defined in a
-    notebook cell names the cell's file and shows its source line."""
+    notebook cell names the cell as IPython does (`Cell In[1]`) and shows
+    its source line."""
     tb = kernel_notebook[4]
     assert "<dynamic-code>" not in tb, tb
+    # the cell named as IPython names it in its own tracebacks, not by its temporary file
+    assert "Cell In[1], line " in tb and "ipykernel_" not in tb, tb
     assert 'raise ZeroDivisionError("notebook says no")  # the failing source line' in tb, tb
     assert "in fail" in tb and "ZeroDivisionError: notebook says no" in tb, tb
 

@@ -41,6 +41,7 @@ attribute lists every failing rank with its own error.
 from __future__ import annotations
 
 import builtins
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -141,7 +142,8 @@ class ActorError(MeshioError):
         remote_bases: qualified names of its base classes, nearest first
             (without ``Exception``, ``BaseException`` and ``object``).
         remote_message: ``str()`` of the remote exception.
-        remote_traceback: the remote traceback, formatted.
+        remote_traceback: the remote traceback, formatted (in a Jupyter
+            kernel, its cells named as IPython names them: ``Cell In[3]``).
         actor: name of the actor mesh.
         rank: flat rank of the failing actor in its mesh.
         endpoint: name of the endpoint (``"__init__"`` for the constructor).
@@ -224,6 +226,27 @@ def readable(text: str) -> str:
     if len(text) <= _LINE_KEEP:
         return text
     return _cut("\n".join(_cut(line, _LINE_KEEP) for line in text.split("\n")), _TEXT_KEEP)
+
+
+#: a frame's file in a formatted traceback
+_FRAME_FILE: Final = re.compile(r'File "([^"\n]+)", line ')
+
+
+def cell_names(traceback: str) -> str:
+    """``traceback`` (a remote one, formatted) with the files of a Jupyter
+    kernel's cells (``/tmp/ipykernel_1234/567.py``, where an actor class
+    defined in a notebook runs) named as IPython names them in its own
+    tracebacks (``Cell In[3], line 18``); outside a kernel, as it is."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if name is None:
+        return traceback
+
+    def cell(frame: re.Match[str]) -> str:
+        label = name(frame[1])
+        return frame[0] if label is None else f"{label[0]} {label[1]}, line "
+    return _FRAME_FILE.sub(cell, traceback)
 
 
 def _cut(text: str, keep: int) -> str:

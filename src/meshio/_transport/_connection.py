@@ -35,6 +35,7 @@ from .._exceptions import (
     SupervisionError,
     UnknownActorError,
     UnknownEndpointError,
+    cell_names,
     new_actor_error,
     readable,
 )
@@ -1397,7 +1398,7 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
     where = f" [{p.who}]" if p is not None else ""
     match info.kind:
         case "actor":  # (its texts cut where raised; a peer that did not, cut here)
-            message, tb = readable(info.message), readable(info.traceback)
+            message, tb = readable(info.message), cell_names(readable(info.traceback))
             return new_actor_error(
                 f"{info.type_name}: {message}\n  in {info.actor} rank {info.rank}, "
                 f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{tb}",
