@@ -229,7 +229,8 @@ async def test_loopback_answers_local_clients_naming_no_host_or_localhost_in_any
             request = f"GET /api/state HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
             assert await status_of(port, request) == "401 Unauthorized", host
         # a Host that only begins as a loopback one names no host of ours
-        for host in ("[::1]evil", f"[::1]evil:{port}", "[::1", "localhost:x", "127.0.0.1:８０"):
+        for host in ("[::1]evil", f"[::1]evil:{port}", "[::1", "localhost:x",
+                     "127.0.0.1:\uff18\uff10"):  # (fullwidth digits)
             request = f"GET /api/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
             assert await status_of(port, request) == "401 Unauthorized", host
     async with meshio.serve_dashboard(host="0.0.0.0") as server:  # off loopback: the token

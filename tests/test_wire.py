@@ -19,6 +19,7 @@ import pytest
 import pytest_asyncio
 
 import meshio
+from log_watch import LogWatch
 from meshio import Actor, ActorMesh, endpoint
 from meshio._transport import _messages as M
 from meshio._transport._connection import Connection
@@ -26,7 +27,6 @@ from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._runtime import Runtime, runtime
 from meshio._transport._serial import KIND_BYTEARRAY, KIND_BYTES, MAX_BODY
 from meshio.testing import actor_target, forged_mesh, process_address
-from log_watch import LogWatch
 from raw_peer import close, dial, expect_eof, read_frame
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
