@@ -333,13 +333,16 @@ async def test_closing_the_runtime_releases_the_buffers_registered_in_it(
 
 
 @pytest.mark.skipif("same_host" not in available_backends(), reason="no same_host backend here")
-async def test_a_cancelled_read_returns_once_its_copy_threads_are_done(
-        pair: tuple[Owner, Peer], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A large ``same_host`` read copies in threads, which a cancellation
-    cannot stop: ``read_into`` cancelled meanwhile raises only once they are
-    done, so that a destination the caller frees or reuses after it is never
-    written.  (Before, it raised at once while the threads wrote on.)  The
-    copy is held by a gate around the real one, in this process."""
+@pytest.mark.parametrize("op", ["read", "write"])
+async def test_a_cancelled_transfer_returns_once_its_copy_threads_are_done(
+        pair: tuple[Owner, Peer], monkeypatch: pytest.MonkeyPatch, op: str) -> None:
+    """A large ``same_host`` transfer copies in threads, which a
+    cancellation cannot stop: ``read_into`` or ``write_from`` cancelled
+    meanwhile raises only once they are done, so that memory the caller
+    frees or reuses after it is never written (a read's destination; before,
+    a read raised at once while the threads wrote on) nor read (a write's
+    source: bytes put there since never reach the owner).  The copy is held
+    by a gate around the real one, in this process."""
     owner, _ = pair
     buf = await asyncio.wait_for(owner.register.call_one("same_host"), GUARD)
     entered, release = threading.Event(), threading.Event()
@@ -356,15 +359,22 @@ async def test_a_cancelled_read_returns_once_its_copy_threads_are_done(
         copies.append(n)
 
     monkeypatch.setattr(_same_host, "_cma", held)
-    dst = bytearray(N)
-    reading = asyncio.ensure_future(buf.read_into(dst))
+    local = bytearray(N) if op == "read" else bytearray(os.urandom(N))
+    source = bytes(local)
+    moving = asyncio.ensure_future(buf.read_into(local) if op == "read"
+                                   else buf.write_from(local))
     assert await asyncio.to_thread(entered.wait, GUARD)  # a copy thread is in it
-    reading.cancel()
+    moving.cancel()
     for _ in range(3):  # (turns of the loop: the cancellation is delivered)
         await asyncio.sleep(0)
-    assert not reading.done()  # it waits for the copy
+    assert not moving.done()  # it waits for the copy
     release.set()
     with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(reading, GUARD)
+        await asyncio.wait_for(moving, GUARD)
     assert sum(copies) == N  # every byte copied before it gave up
-    assert bytes(dst) == await asyncio.wait_for(owner.content.call_one(0, N), GUARD)
+    content = await asyncio.wait_for(owner.content.call_one(0, N), GUARD)
+    if op == "read":
+        assert bytes(local) == content
+    else:
+        local[:] = bytes(N)  # the source reused: nothing reads it any more
+        assert await asyncio.wait_for(owner.content.call_one(0, N), GUARD) == content == source

@@ -2,13 +2,16 @@
 
 A chunk's frame is read from memory after it was sent (written into a peer
 of this host by cross-memory attach once the peer asks, or queued): a
-registration dropped while its reply is in flight, or a write's source
-freed once the write gave up, must stay mapped until the frame is sent.
-Else the reader got freed memory as the buffer's bytes, or the copy failed
-and the whole connection between the two processes was cut (other calls
-on it failed as if a process had died) with the landing memory kept for
-good.  The owner's loop is held on a FIFO gate so that the requests, the
-drop and the frames meet in a known order (no timing)."""
+registration dropped while its reply is in flight must stay mapped until
+the frame is sent, and a write given up, whose caller then frees its
+source or changes it, must land the source's bytes as they were (its
+frames send copies).  Else the reader got freed memory as the buffer's
+bytes, or the copy failed and the whole connection between the two
+processes was cut (other calls on it failed as if a process had died) with
+the landing memory kept for good, or the owner got bytes its writer put in
+the source after the write had returned.  The owner's loop is held on a
+FIFO gate so that the requests, the drop and the frames meet in a known
+order (no timing)."""
 
 from __future__ import annotations
 
@@ -123,12 +126,17 @@ async def test_drop_while_a_read_is_in_flight(procs: meshio.ProcMesh, tmp_path: 
     assert len(meshio._transport._bulk._quarantined) == kept
 
 
-async def test_a_write_given_up_keeps_its_source_until_sent(procs: meshio.ProcMesh,
-                                                            tmp_path: Path) -> None:
-    """A write that timed out with its chunks' frames still to be read
-    from its source, which its caller then frees: the owner, resuming,
-    gets the source's bytes (the request "may still take effect", as
-    documented), not a failed copy that cuts the connection."""
+@pytest.mark.parametrize(("how", "then"), [("timeout", "freed"), ("timeout", "overwritten"),
+                                          ("cancel", "overwritten")])
+async def test_a_write_given_up_lands_its_source_as_it_was(procs: meshio.ProcMesh,
+                                                           tmp_path: Path, how: str,
+                                                           then: str) -> None:
+    """A write given up (timed out, or cancelled) with its chunks' frames
+    still to be sent, whose caller then frees its source or writes other
+    bytes into it (as a learner reuses a tensor): the owner, resuming, gets
+    the source's bytes as they were while the write ran (the request "may
+    still take effect", as documented) — not the bytes written into it
+    after the write returned, nor a failed copy that cuts the connection."""
     owner = await procs.slice(procs=0).spawn("owner", SoleOwner)
     buf = await owner.register.call_one(UNMAPPED)
     gate = Gate(tmp_path)
@@ -136,16 +144,26 @@ async def test_a_write_given_up_keeps_its_source_until_sent(procs: meshio.ProcMe
     try:
         await gate.wait_held(GUARD)
         src = bytearray(b"\xa5") * UNMAPPED
-        with pytest.raises(meshio.CallTimeout):
-            await buf.options(timeout=0.5).write_from(src)
-        del src
-        gc.collect()  # (the timeout's traceback held it too)
+        if how == "timeout":
+            with pytest.raises(meshio.CallTimeout):
+                await buf.options(timeout=0.5).write_from(src)
+        else:
+            writing = asyncio.ensure_future(buf.write_from(src))
+            await until(lambda: _requests(buf, "write") == TCP_WINDOW, GUARD)
+            writing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(writing, GUARD)
+        if then == "overwritten":
+            src[:] = b"\x5a" * UNMAPPED
+        else:
+            del src
+            gc.collect()  # (the timeout's traceback held it too)
         later = asyncio.ensure_future(owner.pid.call_one())
     finally:
         await gate.open()
     await asyncio.wait_for(blocked, GUARD)  # the connection stayed up
     assert await asyncio.wait_for(later, GUARD) > 0
-    # the chunks sent before the timeout landed, from the source's bytes
+    # the chunks sent before it was given up landed, from the source's bytes then
     sent = TCP_WINDOW * TCP_CHUNK
     dst = bytearray(UNMAPPED)
     await asyncio.wait_for(buf.read_into(dst), GUARD)

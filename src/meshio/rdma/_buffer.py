@@ -224,7 +224,9 @@ class RDMABuffer:
 
         Args:
             timeout: seconds before a transfer (any backend) or :meth:`drop`
-                raises :class:`~meshio.CallTimeout`.  An owner found not
+                raises :class:`~meshio.CallTimeout`; what the owner had been
+                sent may still take effect if it resumes (a write: see
+                :meth:`write_from`).  An owner found not
                 responding first (its proc mesh's ``heartbeat_timeout``, 3 s
                 by default) fails them sooner, as calls to it fail:
                 :meth:`drop` with :class:`~meshio.SupervisionError`, a
@@ -290,7 +292,14 @@ class RDMABuffer:
     async def write_from(self, src: BufferLike, *, offset: SupportsIndex = 0) -> int:
         """Copy all of ``src`` (not empty) into this buffer at ``offset`` (an
         integer, as :meth:`read_into` takes).  Returns the number of bytes
-        copied."""
+        copied.
+
+        ``src`` is the caller's again once this returns or raises, also on
+        a timeout or a cancellation: a write given up may still land, when
+        the owner resumes, what it had sent (``src``'s bytes as they were
+        during the call), but never bytes put into ``src`` after it ended
+        (``tcp`` sends a copy of each chunk; ``same_host`` returns once its
+        copy threads are done)."""
         local = memory_of(src, "write_from source", writable=False)
         offset, _ = self._range(offset, local.size, "write_from")
         await self._run("write", local, offset, local.size)

@@ -77,12 +77,11 @@ class RdmaBackend(Protocol):
 
 def view_of(m: Memory) -> memoryview:
     """A writable view of ``m`` that keeps its memory alive while it, or a
-    slice of it, lives (:func:`owned_view`): a ``tcp`` frame lends such a
-    slice to its connection, which reads it after the send returned
-    (written into a peer of this host, or queued), so memory dropped
-    meanwhile — a registration released, a transfer given up — is freed
-    only once the frame is sent or its connection ended, never under the
-    copy."""
+    slice of it, lives (:func:`owned_view`): a ``tcp`` read's reply lends
+    such a slice of the owner's registration to its connection, which
+    reads it after the send returned (written into a peer of this host, or
+    queued), so a registration released meanwhile is freed only once the
+    frame is sent or its connection ended, never under the copy."""
     return owned_view(m.addr, m.size, m.keep)
 
 

@@ -12,6 +12,7 @@ from typing import Final
 
 from .._constants import MSGPACK_NIL
 from .._exceptions import RDMAError, RDMAFallbackWarning
+from .._transport._bulk import pool_view
 from .._transport._connection import Connection
 from .._transport._messages import RdmaOp, RdmaOpName, Reply, Transfer
 from .._transport._runtime import Runtime, runtime
@@ -43,9 +44,19 @@ def warn_fallback(h: Handle, stacklevel: int) -> None:
 async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: int) -> None:
     """Chunks over the meshio connection (the transfer's timeout is applied
     around the whole transfer by :meth:`RDMABuffer._run`, which warns:
-    :func:`warn_fallback`)."""
+    :func:`warn_fallback`).
+
+    A write sends a copy of each chunk, made as the chunk goes: a chunk's
+    frame is read after it was sent (queued, or written into a peer of this
+    host once the peer asks), also after a write given up (timed out,
+    cancelled) returned, once its owner resumes; the copy, not ``local``, is
+    read then, so what lands is the source as it was during the write, never
+    bytes its caller put there since.  The copies are of the pool of
+    mapped memory (:func:`pool_view`): a block goes back to it once its
+    frame no longer reads it, and serves a later chunk without page
+    faults."""
     rt = runtime()
-    view = view_of(local)  # (a write's chunks lend it: kept until sent, see view_of)
+    view = view_of(local)
     sem = asyncio.Semaphore(TCP_WINDOW)
     where = f"RDMA {op} on buffer {h.buf} of pid {h.pid} on {h.host.split('/')[0]} (tcp)"
 
@@ -57,9 +68,10 @@ async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: 
                                                         offset + start, n), None)
                     view[start:start + n] = data
                 else:
+                    copy = pool_view(max(n, 1))[:n]
+                    copy[:] = view[start:start + n]
                     await _request(rt, h, RdmaOp(0, "write", h.buf, h.token, offset + start,
-                                                 n), None,
-                                   [(view[start:start + n], KIND_BYTEARRAY)])
+                                                 n), None, [(copy, KIND_BYTEARRAY)])
             except RDMAError as e:  # the owner's reason (dropped, unreachable)
                 raise type(e)(f"{where}: {e}") from None
 
