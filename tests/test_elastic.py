@@ -333,6 +333,47 @@ async def test_shrink_stops_the_removed_processes() -> None:
         assert [v for v, _ in (await c.get.call()).values()] == [10, 10, 10]
 
 
+class Parked(Actor):
+    """``park`` returns its pid once ``release`` is called."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+
+    @endpoint(concurrent=True)
+    async def park(self) -> int:
+        await self.released.wait()
+        return os.getpid()
+
+    @endpoint(concurrent=True)
+    async def release(self) -> None:
+        self.released.set()
+
+
+@pytest.mark.parametrize("adverb", ["call", "stream"])
+async def test_a_call_in_flight_across_a_shrink_settles(adverb: str) -> None:
+    """A call to every actor still in flight when a shrink removes some of
+    them: the kept ones answer, the removed ones fail with
+    SupervisionError.  Before, their answers were judged by the mesh's new
+    shape (an IndexError in the transport, which dropped the connection and
+    its answers): the call never settled."""
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 4}) as procs:
+        parked = await procs.spawn("parked", Parked)
+        kept = procs.pids[:2]
+
+        async def streamed() -> list[int]:
+            return [pid async for _, pid in parked.park.stream()]
+        call = asyncio.ensure_future(parked.park.call() if adverb == "call" else streamed())
+        await asyncio.wait_for(procs.shrink(gpus=2), DEADLINE)
+        await parked.release.call()  # (the kept two)
+        with pytest.raises(meshio.SupervisionError) as failed:
+            await asyncio.wait_for(call, DEADLINE)
+        if adverb == "call":
+            assert "failed on 2 of 4 ranks of 'parked'" in str(failed.value), failed.value
+            assert "rank 2 {'gpus': 2}" in str(failed.value) and \
+                "rank 3 {'gpus': 3}" in str(failed.value), failed.value
+        assert [pid for _, pid in (await parked.park.call()).items()] == kept
+
+
 async def test_a_supervisor_treats_a_shrink_as_a_stop() -> None:
     sup, _ = manual_sup()
     async with Events(sup) as events, meshio.this_host().spawn_procs(

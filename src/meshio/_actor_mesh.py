@@ -44,7 +44,7 @@ from ._transport._runtime import (
 )
 from ._transport._serial import Handing, OutBuffers, limits
 from ._transport._tasks import owning, when_done
-from .endpoints._endpoint import Endpoint, EndpointDescriptor, combine_failures
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, Route, combine_failures
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
@@ -327,6 +327,13 @@ class ActorMesh(MeshShape, Generic[A]):
         return (procs is not None and isinstance(error, SupervisionError)
                 and procs._state.hole(self._region.ranks[index], self._target, error))
 
+    def _as_called(self, route: Route) -> ActorMesh[A]:
+        if route is self._route:
+            return self
+        assert isinstance(route, _Route)
+        return ActorMesh(self._target, self._name, self._cls, route.region, route.addrs,
+                         self._procs, route.base, self._per_host, self._max_queued)
+
     def _gather_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                     out: OutBuffers, deadline: float | None = None) -> Gathering:
         """Call every actor of this view (through the fan-out tree when it
@@ -584,16 +591,21 @@ class _Route:
     the ~20 reads a call made of it cost ~12% of the caller's CPU per call.
     Made anew whenever the mesh takes a shape (:meth:`ActorMesh._reshape`)."""
 
-    __slots__ = ("addrs", "dead_seen", "home", "inflight", "max_queued", "mesh", "name",
-                 "numbered", "ranks", "rr", "rt", "serving", "sites", "state", "state_seen",
-                 "target")
+    __slots__ = ("addrs", "base", "dead_seen", "home", "inflight", "max_queued", "mesh", "name",
+                 "numbered", "ranks", "region", "rr", "rt", "serving", "sites", "state",
+                 "state_seen", "target")
 
     def __init__(self, mesh: ActorMesh[Any]) -> None:
         self.mesh = mesh
         self.target = mesh._target
         self.name = mesh._name
         self.addrs = mesh._addrs
+        #: the shape calls through this route go to (kept: the mesh's own
+        #: changes when its proc mesh grows or shrinks in place, calls made
+        #: before still in flight)
+        self.region = mesh._region
         self.ranks = mesh._region.ranks
+        self.base = mesh._base
         #: its proc mesh's state (None: not known here), read per call by :meth:`send`
         self.state = mesh._procs._state if mesh._procs is not None else None
         self.numbered = mesh._numbered
@@ -860,7 +872,7 @@ class _Route:
         """Who each call of this view goes to (made once per view, not once per call)."""
         sites = self.sites
         if sites is None:
-            sites = self.sites = [_CallSite(self.mesh, i) for i in range(len(self.ranks))]
+            sites = self.sites = [_CallSite(self, i) for i in range(len(self.ranks))]
         return sites
 
 
@@ -1013,23 +1025,25 @@ class _Request(Pending):
 class _CallSite:
     """Who a call went to, worked out only if an error message needs it:
     ``rank`` is the actor's rank in its mesh as spawned (as in
-    :class:`~meshio.ActorError`), the repr its point in the view called."""
+    :class:`~meshio.ActorError`), the repr its point in the view called,
+    both as the view was shaped when the call was made (its
+    :class:`_Route`'s)."""
 
-    __slots__ = ("index", "mesh")
+    __slots__ = ("index", "route")
 
-    def __init__(self, mesh: ActorMesh[Any], index: int) -> None:
-        self.mesh = mesh
+    def __init__(self, route: _Route, index: int) -> None:
+        self.route = route
         self.index = index
 
     @property
     def rank(self) -> int:
-        return self.mesh._base.index(self.mesh._region.ranks[self.index])
+        return self.route.base.index(self.route.ranks[self.index])
 
     @property
     def addr(self) -> str:
         """The actor's process (a call through the fan-out tree is on its
         relay's connection: ``Pending.callee``)."""
-        return self.mesh._addrs[self.mesh._region.ranks[self.index]]
+        return self.route.addrs[self.route.ranks[self.index]]
 
     @property
     def proc(self) -> str:
@@ -1037,11 +1051,11 @@ class _CallSite:
         rank 1`` ("": not known): the mesh's name is in the actor mesh's
         target, which begins with the proc mesh's id, ``<name>-<uuid>/``
         (``ProcState.new_target``); its rank is the process's there."""
-        name = self.mesh._target.partition("/")[0].rpartition("-")[0]
-        return f"proc mesh {name!r} rank {self.mesh._region.ranks[self.index]}" if name else ""
+        name = self.route.target.partition("/")[0].rpartition("-")[0]
+        return f"proc mesh {name!r} rank {self.route.ranks[self.index]}" if name else ""
 
     def __repr__(self) -> str:
-        return repr(self.mesh._region.point(self.index))
+        return repr(self.route.region.point(self.index))
 
 
 #: an address run: ``count`` addresses ``f"{prefix}{first + i}"`` (a proc

@@ -41,7 +41,7 @@ from ._transport._runtime import check_loop
 from ._transport._serial import OutBuffers
 from ._transport._tasks import together
 from ._value_mesh import ValueMesh
-from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Site, combine_failures
+from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Route, Site, combine_failures
 
 __all__ = ("ReplicaStats", "Service")
 
@@ -770,6 +770,9 @@ class Service(MeshShape):
 
     def _hole(self, index: int, error: BaseException) -> bool:
         return self._replicas[index].mesh._hole(0, error)
+
+    def _as_called(self, route: Route) -> Service:
+        return self
 
 
 async def _retire(r: _Replica, drain_timeout: float | None, service: str) -> None:

@@ -203,6 +203,13 @@ class CallTarget(Protocol):
         value rather than failing."""
         ...
 
+    def _as_called(self, route: Route) -> CallTarget:
+        """The view as it was when a call read ``route`` (its ``_route``
+        then), by whose indices its answers are judged: itself, unless it
+        changed shape in place since (a proc mesh grown or shrunk with the
+        call in flight)."""
+        ...
+
 
 def _self_mesh(actor: object) -> CallTarget:
     """A one-actor mesh referring to ``actor`` itself (its context, a
@@ -518,14 +525,16 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc)
         deadline = self._deadline()
         if self._desc.retry is not None:  # each actor's call retried on its own
+            route = mesh._route
             futs = mesh._request_all(self._desc, body, packer, True, deadline)
-            return owning(self._gather(futs, deadline), futs)
+            return owning(self._gather(futs, deadline, route), futs)
+        route = mesh._route
         g = mesh._gather_all(self._desc, body, packer, deadline)
-        fut = g.outcome(lambda: self._value_mesh(g.values, g.errors))
+        fut = g.outcome(lambda: self._value_mesh(g.values, g.errors, route))
         return fut if deadline is None else _Due(fut, self, deadline, g)
 
-    async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None
-                      ) -> ValueMesh[R]:
+    async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None,
+                      route: Route) -> ValueMesh[R]:
         if futs:
             _, pending = await asyncio.wait(futs, timeout=_left(deadline))
             if pending:
@@ -533,13 +542,14 @@ class Endpoint(Generic[P, R]):
                                     deadline)
         errors = {i: e for i, f in enumerate(futs) if (e := f.exception()) is not None}
         return self._value_mesh([None if i in errors else f.result()
-                                 for i, f in enumerate(futs)], errors)
+                                 for i, f in enumerate(futs)], errors, route)
 
-    def _value_mesh(self, values: list[Any], errors: dict[int, BaseException]) -> ValueMesh[R]:
-        """The results of a call to every actor (``errors`` by index): a
-        ValueMesh where only holes failed, with them as its holes; else
-        the failures of the others, combined."""
-        mesh = self._mesh
+    def _value_mesh(self, values: list[Any], errors: dict[int, BaseException],
+                    route: Route) -> ValueMesh[R]:
+        """The results of a call to every actor (``errors`` by index) through
+        ``route``: a ValueMesh where only holes failed, with them as its
+        holes; else the failures of the others, combined."""
+        mesh = self._mesh._as_called(route)
         if not errors:
             return ValueMesh(mesh._region, values)
         holes = {i: e for i, e in errors.items() if mesh._hole(i, e)}
@@ -657,6 +667,7 @@ class Endpoint(Generic[P, R]):
             mesh._check_room(self._desc)
         points = list(mesh)
         deadline = self._deadline()
+        route = mesh._route
         futs = mesh._request_all(self._desc, body, packer, False, deadline)
         where = {f: p for f, p in zip(futs, points)}
         remaining = set(futs)
@@ -672,7 +683,7 @@ class Endpoint(Generic[P, R]):
                     exc = f.exception()
                     if exc is None:
                         yield point, f.result()
-                    elif not mesh._hole(point.rank, exc):
+                    elif not mesh._as_called(route)._hole(point.rank, exc):
                         raise exc
         finally:  # (ended early, timed out or cancelled: once its arguments are read)
             for f in remaining:
