@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import fcntl
 import json
 import keyword
 import logging
@@ -34,6 +33,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from .._checks import check_seconds
 from .._extent import Region
+from .._flock import LOCK_FLAGS, flocked
 from .._launcher import LocalLauncher
 from .._proc_mesh import HostMesh, grow_hosts, shrink_hosts
 from .._transport._tasks import awaited, to_the_end, within
@@ -596,21 +596,18 @@ def _private_dir(folder: Path) -> Path:
     return folder
 
 
-#: seconds between tries of a job's lock held by another apply() or kill() (:func:`job_lock`)
-LOCK_POLL = 0.05
-
-
 @contextlib.asynccontextmanager
 async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
     """Hold the lock of the job whose cache is ``cache`` (``<name>.lock``
-    beside it, locked with ``flock``): one controller at a time reads the cache,
-    starts or gives back the job and writes or removes the cache, so two
-    ``apply()`` of one job name (two controller processes, two tasks) never
-    both start agents (the second waits, then finds the first's cache and
-    re-attaches), and a ``kill()`` gives back all an ``apply()`` started
-    (:class:`CachedJob` takes it).  The cache directory is checked to be
-    private first (:func:`_private_dir`).  ``what`` names the job in the log
-    line said while waiting.
+    beside it, locked with ``flock``: :func:`~meshio._flock.flocked`): one
+    controller at a time reads the cache, starts or gives back the job and
+    writes or removes the cache, so two ``apply()`` of one job name (two
+    controller processes, two tasks) never both start agents (the second
+    waits, then finds the first's cache and re-attaches), and a ``kill()``
+    gives back all an ``apply()`` started (:class:`CachedJob` takes it).
+    The cache directory is checked to be private first
+    (:func:`_private_dir`).  ``what`` names the job in the log line said
+    while waiting.
 
     Raises:
         JobCacheError: the cache directory is unsafe or cannot be made, or
@@ -619,31 +616,14 @@ async def job_lock(cache: Path, what: str) -> AsyncGenerator[None]:
     folder = _private_dir(cache.parent)
     path = folder / f"{cache.stem}.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, LOCK_FLAGS, 0o600)
     except OSError as e:
         raise JobCacheError(f"job lock {path} cannot be opened ({e.strerror or e}); remove "
                             "what is there, or choose another cache_dir") from None
-    try:
-        told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not told:
-                    log.info("meshio: %s: another apply(), kill() or resize() of this job "
-                             "holds %s; waiting for it", what, path)
-                    told = True
-                # (polled: a thread blocked in flock would outlive a cancelled wait,
-                # and asyncio.run's exit waits for it)
-                await asyncio.sleep(LOCK_POLL)
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
+    async with flocked(fd, lambda: log.info(
+            "meshio: %s: another apply(), kill() or resize() of this job holds %s; waiting "
+            "for it", what, path)):
         yield
-    finally:
-        os.close(fd)  # (lets the lock go)
 
 
 def _make_private_dirs(folder: Path) -> None:
