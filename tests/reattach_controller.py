@@ -11,10 +11,16 @@ controllers it kills and starts:
 - ``step NAME``: re-attaches to NAME, trains one step and exits at once
   (``os._exit``: a second controller lost without stopping anything);
 - ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
-  two more steps, prints their state again, then stops the mesh.
+  two more steps, prints their state again, then stops the mesh;
+- ``race NAME``: prints ``ready``, reads a line (the test's go) and
+  re-attaches to NAME; taken by another controller, it prints ``taken <the
+  error as JSON>`` and exits; else it trains one step, prints ``won <the
+  trainers' states as JSON>``, and stops the mesh once it reads a line.
 
 With ``--job CACHE_DIR`` last, the hosts are those of a ``ProcessJob`` of two
-hosts (host agents, cached in CACHE_DIR) and every host runs one process.
+hosts (host agents, cached in CACHE_DIR) and every host runs one process;
+with ``--attach JSON``, those of ``meshio.attach(**JSON)`` (host agents
+started otherwise, e.g. in network namespaces: ``tests/netns_hosts.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 import meshio
 from meshio import Actor, endpoint
@@ -32,17 +39,21 @@ from meshio.jobs import ProcessJob
 
 #: ``--job CACHE_DIR``: the job whose hosts the mesh runs on (else this host)
 JOB: str | None = None
+#: ``--attach JSON``: the arguments of the ``meshio.attach`` whose hosts it runs on
+ATTACH: dict[str, Any] | None = None
 
 
 async def hosts() -> meshio.HostMesh:
-    """Where the mesh runs: this host, or the job's two hosts."""
+    """Where the mesh runs: this host, the job's two hosts, or those attached."""
+    if ATTACH is not None:
+        return meshio.attach(**ATTACH)
     if JOB is None:
         return meshio.this_host()
     return (await ProcessJob(meshes={"hosts": 2}, cache_dir=JOB).state()).hosts
 
 
 def per_host() -> dict[str, int]:
-    return {"gpus": 2} if JOB is None else {"gpus": 1}
+    return {"gpus": 2} if JOB is None and ATTACH is None else {"gpus": 1}
 
 
 class Trainer(Actor):
@@ -124,9 +135,27 @@ async def resume(name: str) -> None:
     await procs.stop()
 
 
+async def race(name: str) -> None:
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    try:
+        procs = await (await hosts()).reattach(name)
+    except meshio.ProcMeshTakenError as e:
+        print("taken", json.dumps(str(e)), flush=True)
+        return
+    trainers = procs.actors("trainers", Trainer)
+    await trainers.train.call(steps=1)
+    print("won", json.dumps(list((await trainers.state.call()).values())), flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await procs.stop()
+
+
 if __name__ == "__main__":
     if sys.argv[-2] == "--job":
         JOB = sys.argv.pop()
+        sys.argv.pop()
+    elif sys.argv[-2] == "--attach":
+        ATTACH = json.loads(sys.argv.pop())
         sys.argv.pop()
     what, mesh = sys.argv[1], sys.argv[2]
     if what == "spawn":
@@ -134,4 +163,4 @@ if __name__ == "__main__":
                          json.loads(sys.argv[4]) if len(sys.argv) > 4 else {},
                          sys.argv[5] if len(sys.argv) > 5 else None))
     else:
-        meshio.run(step(mesh) if what == "step" else resume(mesh))
+        meshio.run({"step": step, "resume": resume, "race": race}[what](mesh))

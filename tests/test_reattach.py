@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import select
 import signal
 import socket
@@ -26,8 +27,12 @@ import meshio
 import reattach_controller
 from meshio._keep_alive import KeptMesh
 from meshio.jobs import ProcessJob
+from meshio.jobs._job import write_secret
 from meshio.supervision import SupervisionEvent
+from netns_hosts import netns_hosts, requires_netns
 from reattach_controller import SlowInit, Trainer
+from test_netns import DEADLINE, INTERVAL, wait_pid_gone
+from test_partitions import PARTITION
 
 GUARD = 60.0
 SCRIPT = Path(reattach_controller.__file__).resolve()
@@ -186,8 +191,11 @@ async def test_reattach_errors_name_what_exists(controller: type[Controller]) ->
         await meshio.this_host().reattach("nope")
     assert issubclass(meshio.UnknownProcMeshError, LookupError)
     # its controller still runs: it keeps its workers
-    with pytest.raises(meshio.SupervisionError, match="is still connected"):
+    with pytest.raises(meshio.ProcMeshTakenError,
+                       match=r"cannot be re-attached: it serves the controller that spawned "
+                             r"it, at .*, still connected"):
         await meshio.this_host().reattach("named")
+    assert issubclass(meshio.ProcMeshTakenError, meshio.SupervisionError)
     first.sigkill()
     procs = await meshio.this_host().reattach("named")
     try:
@@ -277,6 +285,13 @@ async def test_reattach_to_a_mesh_that_lost_a_worker_meanwhile(
         else:
             states = await trainers.state.call()
             assert [p.rank for p in states.holes] == [1] and states.values() == [(3, 1.5)]
+            # its exit status is nobody's now, on either kind of host (it said
+            # it was known to the controller that started it: on a job's host
+            # its agent started it, and kept none)
+            failure = await asyncio.wait_for(procs.wait_failed(), GUARD)
+            assert (failure.rank, failure.pid, failure.cause) == (1, first.pids[1], (
+                "exited (its exit status is unknown: another controller started it, before "
+                "this one re-attached to it)"))
     finally:
         if events is not None:
             await events.aclose()
@@ -435,3 +450,153 @@ async def test_reattach_on_a_jobs_hosts(controller: type[Controller], records: P
         assert not (records / "jobtrain.json").exists()
     finally:
         await job.kill()
+
+
+async def test_a_refused_reattach_on_a_jobs_hosts_takes_nothing(
+        controller: type[Controller], records: Path, tmp_path: Path) -> None:
+    """A second controller re-attaching a mesh this one serves on a job's
+    hosts is refused (ProcMeshTakenError) and takes nothing of it: the host
+    agents still tell this one of its workers' exits.  Before, its agents
+    told the refused controller from then on (lost once it exited), and,
+    re-attached workers being fenced for their controller now, they would
+    have fenced them for it."""
+    cache = str(tmp_path / ".meshio")
+    job = ProcessJob(meshes={"hosts": 2}, cache_dir=cache)
+    first = controller("served", 60, "--job", cache)
+    first.sigkill()
+    procs = await (await job.state()).hosts.reattach("served")
+    try:
+        second = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(SCRIPT), "step", "served", "--job", cache],
+            capture_output=True, text=True, timeout=GUARD, check=False)
+        assert second.returncode == 1, second.stderr
+        assert "meshio.ProcMeshTakenError: host agent at " in second.stderr, second.stderr
+        assert "cannot be re-attached: the controller at " in second.stderr
+        os.kill(first.pids[1], signal.SIGKILL)
+        failure = await asyncio.wait_for(procs.wait_failed(), GUARD)
+        assert (failure.rank, failure.cause) == (1, "killed by signal SIGKILL")
+        trainers = procs.actors("trainers", Trainer)
+        assert await trainers.slice(hosts=0).state.call_one() == (3, 1.5)
+    finally:
+        await procs.stop()
+        await job.kill()
+    wait_exited(first.pids)
+
+
+async def test_two_tasks_reattaching_at_once_one_wins(controller: type[Controller],
+                                                      records: Path) -> None:
+    """Two tasks of this controller re-attach one mesh at once: one does, and
+    its calls work; the other waits for it, then raises ProcMeshTakenError.
+    Before, each adopted what it reached first: the second failed (a worker
+    "cannot be re-attached: its controller ... is still connected") and, giving
+    up, dropped the connections and credentials of the workers the first
+    had, so the first's calls failed too (AuthenticationError)."""
+    first = controller("race", 60)
+    first.sigkill()
+    host = meshio.this_host()
+    results = await asyncio.gather(host.reattach("race"), host.reattach("race"),
+                                   return_exceptions=True)
+    won = [r for r in results if isinstance(r, meshio.ProcMesh)]
+    taken = [r for r in results if isinstance(r, meshio.ProcMeshTakenError)]
+    assert len(won) == 1 and len(taken) == 1, results
+    procs = won[0]
+    try:
+        assert str(taken[0]) == (
+            "reattach('race'): proc mesh 'race' was re-attached by another task of this "
+            "process while this re-attach waited for it; it serves that controller now. "
+            "Re-attach once that controller is gone, or stop the mesh from there")
+        trainers = procs.actors("trainers", Trainer)
+        await trainers.train.call(steps=1)
+        assert list((await trainers.state.call()).values()) == [(4, 2.0), (4, 2.0)]
+        assert record(records, "race").controller_pid == os.getpid()
+    finally:
+        await procs.stop()
+    wait_exited(first.pids)
+
+
+def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controller],
+                                                      records: Path) -> None:
+    """Two controller processes re-attach one mesh at once: exactly one
+    does (its calls work), the other raises ProcMeshTakenError; never both
+    failing, never a mesh split between them.  Before, each could adopt some
+    of its workers, and both failed."""
+    first = controller("duel", 60)
+    first.sigkill()
+    racers = [subprocess.Popen([sys.executable, str(SCRIPT), "race", "duel"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    try:
+        for racer in racers:  # both started, then both let go at once
+            assert racer.stdout is not None
+            assert _readline(racer.stdout.fileno()) == "ready"
+        for racer in racers:
+            assert racer.stdin is not None
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        said = []
+        for racer in racers:
+            assert racer.stdout is not None
+            said.append(_readline(racer.stdout.fileno()).split(" ", 1))
+        assert sorted(word for word, _ in said) == ["taken", "won"], said
+        (states,), (error,) = ([json.loads(rest) for w, rest in said if w == word]
+                               for word in ("won", "taken"))
+        assert states == [[4, 2.0], [4, 2.0]]
+        winner = racers[[w for w, _ in said].index("won")]
+        assert record(records, "duel").controller_pid == winner.pid
+        # (it waited for the winner, or, started after it, was refused by a worker)
+        assert (f"was re-attached by the controller with pid {winner.pid} while this "
+                f"re-attach waited for it" in error
+                or "it serves a controller that re-attached to it" in error), error
+        for racer in racers:  # the winner stops the mesh
+            assert racer.stdin is not None
+            racer.stdin.close()
+            assert racer.wait(GUARD) == 0
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                racer.kill()
+                racer.wait()
+            for pipe in (racer.stdin, racer.stdout):
+                if pipe is not None:
+                    pipe.close()
+    wait_exited(first.pids)
+    assert not (records / "duel.json").exists()
+
+
+@requires_netns
+@pytest.mark.timeout(120)
+async def test_a_reattached_worker_on_a_cut_off_host_is_fenced(
+        controller: type[Controller], tmp_path: Path) -> None:
+    """Re-attached on job hosts (agents in network namespaces), a worker
+    keeps the partition_timeout it was spawned with: its host cut off, the
+    new controller downs it ("partitioned") and its agent kills it while the
+    host is still cut off.  Before, neither happened after a re-attach: the
+    agent no longer fenced it (its controller, the lost one, was gone) and
+    the new controller did not watch its agent, so the worker ran on, a
+    second incarnation waiting to meet a replacement after the heal."""
+    secret = tmp_path / "job.secret"
+    write_secret(secret, secrets.token_bytes(32))
+    with netns_hosts(2, secret) as hosts:
+        agents = [h.agent_addr for h in hosts]
+        options = {"partition_timeout": PARTITION, "heartbeat_interval": INTERVAL,
+                   "heartbeat_timeout": 10 * DEADLINE}  # (heartbeats too slow to judge)
+        first = controller("fenced", 60, json.dumps(options), "--attach",
+                           json.dumps({"addresses": agents, "secret_file": str(secret)}))
+        first.sigkill()
+        procs = await meshio.attach(agents, secret_file=secret).reattach("fenced")
+        try:
+            trainers = procs.actors("trainers", Trainer)
+            assert list((await trainers.state.call()).values()) == [(3, 1.5), (3, 1.5)]
+            hosts[1].partition()
+            try:
+                failure = await asyncio.wait_for(procs.wait_failed(), DEADLINE)
+                assert (failure.rank, failure.cause, failure.pid) == (
+                    1, "partitioned", first.pids[1])
+                assert f"partition_timeout={PARTITION:g} s" in str(failure)
+                await wait_pid_gone(first.pids[1])  # fenced by its agent while cut off
+            finally:
+                hosts[1].heal()
+            assert await trainers.slice(hosts=0).state.call_one() == (3, 1.5)
+        finally:
+            await procs.stop()
+        wait_exited(first.pids)

@@ -34,6 +34,7 @@ from ._exceptions import NotInActorError as NotInActorError
 from ._exceptions import Overloaded as Overloaded
 from ._exceptions import PoisonMessageError as PoisonMessageError
 from ._exceptions import ProcessStartError as ProcessStartError
+from ._exceptions import ProcMeshTakenError as ProcMeshTakenError
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RDMAError as RDMAError
 from ._exceptions import RDMAFallbackWarning as RDMAFallbackWarning
@@ -117,6 +118,7 @@ __all__ = (
     "ProcInfo",
     "ProcMesh",
     "ProcMeshStats",
+    "ProcMeshTakenError",
     "ProcessStartError",
     "ProcessStats",
     "ProtocolError",

@@ -10,7 +10,8 @@ mesh / rank / host, and what you can do about it::
     │                                meshio's own: remote_type 'meshio.DeadlockError')
     ├── SchemaError (ValueError)     arguments or a result do not match the signature
     ├── SupervisionError             a process or actor died; the call cannot complete
-    │   └── ProcessStartError        a worker process exited or never said hello at start
+    │   ├── ProcessStartError        a worker process exited or never said hello at start
+    │   └── ProcMeshTakenError       reattach: the kept-alive proc mesh serves another controller
     ├── CallTimeout (TimeoutError)   no answer within ``.options(timeout=...)``
     ├── Overloaded                   an actor's mailbox is full and the call asked not to wait
     ├── UnknownActorError (LookupError)     no such actor in the target process
@@ -60,6 +61,7 @@ __all__ = (
     "MeshioError",
     "NotInActorError",
     "Overloaded",
+    "ProcMeshTakenError",
     "ProcessStartError",
     "ProtocolError",
     "RDMAError",
@@ -377,6 +379,18 @@ class ProcessStartError(SupervisionError):
     restarted it.  The message names the proc mesh, rank, pid and host, and
     what happened (``exited with code 3``, ``no hello within 60.0s``); the worker's
     stderr, above it, says why."""
+
+
+class ProcMeshTakenError(SupervisionError):
+    """``reattach(name)``: the kept-alive proc mesh serves another
+    controller, so nothing was re-attached.  That controller re-attached to
+    it first (another process, or another task of this one; a ``reattach``
+    that waited for one under way raises this once it succeeded), or it is
+    the controller that spawned it, still connected.  The message names
+    it.  Re-attach once that controller is gone (its ``keep_alive`` wait
+    starts again then), or stop the mesh from there.  A
+    :class:`SupervisionError`, as this refusal was before it had a type of
+    its own."""
 
 
 class CallTimeout(MeshioError, TimeoutError):

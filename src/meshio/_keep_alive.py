@@ -12,6 +12,12 @@ actors when a supervisor replaces a process), and the actor meshes whose
 spawn is under way.  It is rewritten as the mesh changes (spawns,
 restarts, grow/shrink) and removed when the mesh is stopped normally.
 
+Re-attaches of one mesh take turns (:func:`reattaching`: ``<name>.lock``
+beside the record, locked with ``flock``), so that two controllers, or two
+tasks of one, never each adopt some of its workers: the one that waited
+finds it taken (:class:`~meshio.ProcMeshTakenError`), or, the other's
+re-attach failed, tries in its turn.
+
 Here too the check of a proc mesh's name (:func:`check_name`), for every
 ``spawn_procs`` and ``reattach``: it is part of its workers' socket
 addresses, and a kept-alive one's file name.
@@ -20,20 +26,25 @@ addresses, and a kept-alive one's file name.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import reprlib
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from ._exceptions import UnknownProcMeshError
+from ._exceptions import ProcMeshTakenError, UnknownProcMeshError
+from ._flock import LOCK_FLAGS, flocked
 from ._inspect import private_dir
 from ._transport._sockets import sockaddr
 
 __all__ = ("KeptActor", "KeptMesh", "KeptOptions", "KeptWorker", "check_name", "claim",
-           "forget", "lookup", "publish")
+           "forget", "lookup", "publish", "reattaching")
+
+log = logging.getLogger("meshio")
 
 
 class KeptWorker(msgspec.Struct, frozen=True):
@@ -230,6 +241,38 @@ def lookup(name: str) -> KeptMesh:
             f"spawn_procs(name={name!r}, keep_alive=...), and re-attach before its "
             f"keep_alive runs out")
     return record
+
+
+@contextlib.asynccontextmanager
+async def reattaching(record: KeptMesh) -> AsyncGenerator[KeptMesh]:
+    """Hold the re-attach lock of the kept-alive proc mesh of ``record``
+    (what :func:`lookup` found), waiting while another re-attach of it (of
+    another controller, or another task of this one) holds it; give its
+    record as it is then.  Held until the re-attach has published the
+    record anew, or given up (its workers left waiting for another).
+
+    Raises:
+        ProcMeshTakenError: the record changed meanwhile: another
+            controller re-attached to the mesh (and serves it now).
+        UnknownProcMeshError: the mesh was stopped meanwhile (its workers
+            are gone).
+        OSError: the lock file cannot be opened.
+    """
+    name = record.name
+    path = _dir() / f"{name}.lock"
+    async with flocked(os.open(path, LOCK_FLAGS, 0o600), lambda: log.info(
+            "meshio: reattach(%r): another re-attach of this proc mesh holds %s; waiting for "
+            "it", name, path)):
+        now = lookup(name)
+        if now != record:  # (only a controller serving it rewrites it)
+            by = "another task of this process" if now.controller_pid == os.getpid() \
+                else f"the controller with pid {now.controller_pid}"
+            raise ProcMeshTakenError(
+                f"reattach({name!r}): proc mesh {name!r} was re-attached by {by} while this "
+                f"re-attach waited for it; it serves that controller now. Re-attach once that "
+                f"controller is gone, or stop the mesh from there", actor=name,
+                cause="re-attached by another controller")
+        yield now
 
 
 def claim(name: str, mesh_id: str) -> None:

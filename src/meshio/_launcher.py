@@ -226,13 +226,16 @@ class ProcLauncher(Protocol):
         """
         ...
 
-    async def adopt(self, worker: str, pid: int, label: str) -> ProcHandle:
-        """Watch ``worker`` (``pid``), started on this host by another controller."""
+    async def adopt(self, spec: WorkerSpec, pid: int) -> ProcHandle:
+        """Watch the worker of ``spec`` (``pid``), started on this host by
+        another controller, as if this one had launched it from ``spec``
+        (its ``partition_timeout`` fences it again, where a launcher does)."""
         ...
 
 
-#: the return code of a process that exited, its status unknown (not a
-#: child of this process: a worker of a proc mesh re-attached to)
+#: the return code of a worker of a proc mesh re-attached to that exited,
+#: its status unknown: on this host it is no child of this process; on a
+#: job's host it exited before the re-attach, and its agent kept no status
 EXIT_UNKNOWN: Final = -256
 #: the return code of a child whose exit status was lost: something else
 #: reaped it (this process ignores SIGCHLD, so the kernel reaps children at
@@ -245,7 +248,8 @@ def describe_exit(rc: int | None) -> str:
     if rc is None:
         return "connection lost (process still running)"
     if rc == EXIT_UNKNOWN:
-        return "exited (its status is known only to the controller that started it)"
+        return ("exited (its exit status is unknown: another controller started it, before "
+                "this one re-attached to it)")
     if rc == EXIT_LOST:
         return ("exited (its status was lost: something else reaped it; SIGCHLD is ignored "
                 "in this process, or its own os.wait() took it; signal.signal(signal.SIGCHLD, "
@@ -1046,7 +1050,7 @@ class LocalLauncher:
         job = Credentials(secret)
         return job, runtime().sockets.listen_job(job)
 
-    async def adopt(self, worker: str, pid: int, label: str) -> AdoptedProc:
+    async def adopt(self, spec: WorkerSpec, pid: int) -> AdoptedProc:
         return AdoptedProc(pid, self.host, asyncio.get_running_loop())
 
     async def launch(self, spec: WorkerSpec) -> LocalProc:

@@ -21,7 +21,7 @@ from ._constants import MAX_PER_HOST, PARTITION_TIMEOUT
 from ._context import Context, ProcInfo, _own
 from ._exceptions import ActorError, SchemaError, SupervisionError, UnknownActorError
 from ._extent import Extent, MeshShape, Point, Region
-from ._keep_alive import KeptActor, KeptOptions, check_name, lookup
+from ._keep_alive import KeptActor, KeptOptions, check_name, lookup, reattaching
 from ._launcher import LocalLauncher, ProcLauncher, check_env
 from ._proc_state import HEARTBEAT_INTERVAL, STOP_GRACE, ProcState, SpawnOptions, _ActorRecord
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
@@ -1074,7 +1074,9 @@ class HostMesh(MeshShape):
         it was spawned with (``restart``, ``shutdown``, the heartbeats,
         ``partition_timeout``).  The actors of a spawn the lost controller
         did not finish are stopped (nobody got them): their name is free
-        for a new ``procs.spawn``.
+        for a new ``procs.spawn``.  Re-attaches of one mesh take turns
+        (those of other controllers on this machine too): one that waited
+        for another that succeeded raises :class:`ProcMeshTakenError`.
 
         Args:
             supervisor: watches the processes from now on (declared as its
@@ -1087,16 +1089,20 @@ class HostMesh(MeshShape):
             TypeError: ``name`` is not a ``str``.
             UnknownProcMeshError: no proc mesh of that name is kept alive on
                 this host (the message lists those that are).
-            SupervisionError: a process could not be re-attached (its
-                controller is still connected; it is alive but out of reach,
-                its host cut off: after the connect timeout, 60 s, naming
-                it), or every one is gone.  Nothing is re-attached then (its
-                workers wait on, for another try).  One gone meanwhile (its
-                process exited) fails as if after the re-attach: the
-                supervisor restarts it, else it is a hole.
+            ProcMeshTakenError: the mesh serves another controller: one
+                that re-attached to it (before, or while this re-attach
+                waited for it), or the one that spawned it, still
+                connected.  Nothing is re-attached.
+            SupervisionError: a process could not be re-attached (it is
+                alive but out of reach, its host cut off: after the connect
+                timeout, 60 s, naming it), or every one is gone.  Nothing is
+                re-attached then (its workers wait on, for another try).
+                One gone meanwhile (its process exited) fails as if after
+                the re-attach: the supervisor restarts it, else it is a hole.
             ValueError: this host mesh is not the one (the same hosts, in the
                 same order) the proc mesh was spawned on, or this process is
-                that mesh's controller; or ``name`` is none that
+                that mesh's controller (it spawned it or re-attached to it);
+                or ``name`` is none that
                 ``spawn_procs(name=..., keep_alive=...)`` takes (too long,
                 empty, with ``/`` or NUL, or a leading dot).
         """
@@ -1105,7 +1111,8 @@ class HostMesh(MeshShape):
         record = lookup(name)
         if record.controller_pid == os.getpid():
             raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
-                             f"{name!r}; use the ProcMesh that spawn_procs returned")
+                             f"{name!r}; use the ProcMesh that spawn_procs or reattach "
+                             f"returned")
         launchers = [self._launchers[r] for r in self._region.ranks]
         host_dims = list(self.extent.labels)
         if record.labels[:len(host_dims)] != host_dims or record.sizes[:len(host_dims)] != list(
@@ -1114,26 +1121,29 @@ class HostMesh(MeshShape):
                              f"{dict(zip(record.labels, record.sizes))}; re-attach on the host "
                              f"mesh it was spawned on (dims {self.sizes})")
         region = Region.full(record.labels, record.sizes)
-        options = record.options or KeptOptions(None, STOP_GRACE, HEARTBEAT_INTERVAL,
-                                                3 * HEARTBEAT_INTERVAL, PARTITION_TIMEOUT)
-        state = ProcState(record.name, launchers, region,
-                          region.extent.nelem // len(launchers), supervisor,
-                          cast(RestartType | None, options.restart),
-                          cast(ShutdownPolicy, options.shutdown),
-                          (options.heartbeat_interval, options.heartbeat_timeout), record.env,
-                          record.bootstrap, host_dims, record.log_records, record.log_dir,
-                          options.partition_timeout, keep_alive=record.keep_alive,
-                          adopt=record)
-        procs = ProcMesh(state, None)
-        try:
-            await procs
-        except BaseException:
-            state.stopped = True  # nothing of it is ours: leave its processes be
-            state.release()
-            raise
-        state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
-        state.fail_gone()
-        state.published()
+        # one re-attach of the mesh at a time: another under way (another
+        # controller's, or this one's) leaves it taken, or failed and left it
+        async with reattaching(record) as record:
+            options = record.options or KeptOptions(None, STOP_GRACE, HEARTBEAT_INTERVAL,
+                                                    3 * HEARTBEAT_INTERVAL, PARTITION_TIMEOUT)
+            state = ProcState(record.name, launchers, region,
+                              region.extent.nelem // len(launchers), supervisor,
+                              cast(RestartType | None, options.restart),
+                              cast(ShutdownPolicy, options.shutdown),
+                              (options.heartbeat_interval, options.heartbeat_timeout),
+                              record.env, record.bootstrap, host_dims, record.log_records,
+                              record.log_dir, options.partition_timeout,
+                              keep_alive=record.keep_alive, adopt=record)
+            procs = ProcMesh(state, None)
+            try:
+                await procs
+            except BaseException:
+                state.stopped = True  # nothing of it is ours: leave its processes be
+                state.release()
+                raise
+            state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
+            state.fail_gone()
+            state.published()
         return procs
 
 

@@ -26,7 +26,7 @@ from ._cell import stall_line
 from ._constants import MAX_QUEUED, MSGPACK_NIL, PARTITION_TIMEOUT, STALL_AFTER
 from ._context import Context, _context
 from ._debug import debug_link
-from ._exceptions import ProcessStartError, SupervisionError
+from ._exceptions import ProcessStartError, ProcMeshTakenError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
 from ._keep_alive import KeptActor, KeptMesh, KeptOptions, KeptWorker, claim, publish
@@ -616,19 +616,23 @@ class ProcState:
         this controller serves it now (:class:`Adopt`), then watch it as if
         this controller had started it."""
         rt = self.rt
-        futs: list[asyncio.Future[Any]] = []
-        for kept in sorted(record.workers, key=lambda k: k.rank):
-            launcher = self.launchers[kept.rank // self.per_host]
+        kept_workers = sorted(record.workers, key=lambda k: k.rank)
+        launchers = [self.launchers[kept.rank // self.per_host] for kept in kept_workers]
+        for kept, launcher in zip(kept_workers, launchers):
             if kept.host != launcher.host:
                 raise ValueError(f"reattach({self.name!r}): its rank {kept.rank} runs on "
                                  f"{kept.host}, but this host mesh's host for it is "
                                  f"{launcher.host}; re-attach on the same hosts")
-            creds, controller = launcher.reach(self.secret)
+        # each one's watch first (a host agent refuses it while another
+        # controller watches it), so that a refusal comes before any Adopt
+        for kept, launcher in zip(kept_workers, launchers):
             spec = replace(self._spec(kept.rank, self.region.point(kept.rank)),
                            worker=kept.worker, listen=kept.addr)
-            w = _Worker(kept.rank, kept.addr,
-                        await launcher.adopt(kept.worker, kept.pid, spec.label), spec, rt.loop)
-            self.workers.append(w)
+            self.workers.append(_Worker(kept.rank, kept.addr,
+                                        await launcher.adopt(spec, kept.pid), spec, rt.loop))
+        futs: list[asyncio.Future[Any]] = []
+        for kept, launcher, w in zip(kept_workers, launchers, self.workers):
+            creds, controller = launcher.reach(self.secret)
             rt.peer_jobs[kept.addr] = creds
             if kept.listen != kept.addr:
                 rt.routes[kept.addr] = kept.listen
@@ -646,8 +650,10 @@ class ProcState:
         # A worker that died since its controller went fails as if after the
         # re-attach (:meth:`fail_gone`: restarted by a supervisor, or a
         # hole), and the others are served; one alive but out of reach, or
-        # every one gone: nothing is re-attached (the first says why).
-        alive = [e for w, e in failed if w.handle.returncode is None]
+        # serving another controller, or every one gone: nothing is
+        # re-attached (the first says why; one serving another first).
+        alive = sorted((e for w, e in failed if w.handle.returncode is None),
+                       key=lambda e: not isinstance(e, ProcMeshTakenError))
         self.gone = [w for w, _ in failed if w.handle.returncode is not None]
         if alive or (self.gone and len(self.gone) == len(self.workers)):
             raise cast(BaseException, (alive or [failed[0][1]])[0])

@@ -42,6 +42,8 @@ class _Keeper:
         self.done: asyncio.Future[int] = rt.loop.create_future()
         #: while the worker has no controller: the end of its wait for one
         self.expiry: asyncio.TimerHandle | None = None
+        #: it serves a controller that re-attached to it (not the one that spawned it)
+        self.reattached = False
 
     def serve(self, controller: str) -> None:
         """Serve the controller at ``controller`` from now on."""
@@ -79,10 +81,15 @@ class _Keeper:
     def adopt(self, conn: Connection, msg: Adopt) -> None:
         """A new controller re-attaches (on ``conn``, already proven a process of this job)."""
         if self.expiry is None:
-            why = ("it was not spawned with keep_alive" if self.keep_alive is None
-                   else f"its controller at {self.rt.controller} is still connected")
+            if self.keep_alive is None:
+                kind, why = "SupervisionError", "it was not spawned with keep_alive"
+            else:
+                served = "a controller that re-attached to it" if self.reattached \
+                    else "the controller that spawned it"
+                kind, why = "ProcMeshTakenError", (
+                    f"it serves {served}, at {self.rt.controller}, still connected")
             conn.send_message(Fail(msg.req, ErrorInfo(
-                "supervision", "SupervisionError",
+                "supervision", kind,
                 f"worker {self.rt.worker} (pid {os.getpid()}) cannot be re-attached: {why}")))
             return
         if conn.peer != msg.controller:
@@ -92,6 +99,7 @@ class _Keeper:
             return
         self.expiry.cancel()
         self.expiry = None
+        self.reattached = True
         self.rt.routes[msg.controller] = msg.listen  # a redial goes where it listens for us
         self.serve(msg.controller)
         conn.send_message(Reply(msg.req, MSGPACK_NIL))

@@ -28,6 +28,7 @@ from .._exceptions import (
     CallTimeout,
     DeadlockError,
     MeshioError,
+    ProcMeshTakenError,
     ProtocolError,
     RDMAError,
     RDMASizeError,
@@ -1417,7 +1418,10 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
             cls = RDMASizeError if info.type_name == "RDMASizeError" else RDMAError
             return cls(info.message + where)
         case "supervision":  # (the callee's actor and rank, else the caller's: it may have none)
-            return SupervisionError(
+            # (a kept-alive worker refusing a re-attach: it serves another controller)
+            sup = ProcMeshTakenError if info.type_name == "ProcMeshTakenError" \
+                else SupervisionError
+            return sup(
                 info.message + where, actor=info.actor or (p.mesh if p else ""),
                 rank=info.rank if info.rank >= 0 or p is None else p.rank, cause=info.message)
         case "protocol":

@@ -673,10 +673,17 @@ class WatchWorker(_Msg, frozen=True, tag=36):
     """Controller → host agent: from now on, tell this connection of the
     worker ``worker`` (its output, its exit): a controller re-attached to a
     kept-alive proc mesh that another controller launched there.  Answered
-    with the worker's pid, or a :class:`Fail` if the agent has no such worker."""
+    with a :class:`Reply` of the worker's pid, or of None (nil) if the agent
+    has it no more (it has exited, or the agent is a later incarnation); a
+    :class:`Fail` (type ``ProcMeshTakenError``) while another controller
+    that watches it is connected."""
 
     req: int
     worker: str
+    #: seconds the agent keeps the worker while it has no contact with this
+    #: controller before it kills it, as :attr:`LaunchWorker.partition_timeout`
+    #: (counted from now); None: never
+    partition_timeout: float | None = None
 
 
 class Adopt(_Msg, frozen=True, tag=35):
@@ -684,7 +691,8 @@ class Adopt(_Msg, frozen=True, tag=35):
     (``this_host().reattach``) to each of its workers: the controller is now
     the one at ``controller``, which listens for this job's processes at
     ``listen``.  Answered with a :class:`Reply`, or a :class:`Fail` when the
-    worker is not kept alive or its controller is still connected."""
+    worker is not kept alive, or its controller is still connected (type
+    ``ProcMeshTakenError``)."""
 
     req: int
     controller: str

@@ -15,8 +15,9 @@ allocation nobody uses ends instead of leaking.
 
 Self-fencing: a worker launched with a ``partition_timeout`` is killed
 (SIGKILL) by its agent once the agent has had no contact with the
-controller that launched it for that long while their connection stays
-open (a partition, not a controller that exited).  Contact is counted from
+controller that launched it (or re-attached to it since:
+:class:`WatchWorker`) for that long while their connection stays open (a
+partition, not a controller that exited).  Contact is counted from
 the last :class:`AgentBeatAck` the controller says it heard, so the agent
 kills before the controller downs the host, and a healed partition never
 finds a second incarnation of a rank beside the first.
@@ -204,14 +205,30 @@ class Agent:
             conn.send_message(WorkerExited(msg.worker, code, proc.start_failure or ""))
 
     def watch(self, conn: Connection, msg: WatchWorker) -> None:
-        """A controller re-attached to a kept-alive worker of this host: its
-        output and exit go to that controller (on ``conn``) from now on.
-        Answered with its pid, or None if it has exited (while no controller
-        watched it, or with an earlier incarnation of this agent): the
-        controller fails it as if it died after the re-attach."""
+        """A controller re-attaches to a kept-alive worker of this host: its
+        output and exit go to that controller (on ``conn``) from now on, and
+        with a ``partition_timeout`` it is fenced for that controller, as if
+        launched by it now.  Answered with its pid, or None if it has exited
+        (while no controller watched it, or with an earlier incarnation of
+        this agent): the controller fails it as if it died after the
+        re-attach.  Refused (``ProcMeshTakenError``, nothing changed) while
+        another controller that watches it is connected: a re-attach that
+        the worker refuses too, as it serves that one."""
         proc = self.procs.get(msg.worker)
+        watcher = self._conns.get(msg.worker)
+        if proc is not None and watcher is not None and watcher is not conn \
+                and not watcher.closed:
+            conn.send_message(Fail(msg.req, ErrorInfo(
+                "supervision", "ProcMeshTakenError",
+                f"host agent at {self.rt.addr}: worker {msg.worker} (pid {proc.pid}) cannot "
+                f"be re-attached: the controller at {watcher.peer or 'an unidentified peer'} "
+                f"watches it, still connected")))
+            return
         if proc is not None and proc.returncode is None:  # (reaped now if it has exited)
             self._conns[msg.worker] = conn
+            if msg.partition_timeout is not None:
+                self._fenced[msg.worker] = (conn, msg.partition_timeout, self.rt.loop.time())
+                self._arm()
             pid: int | None = proc.pid
         else:
             pid = None

@@ -10,8 +10,9 @@ configured), and so do workers of different hosts to each other.
 controller drives the hosts of any number of jobs, each proving its own
 secret and TLS settings (:class:`~meshio._transport._credentials.Credentials`).
 
-Partitions (:class:`_AgentWatch`): while a host runs workers started with a
-``partition_timeout``, the controller beats its agent
+Partitions (:class:`_AgentWatch`): while a host runs workers started (or
+re-attached to: :meth:`RemoteLauncher.adopt`) with a ``partition_timeout``,
+the controller beats its agent
 (:class:`~meshio._transport._messages.AgentBeat`); a host whose agent has
 not answered for a worker's ``partition_timeout`` is *downed* for it: the
 worker counts as exited (:attr:`RemoteProc.downed` says why) and its
@@ -342,11 +343,7 @@ class RemoteLauncher:
             elif not fut.done():
                 fut.add_done_callback(lambda f: self._started_for_nobody(conn, spec.worker, f))
             raise
-        proc = self._watch(conn, spec.worker, pid, spec.label or spec.worker,
-                           spec.partition_timeout)
-        if spec.partition_timeout is not None:
-            rt.state(_Remote).watch(proc)
-        return proc
+        return self._watch(conn, spec, pid)
 
     @staticmethod
     def _started_for_nobody(conn: Connection, worker: str, fut: asyncio.Future[int]) -> None:
@@ -355,11 +352,17 @@ class RemoteLauncher:
         if not fut.cancelled() and fut.exception() is None:
             conn.send_message(SignalWorker(worker, signal.SIGKILL))
 
-    def _watch(self, conn: Connection, worker: str, pid: int, label: str,
-               partition_timeout: float | None = None) -> RemoteProc:
-        """The handle of ``worker``, told of by the agent on ``conn``."""
-        proc = RemoteProc(self, conn, worker, pid, label, conn.rt.loop, partition_timeout)
-        conn.rt.state(_Remote).procs[worker] = proc
+    def _watch(self, conn: Connection, spec: WorkerSpec, pid: int) -> RemoteProc:
+        """The handle of the worker of ``spec``, running as ``pid``, told of
+        by the agent on ``conn`` (its output, its exit); with a
+        ``partition_timeout``, its host is downed once its agent has been
+        silent that long (:class:`_AgentWatch`), as its agent fences it."""
+        proc = RemoteProc(self, conn, spec.worker, pid, spec.label or spec.worker,
+                          conn.rt.loop, spec.partition_timeout)
+        remote = conn.rt.state(_Remote)
+        remote.procs[spec.worker] = proc
+        if spec.partition_timeout is not None:
+            remote.watch(proc)
         return proc
 
     def reach(self, secret: bytes) -> tuple[Credentials, str]:
@@ -368,20 +371,22 @@ class RemoteLauncher:
         addr = runtime().sockets.listen_tcp(advertise=route_to(self.host), job=self._job)
         return self._job, addr
 
-    async def adopt(self, worker: str, pid: int, label: str) -> RemoteProc:
+    async def adopt(self, spec: WorkerSpec, pid: int) -> RemoteProc:
         rt = runtime()
         conn = rt.connect(self.agent, self._job)
         fut: asyncio.Future[int | None] = rt.loop.create_future()
+        label = spec.label or spec.worker
         req = conn.next_req(Pending(fut, _pid_or_none, "watch worker",
                                     f"host agent {self.agent}", label))
-        conn.send_message(WatchWorker(req, worker))
+        # (its agent fences it for this controller from now on)
+        conn.send_message(WatchWorker(req, spec.worker, spec.partition_timeout))
         rt.on_lost.setdefault(self.agent, self._agent_lost)
         running = await fut
-        proc = self._watch(conn, worker, pid if running is None else running, label)
         if running is None:  # it exited while no controller watched it: it fails now
-            rt.state(_Remote).procs.pop(worker, None)
+            proc = RemoteProc(self, conn, spec.worker, pid, label, rt.loop)
             proc._exited(EXIT_UNKNOWN)
-        return proc
+            return proc
+        return self._watch(conn, spec, running)
 
     def _agent_lost(self, conn: Connection) -> None:
         """The agent's connection dropped: its workers died with it (they are

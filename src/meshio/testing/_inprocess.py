@@ -89,7 +89,7 @@ class InProcessLauncher:
     def reach(self, secret: bytes) -> tuple[Credentials, str]:
         raise ValueError(_NO_REATTACH)
 
-    async def adopt(self, worker: str, pid: int, label: str) -> InProcessWorker:
+    async def adopt(self, spec: WorkerSpec, pid: int) -> InProcessWorker:
         raise ValueError(_NO_REATTACH)
 
     async def launch(self, spec: WorkerSpec) -> InProcessWorker:
