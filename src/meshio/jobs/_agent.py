@@ -221,7 +221,7 @@ class Agent:
             conn.send_message(Fail(msg.req, ErrorInfo(
                 "supervision", "ProcMeshTakenError",
                 f"host agent at {self.rt.addr}: worker {msg.worker} (pid {proc.pid}) cannot "
-                f"be re-attached: the controller at {watcher.peer or 'an unidentified peer'} "
+                f"be re-attached: the controller at {watcher.who} "
                 f"watches it, still connected")))
             return
         if proc is not None and proc.returncode is None:  # (reaped now if it has exited)
