@@ -377,8 +377,15 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
     state = await job.state()
     addr = job_record(job)["hosts"]["generators"][0]["addr"] if job_record(job) else ""
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
-    # another job's secret: the agent proves itself first and then refuses
+    # another job's secret: the agent proves itself first and then refuses;
+    # the agent logs the dialler that hung up on its proof (it logged nothing)
+    log = tmp_path / ".meshio" / "job.log"
     await refused_by(host, int(port))
+
+    async def logged() -> None:  # (the agent's line: there is no other event)
+        while "hung up on this process's proof of the job's secret" not in log.read_text():
+            await asyncio.sleep(0.05)
+    await asyncio.wait_for(logged(), DEADLINE)
     # garbage, and 1 MiB where a challenge belongs
     for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\xff" * (1 << 20)):
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -391,8 +398,8 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
     async with state.generators.spawn_procs() as procs:
         w = await procs.spawn("w", Where)
         assert await asyncio.wait_for(w.echo.call_one(2), DEADLINE) == 2
-    log = (tmp_path / ".meshio" / "job.log").read_text()
-    assert log.count("refused a connection") >= 2 and "from 127.0.0.1 port" in log
+    text = log.read_text()
+    assert text.count("refused a connection") >= 3 and "from 127.0.0.1 port" in text
 
 
 def listening_tcp(pid: int) -> set[str]:

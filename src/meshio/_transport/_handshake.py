@@ -126,6 +126,12 @@ class Handshake:
         self.done = False
         self.leftover = b""
 
+    @property
+    def proved(self) -> bool:
+        """A listener: it answered the dialler's hello with its challenge
+        and proof, and waits for the dialler's proof."""
+        return bool(self._peer_nonce) and not self.done
+
     def start(self) -> bytes:
         """The bytes to send when the connection opens."""
         return MAGIC + self._nonce if self._dialler else b""
@@ -281,9 +287,12 @@ class HandshakeProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.finished:
+            why = (": the dialler hung up on this process's proof of the job's secret, as "
+                   "one with another secret does (it says so), or gave up then"
+                   if self._hs is not None and self._hs.proved else
+                   ": the peer died, or refused this connection and logged why")
             self.fail(ConnectionResetError(
-                f"connection closed during the handshake{f' ({exc})' if exc else ''}: the "
-                "peer died, or refused this connection and logged why"))
+                f"connection closed during the handshake{f' ({exc})' if exc else ''}{why}"))
 
     def _expired(self) -> None:
         self.fail(TimeoutError(f"no handshake within {self._timeout:g}s"))

@@ -404,10 +404,13 @@ class SocketBackend:
     def _log_refused(self, addr: str, hs: HandshakeProtocol, error: Exception) -> None:
         """Log a refused connection: :data:`REFUSALS_LOGGED` at once, then
         one a second, each line naming the refusals not logged before it.
-        A peer that only went away during the handshake (it died, or gave
-        up: a start cancelled, a ``meshio stacks`` past its timeout) proved
-        nothing wrong: said at INFO level, not as a warning."""
-        if isinstance(error, ConnectionResetError):
+        A process of this host and user that only went away during the
+        handshake (it died, or gave up: a start cancelled, a ``meshio
+        stacks`` past its timeout) proved nothing wrong: said at INFO level,
+        not as a warning.  A TCP peer that did is warned of: one with
+        another job's secret hangs up so (it checks the listener's proof
+        first), and so does a probe that only connects."""
+        if isinstance(error, ConnectionResetError) and hs.creds is not None:
             log.info("meshio: a connection to %s from %s ended: %s", addr, hs.describe(), error)
             return
         now = time.monotonic()
