@@ -1,9 +1,13 @@
 """Mesh references are values: an ActorMesh passed to (or returned by) an
-actor is a working reference that calls the actors directly."""
+actor is a working reference that calls the actors directly.  An actor
+sending itself (``self``) sends such a reference to itself alone, not a
+copy of its state."""
 
 from __future__ import annotations
 
+import copy
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -138,6 +142,67 @@ async def test_mesh_returned_as_a_result(procs: meshio.ProcMesh) -> None:
     whole = await gen.slice(procs=1).get_self.call_one()
     assert whole.sizes == {"procs": 2}
     assert (await whole.my_addr.call()).values() == (await gen.my_addr.call()).values()
+
+
+class Holder(Actor):
+    """State no pickle takes (a lock), a value that changes, and an actor
+    that sends itself as an argument and as a result."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value = 7
+
+    @endpoint(concurrent=True)
+    async def current(self) -> tuple[int, int]:
+        return (self.value, context().point.rank)
+
+    @endpoint
+    async def register_with(self, registry: Registry) -> tuple[int, int]:
+        self.value = 8  # (the registry reads it through the reference, as it is now)
+        return await registry.look.call_one(self)
+
+    @endpoint
+    def itself(self) -> Holder:
+        return self
+
+    @endpoint
+    def copied(self) -> str:
+        """What a plain copy of the actor is (not a message: a copy of it)."""
+        twin = copy.copy(self)
+        return f"{type(twin).__name__} {twin.value}"
+
+
+class Registry(Actor):
+    @endpoint
+    async def look(self, holder: Holder) -> tuple[int, int]:
+        assert isinstance(holder, ActorMesh) and len(holder) == 1, holder
+        return await holder.current.call_one()
+
+
+async def test_an_actor_sending_itself_sends_a_reference_to_itself(
+        procs: meshio.ProcMesh) -> None:
+    """``self`` as an argument (Ray's ``register.remote(self)``) and as a
+    result arrives as ``context(Holder).mesh.slice(**current_rank())``: its
+    lock stays behind (it was pickled: "cannot pickle '_thread.lock'"), and
+    what the reference reads is the actor's state now, not a copy."""
+    registry = await procs.slice(procs=0).spawn("registry", Registry)
+    holders = await procs.spawn("holders", Holder)
+    assert await holders.slice(procs=1).register_with.call_one(registry) == (8, 1)
+    me = await holders.slice(procs=1).itself.call_one()
+    assert isinstance(me, ActorMesh) and isinstance(me, Holder)
+    assert me.sizes == {} and await me.current.call_one() == (8, 1)
+    assert await me.copied.call_one() == "Holder 8"  # (copy and pickle as ever there)
+
+
+async def test_an_actor_not_spawned_cannot_be_sent(procs: meshio.ProcMesh) -> None:
+    """A plain instance of an actor class refers to no actor: refused,
+    naming where it is and what to send instead."""
+    registry = await procs.slice(procs=0).spawn("registry", Registry)
+    with pytest.raises(SchemaError, match=(
+            r"^Registry\.look: arguments cannot be sent: a Holder made as a plain object "
+            r"cannot be sent - at `\$\.holder`: it is no actor spawned on a proc mesh.*send "
+            r"the actor mesh procs\.spawn\(\.\.\.\) returned")):
+        registry.look.call_one(Holder())
 
 
 @pytest.fixture

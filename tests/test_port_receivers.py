@@ -1,6 +1,7 @@
 """A port's receiving end: several tasks reading one receiver, a receiver
-closed by its owner, and the runtime's table of open ports, which keeps
-only receivers still open (no entry per channel ever opened)."""
+closed by its owner, the runtime's table of open ports, which keeps only
+receivers still open (no entry per channel ever opened), and a receiver
+given to another process (it stays where its channel was opened)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 import meshio
-from meshio import Channel, ClosedResourceError, Port, endpoint
+from meshio import Channel, ClosedResourceError, Port, PortReceiver, SchemaError, endpoint
 from meshio._transport import _runtime
 from test_ports_context import Streamer
 
@@ -30,6 +31,14 @@ class Sender(Streamer):  # (its stream_to)
     @endpoint
     async def ping(self) -> None:
         pass
+
+    @endpoint
+    async def drain(self, inbox: PortReceiver[int]) -> int:
+        return sum([v async for v in inbox])
+
+    @endpoint
+    async def open_inbox(self) -> PortReceiver[int]:
+        return Channel[int].open()[1]
 
 
 @pytest.fixture
@@ -150,4 +159,26 @@ async def test_an_open_receiver_stays_registered_while_held(sender: Sender) -> N
     port, receiver = Channel[Any].open()
     gc.collect()
     await sender.send.call_one(port, 5)
+    assert await asyncio.wait_for(receiver.recv(), GUARD) == 5
+
+
+# ------------------------------------------------- a receiver stays home
+
+
+async def test_a_receiver_sent_to_an_actor_names_the_port_to_send(sender: Sender) -> None:
+    """Ray's "pass the queue to the consumer": refused as a SchemaError that
+    says where the receiver is, why it cannot go, and what to send (it was
+    pickle's "no default __reduce__ due to non-trivial __cinit__")."""
+    port, receiver = Channel[int].open()
+    with pytest.raises(SchemaError, match=(
+            r"^Sender\.drain: arguments cannot be sent: a PortReceiver cannot be sent - at "
+            r"`\$\.inbox`: it stays in the process that opened its channel.*; send the Port "
+            r"instead")):
+        sender.drain.call_one(receiver)
+    with pytest.raises(SchemaError, match=r"^Sender\.drain: .* - at `\$\.inbox\[0\]`"):
+        sender.drain.call_one([receiver])  # type: ignore[arg-type]
+    with pytest.raises(SchemaError, match=r"^result of Sender\.open_inbox could not be "
+                                          r"encoded: a PortReceiver cannot be sent: it stays"):
+        await asyncio.wait_for(sender.open_inbox.call_one(), GUARD)
+    await sender.send.call_one(port, 5)  # (the channel still works)
     assert await asyncio.wait_for(receiver.recv(), GUARD) == 5

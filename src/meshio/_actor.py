@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 from ._actor_mesh import ActorMesh
 from ._context import Context, _context
 from ._exceptions import NotInActorError
+from ._transport._serial import Unsendable
 from .endpoints._endpoint import EndpointDescriptor
 from .endpoints._schema import Schema
 
@@ -92,6 +93,25 @@ class Actor(metaclass=_ActorMeta):
 
     def __init__(self) -> None:
         pass
+
+    def _meshio_reduce(self) -> tuple[Any, ...]:
+        """How the actor travels in a message (an argument, a result, a
+        value on a port: ``coordinator.register.call(self)``): as a
+        reference to itself alone, ``context(Cls).mesh.slice(**current_rank())``,
+        which the receiver calls as it would a mesh (its state stays here).
+        A plain pickle (``copy.deepcopy``, a process pool) still copies it.
+
+        Raises:
+            Unsendable: the instance was not spawned (made as ``Cls()``):
+                it refers to no actor.
+        """
+        ctx: Context[ActorMesh[Any]] | None = getattr(self, "_meshio_context", None)
+        if ctx is None:
+            raise Unsendable(self, f"a {type(self).__qualname__} made as a plain object",
+                             "it is no actor spawned on a proc mesh, and an actor travels as "
+                             "a reference to it; send the actor mesh procs.spawn(...) "
+                             "returned (or a slice of it)")
+        return ctx.mesh.slice(**ctx.point).__reduce__()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

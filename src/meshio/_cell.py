@@ -64,7 +64,7 @@ from ._transport._messages import (
     StopActor,
 )
 from ._transport._runtime import Runtime, actor_thread, ask_each, register_handler, tell_held
-from ._transport._serial import Buffers, Packer, loads
+from ._transport._serial import Buffers, Packer, Unsendable, loads
 from ._transport._tasks import LEND_TIMEOUT, awaited, within
 from ._util import utf8
 from .endpoints._endpoint import EndpointDescriptor
@@ -1038,7 +1038,7 @@ class ActorCell:
                 body = desc.schema.pack_result(result, packer)
             except BaseException as e:  # the result's own code (e.g. __reduce__) may raise anything
                 why = actor_error(e, self.ctx, "schema")
-                detail = why.message if isinstance(e, SchemaError) else \
+                detail = why.message if isinstance(e, (SchemaError, Unsendable)) else \
                     f"{why.type_name}: {why.message}"
                 conn.send_message(Fail(req, ErrorInfo(
                     "schema", "SchemaError",

@@ -18,7 +18,7 @@ import itertools
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import msgspec
 
@@ -28,7 +28,7 @@ from ._transport._bulk import snapshot
 from ._transport._connection import Connection
 from ._transport._messages import PortSend
 from ._transport._runtime import Runtime, actor_thread, check_loop, not_its_loop, on_loop, runtime
-from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder, hands_port
+from ._transport._serial import Buffers, OutBuffers, Packer, TypedDecoder, Unsendable, hands_port
 
 __all__ = ("Channel", "Port", "PortReceiver")
 
@@ -80,7 +80,7 @@ class Port(Generic[T]):
         packer = Packer()
         try:
             body = packer.pack(value, False)
-        except SchemaError as e:  # over the message size limit
+        except (SchemaError, Unsendable) as e:  # over the size limit; a receiver, a service
             raise SchemaError(f"{self!r}: the value cannot be sent: {e}") from None
         except Exception as e:  # the value's own pickling code may raise anything
             raise SchemaError(f"{self!r}: the value cannot be sent: {type(e).__name__}: {e}; "
@@ -170,6 +170,12 @@ class PortReceiver(Generic[T]):
         self._closed = False
         #: takes this receiver out of the runtime's open ports (see Channel.open)
         self._unregister: Callable[[], None] | None = None
+
+    def __reduce__(self) -> NoReturn:
+        raise Unsendable(self, "a PortReceiver", "it stays in the process that opened its "
+                         "channel (values arrive there); send the Port instead (open the "
+                         "channel where the values are read, e.g. in the receiving actor, "
+                         "and return or pass its Port to the senders)")
 
     def _held(self, conn: Connection) -> None:
         self._holders.add(conn)

@@ -38,7 +38,7 @@ from ._tracing import traced
 from ._transport._connection import Gathering
 from ._transport._credit import Waiting
 from ._transport._runtime import check_loop
-from ._transport._serial import OutBuffers
+from ._transport._serial import OutBuffers, Unsendable
 from ._transport._tasks import together
 from ._value_mesh import ValueMesh
 from .endpoints._endpoint import Endpoint, EndpointDescriptor, OnFull, Route, Site, combine_failures
@@ -381,8 +381,8 @@ class Service(MeshShape):
                 f"{len(self._replicas)} replicas, {routing}>")
 
     def __reduce__(self) -> NoReturn:
-        raise TypeError(f"service {self._name!r} cannot be sent to another process: it lives "
-                        f"where it was made; pass the actor mesh and make a service there")
+        raise Unsendable(self, f"service {self._name!r}", "it lives where it was made; pass "
+                         "the actor mesh and make a service there")
 
     def __getattr__(self, name: str) -> _ServiceEndpoint[Any, Any]:
         if name.startswith("_"):

@@ -68,8 +68,8 @@ from .._checks import check_seconds
 from .._exceptions import SchemaError
 
 __all__ = ("Buffers", "Handing", "Limits", "OutBuffers", "Packer", "Refit", "Unfit",
-           "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient", "limits", "loads",
-           "owned_view", "refitter", "set_limits", "travel", "type_name")
+           "Unsendable", "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient",
+           "limits", "loads", "owned_view", "refitter", "set_limits", "travel", "type_name")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
@@ -849,6 +849,12 @@ def _code_with_source(make: Callable[..., types.CodeType], args: tuple[Any, ...]
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle as meshio's messages use it: a tensor's storage and a
+    ``memoryview`` as buffers, a class shipped by value without its caches,
+    and an object whose class has a ``_meshio_reduce`` method reduced by it
+    (an actor, which travels as a reference to itself; a plain pickle of
+    it, as ``copy.deepcopy`` or a process pool makes, is left alone)."""
+
     #: the buffers of the frame this pickle is a part of (None: a blob of its own)
     out: OutBuffers | None = None
 
@@ -871,6 +877,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             return _as_shipped(obj, super().reducer_override(obj))
         if type(obj) is memoryview:
             return _reduce_view(obj) or super().reducer_override(obj)
+        own = getattr(type(obj), "_meshio_reduce", None)
+        if own is not None:  # travels otherwise in a message than in a plain pickle (an actor)
+            return own(obj)
         return super().reducer_override(obj)
 
 
@@ -1365,6 +1374,23 @@ class Unfit(Exception):
         shown = int.__repr__(value) if bits <= 256 else f"of {bits} bits"
         super().__init__(f"the int {shown} is outside the range a typed int travels in "
                          "(-2**63 to 2**64 - 1)")
+
+
+class Unsendable(TypeError):
+    """Raised by the ``__reduce__`` of an object that stays in its process
+    (a channel's receiver, a service, an actor not spawned): ``what`` it
+    is and what to send ``instead``; ``value`` is the object itself, so
+    that the schema names where it is in the arguments (:meth:`at`)."""
+
+    def __init__(self, value: object, what: str, instead: str) -> None:
+        super().__init__(f"{what} cannot be sent: {instead}")
+        self.value = value
+        self.what = what
+        self.instead = instead
+
+    def at(self, where: str) -> str:
+        """The message, ``where`` (`` - at `$.inbox` ``) after what it is."""
+        return f"{self.what} cannot be sent{where}: {self.instead}"
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from .._transport._serial import (
     Subclassed,
     TypedDecoder,
     Unfit,
+    Unsendable,
     _Deferred,
     _inline,
     decoder_for,
@@ -294,6 +295,9 @@ class Schema:
         if isinstance(e, SchemaError):  # over the message size limit
             return SchemaError(f"{self.qualname}: arguments cannot be sent: {e} (largest "
                                f"argument: {max(bound.items(), key=_size_of)[0]!r})")
+        if isinstance(e, Unsendable):  # (a receiver, a service: it says what to send instead)
+            return SchemaError(f"{self.qualname}: arguments cannot be sent: "
+                               f"{e.at(_where(bound, e.value, '$.'))}")
         return SchemaError(f"{self.qualname}: arguments cannot be sent: {why(e)}")
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
