@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -259,6 +260,38 @@ async def test_every_use_from_a_thread_without_a_loop_says_it_in_the_same_words(
         subjects = [m.split(" cannot be used from ", 1)[0] for m in messages]
         assert subjects == ["meshio", "actor mesh 'c'", "actor mesh 'c'"]
         assert len({m.split(" cannot be used from ", 1)[1] for m in messages}) == 1
+
+
+def test_meshio_at_a_scripts_top_level_says_to_write_an_async_main() -> None:
+    """Monarch's synchronous ``procs = this_host().spawn_procs(...)`` at a
+    script's top level (the main thread, no loop running): the fix is an
+    ``async def main()`` run by ``meshio.run`` (it was the advice for a
+    thread of ``asyncio.to_thread``).  A mesh whose loop runs in another
+    thread, used from the main thread, still gets the thread recipe."""
+    for use in (lambda: meshio.this_host().spawn_procs(per_host={"procs": 1}),
+                Channel[int].open):
+        with pytest.raises(WrongLoopError) as ei:
+            use()
+        message = str(ei.value)
+        assert message.startswith("meshio cannot be used outside a running event loop (here: "
+                                  "the main thread"), message
+        assert "`async def main()`" in message and "meshio.run(main())" in message
+        assert "`await` them in a cell" in message and "to_thread" not in message
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        procs, c = asyncio.run_coroutine_threadsafe(_start(), loop).result(GUARD)
+        try:
+            with pytest.raises(WrongLoopError, match=NO_LOOP):
+                c.ping.call_one(1)
+        finally:
+            asyncio.run_coroutine_threadsafe(_finish(procs), loop).result(GUARD)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(GUARD)
+        loop.close()
 
 
 async def _start() -> tuple[meshio.ProcMesh, C]:

@@ -491,7 +491,10 @@ class WrongLoopError(MeshioError, RuntimeError):
     message names what was used and the fix: run the code on that loop,
     from another thread with ``asyncio.run_coroutine_threadsafe(coro,
     loop).result()`` (``loop.call_soon_threadsafe(port.send, v)`` for a
-    port).  Once that loop has ended, the same uses raise
+    port).  At a script's top level (the main thread, no loop running:
+    ``procs = this_host().spawn_procs(...)`` as in Monarch) it says to
+    write an ``async def main()`` run by ``meshio.run(main())`` instead.
+    Once that loop has ended, the same uses raise
     :class:`ClosedResourceError` instead."""
 
 

@@ -161,9 +161,20 @@ _USE_IT_THERE = ("use it from that loop: from another thread, asyncio.run_corout
                  "fn, *args) a plain function such as port.send")
 
 
-def no_running_loop(what: str) -> WrongLoopError:
+def no_running_loop(what: str, *, runs_elsewhere: bool = False) -> WrongLoopError:
     """The error of using ``what`` (``"meshio"``, ``"actor mesh 'c'"``)
-    from a thread that runs no event loop: the one wording of it."""
+    from a thread that runs no event loop: the one wording of it.  In the
+    main thread that is a script's top level (Monarch's synchronous
+    ``this_host().spawn_procs(...)``), whose fix is a loop, not a thread,
+    unless the loop ``what`` belongs to ``runs_elsewhere`` (in a thread)."""
+    if threading.current_thread() is threading.main_thread() and not runs_elsewhere:
+        return WrongLoopError(
+            f"{what} cannot be used outside a running event loop (here: the main thread, "
+            f"with no loop running): meshio's API is async, with no blocking form of "
+            f"spawn_procs, spawn or a call; write the program as an `async def main()` that "
+            f"awaits them and run it with meshio.run(main()) (in a notebook, `await` them "
+            f"in a cell); if your event loop runs in another thread, "
+            f"asyncio.run_coroutine_threadsafe(coro, loop).result() runs a coroutine there")
     return WrongLoopError(
         f"{what} cannot be used from a thread that runs no event loop (e.g. one of "
         f"asyncio.to_thread): meshes, services, ports and supervisors belong to the meshio "
@@ -185,7 +196,7 @@ def not_its_loop(rt: Runtime, what: str) -> MeshioError:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return no_running_loop(what)
+        return no_running_loop(what, runs_elsewhere=rt.loop.is_running())
     return WrongLoopError(
         f"{what} belongs to the meshio runtime of another event loop (the one it was "
         f"created on), not the running one (each loop has a runtime of its own, and no "
