@@ -1,8 +1,10 @@
-"""The two commonest ways to get an endpoint wrong, on an actor mesh and on
-a service: a name that is not an endpoint (a typo, or a method without
-``@endpoint``) raises :class:`meshio.UnknownEndpointError`, and an endpoint
-called like a method raises a ``TypeError`` that names the adverbs.  Both
-are decided on the controller: the in-process transport is enough."""
+"""The commonest ways to get an endpoint wrong, on an actor mesh and on a
+service: a name that is not an endpoint (a typo, or a method without
+``@endpoint``) raises :class:`meshio.UnknownEndpointError`; an endpoint
+called like a method, or through Ray's ``.remote()``, raises an error that
+names the adverbs; Monarch's ``.get()`` on the future a call returns says
+to ``await`` it.  All are decided on the controller: the in-process
+transport is enough."""
 
 from __future__ import annotations
 
@@ -64,3 +66,29 @@ async def test_an_endpoint_called_like_a_method_names_the_adverbs() -> None:
                                             r"not a method: .*\.add\.route\(\.\.\.\)"):
             service.add(k=1)  # type: ignore[operator]
         assert await service.add.route(k=3) == 3
+
+
+async def test_ray_remote_names_the_adverbs_and_monarch_get_says_await() -> None:
+    """They were bare AttributeErrors naming the private future classes
+    (``'_Gathered' object has no attribute 'get'``)."""
+    async with in_process_host().spawn_procs(per_host={"procs": 2}) as procs:
+        counters = await procs.spawn("counters", Counter)
+        service = meshio.Service(counters)
+        for target, first in ((counters, ".add.call(...)"), (service, ".add.route(...)")):
+            ep: Any = target.add
+            with pytest.raises(AttributeError) as info:
+                ep.remote(k=1)
+            what = "actor mesh" if target is counters else "service"
+            assert str(info.value).startswith(
+                f"Counter.add on {what} 'counters' has no .remote() (Ray's spelling): call it "
+                f"through an adverb: {first}"), info.value
+            assert not hasattr(ep, "nope") and getattr(ep, "nope", 1) == 1
+        for fut in (counters.add.call(k=1), counters.slice(procs=0).add.call_one(k=1),
+                    counters.add.choose(k=1), service.add.choose(k=1)):
+            held: Any = fut
+            with pytest.raises(AttributeError, match=(
+                    r"^the future of a meshio call has no \.get\(\) \(Monarch's blocking "
+                    r"spelling\): it is an asyncio\.Future: `await` it for its value")):
+                held.get()
+            assert not hasattr(held, "nope")
+            await fut

@@ -27,6 +27,7 @@ from ._transport._connection import (
     Connection,
     Gathering,
     Pending,
+    ReplyFuture,
     Settle,
     Slot,
     ignore_result,
@@ -932,7 +933,7 @@ def endpoint_of(cls: type[Any], ep: EndpointDescriptor[Any, P, R],
     return ep
 
 
-class _CallFuture(asyncio.Future[Any]):
+class _CallFuture(ReplyFuture):
     """The future of a call to one actor: cancelling it (the caller gave
     up: cancelled, timed out, a stream abandoned) cancels the call, which
     the callee drops or cancels; its reply is then ignored.  No done

@@ -95,8 +95,8 @@ if TYPE_CHECKING:
     from ._credit import Window
     from ._runtime import Runtime
 
-__all__ = ("Connection", "Gathering", "Pending", "Settle", "Slot", "error_from_info",
-           "ignore_result", "lost_with_relay", "not_responding")
+__all__ = ("Connection", "Gathering", "Pending", "ReplyFuture", "Settle", "Slot",
+           "error_from_info", "ignore_result", "lost_with_relay", "not_responding")
 
 log = logging.getLogger("meshio")
 T = TypeVar("T")
@@ -417,7 +417,28 @@ class Slot(Pending):
         return True
 
 
-class _Gathered(asyncio.Future[Any]):
+class ReplyFuture(asyncio.Future[Any]):
+    """What the adverbs return (``call``, ``call_one``, ``choose``): an
+    ``asyncio.Future``, which Monarch's ``.get()`` reads for its value:
+    asked for that, it says to ``await`` it."""
+
+    __slots__ = ()
+
+    if not TYPE_CHECKING:
+        # (Hidden from type checkers, which see an asyncio.Future; read only
+        # for a name the future lacks, never on the way of a call.)
+        def __getattr__(self, name):
+            if name == "get":
+                raise AttributeError(
+                    "the future of a meshio call has no .get() (Monarch's blocking "
+                    "spelling): it is an asyncio.Future: `await` it for its value, in an "
+                    "`async def` (value = await mesh.endpoint.call_one(...))", name=name,
+                    obj=self)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
+                                 name=name, obj=self)
+
+
+class _Gathered(ReplyFuture):
     """A :class:`Gathering`'s future: cancelling it (its caller gave up)
     abandons the gathering."""
 

@@ -441,11 +441,26 @@ class Endpoint(Generic[P, R]):
             Raises:
                 TypeError: always, naming the endpoint and its adverbs.
             """
-            name = self._desc.name
-            adverbs = ", ".join(f".{name}.{adverb}" for adverb in self._ADVERBS)
-            raise TypeError(
-                f"{self._qualname} on {self._TARGET} {self._mesh._name!r} is an endpoint, not "
-                f"a method: call it through an adverb: {adverbs}")
+            raise TypeError(self._through_adverbs("is an endpoint, not a method"))
+
+        def __getattr__(self, name):
+            """``mesh.train.remote(step=0)`` (Ray's spelling) names the
+            adverbs, as a call does.  (Read only for a name the endpoint
+            lacks: an adverb never comes here.)"""
+            if name == "remote":
+                raise AttributeError(
+                    self._through_adverbs("has no .remote() (Ray's spelling)"), name=name,
+                    obj=self)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
+                                 name=name, obj=self)
+
+    def _through_adverbs(self, what: str) -> str:
+        """That the endpoint ``what`` (``"is an endpoint, not a method"``)
+        and the adverbs it is called through."""
+        name = self._desc.name
+        adverbs = ", ".join(f".{name}.{adverb}" for adverb in self._ADVERBS)
+        return (f"{self._qualname} on {self._TARGET} {self._mesh._name!r} {what}: call it "
+                f"through an adverb: {adverbs}")
 
     @property
     def _qualname(self) -> str:
