@@ -222,10 +222,14 @@ async def test_call_to_sigstopped_worker_fails_with_default_heartbeats_then_work
     assert "responds again" in err
 
 
-async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> None:
+async def test_blocked_event_loop_counts_as_not_responding(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """issue 7 item 5: an async endpoint that blocks its process's loop
     makes the process not responding: its in-flight call fails with
-    SupervisionError after heartbeat_timeout; once unblocked it serves calls."""
+    SupervisionError after heartbeat_timeout; once unblocked it serves calls.
+    The error, and the controller's line, name the likely cause (the
+    endpoint in flight blocks the loop) and the fix (a plain ``def``, or
+    ``asyncio.to_thread``): they said "not responding" alone."""
     fifo = tmp_path / "gate"
     os.mkfifo(fifo)
     async with meshio.this_host().spawn_procs(
@@ -235,11 +239,23 @@ async def test_blocked_event_loop_counts_as_not_responding(tmp_path: Path) -> No
         addr = await w.addr.call_one()
         with pytest.raises(meshio.SupervisionError, match=r"not responding for \d+\.\d s") as ei:
             await asyncio.wait_for(w.hold.call_one(str(fifo)), DEADLINE)
-        assert "W.hold" in str(ei.value)
+        cause = ("its event loop is likely blocked by an `async def` endpoint that does not "
+                 "await (W.hold, in flight there, if it is one): time.sleep, CPU-bound work "
+                 "or a torch.distributed collective (DDP's constructor too) in one holds the "
+                 "loop that answers heartbeats; make such an endpoint a plain `def` (it runs "
+                 "in the actor's thread) or `await asyncio.to_thread(...)` its blocking part")
+        assert str(ei.value).endswith(f"calls work again once it answers. If it runs, {cause}")
+        with pytest.raises(meshio.SupervisionError) as later:  # (not sent: no suspect)
+            await asyncio.wait_for(w.pid.call_one(), DEADLINE)
+        assert "so W.pid was not sent" in str(later.value)
+        assert "likely blocked by an `async def` endpoint that does not await: " in str(
+            later.value)
         answered = next_pong(addr)
         await release_fifo(fifo)
         await asyncio.wait_for(answered, DEADLINE)
         assert await asyncio.wait_for(w.pid.call_one(), DEADLINE) == pid
+    err = capsys.readouterr().err
+    assert f"its calls fail until it answers again; {cause}" in err
 
 
 # --------------------------------------------- item 8: nothing left behind

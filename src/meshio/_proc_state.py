@@ -41,7 +41,13 @@ from ._launcher import (
     say,
 )
 from ._logs import LOGS_ENV, logs_env
-from ._transport._connection import Connection, Pending, ignore_result, not_responding
+from ._transport._connection import (
+    Connection,
+    Pending,
+    blocked_loop,
+    ignore_result,
+    not_responding,
+)
 from ._transport._credentials import Credentials
 from ._transport._messages import (
     ActorStopped,
@@ -1128,9 +1134,11 @@ class ProcState:
         handle, clock, since = w.handle, self.clock, now - silent
         down = PeerDown(w.addr, self.name, w.rank, handle.pid, handle.host, silent, timeout)
         w.hung = not_responding(down, clock.now, in_flight=False)
+        # (the oldest actor call in flight from here is the first suspect)
+        suspect = next((p.endpoint for p in conn.pending.values() if p.target), "")
         say(f"proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on {handle.host}) not "
             f"responding for {silent:.1f} s (heartbeat_timeout={timeout} s{held}); its calls "
-            f"fail until it answers again")
+            f"fail until it answers again" + ("" if w.held else f"; {blocked_loop(suspect)}"))
         self.rt.dead[w.addr] = w.hung
         self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
             down, silent=clock.now() - since)

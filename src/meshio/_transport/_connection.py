@@ -96,7 +96,8 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "ReplyFuture", "Settle", "Slot",
-           "error_from_info", "ignore_result", "lost_with_relay", "not_responding")
+           "blocked_loop", "error_from_info", "ignore_result", "lost_with_relay",
+           "not_responding")
 
 log = logging.getLogger("meshio")
 T = TypeVar("T")
@@ -1499,6 +1500,18 @@ def disconnected(peer: str, pid: int, host: str, cause: str
     return error
 
 
+def blocked_loop(endpoint: str = "") -> str:
+    """The likely cause of a process that runs but answers no heartbeat,
+    and its fix (the end of every "not responding" message); ``endpoint``:
+    the call in flight there, the first suspect."""
+    suspect = f" ({endpoint}, in flight there, if it is one)" if endpoint else ""
+    return (f"its event loop is likely blocked by an `async def` endpoint that does not "
+            f"await{suspect}: time.sleep, CPU-bound work or a torch.distributed collective "
+            f"(DDP's constructor too) in one holds the loop that answers heartbeats; make "
+            f"such an endpoint a plain `def` (it runs in the actor's thread) or "
+            f"`await asyncio.to_thread(...)` its blocking part")
+
+
 def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
                    ) -> Callable[[Pending], SupervisionError]:
     """What callers of the process ``down`` describes get while it does not
@@ -1522,6 +1535,7 @@ def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
             f"{p.who} on proc mesh {down.mesh!r} rank {down.rank}: process "
             f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
             f"heartbeat_timeout={down.timeout} s) {what}; it is not killed (no "
-            f"supervisor): calls work again once it answers",
+            f"supervisor): calls work again once it answers. If it runs, "
+            f"{blocked_loop(p.endpoint if in_flight else '')}",
             actor=p.mesh, rank=p.rank, host=down.host, pid=down.pid, cause=cause)
     return error
