@@ -210,7 +210,7 @@ async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh
     # BOUND waiting here
     assert sent in (2 * BOUND, 2 * BOUND + 1)
     assert "await what an earlier broadcast() returned" in str(ei.value)
-    assert f"{BOUND} more sends of this process (calls or broadcasts) wait" in str(ei.value)
+    assert f"{BOUND} broadcasts of this process that nobody awaits already wait" in str(ei.value)
     assert ei.value.max_queued == BOUND
     # pushed back: the last one sent, awaited, returns once it went (the
     # actor took calls), and then there is room again
@@ -219,6 +219,68 @@ async def test_broadcasts_nobody_awaits_stop_at_the_bound(procs: meshio.ProcMesh
     await asyncio.wait_for(went, GUARD)
     s.take.broadcast(sent)
     assert await all_taken(s, sent + 1) == list(range(sent + 1))
+
+
+async def test_awaited_broadcasts_of_many_tasks_wait_their_turn(
+        procs: meshio.ProcMesh) -> None:
+    """Producer tasks each awaiting its broadcasts, more of them than the
+    bound: every broadcast waits for room, however many wait already (only
+    those nobody awaits are bounded); all go, in order (before, once
+    ``max_queued`` awaited broadcasts waited, the next raised Overloaded)."""
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    n = 3 * BOUND
+
+    async def produce(i: int) -> None:
+        await s.take.broadcast(100 + i)
+
+    producers = [asyncio.ensure_future(produce(i)) for i in range(n)]
+    await asyncio.sleep(0)  # (one turn of the loop: each made its broadcast and awaits it)
+    assert not [p for p in producers if p.done()]  # (before: Overloaded)
+    assert await all_taken(s, BOUND + 1 + n) == [*range(BOUND + 1), *range(100, 100 + n)]
+    await asyncio.wait_for(asyncio.gather(*producers, *calls), GUARD)
+
+
+async def test_cancelling_the_await_of_a_waiting_broadcast_withdraws_it(
+        procs: meshio.ProcMesh) -> None:
+    """A broadcast waiting for room whose awaiting task is cancelled never
+    goes (nor does one whose deadline passed); one made after it waits for
+    room as any (before, it went once there was room, and, awaited by
+    nobody now, counted against the bound)."""
+    s = await slow(procs)
+    calls = [asyncio.ensure_future(s.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(s)
+    waiting = [asyncio.ensure_future(awaited(s.take.broadcast(100 + i))) for i in range(BOUND)]
+    await asyncio.sleep(0)  # (one turn of the loop: each is awaited)
+    for w in waiting:
+        w.cancel()
+    for w in waiting:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(w, GUARD)
+    last = asyncio.ensure_future(awaited(s.take.broadcast(200)))
+    await asyncio.sleep(0)
+    assert not last.done()  # (before: Overloaded, the withdrawn ones counted)
+    assert await all_taken(s, BOUND + 2) == [*range(BOUND + 1), 200]
+    await asyncio.wait_for(asyncio.gather(last, *calls), GUARD)
+
+
+async def test_an_endpoint_awaiting_a_broadcast_is_cancelled_by_its_deadline(
+        procs: meshio.ProcMesh) -> None:
+    """An endpoint awaiting a broadcast that waits for room when the
+    deadline it inherited passes is cancelled (docs/howto/deadlines.md: it
+    cannot catch the CallTimeout and go on), and the message does not go
+    (before, the endpoint got CallTimeout: caught, "fallback").  Sent as a
+    broadcast, which no caller cancels: only the deadline can."""
+    s = await slow(procs)
+    feeder = await procs.slice(procs=1).spawn("feeder", Feeder)
+    values = list(range(BOUND + 2))  # (one held at the gate, BOUND queued: the last waits)
+    await feeder.feed.options(timeout=0.3).broadcast(s, values)
+    assert await asyncio.wait_for(feeder.how_it_ended.call_one(), GUARD) == "CancelledError"
+    await s.open_gate.call_one()
+    assert await asyncio.wait_for(s.take.call_one(99), GUARD) == 99
+    # (those queued carried the deadline too: dropped there, as it passed)
+    assert values[-1] not in await s.taken.call_one()
 
 
 async def test_a_deadline_bounds_the_wait_for_room(procs: meshio.ProcMesh) -> None:
@@ -283,6 +345,35 @@ class Relay(Actor):
             except Overloaded as e:
                 return sent, str(e)
             sent += 1
+
+
+class Feeder(Actor):
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self.ended = ""
+
+    @endpoint
+    async def feed(self, to: Slow, values: list[int]) -> str:
+        """Broadcast ``values`` to ``to``, awaiting only the last; fall back
+        on its CallTimeout.  How it ended: :meth:`how_it_ended`."""
+        for i in values[:-1]:
+            to.take.broadcast(i)
+        try:
+            await to.take.broadcast(values[-1])
+        except CallTimeout:
+            self.ended = "CallTimeout"
+            return "fallback"
+        except asyncio.CancelledError:
+            self.ended = "CancelledError"
+            raise
+        finally:
+            self.done.set()
+        return "sent"
+
+    @endpoint(concurrent=True)
+    async def how_it_ended(self) -> str:
+        await self.done.wait()
+        return self.ended
 
 
 async def test_a_broadcast_from_a_def_endpoint_honours_the_bound(

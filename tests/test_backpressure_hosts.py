@@ -95,6 +95,38 @@ async def test_on_full_raise_and_broadcasts_nobody_awaits(slow: Slow) -> None:
         [*range(BOUND + 1), *range(200, 200 + BOUND)]] * HOSTS
 
 
+async def test_awaited_broadcasts_wait_and_a_withdrawn_one_lets_the_next_go(
+        slow: Slow) -> None:
+    """At the gate too, broadcasts awaited by many tasks all wait for room
+    (only those nobody awaits are bounded), and cancelling the await of one
+    withdraws it: the first in the gate's queue, it held up one behind it
+    that has room now, which goes at once."""
+    two, one = slow.slice(hosts=2), slow.slice(hosts=1)
+    calls = [asyncio.ensure_future(two.take.call_one(i)) for i in range(BOUND + 1)]
+    await until_full(slow, 2)
+
+    async def produce(mesh: Slow, i: int) -> None:
+        await mesh.take.broadcast(i)
+
+    first = asyncio.ensure_future(produce(two, 100))
+    behind = asyncio.ensure_future(produce(one, 200))  # (host 1 has room: held up by first)
+    more = [asyncio.ensure_future(produce(slow, 300 + i)) for i in range(2 * BOUND)]
+    await asyncio.sleep(0)  # (one turn of the loop: each made its broadcast and awaits it)
+    assert not [p for p in (first, behind, *more) if p.done()]  # (before: Overloaded)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(first, GUARD)
+    await asyncio.wait_for(behind, GUARD)  # (host 2's gate still closed)
+    await slow.open_gate.call()
+    await asyncio.wait_for(asyncio.gather(*calls, *more), GUARD)
+    bulk = list(range(300, 300 + 2 * BOUND))
+    async with asyncio.timeout(GUARD):  # (the last broadcasts may still be queued)
+        while sum(len(t) for t in (await slow.taken.call()).values()) < \
+                BOUND + 2 + 3 * len(bulk):
+            pass
+    assert (await slow.taken.call()).values() == [bulk, [200, *bulk], [*range(BOUND + 1), *bulk]]
+
+
 async def test_a_lost_host_releases_the_calls_waiting_for_room_there(slow: Slow) -> None:
     calls = [asyncio.ensure_future(slow.take.call(i)) for i in range(3 * BOUND)]
     await until_full(slow, 2)

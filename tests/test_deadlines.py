@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import select
 import time
 from pathlib import Path
 
@@ -130,6 +132,94 @@ class Probe(Actor):
         cancels.send("polling")
 
 
+class Relay(Actor):
+    """Calls on down a chain on the deadline it inherited alone, and tries to
+    fall back when that runs out (docs/howto/deadlines.md: it cannot)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.began = asyncio.Event()
+        self.done = asyncio.Event()
+        self.ended = ""
+
+    @endpoint
+    async def relay(self, rest: list[Relay], adverb: str, tell: str = "") -> str:
+        """Call ``rest[0].relay(rest[1:])`` with ``adverb`` (the last actor
+        waits forever), falling back on its CallTimeout.  How it ended is
+        what :meth:`how_it_ended` answers (and what this writes to the FIFO
+        ``tell``, if given, the test's loop blocked reading it)."""
+        return await self.pass_on(rest, adverb, tell)
+
+    @endpoint(retry=meshio.Retry(attempts=2, on=(ConnectionError,)))
+    async def retried(self, rest: list[Relay], adverb: str, tell: str = "") -> str:
+        """:meth:`relay`, with a retry policy (``call()`` waits otherwise)."""
+        return await self.pass_on(rest, adverb, tell)
+
+    async def pass_on(self, rest: list[Relay], adverb: str, tell: str) -> str:
+        self.began.set()
+        try:
+            if not rest:
+                await asyncio.Event().wait()
+            ep = rest[0].retried if adverb == "call retried" else rest[0].relay
+            if adverb == "call_one":
+                await ep.call_one(rest[1:], adverb)
+            elif adverb in ("call", "call retried"):
+                await ep.call(rest[1:], adverb)
+            else:
+                async for _ in ep.stream(rest[1:], adverb):
+                    pass
+        except CallTimeout:
+            self.end("CallTimeout", tell)
+            return "fallback"
+        except asyncio.CancelledError:
+            self.end("CancelledError", tell)
+            raise
+        return "answered"
+
+    def end(self, how: str, tell: str) -> None:
+        self.ended = how
+        self.done.set()
+        if tell:
+            fd = os.open(tell, os.O_WRONLY)
+            os.write(fd, how.encode())
+            os.close(fd)
+
+    @endpoint(concurrent=True)
+    async def wait_began(self) -> None:
+        await self.began.wait()
+
+    @endpoint(concurrent=True)
+    async def how_it_ended(self) -> str:
+        await self.done.wait()
+        return self.ended
+
+    @endpoint
+    async def hold(self) -> None:
+        await self.gate.wait()
+
+    @endpoint(concurrent=True)
+    async def open_gate(self) -> None:
+        self.gate.set()
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    @endpoint
+    async def block(self, ready: str, release: str) -> None:
+        """Block this process's loop (at a FIFO gate) in a task's step, not
+        in the read that brought this call: once it lets go, the loop reads
+        what came meanwhile before it runs its timers."""
+        await asyncio.sleep(0)
+        hold(ready, release)
+
+
+async def relays(procs: meshio.ProcMesh, *names: str) -> list[Relay]:
+    """One Relay per name, each on its own process (round the proc mesh)."""
+    n = len(procs)
+    return [await procs.slice(procs=i % n).spawn(name, Relay) for i, name in enumerate(names)]
+
+
 async def probes(procs: meshio.ProcMesh, *names: str) -> list[Probe]:
     """One Probe per name, each on its own process (round the proc mesh)."""
     n = len(procs)
@@ -178,6 +268,88 @@ async def test_an_endpoint_falls_back_when_its_own_timeout_runs_out(
     a, b = await probes(procs, "a", "b")
     fallback = a.ask_or_fall_back.options(timeout=GUARD).call_one(b, 0.3)
     assert await asyncio.wait_for(fallback, GUARD) == "fallback"
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 3})
+@pytest.mark.parametrize("adverb", ["call_one", "call", "stream", "call retried"])
+async def test_an_endpoint_cannot_catch_the_inherited_deadline(
+        procs: meshio.ProcMesh, adverb: str) -> None:
+    """When the deadline a call inherited passes, the endpoint that made it
+    is cancelled with it, at every level of the chain: none gets the
+    CallTimeout of the call it made, which it could catch and answer
+    something else (docs/howto/deadlines.md).  Sent as a broadcast, which
+    no caller cancels: only the deadline can, and the sub-call's timer
+    always fires first in the endpoint (before, it raised CallTimeout
+    there: caught, "fallback")."""
+    chain = await relays(procs, "a", "b", "c")
+    await chain[0].relay.options(timeout=0.2).broadcast(chain[1:], adverb)
+    ends = await asyncio.wait_for(
+        asyncio.gather(*(p.how_it_ended.call_one() for p in chain)), GUARD)
+    assert ends == ["CancelledError"] * 3
+    assert await asyncio.wait_for(chain[0].ping.call_one(), GUARD) == "pong"  # serving on
+
+
+@pytest.mark.meshio_procs(per_host={"procs": 3})
+async def test_a_call_s_deadline_cancels_its_endpoint_before_its_caller_says_so(
+        procs: meshio.ProcMesh, tmp_path: Path) -> None:
+    """The same for a call: its caller's Cancel (sent when the deadline
+    passes there) and the timer of the call its endpoint made race; this
+    process's loop is held until the endpoint ended, so the timer always
+    wins (before, the endpoint caught the CallTimeout ~15% of the time,
+    and here every time).  Its caller gets CallTimeout, and the actor
+    serves on."""
+    a, b, c = await relays(procs, "a", "b", "c")
+    tell = str(tmp_path / "tell")
+    os.mkfifo(tell)
+    fd = os.open(tell, os.O_RDONLY | os.O_NONBLOCK)  # (no writer yet: nothing to read)
+    try:
+        call = asyncio.ensure_future(a.relay.options(timeout=1.0).call_one([b, c], "call_one",
+                                                                            tell))
+        await asyncio.wait_for(c.wait_began.call_one(), GUARD)  # (the chain is under way)
+        ready, _, _ = select.select([fd], [], [], GUARD)  # (this loop held: no Cancel goes)
+        assert ready, "a's endpoint did not end"
+        assert os.read(fd, 64) == b"CancelledError"
+    finally:
+        os.close(fd)
+    with pytest.raises(CallTimeout, match=r"no answer within 1\.0s"):
+        await asyncio.wait_for(call, GUARD)
+    ends = await asyncio.wait_for(
+        asyncio.gather(*(p.how_it_ended.call_one() for p in (b, c))), GUARD)
+    assert ends == ["CancelledError"] * 2
+    assert await asyncio.wait_for(a.ping.call_one(), GUARD) == "pong"
+
+
+@pytest.mark.parametrize("adverb", ["call_one", "stream", "call retried"])
+async def test_an_endpoint_cannot_catch_a_callee_s_timeout_either(
+        procs: meshio.ProcMesh, tmp_path: Path, adverb: str) -> None:
+    """The callee may tell of the inherited deadline first: a's call to b
+    waits in b's busy mailbox past it, and is dropped there (CallTimeout to
+    a) while a's loop is held, so a reads that answer before its own timer
+    runs.  a is cancelled all the same (before, it caught that
+    CallTimeout)."""
+    a, b = await relays(procs, "a", "b")
+    blocker = await procs.slice(procs=0).spawn("blocker", Relay)  # (a's process)
+    held = asyncio.ensure_future(b.hold.call_one())
+    sent = time.monotonic()
+    await a.relay.options(timeout=1.0).broadcast([b], adverb)
+    async with asyncio.timeout(GUARD):  # a's call waits in b's mailbox
+        while (await b.stacks()).actors[0].queued < 1:
+            pass
+    gate = Gate(tmp_path)
+    blocking = asyncio.ensure_future(blocker.block.call_one(gate.ready, gate.release))
+    await gate.wait_held(GUARD)
+    # let the deadline pass (the condition under test is a duration, not an
+    # event to wait for), then let b drop a's call: it answers CallTimeout
+    await asyncio.sleep(max(0.0, sent + 1.1 - time.monotonic()))
+    await asyncio.wait_for(b.open_gate.call_one(), GUARD)
+    await asyncio.wait_for(held, GUARD)
+    async with asyncio.timeout(GUARD):
+        while (await b.stacks()).actors[0].expired < 1:
+            pass
+    await gate.open()
+    await asyncio.wait_for(blocking, GUARD)
+    assert await asyncio.wait_for(a.how_it_ended.call_one(), GUARD) == "CancelledError"
+    assert await asyncio.wait_for(a.ping.call_one(), GUARD) == "pong"
 
 
 async def test_a_call_whose_deadline_passes_in_the_mailbox_never_runs(

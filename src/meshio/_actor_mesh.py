@@ -281,8 +281,9 @@ class ActorMesh(MeshShape, Generic[A]):
         """Raise :class:`~meshio.Overloaded` if the mailbox of an actor at
         ``indices`` of this view (None: all) has no room for a call of
         ``desc`` now (the adverbs' ``on_full="raise"``: nothing is sent);
-        ``backlog``: only if ``max_queued`` broadcasts already wait for room
-        in this process too (a broadcast, which may not be awaited)."""
+        ``backlog``: only if ``max_queued`` broadcasts nobody awaits
+        already wait for room in this process too (a broadcast, which may
+        not be awaited)."""
         if desc.concurrent:
             return  # not bounded (see meshio._transport._credit)
         rt = self._route.runtime()
@@ -303,11 +304,11 @@ class ActorMesh(MeshShape, Generic[A]):
                 site = self._site(index)
                 raise Overloaded(
                     f"{desc.qualname} on {self._name!r} {site!r} (rank {site.rank}): its "
-                    f"mailbox is full and {window.sends} more sends of this process (calls "
-                    f"or broadcasts) wait for room in it (max_queued={self._max_queued}); "
-                    f"the broadcast was "
-                    f"not sent: await what an earlier broadcast() returned (or each one) to "
-                    f"wait for room rather than run ahead of the actor", actor=self._name,
+                    f"mailbox is full and {window.sends} broadcasts of this process that "
+                    f"nobody awaits already wait for room in it (max_queued="
+                    f"{self._max_queued}); the broadcast was not sent: await what an earlier "
+                    f"broadcast() returned (or each one) to wait for room rather than run "
+                    f"ahead of the actor", actor=self._name,
                     rank=site.rank,
                     max_queued=self._max_queued)
             if not backlog and full:

@@ -38,7 +38,7 @@ from ._actor import Actor
 from ._actor_mesh import ActorMesh
 from ._constants import MAX_QUEUED, MSGPACK_NIL, STALL_AFTER
 from ._context import CallScope, Context, ProcInfo, _context, context_or, enter_context, enter_scope
-from ._exceptions import ActorError, CallTimeout, SchemaError, readable
+from ._exceptions import ActorError, SchemaError, readable
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import METER_MASK, Meter, encode_report, process_report
@@ -758,6 +758,8 @@ class ActorCell:
             return
         scope = self.scopes.get(key)
         if scope is not None:
+            if scope.cancelled:  # given up already (its deadline passed here: expire)
+                return
             scope.cancelled = True
         task = self.running.get(key)
         if task is None and scope is not None and scope is self.scope \
@@ -851,13 +853,7 @@ class ActorCell:
 
     def _error(self, conn: Connection, req: int, e: BaseException) -> None:
         """The endpoint raised ``e``: tell the caller (or report a fault).
-        ``SystemExit``/``KeyboardInterrupt`` also end the actor as a failure.
-        A call it made that ran out of this call's deadline: a ``CallTimeout``
-        for the caller too."""
-        if isinstance(e, CallTimeout) and e.inherited:
-            self._fail(conn, req, ErrorInfo("timeout", "CallTimeout", f"{self.where}: {e}",
-                                            actor=self.ctx.actor_name, rank=self.ctx.point.rank))
-            return
+        ``SystemExit``/``KeyboardInterrupt`` also end the actor as a failure."""
         info = actor_error(e, self.ctx)
         if not isinstance(e, (SystemExit, KeyboardInterrupt)):
             self._fail(conn, req, info)
@@ -996,6 +992,8 @@ class ActorCell:
         key = (conn, req)
         if req:  # (a concurrent call's task is in ``running`` already; a mailbox call's is
             self.scopes[key] = scope  # the mailbox task, found by its scope: see cancel())
+        if scope.deadline is not None and desc.is_async:  # (see CallScope.expire)
+            scope.task = task
         meter = self.meters[desc.name]
         start = time.monotonic()
         mailbox = not desc.concurrent
@@ -1008,20 +1006,25 @@ class ActorCell:
                 else:
                     result = await self.thread.run(desc.fn, self.instance, *args, **kwargs)
             except BaseException as e:
+                scope.task = None  # (what it started, outliving it: see CallScope.expire)
                 error = not isinstance(e, asyncio.CancelledError)
                 meter.record(time.monotonic() - start, error)
                 if TRACING and error:
                     failed(e)
                 by_caller = self._done(key, task)
-                if isinstance(e, asyncio.CancelledError) and (by_caller or task.cancelling()):
+                if scope.expired:  # (its deadline passed here: CallScope.expire cancelled it)
+                    task.uncancel()
+                if isinstance(e, asyncio.CancelledError) and (
+                        by_caller or scope.cancelled or task.cancelling()):
                     if task.cancelling():  # the actor is stopping
                         if req:
                             conn.send_message(Fail(req, self._stopped(
                                 "supervision", "SupervisionError", "while handling this call")))
                         raise
-                    return  # its caller gave up: nobody to answer
+                    return  # its caller gave up (or its deadline passed): nobody to answer
                 self._error(conn, req, e)
                 return
+            scope.task = None
             ran = time.monotonic() - start
             n = meter.calls  # (Meter.record of a call that returned, inline: this runs per call)
             meter.window[n & METER_MASK] = ran
@@ -1031,6 +1034,8 @@ class ActorCell:
                 self.scopes.pop(key, None)
             else:
                 self._done(key, task)
+            if scope.expired:  # (and its endpoint went on: CancelledError caught)
+                task.uncancel()
             if not req:
                 return
             packer = Packer()

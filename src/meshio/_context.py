@@ -5,6 +5,7 @@ without importing actors."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import time
 from collections.abc import Callable
@@ -108,6 +109,12 @@ class CallScope(msgspec.Struct, gc=False):
     waits: list[tuple[str, int, str, Any]] | None = None
     #: how long :attr:`waits` may grow before answers in already are dropped
     waits_limit: int = 64
+    #: while an ``async`` call with a deadline runs: the task serving it
+    #: (:meth:`expire` cancels it; cleared as the call ends)
+    task: asyncio.Task[Any] | None = None
+    #: :meth:`expire` cancelled :attr:`task` (its server withdraws that
+    #: cancellation as the call ends)
+    expired: bool = False
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -155,6 +162,24 @@ class CallScope(msgspec.Struct, gc=False):
         """The actors (``"<target>[<rank>]"``) whose answers this call waits
         for now, with the address of each one's process."""
         return {f"{w[0]}[{w[1]}]": w[2] for w in self.waits or () if not w[3].done()}
+
+    def expire(self) -> None:
+        """The deadline of the call passed here, while it waited for a call
+        it made on that same deadline (none of its own, or a looser one):
+        the whole call is given up, as if its caller had cancelled it
+        (:meth:`Context.cancelled` says so).  Its task is cancelled, unless
+        that is the task running now, which raises ``CancelledError``
+        itself; either way the endpoint gets ``CancelledError``, never the
+        ``CallTimeout`` of the call it made, which it could catch and
+        answer something else (docs/howto/deadlines.md).  Only while
+        :attr:`task` is set (once the call is over, a task it started that
+        outlived it gets the ``CallTimeout`` as any call)."""
+        task = self.task
+        if task is not None and not self.cancelled:
+            self.cancelled = True
+            if task is not asyncio.current_task():
+                self.expired = True
+                task.cancel()
 
     def pause(self, paused: bool) -> None:
         """pdb paused the call (True) or let it go on (False)."""

@@ -399,10 +399,11 @@ class CallTimeout(MeshioError, TimeoutError):
     Attributes:
         endpoint: ``Class.endpoint`` that timed out.
         ranks: flat ranks that did not answer in time.
-        inherited: the deadline that passed was the one an endpoint making
-            the call inherited from the call it was serving; raised out of
-            that endpoint, its own caller gets a ``CallTimeout`` (not an
-            ``ActorError``).
+        inherited: the deadline that passed was the one the call inherited
+            from the call an endpoint was serving.  While that call runs,
+            its endpoint never gets such a ``CallTimeout``: the deadline
+            cancels it (``CancelledError``), with the calls it made; only a
+            task it started that outlived it does.
     """
 
     def __init__(
@@ -417,7 +418,7 @@ class CallTimeout(MeshioError, TimeoutError):
         self.endpoint = endpoint
         self.ranks: tuple[int, ...] = tuple(ranks)
         #: the deadline that passed was the one inherited from the call an
-        #: endpoint was serving (so that call's caller gets a CallTimeout too)
+        #: endpoint was serving (once that call was over)
         self.inherited = False
 
 
@@ -427,7 +428,10 @@ class Overloaded(MeshioError):
     and the call was made with ``.options(on_full="raise")``, so it was not
     sent.  Raised at once by the adverb (``call``, ``call_one``, ``choose``,
     ``stream``, ``broadcast``, ``Service.route``); without that option the
-    call waits for room instead.  Retry later, slow down, or raise the bound.
+    call waits for room instead.  A ``broadcast()`` raises it whatever the
+    option when ``max_queued`` broadcasts of this caller that nobody awaits
+    already wait for room (awaited ones wait their turn).  Retry later, slow
+    down, await the broadcasts, or raise the bound.
 
     Attributes:
         actor: the actor mesh's name.

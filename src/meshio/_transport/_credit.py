@@ -68,9 +68,9 @@ def budget(deadline: float | None) -> float | None:
 class Waiting:
     """A call waiting for room (as small as it can be: a flood of
     broadcasts nobody awaits waits here): its deadline; once it went (or
-    was dropped: given up, past its deadline), ``over``; ``error``: why it
-    never will (its connection was lost); ``sent``: made only for someone
-    awaiting it, done when it is over."""
+    was dropped: given up, past its deadline, withdrawn), ``over``;
+    ``error``: why it never will (its connection was lost); ``sent``: made
+    only for someone awaiting it, done when it is over."""
 
     __slots__ = ("deadline", "error", "over", "sent")
 
@@ -81,14 +81,33 @@ class Waiting:
         self.sent: asyncio.Future[None] | None = None
 
     def future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
-        """A future done when this call is over (failed: ``error``)."""
+        """A future done when this call is over (failed: ``error``); from
+        now on someone awaits it (a broadcast's send no longer counts as
+        one nobody awaits)."""
         if self.sent is None:
             self.sent = loop.create_future()
             if self.error is not None:
                 self.sent.set_exception(self.error)
             elif self.over:
                 self.sent.set_result(None)
+            else:
+                self._awaited()
         return self.sent
+
+    def withdraw(self) -> None:
+        """Whoever awaited this send gave up on it (cancelled, or its
+        deadline passed) before it went: it never goes."""
+        if not self.over:
+            self._withdraw()
+            self.over = True
+            if self.sent is not None:
+                self.sent.cancel()
+
+    def _awaited(self) -> None:
+        raise NotImplementedError
+
+    def _withdraw(self) -> None:
+        raise NotImplementedError
 
     def _end(self, error: BaseException | None = None) -> None:
         self.over = True
@@ -102,21 +121,29 @@ class Waiting:
 
 
 class _Held(Waiting):
-    """A call waiting at a :class:`Window`: the message and its buffers."""
+    """A call waiting at ``window``: the message and its buffers."""
 
-    __slots__ = ("call", "out")
+    __slots__ = ("call", "out", "window")
 
-    def __init__(self, call: Call, out: OutBuffers, deadline: float | None) -> None:
+    def __init__(self, window: Window, call: Call, out: OutBuffers,
+                 deadline: float | None) -> None:
         super().__init__(deadline)
+        self.window = window
         self.call = call
         self.out = out
+
+    def _awaited(self) -> None:
+        self.window.sends -= not self.call.req
+
+    def _withdraw(self) -> None:
+        self.window.waiting.remove(self)  # (the others still wait for room: none now)
 
 
 class Window:
     """The calls of this process to one actor over ``conn``: ``used`` of
     ``limit`` are sent and not given back; the calls waiting for room, of
-    which ``sends`` want no answer (broadcasts: nobody need await them, so
-    they are refused beyond ``limit``)."""
+    which ``sends`` are broadcasts nobody awaits (refused beyond ``limit``:
+    nothing else bounds them)."""
 
     __slots__ = ("conn", "limit", "sends", "used", "waiting")
 
@@ -135,7 +162,7 @@ class Window:
         """Queue ``call`` (``Call.bounded``; its ``deadline`` budget is
         worked out when it goes) until there is room, behind the calls
         already waiting."""
-        waiting = _Held(call, out, deadline)
+        waiting = _Held(self, call, out, deadline)
         self.waiting.append(waiting)
         self.sends += not call.req
         return waiting
@@ -145,7 +172,7 @@ class Window:
         while waiting and self.used < self.limit:
             item = waiting.popleft()
             call, deadline = item.call, item.deadline
-            self.sends -= not call.req
+            self.sends -= not call.req and item.sent is None
             if call.req and call.req not in conn.pending:
                 pass  # given up (or failed) meanwhile: not sent
             elif deadline is not None and deadline <= time.monotonic():
@@ -160,24 +187,32 @@ class Window:
 
 class _Queued(Waiting):
     """A call (or tree call) to a mesh spanning hosts that waits at its
-    :class:`Gate`: the actors it needs room at, what sends it (and counts
+    ``gate``: the actors it needs room at, what sends it (and counts
     it at the gate), whether it wants an answer."""
 
-    __slots__ = ("addrs", "answered", "go")
+    __slots__ = ("addrs", "answered", "gate", "go")
 
-    def __init__(self, addrs: list[str], go: Callable[[], None], answered: bool,
+    def __init__(self, gate: Gate, addrs: list[str], go: Callable[[], None], answered: bool,
                  deadline: float | None) -> None:
         super().__init__(deadline)
+        self.gate = gate
         self.addrs = addrs
         self.go = go
         self.answered = answered
+
+    def _awaited(self) -> None:
+        self.gate.sends -= not self.answered
+
+    def _withdraw(self) -> None:
+        self.gate.waiting.remove(self)
+        self.gate.release()  # (the first in the queue, it held up those behind it)
 
 
 class Gate:
     """The bounded calls of this process to the actors of one mesh spanning
     hosts: per actor address, ``used`` of ``limit`` not given back; the
-    calls waiting for room, in one queue (of which ``sends`` want no
-    answer: broadcasts, refused beyond ``limit``)."""
+    calls waiting for room, in one queue (of which ``sends`` are
+    broadcasts nobody awaits, refused beyond ``limit``)."""
 
     __slots__ = ("limit", "sends", "used", "waiting")
 
@@ -203,7 +238,7 @@ class Gate:
         every actor at ``addrs`` has room, behind the calls already waiting;
         past ``deadline`` it is not sent.  ``answered``: it wants an answer
         (else it is a broadcast's)."""
-        item = _Queued(addrs, go, answered, deadline)
+        item = _Queued(self, addrs, go, answered, deadline)
         self.waiting.append(item)
         self.sends += not answered
         return item
@@ -215,10 +250,15 @@ class Gate:
             self.used.pop(addr, None)
         else:
             self.used[addr] = max(0, self.used.get(addr, 0) - n)
+        self.release()
+
+    def release(self) -> None:
+        """Send the calls waiting, in order, while the actors of the first
+        have room."""
         waiting, used, limit = self.waiting, self.used, self.limit
         while waiting and all(used.get(a, 0) < limit for a in waiting[0].addrs):
             item = waiting.popleft()
-            self.sends -= not item.answered
+            self.sends -= not item.answered and item.sent is None
             if item.deadline is None or item.deadline > time.monotonic():
                 try:
                     item.go()  # (a call its caller gave up on meanwhile sends nothing)

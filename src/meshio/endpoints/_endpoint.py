@@ -41,7 +41,7 @@ from typing import (
 )
 
 from .._checks import check_seconds
-from .._context import call_scope
+from .._context import CallScope, call_scope
 from .._exceptions import (
     CallTimeout,
     MeshioError,
@@ -580,17 +580,19 @@ class Endpoint(Generic[P, R]):
                        deadline: float | None) -> None:
         """Cancel what is still pending (which may be done only once its
         arguments are read: an adverb's future waits, see
-        :func:`~meshio._transport._tasks.owning`); raise :meth:`_timed_out`."""
+        :func:`~meshio._transport._tasks.owning`); raise :meth:`_timed_out`,
+        or ``CancelledError`` if ``deadline`` is the one of the call being
+        served (:func:`_served_until`: that whole call is given up)."""
         for f in pending:
             f.cancel(DEADLINE)
+        _expire(deadline)
         raise self._timed_out(late, deadline)
 
     def _timed_out(self, late: list[int], deadline: float | None) -> CallTimeout:
         """The error of a call whose ``deadline`` passed, naming the late
         actors (their indices in this view; ranks as in
-        ActorError/SupervisionError).
-        When ``deadline`` is the one of the call being served, that call's
-        caller hears of it as a ``CallTimeout`` too (see ``meshio._cell``)."""
+        ActorError/SupervisionError); ``inherited`` if ``deadline`` is the
+        one of the call being served (then over: see :func:`_expire`)."""
         mesh = self._mesh
         ranks = [mesh._site(i).rank for i in late]
         scope = call_scope()
@@ -699,6 +701,8 @@ class Endpoint(Generic[P, R]):
                     if exc is None:
                         yield point, f.result()
                     elif not mesh._as_called(route)._hole(point.rank, exc):
+                        if isinstance(exc, CallTimeout):
+                            _expire(deadline)  # (a callee found it passed first)
                         raise exc
         finally:  # (ended early, timed out or cancelled: once its arguments are read)
             for f in remaining:
@@ -740,21 +744,25 @@ class Endpoint(Generic[P, R]):
         order, once they have room.  What this returns can be awaited (it
         need not be): ``await mesh.ep.broadcast(x)`` returns once the
         message went to every actor, so a loop of them never runs ahead of
-        a slow actor by more than its mailbox's bound.  Not awaited, the
-        messages still go, and those waiting for room wait in this process,
-        up to as many as the mailbox holds: one more is refused.  In a plain
-        ``def`` endpoint (the actor's thread) nothing can be awaited: the
-        message is sent from the loop, in order.
+        a slow actor by more than its mailbox's bound; any number of tasks
+        may await theirs, each waits its turn.  Cancelling the await of one
+        still waiting for room withdraws it: it does not go to the actors
+        it has not gone to yet.  Not awaited, the messages still go, and
+        those waiting for room wait in this process, up to as many as the
+        mailbox holds: one more is refused.  In a plain ``def`` endpoint
+        (the actor's thread) nothing can be awaited: the message is sent
+        from the loop, in order.
 
         Raises:
             Overloaded: made with ``.options(on_full="raise")``, an actor's
                 mailbox is full; or, whatever ``on_full``, ``max_queued``
-                broadcasts of this process already wait for room in it (a
-                loop of them not awaited runs ahead of a slow actor):
-                raised by this call itself, nothing sent.
-            CallTimeout: (awaited) with ``.options(timeout=...)`` (or an
-                inherited deadline), an actor had no room before it passed;
-                the message does not go to it.
+                broadcasts of this process that nobody awaits already wait
+                for room in it (a loop of them not awaited runs ahead of a
+                slow actor): raised by this call itself, nothing sent.
+            CallTimeout: (awaited) with ``.options(timeout=...)``, an actor
+                had no room before it passed; the message does not go to
+                it.  (Under a deadline inherited by an endpoint, the
+                endpoint is cancelled instead: docs/howto/deadlines.md.)
             SupervisionError: (awaited) an actor's process died (its
                 connection was lost) while the message waited for room.
         """
@@ -816,6 +824,11 @@ class _Due(asyncio.Future[T]):
             silent = [late]
         elif not (silent := late.unsettled()):  # every answer is in: judged a turn later
             return  # (Gathering.settled)
+        scope = _served_until(self._deadline)
+        if scope is not None:  # the call being served is given up, this one with it
+            self.cancel(DEADLINE)
+            scope.expire()
+            return
         self._error = self._endpoint._timed_out(silent, self._deadline)
         call.cancel(DEADLINE)
 
@@ -829,6 +842,12 @@ class _Due(asyncio.Future[T]):
             super().cancel(*self._cancel)
         elif self._error is not None:
             self.set_exception(self._error)
+        elif (not call.cancelled() and isinstance(call.exception(), CallTimeout)
+              and (scope := _served_until(self._deadline)) is not None):
+            # The callee found the deadline passed (this process's loop,
+            # held up, had not run the timer yet): as in _expired.
+            super().cancel(DEADLINE)
+            scope.expire()
         else:
             take_outcome(self, call)
 
@@ -874,8 +893,14 @@ class _Sent:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         sends = [w.future(loop) for w in self._sends]
-        _, pending = await asyncio.wait(sends, timeout=_left(self._deadline))
+        try:
+            _, pending = await asyncio.wait(sends, timeout=_left(self._deadline))
+        except asyncio.CancelledError:
+            self._withdraw()
+            raise
         if pending:
+            self._withdraw()
+            _expire(self._deadline)
             ep = self._endpoint
             assert ep is not None
             raise CallTimeout(
@@ -885,9 +910,37 @@ class _Sent:
         for f in sends:
             f.result()
 
+    def _withdraw(self) -> None:
+        """Its awaiting was given up (cancelled, or the deadline passed):
+        the message does not go to the actors it has not gone to yet."""
+        for w in self._sends:
+            w.withdraw()
+
 
 #: a broadcast that went to every actor at once
 _SENT = _Sent([], None, None)
+
+
+def _served_until(deadline: float | None) -> CallScope | None:
+    """The call being served here, if ``deadline`` is its own (a call made
+    within with no tighter timeout of its own) and it runs: once that
+    passes, the whole call is given up (:meth:`CallScope.expire`)."""
+    scope = call_scope()
+    if scope is None or scope.task is None or scope.deadline != deadline:
+        return None
+    return scope
+
+
+def _expire(deadline: float | None) -> None:
+    """``deadline`` passed while the running code waited: if it is the
+    deadline of the call being served, that call is given up
+    (:meth:`CallScope.expire`) and this raises ``CancelledError``, so its
+    endpoint cannot take the ``CallTimeout`` of a call it made for an
+    answer of its own."""
+    scope = _served_until(deadline)
+    if scope is not None:
+        scope.expire()
+        raise asyncio.CancelledError(DEADLINE)
 
 
 def _left(deadline: float | None) -> float | None:
