@@ -7,7 +7,9 @@ controllers it kills and starts:
   it, trains three steps, prints ``ready <pids as JSON>`` and waits (to be
   killed); with SLOW (a Unix socket's path), it spawns ``slow``
   (:class:`SlowInit`) first, whose constructors wait there, so that it is
-  killed in the middle of that spawn;
+  killed in the middle of that spawn; with SLOW ``in-flight``, it calls
+  ``Trainer.work_on`` (which never ends by itself) first, so that it is
+  killed with that call in flight;
 - ``step NAME``: re-attaches to NAME, trains one step and exits at once
   (``os._exit``: a second controller lost without stopping anything);
 - ``resume NAME``: re-attaches to NAME, prints the trainers' state, trains
@@ -62,6 +64,8 @@ class Trainer(Actor):
     def __init__(self, lr: float) -> None:
         self.lr = lr
         self.history: list[float] = []
+        self.working = asyncio.Event()
+        self.cancelled = False
 
     @endpoint
     async def train(self, steps: int) -> None:
@@ -76,6 +80,24 @@ class Trainer(Actor):
     @endpoint
     async def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    async def work_on(self) -> None:
+        """A step that never ends by itself: in flight when its controller is lost."""
+        self.working.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    @endpoint(concurrent=True)
+    async def wait_working(self) -> None:
+        await self.working.wait()
+
+    @endpoint(concurrent=True)
+    async def was_cancelled(self) -> bool:
+        return self.cancelled
 
     @endpoint
     async def report(self) -> None:
@@ -105,8 +127,11 @@ async def spawn(name: str, keep_alive: float | None, options: dict[str, object],
                                               **options)  # type: ignore[arg-type]
     trainers = await procs.spawn("trainers", Trainer, lr=0.5)
     await trainers.train.call(steps=3)
+    in_flight = trainers.work_on.call() if slow == "in-flight" else None  # (never returns)
+    if in_flight is not None:
+        await trainers.wait_working.call()
     print("ready", json.dumps(procs.pids), flush=True)
-    if slow is not None:
+    if slow is not None and in_flight is None:
         await procs.spawn("slow", SlowInit, slow)  # (killed before it returns)
     sys.stdin.read()  # until the test kills this process
 

@@ -399,6 +399,10 @@ async def test_bad_options_are_clear_errors(procs: meshio.ProcMesh) -> None:
                                             rf"{re.escape(repr(bad))}$"):
             procs.options(max_queued=bad)  # type: ignore[arg-type]
     s = await slow(procs)
-    with pytest.raises(ValueError, match=r"options\(on_full=...\) must be 'wait' or "
-                                         r"'raise', got 'drop'"):
+    with pytest.raises(ValueError, match=r"^Endpoint\.options\(on_full=...\) must be 'wait' "
+                                         r"or 'raise', got 'drop'$"):
         s.take.options(on_full="drop")  # type: ignore[arg-type]
+    for wrong in (1, 1.5, b"wait"):  # a wrong type, as options(timeout="5") says
+        with pytest.raises(TypeError, match=r"^Endpoint\.options\(on_full=...\) must be "
+                                            rf"'wait' or 'raise', got {type(wrong).__name__} "):
+            s.take.options(on_full=wrong)  # type: ignore[arg-type]

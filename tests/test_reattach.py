@@ -163,6 +163,25 @@ def test_a_second_script_reattaches_after_sigkill_and_trains_on(
     assert not (records / "train.json").exists()
 
 
+async def test_a_call_in_flight_when_the_controller_dies_is_cancelled(
+        controller: type[Controller]) -> None:
+    """docs/howto/reattach.md: the calls the lost controller had in flight
+    are cancelled on the workers (the endpoint gets CancelledError: the
+    caller is gone, as for any cancelled call); the state made before stays."""
+    first = controller("in-flight", 60, "{}", "in-flight")
+    first.sigkill()
+    procs = await meshio.this_host().reattach("in-flight")
+    try:
+        trainers = procs.actors("trainers", Trainer)
+        async with asyncio.timeout(GUARD):  # (cancelled as each saw the controller gone)
+            while not all((await trainers.was_cancelled.call()).values()):
+                pass
+        assert list((await trainers.state.call()).values()) == [(3, 1.5), (3, 1.5)]
+    finally:
+        await procs.stop()
+    wait_exited(first.pids)
+
+
 def test_without_keep_alive_workers_exit_with_the_controller(
         controller: type[Controller], records: Path) -> None:
     first = controller("plain", None)
@@ -199,6 +218,11 @@ async def test_reattach_errors_name_what_exists(controller: type[Controller]) ->
     first.sigkill()
     procs = await meshio.this_host().reattach("named")
     try:
+        # (before, it said to use what spawn_procs returned: this one never called it)
+        with pytest.raises(ValueError, match=r"^reattach\('named'\): this process is the "
+                           r"controller of proc mesh 'named' already; use the ProcMesh it has "
+                           r"\(the one spawn_procs or reattach returned\)$"):
+            await meshio.this_host().reattach("named")
         with pytest.raises(meshio.UnknownActorError, match=r"its actor meshes: 'trainers'"):
             procs.actors("learners", Trainer)
         with pytest.raises(TypeError, match=r"are of class __main__\.Trainer"):

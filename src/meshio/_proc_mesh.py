@@ -1111,8 +1111,8 @@ class HostMesh(MeshShape):
         record = lookup(name)
         if record.controller_pid == os.getpid():
             raise ValueError(f"reattach({name!r}): this process is the controller of proc mesh "
-                             f"{name!r}; use the ProcMesh that spawn_procs or reattach "
-                             f"returned")
+                             f"{name!r} already; use the ProcMesh it has (the one "
+                             f"spawn_procs or reattach returned)")
         launchers = [self._launchers[r] for r in self._region.ranks]
         host_dims = list(self.extent.labels)
         if record.labels[:len(host_dims)] != host_dims or record.sizes[:len(host_dims)] != list(

@@ -488,7 +488,8 @@ class Endpoint(Generic[P, R]):
                 Not given: as this endpoint has it.
 
         Raises:
-            TypeError: ``timeout`` is not a number (a str, a bool).
+            TypeError: ``timeout`` is not a number (a str, a bool), or
+                ``on_full`` is not a str.
             ValueError: ``timeout`` is not seconds > 0 (NaN, or an int no
                 float holds; ``math.inf`` is no bound), or ``on_full`` is
                 neither ``"wait"`` nor ``"raise"``.
@@ -498,8 +499,12 @@ class Endpoint(Generic[P, R]):
             timeout = check_seconds(timeout, "Endpoint.options", "timeout", also=" or None")
         if on_full is None:
             on_full = self._on_full
+        elif not isinstance(on_full, str):
+            raise TypeError(f"Endpoint.options(on_full=...) must be 'wait' or 'raise', got "
+                            f"{type(on_full).__name__} {on_full!r}")
         elif on_full not in _ON_FULL:
-            raise ValueError(f"options(on_full=...) must be 'wait' or 'raise', got {on_full!r}")
+            raise ValueError(f"Endpoint.options(on_full=...) must be 'wait' or 'raise', got "
+                             f"{on_full!r}")
         return type(self)(self._mesh, self._desc, timeout, on_full)
 
     def _deadline(self) -> float | None:
