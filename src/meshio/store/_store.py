@@ -79,8 +79,22 @@ __all__ = ("WeightStore",)
 #: each tensor of a snapshot starts at a multiple of this many bytes
 _ALIGN: Final = 64
 _T = TypeVar("_T")
-#: a name, dtype, shape, byte offset and byte length for each tensor of a snapshot
-_Layout = list[tuple[str, str, list[int], int, int]]
+#: a tensor of a snapshot: its name, dtype, shape, byte offset and byte length
+#: (tuples of strs and ints: those a reader decodes, one a tensor, are not
+#: tracked by the garbage collector, which would go through them all at each
+#: of its collections)
+_Entry = tuple[str, str, tuple[int, ...], int, int]
+_Layout = list[_Entry]
+#: tensors gone through (checked, made, copied) between two turns of the
+#: event loop: a state dict of 100,000 tensors holds it milliseconds at a
+#: time, not for seconds (its process keeps answering heartbeats)
+_KEYS: Final = 1024
+#: a tensor of fewer bytes than this is copied through staging memory with
+#: its neighbours, up to :data:`_KEYS` of them in up to :data:`_SPAN` bytes
+#: a transfer (a transfer costs syscalls, or a message, however small it is);
+#: a larger one straight into its destination
+_SMALL: Final = 1 << 16
+_SPAN: Final = 1 << 20
 
 
 #: a grant's ``version`` when none came in time, when the relay's pull
@@ -542,6 +556,8 @@ def _overlaps(t: torch.Tensor) -> bool:
     each stride must pass the extent of the dims before it.  Exact for the
     views slicing, ``expand``, ``unfold`` and transposes make; a hand-made
     ``as_strided`` that interleaves two dims counts as overlapping."""
+    if t.is_contiguous():
+        return False
     extent = 1  # elements spanned by the dims taken so far
     for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True)
                                if sz > 1):
@@ -724,14 +740,15 @@ class WeightStore:
         layout: _Layout = []
         tensors: list[Any] = []
         at = 0
-        for key, t in state_dict.items():
+        for i, (key, t) in enumerate(list(state_dict.items())):
+            await _turn(i)
             if not isinstance(key, str) or not isinstance(t, torch.Tensor):
                 raise TypeError(f"WeightStore.publish: expected str keys and tensors, got "
                                 f"{type(key).__name__} -> {type(t).__name__} (key {key!r})")
             if why := _unpublishable(t):
                 raise TypeError(f"WeightStore.publish: key {key!r}: {why}")
             n = t.numel() * t.element_size()
-            layout.append((key, str(t.dtype), list(t.shape), at, n))
+            layout.append((key, str(t.dtype), tuple(t.shape), at, n))
             tensors.append(t)
             at = -(-(at + n) // _ALIGN) * _ALIGN
         self._check_newer(owner, version)
@@ -798,15 +815,20 @@ class WeightStore:
                 total = max(e[3] + e[4] for e in grant.layout) if grant.layout else 0
                 block = pool_view(max(total, 1))
                 await _copy_range(grant, memory, block, 0, total)
-                for key, dtype, shape, off, n in wanted:
+                for i, (key, dtype, shape, off, n) in enumerate(wanted):
+                    await _turn(i)
                     out[key] = _tensor(block, dtype, shape, off, n)
                 return out
-            for key, dtype, shape, off, n in wanted:
-                if shard is None:
-                    part = pool_view(max(n, 1))
-                    await _copy_range(grant, memory, part, off, n)
-                    out[key] = _tensor(part, dtype, shape, 0, n)
-                    continue
+            if shard is None:  # each into a tensor of its own
+                torch = import_torch()
+                targets: list[tuple[Any, _Entry]] = []
+                for i, entry in enumerate(wanted):
+                    await _turn(i)
+                    targets.append((torch.empty(entry[2], dtype=_dtype(entry[1])), entry))
+                await _copy_into(grant, memory, targets)
+                return {entry[0]: t for t, entry in targets}
+            for i, (key, dtype, shape, off, _) in enumerate(wanted):
+                await _turn(i)
                 out[key] = await _read_shard(grant, memory, key, dtype, shape, off, shard)
             return out
 
@@ -847,7 +869,10 @@ class WeightStore:
                     [f"lacks keys {extra} that dst has"] if extra else [])
                 raise ValueError(f"WeightStore.read_into: version {grant.version} of "
                                  f"{self._name!r} {', and '.join(said)}")
-            for key, dtype, shape, _, _ in grant.layout:
+            targets: list[tuple[Any, _Entry]] = []
+            for i, entry in enumerate(grant.layout):
+                await _turn(i)
+                key, dtype, shape = entry[:3]
                 t = dst[key]
                 if not isinstance(t, torch.Tensor):
                     raise ValueError(f"WeightStore.read_into: dst[{key!r}] is a "
@@ -856,7 +881,7 @@ class WeightStore:
                     raise ValueError(f"WeightStore.read_into: dst[{key!r}] is {what}, with no "
                                      f"dense data of its own to write the version into: pass "
                                      f"strided tensors with data (on the CPU or a GPU)")
-                if list(t.shape) != shape or str(t.dtype) != dtype:
+                if t.shape != shape or str(t.dtype) != dtype:
                     raise ValueError(f"WeightStore.read_into: key {key!r}: the store has shape "
                                      f"{tuple(shape)} ({dtype}), dst has {tuple(t.shape)} "
                                      f"({t.dtype})")
@@ -866,27 +891,8 @@ class WeightStore:
                                      f"{t.stride()}: an expand()ed, unfold()ed or as_strided "
                                      f"view), so it cannot hold the version's values: pass a "
                                      f"tensor of its own (its clone())")
-            staging: memoryview | None = None  # for a GPU or non-contiguous dst
-            for key, dtype, shape, off, n in grant.layout:
-                t = dst[key]
-                if not n:
-                    continue
-                if (t.device.type == "cpu" and t.is_contiguous() and not t.is_conj()
-                        and not t.is_neg()):  # (a lazily conjugated view: copy_ conjugates)
-                    await _copy_range(grant, memory, t, off, n)
-                    continue
-                # through one block of pooled memory: mapped already, so
-                # neither this copy nor the GPU's faults pages in per key
-                if staging is None:
-                    staging = pool_view(max(e[4] for e in grant.layout))
-                if t.device.type == "cuda":
-                    pin_for_cuda(staging)
-                target = _tensor(staging, dtype, shape, 0, n)
-                await _copy_range(grant, memory, target, off, n)
-                # (as the copy into a CPU tensor: into a leaf that requires grad,
-                # or an inference tensor, too)
-                with torch.inference_mode():
-                    t.copy_(target)
+                targets.append((t, entry))
+            await _copy_into(grant, memory, targets)
             return grant.version
 
         return await self._using("read_into", at_least, timeout, copy)
@@ -1151,20 +1157,29 @@ pull in this process, or (None) the RDMA buffer of its grant."""
 def _fill(memory: memoryview, tensors: list[Any], layout: _Layout) -> None:
     """A publish's one copy (in a copy thread): each tensor into its place."""
     torch = import_torch()
+    base = address_of(memory)
     for t, (_, _, _, off, n) in zip(tensors, layout, strict=True):
-        if n:
+        if n and _direct(t):
+            ctypes.memmove(base + off, t.data_ptr(), n)
+        elif n:
             dst = torch.frombuffer(memory, dtype=t.dtype, count=t.numel(), offset=off)
             dst.view(t.shape).copy_(t.detach())
 
 
-def _tensor(block: memoryview, dtype: str, shape: list[int], off: int, n: int) -> Any:
+def _tensor(block: memoryview, dtype: str, shape: tuple[int, ...], off: int, n: int) -> Any:
     """A tensor aliasing ``n`` bytes of ``block`` from ``off``."""
     torch = import_torch()
     dt = _dtype(dtype)
     if not n:
         return torch.empty(shape, dtype=dt)
-    count = n // torch.empty((), dtype=dt).element_size()
-    return torch.frombuffer(block, dtype=dt, count=count, offset=off).view(shape)
+    return torch.frombuffer(block, dtype=dt, count=n // dt.itemsize, offset=off).view(shape)
+
+
+async def _turn(i: int) -> None:
+    """Let the event loop run after every :data:`_KEYS` tensors (``i``: this
+    one's count)."""
+    if i % _KEYS == _KEYS - 1:
+        await asyncio.sleep(0)
 
 
 async def _copy_range(grant: _Grant, memory: _Source, dst: Any, off: int, n: int) -> None:
@@ -1183,6 +1198,55 @@ async def _copy_range(grant: _Grant, memory: _Source, dst: Any, off: int, n: int
     await RDMABuffer._from_handle(grant.buffer).read_into(dst, offset=off, length=n)
 
 
+async def _copy_into(grant: _Grant, memory: _Source, targets: list[tuple[Any, _Entry]]
+                     ) -> None:
+    """Copy each entry of the granted version into its tensor (of its shape
+    and dtype, on any device): a large one straight into a contiguous CPU
+    tensor, the others through staging memory, neighbours together (see
+    :data:`_SMALL`), letting the event loop run after each transfer."""
+    torch = import_torch()
+    targets = sorted((p for p in targets if p[1][4]), key=lambda p: p[1][3])
+    staging = memoryview(bytearray())
+    i = 0
+    while i < len(targets):
+        t, (_, _, _, start, n) = targets[i]
+        if n >= _SMALL and _direct(t):
+            await _copy_range(grant, memory, t, start, n)
+            i += 1
+        else:  # a span: this one and the small ones after it
+            end, j = start + n, i + 1
+            while j < len(targets) and j - i < _KEYS:
+                _, _, _, at, n = targets[j][1]
+                if n >= _SMALL or at + n - start > _SPAN:
+                    break
+                end, j = at + n, j + 1
+            span, i = targets[i:j], j
+            if staging.nbytes < end - start:
+                staging = pool_view(end - start)
+            if any(t.device.type == "cuda" for t, _ in span):
+                pin_for_cuda(staging)
+            await _copy_range(grant, memory, staging, start, end - start)
+            base = address_of(staging)
+            for t, (_, dtype, shape, at, n) in span:
+                if _direct(t):
+                    ctypes.memmove(t.data_ptr(), base + at - start, n)
+                else:  # (as the copy into a CPU tensor: into a leaf that
+                    # requires grad, or an inference tensor, too)
+                    with torch.inference_mode():
+                        t.copy_(_tensor(staging, dtype, shape, at - start, n))
+        await asyncio.sleep(0)
+
+
+def _direct(t: torch.Tensor) -> bool:
+    """Whether the bytes go straight between ``t``'s memory and the
+    version's: a contiguous CPU tensor, plain or a parameter (a subclass
+    may have no memory of its own; ``copy_`` conjugates into a lazily
+    conjugated view, and negates into a negated one)."""
+    torch = import_torch()
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+            and t.is_contiguous() and not t.is_conj() and not t.is_neg())
+
+
 def _select(layout: _Layout, keys: Iterable[str] | None) -> _Layout:
     if keys is None:
         return layout
@@ -1198,7 +1262,7 @@ def _select(layout: _Layout, keys: Iterable[str] | None) -> _Layout:
 
 
 async def _read_shard(grant: _Grant, memory: _Source, key: str, dtype: str,
-                      shape: list[int], off: int,
+                      shape: tuple[int, ...], off: int,
                       shard: Callable[[str, Any], Any]) -> Any:
     """The part of one tensor ``shard`` selects: only the bytes between its
     first and last element are copied."""
