@@ -72,8 +72,8 @@ def test_a_fifo_as_secret_file_is_refused_without_waiting_for_a_writer(
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo, 0o600)
     last = usage_error(capsys, "--listen", "127.0.0.1:0", "--secret-file", str(fifo))
-    assert f"--secret-file '{fifo}': the file is not a file" in last
-    refused = re.escape(f"secret_file '{fifo}': the file is not a file")
+    assert f"--secret-file '{fifo}': the file is no regular file (a FIFO" in last
+    refused = re.escape(f"secret_file '{fifo}': the file is no regular file (a FIFO")
     with pytest.raises(ValueError, match=refused):
         meshio.attach(["tcp://127.0.0.1:1"], secret_file=fifo)
 

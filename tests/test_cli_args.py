@@ -94,7 +94,7 @@ def test_a_private_secret_file_is_its_users_or_roots_shared_with_its_group() -> 
         assert not_private(st(file | 0o600, me), root_group=root_group) is None
         assert "mode 644" in str(not_private(st(file | 0o644, me), root_group=root_group))
         assert not_private(st(stat.S_IFIFO | 0o600, me), root_group=root_group) \
-            == "is not a file"
+            == "is no regular file (a FIFO, a device, a directory, a socket)"
     assert not_private(st(file | 0o640, me)) == "is readable or writable by others (mode 640)"
     assert not_private(st(file | 0o400, me + 1)) \
         == f"belongs to uid {me + 1}, not to you (uid {me})"

@@ -377,6 +377,8 @@ async def test_wrong_secret_garbage_and_oversized_preauth_are_refused(
     state = await job.state()
     addr = job_record(job)["hosts"]["generators"][0]["addr"] if job_record(job) else ""
     host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+    # (a host mesh shows its hosts: it showed as <meshio.HostMesh object at 0x...>)
+    assert repr(state.generators) == f"<HostMesh {{'hosts': 1}} on {host}>"
     # another job's secret: the agent proves itself first and then refuses;
     # the agent logs the dialler that hung up on its proof (it logged nothing)
     log = tmp_path / ".meshio" / "job.log"

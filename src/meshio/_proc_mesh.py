@@ -851,6 +851,11 @@ class HostMesh(MeshShape):
         mesh._hosts, mesh._view = self._hosts, region
         return mesh
 
+    def __repr__(self) -> str:
+        hosts = [self._launchers[r].host for r in self._region.ranks]
+        shown = ", ".join(hosts[:4]) + (f", ... ({len(hosts)} hosts)" if len(hosts) > 4 else "")
+        return f"<HostMesh {self.sizes} on {shown}>"
+
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
                     name: str = "procs", supervisor: Supervisor | None = None,
                     restart: RestartType | None = None,

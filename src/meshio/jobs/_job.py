@@ -501,7 +501,7 @@ def read_job_secret(path: Path) -> bytes | None:
 
     Raises:
         JobCacheError: the file is another user's, others may read or
-            write it, it is not a file, or it holds no secret.
+            write it, it is no regular file, or it holds no secret.
     """
     data = _read_private(path, "job secret")
     if data is None:

@@ -85,8 +85,8 @@ def read_secret_file(path: str | os.PathLike[str], *, private: bool = False) -> 
     # (O_NONBLOCK: opening a FIFO would wait for a writer, forever)
     with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NONBLOCK)) as f:
         if private and (why := not_private(os.fstat(f.fileno()), root_group=True)):
-            raise ValueError(f"the file {why}; a job secret must be yours alone "
-                             "(chmod 600 it)")
+            raise ValueError(f"the file {why}; a job secret must be a regular file, yours "
+                             "alone (chmod 600)")
         return checked_secret(f.read().strip())
 
 
@@ -98,7 +98,7 @@ def not_private(st: os.stat_result, *, root_group: bool = False) -> str | None:
     mounted so (root's, mode 0440, its group the pod's ``fsGroup``)."""
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISREG(st.st_mode):
-        return "is not a file"
+        return "is no regular file (a FIFO, a device, a directory, a socket)"
     if root_group and st.st_uid == 0:
         return None if not mode & stat.S_IRWXO else (
             f"is readable or writable by every user (mode {mode:o})")
