@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -134,6 +135,9 @@ async def test_allocates_spawns_calls_across_nodes_and_reattaches(job: SlurmJob,
     re-attaches to the same job and agents in well under a second."""
     state = await job.state()
     assert job.job_id is not None and job_state(job.job_id) == "RUNNING"
+    # the job's log is the user's alone, as the cache is (Slurm wrote it 0644)
+    log = tmp_path / ".meshio" / f"{job.name}.{job.job_id}.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600, oct(log.stat().st_mode)
     async with state.trainers.spawn_procs(per_host={"gpus": 2}) as tprocs, \
             state.generators.spawn_procs() as gprocs:
         trainers = await tprocs.spawn("trainers", Where)

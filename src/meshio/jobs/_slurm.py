@@ -108,13 +108,15 @@ class SlurmError(RuntimeError):
     agents started (the message names the job's log)."""
 
 
-async def _run(*argv: str, stdin: bytes | None = None,
-               timeout: float | None = None) -> tuple[int, str, str]:
-    """Run a Slurm command; its exit status, stdout and stderr.  Killed
-    after ``timeout`` seconds (a :class:`SlurmError`) or when cancelled."""
+async def _run(*argv: str, stdin: bytes | None = None, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """Run a Slurm command (with ``env`` added to this process's
+    environment); its exit status, stdout and stderr.  Killed after
+    ``timeout`` seconds (a :class:`SlurmError`) or when cancelled."""
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=PIPE if stdin is not None else DEVNULL, stdout=PIPE, stderr=PIPE)
+            *argv, stdin=PIPE if stdin is not None else DEVNULL, stdout=PIPE, stderr=PIPE,
+            env=None if env is None else {**os.environ, **env})
     except FileNotFoundError:
         raise SlurmError(f"SlurmJob: {argv[0]!r} is not on PATH; is Slurm installed on this "
                          "host (a login node of the cluster)?") from None
@@ -441,7 +443,9 @@ class SlurmJob(AgentsJob):
         if self.exclusive:
             argv.append("--exclusive")
         argv += self.sbatch_args
-        rc, out, err = await _run(*argv, stdin=self._script(secret_file).encode())
+        # (the job's umask, which Slurm creates its log with: readable by this user only)
+        rc, out, err = await _run(*argv, stdin=self._script(secret_file).encode(),
+                                  env={"SLURM_UMASK": "0077"})
         if rc != 0:
             raise SlurmError(f"SlurmJob {self.name!r}: sbatch refused the job: {err.strip()}")
         job_id = out.strip().split(";")[0]
