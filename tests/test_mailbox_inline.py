@@ -223,3 +223,32 @@ async def test_calls_given_up_together_never_start(procs: meshio.ProcMesh) -> No
         for fut in (first, *queued):
             with pytest.raises(asyncio.CancelledError):
                 await fut
+
+
+class StoppedAtOnce(Actor):
+    @endpoint
+    async def stopped_at_once(self) -> None:
+        # As if the actor's stop came while the call's first step ran
+        # inline: the mailbox task is cancelled, and the call ends raising
+        # CancelledError at once (meshio's own code raises it on: stopping)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        raise asyncio.CancelledError
+
+
+@pytest.mark.meshio_transports("in-process")
+async def test_a_call_that_ends_raising_on_its_first_step_ends_the_task_with_that_error(
+        procs: meshio.ProcMesh) -> None:
+    # The error its first step raised (inline) was thrown back into the
+    # call's finished coroutine by the mailbox task, which then ended with
+    # "RuntimeError: cannot reuse already awaited coroutine" instead
+    actor = (await procs.spawn("stopped", StoppedAtOnce)).slice(procs=0)
+    with pytest.raises(SupervisionError, match="stopped while handling this call"):
+        await asyncio.wait_for(actor.stopped_at_once.call_one(), GUARD)
+    controller = runtime()
+    worker = next(rt for rt in list(_local.values()) if rt is not controller and rt.actors)
+    cell = next(iter(worker.actors.values()))
+    assert isinstance(cell, ActorCell)
+    await asyncio.wait([cell.task], timeout=GUARD)
+    assert cell.task.cancelled()

@@ -888,7 +888,8 @@ class ActorCell:
                 except asyncio.CancelledError as e:
                     if self.begun is None:
                         raise
-                    self.begun.thrown = e  # (this task was cancelled: it is the begun call's)
+                    if self.begun.thrown is None:  # (else the call ended raising that)
+                        self.begun.thrown = e  # (this task was cancelled: it is the begun call's)
                 begun, self.begun = self.begun, None
                 if begun is not None:
                     try:
@@ -1128,7 +1129,8 @@ class _GoOn:
     """What the mailbox task awaits to go on with a call begun outside it
     (:meth:`ActorCell._begin`): that call's coroutine (``cr_await``, as a
     coroutine's, so stack captures follow it) was suspended on ``yielded``,
-    or is to have ``thrown`` thrown in; from there, what ``await`` of the
+    or is to have ``thrown`` thrown in (or, if it ended raising ``thrown``
+    on its first step, raises it); from there, what ``await`` of the
     coroutine does."""
 
     __slots__ = ("cr_await", "first", "thrown", "yielded")
@@ -1159,6 +1161,8 @@ class _GoOn:
                     return waited
                 if not waited.cancelled():
                     waited.exception()  # (done: dropped, as a cancelled task drops it)
+            if inspect.getcoroutinestate(self.cr_await) == inspect.CORO_CLOSED:  # it raised it
+                raise thrown
             return self.cr_await.throw(thrown)
         if self.first:  # the task's first step: it waits for what the call waits for
             self.first = False
