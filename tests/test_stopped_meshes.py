@@ -411,15 +411,46 @@ async def test_a_hole_refilled_by_replace_is_reached_through_the_old_reference(
     assert await asyncio.wait_for(a.slice(procs=1).which.call_one(), DEADLINE) == 1
 
 
-async def test_a_broadcast_to_a_stopped_mesh_is_said_once(
+class Broadcasts(Actor):
+    """Broadcasts through a reference it was given (held elsewhere than
+    where its proc mesh is: whether its actors are stopped is not known)."""
+
+    @endpoint
+    async def tell(self, held: A) -> None:
+        await held.which.broadcast()
+
+
+async def test_a_broadcast_to_a_stopped_mesh_raises_where_its_procs_are_owned(
+        procs: meshio.ProcMesh) -> None:
+    # As a call to it would, awaited or not: nothing is sent.
+    a = await procs.spawn("a", A)
+    await asyncio.wait_for(a.slice(procs=1).stop(), DEADLINE)
+    with pytest.raises(meshio.SupervisionError,
+                       match=r"a rank 1: actor mesh 'a' was stopped .* A.which was not sent"):
+        a.which.broadcast()
+    await asyncio.wait_for(a.slice(procs=0).which.broadcast(), DEADLINE)
+    await asyncio.wait_for(a.stop(), DEADLINE)
+    for sent in (lambda: a.which.broadcast(), lambda: a.slice(procs=0).which.broadcast()):
+        with pytest.raises(meshio.SupervisionError, match="a rank 0: actor mesh 'a' was stopped"):
+            await asyncio.wait_for(sent(), DEADLINE)
+    own = await meshio.this_host().spawn_procs(per_host={"procs": 1})
+    b = await own.spawn("b", A)
+    await asyncio.wait_for(own.stop(), DEADLINE)
+    with pytest.raises(meshio.SupervisionError,
+                       match=r"b rank 0: proc mesh .* was stopped; spawn a new one"):
+        b.which.broadcast()
+
+
+async def test_a_broadcast_to_a_stopped_mesh_through_a_reference_elsewhere_is_said_once(
         procs: meshio.ProcMesh, controller_log: LogWatch) -> None:
     # A broadcast has nobody waiting for an answer: one that finds its actor
     # stopped is said on the worker's log (forwarded here), once per actor.
     one = procs.slice(procs=0)
     gone, says = await one.spawn("gone", A), await one.spawn("says", Says)
+    other = await procs.slice(procs=1).spawn("other", Broadcasts)
     await gone.stop()
     for _ in range(3):
-        await gone.which.broadcast()
+        await other.tell.call_one(gone)
     await says.say.call_one("after the broadcasts")  # (its records come after theirs)
     await controller_log.wait_for("after the broadcasts")
     dropped = [m for m in controller_log.messages if "a broadcast of which was dropped" in m]

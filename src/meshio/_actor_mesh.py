@@ -166,8 +166,10 @@ class ActorMesh(MeshShape, Generic[A]):
         before it returns).  A stopped actor stays stopped: calls
         through any reference to it fail with :class:`SupervisionError`
         ("actor mesh ... was stopped"), even once a new mesh has its name;
-        a ``broadcast`` (no answer to fail) is dropped, and said once per
-        actor on the ``meshio`` logger of its process (forwarded here).
+        a ``broadcast`` raises it too, nothing sent, where the proc mesh is
+        this process's; through a reference elsewhere (no answer to fail)
+        it is dropped, and said once per actor on the ``meshio`` logger of
+        its process (forwarded to the controller).
 
         An actor whose process answers no heartbeat (stopped, hung, its loop
         blocked: calls to it fail as "not responding") is not waited for,
@@ -372,7 +374,13 @@ class ActorMesh(MeshShape, Generic[A]):
     def _send_all(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                   out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
         """Send to every actor of this view, no answers wanted; the sends
-        waiting for room in a mailbox (none: all went now)."""
+        waiting for room in a mailbox (none: all went now).
+
+        Raises:
+            SupervisionError: an actor of this view was stopped (its proc
+                mesh, or ``stop()`` on this mesh or a slice holding it), as
+                a call to it would: nothing sent."""
+        self._stopped(desc)
         if self._hosts is None or not limits.fanout_width:
             route = self._route
             rt = route.runtime()
@@ -380,6 +388,30 @@ class ActorMesh(MeshShape, Generic[A]):
                     if (f := route.send(rt, i, desc, body, out, None, deadline)) is not None]
         waiting = self._fanout(desc, body, out, None, False, deadline)
         return [] if waiting is None else [waiting]
+
+    def _stopped(self, desc: EndpointDescriptor[Any, Any, Any]) -> None:
+        """Raise the :class:`SupervisionError` a call of ``desc`` would fail
+        with if an actor of this view was stopped (known where its proc mesh
+        is this process's): a broadcast has no answer to fail."""
+        state = self._route.state
+        if state is None:
+            return
+        ranks = self._region.ranks
+        record = next((a for a in state.actors if a.target == self._target), None)
+        index = 0  # (the proc mesh stopped, or the actor mesh stopped everywhere: forgotten)
+        if not state.stopped and record is not None:
+            index = next((i for i, grank in enumerate(ranks) if grank in record.stopped), -1)
+            if index < 0:
+                return
+        p = Pending(self._route.runtime().loop.create_future(), ignore_result, desc.qualname,
+                    self._name, self._site(index))
+        if state.stopped:
+            raise state.stopped_error(p)
+        raise SupervisionError(
+            f"{p.who}: actor mesh {self._name!r} was stopped (stop() on the mesh, or on a "
+            f"slice holding this actor); a stopped actor stays stopped, and a mesh spawned "
+            f"again under its name is another one; {desc.qualname} was not sent",
+            actor=self._name, rank=p.rank, cause="actor mesh stopped")
 
     def _fanout(self, desc: EndpointDescriptor[Any, Any, Any], body: bytes, out: OutBuffers,
                 answers: Gathering | Sequence[Settle] | None, gather: bool,

@@ -768,8 +768,14 @@ class Endpoint(Generic[P, R]):
                 had no room before it passed; the message does not go to
                 it.  (Under a deadline inherited by an endpoint, the
                 endpoint is cancelled instead: docs/howto/deadlines.md.)
-            SupervisionError: (awaited) an actor's process died (its
-                connection was lost) while the message waited for room.
+            SupervisionError: an actor of the mesh was stopped (its proc
+                mesh, or ``stop()`` on a slice holding it), known where the
+                proc mesh is this process's: raised by this call itself,
+                nothing sent, as a call to it would fail (through a reference
+                elsewhere the message is dropped, and said on the ``meshio``
+                logger of the actor's process); or (awaited) an actor's
+                process died (its connection was lost) while the message
+                waited for room.
         """
         if TRACING and OTEL._TRACER_PROVIDER is not None and not sending_now():
             return in_span(self, self.broadcast, args, kwargs)  # (see meshio._tracing)
