@@ -400,6 +400,8 @@ class ActorMesh(MeshShape, Generic[A]):
         record = next((a for a in state.actors if a.target == self._target), None)
         index = 0  # (the proc mesh stopped, or the actor mesh stopped everywhere: forgotten)
         if not state.stopped and record is not None:
+            if not record.stopped:  # (the usual case: no scan of the ranks per broadcast)
+                return
             index = next((i for i, grank in enumerate(ranks) if grank in record.stopped), -1)
             if index < 0:
                 return
