@@ -1121,7 +1121,7 @@ class ProcState:
         if self.supervisor is not None:
             w.move(SlotState.KILLING)
             w.cause = (f"hung: no heartbeat answer for {silent:.1f}s "
-                       f"(heartbeat_timeout={timeout}s{held}); killed")
+                       f"(heartbeat_timeout={round(timeout, 6)}s{held}); killed")
             w.handle.send_signal(signal.SIGKILL)
             # Lost now, not once the kill closes the connection: a process on
             # a host cut off by a partition never closes it (nor does its
@@ -1137,8 +1137,9 @@ class ProcState:
         # (the oldest actor call in flight from here is the first suspect)
         suspect = next((p.endpoint for p in conn.pending.values() if p.target), "")
         say(f"proc mesh {self.name!r} rank {w.rank} (pid {handle.pid} on {handle.host}) not "
-            f"responding for {silent:.1f} s (heartbeat_timeout={timeout} s{held}); its calls "
-            f"fail until it answers again" + ("" if w.held else f"; {blocked_loop(suspect)}"))
+            f"responding for {silent:.1f} s (heartbeat_timeout={round(timeout, 6)} s{held}); "
+            f"its calls fail until it answers again"
+            + ("" if w.held else f"; {blocked_loop(suspect)}"))
         self.rt.dead[w.addr] = w.hung
         self.rt.watch.down[w.addr] = lambda: msgspec.structs.replace(
             down, silent=clock.now() - since)

@@ -1534,7 +1534,7 @@ def not_responding(down: PeerDown, now: Callable[[], float], *, in_flight: bool
         return SupervisionError(
             f"{p.who} on proc mesh {down.mesh!r} rank {down.rank}: process "
             f"{down.pid} on {down.host} {cause} (no heartbeat answer; "
-            f"heartbeat_timeout={down.timeout} s) {what}; it is not killed (no "
+            f"heartbeat_timeout={round(down.timeout, 6)} s) {what}; it is not killed (no "
             f"supervisor): calls work again once it answers. If it runs, "
             f"{blocked_loop(p.endpoint if in_flight else '')}",
             actor=p.mesh, rank=p.rank, host=down.host, pid=down.pid, cause=cause)
