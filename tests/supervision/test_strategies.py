@@ -29,6 +29,9 @@ async def test_one_for_all_restarts_every_process() -> None:
         new = s.procs.pids
         assert not set(new) & set(s.old)
         assert [e.pid for e in s.events.seen if e.kind == "restart"] == new
+        # each stopped event names the process it stopped (they had pid -1)
+        assert [(e.pid, e.host) for e in s.events.seen if e.kind == "stopped"] == [
+            (s.old[2], s.events.seen[0].host), (s.old[0], s.events.seen[0].host)]
         info = (await w.info.call()).values()
         assert [(k, r, n, pid) for k, _, r, _, n, pid in info] == [
             (2, r, 1, new[r]) for r in range(3)]

@@ -401,9 +401,11 @@ class Supervisor:
             await unit.stop()
             self.event("stopped", unit.name, -1, f"{self.strategy} restart")
             return
+        running = {rank: (pid, host) for rank, pid, host in unit.running()}
         await unit.stop_ranks(ranks)
-        for rank in reversed(ranks):
-            self.event("stopped", unit.name, rank, f"{self.strategy} restart")
+        for rank in reversed(ranks):  # (each event names the process it stopped)
+            pid, host = running.get(rank, (-1, ""))
+            self.event("stopped", unit.name, rank, f"{self.strategy} restart", pid, host)
 
     async def _start_gang(self, unit: Supervised | Supervisor,
                           ranks: list[int]) -> list[tuple[int, Exception]]:
