@@ -130,7 +130,7 @@ async def test_constructor_failing_on_rebuild_counts_as_failure_and_escalates(
                 assert e.cause.startswith("restart failed")
                 assert f"refusing to start: {flag} exists" in e.cause
                 # the constructor as spawn names it: the class's, not the mesh's ("f")
-                assert "endpoint Fragile.__init__" in e.cause, e.cause
+                assert "constructor Fragile.__init__" in e.cause, e.cause
             assert not [e for e in s.events.seen if e.kind == "restart"]
             assert escalation.rank == -1 and escalation.cause.endswith(
                 "after 2 restarts in the last 60.0s; max_restarts=2 within 60.0s allows no more")

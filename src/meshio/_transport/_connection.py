@@ -1422,9 +1422,11 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
     match info.kind:
         case "actor":  # (its texts cut where raised; a peer that did not, cut here)
             message, tb = readable(info.message), cell_names(readable(info.traceback))
+            endpoint = p.endpoint if p else "?"
+            what = "constructor" if endpoint.endswith(".__init__") else "endpoint"
             return new_actor_error(
                 f"{info.type_name}: {message}\n  in {info.actor} rank {info.rank}, "
-                f"endpoint {p.endpoint if p else '?'}\n\nRemote traceback:\n{tb}",
+                f"{what} {endpoint}\n\nRemote traceback:\n{tb}",
                 remote_type=info.type_name, remote_bases=info.bases, remote_message=message,
                 remote_traceback=tb, actor=info.actor, rank=info.rank,
                 endpoint=p.endpoint if p else "")
