@@ -562,13 +562,12 @@ class Connection(asyncio.BufferedProtocol):
         #: delivered on the peer's ``Filled``
         self._filling: tuple[int, Buffers] | None = None
 
-    # ------------------------------------------------------------ sending
-
-
     @property
     def who(self) -> str:
         """The peer, for log lines: its address, or as its handshake showed it."""
         return self.peer or self.origin
+
+    # ------------------------------------------------------------ sending
 
     def next_req(self, pending: Pending) -> int:
         req = self._req = self._req + 1

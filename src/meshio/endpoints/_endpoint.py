@@ -544,11 +544,10 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc)
         deadline = self._deadline()
+        route = mesh._route  # (the shape its answers are judged by: _value_mesh)
         if self._desc.retry is not None:  # each actor's call retried on its own
-            route = mesh._route
             futs = mesh._request_all(self._desc, body, packer, True, deadline)
             return owning(self._gather(futs, deadline, route), futs)
-        route = mesh._route
         g = mesh._gather_all(self._desc, body, packer, deadline)
         fut = g.outcome(lambda: self._value_mesh(g.values, g.errors, route))
         return fut if deadline is None else _Due(fut, self, deadline, g)
