@@ -343,7 +343,8 @@ async def test_receiver_enforces_its_limit_without_dropping(restore_limits: None
         mesh = await pm.spawn("store", Store)
         meshio.set_limits(max_message=8 * MiB)  # the controller's own
         conn = runtime().conns[process_address(mesh, 0)]
-        with pytest.raises(SchemaError, match=f"over the message size limit of {2 * MiB}"):
+        with pytest.raises(SchemaError,
+                           match=rf"^Store\.length: .*over the message size limit of {2 * MiB}"):
             await asyncio.wait_for(mesh.length.call_one(data="x" * (3 * MiB)), DEADLINE)
         assert await asyncio.wait_for(mesh.length.call_one(data="ok"), DEADLINE) == 2
         meshio.set_limits(max_message=MiB)

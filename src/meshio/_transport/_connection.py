@@ -1429,8 +1429,11 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
                 remote_type=info.type_name, remote_bases=info.bases, remote_message=message,
                 remote_traceback=tb, actor=info.actor, rank=info.rank,
                 endpoint=p.endpoint if p else "")
-        case "schema":
-            return SchemaError(info.message + where)
+        case "schema":  # (a receiver skipping a message over its limit has not read
+            # which endpoint it was for: the caller names it)
+            named = p is None or not p.endpoint or p.endpoint in info.message
+            return SchemaError((info.message if named else f"{p.endpoint}: {info.message}")
+                               + where)
         case "unknown_actor":
             return UnknownActorError(info.message + where)
         case "unknown_endpoint":
