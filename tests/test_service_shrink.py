@@ -32,6 +32,22 @@ class Hung(Actor):
         return 0
 
 
+class Gated(Actor):
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    @endpoint(concurrent=True)
+    async def held(self, started: Port[int]) -> int:
+        """Says it started (its pid), then answers it once released."""
+        started.send(os.getpid())
+        await self.gate.wait()
+        return os.getpid()
+
+    @endpoint
+    async def release(self) -> None:
+        self.gate.set()
+
+
 def last(replicas: Sequence[ReplicaStats], session: Hashable | None) -> ReplicaStats:
     return replicas[-1]
 
@@ -108,6 +124,29 @@ async def test_a_shrink_stops_a_replica_past_its_drain_timeout(procs: meshio.Pro
     await wait_gone([pid], DEADLINE)
     assert [s.replica for s in svc.stats()] == [0, 1]
     assert await asyncio.wait_for(svc.whoami.route(), DEADLINE) == procs.pids[1]
+
+
+async def test_a_call_in_flight_across_a_shrink_is_judged_by_its_replicas(
+        procs: meshio.ProcMesh) -> None:
+    """A ``call()`` to every replica, in flight while ``scale`` removes
+    some: the removed ones fail it with SupervisionError naming them, as
+    they were when called.  (Before, its answers were judged by the
+    replicas left: an IndexError out of the call.)"""
+    svc = meshio.Service(await procs.spawn("gens", Gated))
+    await asyncio.wait_for(svc.scale(replicas=3), DEADLINE)
+    port, started = Channel[int].open()
+    call = asyncio.ensure_future(svc.held.call(port))
+    pids = {await asyncio.wait_for(started.recv(), DEADLINE) for _ in range(3)}
+    assert len(pids) == 3
+
+    await asyncio.wait_for(svc.scale(replicas=1), DEADLINE)
+    await asyncio.wait_for(svc.release.route(), DEADLINE)
+    with pytest.raises(meshio.SupervisionError) as ei:
+        await asyncio.wait_for(call, DEADLINE)
+    text = str(ei.value)
+    assert "{'replicas': 1}" in text and "{'replicas': 2}" in text, text
+    assert "{'replicas': 0}" not in text, text
+    assert len((await asyncio.wait_for(svc.release.call(), DEADLINE)).values()) == 1
 
 
 @pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), (float("nan"), ValueError),

@@ -772,7 +772,13 @@ class Service(MeshShape):
         return self._replicas[index].mesh._hole(0, error)
 
     def _as_called(self, route: Route) -> Service:
-        return self
+        assert isinstance(route, _Replicas)
+        if route.replicas is self._replicas:
+            return self
+        called = object.__new__(Service)  # (scaled since: the replicas it was called on)
+        called.__dict__.update(self.__dict__)
+        called._set(route.replicas)
+        return called
 
 
 async def _retire(r: _Replica, drain_timeout: float | None, service: str) -> None:
@@ -853,21 +859,23 @@ class _Replicas:
     """A service's calls to one replica at a time (its ``_route``, as a
     mesh's: ``choose``, ``call_one``): index ``i`` is its ``i``-th replica,
     whose calls it counts; a call a shrink cut off says so (see
-    :meth:`_Replica.cut_off`), as a routed one does."""
+    :meth:`_Replica.cut_off`), as a routed one does.  It keeps the replicas
+    of when it was read: a call's answers are judged by them
+    (:meth:`Service._as_called`), whatever :meth:`Service.scale` did since."""
 
-    __slots__ = ("_service",)
+    __slots__ = ("replicas",)
 
     def __init__(self, service: Service) -> None:
-        self._service = service
+        self.replicas = service._replicas  # (scale() replaces the list: this one stays)
 
     @property
     def ranks(self) -> Sequence[int]:
-        return self._service._region.ranks
+        return range(len(self.replicas))
 
     def request(self, index: int, desc: EndpointDescriptor[Any, Any, Any], body: bytes,
                 out: OutBuffers, deadline: float | None = None,
                 once: bool = False) -> asyncio.Future[Any]:
-        replica = self._service._replicas[index]
+        replica = self.replicas[index]
         fut = replica.mesh._route.request(0, desc, body, out, deadline, once)
         replica.track(fut, desc)
         return fut

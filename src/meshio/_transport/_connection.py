@@ -1431,9 +1431,9 @@ def error_from_info(info: ErrorInfo, p: Pending | None) -> MeshioError:
                 endpoint=p.endpoint if p else "")
         case "schema":  # (a receiver skipping a message over its limit has not read
             # which endpoint it was for: the caller names it)
-            named = p is None or not p.endpoint or p.endpoint in info.message
-            return SchemaError((info.message if named else f"{p.endpoint}: {info.message}")
-                               + where)
+            if p is not None and p.endpoint and p.endpoint not in info.message:
+                return SchemaError(f"{p.endpoint}: {info.message}{where}")
+            return SchemaError(info.message + where)
         case "unknown_actor":
             return UnknownActorError(info.message + where)
         case "unknown_endpoint":

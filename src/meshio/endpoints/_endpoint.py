@@ -550,7 +550,7 @@ class Endpoint(Generic[P, R]):
             return owning(self._gather(futs, deadline, route), futs)
         g = mesh._gather_all(self._desc, body, packer, deadline)
         fut = g.outcome(lambda: self._value_mesh(g.values, g.errors, route))
-        return fut if deadline is None else _Due(fut, self, deadline, g)
+        return fut if deadline is None else _Due(fut, self, deadline, g, route)
 
     async def _gather(self, futs: list[asyncio.Future[Any]], deadline: float | None,
                       route: Route) -> ValueMesh[R]:
@@ -558,7 +558,7 @@ class Endpoint(Generic[P, R]):
             _, pending = await asyncio.wait(futs, timeout=_left(deadline))
             if pending:
                 self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending,
-                                    deadline)
+                                    deadline, route)
         errors = {i: e for i, f in enumerate(futs) if (e := f.exception()) is not None}
         return self._value_mesh([None if i in errors else f.result()
                                  for i, f in enumerate(futs)], errors, route)
@@ -581,7 +581,7 @@ class Endpoint(Generic[P, R]):
             ranks[i]: cast(SupervisionError, e) for i, e in holes.items()})
 
     def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]],
-                       deadline: float | None) -> None:
+                       deadline: float | None, route: Route) -> None:
         """Cancel what is still pending (which may be done only once its
         arguments are read: an adverb's future waits, see
         :func:`~meshio._transport._tasks.owning`); raise :meth:`_timed_out`,
@@ -590,14 +590,14 @@ class Endpoint(Generic[P, R]):
         for f in pending:
             f.cancel(DEADLINE)
         _expire(deadline)
-        raise self._timed_out(late, deadline)
+        raise self._timed_out(late, deadline, route)
 
-    def _timed_out(self, late: list[int], deadline: float | None) -> CallTimeout:
-        """The error of a call whose ``deadline`` passed, naming the late
-        actors (their indices in this view; ranks as in
-        ActorError/SupervisionError); ``inherited`` if ``deadline`` is the
-        one of the call being served (then over: see :func:`_expire`)."""
-        mesh = self._mesh
+    def _timed_out(self, late: list[int], deadline: float | None, route: Route) -> CallTimeout:
+        """The error of a call through ``route`` whose ``deadline`` passed,
+        naming the late actors (their indices in the view as called; ranks
+        as in ActorError/SupervisionError); ``inherited`` if ``deadline`` is
+        the one of the call being served (then over: see :func:`_expire`)."""
+        mesh = self._mesh._as_called(route)
         ranks = [mesh._site(i).rank for i in late]
         scope = call_scope()
         inherited = scope is not None and scope.deadline == deadline
@@ -643,7 +643,7 @@ class Endpoint(Generic[P, R]):
         else:
             deadline = self._deadline()
         fut = route.request(0, desc, body, packer, deadline)
-        return fut if deadline is None else _Due(fut, self, deadline, 0)
+        return fut if deadline is None else _Due(fut, self, deadline, 0, route)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[R]:
         """Call one actor, the least loaded as seen from this caller, of those
@@ -667,8 +667,9 @@ class Endpoint(Generic[P, R]):
         if self._on_full == "raise":
             mesh._check_room(self._desc, (index,))
         deadline = self._deadline()
-        fut = mesh._route.request(index, self._desc, body, packer, deadline)
-        return fut if deadline is None else _Due(fut, self, deadline, index)
+        route = mesh._route
+        fut = route.request(index, self._desc, body, packer, deadline)
+        return fut if deadline is None else _Due(fut, self, deadline, index, route)
 
     @traced
     async def stream(self, *args: P.args,
@@ -698,7 +699,7 @@ class Endpoint(Generic[P, R]):
                     remaining, timeout=_left(deadline), return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     self._raise_timeout([i for i, f in enumerate(futs) if f in remaining],
-                                        remaining, deadline)
+                                        remaining, deadline, route)
                 for f in sorted(done, key=lambda f: where[f].rank):
                     point = where[f]
                     exc = f.exception()
@@ -796,8 +797,8 @@ class Endpoint(Generic[P, R]):
 
 class _Due(asyncio.Future[T]):
     """What an adverb with a deadline returns: the outcome of ``call`` (the
-    future of a call to the actor at ``late``, an index in the view, or of
-    a gathered call to every actor of the view, ``late`` its
+    future of a call to the actor at ``late``, an index in the view as
+    ``route`` had it, or of a gathered call to every actor of it, ``late`` its
     :class:`Gathering`); or, if the deadline passes first, the endpoint's
     :class:`~meshio.CallTimeout` naming the actors still silent then, once
     ``call``, cancelled with :data:`DEADLINE` (its callees drop or cancel
@@ -808,16 +809,18 @@ class _Due(asyncio.Future[T]):
     One timer and one done callback per call, no task: timed calls cost
     about what untimed ones do (``benchmarks/bench_timed.py``)."""
 
-    __slots__ = ("_call", "_cancel", "_deadline", "_endpoint", "_error", "_late", "_timer")
+    __slots__ = ("_call", "_cancel", "_deadline", "_endpoint", "_error", "_late", "_route",
+                 "_timer")
 
     def __init__(self, call: asyncio.Future[T], endpoint: Endpoint[Any, Any], deadline: float,
-                 late: int | Gathering) -> None:
+                 late: int | Gathering, route: Route) -> None:
         loop = call.get_loop()
         super().__init__(loop=loop)
         self._call = call
         self._endpoint = endpoint
         self._deadline = deadline
         self._late = late
+        self._route = route  # (the view ``late`` is an index of: see _as_called)
         self._error: CallTimeout | None = None
         #: cancelled by its caller: the message, once ``call`` is done
         self._cancel: tuple[Any, ...] | None = None
@@ -839,7 +842,7 @@ class _Due(asyncio.Future[T]):
             self.cancel(DEADLINE)
             scope.expire()
             return
-        self._error = self._endpoint._timed_out(silent, self._deadline)
+        self._error = self._endpoint._timed_out(silent, self._deadline, self._route)
         call.cancel(DEADLINE)
 
     def _ended(self, call: asyncio.Future[T]) -> None:
