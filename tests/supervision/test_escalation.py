@@ -131,6 +131,10 @@ async def test_constructor_failing_on_rebuild_counts_as_failure_and_escalates(
                 assert f"refusing to start: {flag} exists" in e.cause
                 # the constructor as spawn names it: the class's, not the mesh's ("f")
                 assert "constructor Fragile.__init__" in e.cause, e.cause
+            # each names the replacement it failed in (was pid -1)
+            replacements = [e.pid for e in failures[1:]]
+            assert all(pid > 0 for pid in replacements), failures
+            assert len({s.old[1], *replacements}) == 3 and all(e.host for e in failures)
             assert not [e for e in s.events.seen if e.kind == "restart"]
             assert escalation.rank == -1 and escalation.cause.endswith(
                 "after 2 restarts in the last 60.0s; max_restarts=2 within 60.0s allows no more")

@@ -392,7 +392,11 @@ class Supervisor:
         """A restart of ``unit``'s ``rank`` failed with ``e``: one more failure."""
         if self.failure is not None or (not isinstance(unit, Supervisor) and unit.stopped):
             return
-        pid, host = (e.pid, e.host) if isinstance(e, SupervisionError) else (-1, "")
+        if isinstance(e, SupervisionError):
+            pid, host = e.pid, e.host
+        else:  # a constructor or on_restart raised: in the replacement, which runs
+            pid, host = next(((p, h) for r, p, h in (
+                () if isinstance(unit, Supervisor) else unit.running()) if r == rank), (-1, ""))
         self.child_failed(unit, rank, f"restart failed: {type(e).__name__}: {e}", pid=pid,
                           host=host)
 
