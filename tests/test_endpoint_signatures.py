@@ -167,6 +167,11 @@ async def test_a_none_result_is_checked(sig: Sig, procs: meshio.ProcMesh) -> Non
     mesh = await procs.spawn("sig2", Sig)
     with pytest.raises(SchemaError, match=r"(?s)failed on 2 of 2 ranks.*`-> None`: got `list`"):
         await within(mesh.says_nothing.call([1]))
+    with pytest.raises(SchemaError) as info:  # one line for both ranks: the same mistake
+        await within(mesh.says_nothing.call([1]))
+    lines = str(info.value).splitlines()
+    assert lines[1].startswith("  ranks 0-1: SchemaError: result of Sig.says_nothing "), lines
+    assert lines[2] == "", lines
     assert await within(sig.nothing.call_one()) is None  # the actor is fine
 
 

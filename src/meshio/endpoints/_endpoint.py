@@ -14,6 +14,7 @@ import builtins
 import functools
 import inspect
 import numbers
+import re
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -977,7 +978,7 @@ def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, Ba
     first = next((e for kind in _SEVERITY for _, e in errors if isinstance(e, kind)), errors[0][1])
     groups: dict[str, list[Point]] = {}
     for p, e in sorted(errors, key=lambda pe: pe[0].rank):
-        groups.setdefault(f"{type(e).__name__}: {_summary(e)}", []).append(p)
+        groups.setdefault(f"{type(e).__name__}: {_summary(e, p.rank)}", []).append(p)
     lines = "\n".join(f"  {_ranks(points)}: {summary}" for summary, points in groups.items())
     head = head or f"{what} failed on {len(errors)} of {len(mesh)} ranks of {mesh._name!r}"
     message = f"{head}:\n{lines}\n\nFirst failure in full:\n{first}"
@@ -988,12 +989,14 @@ def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, Ba
     return first
 
 
-def _summary(e: BaseException) -> str:
-    """What failed, without what differs from rank to rank (a
-    SupervisionError's message names its rank and pid: its cause instead)."""
+def _summary(e: BaseException, rank: int) -> str:
+    """What failed at ``rank``, without what differs from rank to rank (a
+    SupervisionError's message names its rank and pid: its cause instead;
+    others end by naming who answered: `` [g rank 3]``, `` (from g rank 3)``)."""
     if isinstance(e, SupervisionError) and e.cause:
         return e.cause.splitlines()[0]
-    return (str(e).splitlines() or [""])[0]
+    line = (str(e).splitlines() or [""])[0]
+    return re.sub(rf" (\[|\(from )[^\[\]()]* rank {rank}[\])]$", "", line)
 
 
 def _ranks(points: list[Point]) -> str:
