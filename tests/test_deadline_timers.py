@@ -13,6 +13,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 import meshio
 from meshio import Actor, CallTimeout, endpoint
 
@@ -28,6 +30,22 @@ class Echo(Actor):
     @endpoint(concurrent=True)
     async def forever(self) -> None:
         await asyncio.Event().wait()
+
+    @endpoint(concurrent=True)
+    async def fails_or_waits(self) -> None:
+        await fail_or_wait()
+
+    @endpoint(concurrent=True, retry=meshio.Retry(attempts=1, on=(KeyError,)))
+    async def fails_or_waits_retried(self) -> None:
+        """Through the retry path (a call per actor)."""
+        await fail_or_wait()
+
+
+async def fail_or_wait() -> None:
+    """Rank 0 raises; the others never answer."""
+    if meshio.current_rank().rank == 0:
+        raise ValueError("rank 0 failed")
+    await asyncio.Event().wait()
 
 
 async def test_timed_calls_answered_and_silent_on_one_line(procs: meshio.ProcMesh) -> None:
@@ -50,6 +68,24 @@ async def test_timed_calls_answered_and_silent_on_one_line(procs: meshio.ProcMes
     assert silent == [f"forever {i}" for i in range(50)]  # (expired in order)
     # later calls find the lines working
     assert await fast.call_one(7) == 7
+
+
+async def test_a_timed_out_call_keeps_the_failures_that_came_first(
+        procs: meshio.ProcMesh) -> None:
+    """A ``call()`` whose deadline passes after some actors failed raises
+    its CallTimeout with those failures too (each rank with its own error,
+    in the message and ``failures``), on both paths a call takes; before,
+    they were dropped and only the silent rank was named."""
+    actors = await procs.spawn("mixed", Echo)
+    for ep in (actors.fails_or_waits, actors.fails_or_waits_retried):
+        with pytest.raises(CallTimeout) as info:
+            await asyncio.wait_for(ep.options(timeout=0.5).call(), GUARD)
+        error = info.value
+        assert tuple(error.ranks) == (1,), error
+        assert [(p.rank, type(e).__name__) for p, e in error.failures] == [
+            (0, "ActorError"), (1, "CallTimeout")], error.failures
+        assert "rank 0 failed" in str(error) and "no answer within 0.5s" in str(error), error
+    assert await asyncio.wait_for(actors.echo.call(3), GUARD)
 
 
 async def test_a_cancelled_caller_is_not_timed_out(procs: meshio.ProcMesh) -> None:
@@ -77,6 +113,6 @@ async def test_a_call_answered_as_its_deadline_passes_keeps_its_answer() -> None
         _timeout = 0.5
 
     call: asyncio.Future[int] = loop.create_future()
-    due = _Due(call, Ep(), time.monotonic() - 1.0, 0)  # type: ignore[arg-type]
+    due = _Due(call, Ep(), time.monotonic() - 1.0, 0, None)  # type: ignore[arg-type]
     loop.call_soon(call.set_result, 7)  # answered in the turn its line's timer fires
     assert await asyncio.wait_for(due, GUARD) == 7

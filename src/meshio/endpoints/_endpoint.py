@@ -25,6 +25,7 @@ from collections.abc import (
     Hashable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from typing import (
@@ -559,7 +560,9 @@ class Endpoint(Generic[P, R]):
             _, pending = await asyncio.wait(futs, timeout=_left(deadline))
             if pending:
                 self._raise_timeout([i for i, f in enumerate(futs) if f in pending], pending,
-                                    deadline, route)
+                                    deadline, route, {
+                                        i: e for i, f in enumerate(futs) if f not in pending
+                                        and (e := f.exception()) is not None})
         errors = {i: e for i, f in enumerate(futs) if (e := f.exception()) is not None}
         return self._value_mesh([None if i in errors else f.result()
                                  for i, f in enumerate(futs)], errors, route)
@@ -582,7 +585,8 @@ class Endpoint(Generic[P, R]):
             ranks[i]: cast(SupervisionError, e) for i, e in holes.items()})
 
     def _raise_timeout(self, late: list[int], pending: Iterable[asyncio.Future[Any]],
-                       deadline: float | None, route: Route) -> None:
+                       deadline: float | None, route: Route,
+                       failed: Mapping[int, BaseException] | None = None) -> None:
         """Cancel what is still pending (which may be done only once its
         arguments are read: an adverb's future waits, see
         :func:`~meshio._transport._tasks.owning`); raise :meth:`_timed_out`,
@@ -591,7 +595,24 @@ class Endpoint(Generic[P, R]):
         for f in pending:
             f.cancel(DEADLINE)
         _expire(deadline)
-        raise self._timed_out(late, deadline, route)
+        raise self._late(late, deadline, route, failed)
+
+    def _late(self, late: list[int], deadline: float | None, route: Route,
+              failed: Mapping[int, BaseException] | None) -> BaseException:
+        """The error of a call through ``route`` whose ``deadline`` passed
+        with the actors at ``late`` silent: its :meth:`_timed_out`, with the
+        failures of those that answered (``failed``, by index; holes left
+        out) combined as a call's are, so that none is lost."""
+        timeout = self._timed_out(late, deadline, route)
+        if not failed:
+            return timeout
+        mesh = self._mesh._as_called(route)
+        failures = {i: e for i, e in failed.items() if not mesh._hole(i, e)}
+        if not failures:
+            return timeout
+        points = list(mesh)
+        return combine_failures(self._qualname, mesh, [
+            *((points[i], e) for i, e in failures.items()), *((points[i], timeout) for i in late)])
 
     def _timed_out(self, late: list[int], deadline: float | None, route: Route) -> CallTimeout:
         """The error of a call through ``route`` whose ``deadline`` passed,
@@ -822,7 +843,7 @@ class _Due(asyncio.Future[T]):
         self._deadline = deadline
         self._late = late
         self._route = route  # (the view ``late`` is an index of: see _as_called)
-        self._error: CallTimeout | None = None
+        self._error: BaseException | None = None
         #: cancelled by its caller: the message, once ``call`` is done
         self._cancel: tuple[Any, ...] | None = None
         self._timer: asyncio.TimerHandle | None = loop.call_later(
@@ -843,7 +864,8 @@ class _Due(asyncio.Future[T]):
             self.cancel(DEADLINE)
             scope.expire()
             return
-        self._error = self._endpoint._timed_out(silent, self._deadline, self._route)
+        self._error = self._endpoint._late(silent, self._deadline, self._route,
+                                           None if isinstance(late, int) else late.errors)
         call.cancel(DEADLINE)
 
     def _ended(self, call: asyncio.Future[T]) -> None:
