@@ -58,6 +58,9 @@ def test_extent_equality_and_hash() -> None:
         (["x"], [-1], "x"),
         (["x"], [1.5], "x"),
         (["x"], [True], "x"),
+        # names slice(name=i) cannot take, or that point.rank would hide
+        (["x", "rank"], [1, 2], "other than 'rank', got 'rank'"),
+        ([""], [1], "identifier"), (["a b"], [1], "identifier"), (["class"], [1], "keyword"),
     ],
 )
 def test_extent_rejects_bad_shapes(labels: list[str], sizes: list[object], match: str) -> None:
@@ -314,6 +317,8 @@ def test_spawn_procs_validates_dims() -> None:
         meshio.this_host().spawn_procs(per_host={"gpus": 0})
     with pytest.raises(TypeError, match="per_host"):  # (a wrong type, as documented)
         meshio.this_host().spawn_procs(per_host={"gpus": "2"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="'rank'"):  # (before any process starts)
+        meshio.this_host().spawn_procs(per_host={"x": 2, "rank": 2})
 
 
 # ------------------------------------------------------- real meshes

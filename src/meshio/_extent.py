@@ -8,6 +8,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from keyword import iskeyword
 from typing import Any, TypeVar
 
 __all__ = ("Extent", "MeshShape", "Point", "Region")
@@ -29,6 +30,11 @@ class Extent(Mapping[str, int]):
             raise ValueError(f"extent: {len(labels)} labels for {len(sizes)} sizes")
         if len(set(labels)) != len(labels):
             raise ValueError(f"extent: duplicate dimension names in {list(labels)}")
+        for label in labels:  # (``mesh.slice(gpus=0)`` takes them; point.rank: the flat index)
+            if not isinstance(label, str) or not label.isidentifier() or iskeyword(label) \
+                    or label == "rank":
+                raise ValueError(f"extent: a dimension name must be a Python identifier (not a "
+                                 f"keyword) other than 'rank', got {label!r} in {list(labels)}")
         for label, size in zip(labels, sizes):
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ValueError(f"extent: size of {label!r} must be an int >= 0, got {size!r}")

@@ -1024,6 +1024,11 @@ class HostMesh(MeshShape):
             if v < 1:
                 raise ValueError(f"spawn_procs: per_host must map dim names to ints >= 1, "
                                  f"got {k!r}: {v!r}")
+        try:  # (names slice() can take: checked before anything starts)
+            Extent(tuple(per_host), tuple(per_host.values()))
+        except ValueError as e:
+            why = str(e).removeprefix("extent: ")
+            raise ValueError(f"spawn_procs: per_host {per_host}: {why}") from None
         clash = set(per_host) & set(self.extent.labels)
         if clash:
             raise ValueError(f"spawn_procs: per_host dims {sorted(clash)} clash with host dims")

@@ -158,7 +158,7 @@ async def setup_torch_distributed(procs: ProcMesh, *,
                                f"{state.name!r} is a hole; replace one first",
                                actor=state.name, cause="no live process")
     # one helper actor on each live process, ranked among them
-    live = procs if not holes else procs._with_region(Region(Extent(("rank",), (len(ranks),)),
+    live = procs if not holes else procs._with_region(Region(Extent(("live",), (len(ranks),)),
                                                              ranks))
     name = f"_meshio_torch_env_{uuid.uuid4().hex[:8]}"
     env = await live.spawn(name, _TorchEnv)
