@@ -392,6 +392,28 @@ async def test_calls_from_a_thread_without_a_loop_name_the_fix() -> None:
         assert await asyncio.wait_for(values.recv(), GUARD) == 7
 
 
+async def test_the_thread_recipe_in_the_error_is_one_that_works() -> None:
+    """``run_coroutine_threadsafe(c.ping.call_one(1), loop)``, the obvious
+    reading of the fix the error named, raises the same error (the adverb
+    sends at once, in the calling thread); the message shows the form that
+    works, the call wrapped in an ``async def`` run on the loop."""
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        c = await procs.spawn("c", C)
+        loop = asyncio.get_running_loop()
+
+        def obvious() -> None:
+            # (pyright sees that an adverb's future is not a coroutine; users may not)
+            asyncio.run_coroutine_threadsafe(
+                c.ping.call_one(1), loop).result(GUARD)  # pyright: ignore[reportArgumentType]
+
+        with pytest.raises(WrongLoopError) as ei:
+            await asyncio.to_thread(obvious)
+        message = str(ei.value)
+        assert "`async def call(): return await mesh.endpoint.call_one(...)`" in message
+        assert "asyncio.run_coroutine_threadsafe(call(), loop).result()" in message
+        assert "an adverb sends at once, in the thread that calls it" in message
+
+
 async def test_a_call_in_an_actors_init_names_init() -> None:
     """A call awaited in an actor's ``__init__`` (its thread): the error
     says so, not "a plain 'def' endpoint" the user never wrote."""

@@ -493,9 +493,12 @@ class WrongLoopError(MeshioError, RuntimeError):
     ``spawn``, ``stop``, ``Service.scale``, ``PortReceiver.recv``,
     ``Supervisor.wait_failed``, ...), before it changes anything.  The
     message names what was used and the fix: run the code on that loop,
-    from another thread with ``asyncio.run_coroutine_threadsafe(coro,
-    loop).result()`` (``loop.call_soon_threadsafe(port.send, v)`` for a
-    port).  At a script's top level (the main thread, no loop running:
+    from another thread in a coroutine function (``async def call():
+    return await mesh.step.call_one(...)``) run there by
+    ``asyncio.run_coroutine_threadsafe(call(), loop).result()``; an adverb
+    passed to it directly runs, and raises, in the calling thread
+    (``loop.call_soon_threadsafe(port.send, v)`` for a port).  At a
+    script's top level (the main thread, no loop running:
     ``procs = this_host().spawn_procs(...)`` as in Monarch) it says to
     write an ``async def main()`` run by ``meshio.run(main())`` instead.
     Once that loop has ended, the same uses raise

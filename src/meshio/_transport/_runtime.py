@@ -155,10 +155,18 @@ def existing_runtime() -> Runtime | None:
         return None
 
 
+#: how to run a use of a loop's mesh from another thread (the obvious
+#: run_coroutine_threadsafe(mesh.endpoint.call_one(...), loop) calls the
+#: adverb in that thread, and it raises there)
+_RUN_IT_THERE = ("put the use in a coroutine function, e.g. `async def call(): return await "
+                 "mesh.endpoint.call_one(...)`, and run that there with "
+                 "asyncio.run_coroutine_threadsafe(call(), loop).result() (not with "
+                 "mesh.endpoint.call_one(...) as the coroutine: an adverb sends at once, in the "
+                 "thread that calls it, and raises this)")
 #: how to use something of a loop from elsewhere (the end of every WrongLoopError)
-_USE_IT_THERE = ("use it from that loop: from another thread, asyncio.run_coroutine_threadsafe("
-                 "coro, loop).result() runs a coroutine there, and loop.call_soon_threadsafe("
-                 "fn, *args) a plain function such as port.send")
+_USE_IT_THERE = (f"use it from that loop: from another thread, {_RUN_IT_THERE}; "
+                 "loop.call_soon_threadsafe(fn, *args) runs a plain function such as "
+                 "port.send there")
 
 
 def no_running_loop(what: str, *, runs_elsewhere: bool = False) -> WrongLoopError:
@@ -173,8 +181,7 @@ def no_running_loop(what: str, *, runs_elsewhere: bool = False) -> WrongLoopErro
             f"with no loop running): meshio's API is async, with no blocking form of "
             f"spawn_procs, spawn or a call; write the program as an `async def main()` that "
             f"awaits them and run it with meshio.run(main()) (in a notebook, `await` them "
-            f"in a cell); if your event loop runs in another thread, "
-            f"asyncio.run_coroutine_threadsafe(coro, loop).result() runs a coroutine there")
+            f"in a cell); if your event loop runs in another thread, {_RUN_IT_THERE}")
     return WrongLoopError(
         f"{what} cannot be used from a thread that runs no event loop (e.g. one of "
         f"asyncio.to_thread): meshes, services, ports and supervisors belong to the meshio "
