@@ -1,17 +1,22 @@
 """The README's code, as a reader copies it: every python block compiles
 (top-level ``await`` allowed: most are fragments of a ``main()``), and every
 block that is a complete program (it calls ``meshio.run``) runs as a script
-and prints what its comments say.  The blocks are read with the docs
-pages' parser (tests/test_docs.py)."""
+and prints what its comments say; a fragment that must work as written (the
+Supervision section's wait after a SIGKILL) runs in a test of its own.  The
+blocks are read with the docs pages' parser (tests/test_docs.py)."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import re
+import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +69,32 @@ def test_the_error_tree_names_every_exported_error() -> None:
         assert parent[name] == cls.__bases__[0].__name__, name
         for builtin in cls.__bases__[1:]:
             assert f"also {builtin.__name__}" in line_of[name], line_of[name]
+
+
+class Idle(meshio.Actor):
+    pass
+
+
+async def test_the_supervised_kill_recipe_runs_as_written() -> None:
+    """The Supervision section's recipe for a SIGKILL of your own under a
+    supervisor that restarts (its ``failure`` event, then ``procs.ready()``)
+    runs as written and ends once the replacement is up; ``wait_failed()``,
+    which the README once named there, has not returned (it does when the
+    supervisor gives up: a reader waiting on it hung)."""
+    [recipe] = [b.code for b in BLOCKS if "event.pid == victim" in b.code]
+    space: dict[str, Any] = {}
+    exec(compile("async def recipe(procs, sup):\n"
+                 + textwrap.indent(recipe.rstrip("\n") + "\nreturn victim\n", "    "),
+                 "README.md", "exec"),
+         {"os": os, "signal": signal}, space)
+    sup = meshio.Supervisor(strategy="one_for_one", max_restarts=3, within=60.0)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 2}, supervisor=sup) as procs:
+        await procs.options(restart="permanent").spawn("idle", Idle)
+        gave_up = asyncio.ensure_future(procs.wait_failed())
+        victim = await asyncio.wait_for(space["recipe"](procs, sup), DEADLINE)
+        assert victim not in procs.pids
+        assert not gave_up.done()
+        gave_up.cancel()
 
 
 def test_the_deadlines_program_is_complete() -> None:
