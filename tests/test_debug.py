@@ -425,7 +425,7 @@ def test_a_controller_that_does_not_answer_is_given_up(env: dict[str, str]) -> N
         finally:
             os.kill(controller.pid, signal.SIGCONT)
     assert out.returncode == 1 and out.stdout == ""
-    assert re.fullmatch(rf"meshio debug: controller pid {controller.pid} started [^\n]* did "
+    assert re.fullmatch(rf"meshio debug: controller pid {controller.pid} loop 1 started [^\n]* did "
                         rf"not answer within {ASK_TIMEOUT:g} s\n", out.stderr), out.stderr
 
 

@@ -278,7 +278,7 @@ def test_meshio_stacks_reads_a_running_controller(tmp_path: Path) -> None:
     with subprocess.Popen([sys.executable, str(CONTROLLER)], env=env, text=True,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
         assert controller.stdin is not None and controller.stdout is not None
-        check_cli(controller, env, tmp_path / "meshio" / f"{controller.pid}.json")
+        check_cli(controller, env, tmp_path / "meshio" / f"{controller.pid}-1.json")
 
 
 def test_meshio_stacks_refuses_an_inspection_dir_others_may_write(tmp_path: Path) -> None:
@@ -287,8 +287,9 @@ def test_meshio_stacks_refuses_an_inspection_dir_others_may_write(tmp_path: Path
     shared = tmp_path / "meshio"
     shared.mkdir()
     shared.chmod(0o777)
-    (shared / f"{os.getpid()}.json").write_text(json.dumps({
-        "meshio_controller": 1, "pid": os.getpid(), "address": "tcp://127.0.0.1:9",
+    (shared / f"{os.getpid()}-1.json").write_text(json.dumps({
+        "meshio_controller": 1, "pid": os.getpid(), "loop": 1, "thread": "MainThread",
+        "address": "tcp://127.0.0.1:9",
         "secret": bytes(32).hex(), "argv": ["planted"], "started": 0.0}))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
     for command in ("stacks", "dashboard"):
@@ -327,7 +328,7 @@ def check_cli(controller: subprocess.Popen[str], env: dict[str, str], published:
 
         other = meshio_cli("stacks", "--pid", "1", env=env)
         assert other.returncode == 1 and "has pid 1" in other.stderr
-        assert f"pid {controller.pid} started" in other.stderr
+        assert f"pid {controller.pid} loop 1 started" in other.stderr
     finally:
         controller.stdin.close()  # the actors are released and the controller ends
         assert controller.wait(GUARD) == 0
@@ -382,6 +383,90 @@ def test_meshio_stacks_exits_1_when_a_process_did_not_answer(tmp_path: Path) -> 
     partial = Stacks.from_json(as_json.stdout)
     assert [a.rank for a in partial.actors] == [0] and len(partial.errors) == 1
     assert whole.returncode == 0 and whole.stdout == "idle ranks 0-1: idle\n"
+
+
+#: a controller running two event loops, in threads ``loopA`` and ``loopB``,
+#: each with a proc mesh and an idle actor mesh (``idleA``, ``idleB``); a
+#: line ``A`` on stdin ends loop A (``ended A`` once its thread has)
+TWO_LOOPS_CONTROLLER = """
+import asyncio, sys, threading, meshio
+from meshio import Actor
+
+class Idle(Actor):
+    pass
+
+def serve(tag, end):
+    async def main():
+        mesh = meshio.this_host().spawn_procs(per_host={"procs": 1}, name=f"procs{tag}")
+        async with mesh as procs:
+            await procs.spawn(f"idle{tag}", Idle)
+            print("ready", flush=True)
+            await asyncio.to_thread(end.wait)
+    asyncio.run(main())
+
+ends = {tag: threading.Event() for tag in "AB"}
+threads = {tag: threading.Thread(target=serve, args=(tag, ends[tag]), name=f"loop{tag}")
+           for tag in "AB"}
+for thread in threads.values():
+    thread.start()
+for line in sys.stdin:
+    tag = line.strip()
+    ends[tag].set()
+    threads[tag].join()
+    print("ended", tag, flush=True)
+for tag in "AB":
+    ends[tag].set()
+    threads[tag].join()
+"""
+
+
+def test_meshio_stacks_shows_every_event_loop_of_a_controller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller with two event loops (a runtime each) publishes each;
+    ``meshio stacks`` shows both, ``--loop`` one; when one loop ends the
+    other is still found (they shared ``<pid>.json``: only the last loop
+    was seen, and none once the other ended)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    env = dict(os.environ)
+    with subprocess.Popen([sys.executable, "-c", TWO_LOOPS_CONTROLLER], env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as controller:
+        assert controller.stdin is not None and controller.stdout is not None
+        try:
+            assert [controller.stdout.readline() for _ in "AB"] == ["ready\n"] * 2
+            loops = {c.thread: c for c in controllers()}
+            assert sorted(loops) == ["loopA", "loopB"]
+            assert {c.pid for c in loops.values()} == {controller.pid}
+            a, b = loops["loopA"], loops["loopB"]
+
+            both = meshio_cli("stacks", env=env)
+            assert both.returncode == 0, both.stderr
+            assert sorted(both.stdout.split("\n")[:-1]) == sorted([
+                f"pid {controller.pid} loop {a.loop} (thread 'loopA'):", "idleA rank 0: idle",
+                f"pid {controller.pid} loop {b.loop} (thread 'loopB'):", "idleB rank 0: idle"])
+            as_json = meshio_cli("stacks", "--json", "--pid", str(controller.pid), env=env)
+            assert as_json.returncode == 0, as_json.stderr
+            assert sorted(s.actor for s in Stacks.from_json(as_json.stdout).actors) == [
+                "idleA", "idleB"]
+            one = meshio_cli("stacks", "--loop", str(b.loop), env=env)
+            assert (one.returncode, one.stdout) == (0, "idleB rank 0: idle\n"), one.stderr
+            refused = meshio_cli("dashboard", env=env)
+            assert refused.returncode == 1 and refused.stdout == ""
+            assert refused.stderr.startswith(
+                f"meshio dashboard: controller pid {controller.pid} runs 2 event loops with "
+                "proc meshes; choose one with --loop")
+            assert f"pid {controller.pid} loop {a.loop} (thread 'loopA') started" \
+                in refused.stderr
+
+            controller.stdin.write("A\n")
+            controller.stdin.flush()
+            assert controller.stdout.readline() == "ended A\n"
+            assert controllers() == [b]
+            left = meshio_cli("stacks", "--pid", str(controller.pid), env=env)
+            assert (left.returncode, left.stdout) == (0, "idleB rank 0: idle\n"), left.stderr
+        finally:
+            controller.stdin.close()
+        assert controller.wait(GUARD) == 0
+    assert controllers() == []
 
 
 async def test_an_inspection_client_may_read_stacks_and_nothing_else(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import sys
@@ -19,7 +20,7 @@ from ._doctor import CHECKS, doctor, report_json, report_text, unmet
 from ._exceptions import MeshioError
 from ._inspect import ANSWER_GRACE, ASK_TIMEOUT, Controller, ask_stacks, controllers, inspection_dir
 from ._run import run
-from ._stacks import STACKS_TIMEOUT
+from ._stacks import STACKS_TIMEOUT, Stacks
 from .jobs._agent import main as agent_main
 
 __all__ = ("main",)
@@ -60,7 +61,8 @@ def _main(args_in: list[str]) -> None:
                        "stacks, grouped when identical",
         "Ask a running meshio controller of this user (a process that started a proc mesh) "
         "for the current Python stacks of every actor of its proc meshes, and print them "
-        "grouped when identical.")
+        "grouped when identical; those of each of its event loops when it runs several "
+        "(--loop: one).")
     stacks.add_argument("--json", action="store_true", help="print JSON instead of text")
     stacks.add_argument("--timeout", type=_seconds, default=STACKS_TIMEOUT,
                         help=f"seconds each process has to answer (default {STACKS_TIMEOUT:g})")
@@ -99,11 +101,11 @@ def _main(args_in: list[str]) -> None:
             sys.exit("\n".join(f"meshio doctor: {c.name} is required but missing: {c.detail}"
                                for c in missing))
     elif args.command == "stacks":
-        sys.exit(run(_stacks(args.pid, args.json, args.timeout)))
+        sys.exit(run(_stacks(args.pid, args.loop, args.json, args.timeout)))
     elif args.command == "dashboard":
-        sys.exit(run(_dashboard(args.pid, args.port, args.host)))
+        sys.exit(run(_dashboard(args.pid, args.loop, args.port, args.host)))
     elif args.command == "debug":
-        sys.exit(run(_debug(args.pid)))
+        sys.exit(run(_debug(args.pid, args.loop)))
 
 
 def _count(text: str) -> int:
@@ -141,16 +143,19 @@ def _option(text: str, parse: Callable[[str], _V], ok: Callable[[_V], bool], wan
 
 def _asking(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
     """The parser of ``meshio <name>``, a client of a running controller
-    (``--pid`` chooses which)."""
+    (``--pid`` chooses which, ``--loop`` which of its event loops)."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
     parser.add_argument("--pid", type=int, help="the controller's pid, when several run")
+    parser.add_argument("--loop", type=_count,
+                        help="which of the controller's event loops (the N of its 'loop N'), "
+                             "when it runs several")
     return parser
 
 
-async def _debug(pid: int | None) -> int:
+async def _debug(pid: int | None, loop: int | None) -> int:
     """``meshio debug``: 0 once the user quits, 1 (with why, on stderr)
     when no controller was found, it did not answer, or it went away."""
-    chosen = _choose("debug", pid)
+    chosen = _choose_one("debug", pid, loop)
     if chosen is None:
         return 1
     try:
@@ -159,17 +164,18 @@ async def _debug(pid: int | None) -> int:
         return _failed("debug", chosen, "did not answer", e, ASK_TIMEOUT)
 
 
-def _choose(command: str, pid: int | None) -> Controller | None:
-    """The running controller ``meshio <command>`` talks to: the one of
-    this user (with ``pid``, when given); None, with why on stderr, when
-    there is none or several."""
+def _choose(command: str, pid: int | None, loop: int | None) -> list[Controller] | None:
+    """The event loops (oldest first) of the running controller ``meshio
+    <command>`` talks to: the one process of this user that runs one (with
+    ``pid``, when given); with ``loop``, that loop of it only.  None, with
+    why on stderr, when there is none, several, or no such loop."""
     try:
         found = controllers()
     except PermissionError as e:
         print(f"meshio {command}: {e}", file=sys.stderr)
         return None
     chosen = [c for c in found if pid is None or c.pid == pid]
-    if len(chosen) != 1:
+    if len({c.pid for c in chosen}) != 1:
         where = inspection_dir()
         if pid is not None:
             why = f"no running meshio controller of yours has pid {pid} (found in {where}:"
@@ -178,31 +184,70 @@ def _choose(command: str, pid: int | None) -> Controller | None:
                    "publishes itself there once it starts a proc mesh")
         else:
             why = f"several meshio controllers run; choose one with --pid (found in {where}:"
-        listing = "".join(f"\n  {c.describe()}" for c in found) or " none"
-        print(f"meshio {command}: {why}){listing}", file=sys.stderr)
+        print(f"meshio {command}: {why}){_listing(found)}", file=sys.stderr)
+        return None
+    picked = [c for c in chosen if loop is None or c.loop == loop]
+    if not picked:
+        print(f"meshio {command}: controller pid {chosen[0].pid} runs no loop {loop}; its "
+              f"event loops:{_listing(chosen)}", file=sys.stderr)
+        return None
+    return picked
+
+
+def _choose_one(command: str, pid: int | None, loop: int | None) -> Controller | None:
+    """The one event loop ``meshio <command>`` talks to (:func:`_choose`);
+    None, with why on stderr, when the controller runs several and
+    ``loop`` does not say which."""
+    chosen = _choose(command, pid, loop)
+    if chosen is None:
+        return None
+    if len(chosen) > 1:
+        print(f"meshio {command}: controller pid {chosen[0].pid} runs {len(chosen)} event "
+              f"loops with proc meshes; choose one with --loop:{_listing(chosen)}",
+              file=sys.stderr)
         return None
     return chosen[0]
 
 
-async def _stacks(pid: int | None, as_json: bool, timeout: float) -> int:
+def _listing(found: list[Controller]) -> str:
+    """``found`` as the lines of a message, or `` none``."""
+    return "".join(f"\n  {c.describe()}" for c in found) or " none"
+
+
+async def _stacks(pid: int | None, loop: int | None, as_json: bool, timeout: float) -> int:
     """``meshio stacks``: 0 once printed, 1 (with why, on stderr) when no
     controller answered; 1 too, once printed, when some processes did not
-    answer (their error lines end the stacks)."""
-    chosen = _choose("stacks", pid)
+    answer (their error lines end the stacks) or some event loops of the
+    controller did not (why on stderr).  The text of a controller with
+    several loops heads each loop's stacks with its name; its JSON is one
+    :class:`Stacks` of all their actors."""
+    chosen = _choose("stacks", pid, loop)
     if chosen is None:
         return 1
-    try:
-        stacks = await ask_stacks(chosen, timeout)
-    except (MeshioError, TimeoutError) as e:
-        return _failed("stacks", chosen, "did not answer", e, timeout + ANSWER_GRACE)
-    print(stacks.json() if as_json else stacks.text(), end="\n" if as_json else "")
-    return 1 if stacks.errors else 0
+
+    async def ask(controller: Controller) -> Stacks | None:
+        try:
+            return await ask_stacks(controller, timeout)
+        except (MeshioError, TimeoutError) as e:
+            _failed("stacks", controller, "did not answer", e, timeout + ANSWER_GRACE)
+            return None
+
+    answers = await asyncio.gather(*map(ask, chosen))
+    answered = [(c, stacks) for c, stacks in zip(chosen, answers) if stacks is not None]
+    if as_json and answered:
+        print(Stacks(tuple(a for _, stacks in answered for a in stacks.actors),
+                     tuple(e for _, stacks in answered for e in stacks.errors)).json())
+    elif not as_json:
+        for controller, stacks in answered:
+            print(f"{controller.name()}:\n" if len(chosen) > 1 else "", stacks.text(), sep="",
+                  end="")
+    return 0 if len(answered) == len(chosen) and not any(s.errors for _, s in answered) else 1
 
 
-async def _dashboard(pid: int | None, port: int, host: str) -> int:
+async def _dashboard(pid: int | None, loop: int | None, port: int, host: str) -> int:
     """``meshio dashboard``: 0 once the URL is printed, 1 (with why, on
     stderr) when no controller serves it."""
-    controller = _choose("dashboard", pid)
+    controller = _choose_one("dashboard", pid, loop)
     if controller is None:
         return 1
     try:

@@ -4,11 +4,14 @@ A controller (a process that started a proc mesh, not a worker) listens
 for inspection clients on a Unix name of its own
 (:meth:`~meshio._transport._runtime.Runtime.listen_inspection`), with a
 secret of its own, and publishes both in a file readable by this user
-only: ``$XDG_RUNTIME_DIR/meshio/<pid>.json``, or
-``/tmp/meshio-<uid>/<pid>.json`` without ``XDG_RUNTIME_DIR`` (the
+only: ``$XDG_RUNTIME_DIR/meshio/<pid>-<loop>.json``, or
+``/tmp/meshio-<uid>/<pid>-<loop>.json`` without ``XDG_RUNTIME_DIR`` (the
 directory mode 0700, the file 0600; removed when the controller's loop
-ends).  An inspection client proves that secret, not the job's, and may
-only send inspection messages: :class:`JobStacks` (``meshio stacks``),
+ends).  A process that runs several event loops at once (threads, each
+with its ``asyncio.run``) has a runtime, a listener and a file per loop,
+numbered in the order they started a proc mesh (``loop``).  An
+inspection client proves that secret, not the job's, and may only send
+inspection messages: :class:`JobStacks` (``meshio stacks``),
 :class:`ServeDashboard` (``meshio dashboard``: the dashboard served) and
 :class:`DebugIO` (``meshio debug``, :mod:`meshio._debug`: it drives the
 pdb sessions of actors paused in ``breakpoint()``, where pdb runs any
@@ -21,11 +24,13 @@ peer-uid check.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +63,9 @@ ANSWER_GRACE = 10.0
 ASK_TIMEOUT = 10.0
 
 _encode = msgspec.msgpack.Encoder().encode
+#: numbers this process's controller runtimes (``Controller.loop``), 1 up
+#: (``next`` on it is atomic: loops in threads may start together)
+_loops = itertools.count(1)
 _stacks_decoder = msgspec.msgpack.Decoder(Stacks)
 
 
@@ -106,7 +114,8 @@ class Inspection:
         addr = rt.sockets.listen_inspection(secret)
         #: how an inspection client reaches this controller (its own
         #: terminal's ``meshio debug`` too: :mod:`meshio._debug`)
-        self.controller = Controller(os.getpid(), addr, secret, sys.argv, time.time())
+        self.controller = Controller(os.getpid(), next(_loops), threading.current_thread().name,
+                                     addr, secret, sys.argv, time.time())
         self.path: Path | None = None
         try:
             self.path = _publish(self.controller)
@@ -146,12 +155,15 @@ class Inspection:
 
 
 def _publish(controller: Controller) -> Path:
-    """Write this controller's file; its path."""
-    path = private_dir() / f"{controller.pid}.json"
+    """Write this controller runtime's file (one per event loop, so that
+    the runtimes of one process neither hide nor remove each other's); its
+    path."""
+    path = private_dir() / f"{controller.pid}-{controller.loop}.json"
     tmp = path.with_suffix(f".tmp{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"meshio_controller": 1, "pid": controller.pid, "address": controller.address,
+        json.dump({"meshio_controller": 1, "pid": controller.pid, "loop": controller.loop,
+                   "thread": controller.thread, "address": controller.address,
                    "secret": controller.secret.hex(), "argv": controller.argv,
                    "started": controller.started}, f)
     os.replace(tmp, path)
@@ -181,22 +193,41 @@ register_handler(JobStacks, _on_job_stacks, inspection=True)
 
 @dataclass(frozen=True)
 class Controller:
-    """A running controller of this user, as it published itself."""
+    """A running controller of this user, as it published itself: one
+    event loop of that process (its runtime), with the proc meshes that
+    loop started.
+
+    Attributes:
+        pid: the controller's process.
+        loop: which of that process's runtimes: 1 for the first to start
+            a proc mesh, 2 for the next (a second ``asyncio.run``, or
+            another thread's), and so on.
+        thread: the name of the thread that runs that loop.
+    """
 
     pid: int
+    loop: int
+    thread: str
     address: str
     secret: bytes
     argv: list[str]
     started: float
 
+    def name(self) -> str:
+        """``pid 4242 loop 1``, and the loop's thread unless it is the main
+        one: ``pid 4242 loop 2 (thread 'loader')``."""
+        thread = "" if self.thread == "MainThread" else f" (thread {self.thread!r})"
+        return f"pid {self.pid} loop {self.loop}{thread}"
+
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        return f"pid {self.pid} started {when}: {' '.join(self.argv) or '?'}"
+        return f"{self.name()} started {when}: {' '.join(self.argv) or '?'}"
 
 
 def controllers() -> list[Controller]:
-    """This user's running controllers, oldest first; the files of
-    controllers that are gone are removed.
+    """This user's running controllers (each event loop of a process that
+    runs several is one), oldest first; the files of controllers that are
+    gone are removed.
 
     Raises:
         PermissionError: the inspection directory is another user's, or
@@ -208,7 +239,8 @@ def controllers() -> list[Controller]:
     for entry in sorted(_checked(path).glob("*.json")) if path.is_dir() else []:
         try:
             data: Any = json.loads(entry.read_text())
-            controller = Controller(int(data["pid"]), str(data["address"]),
+            controller = Controller(int(data["pid"]), int(data["loop"]), str(data["thread"]),
+                                    str(data["address"]),
                                     bytes.fromhex(data["secret"]),
                                     [str(a) for a in data["argv"]], float(data["started"]))
         except (OSError, ValueError, KeyError, TypeError):
