@@ -81,6 +81,14 @@ class WorkerProcess(Protocol):
     def returncode(self) -> int | None:
         """Its exit status once it exited (negative: the signal), else None."""
         ...
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to it (nothing once it has exited).  On the
+        in-process transport, a signal that would end a worker process
+        (SIGKILL) ends the worker as that process's death would: its calls
+        in flight fail, and ``returncode`` becomes ``-sig``; one a worker
+        process ignores (SIGINT, SIGTERM) or that cannot stop an in-process
+        worker (SIGSTOP) does nothing."""
+        ...
 
 
 def worker_processes(procs: ProcMesh) -> list[WorkerProcess]:

@@ -12,14 +12,17 @@ run in milliseconds, with no process to start or leak.
 
 What it cannot be is separate processes: one pid, one ``sys.modules``, one
 ``os.environ`` (the per-worker environment, ``CUDA_VISIBLE_DEVICES``
-included, is not applied), no output forwarding, and a signal "kills" a
-worker by dropping its connections.  Test process faults, supervision,
-heartbeats and RDMA on the ``"processes"`` transport.
+included, is not applied), no output forwarding, and SIGKILL "kills" a
+worker by cancelling its tasks and dropping its connections (its calls in
+flight fail and its exit status reads -9, as a process's; SIGSTOP does
+nothing).  Test other process faults, supervision, heartbeats and RDMA on
+the ``"processes"`` transport.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from typing import Literal
@@ -31,6 +34,8 @@ from .._transport._credentials import Credentials
 from .._transport._roles import Incarnation
 from .._transport._runtime import Runtime
 from .._worker import serve
+
+log = logging.getLogger("meshio")
 
 __all__ = ("TRANSPORTS", "InProcessLauncher", "InProcessWorker", "Transport", "in_process_host")
 
@@ -49,29 +54,56 @@ class InProcessWorker:
         self.start_failure: str | None = None
         self.downed: str | None = None  # nothing is between it and its controller
         self._rt = rt
-        # served in the runtime's own context: its actors see it as runtime()
-        self._task: asyncio.Task[int] = rt.context.run(rt.tasks.start, serve(rt, controller))
         self._signal: int | None = None
+        loop = asyncio.get_running_loop()
+        # Served in a copy of the runtime's own context (its actors see it as
+        # runtime()), by a task of this worker's: serve's own rt.close() at
+        # its end cancels the runtime's tasks, which would lose its status.
+        self._task: asyncio.Task[int] = loop.create_task(serve(rt, controller),
+                                                          context=rt.context.copy())
+        self._exit: asyncio.Future[int] = loop.create_future()
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[int]) -> None:
+        """Its "process" exited: killed by the signal sent (-sig), or with
+        serve's status; 1 where serve failed, whose traceback is logged as a
+        worker process prints its own.  (Cancelled unsignalled, only as the
+        loop ends: as if killed.)"""
+        if self._signal is not None or task.cancelled():
+            code = -(self._signal or signal.SIGKILL)
+        elif (exc := task.exception()) is not None:
+            log.error("meshio: in-process worker %s failed", self._rt.worker, exc_info=exc)
+            code = 1
+        else:
+            code = task.result()
+        self._exit.set_result(code)
 
     @property
     def returncode(self) -> int | None:
-        if self._signal is not None:
-            return -self._signal
-        return self._task.result() if self._task.done() else None
+        return self._exit.result() if self._exit.done() else None
 
     async def wait(self) -> int:
-        code = await asyncio.shield(self._task)
-        return -self._signal if self._signal is not None else code
+        # (shielded: a waiter cancelled leaves the exit status to the others)
+        return await asyncio.shield(self._exit)
 
     def send_signal(self, sig: int) -> None:
-        """A signal that ends a process (SIGKILL, SIGTERM, ...) drops the
-        worker's connections, as the death of its process would; its actors
-        are then stopped as after a lost controller.  Others do nothing."""
-        if self._task.done() or sig in (signal.SIGCONT, signal.SIGSTOP, 0):
+        """A signal that ends a process ends the worker as the death of its
+        process would: its connections drop and its tasks, actors' included,
+        are cancelled (no ``__cleanup__`` runs); :meth:`wait` then returns
+        ``-sig``.  Those a worker process ignores (SIGINT, SIGTERM: its
+        controller stops it) or that stop no process do nothing, as does
+        any once it is ending."""
+        if self._task.done() or self._signal is not None or sig in _NOT_ENDING:
             return
-        if self._signal is None:
-            self._signal = sig
+        self._signal = sig
+        self._task.cancel()
         self._rt.close()
+
+
+#: signals after which a worker process lives on (:mod:`meshio.worker`
+#: ignores SIGINT and SIGTERM)
+_NOT_ENDING = frozenset({0, signal.SIGINT, signal.SIGTERM, signal.SIGSTOP, signal.SIGCONT,
+                         signal.SIGCHLD, signal.SIGWINCH, signal.SIGURG})
 
 
 #: why ``reattach`` finds nothing to re-attach to on the in-process transport
