@@ -1,9 +1,13 @@
 """The in-process transport's limits, said before anything starts: an actor
 there cannot start worker processes (its runtime listens on no socket they
 could reach), so ``this_host().spawn_procs()`` in it is refused at once;
-an in-process host still spawns from it."""
+an in-process host still spawns from it.  ``spawn_procs`` options only a
+process honours (``env``, ``supervisor``, ``bootstrap``) are refused: the
+first two were ignored, so a test passed there and failed on processes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -43,3 +47,27 @@ async def test_an_in_process_actor_cannot_start_processes() -> None:
         assert child_pids() == before  # nothing was launched
         # the actor goes on serving, and an in-process host spawns from it
         assert await parent.spawn_in_process.call_one() == [0, 1]
+
+
+def setup() -> None:
+    """A bootstrap (never run: refused)."""
+
+
+@pytest.mark.timeout(GUARD)
+@pytest.mark.parametrize(("options", "refused"), [
+    ({"env": {"MY_FLAG": "on"}}, r"spawn_procs\(env=\.\.\.\).*environment per worker"),
+    ({"supervisor": meshio.Supervisor()}, r"spawn_procs\(supervisor=\.\.\.\).*heartbeats"),
+    ({"bootstrap": setup}, r"spawn_procs\(bootstrap=\.\.\.\).*new process"),
+    ({"env": {"A": "1"}, "bootstrap": setup}, r"spawn_procs\(env=\.\.\., bootstrap=\.\.\.\)"),
+])
+async def test_options_only_a_process_honours_are_refused(options: dict[str, Any],
+                                                          refused: str) -> None:
+    with pytest.raises(ValueError, match=refused + r".*'processes' transport"):
+        in_process_host().spawn_procs(per_host={"procs": 1}, **options)
+
+
+@pytest.mark.timeout(GUARD)
+async def test_an_empty_env_is_taken() -> None:
+    async with in_process_host().spawn_procs(per_host={"procs": 1}, env={}) as procs:
+        children = await procs.spawn("children", Child)
+        assert await children.rank.call_one() == 0

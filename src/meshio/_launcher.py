@@ -211,6 +211,10 @@ class ProcLauncher(Protocol):
     """Starts worker processes on one host."""
 
     host: str
+    #: its workers are runtimes of this process (the in-process transport of
+    #: :mod:`meshio.testing`), not processes: ``spawn_procs`` refuses there
+    #: what only a process can apply
+    in_process: bool
 
     async def launch(self, spec: WorkerSpec) -> ProcHandle: ...
 
@@ -1041,6 +1045,8 @@ os.register_at_fork(after_in_child=_forked)
 class LocalLauncher:
     """Starts workers on this host as child processes of the controller (or
     of a host agent, which passes ``output`` to relay their output)."""
+
+    in_process = False
 
     def __init__(self, output: Output | None = None) -> None:
         self.host = socket.gethostname()

@@ -961,9 +961,11 @@ class HostMesh(MeshShape):
                 ``keep_alive``), an ``env`` key
                 that is empty, has ``=`` or starts with ``MESHIO_``,
                 ``log_dir`` with ``log_records=False``, ``keep_alive``
-                with the ``name`` of another kept-alive proc mesh, or a
+                with the ``name`` of another kept-alive proc mesh, a
                 ``name`` too long for its workers' Unix socket addresses
-                (46 bytes fit, as the message says).
+                (46 bytes fit, as the message says), or, on the in-process
+                transport (:func:`meshio.testing.in_process_host`), a
+                non-empty ``env``, a ``supervisor`` or a ``bootstrap``.
         """
         if keep_alive is not None:
             keep_alive = check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
@@ -1061,6 +1063,8 @@ class HostMesh(MeshShape):
                 f"there cannot start worker processes with this_host().spawn_procs(). Run "
                 f"this test on the 'processes' transport "
                 f"(pytest.mark.meshio_transports(\"processes\"))")
+        if any(launcher.in_process for launcher in launchers):
+            _refuse_in_process(env, supervisor, bootstrap)
         n = math.prod(per_host.values())
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
@@ -1155,6 +1159,30 @@ class HostMesh(MeshShape):
             state.fail_gone()
             state.published()
         return procs
+
+
+def _refuse_in_process(env: Mapping[str, str], supervisor: Supervisor | None,
+                       bootstrap: Callable[[], object] | None) -> None:
+    """Refuse the ``spawn_procs`` options the in-process transport cannot
+    honour (it starts no process): ignored, a test would pass there and
+    fail on processes, or the reverse."""
+    given = [what for what, set_ in (("env", bool(env)), ("supervisor", supervisor is not None),
+                                     ("bootstrap", bootstrap is not None)) if set_]
+    if given:
+        raise ValueError(
+            f"spawn_procs({', '.join(f'{what}=...' for what in given)}): the in-process "
+            f"transport (meshio.testing.in_process_host()) starts no processes and cannot "
+            f"honour {' or '.join(_IN_PROCESS_LACKS[what] for what in given)}; test this on "
+            f"the 'processes' transport (pytest.mark.meshio_transports(\"processes\"))")
+
+
+#: what the in-process transport cannot honour, per option it refuses
+_IN_PROCESS_LACKS = {
+    "env": "an environment per worker (its workers share this process's os.environ)",
+    "supervisor": "a supervisor (its workers share this loop: heartbeats cannot tell a hung "
+                  "one)",
+    "bootstrap": "a bootstrap (run first in each new process)",
+}
 
 
 def _check_supervisor(supervisor: object, where: str) -> None:

@@ -308,6 +308,8 @@ class RemoteLauncher:
     """Starts workers on one remote host through its agent at ``agent``
     (``tcp://HOST:PORT``)."""
 
+    in_process = False
+
     def __init__(self, agent: str, job: Credentials) -> None:
         endpoint = tcp_endpoint(agent)
         if endpoint is None:

@@ -11,12 +11,13 @@ validation, pickling, ordering, ports, errors, adverbs — so tests of those
 run in milliseconds, with no process to start or leak.
 
 What it cannot be is separate processes: one pid, one ``sys.modules``, one
-``os.environ`` (the per-worker environment, ``CUDA_VISIBLE_DEVICES``
-included, is not applied), no output forwarding, and SIGKILL "kills" a
+``os.environ`` (meshio's per-worker variables, ``CUDA_VISIBLE_DEVICES``
+included, are not applied), no output forwarding, and SIGKILL "kills" a
 worker by cancelling its tasks and dropping its connections (its calls in
 flight fail and its exit status reads -9, as a process's; SIGSTOP does
-nothing).  Test other process faults, supervision, heartbeats and RDMA on
-the ``"processes"`` transport.
+nothing).  ``spawn_procs`` refuses what only processes honour (``env=``,
+``supervisor=``, ``bootstrap=``).  Test other process faults, supervision,
+heartbeats and RDMA on the ``"processes"`` transport.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class InProcessLauncher:
     """Starts workers as runtimes on the running event loop (a
     :class:`~meshio._launcher.ProcLauncher`)."""
 
+    in_process = True
+
     def __init__(self) -> None:
         self.host: str = os.uname().nodename
 
@@ -125,9 +128,6 @@ class InProcessLauncher:
         raise ValueError(_NO_REATTACH)
 
     async def launch(self, spec: WorkerSpec) -> InProcessWorker:
-        if spec.bootstrap:
-            raise ValueError("spawn_procs(bootstrap=...) runs in a new process; the in-process "
-                             "transport starts none (test it on the 'processes' transport)")
         rt = Runtime(asyncio.get_running_loop(), addr=spec.listen, worker=spec.worker,
                      secret=spec.secret, in_process=True, name=spec.addr or None)
         rt.incarnation = Incarnation(restart=spec.restart, worker=spec.worker)
