@@ -247,6 +247,32 @@ def test_checked():
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_checked*"])
 
 
+def test_the_plugin_turns_off_under_the_guide_settings(pytester: pytest.Pytester) -> None:
+    """The guide's settings set meshio_leak_check under filterwarnings =
+    error: there, -p no:meshio alone stops pytest at the option it no longer
+    knows (as the guide says); with that warning ignored, as the guide says
+    to, the suite runs without the plugin; -o meshio_leak_check=false keeps
+    the plugin and turns off its leak check."""
+    pytester.makeini(SETTINGS + "filterwarnings = error\nmeshio_leak_check = true\n")
+    pytester.makepyfile(test_user="""
+def test_plain(request):
+    on = request.config.pluginmanager.has_plugin("meshio")
+    print("meshio:", on, on and request.config.getini("meshio_leak_check"))
+""")
+    alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:meshio")
+    assert alone.ret == pytest.ExitCode.INTERNAL_ERROR
+    alone.stdout.fnmatch_lines(["*Unknown config option: meshio_leak_check*"])
+    off = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-s", "-p", "no:meshio",
+        "-W", "ignore:Unknown config option:pytest.PytestConfigWarning")
+    off.assert_outcomes(passed=1)
+    off.stdout.fnmatch_lines(["*meshio: False False*"])
+    unchecked = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s",
+                                              "-o", "meshio_leak_check=false")
+    unchecked.assert_outcomes(passed=1)
+    unchecked.stdout.fnmatch_lines(["*meshio: True False*"])
+
+
 def test_unknown_transport_is_refused(pytester: pytest.Pytester) -> None:
     """issue 9: meshio_transport is the seam for more transports; a value
     meshio does not have is an error that lists the ones it has."""

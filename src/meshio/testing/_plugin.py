@@ -1,5 +1,8 @@
 """meshio's pytest plugin, loaded through the ``pytest11`` entry point in
-every pytest run where meshio is installed (``-p no:meshio`` turns it off).
+every pytest run where meshio is installed (``-p no:meshio`` turns it off;
+where the ini file sets ``meshio_leak_check`` and ``filterwarnings = error``,
+with ``-W "ignore:Unknown config option:pytest.PytestConfigWarning"`` too,
+or pytest stops at the option it no longer knows).
 
 It adds nothing to a test that does not ask for it:
 
