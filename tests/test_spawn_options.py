@@ -64,13 +64,33 @@ async def test_restart_option_through_a_reference() -> None:
     await events.aclose()
 
 
+class Options(Actor):
+    """Takes any keyword, ``restart`` too."""
+
+    def __init__(self, k: int, **options: str) -> None:
+        self.options = options
+
+    @endpoint
+    def options_given(self) -> dict[str, str]:
+        return self.options
+
+
 async def test_restart_keyword_goes_to_the_constructor() -> None:
     """issue 9 (types): ``spawn(..., restart=...)`` no longer means a meshio
     option: it is a constructor argument, so a class without one fails with a
-    SchemaError naming it (the old form does not silently succeed)."""
+    SchemaError naming it (the old form does not silently succeed) and saying
+    where the option went; a class that takes it gets it, and its other
+    errors say nothing of the option."""
     async with meshio.this_host().spawn_procs() as procs:
-        with pytest.raises(SchemaError, match=r"W\.__init__\(\).*unexpected.*'restart'"):
+        with pytest.raises(SchemaError, match=r"W\.__init__\(\).*unexpected.*'restart'.*; "
+                           r"restart is no argument of spawn.*procs\.options\("
+                           r"restart='transient'\)\.spawn\('w', W, \.\.\.\)"):
             await procs.spawn("w", W, 1, restart="transient")  # type: ignore[call-arg]
+        taken = await procs.spawn("o", Options, 1, restart="transient")
+        assert await taken.options_given.call_one() == {"restart": "transient"}
+        with pytest.raises(SchemaError, match=r"missing required argument") as missing:
+            await procs.spawn("p", Options, restart="transient")  # type: ignore[call-arg]
+        assert "procs.options" not in str(missing.value)
         with pytest.raises(ValueError, match=r"options\(restart=\.\.\.\) must be"):
             procs.options(restart="sometimes")  # type: ignore[arg-type]
 

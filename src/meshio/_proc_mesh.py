@@ -243,7 +243,15 @@ class ProcMesh(MeshShape):
                 f"can encode, got {type(name).__name__} {name!r}")
         schema = cls._meshio_ctor
         packer = Packer()
-        body = schema.pack_call(args, kwargs, packer)
+        try:
+            body = schema.pack_call(args, kwargs, packer)
+        except SchemaError as e:
+            if "restart" in kwargs and not _takes_keyword(cls, "restart"):  # (spawn's old option)
+                raise SchemaError(
+                    f"{e}; restart is no argument of spawn any more: meshio's options come "
+                    f"before it, procs.options(restart={kwargs['restart']!r}).spawn({name!r}, "
+                    f"{cls.__qualname__}, ...)") from None
+            raise
         return await self._spawn_packed(name, cls, body, packer)
 
     async def _spawn_packed(self, name: str, cls: type[A], body: bytes, out: OutBuffers) -> A:
@@ -1159,6 +1167,13 @@ class HostMesh(MeshShape):
             state.fail_gone()
             state.published()
         return procs
+
+
+def _takes_keyword(cls: type[Actor], name: str) -> bool:
+    """Whether ``cls.__init__`` takes an argument ``name`` by keyword (a
+    parameter of that name, or ``**kwargs``)."""
+    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind is not p.POSITIONAL_ONLY)
+               for p in inspect.signature(cls.__init__).parameters.values())
 
 
 def _refuse_in_process(env: Mapping[str, str], supervisor: Supervisor | None,
