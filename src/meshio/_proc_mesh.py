@@ -973,7 +973,7 @@ class HostMesh(MeshShape):
                 ``name`` too long for its workers' Unix socket addresses
                 (46 bytes fit, as the message says), or, on the in-process
                 transport (:func:`meshio.testing.in_process_host`), a
-                non-empty ``env``, a ``supervisor`` or a ``bootstrap``.
+                non-empty ``env`` or a ``bootstrap``.
         """
         if keep_alive is not None:
             keep_alive = check_seconds(keep_alive, _SPAWN_PROCS, "keep_alive", inf=False,
@@ -1072,7 +1072,7 @@ class HostMesh(MeshShape):
                 f"this test on the 'processes' transport "
                 f"(pytest.mark.meshio_transports(\"processes\"))")
         if any(launcher.in_process for launcher in launchers):
-            _refuse_in_process(env, supervisor, bootstrap)
+            _refuse_in_process(env, bootstrap)
         n = math.prod(per_host.values())
         region = Region.full([*self.extent.labels, *per_host],
                              [*self.extent.sizes, *per_host.values()])
@@ -1176,13 +1176,12 @@ def _takes_keyword(cls: type[Actor], name: str) -> bool:
                for p in inspect.signature(cls.__init__).parameters.values())
 
 
-def _refuse_in_process(env: Mapping[str, str], supervisor: Supervisor | None,
-                       bootstrap: Callable[[], object] | None) -> None:
+def _refuse_in_process(env: Mapping[str, str], bootstrap: Callable[[], object] | None) -> None:
     """Refuse the ``spawn_procs`` options the in-process transport cannot
     honour (it starts no process): ignored, a test would pass there and
     fail on processes, or the reverse."""
-    given = [what for what, set_ in (("env", bool(env)), ("supervisor", supervisor is not None),
-                                     ("bootstrap", bootstrap is not None)) if set_]
+    given = [what for what, set_ in (("env", bool(env)), ("bootstrap", bootstrap is not None))
+             if set_]
     if given:
         raise ValueError(
             f"spawn_procs({', '.join(f'{what}=...' for what in given)}): the in-process "
@@ -1194,8 +1193,6 @@ def _refuse_in_process(env: Mapping[str, str], supervisor: Supervisor | None,
 #: what the in-process transport cannot honour, per option it refuses
 _IN_PROCESS_LACKS = {
     "env": "an environment per worker (its workers share this process's os.environ)",
-    "supervisor": "a supervisor (its workers share this loop: heartbeats cannot tell a hung "
-                  "one)",
     "bootstrap": "a bootstrap (run first in each new process)",
 }
 

@@ -15,9 +15,9 @@ What it cannot be is separate processes: one pid, one ``sys.modules``, one
 included, are not applied), no output forwarding, and SIGKILL "kills" a
 worker by cancelling its tasks and dropping its connections (its calls in
 flight fail and its exit status reads -9, as a process's; SIGSTOP does
-nothing).  ``spawn_procs`` refuses what only processes honour (``env=``,
-``supervisor=``, ``bootstrap=``).  Test other process faults, supervision,
-heartbeats and RDMA on the ``"processes"`` transport.
+nothing; a supervisor restarts it).  ``spawn_procs`` refuses what only
+processes honour (``env=``, ``bootstrap=``).  Test other process faults
+(heartbeats) and RDMA on the ``"processes"`` transport.
 """
 
 from __future__ import annotations
