@@ -17,7 +17,12 @@ controllers it kills and starts:
 - ``race NAME``: prints ``ready``, reads a line (the test's go) and
   re-attaches to NAME; taken by another controller, it prints ``taken <the
   error as JSON>`` and exits; else it trains one step, prints ``won <the
-  trainers' states as JSON>``, and stops the mesh once it reads a line.
+  trainers' states as JSON>``, and stops the mesh once it reads a line;
+- ``give-up NAME SECONDS``: re-attaches to NAME giving up after SECONDS
+  (``asyncio.wait_for``), then, given up, re-attaches again without a
+  limit; trains one step, prints ``{"outcome": "given up" or
+  "reattached", "errors": [...]}`` (the errors its loop's exception handler
+  got: a task's error nobody retrieved) and exits at once, as ``step`` does.
 
 With ``--job CACHE_DIR`` last, the hosts are those of a ``ProcessJob`` of two
 hosts (host agents, cached in CACHE_DIR) and every host runs one process;
@@ -28,6 +33,7 @@ started otherwise, e.g. in network namespaces: ``tests/netns_hosts.py``).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -144,6 +150,24 @@ async def step(name: str) -> None:
     os._exit(0)
 
 
+async def give_up(name: str, seconds: float) -> None:
+    errors: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: errors.append(f"{context['message']}: {context.get('exception')!r}"))
+    host = await hosts()
+    try:
+        procs = await asyncio.wait_for(host.reattach(name), seconds)
+        outcome = "reattached"
+    except TimeoutError:
+        outcome = "given up"
+        procs = await host.reattach(name)
+    trainers = procs.actors("trainers", Trainer)
+    await trainers.train.call(steps=1)
+    gc.collect()  # (a task's error nobody retrieved is reported as the task is freed)
+    print(json.dumps({"outcome": outcome, "errors": errors}), flush=True)
+    os._exit(0)
+
+
 async def resume(name: str) -> None:
     procs = await (await hosts()).reattach(name)
     trainers = procs.actors("trainers", Trainer)
@@ -187,5 +211,7 @@ if __name__ == "__main__":
         meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3]),
                          json.loads(sys.argv[4]) if len(sys.argv) > 4 else {},
                          sys.argv[5] if len(sys.argv) > 5 else None))
+    elif what == "give-up":
+        meshio.run(give_up(mesh, float(sys.argv[3])))
     else:
         meshio.run({"step": step, "resume": resume, "race": race}[what](mesh))

@@ -587,6 +587,38 @@ def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controlle
     assert not (records / "duel.json").exists()
 
 
+@pytest.mark.timeout(300)
+async def test_a_reattach_given_up_leaves_the_workers_free(
+        controller: type[Controller], records: Path) -> None:
+    """A re-attach given up at any point (``asyncio.wait_for`` running out
+    after 0 to 10 ms) leaves the workers waiting for a controller: a plain
+    re-attach of the same controller then succeeds, and nothing of the one
+    given up runs on (its task's error, retrieved by nobody, would reach
+    the loop's exception handler).  Before, one given up in its first
+    milliseconds left the workers bound to this controller: the next
+    re-attach was refused (ProcMeshTakenError naming this controller's own
+    address), and the given-up one's task failed later (an AssertionError)."""
+    first = controller("given", 60)
+    first.sigkill()
+    outcomes: list[str] = []
+    for ms in range(11):
+        run = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(SCRIPT), "give-up", "given", str(ms / 1000)],
+            capture_output=True, text=True, timeout=GUARD, check=False)
+        assert run.returncode == 0, f"after {ms} ms: {run.stderr}"
+        said = json.loads(run.stdout)
+        assert said["errors"] == [], f"after {ms} ms: {said}"
+        outcomes.append(said["outcome"])
+    assert outcomes[0] == "given up", outcomes  # (wait_for(..., 0) never lets it start)
+    procs = await meshio.this_host().reattach("given")
+    try:
+        trainers = procs.actors("trainers", Trainer)
+        assert list((await trainers.state.call()).values()) == [(14, 7.0), (14, 7.0)]
+    finally:
+        await procs.stop()
+    wait_exited(first.pids)
+
+
 @requires_netns
 @pytest.mark.timeout(120)
 async def test_a_reattached_worker_on_a_cut_off_host_is_fenced(

@@ -1099,6 +1099,8 @@ class HostMesh(MeshShape):
         for a new ``procs.spawn``.  Re-attaches of one mesh take turns
         (those of other controllers on this machine too): one that waited
         for another that succeeded raises :class:`ProcMeshTakenError`.
+        One given up (cancelled: ``asyncio.wait_for`` running out) at any
+        point re-attaches nothing: the workers wait on for another try.
 
         Args:
             supervisor: watches the processes from now on (declared as its
@@ -1160,8 +1162,7 @@ class HostMesh(MeshShape):
             try:
                 await procs
             except BaseException:
-                state.stopped = True  # nothing of it is ours: leave its processes be
-                state.release()
+                await state.abandon()
                 raise
             state.actors = [_rebuild_record(procs, kept) for kept in record.actors]
             state.fail_gone()

@@ -17,7 +17,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -650,9 +650,9 @@ class ProcState:
             req = w.conn.next_req(Pending(fut, ignore_result, "reattach", self.name,
                                           self.region.point(kept.rank)))
             w.conn.send_message(Adopt(req, rt.addr, controller))
-        await asyncio.wait(futs)
-        failed = [(w, fut.exception()) for w, fut in zip(self.workers, futs)
-                  if fut.exception() is not None]
+        # (given up, gather cancels the answers still awaited: nobody will read them)
+        answers = await asyncio.gather(*futs, return_exceptions=True)
+        failed = [(w, e) for w, e in zip(self.workers, answers) if isinstance(e, BaseException)]
         # A worker that died since its controller went fails as if after the
         # re-attach (:meth:`fail_gone`: restarted by a supervisor, or a
         # hole), and the others are served; one alive but out of reach, or
@@ -662,7 +662,7 @@ class ProcState:
                        key=lambda e: not isinstance(e, ProcMeshTakenError))
         self.gone = [w for w, _ in failed if w.handle.returncode is not None]
         if alive or (self.gone and len(self.gone) == len(self.workers)):
-            raise cast(BaseException, (alive or [failed[0][1]])[0])
+            raise (alive or [failed[0][1]])[0]
         for w in self.workers:
             assert w.conn is not None
             self._watch(w, w.conn)
@@ -682,6 +682,25 @@ class ProcState:
             log.warning("meshio: reattach(%r): the spawn of actor mesh(es) %s was interrupted "
                         "by the lost controller: their actors are stopped; spawn them again",
                         self.name, ", ".join(map(repr, self.interrupted)))
+
+    async def abandon(self) -> None:
+        """Give up a re-attach (:meth:`_adopt` failed, or its caller gave
+        up): its task ends first (cancelled where it still runs: nothing of
+        it runs on), then nothing of the mesh stays here and the connections
+        to its workers close, so that they see this controller gone and
+        wait for another again (one still being dialled never sends its
+        ``Adopt``).  Its processes are left be: nothing of them is ours."""
+        self.ready.cancel()
+        try:
+            await asyncio.wait([self.ready])
+        finally:
+            self.stopped = True
+            if self._beating is not None:  # (adopted before the caller gave up)
+                self._beating.cancel()
+            if self.rt.has_state(_Reports):
+                for w in self.workers:
+                    self.rt.state(_Reports).by_addr.pop(w.addr, None)
+            self.release()
 
     def fail_gone(self) -> None:
         """Fail the workers found dead on re-attaching (:meth:`_adopt`), once

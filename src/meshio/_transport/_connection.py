@@ -518,7 +518,10 @@ class Connection(asyncio.BufferedProtocol):
         self.windows: dict[str, Window] = {}
         self.taken: dict[tuple[str, str], int] = {}
         self._req = 0
+        #: what is sent while it is dialled (None: up, accepted, or given up)
         self._backlog: list[bytes | Any] | None = [] if peer is not None else None
+        #: aborted while it was dialled: it closes as it comes up (:meth:`abort`)
+        self._aborted = False
         #: what waits for the transport to drain, in order (see _SLICE)
         self._queue: deque[bytes | memoryview | asyncio.Future[None] | _Gate] | None = None
         self._paused = False  # the transport asked us to stop writing
@@ -905,6 +908,9 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = stream = cast(asyncio.Transport, transport)  # a stream transport
         self.bulk = exports_for(stream)
         self._socket = stream.get_extra_info("socket") is not None  # (not in memory)
+        if self._aborted:
+            stream.abort()  # (its loss is reported as any connection's)
+            return
         if self.peer is not None:  # we dialled: introduce ourselves first
             rt = self.rt
             self.send_message(Hello(rt.addr, os.getpid(), rt.worker,
@@ -993,9 +999,16 @@ class Connection(asyncio.BufferedProtocol):
             self.send_cancel(msg)
 
     def abort(self) -> None:
+        """Close at once.  One still being dialled sends nothing of what
+        was queued for it (a re-attach given up: its ``Adopt`` never
+        reaches the worker), and closes as it comes up; its calls fail
+        then, or as its dial fails, as for any connection lost."""
         if self.transport is not None:
             self.write_batched()  # a last word (a Fail saying why) goes before the abort
             self.transport.abort()
+        elif self._backlog is not None:
+            self._backlog = None
+            self._aborted = True
 
     # ---------------------------------------------------------- receiving
 
