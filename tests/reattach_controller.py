@@ -18,6 +18,10 @@ controllers it kills and starts:
   re-attaches to NAME; taken by another controller, it prints ``taken <the
   error as JSON>`` and exits; else it trains one step, prints ``won <the
   trainers' states as JSON>``, and stops the mesh once it reads a line;
+- ``claim NAME``: prints ``ready``, reads a line (the test's go) and
+  spawns proc mesh NAME (one process, kept alive 60 s); refused, it prints
+  ``refused <the error as JSON>`` and exits; else it prints ``started <its
+  pids as JSON>``, and stops the mesh once it reads a line;
 - ``give-up NAME SECONDS``: re-attaches to NAME giving up after SECONDS
   (``asyncio.wait_for``), then, given up, re-attaches again without a
   limit; trains one step, prints ``{"outcome": "given up" or
@@ -150,6 +154,20 @@ async def step(name: str) -> None:
     os._exit(0)
 
 
+async def claim(name: str) -> None:
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    try:
+        procs = (await hosts()).spawn_procs(per_host={"gpus": 1}, name=name, keep_alive=60)
+    except ValueError as e:
+        print("refused", json.dumps(str(e)), flush=True)
+        return
+    await procs
+    print("started", json.dumps(procs.pids), flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await procs.stop()
+
+
 async def give_up(name: str, seconds: float) -> None:
     errors: list[str] = []
     asyncio.get_running_loop().set_exception_handler(
@@ -214,4 +232,4 @@ if __name__ == "__main__":
     elif what == "give-up":
         meshio.run(give_up(mesh, float(sys.argv[3])))
     else:
-        meshio.run({"step": step, "resume": resume, "race": race}[what](mesh))
+        meshio.run({"step": step, "resume": resume, "race": race, "claim": claim}[what](mesh))

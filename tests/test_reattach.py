@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import select
@@ -21,11 +22,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import meshio
 import reattach_controller
-from meshio._keep_alive import KeptMesh
+from meshio._keep_alive import KeptMesh, started_at
 from meshio.jobs import ProcessJob
 from meshio.jobs._job import write_secret
 from meshio.supervision import SupervisionEvent
@@ -585,6 +587,157 @@ def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controlle
                     pipe.close()
     wait_exited(first.pids)
     assert not (records / "duel.json").exists()
+
+
+def workers_of(name: str) -> set[int]:
+    """The pids of the workers of proc meshes named ``name`` that run on this
+    host (any controller's: their worker ids are ``<name>-<8 hex>-<rank>``)."""
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # (not a process, or gone)
+            continue
+        if b"meshio.worker" in args and b"--worker" in args:
+            worker = args[args.index(b"--worker") + 1].decode()
+            if worker.rpartition("-")[0].rpartition("-")[0] == name and running(int(entry.name)):
+                found.add(int(entry.name))
+    return found
+
+
+async def test_two_tasks_spawning_one_kept_alive_name_at_once_one_starts(
+        records: Path) -> None:
+    """Two tasks of this controller spawn a kept-alive mesh of one name at
+    once: one starts it, the other is refused (ValueError) and starts no
+    process.  Before, the name was checked, not reserved, until the record
+    was written once the processes were up: both started, the last record
+    written won, and the other mesh's workers were out of every re-attach's
+    reach until their keep_alive ran out."""
+    host = meshio.this_host()
+
+    async def spawn() -> meshio.ProcMesh:
+        return await host.spawn_procs(per_host={"gpus": 1}, name="twin", keep_alive=30)
+
+    results = await asyncio.gather(spawn(), spawn(), return_exceptions=True)
+    started = [r for r in results if isinstance(r, meshio.ProcMesh)]
+    try:
+        assert len(started) == 1, results
+        (refused,) = [r for r in results if not isinstance(r, meshio.ProcMesh)]
+        assert isinstance(refused, ValueError), results
+        assert str(refused) == (
+            "spawn_procs(name='twin', keep_alive=...): a proc mesh named 'twin' is being "
+            "started on this host by this process; wait for that spawn and stop its mesh, "
+            "or choose another name")
+        assert workers_of("twin") == set(started[0].pids)  # the refused one started none
+        kept = record(records, "twin")
+        assert sorted(w.pid for w in kept.workers) == started[0].pids
+    finally:
+        for procs in started:
+            await procs.stop()
+    assert not (records / "twin.json").exists()
+
+
+def test_two_controllers_spawning_one_kept_alive_name_at_once_one_starts(
+        records: Path) -> None:
+    """The same for two controller processes: exactly one starts the mesh,
+    the other is refused and starts no process."""
+    racers = [subprocess.Popen([sys.executable, str(SCRIPT), "claim", "twins"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    try:
+        for racer in racers:  # both started, then both let go at once
+            assert racer.stdout is not None
+            assert _readline(racer.stdout.fileno()) == "ready"
+        for racer in racers:
+            assert racer.stdin is not None
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        said: list[list[str]] = []
+        for racer in racers:
+            assert racer.stdout is not None
+            said.append(_readline(racer.stdout.fileno()).split(" ", 1))
+        assert sorted(word for word, _ in said) == ["refused", "started"], said
+        (pids,), (error,) = ([json.loads(rest) for w, rest in said if w == word]
+                             for word in ("started", "refused"))
+        winner = racers[[w for w, _ in said].index("started")]
+        assert ("a proc mesh named 'twins' is being started on this host by the controller "
+                f"with pid {winner.pid}" in error
+                or f"a proc mesh named 'twins' is kept alive on this host already (controller "
+                   f"pid {winner.pid})" in error), error
+        assert workers_of("twins") == set(pids)  # the refused one started none
+        assert record(records, "twins").controller_pid == winner.pid
+        for racer in racers:  # the winner stops the mesh
+            assert racer.stdin is not None
+            racer.stdin.close()
+            assert racer.wait(GUARD) == 0
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                racer.kill()
+                racer.wait()
+            for pipe in (racer.stdin, racer.stdout):
+                if pipe is not None:
+                    pipe.close()
+    wait_exited(pids)
+    assert not (records / "twins.json").exists()
+
+
+async def test_a_kept_alive_name_is_free_once_its_controller_and_workers_are_gone(
+        records: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A record whose controller runs keeps its name (one that is starting
+    its mesh has no workers yet); one whose controller and workers are all
+    gone (killed in the middle of a spawn) is taken over.  A spawn that
+    fails gives its name back.  A controller rewrites its record only while
+    the name is its mesh's: one another controller has now is left as it
+    is (that one re-attached to the mesh), with a warning."""
+    host = meshio.this_host()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        async with host.spawn_procs(per_host={"gpus": 1}, name="held", keep_alive=30) as procs:
+            mine = record(records, "held")
+            assert mine.controller_pid == os.getpid() and len(mine.workers) == 1
+
+            def starting(name: str, pid: int) -> KeptMesh:
+                """A record of mesh ``name`` being started by process ``pid``."""
+                return msgspec.structs.replace(
+                    mine, name=name, id=f"{name}-00000000", workers=[], controller_pid=pid,
+                    controller_started=started_at(pid) or 1)
+
+            (records / "busy.json").write_bytes(msgspec.json.encode(starting("busy", alive.pid)))
+            with pytest.raises(ValueError, match=(
+                    r"a proc mesh named 'busy' is being started on this host by the controller "
+                    rf"with pid {alive.pid}; wait for that spawn")):
+                host.spawn_procs(name="busy", keep_alive=30)
+            with pytest.raises(meshio.ProcMeshTakenError, match=(
+                    rf"reattach\('busy'\): proc mesh 'busy' is being started by the "
+                    rf"controller with pid {alive.pid}")):
+                await host.reattach("busy")
+
+            (records / "stale.json").write_bytes(msgspec.json.encode(starting("stale", gone.pid)))
+            with pytest.raises(meshio.ProcessStartError):
+                await host.spawn_procs(name="stale", keep_alive=30, bootstrap=_no_start)
+            assert not (records / "stale.json").exists()  # taken over, then given back
+            async with host.spawn_procs(name="stale", keep_alive=30) as taken:
+                assert [w.pid for w in record(records, "stale").workers] == taken.pids
+
+            other = starting("held", alive.pid)
+            (records / "held.json").write_bytes(msgspec.json.encode(other))
+            with caplog.at_level(logging.WARNING, "meshio"):
+                await procs.spawn("trainers", Trainer, lr=0.5)  # (its record is rewritten)
+            assert record(records, "held") == other
+            assert (f"meshio: proc mesh 'held' is not published for reattach any more: the "
+                    f"controller with pid {alive.pid} re-attached to it") in caplog.text
+        assert record(records, "held") == other  # nor removed by the stop
+    finally:
+        alive.communicate(b"")
+
+
+def _no_start() -> None:
+    """A bootstrap that fails the start of its process."""
+    raise RuntimeError("no start here")
 
 
 @pytest.mark.timeout(300)

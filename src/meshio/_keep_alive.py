@@ -12,6 +12,15 @@ actors when a supervisor replaces a process), and the actor meshes whose
 spawn is under way.  It is rewritten as the mesh changes (spawns,
 restarts, grow/shrink) and removed when the mesh is stopped normally.
 
+The name is the mesh's from the moment ``spawn_procs`` is called
+(:func:`claim` writes the record then, with no workers yet) until the mesh
+is stopped, or until its controller and its workers are all gone: a second
+spawn of the name is refused meanwhile.  Records are checked and written
+under a ``flock`` of their directory (:func:`_records_locked`), so that a
+check of who has a name and the write that follows are one step: two spawns
+at once never both take it, and a controller rewrites its record only while
+the name is still its mesh's (:func:`publish`).
+
 Re-attaches of one mesh take turns (:func:`reattaching`: ``<name>.lock``
 beside the record, locked with ``flock``), so that two controllers, or two
 tasks of one, never each adopt some of its workers: the one that waited
@@ -26,11 +35,12 @@ addresses, and a kept-alive one's file name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import reprlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Generator
 from pathlib import Path
 from typing import Final
 
@@ -42,7 +52,7 @@ from ._inspect import private_dir
 from ._transport._sockets import sockaddr
 
 __all__ = ("KeptActor", "KeptMesh", "KeptOptions", "KeptWorker", "check_name", "claim",
-           "forget", "lookup", "publish", "reattaching")
+           "forget", "lookup", "publish", "reattaching", "started_at")
 
 log = logging.getLogger("meshio")
 
@@ -109,6 +119,7 @@ class KeptMesh(msgspec.Struct, frozen=True):
     #: the controller that wrote it last, and when (wall clock)
     controller_pid: int
     written: float
+    #: its processes (none yet: its controller is starting them, :func:`claim`)
     workers: list[KeptWorker]
     actors: list[KeptActor]
     #: actor meshes spawned on it so far (:meth:`ProcState.new_target`)
@@ -119,6 +130,9 @@ class KeptMesh(msgspec.Struct, frozen=True):
     #: the targets of actor meshes whose spawn is under way (a re-attach
     #: stops their actors: the spawn never returned them to anyone)
     spawning: list[str] = []
+    #: when the controller that wrote it started (:func:`started_at`; 0: a
+    #: record of an older meshio, whose controller does not count)
+    controller_started: int = 0
 
 
 _decode = msgspec.json.Decoder(KeptMesh).decode
@@ -190,9 +204,42 @@ def check_name(name: object, where: str, namespace: str, *, kept: bool) -> str:
     return name
 
 
+@contextlib.contextmanager
+def _records_locked() -> Generator[Path]:
+    """Hold the ``flock`` of the records' directory (given): the checks and
+    writes of records take turns, so that each is one step with the write or
+    removal that follows it.  Waited for without the event loop: a holder
+    only reads and writes a few small files."""
+    folder = _dir()
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(fd)  # (lets the lock go)
+
+
+def started_at(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, as
+    ``/proc/<pid>/stat`` says: with the pid, it names one process, not
+    another that reused the pid); None if it does not run."""
+    try:
+        # (the fields after the command's closing parenthesis: state is the
+        # 3rd field of the line, starttime the 22nd)
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else int(fields[19])  # (a zombie has exited)
+
+
 def _alive(record: KeptMesh) -> bool:
-    """Whether a worker of ``record`` still runs (its pid runs ``meshio.worker``
-    as that worker, not a process that reused the pid)."""
+    """Whether the mesh of ``record`` still lives: the controller that wrote
+    it runs (it may be starting the workers, or replacing them), or a worker
+    of it does (its pid runs ``meshio.worker`` as that worker, not a process
+    that reused the pid)."""
+    if record.controller_started and started_at(record.controller_pid) == \
+            record.controller_started:
+        return True
     for w in record.workers:
         try:
             cmdline = Path(f"/proc/{w.pid}/cmdline").read_bytes().split(b"\0")
@@ -212,17 +259,24 @@ def _read(path: Path) -> KeptMesh | None:
 
 def _live() -> dict[str, KeptMesh]:
     """The kept-alive proc meshes of this user on this host, by name; the
-    records of meshes whose workers are all gone are removed."""
+    records of meshes gone (:func:`_alive`) are removed."""
     found: dict[str, KeptMesh] = {}
-    for path in sorted(_dir().glob("*.json")):
-        record = _read(path)
-        if record is None:
-            continue
-        if _alive(record):
-            found[record.name] = record
-        else:
-            path.unlink(missing_ok=True)
+    with _records_locked() as folder:
+        for path in sorted(folder.glob("*.json")):
+            record = _read(path)
+            if record is None:
+                continue
+            if _alive(record):
+                found[record.name] = record
+            else:
+                path.unlink(missing_ok=True)
     return found
+
+
+def _by(record: KeptMesh) -> str:
+    """The controller that wrote ``record``, as errors name it."""
+    return "this process" if record.controller_pid == os.getpid() \
+        else f"the controller with pid {record.controller_pid}"
 
 
 def lookup(name: str) -> KeptMesh:
@@ -230,9 +284,15 @@ def lookup(name: str) -> KeptMesh:
 
     Raises:
         UnknownProcMeshError: there is none (the message lists those there are).
+        ProcMeshTakenError: a controller is starting it.
     """
     live = _live()
     record = live.get(name)
+    if record is not None and not record.workers:
+        raise ProcMeshTakenError(
+            f"reattach({name!r}): proc mesh {name!r} is being started by {_by(record)}; it "
+            f"serves that controller once started. Re-attach once that controller is gone, "
+            f"or stop the mesh from there", actor=name, cause="being started")
     if record is None:
         names = ", ".join(repr(n) for n in live) or "none"
         raise UnknownProcMeshError(
@@ -275,23 +335,68 @@ async def reattaching(record: KeptMesh) -> AsyncGenerator[KeptMesh]:
         yield now
 
 
-def claim(name: str, mesh_id: str) -> None:
-    """Check that ``name`` is free for the new kept-alive mesh ``mesh_id``.
+def _holder(record: KeptMesh, replacing: KeptMesh | None) -> KeptMesh | None:
+    """The record that has the name of ``record`` (of a kept-alive mesh this
+    controller serves), if another does (records locked): that of another
+    mesh, or of this one written by another controller (that re-attached to
+    it), while it lives.  None: the name is free, or this controller's, or
+    the record there is ``replacing`` (the one a re-attach took over)."""
+    current = _read(_path(record.name))
+    if current is None or current == replacing or not _alive(current):
+        return None
+    if current.id == record.id and current.controller_pid == record.controller_pid:
+        return None
+    return current
+
+
+def claim(record: KeptMesh) -> None:
+    """Take the name of the new kept-alive mesh of ``record`` (no workers
+    yet: they are being started) by writing its record: while this
+    controller lives, or the mesh's workers do, a second claim of the name
+    is refused (:func:`_holder`).
 
     Raises:
-        ValueError: another live proc mesh is kept alive under that name.
+        ValueError: another live proc mesh has the name.
+        OSError: the record cannot be written.
     """
-    other = _live().get(name)
-    if other is not None and other.id != mesh_id:
+    name = record.name
+    with _records_locked():
+        other = _holder(record, None)
+        if other is None:
+            _write(record)
+            return
+    if not other.workers:
         raise ValueError(
-            f"spawn_procs(name={name!r}, keep_alive=...): a proc mesh named {name!r} is "
-            f"kept alive on this host already (controller pid {other.controller_pid}); "
-            f"re-attach to it with this_host().reattach({name!r}) and stop it, or choose "
-            f"another name")
+            f"spawn_procs(name={name!r}, keep_alive=...): a proc mesh named {name!r} is being "
+            f"started on this host by {_by(other)}; wait for that spawn and stop its mesh, "
+            f"or choose another name")
+    raise ValueError(
+        f"spawn_procs(name={name!r}, keep_alive=...): a proc mesh named {name!r} is "
+        f"kept alive on this host already (controller pid {other.controller_pid}); "
+        f"re-attach to it with this_host().reattach({name!r}) and stop it, or choose "
+        f"another name")
 
 
-def publish(record: KeptMesh) -> None:
-    """Write (or rewrite) ``record``, readable by this user only."""
+def publish(record: KeptMesh, replacing: KeptMesh | None = None) -> KeptMesh | None:
+    """Rewrite ``record`` (this controller's, as its mesh changes), if the
+    name is still its mesh's (``replacing``: the record a re-attach took
+    over, written by the controller it replaces).
+
+    Returns:
+        None, written; or the record that has the name now (nothing written).
+
+    Raises:
+        OSError: the record cannot be written.
+    """
+    with _records_locked():
+        other = _holder(record, replacing)
+        if other is None:
+            _write(record)
+        return other
+
+
+def _write(record: KeptMesh) -> None:
+    """Write ``record`` (records locked), readable by this user only."""
     path = _path(record.name)
     tmp = path.with_name(f".{record.name}.{os.getpid()}.{time.monotonic_ns()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -301,9 +406,10 @@ def publish(record: KeptMesh) -> None:
 
 
 def forget(name: str, mesh_id: str) -> None:
-    """Remove the record of ``name`` if it is the mesh ``mesh_id``'s."""
-    path = _path(name)
-    record = _read(path)
-    if record is not None and record.id == mesh_id:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    """Remove the record of ``name`` if this controller wrote it for the
+    mesh ``mesh_id`` (not if another re-attached to the mesh meanwhile)."""
+    with _records_locked():
+        path = _path(name)
+        record = _read(path)
+        if record is not None and record.id == mesh_id and record.controller_pid == os.getpid():
+            path.unlink(missing_ok=True)

@@ -969,7 +969,8 @@ class HostMesh(MeshShape):
                 ``keep_alive``), an ``env`` key
                 that is empty, has ``=`` or starts with ``MESHIO_``,
                 ``log_dir`` with ``log_records=False``, ``keep_alive``
-                with the ``name`` of another kept-alive proc mesh, a
+                with the ``name`` of another kept-alive proc mesh (one
+                still being started too), a
                 ``name`` too long for its workers' Unix socket addresses
                 (46 bytes fit, as the message says), or, on the in-process
                 transport (:func:`meshio.testing.in_process_host`), a
@@ -1116,7 +1117,7 @@ class HostMesh(MeshShape):
             ProcMeshTakenError: the mesh serves another controller: one
                 that re-attached to it (before, or while this re-attach
                 waited for it), or the one that spawned it, still
-                connected.  Nothing is re-attached.
+                connected (or still starting it).  Nothing is re-attached.
             SupervisionError: a process could not be re-attached (it is
                 alive but out of reach, its host cut off: after the connect
                 timeout, 60 s, naming it), or every one is gone.  Nothing is

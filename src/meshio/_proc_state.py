@@ -29,7 +29,7 @@ from ._debug import debug_link
 from ._exceptions import ProcessStartError, ProcMeshTakenError, SupervisionError
 from ._extent import Extent, Point, Region
 from ._inspect import Inspection
-from ._keep_alive import KeptActor, KeptMesh, KeptOptions, KeptWorker, claim, publish
+from ._keep_alive import KeptActor, KeptMesh, KeptOptions, KeptWorker, claim, publish, started_at
 from ._keep_alive import forget as forget_record
 from ._launcher import (
     GPU_ENV,
@@ -348,8 +348,9 @@ class ProcState:
         if adopt is not None:
             self.secret = bytes.fromhex(adopt.secret)
             self.controller = self.rt.sockets.listen_job(Credentials(self.secret))  # (this host's)
-        elif keep_alive is not None:
-            claim(name, self.id)
+        #: re-attached: the record taken over, until this controller has
+        #: published its own (:meth:`published`)
+        self._replacing: KeptMesh | None = adopt
         self.clock: Clock = MonotonicClock() if supervisor is None else supervisor.clock
         self.heartbeat_interval: float
         self.heartbeat_timeout: float
@@ -392,6 +393,8 @@ class ProcState:
         self._faults: list[tuple[ErrorInfo, int, str]] = []
         self._fault_window: asyncio.TimerHandle | None = None
         self._failed: asyncio.Future[None] = self.rt.loop.create_future()
+        if keep_alive is not None and adopt is None:
+            self.published(claiming=True)  # (refused, nothing of it stays anywhere)
         if supervisor is not None:
             supervisor.children.append(self)
         #: the context of the actor that started this mesh (None: the
@@ -710,28 +713,47 @@ class ProcState:
             assert w.conn is not None
             self._lost(w, w.conn)
 
-    def published(self) -> None:
+    def published(self, *, claiming: bool = False) -> None:
         """Publish (again) the record of a kept-alive mesh: what a new
-        controller needs to re-attach to it as it is now."""
+        controller needs to re-attach to it as it is now; ``claiming``, the
+        first, before its processes start: the name is the mesh's from then
+        on (:func:`~._keep_alive.claim`).  A record another controller has
+        the name of is left as it is (that one re-attached to the mesh).
+
+        Raises:
+            ValueError: ``claiming``, and another live proc mesh has the name.
+        """
         if self.keep_alive is None or self.stopped:
             return
+        pid = os.getpid()
+        record = KeptMesh(
+            self.name, self.id, self.secret.hex(), list(self.region.extent.labels),
+            list(self.region.extent.sizes), self.keep_alive, dict(self.env),
+            self.bootstrap, self.log_records, self.log_dir, pid, time.time(),
+            [KeptWorker(w.rank, w.spec.worker, w.addr, self.rt.routes.get(w.addr, w.addr),
+                        w.handle.pid, w.handle.host) for w in self.workers],
+            [KeptActor(a.name, a.target, *a.cls_name, a.cls_blob,
+                       None if a.out else a.body,
+                       a.labels, a.sizes, list(a.ranks), a.options.restart,
+                       a.options.stall_after)
+             for a in self.actors if a.target not in self.spawning], self.spawns,
+            KeptOptions(self.restart, self.shutdown, self.heartbeat_interval,
+                        self.heartbeat_timeout, self.partition_timeout),
+            sorted(self.spawning), started_at(pid) or 0)
         try:
-            publish(KeptMesh(
-                self.name, self.id, self.secret.hex(), list(self.region.extent.labels),
-                list(self.region.extent.sizes), self.keep_alive, dict(self.env),
-                self.bootstrap, self.log_records, self.log_dir, os.getpid(), time.time(),
-                [KeptWorker(w.rank, w.spec.worker, w.addr, self.rt.routes.get(w.addr, w.addr),
-                            w.handle.pid, w.handle.host) for w in self.workers],
-                [KeptActor(a.name, a.target, *a.cls_name, a.cls_blob,
-                           None if a.out else a.body,
-                           a.labels, a.sizes, list(a.ranks), a.options.restart,
-                           a.options.stall_after)
-                 for a in self.actors if a.target not in self.spawning], self.spawns,
-                KeptOptions(self.restart, self.shutdown, self.heartbeat_interval,
-                            self.heartbeat_timeout, self.partition_timeout),
-                sorted(self.spawning)))
+            if claiming:
+                claim(record)
+                return
+            other = publish(record, self._replacing)
         except OSError as e:  # the mesh works on; only reattach cannot find it
             log.warning("meshio: cannot publish proc mesh %r for reattach (%s)", self.name, e)
+            return
+        if other is None:
+            self._replacing = None
+        else:
+            log.warning("meshio: proc mesh %r is not published for reattach any more: the "
+                        "controller with pid %d re-attached to it or has its name now (its "
+                        "record is left as it is)", self.name, other.controller_pid)
 
     def reopen(self) -> None:
         """Undo :meth:`stop` before a parent supervisor restarts this mesh's
