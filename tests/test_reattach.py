@@ -27,6 +27,7 @@ import pytest
 
 import meshio
 import reattach_controller
+from meshio._flock import LOCK_POLL, flocked_file
 from meshio._keep_alive import KeptMesh, started_at
 from meshio.jobs import ProcessJob
 from meshio.jobs._job import write_secret
@@ -538,6 +539,7 @@ async def test_two_tasks_reattaching_at_once_one_wins(controller: type[Controlle
     finally:
         await procs.stop()
     wait_exited(first.pids)
+    assert list(records.iterdir()) == []  # no lock file left either
 
 
 def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controller],
@@ -586,7 +588,40 @@ def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controlle
                 if pipe is not None:
                     pipe.close()
     wait_exited(first.pids)
-    assert not (records / "duel.json").exists()
+    assert list(records.iterdir()) == []  # no record, no lock file left
+
+
+async def test_the_reattach_lock_file_goes_with_its_holder(tmp_path: Path) -> None:
+    """A re-attach's lock file (``<name>.lock`` beside the record) is
+    removed as its holder lets it go (one per name re-attached stayed
+    forever), and turns still hold: here ``a`` holds it while ``b`` waits on
+    that file; ``a`` lets it go (the file goes) and ``c`` takes the lock of
+    a new file at once; ``b``, which then gets the lock of the file removed,
+    sees that and waits for ``c`` on the new one."""
+    path = tmp_path / "turns.lock"
+    holding: list[str] = []
+    together: list[list[str]] = []
+    b_waits = asyncio.Event()
+
+    async def hold(who: str, until: asyncio.Event | None = None,
+                   for_polls: int = 0) -> None:
+        async with flocked_file(path, b_waits.set if who == "b" else lambda: None):
+            holding.append(who)
+            if len(holding) > 1:
+                together.append(list(holding))
+            if until is not None:
+                await until.wait()
+            # (long enough for b's next try: b must not get in meanwhile)
+            await asyncio.sleep(for_polls * LOCK_POLL)
+            holding.remove(who)
+
+    a = asyncio.create_task(hold("a", until=b_waits))
+    b = asyncio.create_task(hold("b"))
+    await a
+    assert not path.exists()
+    await asyncio.gather(b, hold("c", for_polls=4))
+    assert together == []
+    assert not path.exists()
 
 
 def workers_of(name: str) -> set[int]:

@@ -22,10 +22,11 @@ at once never both take it, and a controller rewrites its record only while
 the name is still its mesh's (:func:`publish`).
 
 Re-attaches of one mesh take turns (:func:`reattaching`: ``<name>.lock``
-beside the record, locked with ``flock``), so that two controllers, or two
-tasks of one, never each adopt some of its workers: the one that waited
-finds it taken (:class:`~meshio.ProcMeshTakenError`), or, the other's
-re-attach failed, tries in its turn.
+beside the record, locked with ``flock``, there while one holds it or waits
+for it), so that two controllers, or two tasks of one, never each adopt
+some of its workers: the one that waited finds it taken
+(:class:`~meshio.ProcMeshTakenError`), or, the other's re-attach failed,
+tries in its turn.
 
 Here too the check of a proc mesh's name (:func:`check_name`), for every
 ``spawn_procs`` and ``reattach``: it is part of its workers' socket
@@ -47,7 +48,7 @@ from typing import Final
 import msgspec
 
 from ._exceptions import ProcMeshTakenError, UnknownProcMeshError
-from ._flock import LOCK_FLAGS, flocked
+from ._flock import flocked_file
 from ._inspect import private_dir
 from ._transport._sockets import sockaddr
 
@@ -320,7 +321,7 @@ async def reattaching(record: KeptMesh) -> AsyncGenerator[KeptMesh]:
     """
     name = record.name
     path = _dir() / f"{name}.lock"
-    async with flocked(os.open(path, LOCK_FLAGS, 0o600), lambda: log.info(
+    async with flocked_file(path, lambda: log.info(
             "meshio: reattach(%r): another re-attach of this proc mesh holds %s; waiting for "
             "it", name, path)):
         now = lookup(name)
