@@ -7,6 +7,7 @@ import inspect
 import logging
 import math
 import os
+import weakref
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ParamSpec, TypeGuard, TypeVar, cast, get_args, get_origin
@@ -54,7 +55,12 @@ class ProcMesh(MeshShape):
     ``async with ... as procs`` (stopped on exit, error or cancellation).
     The first ``await`` of what ``spawn_procs`` returned owns the start, as
     ``async with`` does: cancelled before the processes are up (a timeout
-    around it), it stops them.
+    around it), it stops them.  What ``spawn_procs`` returned that nothing
+    awaited nor used (no ``spawn``, slice, ``options``...) stops them too
+    once nothing refers to it: an await that never began (a task cancelled
+    before its first step, as ``asyncio.wait_for`` with a timeout of 0 or
+    less makes on Python 3.11), or the mesh dropped.  Once used, it is
+    yours to stop.
     """
 
     def __init__(self, state: ProcState, region: Region | None,
@@ -65,16 +71,32 @@ class ProcMesh(MeshShape):
         self._options = options
         #: what spawn_procs returned, not awaited yet: its first await owns the start
         self._fresh = fresh
+        #: what spawn_procs returned, neither awaited nor used yet (:meth:`_held`):
+        #: dropped so, nobody can stop the mesh, and this stops it
+        self._unheld: weakref.finalize[[ProcState], ProcMesh] | None = None
+        if fresh:
+            self._unheld = weakref.finalize(self, _stop_unheld, state)
+            self._unheld.atexit = False  # (the loop is gone then, and the runtime with it)
 
     @property
     def _region(self) -> Region:  # type: ignore[override]  # (read-only here)
         return self._state.region if self._view is None else self._view
 
     def _with_region(self, region: Region) -> ProcMesh:
+        self._held()
         return ProcMesh(self._state, region, self._options)
 
     def _with_options(self, options: SpawnOptions) -> ProcMesh:
+        self._held()
         return ProcMesh(self._state, self._view, options)
+
+    def _held(self) -> None:
+        """This is used (awaited, spawned on, sliced, passed on): dropped
+        now, it leaves the mesh running for whoever holds it (a slice, an
+        actor mesh, a reference) to stop."""
+        if self._unheld is not None:
+            self._unheld.detach()
+            self._unheld = None
 
     def options(self, *, restart: RestartType | None = None,
                 stall_after: float | None = None, max_queued: int | None = None) -> ProcMesh:
@@ -132,6 +154,7 @@ class ProcMesh(MeshShape):
     def __reduce__(self) -> tuple[Any, ...]:
         # A value like an actor mesh: elsewhere, a reference whose spawns go
         # through the controller owning the processes (which records them).
+        self._held()
         e = self._region.extent
         return (_ProcMeshRef, (_service_for(self._state), self._state.id, self._state.name,
                                e.labels, e.sizes, self._region.ranks, self._options))
@@ -143,6 +166,7 @@ class ProcMesh(MeshShape):
         return self._wait_ready().__await__()
 
     async def _wait_ready(self) -> ProcMesh:
+        self._held()
         self._check_loop()
         await asyncio.shield(self._state.ready)
         return self
@@ -578,6 +602,25 @@ class ProcMesh(MeshShape):
                              f"{why}")
         return name, by
 
+
+def _stop_unheld(state: ProcState) -> None:
+    """What ``spawn_procs`` returned was dropped before anything awaited or
+    used it (:meth:`ProcMesh._held`): nobody can stop the mesh, so it is
+    stopped here, on its loop (a finalizer may run in any thread).  Its
+    name is free, its processes gone, as if its start had been cancelled."""
+    rt = state.rt
+
+    def stop() -> None:
+        if not rt.closed and not state.released:
+            rt.tasks.start(ProcMesh(state, None).stop(),
+                           name=f"meshio: stop proc mesh {state.name!r}, dropped unawaited")
+
+    try:
+        rt.loop.call_soon_threadsafe(stop)
+    except RuntimeError:  # (its loop is closed: its runtime, and the connections, went with it)
+        pass
+
+
 def _check_whole(region: Region, whole: Region, name: str) -> None:
     """Stopping is for a whole proc mesh, never a slice."""
     if sorted(region.ranks) != sorted(whole.ranks):
@@ -664,6 +707,7 @@ class _ProcMeshRef(ProcMesh):
         self._view = Region(Extent(labels, sizes), ranks)
         self._options = options
         self._fresh = False
+        self._unheld = None
 
     def _with_region(self, region: Region) -> _ProcMeshRef:
         e = region.extent
@@ -879,7 +923,9 @@ class HostMesh(MeshShape):
                     keep_alive: float | None = None) -> ProcMesh:
         """Start worker processes: ``per_host`` gives the dims added on every
         host (``{"gpus": 4}``: 4 processes per host, one GPU each when the
-        dim is called ``gpus``).  Await the result or use it with ``async with``.
+        dim is called ``gpus``).  Await the result or use it with ``async with``
+        (the processes start at once; what is returned and never awaited nor
+        used stops them once dropped: see :class:`ProcMesh`).
 
         Every new process (a supervisor's replacement too) starts with
         ``env`` in its environment and runs ``bootstrap()`` before anything
