@@ -392,6 +392,75 @@ async def test_a_supervisor_treats_a_shrink_as_a_stop() -> None:
         assert [v for v, _ in (await c.get.call()).values()] == [1]
 
 
+class HeldAtCleanup(Actor):
+    """Its actors at ranks ``held`` or above hold their process's loop in
+    ``__cleanup__`` at the gate in the directory ``gate`` (see fifo_gate):
+    only SIGKILL ends such a process."""
+
+    def __init__(self, gate: str, held: int) -> None:
+        self.gate = gate if meshio.current_rank().rank >= held else None
+
+    async def __cleanup__(self, exc: BaseException | None) -> None:
+        if self.gate is not None:
+            hold(os.path.join(self.gate, "ready"), os.path.join(self.gate, "release"))
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+async def test_a_shrink_cancelled_once_begun_keeps_the_new_shape(tmp_path: pathlib.Path) -> None:
+    """As documented: a shrink cancelled once it has reshaped the mesh is not
+    undone: the mesh and its actor meshes keep the new shape (sizes, pids),
+    the removed processes are killed rather than waited for (here one that
+    its shutdown grace, longer than the guard, would have waited on), a
+    supervisor reports each stopped, and the caller gets CancelledError.
+    Before, the removed processes were left to exit when they would, and
+    the supervisor was not told."""
+    gate = Gate(tmp_path)
+    sup, _ = manual_sup()
+    async with Events(sup) as events, meshio.this_host().spawn_procs(
+            per_host={"gpus": 3}, supervisor=sup, shutdown=10 * DEADLINE) as procs:
+        held = await procs.spawn("held", HeldAtCleanup, str(tmp_path), 2)
+        old = procs.pids
+        fd = os.pidfd_open(old[2])
+        try:
+            shrinking = asyncio.ensure_future(procs.shrink(gpus=1))
+            await gate.wait_held(DEADLINE)  # rank 2 stops: the shrink waits out its grace
+            shrinking.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(shrinking, DEADLINE)
+            await wait_exited(fd, DEADLINE)
+        finally:
+            os.close(fd)
+        stopped = await events.next("stopped")
+        assert (stopped.cause, stopped.rank, stopped.pid) == ("shrink", 2, old[2])
+        assert procs.sizes == {"gpus": 2} and procs.pids == old[:2]
+        assert held.sizes == {"gpus": 2}
+        assert (await asyncio.wait_for(held.pid.call(), DEADLINE)).values() == old[:2]
+
+
+async def test_a_shrink_cancelled_before_it_began_changes_nothing(
+        tmp_path: pathlib.Path) -> None:
+    """As documented: a shrink cancelled while it waits to begin (here for a
+    grow under way) leaves the mesh as it was; the grow goes on."""
+    gate = Gate(tmp_path)
+    async with meshio.this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        held = await procs.spawn("held", HeldWhenArmed, str(tmp_path))
+        (tmp_path / "armed").touch()
+        growing = asyncio.ensure_future(procs.grow(gpus=1))
+        await gate.wait_held(DEADLINE)  # the new process builds its actor: the grow holds on
+        shrinking = asyncio.ensure_future(procs.shrink(gpus=1))
+        await asyncio.sleep(0)  # (one turn of the loop: the shrink waits for the grow)
+        shrinking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(shrinking, DEADLINE)
+        await gate.open()
+        await asyncio.wait_for(growing, DEADLINE)
+        assert procs.sizes == {"gpus": 3} and held.sizes == {"gpus": 3}
+        assert (await asyncio.wait_for(held.pid.call(), DEADLINE)).values() == procs.pids
+
+
 async def test_grow_the_first_dimension_of_a_2d_mesh() -> None:
     async with meshio.this_host().spawn_procs(per_host={"dp": 1, "tp": 2}) as procs:
         c = await procs.spawn("c", Counter, 4)

@@ -560,6 +560,15 @@ class ProcMesh(MeshShape):
         stop: nothing is restarted, no failure is counted, it reports a
         ``"stopped"`` event (cause ``"shrink"``) per process.
 
+        Cancelled (a timeout around it) before it begins, while it waits
+        for another ``replace``/``grow``/``shrink``, for the mesh's start or
+        for a restart of a point it removes, it changes nothing.  Once
+        begun it is not undone, unlike :meth:`grow`: the meshes keep the
+        new shape (:attr:`sizes`, :attr:`pids`), the processes removed are
+        killed rather than waited for (their actors' ``__cleanup__`` may
+        not run), a supervisor still reports them stopped, and then the
+        ``CancelledError`` (``TimeoutError`` from the timeout) is raised.
+
         Same dimensions as :meth:`grow`.
 
         Raises:

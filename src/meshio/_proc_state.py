@@ -1536,7 +1536,9 @@ class ProcState:
         whole mesh take the new shape first, then the processes of the points
         removed are stopped by the shutdown policy; a supervisor sees a
         ``"stopped"`` event for each, not a failure.  Restarts under way are
-        waited for first."""
+        waited for first.  Cancelled before the meshes took the new shape,
+        nothing changed; after, the shape stays and the processes removed
+        are killed (:meth:`_remove`), reported stopped all the same."""
         async with self.reshaping:
             self._check_open("shrink")
             await self.ready
@@ -1573,11 +1575,13 @@ class ProcState:
                 for target in list(self.lost_actors):
                     self._actor_back(target, w.rank)
             self.version += 1
-            await self._remove(removed, cause)
-            if self.supervisor is not None:
-                for w in reversed(removed):
-                    self.supervisor.event("stopped", self.name, w.rank, "shrink",
-                                          w.handle.pid, w.handle.host)
+            try:
+                await self._remove(removed, cause)
+            finally:
+                if self.supervisor is not None:
+                    for w in reversed(removed):
+                        self.supervisor.event("stopped", self.name, w.rank, "shrink",
+                                              w.handle.pid, w.handle.host)
 
     def _tell_reshaped(self, n: int) -> None:
         """Tell the actors of the meshes that follow the whole mesh, in its
@@ -1593,7 +1597,8 @@ class ProcState:
     async def _remove(self, workers: Sequence[_Worker], cause: str) -> None:
         """Stop ``workers`` for good, on purpose (not failures: nothing
         restarts them), and forget them; calls still addressed to them (a
-        slice, or a reference held elsewhere) fail with ``cause``."""
+        slice, or a reference held elsewhere) fail with ``cause``.  Cancelled,
+        it kills them rather than waiting for them (as :meth:`stop` does)."""
         rt = self.rt
         for w in workers:
             w.move(SlotState.REMOVED)
@@ -1609,6 +1614,11 @@ class ProcState:
                 rank=w.rank, host=w.handle.host, pid=w.handle.pid, cause=cause))
         try:
             await _shutdown(workers, self.shutdown)
+        except BaseException:
+            # (cancelled: nothing else would end one that overruns its grace)
+            for w in workers:
+                w.handle.send_signal(signal.SIGKILL)
+            raise
         finally:
             for w in workers:
                 rt.pids.pop(rt.routes.pop(w.addr, w.addr), None)
