@@ -1,4 +1,5 @@
-"""A start given up before anyone awaited what ``spawn_procs`` returned.
+"""A start given up before anyone awaited what ``spawn_procs`` returned,
+and a stop given up before or after it began.
 
 ``spawn_procs()`` starts the processes when it is called; the first await
 of what it returned owns the start (cancelled, it stops them).  An await
@@ -10,8 +11,13 @@ its workers outlived the controller.  Such a mesh is stopped now, once
 nothing refers to it; one that is used without being awaited (Monarch's
 ``procs = host.spawn_procs(...)`` then ``await procs.spawn(...)``) is not.
 
-Nothing here sleeps to wait: tests wait on the tasks of the mesh to end
-(each under a generous guard), and then look for processes and records.
+A stop is a coroutine like any: given up before its first step (on Python
+3.11, ``asyncio.wait_for(procs.stop(), 0)``), it stops nothing; once begun,
+cancelled, it kills the processes rather than waiting for them.
+
+Nothing here sleeps to wait: tests wait on the tasks of the mesh to end,
+on pidfds and on FIFO gates (each under a generous guard), and then look for
+processes and records.
 """
 
 from __future__ import annotations
@@ -19,14 +25,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import meshio
+from fifo_gate import Gate
 from meshio import Actor, endpoint
-from meshio.testing import child_pids, proc_mesh
+from meshio.testing import child_pids, proc_mesh, wait_exited
+from test_elastic import HeldAtCleanup
 
 #: generous bound on any single wait on a loaded machine
 DEADLINE = 30.0
@@ -123,3 +132,30 @@ async def test_a_mesh_used_without_being_awaited_is_not_stopped() -> None:
         await mesh.stop()
     assert child_pids() == pids
 
+
+async def test_a_stop_does_nothing_before_it_begins_and_kills_once_begun(
+        tmp_path: Path) -> None:
+    gate = Gate(tmp_path)
+    async with meshio.this_host().spawn_procs(per_host={"procs": 1},
+                                              shutdown=10 * DEADLINE) as procs:
+        held = await procs.spawn("held", HeldAtCleanup, str(tmp_path), 0)
+        stopping = asyncio.ensure_future(procs.stop())
+        stopping.cancel()  # (before its first step)
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        if sys.version_info < (3, 12):  # (later, wait_for runs the first step)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(procs.stop(), 0)
+        assert not procs.stopped
+        pid = await asyncio.wait_for(held.pid.call_one(), DEADLINE)
+        fd = os.pidfd_open(pid)
+        try:
+            stopping = asyncio.ensure_future(procs.stop())
+            await gate.wait_held(DEADLINE)  # its actor's cleanup holds: the stop waits its grace
+            stopping.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(stopping, DEADLINE)
+            await wait_exited(fd, DEADLINE)  # killed, not waited for
+        finally:
+            os.close(fd)
+        assert procs.stopped

@@ -416,6 +416,10 @@ class ProcMesh(MeshShape):
         """Stop every process of the whole mesh (gracefully, then SIGKILL after
         a grace period), and forget it: calls to its actors then fail with
         :class:`SupervisionError` ("proc mesh ... was stopped").  Idempotent.
+        Cancelled once begun, it kills the processes rather than waiting
+        for them.  Like any coroutine it does nothing before it first runs:
+        on Python 3.11 ``asyncio.wait_for(procs.stop(), 0)`` raises
+        ``TimeoutError`` with the mesh still running.
 
         Raises:
             ValueError: this is a slice of the mesh (stop the whole mesh, as
