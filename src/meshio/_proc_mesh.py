@@ -29,7 +29,7 @@ from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._transport._connection import Pending, ignore_result
 from ._transport._messages import SpawnActor
 from ._transport._runtime import Runtime, check_loop, on_loop_wait, runtime
-from ._transport._serial import OutBuffers, Packer, dumps, loads
+from ._transport._serial import OutBuffers, Packer, dumps, loads, unpicklable_part
 from ._util import utf8
 from .endpoints._endpoint import combine_failures, endpoint
 from .supervision._supervisor import RestartType, ShutdownPolicy, Supervisor
@@ -248,8 +248,10 @@ class ProcMesh(MeshShape):
         Raises:
             ActorError: a constructor raised (every failing rank listed).
             SchemaError: the arguments do not match ``cls.__init__``.
-            TypeError: ``name`` is not a str, or ``cls`` is not an
-                :class:`Actor` subclass.
+            TypeError: ``name`` is not a str, ``cls`` is not an
+                :class:`Actor` subclass, or ``cls`` cannot be pickled (a
+                class of ``__main__`` shipped by value with a lock, a file
+                or a socket its methods use: the message names it).
             ValueError: ``name`` is empty or has a ``/``.
         """
         mesh = await self._spawn(name, cls, *args, **kwargs)
@@ -291,12 +293,10 @@ class ProcMesh(MeshShape):
             raise ValueError(f"spawn: proc mesh {state.name!r} already has actors named {name!r}; "
                              f"stop them first (`await <that mesh>.stop()` frees the name) or "
                              f"spawn under another name")
-        state.actor_names.add(name)
+        # Pickled before the name is taken: a class that cannot be pickled
+        # (shipped by value with a lock it uses) leaves no trace.
+        cls_blob = _dump_class(cls, name)
         target = state.new_target(name)
-        # (kept alive, published before any process builds it: a controller
-        # lost before the spawn returns leaves a record that says so)
-        state.spawning.add(target)
-        state.published()
         addrs = [""] * state.region.extent.nelem
         for w in state.workers:
             addrs[w.rank] = w.addr
@@ -304,7 +304,12 @@ class ProcMesh(MeshShape):
                                        per_host=state.per_host,
                                        max_queued=self._options.max_queued)
         # (spawned on the whole mesh, it grows and shrinks with it)
-        cls_blob, mesh_blob = dumps(cls), dumps(mesh)
+        mesh_blob = dumps(mesh)
+        state.actor_names.add(name)
+        # (kept alive, published before any process builds it: a controller
+        # lost before the spawn returns leaves a record that says so)
+        state.spawning.add(target)
+        state.published()
         rt = state.rt
         labels, sizes = list(self.extent.labels), list(self.extent.sizes)
         futs: list[asyncio.Future[Any]] = []
@@ -856,6 +861,29 @@ def _not_an_actor_class(cls: object) -> TypeError:
                          f"annotate the mesh instead, mesh: {name}[...] = await "
                          f"procs.spawn(..., {name}, ...))")
     return TypeError(f"spawn: {cls!r} is not a subclass of meshio.Actor")
+
+
+def _dump_class(cls: type, name: str) -> bytes:
+    """``cls`` pickled for :meth:`ProcMesh.spawn` of ``name``.
+
+    Raises:
+        TypeError: it cannot be pickled (shipped by value, it refers to a
+            lock, a file, a socket...): the message names the class, where
+            it is defined, the value that fails and what to do.
+    """
+    try:
+        return dumps(cls)
+    except Exception as e:
+        where = ("__main__ (a script or a notebook)" if cls.__module__ == "__main__"
+                 else "a function" if "<locals>" in cls.__qualname__
+                 else f"module {cls.__module__}, registered to be pickled by value")
+        part = unpicklable_part(cls) or "a value it refers to"
+        raise TypeError(
+            f"spawn {name!r}: class {cls.__qualname__} is defined in {where}, so it is sent "
+            f"to the workers by value, with what its methods use, and {part} cannot be "
+            f"pickled ({type(e).__name__}: {e}); create such a value where it is used (in "
+            f"__init__: self.lock = threading.Lock()), reach it through a module the workers "
+            f"import (mymodule.LOCK), or define the class in such a module") from None
 
 
 def _is_actor_class(cls: Callable[..., A]) -> TypeGuard[type[A]]:

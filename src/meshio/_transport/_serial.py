@@ -69,7 +69,8 @@ from .._exceptions import SchemaError
 
 __all__ = ("Buffers", "Handing", "Limits", "OutBuffers", "Packer", "Refit", "Unfit",
            "Unsendable", "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient",
-           "limits", "loads", "owned_view", "refitter", "set_limits", "travel", "type_name")
+           "limits", "loads", "owned_view", "refitter", "set_limits", "travel", "type_name",
+           "unpicklable_part")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
 Buffers = list[Any]
@@ -915,6 +916,84 @@ def _as_shipped(cls: type, reduced: Any) -> Any:
         if "__annotations__" in state:
             state["__annotations__"] = _resolved_annotations(cls)
     return reduced
+
+
+#: the class dict cloudpickle ships of a class by value: ``(dict, slots)``
+_class_state: Callable[[type], tuple[dict[str, Any], Any]] = getattr(
+    cloudpickle.cloudpickle, "_class_getstate", lambda cls: (dict(vars(cls)), {}))
+
+
+def unpicklable_part(cls: type) -> str | None:
+    """What ``cls``, a class shipped by value that :func:`dumps` failed to
+    pickle, refers to that cannot be pickled: ``"the global 'LOCK' that
+    L.locked uses"``, ``"the variable 'guard' that L.locked captures"``,
+    ``"a value that L.locked refers to"`` or ``"the class attribute
+    L.pool"``; None where no one part fails alone.  (For the error that
+    says so only: it pickles the class's values one by one.)"""
+    shipped = [k for k in cls.__mro__ if not _by_reference(k)]
+    failing = [(f"{klass.__qualname__}.{attr}", _functions(value))
+               for klass in shipped for attr, value in _class_state(klass)[0].items()
+               if attr not in _CLASS_CACHES and not _pickles(value, shipped)]
+    # (methods first: meshio's own attributes hold the endpoints too)
+    failing.sort(key=lambda f: not f[1])
+    for where, functions in failing:
+        for fn in functions:
+            code = fn.__code__
+            for name in sorted(_global_names(code) & fn.__globals__.keys()):
+                if not _pickles(fn.__globals__[name], shipped):
+                    return f"the global {name!r} that {where} uses"
+            for var, cell in zip(code.co_freevars, fn.__closure__ or ()):
+                with contextlib.suppress(ValueError):  # (an empty cell)
+                    if not _pickles(cell.cell_contents, shipped):
+                        return f"the variable {var!r} that {where} captures"
+    if failing:
+        where, functions = failing[0]
+        return f"a value that {where} refers to" if functions else f"the class attribute {where}"
+    return None
+
+
+def _pickles(value: Any, classes: list[type]) -> bool:
+    """Whether :func:`dumps` pickles ``value``, ``classes`` (those being
+    explained, which fail as a whole) standing for themselves: a method
+    that names its own class, or calls ``super()``, is not the culprit."""
+    try:
+        _Probe({id(k) for k in classes}).dump(value)
+    except Exception:
+        return False
+    return True
+
+
+class _Probe(_Pickler):
+    """:func:`dumps`'s pickler, the objects of ``standing`` (ids) pickled as
+    a mere mention of themselves."""
+
+    def __init__(self, standing: set[int]) -> None:
+        super().__init__(io.BytesIO(), protocol=5)
+        self.standing = standing
+
+    def persistent_id(self, obj: Any) -> Any:
+        return id(obj) if id(obj) in self.standing else None
+
+
+def _functions(value: Any) -> list[types.FunctionType]:
+    """The functions a class attribute holds: a method, the function of a
+    static or class method, a property's accessors, a decorated function
+    (``functools.wraps``: an endpoint)."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    found = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [
+        value, getattr(value, "__wrapped__", None)]
+    return [f for f in found if isinstance(f, types.FunctionType)]
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names ``code`` and the code nested in it (a comprehension, a
+    function defined inside) may read as globals (cloudpickle ships those)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 def _resolved_annotations(cls: type) -> dict[str, Any]:
