@@ -92,3 +92,36 @@ async def test_ray_remote_names_the_adverbs_and_monarch_get_says_await() -> None
                 held.get()
             assert not hasattr(held, "nope")
             await fut
+
+
+async def test_spawn_given_the_class_first_or_an_instance_says_what_goes_where() -> None:
+    """``procs.spawn(Counter, 5)`` (Ray's order, the name forgotten) said
+    "'5' is not a subclass of meshio.Actor", about the argument that was
+    right; ``procs.spawn("c", Counter())`` said "<... object at 0x..> is not
+    a subclass", with no hint to pass the class."""
+    async with in_process_host().spawn_procs(per_host={"procs": 1}) as procs:
+        bad: Any = procs
+        with pytest.raises(TypeError, match=re.escape(
+                "spawn: the name of the actor mesh comes first, then the class: "
+                "spawn('name', Counter, ...) (got Counter where the name goes)")):
+            await bad.spawn(Counter, 5)
+        with pytest.raises(TypeError, match=re.escape(
+                "spawn 'c': got an instance of Counter; pass the class itself, then its "
+                "constructor's arguments: spawn('c', Counter, ...)")):
+            await bad.spawn("c", Counter())
+        assert (await (await procs.spawn("c", Counter)).add.call(k=1)).values() == [1]
+
+
+def test_an_adverb_read_on_the_class_says_to_spawn_first() -> None:
+    """``Counter.add.call(k=1)``, the endpoint read on the class: it was
+    "'EndpointDescriptor' object has no attribute 'call'", with no hint."""
+    desc: Any = Counter.add
+    for adverb in ("call", "call_one", "choose", "stream", "broadcast", "remote"):
+        with pytest.raises(AttributeError) as info:
+            getattr(desc, adverb)
+        assert str(info.value) == (
+            f"Counter.add is read on the class Counter, not on actors: spawn them, then "
+            f"call it through the mesh spawn returns: mesh = await procs.spawn('name', "
+            f"Counter, ...); await mesh.add.{'call' if adverb == 'remote' else adverb}(...)"), \
+            info.value
+    assert not hasattr(desc, "nope") and getattr(desc, "call", None) is None

@@ -249,7 +249,9 @@ class ProcMesh(MeshShape):
             ActorError: a constructor raised (every failing rank listed).
             SchemaError: the arguments do not match ``cls.__init__``.
             TypeError: ``name`` is not a str, ``cls`` is not an
-                :class:`Actor` subclass, or ``cls`` cannot be pickled (a
+                :class:`Actor` subclass (the message says so where the
+                class came first, as Ray's ``Cls.remote`` has it, or an
+                instance was given), or ``cls`` cannot be pickled (a
                 class of ``__main__`` shipped by value with a lock, a file
                 or a socket its methods use: the message names it).
             ValueError: ``name`` is empty or has a ``/``.
@@ -262,7 +264,7 @@ class ProcMesh(MeshShape):
                      **kwargs: P.kwargs) -> A:
         """:meth:`spawn`, owned by nobody (the proc mesh service spawns for others)."""
         if not _is_actor_class(cls):
-            raise _not_an_actor_class(cls)
+            raise _not_an_actor_class(cls, name)
         if not isinstance(name, str) or not name or "/" in name or utf8(name) != name:
             raise (ValueError if isinstance(name, str) else TypeError)(
                 f"spawn: actor mesh name must be a non-empty str without '/' that UTF-8 "
@@ -778,7 +780,7 @@ class _ProcMeshRef(ProcMesh):
         """Spawn through the controller owning the processes (see
         :meth:`ProcMesh.spawn`)."""
         if not _is_actor_class(cls):
-            raise _not_an_actor_class(cls)
+            raise _not_an_actor_class(cls, name)
         try:
             mesh: A = await self._service.spawn_on.call_one(self._where(), self._options,
                                                             name, cls, args, kwargs)
@@ -851,8 +853,16 @@ def _check_restart(restart: object, what: str) -> None:
             f"{type(restart).__name__} {restart!r}")
 
 
-def _not_an_actor_class(cls: object) -> TypeError:
-    """The error of ``spawn`` given ``cls``, which is no actor class."""
+def _not_an_actor_class(cls: object, name: object) -> TypeError:
+    """The error of ``spawn`` of ``name`` given ``cls``, which is no actor class."""
+    if isinstance(name, type) and issubclass(name, Actor):  # (Ray's order, the name forgotten)
+        return TypeError(f"spawn: the name of the actor mesh comes first, then the class: "
+                         f"spawn('name', {name.__qualname__}, ...) (got {name.__qualname__} "
+                         f"where the name goes)")
+    if isinstance(cls, Actor):
+        kind = type(cls).__qualname__
+        return TypeError(f"spawn {name!r}: got an instance of {kind}; pass the class itself, "
+                         f"then its constructor's arguments: spawn({name!r}, {kind}, ...)")
     origin = get_origin(cls)
     if isinstance(origin, type) and issubclass(origin, Actor):  # (G[int] of a generic G)
         name = origin.__qualname__

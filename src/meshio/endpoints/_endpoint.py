@@ -32,6 +32,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     ClassVar,
+    Final,
     Generic,
     Literal,
     ParamSpec,
@@ -250,6 +251,12 @@ def _limit(concurrent: object, qualname: object) -> int | None:
     return int(concurrent)
 
 
+#: what is read on an endpoint to call it (``route``: a service's; ``remote``:
+#: Ray's), which an endpoint read on its class says it cannot be
+_CLASS_ADVERBS: Final = frozenset(
+    ("call", "call_one", "choose", "stream", "broadcast", "options", "route", "remote"))
+
+
 class EndpointDescriptor(Generic[A, P, R]):
     """What ``@endpoint`` makes of a method; read it on an actor mesh to get
     an :class:`Endpoint`, or pass it to ``mesh.call(Cls.method, ...)``."""
@@ -309,6 +316,25 @@ class EndpointDescriptor(Generic[A, P, R]):
 
     def __repr__(self) -> str:
         return f"<endpoint {self.fn.__qualname__}>"
+
+    if not TYPE_CHECKING:
+        # Hidden from type checkers, so that they still report
+        # ``Trainer.train.call(step=0)`` as an attribute the class lacks.
+        def __getattr__(self, name):
+            """``Trainer.train.call(step=0)``, an adverb (or Ray's
+            ``.remote()``) read on the class, says to spawn the actors
+            first.  (Read only for a name the descriptor lacks.)"""
+            if name in _CLASS_ADVERBS:
+                qualname = self.fn.__qualname__
+                cls = qualname.rpartition(".")[0]
+                adverb = "call" if name == "remote" else name
+                raise AttributeError(
+                    f"{qualname} is read on the class {cls}, not on actors: spawn them, then "
+                    f"call it through the mesh spawn returns: mesh = await procs.spawn("
+                    f"'name', {cls}, ...); await mesh.{self.name}.{adverb}(...)",
+                    name=name, obj=self)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
+                                 name=name, obj=self)
 
 
 class _Method(Protocol[_A_contra, P, _R_co]):
