@@ -8,6 +8,7 @@ transport is enough."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -125,3 +126,28 @@ def test_an_adverb_read_on_the_class_says_to_spawn_first() -> None:
             f"Counter, ...); await mesh.add.{'call' if adverb == 'remote' else adverb}(...)"), \
             info.value
     assert not hasattr(desc, "nope") and getattr(desc, "call", None) is None
+
+
+async def test_the_future_of_a_call_says_what_it_is_and_to_await_it() -> None:
+    """A call made without ``await`` (in a notebook its future is the
+    cell's value) showed ``<_Gathered pending>``, a private class and no
+    hint."""
+    async with in_process_host().spawn_procs(per_host={"procs": 2}) as procs:
+        counters = await procs.spawn("counters", Counter)
+        gathered = counters.add.call(k=1)
+        assert repr(gathered) == ("<call of Counter.add on 'counters' (2 actors): pending; "
+                                  "await it for its value>")
+        one = counters.slice(procs=1).add.call_one(k=2)
+        assert repr(one) == ("<call of Counter.add on 'counters' rank 1: pending; await it for "
+                             "its value>")
+        timed = counters.add.options(timeout=60).call(k=3)
+        assert repr(timed) == ("<call of Counter.add on actor mesh 'counters': pending; await "
+                               "it for its value>")
+        await asyncio.gather(gathered, one, timed)
+        assert repr(gathered) == ("<call of Counter.add on 'counters' (2 actors): done; await "
+                                  "it for its value>")
+        assert repr(one).endswith(": done; await it for its value>"), one
+        failing = counters.slice(procs=0).add.call_one("x")  # type: ignore[arg-type]
+        with pytest.raises(meshio.SchemaError):
+            await failing
+        assert repr(failing).endswith(": failed (SchemaError); await it for the error>"), failing

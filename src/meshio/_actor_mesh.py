@@ -983,6 +983,10 @@ class _CallFuture(ReplyFuture):
     #: (:meth:`Pending.lent`): cancelled, it is done only once they are read
     reads: list[asyncio.Future[None]]
 
+    def call_name(self) -> str:
+        p = getattr(self, "request", None)  # (None once settled: it lets its request go)
+        return "meshio call" if p is None else f"call of {p.endpoint} on {p.mesh!r} rank {p.rank}"
+
     def cancel(self, msg: Any | None = None) -> bool:
         if self.done():
             return False

@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = ("Connection", "Gathering", "Pending", "ReplyFuture", "Settle", "Slot",
-           "blocked_loop", "error_from_info", "ignore_result", "lost_with_relay",
+           "blocked_loop", "call_repr", "error_from_info", "ignore_result", "lost_with_relay",
            "not_responding")
 
 log = logging.getLogger("meshio")
@@ -425,6 +425,13 @@ class ReplyFuture(asyncio.Future[Any]):
 
     __slots__ = ()
 
+    def __repr__(self) -> str:
+        return call_repr(self, self.call_name())
+
+    def call_name(self) -> str:
+        """Which call this is the future of, for its repr."""
+        return "meshio call"
+
     if not TYPE_CHECKING:
         # (Hidden from type checkers, which see an asyncio.Future; read only
         # for a name the future lacks, never on the way of a call.)
@@ -449,6 +456,13 @@ class _Gathered(ReplyFuture):
         super().__init__(loop=loop)
         self.gathering = gathering
 
+    def call_name(self) -> str:
+        slots = self.gathering.slots
+        if not slots:
+            return "meshio call of no actors"
+        n = len(slots)
+        return f"call of {slots[0].endpoint} on {slots[0].mesh!r} ({n} actor{'s' * (n != 1)})"
+
     def cancel(self, msg: Any | None = None) -> bool:
         if self.done():
             return False
@@ -457,6 +471,23 @@ class _Gathered(ReplyFuture):
         if not when_done(g.reads, functools.partial(super().cancel, msg)):
             super().cancel(msg)
         return True
+
+
+def call_repr(fut: asyncio.Future[Any], call: str) -> str:
+    """The repr of ``fut``, the future of ``call`` (``"call of G.greet on
+    'g' (8 actors)"``): what it is, and that it is awaited (a call made
+    without ``await`` shows it as a notebook cell's value).  Worked out
+    when asked, not when the future is made (one per call)."""
+    if fut.cancelled():
+        return f"<{call}: cancelled>"
+    if not fut.done():
+        return f"<{call}: pending; await it for its value>"
+    # (not exception(): it would count the error as seen, and silence
+    # asyncio's report of a failed call nobody awaited)
+    error: BaseException | None = getattr(fut, "_exception", None)
+    if error is None:
+        return f"<{call}: done; await it for its value>"
+    return f"<{call}: failed ({type(error).__name__}); await it for the error>"
 
 
 def ignore_result(raw: Any, bufs: Buffers) -> None:

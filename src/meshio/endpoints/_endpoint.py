@@ -56,7 +56,7 @@ from .._exceptions import (
 from .._tracing import ENABLED as TRACING
 from .._tracing import OTEL, in_span, sending_now, traced
 from .._transport._bulk import snapshot
-from .._transport._connection import DEADLINE, Gathering
+from .._transport._connection import DEADLINE, Gathering, call_repr
 from .._transport._credit import Waiting
 from .._transport._runtime import actor_thread, on_loop_wait
 from .._transport._serial import OutBuffers, Packer
@@ -875,6 +875,10 @@ class _Due(asyncio.Future[T]):
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             max(0.0, deadline - time.monotonic()), self._expired)
         call.add_done_callback(self._ended)
+
+    def __repr__(self) -> str:
+        ep = self._endpoint
+        return call_repr(self, f"call of {ep._qualname} on {ep._TARGET} {ep._mesh._name!r}")
 
     def _expired(self) -> None:
         self._timer = None
