@@ -257,3 +257,16 @@ def test_reattach_example() -> None:
         "first controller killed",
         "reattached gpus=0: step 3 weight 1.5", "reattached gpus=1: step 3 weight 1.5",
         "trained on gpus=0: step 5 weight 2.5", "trained on gpus=1: step 5 weight 2.5"]
+
+
+def test_the_demo_table_stays_aligned_without_torch() -> None:
+    """Without torch the row "send a list of floats (install torch for
+    tensors)" was wider than the label column, and pushed its time out of
+    line with the others."""
+    out = _run(sys.executable, "-c", "import meshio, meshio._demo as demo; "
+               "demo._import_torch = lambda: None; meshio.run(demo.demo())")
+    assert "install torch for tensors" in out, out
+    rows = [line for line in out.splitlines()[1:] if re.search(r" (ms|us/call)\b", line)]
+    assert len(rows) > 10, out
+    ends = {m.start() for line in rows if (m := re.search(r"\d (ms|us/call)\b", line))}
+    assert len(ends) == 1, out

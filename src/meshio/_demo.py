@@ -12,6 +12,9 @@ import meshio
 from meshio import Actor, endpoint
 
 T = TypeVar("T")
+#: the width of the table's first column: its longest label's, "send a list
+#: of floats (install torch for tensors)" (without torch)
+_LABEL = 49
 
 
 class Learner(Actor):
@@ -56,7 +59,7 @@ class Generator(Actor):
 async def _timed(label: str, fn: Callable[[], Awaitable[T]]) -> T:
     t0 = time.perf_counter()
     result = await fn()
-    print(f"  {label:<44} {(time.perf_counter() - t0) * 1e3:8.2f} ms   -> {result!r}")
+    print(f"  {label:<{_LABEL}} {(time.perf_counter() - t0) * 1e3:8.2f} ms   -> {result!r}")
     return result
 
 
@@ -87,7 +90,8 @@ async def demo(procs_per_host: int = 2) -> None:
     print(f"meshio demo: controller pid {os.getpid()}, {procs_per_host} worker processes")
     t0 = time.perf_counter()
     async with meshio.this_host().spawn_procs(per_host={"gpus": procs_per_host}) as procs:
-        print(f"  {'spawn_procs (start workers)':<44} {(time.perf_counter() - t0) * 1e3:8.2f} ms")
+        print(f"  {'spawn_procs (start workers)':<{_LABEL}} "
+              f"{(time.perf_counter() - t0) * 1e3:8.2f} ms")
         learners = await _timed("spawn learners", lambda: procs.spawn("learners", Learner, 1.0))
         await _timed("call: pid on every learner", lambda: learners.pid.call())
         await _timed("call: step on every learner", lambda: learners.step.call(grad=0.5))
@@ -100,7 +104,7 @@ async def demo(procs_per_host: int = 2) -> None:
 
         await _timed("stream: (point, value) as they arrive", streamed)
         learners.step.broadcast(grad=0.0)
-        print(f"  {'broadcast: step, fire and forget':<44} {'':>8}      (no reply)")
+        print(f"  {'broadcast: step, fire and forget':<{_LABEL}} {'':>8}      (no reply)")
         gens = await _timed("spawn generators holding a learner mesh",
                             lambda: procs.spawn("generators", Generator, learners))
         await _timed("generator -> learners (actor to actor)",
@@ -121,7 +125,7 @@ async def demo(procs_per_host: int = 2) -> None:
         except meshio.ActorError as e:
             err = e.failures[0][1] if e.failures else e
             assert isinstance(err, meshio.ActorError)
-            print(f"  {'remote error arrives as ActorError':<44} "
+            print(f"  {'remote error arrives as ActorError':<{_LABEL}} "
                   f"{(time.perf_counter() - t1) * 1e3:8.2f} ms   -> {err.remote_type}: "
                   f"{err.remote_message} (ranks {[p.rank for p, _ in e.failures]})")
         one = learners.slice(gpus=0)
@@ -130,5 +134,5 @@ async def demo(procs_per_host: int = 2) -> None:
         for _ in range(n):
             await one.pid.call_one()
         per_call = (time.perf_counter() - t1) / n * 1e6
-        print(f"  {'round trip, one call at a time':<44} {per_call:8.1f} us/call")
-    print(f"  {'total (procs stopped)':<44} {(time.perf_counter() - t0) * 1e3:8.2f} ms")
+        print(f"  {'round trip, one call at a time':<{_LABEL}} {per_call:8.1f} us/call")
+    print(f"  {'total (procs stopped)':<{_LABEL}} {(time.perf_counter() - t0) * 1e3:8.2f} ms")
