@@ -868,7 +868,9 @@ class ProcessJob(AgentsJob):
 
     async def kill(self) -> None:
         """Stop the agents the cache names (whatever its shape), and forget
-        the cached job and its secret.  It holds the job's lock, as
+        the cached job and its secret (the job's lock file and the agents'
+        log ``<name>.log`` stay: see :func:`job_lock`, and the log tells
+        why an agent did not start).  It holds the job's lock, as
         :meth:`apply` does: a kill while another controller applies the job
         waits for it, then stops the agents it started.
 
