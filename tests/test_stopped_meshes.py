@@ -419,6 +419,11 @@ class Broadcasts(Actor):
     async def tell(self, held: A) -> None:
         await held.which.broadcast()
 
+    @endpoint
+    async def say_through(self, says: Says, text: str) -> None:
+        """``says.say`` from here: after this process's broadcasts, in order."""
+        await says.say.call_one(text)
+
 
 async def test_a_broadcast_to_a_stopped_mesh_raises_where_its_procs_are_owned(
         procs: meshio.ProcMesh) -> None:
@@ -451,7 +456,9 @@ async def test_a_broadcast_to_a_stopped_mesh_through_a_reference_elsewhere_is_sa
     await gone.stop()
     for _ in range(3):
         await other.tell.call_one(gone)
-    await says.say.call_one("after the broadcasts")  # (its records come after theirs)
+    # (sent after them on the same connection: its record comes after theirs;
+    # a call from here could reach that process before them)
+    await other.say_through.call_one(says, "after the broadcasts")
     await controller_log.wait_for("after the broadcasts")
     dropped = [m for m in controller_log.messages if "a broadcast of which was dropped" in m]
     assert len(dropped) == 1 and "actor mesh 'gone' was stopped" in dropped[0]
