@@ -174,6 +174,8 @@ class RDMABuffer:
                              f"got {backend!r}")
         memory = memory_of(obj, "RDMABuffer", writable=True)
         rt = runtime()
+        registry = rt.state(Registry)
+        fence = registry.fence_id()
         ctx = _context.get(None)
         reg = Registration(next(_ids), memory, ctx.mesh._target if ctx else "")
         ib: bytes | None = None
@@ -183,9 +185,9 @@ class RDMABuffer:
 
             reg.ib = register(memory.addr, memory.size)
             ib = reg.ib.describe()
-        rt.state(Registry).by_id[reg.id] = reg
+        registry.by_id[reg.id] = reg
         self._handle = Handle(rt.addr, os.getpid(), _same_host.HOST_ID, reg.id, reg.token,
-                              reg.token_addr, memory.addr, memory.size, ib, backend)
+                              reg.token_addr, memory.addr, memory.size, ib, backend, fence)
         self._timeout: float | None = None
 
     @classmethod
@@ -310,11 +312,12 @@ class RDMABuffer:
         later transfers raise :class:`~meshio.RDMAError`.  Idempotent.
 
         Returns once the owner released it (or had already) and the
-        ``tcp`` reads it served before are done with its memory (so that
-        the owner changing it then reaches none of them; at most 10 s, with
-        a warning, for a reader not responding), or once the owner's process
-        is gone — exited, killed (a supervisor kills a hung one), its proc
-        mesh stopped, its host downed: its registrations went with it.
+        transfers begun before are done with its memory (the ``tcp`` reads
+        it served, the ``same_host`` copies under way: the owner changing it
+        then reaches none of them; at most 10 s, with a warning, for a
+        reader not responding), or once the owner's process is gone —
+        exited, killed (a supervisor kills a hung one), its proc mesh
+        stopped, its host downed: its registrations went with it.
 
         Raises:
             CallTimeout: the owner did not answer within ``options(timeout=...)``

@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import itertools
 import secrets
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
@@ -23,6 +24,7 @@ from .._transport._messages import RdmaOp, RdmaOpName, Transfer
 from .._transport._runtime import Runtime
 from .._transport._serial import Buffers, owned_view
 from .._transport._tasks import within
+from ._fence import OwnerFence
 from ._memory import Memory
 
 if TYPE_CHECKING:
@@ -87,9 +89,14 @@ def view_of(m: Memory) -> memoryview:
 
 # ------------------------------------------------------ owner's registry
 
-#: what a drop waiting too long for the frames it lent warns of (:func:`when_done`)
-LENT_LATE: Final = ("a dropped RDMA buffer is released, though {n} transfers served before "
-                    "the drop still read its memory")
+#: what a drop waiting too long for the transfers under way warns of
+#: (:func:`when_done`): the frames of ``tcp`` reads it served before, the
+#: ``same_host`` transfers that found it registered (all those count as one)
+LENT_LATE: Final = ("a dropped RDMA buffer is released, though {n} transfers begun before "
+                    "the drop still reach its memory")
+#: seconds between a drop's first two looks at its ``same_host`` fence, and
+#: the most between two (each look waits twice as long as the one before)
+_FENCE_PAUSE: Final = (1e-4, 0.05)
 
 
 class Registration:
@@ -140,6 +147,17 @@ class Registration:
             self.ib = None
 
 
+async def _quiet(fence: OwnerFence, reg: Registration) -> None:
+    """Return once no ``same_host`` transfer on ``reg`` (released) copies,
+    looking at ``fence`` less and less often; it, and its memory, live until
+    then (a drop that gave up waiting, or an actor stopped, must not let
+    memory a transfer still writes go to other uses)."""
+    pause, most = _FENCE_PAUSE
+    while not fence.quiet(reg.id):
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, most)
+
+
 #: the token cells of released registrations, never unmapped (a late reader
 #: of one reads 0, or a later registration's token: not its own), reused by
 #: new ones: as many as registrations were ever live at once, not ever made
@@ -151,21 +169,41 @@ class Registry:
     """The buffers registered in one runtime, by id (``rt.state(Registry)``);
     closing the runtime releases them all."""
 
-    __slots__ = ("by_id",)
+    __slots__ = ("by_id", "fence", "rt")
 
     def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
         self.by_id: dict[int, Registration] = {}
+        #: what ``same_host`` transfers on its buffers lock (:mod:`._fence`;
+        #: made with the first buffer, on Linux)
+        self.fence: OwnerFence | None = None
+
+    def fence_id(self) -> tuple[int, int] | None:
+        """What names the fence in a handle: its fd number and inode (None
+        where there is no ``same_host`` backend: not Linux)."""
+        if sys.platform != "linux":
+            return None
+        if self.fence is None:
+            self.fence = OwnerFence()
+        return self.fence.fd, self.fence.ino
 
     def release(self, reg_id: int) -> list[asyncio.Future[None]]:
-        """Release buffer ``reg_id`` (nothing if it is not registered); the
-        frames it lent that are still read (its memory stays alive for them:
-        :func:`view_of`; a drop returns once they are done, so that the
-        owner changing the memory then reaches no transfer served before)."""
+        """Release buffer ``reg_id`` (nothing if it is not registered); what
+        still reaches its memory, to wait for: the frames of ``tcp`` reads
+        it served (its memory stays alive for them: :func:`view_of`), the
+        ``same_host`` transfers that found it registered, still copying
+        (then a task, until they are done: it keeps the memory alive too).
+        A drop returns once they are done, so that the owner changing the
+        memory then reaches no transfer begun before."""
         reg = self.by_id.pop(reg_id, None)
         if reg is None:
             return []
-        reg.release()
-        return reg.lent
+        reg.release()  # (its token 0 first: a transfer locking after reads it)
+        # (a store's anchor registers no memory: nothing copies it)
+        if self.fence is None or not reg.memory.size or self.fence.quiet(reg.id):
+            return reg.lent
+        return [*reg.lent, self.rt.tasks.start(_quiet(self.fence, reg),
+                                               name=f"RDMA drop fence of buffer {reg.id}")]
 
     def release_owned(self, owner: str) -> None:
         """Release every buffer registered by the actor ``owner`` (it stopped)."""
@@ -177,6 +215,8 @@ class Registry:
         regs, self.by_id = self.by_id, {}
         for reg in regs.values():
             reg.release()
+        if self.fence is not None:  # (a holder opening it now finds the buffer dropped)
+            self.fence.close()
 
 
 # ---------------------------------------------------------------- handle
@@ -195,6 +235,7 @@ class Handle:
     size: int
     ib: bytes | None = None  # ibverbs remote key / address / port info
     backend: Backend | None = None  # forced backend
+    fence: tuple[int, int] | None = None  # the owner's same_host fence: fd number, inode
 
 
 def _take_buffer(raw: Any, bufs: Buffers) -> Any:

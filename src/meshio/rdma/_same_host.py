@@ -2,13 +2,16 @@
 spaces by cross-memory attach (:func:`meshio._transport._bulk.cma`, the
 copy large message values use too); the owner's code does not run.  A
 token word in the owner's memory, read the same way, tells whether the
-buffer was dropped."""
+buffer was dropped; a lock on the owner's fence, held from before that
+check to after the copy, keeps a drop from returning meanwhile
+(:mod:`._fence`)."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import errno
+import os
 import sys
 from collections.abc import Mapping
 from typing import Final
@@ -25,6 +28,8 @@ from .._transport._bulk import (
     ptrace_scope,
 )
 from .._transport._messages import RdmaOpName, Transfer
+from .._transport._runtime import runtime
+from ._fence import Held, HolderFences
 from ._memory import Memory
 from ._registry import DROPPED, Handle, OwnerSide
 
@@ -40,6 +45,9 @@ def status() -> tuple[bool, str]:
     other processes of this host."""
     if sys.platform != "linux":
         return False, f"needs Linux cross-memory attach (process_vm_readv); this is {sys.platform}"
+    if not os.path.isdir("/proc/self/fd"):
+        return False, ("needs /proc (a transfer locks its owner's drop fence through "
+                       "/proc/<pid>/fd): mount it")
     scope = ptrace_scope()
     how = "cross-memory attach (process_vm_readv)"
     if scope is None or scope == 0:
@@ -87,16 +95,40 @@ def _check_token(h: Handle, op: Transfer) -> None:
         raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): {DROPPED}")
 
 
+def _fenced(h: Handle, op: Transfer) -> Held:
+    """A lock on ``h``'s buffer in its owner's fence (:mod:`._fence`), to
+    hold from before its token check to after its copy: a drop returns only
+    once it is let go (:meth:`Held.release`)."""
+    if h.fence is None:
+        raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): its owner "
+                        "has no drop fence (not on Linux)")
+    try:
+        held = runtime().state(HolderFences).lock(h.pid, h.fence, h.buf)
+    except OSError as e:
+        _check_token(h, op)  # its owner is gone, or dropped it (closing its runtime): say so
+        raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): its owner's "
+                        f"drop fence (/proc/{h.pid}/fd/{h.fence[0]}) does not open: "
+                        f"{e.strerror}") from None
+    if held is None:  # the owner holds the whole range: it is dropping it
+        raise RDMAError(f"RDMA {op} on buffer {h.buf} of pid {h.pid} (same_host): {DROPPED}")
+    return held
+
+
 async def transfer(h: Handle, op: Transfer, local: Memory, offset: int, length: int) -> None:
     """``op`` ("read": owner → local, "write": local → owner) of ``length``
     bytes at ``offset`` of ``h``'s buffer, by cross-memory attach: in the
     copying threads from 1 MiB on (the loop stays free), split in two
-    halves, one per thread, when large."""
-    _check_token(h, op)
-    remote = h.addr + offset
-    if length < 1 << 20:
-        _cma(op, h, local.addr, remote, length)
-        return
-    loop = asyncio.get_running_loop()
-    await copied([loop.run_in_executor(executor(), _cma, op, h, local.addr + at, remote + at, n)
-                  for at, n in halves(length)])
+    halves, one per thread, when large.  Its buffer is checked and copied
+    under the fence's lock, let go once the copy threads are done."""
+    held = _fenced(h, op)
+    try:
+        _check_token(h, op)
+        remote = h.addr + offset
+        if length < 1 << 20:
+            _cma(op, h, local.addr, remote, length)
+            return
+        loop = asyncio.get_running_loop()
+        await copied([loop.run_in_executor(executor(), _cma, op, h, local.addr + at, remote + at,
+                                           n) for at, n in halves(length)])
+    finally:
+        held.release()
