@@ -13,6 +13,7 @@ tells, where the owner's code serves a transfer (``tcp``)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -23,6 +24,10 @@ from .._transport._bulk import address_of
 if TYPE_CHECKING:
     import torch
     from typing_extensions import Buffer
+
+#: a field's name in a buffer's format (``T{<d:x:O:y:}``), which may hold
+#: any letter: not a type code
+_FIELD_NAME = re.compile(r":[^:]*:")
 
 #: memory an ``RDMABuffer`` registers or copies to or from: an object with the
 #: buffer protocol (``bytearray``, ``memoryview``, numpy array...) or a CPU tensor
@@ -82,6 +87,10 @@ def memory_of(obj: Any, what: str, *, writable: bool, empty: bool = False) -> Me
         return Memory(obj, 0, 0, True)
     if not view.c_contiguous:
         raise RDMASizeError(f"{what}: the buffer is not contiguous")
+    if "O" in _FIELD_NAME.sub("", view.format):  # (another process writing them crashes this one)
+        raise RDMAError(f"{what}: the buffer holds Python objects (format {view.format!r}: a "
+                        "NumPy dtype=object array?), whose bytes are pointers to them; use a "
+                        "numeric dtype")
     if view.nbytes == 0:
         raise RDMASizeError(f"{what}: the buffer is empty")
     if writable and view.readonly:
