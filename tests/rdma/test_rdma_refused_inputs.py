@@ -1,7 +1,9 @@
 """Memory whose bytes are not what another process may copy is refused, as
 a buffer to register and as a transfer's destination or source, with a
 message saying what to do: a NumPy ``dtype=object`` array holds object
-pointers (a peer's write into one crashed the owner)."""
+pointers (a peer's write into one crashed the owner), a tensor with a lazy
+conjugate or negative bit holds other values than its bytes (they were
+copied as they lie, the bit ignored)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 
 from meshio import RDMABuffer
 from meshio.rdma import RDMAError
+
+torch = pytest.importorskip("torch")
 
 
 async def _refused(obj: Any) -> list[str]:
@@ -39,3 +43,15 @@ async def test_an_array_of_python_objects_is_refused() -> None:
             assert "holds Python objects" in message and "numeric dtype" in message
     fields = np.zeros(2, dtype=[("x", "<f8"), ("Ohm", "<i4")])  # no object: registers
     await RDMABuffer(fields).drop()
+
+
+async def test_a_lazily_conjugated_or_negated_tensor_is_refused() -> None:
+    conj = torch.tensor([1 + 2j, 3 - 4j]).conj()
+    neg = torch.tensor([1 + 2j]).conj().imag  # (one element: contiguous)
+    assert conj.is_conj() and neg.is_neg() and conj.is_contiguous() and neg.is_contiguous()
+    for message in await _refused(conj):
+        assert "conjugate bit" in message and ".resolve_conj()" in message
+    for message in await _refused(neg):
+        assert "negative bit" in message and ".resolve_neg()" in message
+    await RDMABuffer(conj.resolve_conj()).drop()
+    await RDMABuffer(neg.resolve_neg()).drop()

@@ -72,6 +72,14 @@ def memory_of(obj: Any, what: str, *, writable: bool, empty: bool = False) -> Me
                 "tensor made with pin_memory=True (faster copies)")
         if empty and obj.numel() == 0:
             return Memory(obj, 0, 0, True)
+        if obj.is_conj():
+            raise RDMAError(f"{what}: the tensor has a lazy conjugate bit (a .conj() view of a "
+                            "complex tensor: its bytes are not its values); call "
+                            ".resolve_conj() first")
+        if obj.is_neg():
+            raise RDMAError(f"{what}: the tensor has a lazy negative bit (a view such as "
+                            ".conj().imag: its bytes are not its values); call .resolve_neg() "
+                            "first")
         if not obj.is_contiguous():
             raise RDMASizeError(f"{what}: the tensor is not contiguous; call .contiguous() first")
         size = obj.numel() * obj.element_size()
