@@ -3,7 +3,8 @@ a buffer to register and as a transfer's destination or source, with a
 message saying what to do: a NumPy ``dtype=object`` array holds object
 pointers (a peer's write into one crashed the owner), a tensor with a lazy
 conjugate or negative bit holds other values than its bytes (they were
-copied as they lie, the bit ignored)."""
+copied as they lie, the bit ignored), and a sparse tensor was told to call
+``.contiguous()``, which does not make it one range of bytes."""
 
 from __future__ import annotations
 
@@ -55,3 +56,10 @@ async def test_a_lazily_conjugated_or_negated_tensor_is_refused() -> None:
         assert "negative bit" in message and ".resolve_neg()" in message
     await RDMABuffer(conj.resolve_conj()).drop()
     await RDMABuffer(neg.resolve_neg()).drop()
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+async def test_a_sparse_tensor_is_told_to_call_to_dense() -> None:
+    for sparse in (torch.zeros(10).to_sparse(), torch.zeros(2, 2).to_sparse_csr()):
+        for message in await _refused(sparse):
+            assert ".to_dense()" in message and ".contiguous()" not in message

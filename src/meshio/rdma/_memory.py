@@ -72,6 +72,9 @@ def memory_of(obj: Any, what: str, *, writable: bool, empty: bool = False) -> Me
                 "tensor made with pin_memory=True (faster copies)")
         if empty and obj.numel() == 0:
             return Memory(obj, 0, 0, True)
+        if obj.layout != torch.strided:
+            raise RDMAError(f"{what}: the tensor's layout is {obj.layout} (sparse), not one "
+                            "range of bytes; call .to_dense() first")
         if obj.is_conj():
             raise RDMAError(f"{what}: the tensor has a lazy conjugate bit (a .conj() view of a "
                             "complex tensor: its bytes are not its values); call "
