@@ -150,7 +150,10 @@ class RDMABuffer:
     ``RDMABuffer(obj)`` registers ``obj`` — a contiguous CPU ``torch.Tensor``,
     ``bytearray``, writable ``memoryview`` or other writable buffer — in this
     process.  The buffer is a value: send it in an endpoint argument or
-    result and use it from the other side.
+    result and use it from the other side.  A tensor over read-only memory
+    (``torch.frombuffer(some_bytes)``, ``torch.from_numpy`` of a read-only
+    array) cannot be told from a writable one and is written into: register
+    a copy (``t.clone()``).
 
     What is registered is the memory ``obj`` has now, kept alive until the
     buffer is dropped: a tensor given other storage (``t.data = other``,
