@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 
 import meshio
-from meshio import Actor, CallTimeout, Overloaded, SupervisionError, endpoint
+from meshio import (
+    Actor,
+    CallTimeout,
+    DeadlockError,
+    Overloaded,
+    SupervisionError,
+    context,
+    endpoint,
+)
 
 #: generous bound on any single wait on a loaded machine
 GUARD = 30.0
@@ -57,13 +65,13 @@ async def slow(procs: meshio.ProcMesh, max_queued: int = BOUND) -> Slow:
     return await procs.slice(procs=0).options(max_queued=max_queued).spawn("slow", Slow)
 
 
-async def queued(s: Slow) -> int:
+async def queued(s: Actor) -> int:
     """The calls waiting in the actor's mailbox now (one sample)."""
     (actor,) = (await asyncio.wait_for(s.stacks(), GUARD)).actors
     return actor.queued
 
 
-async def until_full(s: Slow, bound: int = BOUND) -> list[int]:
+async def until_full(s: Actor, bound: int = BOUND) -> list[int]:
     """Sample the actor's mailbox until it holds ``bound`` calls (as the
     credits of the calls it took come back); every sample is returned."""
     samples = [await queued(s)]
@@ -406,3 +414,140 @@ async def test_bad_options_are_clear_errors(procs: meshio.ProcMesh) -> None:
         with pytest.raises(TypeError, match=r"^Endpoint\.options\(on_full=...\) must be "
                                             rf"'wait' or 'raise', got {type(wrong).__name__} "):
             s.take.options(on_full=wrong)  # type: ignore[arg-type]
+
+
+# ------------------------------------- awaiting room that only the caller can make
+
+
+class Announcer(Actor):
+    """Broadcasts to its own mesh (every rank, itself included), awaiting
+    each broadcast, as README's loop does."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.seen: list[int] = []
+
+    @endpoint
+    async def announce(self, n: int) -> str:
+        return await announce(context(Announcer).mesh, n)
+
+    @endpoint(concurrent=True)
+    async def announce_aside(self, n: int) -> str:
+        """As :meth:`announce`, holding no mailbox: it waits for room."""
+        return await announce(context(Announcer).mesh, n)
+
+    @endpoint
+    async def ask(self, other: Announcer, n: int) -> str:
+        """Have ``other`` announce ``n`` times to this actor, and wait."""
+        me = context(Announcer).mesh.slice(**dict(context().point))
+        return await other.announce_to.call_one(me, n)
+
+    @endpoint
+    async def announce_to(self, to: Announcer, n: int) -> str:
+        return await announce(to, n)
+
+    @endpoint
+    async def note(self, i: int) -> None:
+        self.seen.append(i)
+
+    @endpoint(concurrent=True)
+    async def noted(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    async def hold(self) -> None:
+        await self.gate.wait()
+
+    @endpoint(concurrent=True)
+    async def open_gate(self) -> None:
+        self.gate.set()
+
+
+async def announce(to: Announcer, n: int) -> str:
+    try:
+        for i in range(n):
+            await to.note.broadcast(i)
+    except DeadlockError as e:
+        return f"DeadlockError: {e}"
+    return "sent"
+
+
+async def noted(a: Announcer, n: int) -> list[int]:
+    """What ``a`` noted, once it has noted ``n`` (messages from another
+    process may come after a call of the controller's made later)."""
+    async with asyncio.timeout(GUARD):
+        while len(seen := await a.noted.call_one()) < n:
+            pass
+    return seen
+
+
+@pytest.mark.meshio_transports()
+async def test_awaiting_room_in_its_own_mailbox_fails_at_once(procs: meshio.ProcMesh) -> None:
+    """A normal endpoint awaiting a broadcast to its own mesh once its own
+    mailbox is full would wait forever (nothing leaves the mailbox until the
+    call returns): DeadlockError instead, and the message does not go to
+    the actors it had not reached.  On one actor and on two (the other has
+    room: the broadcast waits only for the caller's own mailbox)."""
+    for where in (procs.slice(procs=slice(0, 1)), procs):
+        a = await where.options(max_queued=BOUND).spawn("a", Announcer)
+        got = await asyncio.wait_for(a.slice(procs=0).announce.call_one(3 * BOUND), GUARD)
+        assert got.startswith("DeadlockError: awaited broadcast would deadlock: "
+                              "a[0] -> a[0]: this broadcast of Announcer.note waits for "
+                              "room in the mailbox of a[0] (max_queued=4), and a[0] is busy "
+                              "with Announcer.announce, the call awaiting it"), got
+        # The actor serves on (once it took those that went: they queued
+        # behind its next call); the message it waited with went nowhere
+        # in a[0]: the next one from a[0] comes right after those.
+        assert await noted(a.slice(procs=0), BOUND) == list(range(BOUND))
+        assert await asyncio.wait_for(a.slice(procs=0).announce.call_one(1), GUARD) == "sent"
+        assert await noted(a.slice(procs=0), BOUND + 1) == [*range(BOUND), 0]
+        await a.stop()
+
+
+@pytest.mark.meshio_transports()
+async def test_awaiting_room_held_by_a_caller_in_this_process_fails_at_once(
+        procs: meshio.ProcMesh) -> None:
+    """``a`` waits for ``b``, which awaits broadcasts to ``a`` (in the same
+    process: the bound is that process's): once ``a``'s mailbox is full,
+    DeadlockError naming the chain."""
+    a = await procs.slice(procs=0).options(max_queued=BOUND).spawn("a", Announcer)
+    b = await procs.slice(procs=0).spawn("b", Announcer)
+    got = await asyncio.wait_for(a.ask.call_one(b, 3 * BOUND), GUARD)
+    assert got.startswith("DeadlockError: awaited broadcast would deadlock: "
+                          "a[0] -> b[0] -> a[0]: "), got
+    assert ("a[0] is busy with Announcer.ask, which waits (through this chain) for the "
+            "call awaiting it") in got, got
+    assert await noted(a, BOUND) == list(range(BOUND))
+    assert await asyncio.wait_for(b.announce_to.call_one(a, 1), GUARD) == "sent"
+    assert await noted(a, BOUND + 1) == [*range(BOUND), 0]
+
+
+async def test_awaiting_room_held_by_an_unrelated_call_waits(procs: meshio.ProcMesh) -> None:
+    """A concurrent call awaiting room in its own actor's mailbox, held by
+    a call that does not wait for it, is no deadlock: it waits, and goes on
+    once that call returns."""
+    a = await procs.slice(procs=0).options(max_queued=BOUND).spawn("a", Announcer)
+    held = a.hold.call_one()
+    aside = a.announce_aside.call_one(BOUND + 2)
+    assert await until_full(a)
+    assert not aside.done()
+    await a.open_gate.call_one()
+    assert await asyncio.wait_for(aside, GUARD) == "sent"
+    await asyncio.wait_for(held, GUARD)
+    assert await noted(a, BOUND + 2) == list(range(BOUND + 2))
+
+
+async def test_awaiting_room_whose_credit_is_on_its_way_waits(procs: meshio.ProcMesh) -> None:
+    """The calls that filled the mailbox were taken just before the call
+    that awaits room there (in one go: their credit is still on its way
+    back): no deadlock; the broadcast goes once the credit is in."""
+    a = await procs.slice(procs=0).options(max_queued=BOUND).spawn("a", Announcer)
+    held = a.hold.call_one()
+    assert await asyncio.wait_for(a.announce_aside.call_one(BOUND), GUARD) == "sent"
+    await until_full(a)
+    after = a.announce.call_one(1)
+    await until_full(a, BOUND + 1)  # (queued behind those it sent)
+    await a.open_gate.call_one()
+    assert await asyncio.wait_for(after, GUARD) == "sent"
+    await asyncio.wait_for(held, GUARD)
+    assert await noted(a, BOUND + 1) == [*range(BOUND), 0]

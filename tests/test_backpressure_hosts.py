@@ -22,21 +22,26 @@ import pytest
 import meshio
 from meshio import Overloaded
 from meshio.jobs import ProcessJob
-from test_backpressure import GUARD, Slow
+from test_backpressure import GUARD, Announcer, Slow, noted
 
 HOSTS = 3
 BOUND = 4
 
 
 @pytest.fixture
-async def slow(tmp_path: Path, width: int) -> AsyncIterator[Slow]:
+async def procs(tmp_path: Path, width: int) -> AsyncIterator[meshio.ProcMesh]:
     job = ProcessJob(meshes={"hosts": HOSTS}, cache_dir=tmp_path / ".meshio")
     try:
         state = await job.state()
         async with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
-            yield await procs.options(max_queued=BOUND).spawn("slow", Slow)
+            yield procs
     finally:
         await job.kill()
+
+
+@pytest.fixture
+async def slow(procs: meshio.ProcMesh) -> Slow:
+    return await procs.options(max_queued=BOUND).spawn("slow", Slow)
 
 
 async def queued(s: Slow) -> list[int]:
@@ -139,3 +144,20 @@ async def test_a_lost_host_releases_the_calls_waiting_for_room_there(slow: Slow)
     assert (await slow.slice(hosts=0).taken.call_one()) == list(range(3 * BOUND))
     later = await slow.slice(hosts=slice(0, 2)).take.call(99)
     assert later.values() == [99, 99]
+
+
+async def test_awaiting_room_in_its_own_mailbox_through_the_tree_fails_at_once(
+        procs: meshio.ProcMesh) -> None:
+    """A broadcast to the whole mesh goes through the tree, and waits at
+    the caller's gate: awaiting room in the caller's own mailbox there
+    fails at once too (its credit comes back up the tree)."""
+    for host in (0, 2):
+        a = await procs.options(max_queued=BOUND).spawn("a", Announcer)
+        me = a.slice(hosts=host)
+        got = await asyncio.wait_for(me.announce.call_one(3 * BOUND), GUARD)
+        assert got.startswith("DeadlockError: awaited broadcast would deadlock: "
+                              f"a[{host}] -> a[{host}]: "), got
+        assert await noted(me, BOUND) == list(range(BOUND))
+        assert await asyncio.wait_for(me.announce.call_one(1), GUARD) == "sent"
+        assert await noted(me, BOUND + 1) == [*range(BOUND), 0]
+        await a.stop()

@@ -17,7 +17,13 @@ import msgspec
 
 from ._constants import MAX_QUEUED
 from ._context import call_scope
-from ._exceptions import Overloaded, PoisonMessageError, SupervisionError, UnknownEndpointError
+from ._exceptions import (
+    DeadlockError,
+    Overloaded,
+    PoisonMessageError,
+    SupervisionError,
+    UnknownEndpointError,
+)
 from ._extent import Extent, MeshShape, Point, Region, rank_runs, shared_ranks
 from ._stacks import STACKS_TIMEOUT, Stacks, gather
 from ._tracing import ENABLED as TRACING
@@ -388,6 +394,25 @@ class ActorMesh(MeshShape, Generic[A]):
                     if (f := route.send(rt, i, desc, body, out, None, deadline)) is not None]
         waiting = self._fanout(desc, body, out, None, False, deadline)
         return [] if waiting is None else [waiting]
+
+    def _deadlocked(self, desc: EndpointDescriptor[Any, Any, Any],
+                    sends: Sequence[Waiting]) -> DeadlockError | None:
+        """The error of awaiting ``sends`` (a broadcast's, waiting for room)
+        if that would wait forever: one waits for room in the mailbox of
+        this mesh's actor in this process, whose call under way waits for
+        the caller (``Mailbox.held_for``), and no credit of that actor is
+        on its way here (:attr:`Runtime.own_credit`): room comes only once
+        that call returns.  (An actor of another process is not known
+        here: a wait for its room ends with its call, or a deadline.)"""
+        route = self._route
+        rt, scope = route.rt, call_scope()
+        if rt is None or scope is None or route.target in rt.own_credit:
+            return None
+        cell = rt.actors.get(route.target)
+        why = None if cell is None else cell.held_for(scope.chain, desc.qualname)
+        if why is None or not any(not w.over and w.waits_at(route.target, rt.addr) for w in sends):
+            return None
+        return DeadlockError(why)
 
     def _stopped(self, desc: EndpointDescriptor[Any, Any, Any]) -> None:
         """Raise the :class:`SupervisionError` a call of ``desc`` would fail
@@ -823,7 +848,7 @@ class _Route:
         """This process's calls to the actors of this mesh spanning hosts."""
         gate = rt.fanout.gates.get(self.target)
         if gate is None:
-            gate = rt.fanout.gates[self.target] = Gate(self.max_queued)
+            gate = rt.fanout.gates[self.target] = Gate(self.target, self.max_queued)
         return gate
 
     def down(self, rt: Runtime, index: int) -> Callable[[Pending], SupervisionError] | None:

@@ -745,6 +745,22 @@ class ActorCell:
             "do not call an actor that waits for you", actor=self.ctx.actor_name,
             rank=self.ctx.point.rank)
 
+    def held_for(self, chain: tuple[str, ...], sent: str) -> str | None:
+        """``Mailbox.held_for``: the mailbox call under way (if any) is one
+        of ``chain``: the message naming the chain, as a reentrant call's."""
+        serving = self.serving
+        if serving is None or f"{self.identity}#{self.seq}" not in chain:
+            return None
+        names = " -> ".join([*(_named(entry) for entry in chain), self.where])
+        waits = ("the call awaiting it" if chain[-1] == f"{self.identity}#{self.seq}" else
+                 "which waits (through this chain) for the call awaiting it")
+        return (f"awaited broadcast would deadlock: {names}: this broadcast of {sent} waits "
+                f"for room in the mailbox of {self.where} (max_queued={self.max_queued}), and "
+                f"{self.where} is busy with {serving.fn.__qualname__}, {waits}: nothing "
+                f"leaves the mailbox until that call returns; mark {sent} "
+                "@endpoint(concurrent=True) (its calls do not queue), or send it to this "
+                "actor without awaiting (it goes once there is room)")
+
     def cancel(self, conn: Connection, req: int, expired: bool = False) -> None:
         """The caller of ``req`` gave up (``expired``: its deadline passed):
         drop the call if queued (in the mailbox, or waiting for a slot of a

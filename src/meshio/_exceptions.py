@@ -17,7 +17,7 @@ mesh / rank / host, and what you can do about it::
     ├── UnknownActorError (LookupError)     no such actor in the target process
     ├── UnknownProcMeshError (LookupError)  no kept-alive proc mesh of that name to re-attach
     ├── UnknownEndpointError (AttributeError) the actor has no such endpoint
-    ├── DeadlockError (RuntimeError) a reentrant call would wait on its own busy caller
+    ├── DeadlockError (RuntimeError) a call (or awaited broadcast) would wait on its busy caller
     ├── NotInActorError (RuntimeError)  actor-only API used outside a spawned actor
     ├── WrongLoopError (RuntimeError)   a mesh, port, service or supervisor used off its event loop
     ├── MeshShapeError (ValueError)  the mesh has the wrong number of actors for the adverb
@@ -472,7 +472,11 @@ class DeadlockError(MeshioError, RuntimeError):
     gen[0]``); mark the reentered endpoint ``@endpoint(concurrent=True)``.
     Likewise a call to an ``@endpoint(concurrent=N)`` none of whose slots is
     free, every call holding one being in its chain: it "waits for a slot of
-    @endpoint(concurrent=N)" (raise N, or drop the bound).
+    @endpoint(concurrent=N)" (raise N, or drop the bound).  And, raised by
+    the caller's own runtime, an awaited ``broadcast`` that waits for room
+    in a full mailbox of its process whose call under way is in the
+    caller's chain ("awaited broadcast would deadlock": nothing leaves that
+    mailbox until the call awaiting it returns).
     """
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal, NoReturn, ParamSpec, TypeVar, cast, g
 from ._actor import Actor
 from ._actor_mesh import ActorMesh, endpoint_named, endpoint_of
 from ._checks import check_seconds
-from ._exceptions import CallTimeout, SupervisionError
+from ._exceptions import CallTimeout, DeadlockError, SupervisionError
 from ._extent import MeshShape, Region
 from ._proc_mesh import ProcMesh
 from ._proc_state import ProcState, _ActorRecord
@@ -749,6 +749,11 @@ class Service(MeshShape):
                   out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
         self._check_open()
         return [f for r in self._replicas for f in r.mesh._send_all(desc, body, out, deadline)]
+
+    def _deadlocked(self, desc: EndpointDescriptor[Any, Any, Any],
+                    sends: Sequence[Waiting]) -> DeadlockError | None:
+        return next((e for r in self._replicas
+                     if (e := r.mesh._deadlocked(desc, sends)) is not None), None)
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
                     indices: Sequence[int] | None = None, *, backlog: bool = False) -> None:

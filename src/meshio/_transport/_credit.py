@@ -33,6 +33,12 @@ an earlier one of the same caller, so numbering them as they go keeps the
 per-sender order.  An actor gives the credit of a tree call back the way
 the call came (``Credit.origin``, ``Credit.addr``): each relay passes it up
 to where that origin's tree calls came from (``FanoutState.ups``).
+
+A process calling its own actors counts the credit they gave back to it
+and it has not received yet (``Runtime.own_credit``): with none on its
+way, a call waiting for room in the mailbox of such an actor, busy with a
+call that waits for the caller, would wait forever (an awaited broadcast
+fails with ``DeadlockError`` instead: ``ActorMesh._deadlocked``).
 """
 
 from __future__ import annotations
@@ -103,6 +109,12 @@ class Waiting:
             if self.sent is not None:
                 self.sent.cancel()
 
+    def waits_at(self, target: str, addr: str) -> bool:
+        """Whether this call waits (among others) for room in the mailbox
+        of actor mesh ``target``'s actor in the process at ``addr``: it
+        goes to that actor, which has none for this process now."""
+        raise NotImplementedError
+
     def _awaited(self) -> None:
         raise NotImplementedError
 
@@ -131,6 +143,11 @@ class _Held(Waiting):
         self.window = window
         self.call = call
         self.out = out
+
+    def waits_at(self, target: str, addr: str) -> bool:
+        window = self.window
+        return (self.call.target == target and window.conn.peer == addr
+                and window.used >= window.limit)
 
     def _awaited(self) -> None:
         self.window.sends -= not self.call.req
@@ -200,6 +217,11 @@ class _Queued(Waiting):
         self.go = go
         self.answered = answered
 
+    def waits_at(self, target: str, addr: str) -> bool:
+        gate = self.gate
+        return (gate.target == target and addr in self.addrs
+                and gate.used.get(addr, 0) >= gate.limit)
+
     def _awaited(self) -> None:
         self.gate.sends -= not self.answered
 
@@ -210,13 +232,14 @@ class _Queued(Waiting):
 
 class Gate:
     """The bounded calls of this process to the actors of one mesh spanning
-    hosts: per actor address, ``used`` of ``limit`` not given back; the
-    calls waiting for room, in one queue (of which ``sends`` are
-    broadcasts nobody awaits, refused beyond ``limit``)."""
+    hosts (its ``target``): per actor address, ``used`` of ``limit`` not
+    given back; the calls waiting for room, in one queue (of which
+    ``sends`` are broadcasts nobody awaits, refused beyond ``limit``)."""
 
-    __slots__ = ("limit", "sends", "used", "waiting")
+    __slots__ = ("limit", "sends", "target", "used", "waiting")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, target: str, limit: int) -> None:
+        self.target = target
         self.limit = limit
         self.used: dict[str, int] = {}
         self.sends = 0
@@ -273,6 +296,13 @@ def credit(conn: Connection, msg: Credit, gates: dict[str, Gate]) -> None:
     """The actor ``msg.target`` at the other end of ``conn`` took ``msg.n``
     of our calls out of its mailbox: send as many of those waiting (at its
     :class:`Window`, or at the :class:`Gate` of its mesh spanning hosts)."""
+    rt = conn.rt
+    if msg.n > 0 and (msg.addr or conn.peer) == rt.addr:  # its own actor's: on the way no more
+        own = rt.own_credit
+        if (left := own.get(msg.target, 0) - msg.n) > 0:
+            own[msg.target] = left
+        else:
+            own.pop(msg.target, None)
     window = conn.windows.get(msg.target)
     if window is not None:
         if msg.n < 0:  # the actor is stopped (it said so, finding none): its window goes
@@ -297,7 +327,10 @@ def took(conn: Connection, target: str, batch: int, origin: str, n: int = 1) -> 
     count = taken.get(key, 0) + n
     if count >= batch:
         taken[key] = 0
-        conn.send_message(Credit(target, count, origin, conn.rt.addr))
+        rt = conn.rt
+        if (origin or conn.peer) == rt.addr:  # this process's own calls: on their way back
+            rt.own_credit[target] = rt.own_credit.get(target, 0) + count
+        conn.send_message(Credit(target, count, origin, rt.addr))
     else:
         taken[key] = count
 
@@ -321,6 +354,7 @@ def forget_target(conn: Connection, target: str, whole: bool) -> None:
     that mesh at the other end goes too (:func:`window_gone`)."""
     if whole:
         window_gone(conn, target)
+    conn.rt.own_credit.pop(target, None)
     taken = conn.taken
     if taken:
         for key in [k for k in taken if k[0] == target]:

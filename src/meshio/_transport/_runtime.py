@@ -282,6 +282,14 @@ class Mailbox(Protocol):
         """Stop the actor; the task ends once it has cleaned up."""
         ...
 
+    def held_for(self, chain: tuple[str, ...], sent: str, /) -> str | None:
+        """Why awaiting room in the actor's mailbox for ``sent`` (a
+        broadcast of that endpoint, made by a call that carries ``chain``)
+        would wait forever, if it would: the call under way in the mailbox
+        is one of ``chain``, so it waits for the caller, and nothing leaves
+        the mailbox before it returns.  None if not."""
+        ...
+
 
 class RuntimeState(Protocol):
     """A layer's state kept per runtime (see :meth:`Runtime.state`)."""
@@ -442,6 +450,11 @@ class Runtime:
         self.all_conns: weakref.WeakSet[Connection] = weakref.WeakSet()
         #: the actors of this process by target (actor cells add themselves)
         self.actors: dict[str, Mailbox] = {}
+        #: by target, the credit this process's actor gave back for this
+        #: process's own calls to it and this process has not received yet
+        #: (:func:`._credit.took`, :func:`._credit.credit`): none on the way,
+        #: its calls waiting for room there wait for the actor's next call
+        self.own_credit: dict[str, int] = {}
         #: the open ports of this process by id (port receivers add themselves)
         self.ports: dict[int, PortSink] = {}
         #: the actors a message wanting no answer (a ``broadcast``) found

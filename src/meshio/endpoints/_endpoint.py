@@ -47,6 +47,7 @@ from .._checks import check_seconds
 from .._context import CallScope, call_scope
 from .._exceptions import (
     CallTimeout,
+    DeadlockError,
     MeshioError,
     MeshShapeError,
     NotInActorError,
@@ -174,6 +175,14 @@ class CallTarget(Protocol):
                   out: OutBuffers, deadline: float | None = None) -> list[Waiting]:
         """Send the call to every actor of the view: fire and forget; the
         sends that wait for room in a mailbox (see :meth:`_check_room`)."""
+        ...
+
+    def _deadlocked(self, desc: EndpointDescriptor[Any, Any, Any],
+                    sends: Sequence[Waiting]) -> DeadlockError | None:
+        """The :class:`~meshio.DeadlockError` of awaiting ``sends`` (of a
+        broadcast of ``desc``, waiting for room in mailboxes) if that would
+        wait forever (room in a mailbox held by a call that waits for the
+        caller); else None."""
         ...
 
     def _check_room(self, desc: EndpointDescriptor[Any, Any, Any],
@@ -816,6 +825,10 @@ class Endpoint(Generic[P, R]):
                 had no room before it passed; the message does not go to
                 it.  (Under a deadline inherited by an endpoint, the
                 endpoint is cancelled instead: docs/howto/deadlines.md.)
+            DeadlockError: (awaited) an actor of this process that has no
+                room is busy with a call that waits for this one (the
+                endpoint's own actor, say): its room would never come; the
+                message does not go to the actors it has not reached.
             SupervisionError: an actor of the mesh was stopped (its proc
                 mesh, or ``stop()`` on a slice holding it), known where the
                 proc mesh is this process's: raised by this call itself,
@@ -932,8 +945,10 @@ class _Due(asyncio.Future[T]):
 class _Sent:
     """What ``broadcast()`` returns: awaited, it waits until the message
     went to every actor (``sends``: those waiting for room; the deadline
-    bounds the wait).  An awaitable, not a coroutine: not awaiting it is
-    fine (the message still goes) and warns of nothing."""
+    bounds the wait), or fails at once if one waits for room that would
+    never come (``CallTarget._deadlocked``).  An awaitable, not a
+    coroutine: not awaiting it is fine (the message still goes) and warns
+    of nothing."""
 
     __slots__ = ("_deadline", "_endpoint", "_sends")
 
@@ -957,6 +972,12 @@ class _Sent:
                 f"waits until it went to them>")
 
     async def _wait(self) -> None:
+        ep = self._endpoint
+        assert ep is not None
+        deadlocked = ep._mesh._deadlocked(ep._desc, self._sends)
+        if deadlocked is not None:
+            self._withdraw()
+            raise deadlocked
         loop = asyncio.get_running_loop()
         sends = [w.future(loop) for w in self._sends]
         try:
@@ -967,8 +988,6 @@ class _Sent:
         if pending:
             self._withdraw()
             _expire(self._deadline)
-            ep = self._endpoint
-            assert ep is not None
             raise CallTimeout(
                 f"broadcast of {ep._qualname} on {ep._mesh._name!r}: {len(pending)} of its "
                 f"actors had no room in their mailbox before the deadline; the message does "
