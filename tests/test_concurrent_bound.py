@@ -2,7 +2,8 @@
 one actor (Ray's ``max_concurrency``); the others wait their turn in arrival
 order without holding up the actor's mailbox, count against its
 ``max_queued`` while they wait, and a call back to the endpoint that every
-call holding a slot waits for fails with ``DeadlockError``, with real
+call holding a slot waits for (through its chain, or through calls of
+separate roots waiting for a slot) fails with ``DeadlockError``, with real
 worker processes.
 
 Nothing here sleeps to wait for something: the actor counts the calls under
@@ -333,3 +334,105 @@ async def test_calls_waiting_for_a_slot_do_not_hold_up_other_calls(
         assert await asyncio.gather(*calls) == list(range(10))
         started, running, peak = await bounded.until_started.call_one(10)
     assert (started, running, peak) == (list(range(10)), 0, 2)
+
+
+# ------------------------------- calls of separate roots holding every slot
+
+
+class Work(Actor):
+    """``work`` (two slots) calls itself back through ``Back`` once
+    released: calls of separate roots, each holding a slot, whose calls
+    back wait for one."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.changed = asyncio.Condition()
+        self.go = asyncio.Event()
+        self.held = asyncio.Event()
+
+    @endpoint(concurrent=2)
+    async def work(self, back: Back | None, hold: bool = False) -> str:
+        async with self.changed:
+            self.started += 1
+            self.changed.notify_all()
+        if hold:
+            await self.held.wait()
+            return "held"
+        await self.go.wait()
+        if back is None:
+            return "bottom"
+        return await back.x.call_one(cast(Work, context().mesh))
+
+    @endpoint(concurrent=True)
+    async def until_started(self, n: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.started >= n)
+
+    @endpoint(concurrent=True)
+    async def release(self) -> None:
+        self.go.set()
+
+    @endpoint(concurrent=True)
+    async def release_held(self) -> None:
+        self.held.set()
+
+
+class Back(Actor):
+    @endpoint(concurrent=True)
+    async def x(self, work: Work) -> str:
+        return await work.work.call_one(None)
+
+
+async def queued_in(name: str) -> int:
+    """The calls waiting in the one actor of mesh ``name`` (one sample)."""
+    snapshot = await meshio.stats()
+    [actor] = [a for pm in snapshot.proc_meshes for p in pm.processes for a in p.actors
+               if a.actor == name]
+    return actor.queued
+
+
+@pytest.mark.parametrize("callers", [2, 3, 5])
+async def test_calls_of_separate_roots_holding_every_slot_fail_not_hang(
+        procs: meshio.ProcMesh, callers: int) -> None:
+    """Each call holding one of the 2 slots calls back into the endpoint
+    (through another actor); no one chain holds both, yet every holder
+    waits for a call waiting for a slot: the call back that closes that
+    fails with DeadlockError, its root then ends, and the next call gets
+    the slot.  Of any number of such calls one completes, the others fail
+    (each closes the cycle again); none hangs."""
+    work = await procs.slice(procs=0).spawn("work", Work)
+    back = await procs.slice(procs=1).spawn("back", Back)
+    async with asyncio.timeout(GUARD):
+        calls = [work.work.call_one(back) for _ in range(callers)]
+        await work.until_started.call_one(2)  # both slots held: the others wait
+        await work.release.call_one()
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    assert results.count("bottom") == 1, results
+    failed = [r for r in results if r != "bottom"]
+    assert all(isinstance(r, ActorError) and r.remote_type == "meshio.DeadlockError"
+               for r in failed), results
+    message = str(failed[0])
+    assert "call would deadlock: work[0] -> back[0] -> work[0]: this call to Work.work " \
+        "waits for a slot of @endpoint(concurrent=2)" in message, message
+    assert "each of the 2 calls of Work.work under way in work[0] waits (through its " \
+        "chain) for this call or for another call waiting for a slot" in message, message
+
+
+async def test_a_slot_held_by_a_call_that_waits_for_none_of_them_is_no_deadlock(
+        procs: meshio.ProcMesh) -> None:
+    """One slot's call calls back and waits for a slot; the other's waits
+    for something else that ends: no deadlock, the call back runs then."""
+    work = await procs.slice(procs=0).spawn("work", Work)
+    back = await procs.slice(procs=1).spawn("back", Back)
+    async with asyncio.timeout(GUARD):
+        held = work.work.call_one(None, hold=True)
+        await work.until_started.call_one(1)
+        caller = work.work.call_one(back)
+        await work.until_started.call_one(2)
+        await work.release.call_one()
+        while await queued_in("work") < 1:  # (sampled: its call back waits for a slot)
+            pass
+        assert not caller.done()
+        await work.release_held.call_one()
+        assert await held == "held"
+        assert await caller == "bottom"

@@ -398,10 +398,11 @@ class ActorCell:
             if desc.limit is not None:
                 slots = self.slots[desc.name]
                 if len(slots.held) >= desc.limit:  # (no slot free)
-                    if msg.req and slots.hold_for(msg.chain):
+                    if msg.req and slots.hold_for(msg.chain, self.queued):
                         # Every call holding a slot waits (through its
-                        # chain) for this one, which would wait for a slot
-                        # forever: it fails now, as a reentrant mailbox call.
+                        # chain) for this one, or for another waiting for
+                        # a slot: this one would wait for a slot forever;
+                        # it fails now, as a reentrant mailbox call.
                         self._fail(conn, msg.req, self._deadlock(msg, desc, None))
                         return
                     if msg.req:  # (cancellable while it waits: see cancel())
@@ -715,14 +716,18 @@ class ActorCell:
         if desc is not None and desc.limit is not None:
             n = desc.limit
             holders = "the call" if n == 1 else f"each of the {n} calls"
+            if all(server in msg.chain for server in self.slots[desc.name].held):
+                what, waits = "reentrant call", "waits (through this chain) for this call"
+            else:  # (some wait for other calls waiting for a slot: see _Slots.hold_for)
+                what, waits = "call", ("waits (through its chain) for this call or for "
+                                       "another call waiting for a slot, so none of them ends")
             return ErrorInfo(
                 "deadlock", "DeadlockError",
-                f"reentrant call would deadlock: {chain}: this call to {called} waits for "
-                f"a slot of @endpoint(concurrent={n}), and {holders} "
-                f"of {called} under way in {self.where} waits (through this chain) for this "
-                f"call; raise the bound, mark {called} @endpoint(concurrent=True) (no bound), "
-                "or do not call back an endpoint whose slots your call holds",
-                actor=self.ctx.actor_name, rank=self.ctx.point.rank)
+                f"{what} would deadlock: {chain}: this call to {called} waits for a slot of "
+                f"@endpoint(concurrent={n}), and {holders} of {called} under way in "
+                f"{self.where} {waits}; raise the bound, mark {called} "
+                "@endpoint(concurrent=True) (no bound), or do not call back an endpoint whose "
+                "slots your call holds", actor=self.ctx.actor_name, rank=self.ctx.point.rank)
         busy = self.serving.fn.__qualname__ if self.serving is not None else "?"
         if cycle:
             ring = [_named(entry) for entry in cycle]
@@ -1133,12 +1138,30 @@ class _Slots:
         #: calls it makes (:meth:`ActorCell._holder`): their tasks
         self.held: dict[str, asyncio.Task[None]] = {}
 
-    def hold_for(self, chain: tuple[str, ...]) -> bool:
-        """Whether every call holding a slot (none is free) waits, through
-        ``chain``, for the call that came with it: each is in the chain
-        and still runs (a call it made and did not await, answered as it
-        ends, waits for nothing)."""
-        return all(server in chain and not task.done() for server, task in self.held.items())
+    def hold_for(self, chain: tuple[str, ...], queued: set[tuple[Connection, int]]) -> bool:
+        """Whether every call holding a slot (none is free) waits for the
+        call that came with ``chain`` or for another call waiting for a
+        slot: each still runs (a call it made and did not await, answered
+        as it ends, waits for nothing) and is in ``chain`` or in the chain
+        of a waiting call that asks for an answer (a broadcast is waited
+        for by nobody) and is still ``queued`` (not given up).  None of
+        them can end then, nor free a slot: calls of separate roots, each
+        holding a slot, whose calls back wait for one.  Only a call whose
+        chain holds one of them can close that (each call back before it
+        was looked at as it came), so only then are the others read."""
+        held = self.held
+        if not any(entry in held for entry in chain):
+            return False
+        free = {server for server, task in held.items() if not task.done()}
+        if len(free) < len(held):
+            return False
+        free.difference_update(chain)
+        for conn, msg, *_ in self.waiting:
+            if not free:
+                break
+            if msg.req and (conn, msg.req) in queued:
+                free.difference_update(msg.chain)
+        return not free
 
 
 class _GoOn:

@@ -471,7 +471,8 @@ class DeadlockError(MeshioError, RuntimeError):
     deadlock.  The message names the chain (``gen[0] -> learner[1] ->
     gen[0]``); mark the reentered endpoint ``@endpoint(concurrent=True)``.
     Likewise a call to an ``@endpoint(concurrent=N)`` none of whose slots is
-    free, every call holding one being in its chain: it "waits for a slot of
+    free, every call holding one being in its chain (or in that of another
+    call waiting for a slot): it "waits for a slot of
     @endpoint(concurrent=N)" (raise N, or drop the bound).  And, raised by
     the caller's own runtime, an awaited ``broadcast`` that waits for room
     in a full mailbox of its process whose call under way is in the
