@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from asyncio.tasks import _enter_task, _leave_task
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -42,7 +43,16 @@ from ._exceptions import ActorError, SchemaError, readable
 from ._extent import Region
 from ._logs import records_dropped
 from ._metrics import METER_MASK, Meter, encode_report, process_report
-from ._stacks import _MESHIO, Stacks, capture, capture_construction, encode_actors, thread_frames
+from ._stacks import (
+    _MESHIO,
+    ActorStacks,
+    Stacks,
+    capture,
+    capture_call,
+    capture_construction,
+    encode_actors,
+    thread_frames,
+)
 from ._tracing import ENABLED as TRACING
 from ._tracing import OTEL, failed, served
 from ._transport._connection import Connection, ignore_result
@@ -342,6 +352,11 @@ class ActorCell:
         self.cancelled: set[tuple[Connection, int]] = set()
         #: tasks of concurrent calls (kept until done)
         self.tasks: set[asyncio.Task[None]] = set()
+        #: the concurrent calls running their endpoint, by task: its
+        #: endpoint, the call's scope and its start (``time.monotonic()``),
+        #: for :class:`StallWatch`
+        self.concurrent_calls: dict[
+            asyncio.Task[Any], tuple[EndpointDescriptor[Any, Any, Any], CallScope, float]] = {}
         #: by name, the endpoints with a bound (``concurrent=N``): their calls
         #: under way and waiting here
         self.slots: dict[str, _Slots] = {
@@ -1021,6 +1036,8 @@ class ActorCell:
         mailbox = not desc.concurrent
         if mailbox:
             self.serving, self.scope, self.since = desc, scope, start
+        else:
+            self.concurrent_calls[task] = (desc, scope, start)
         try:
             try:
                 if desc.is_async:
@@ -1084,6 +1101,8 @@ class ActorCell:
                 self.serving = None
                 if scope.waits is not None:
                     scope.waits = None
+            else:
+                del self.concurrent_calls[task]
 
     async def _until_read(self, read: asyncio.Future[None]) -> None:
         """A large result is read from this process's memory after it was
@@ -1398,12 +1417,16 @@ async def spawn_cell(rt: Runtime, conn: Connection, msg: SpawnActor, bufs: Buffe
 
 
 class StallWatch:
-    """Per runtime: reports each mailbox call that has run longer than its
-    actor's ``stall_after``, once, with its stacks, to the controller that
-    started this process (which logs it and tells the supervisor)."""
+    """Per runtime: reports each call (a mailbox call, or a concurrent
+    one) that has run longer than its actor's ``stall_after``, once, with
+    its stacks, to the controller that started this process (which logs it
+    and tells the supervisor)."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        #: the tasks of the concurrent calls reported (a mailbox call's:
+        #: :attr:`ActorCell.stalled`)
+        self.reported: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
         self.task = rt.tasks.start(self._watch(), name="meshio stall watch")
 
     def close(self) -> None:
@@ -1415,23 +1438,26 @@ class StallWatch:
             shortest = min((c.stall_after for c in cells), default=STALL_AFTER)
             await asyncio.sleep(min(max(shortest / 4, 0.05), 1.0))
             now = time.monotonic()
-            for cell in cells:
-                serving, scope = cell.serving, cell.scope
-                if serving is None or cell.stalled == cell.seq:
-                    continue
-                running = now - cell.since
-                if scope is not None:  # (paused in pdb: not stalled)
-                    if scope.paused_at is not None:
+            for cell in cells:  # (nothing here awaits: the calls stay as they are)
+                serving = cell.serving
+                if serving is not None and cell.stalled != cell.seq:
+                    running = _running(now, cell.since, cell.scope)
+                    if running is not None and running >= cell.stall_after:
+                        cell.stalled = cell.seq
+                        self._report(cell, serving, running, functools.partial(capture, cell))
+                for task, (desc, scope, since) in cell.concurrent_calls.items():
+                    if task in self.reported:
                         continue
-                    running -= scope.paused_for
-                if running >= cell.stall_after:
-                    cell.stalled = cell.seq
-                    self._report(cell, serving, running)
+                    running = _running(now, since, scope)
+                    if running is not None and running >= cell.stall_after:
+                        self.reported.add(task)
+                        self._report(cell, desc, running, functools.partial(
+                            capture_call, cell, task, desc.qualname, running))
 
     def _report(self, cell: ActorCell, serving: EndpointDescriptor[Any, Any, Any],
-                running_for: float) -> None:
+                running_for: float, stacks: Callable[[], ActorStacks]) -> None:
         try:
-            stack = Stacks((capture(cell),)).text()
+            stack = Stacks((stacks(),)).text()
         except Exception as e:  # a report without its stack, rather than none
             stack = f"(its stack could not be captured: {type(e).__name__}: {e})"
         msg = Stalled(cell.ctx.actor_name, cell.ctx.point.rank, serving.qualname, running_for,
@@ -1440,6 +1466,16 @@ class StallWatch:
             log.warning("%s", stall_line(msg))
         else:
             self.rt.connect(self.rt.controller).send_message(msg)
+
+
+def _running(now: float, since: float, scope: CallScope | None) -> float | None:
+    """Seconds a call that started at ``since`` has run at ``now``, less
+    its pauses in pdb; None while paused (not stalled)."""
+    if scope is None:
+        return now - since
+    if scope.paused_at is not None:
+        return None
+    return now - since - scope.paused_for
 
 
 def stall_line(msg: Stalled) -> str:

@@ -41,10 +41,13 @@ from ._transport._serial import Buffers
 from ._util import utf8
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ._cell import ActorCell, Construction
 
 __all__ = ("ActorStacks", "PrettyPrinter", "StackFrame", "Stacks", "TaskStack", "capture",
-           "capture_construction", "decode_actors", "encode_actors", "gather", "thread_frames")
+           "capture_call", "capture_construction", "decode_actors", "encode_actors", "gather",
+           "thread_frames")
 
 #: seconds ``stacks()`` waits for a process's answer by default
 STACKS_TIMEOUT = 10.0
@@ -302,6 +305,21 @@ def capture(cell: ActorCell, current: dict[int, FrameType] | None = None) -> Act
                                        thread_frames() if current is None else current)),
         sum(1 for _ in cell.waiting()),
         cell.expired)
+
+
+def capture_call(cell: ActorCell, task: asyncio.Task[Any], endpoint: str,
+                 running_for: float) -> ActorStacks:
+    """The stack of one ``concurrent`` call of the actor of ``cell`` (its
+    ``task``, a call of ``endpoint`` running for ``running_for`` seconds),
+    on its process's loop, as its stall report shows it: that task's
+    alone (each stalled call is reported, with an actor's thousands of
+    calls under way too)."""
+    ctx = cell.ctx
+    frames = _from_user_code(list(_awaited(task.get_coro())))
+    return ActorStacks(
+        utf8(ctx.actor_name), ctx.point.rank, dict(ctx.point), ctx.proc.host, ctx.proc.pid,
+        utf8(endpoint), running_for,
+        (TaskStack(utf8(task.get_name()), frames),) if frames else (), ())
 
 
 def capture_construction(building: Construction,

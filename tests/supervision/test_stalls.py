@@ -1,8 +1,9 @@
-"""Stall reports (issue 18 item 7): a call that runs longer than its
-actor's ``stall_after`` (``procs.options(stall_after=...)``) gives one
-warning line on the controller and, under a supervisor, one ``"stall"``
-event naming actor, rank, endpoint and duration, with the call's stack; the
-call itself goes on.  Real worker processes."""
+"""Stall reports (issue 18 item 7): a call (a mailbox call, or one of a
+``concurrent`` endpoint) that runs longer than its actor's ``stall_after``
+(``procs.options(stall_after=...)``) gives one warning line on the
+controller and, under a supervisor, one ``"stall"`` event naming actor,
+rank, endpoint and duration, with the call's stack; the call itself goes
+on.  Real worker processes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Stuck(Actor):
     def __init__(self) -> None:
         self.gate = threading.Event()
         self.loop_gate = asyncio.Event()
+        self.aside_gate = asyncio.Event()
 
     @endpoint
     def block(self) -> str:
@@ -42,6 +44,22 @@ class Stuck(Actor):
     @endpoint
     async def quick(self) -> int:
         return 1
+
+    @endpoint(concurrent=True)
+    async def aside(self, i: int) -> int:
+        return await self.held_aside(i)
+
+    @endpoint(concurrent=2)
+    async def bounded(self, i: int) -> int:
+        return await self.held_aside(i)
+
+    async def held_aside(self, i: int) -> int:
+        await self.aside_gate.wait()  # STUCK-ASIDE
+        return i
+
+    @endpoint(concurrent=True)
+    async def release_aside(self) -> None:
+        self.aside_gate.set()
 
 
 def line_of(marker: str) -> int:
@@ -72,6 +90,24 @@ async def test_a_stalled_call_is_one_event_with_its_stack_and_it_goes_on() -> No
         assert await asyncio.wait_for(second, DEADLINE) == "released"
         assert [k for k, _, _ in s.events.kinds()].count("stall") == 2
         assert "failure" not in [k for k, _, _ in s.events.kinds()]
+
+
+async def test_each_stalled_concurrent_call_is_one_event() -> None:
+    """Calls of concurrent endpoints (each in its own task, the mailbox
+    idle) are reported too, each once."""
+    async with supervised() as s:
+        stuck = await s.procs.options(stall_after=0.3).spawn("stuck", Stuck)
+        one = stuck.slice(procs=1)
+        calls = [one.aside.call_one(1), one.aside.call_one(2), one.bounded.call_one(3)]
+        causes = [(await s.events.next("stall", rank=1)).cause for _ in calls]
+        assert sum("stuck rank 1: Stuck.aside has been running for" in c for c in causes) == 2
+        assert sum("stuck rank 1: Stuck.bounded has been running for" in c
+                   for c in causes) == 1
+        assert all(f"test_stalls.py:{line_of('STUCK-ASIDE')}" in c for c in causes), causes
+        assert await asyncio.wait_for(one.quick.call_one(), DEADLINE) == 1
+        await asyncio.wait_for(one.release_aside.call_one(), DEADLINE)
+        assert await asyncio.wait_for(asyncio.gather(*calls), DEADLINE) == [1, 2, 3]
+        assert [k for k, _, _ in s.events.kinds()].count("stall") == 3
 
 
 async def test_without_a_supervisor_the_controller_logs_one_warning(
