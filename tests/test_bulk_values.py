@@ -1,6 +1,6 @@
 """Large values between processes of one host (issue 16 items 1, 2): they
 travel as descriptors and move by one cross-memory-attach copy into the
-receiver's pool (``_transport/_bulk.py``).  Correctness only, no timing."""
+receiver's pool (``_transport/_bulk.py``, ``_transport/_pool.py``).  Correctness only, no timing."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 import meshio
 from fifo_gate import Gate, hold
 from meshio import Actor, endpoint
-from meshio._transport import _bulk
+from meshio._transport import _bulk, _pool
 from meshio.jobs import ProcessJob
 from script_run import run_script
 
@@ -111,9 +111,9 @@ class Store(Actor):
     async def pool(self) -> tuple[int, int]:
         """Idle bytes of this process's receive pool, after dropping what it kept."""
         self.kept = None
-        with _bulk._pool.lock:
+        with _pool._pool.lock:
             pass
-        return _bulk._pool.idle_bytes + sum(b.size for b in _bulk._pool.returned), _fds()
+        return _pool._pool.idle_bytes + sum(b.size for b in _pool._pool.returned), _fds()
 
     @endpoint
     async def usage(self) -> tuple[int, int]:
@@ -388,15 +388,15 @@ def test_the_pool_keeps_the_blocks_given_back_last() -> None:
     values of a new size (a 1 GiB tensor after 256 MiB ones) land in mapped
     memory from the second on, instead of each mapping (and faulting in)
     new memory."""
-    pool = _bulk._Pool()
-    quarter = pool.view(_bulk.IDLE_CAP // 4)
-    older = _bulk._block_of(quarter)
+    pool = _pool._Pool()
+    quarter = pool.view(_pool.IDLE_CAP // 4)
+    older = _pool._block_of(quarter)
     del quarter
-    whole = pool.view(_bulk.IDLE_CAP)  # (the quarter idle meanwhile)
-    block = _bulk._block_of(whole)
+    whole = pool.view(_pool.IDLE_CAP)  # (the quarter idle meanwhile)
+    block = _pool._block_of(whole)
     del whole
-    again = pool.view(_bulk.IDLE_CAP)
-    assert _bulk._block_of(again) is block
+    again = pool.view(_pool.IDLE_CAP)
+    assert _pool._block_of(again) is block
     assert older is not None and older.map.closed  # (it made room)
 
 
@@ -404,14 +404,14 @@ def test_idle_blocks_are_unmapped_once_no_value_took_them() -> None:
     """A block given back waits ``IDLE_KEEP`` seconds for the next value,
     then is unmapped (``trim``): a burst of large values leaves nothing
     mapped (before, up to ``IDLE_CAP`` stayed for good)."""
-    pool = _bulk._Pool()
-    view = pool.view(_bulk.THRESHOLD)
-    block = _bulk._block_of(view)
+    pool = _pool._Pool()
+    view = pool.view(_pool.THRESHOLD)
+    block = _pool._block_of(view)
     assert block is not None
     del view
     pool.trim()
     assert not block.map.closed and pool.idle_bytes == block.size  # kept for a while
-    pool.trim(time.monotonic() + _bulk.IDLE_KEEP)
+    pool.trim(time.monotonic() + _pool.IDLE_KEEP)
     assert block.map.closed and pool.idle_bytes == 0 and not pool.idle
 
 
@@ -423,7 +423,7 @@ def test_a_runtime_trims_the_pool(tmp_path: Path) -> None:
         import asyncio
         import meshio
         from meshio import Actor, endpoint
-        from meshio._transport import _bulk
+        from meshio._transport import _pool
 
         class Big(Actor):
             @endpoint
@@ -431,8 +431,8 @@ def test_a_runtime_trims_the_pool(tmp_path: Path) -> None:
                 return memoryview(bytearray(64 << 20))
 
         def pooled() -> int:
-            with _bulk._pool.lock:
-                return _bulk._pool.idle_bytes + sum(b.size for b in _bulk._pool.returned)
+            with _pool._pool.lock:
+                return _pool._pool.idle_bytes + sum(b.size for b in _pool._pool.returned)
 
         async def main() -> None:
             async with meshio.this_host().spawn_procs() as procs:
@@ -447,7 +447,7 @@ def test_a_runtime_trims_the_pool(tmp_path: Path) -> None:
                         await asyncio.sleep(0.05)  # (the trim is timed: nothing to wait on)
                 print("pooled at last", pooled())
 
-        _bulk.IDLE_KEEP = 0.2
+        _pool.IDLE_KEEP = 0.2
         asyncio.run(main())
         """)
     assert out == [f"received {64 << 20} pooled before the drop 0", "pooled after it True",

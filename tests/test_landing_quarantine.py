@@ -15,7 +15,8 @@ from collections.abc import Generator
 import pytest
 
 from meshio._transport import _bulk
-from meshio._transport._bulk import THRESHOLD, Exports, address_of, pool_view, quarantine
+from meshio._transport._bulk import Exports, address_of, quarantine
+from meshio._transport._pool import THRESHOLD, pool_view
 from test_wire_fuzz import FakeRuntime, connect, described_call, fills
 
 #: generous bound on any single wait: a regression fails instead of hanging

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 import meshio
 from fuzz import FUZZ
 from meshio import Actor, ActorMesh, endpoint
-from meshio._transport import _bulk
 from meshio._transport import _messages as M
+from meshio._transport import _pool
 from meshio._transport._connection import Connection
 from meshio._transport._frames import MAX_BUFS, frame_header
 from meshio._transport._serial import (
@@ -327,25 +327,25 @@ async def test_gpu_copies_go_through_pinned_pooled_memory(store: ActorMesh[Store
     """The pooled memory a GPU copies through is registered with CUDA
     (page-locked: the copy runs at the bus's speed), once: the block keeps
     it idle in the pool, and a block closed goes back unregistered."""
-    view = _bulk.pool_view(4 * MiB)
+    view = _pool.pool_view(4 * MiB)
     host = torch.frombuffer(view, dtype=torch.uint8)
     assert not host.is_pinned()
-    _bulk.pin_for_cuda(view)
+    _pool.pin_for_cuda(view)
     assert host.is_pinned()
-    block = _bulk._block_of(view)
+    block = _pool._block_of(view)
     del host, view
-    again = _bulk.pool_view(4 * MiB)  # the idle block, still registered
-    assert _bulk._block_of(again) is block
+    again = _pool.pool_view(4 * MiB)  # the idle block, still registered
+    assert _pool._block_of(again) is block
     assert torch.frombuffer(again, dtype=torch.uint8).is_pinned()
     del again
     big = torch.randn(4096, 4096, device="cuda")  # 64 MiB: sent and received in pooled memory
     assert torch.equal(await call(store, "tensor", big), big)
-    pool = _bulk._pool
+    pool = _pool._pool
     assert any(b.pinned and b.size >= 64 * MiB for b in [*pool.idle, *pool.returned])
-    own = _bulk._Pool()  # a block closed (over the idle cap) is unregistered first
+    own = _pool._Pool()  # a block closed (over the idle cap) is unregistered first
     view = own.view(2 * MiB)
-    _bulk.pin_for_cuda(view)
-    block = _bulk._block_of(view)
+    _pool.pin_for_cuda(view)
+    block = _pool._block_of(view)
     del view
     own.returned.popleft().close()
     assert block.map.closed
@@ -356,11 +356,11 @@ async def test_gpu_copies_go_through_pinned_pooled_memory(store: ActorMesh[Store
 def test_a_registration_cuda_refuses_leaves_no_error_behind() -> None:
     """A block CUDA will not register stays pageable, and the error CUDA
     keeps pending for it does not surface in the next kernel launch."""
-    view = _bulk.pool_view(2 * MiB)
-    _bulk.pin_for_cuda(view)
-    block = _bulk._block_of(view)
+    view = _pool.pool_view(2 * MiB)
+    _pool.pin_for_cuda(view)
+    block = _pool._block_of(view)
     block.pinned = False  # registering it again: CUDA refuses (already registered)
-    _bulk.pin_for_cuda(view)
+    _pool.pin_for_cuda(view)
     assert not block.pinned
     block.pinned = True  # (it is: it goes back to the pool so)
     t = torch.ones(8, device="cuda")
@@ -370,11 +370,11 @@ def test_a_registration_cuda_refuses_leaves_no_error_behind() -> None:
 def test_pinning_leaves_other_memory_alone() -> None:
     """Memory that is not a pooled block, or a block under the threshold,
     is not registered (on this CPU build, registering at all would raise)."""
-    _bulk.pin_for_cuda(bytearray(8 * MiB))
-    _bulk.pin_for_cuda(memoryview(bytearray(8 * MiB)))
-    small = _bulk.pool_view(64 * 1024)
-    _bulk.pin_for_cuda(small)
-    assert not _bulk._block_of(small).pinned
+    _pool.pin_for_cuda(bytearray(8 * MiB))
+    _pool.pin_for_cuda(memoryview(bytearray(8 * MiB)))
+    small = _pool.pool_view(64 * 1024)
+    _pool.pin_for_cuda(small)
+    assert not _pool._block_of(small).pinned
 
 
 @pytest.mark.parametrize("name", list(TENSORS))
@@ -388,9 +388,9 @@ def test_a_device_tensor_goes_through_pooled_memory(name: str) -> None:
     assert torch.equal(host, t)
     if t.numel():
         assert host.data_ptr() != t.data_ptr()
-        returned = len(_bulk._pool.returned)
+        returned = len(_pool._pool.returned)
         del host
-        assert len(_bulk._pool.returned) == returned + 1
+        assert len(_pool._pool.returned) == returned + 1
 
 
 def tensor_from(device: str, values: list[float]) -> tuple[bytes, list[Any]]:

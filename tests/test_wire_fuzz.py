@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from fuzz import FUZZ
 from meshio import SchemaError
 from meshio._port import PortReceiver
-from meshio._transport import _bulk
+from meshio._transport import _bulk, _pool
 from meshio._transport import _connection as R
 from meshio._transport import _frames as F
 from meshio._transport import _messages as M
@@ -468,7 +468,7 @@ def call_body(req: int) -> bytes:
     return M.encode_message(M.Call(req, "t", "method", msgspec.Raw(b"\x80")))
 
 
-def described_call(req: int, eid: int, n: int = _bulk.THRESHOLD, start: int = 0) -> bytes:
+def described_call(req: int, eid: int, n: int = _pool.THRESHOLD, start: int = 0) -> bytes:
     """A call whose one buffer travels by descriptor: export ``eid``, ``n``
     bytes from byte ``start`` of a cache line, written by the sender."""
     msg = call_body(req)
@@ -501,9 +501,9 @@ def gone_pid() -> int:
 def by_descriptor() -> Generator[tuple[FakeRuntime, Connection, FakeTransport]]:
     """A connection to a process of this host (its peer writes large parts
     into memory this one lends it), with a message limit above
-    :data:`_bulk.THRESHOLD`."""
+    :data:`_pool.THRESHOLD`."""
     with small_limits():
-        limits.max_message = 8 * _bulk.THRESHOLD
+        limits.max_message = 8 * _pool.THRESHOLD
         rt = FakeRuntime()
         conn, transport = connect(rt)
         conn.bulk = _bulk.Exports(gone_pid())
@@ -525,7 +525,7 @@ def test_a_described_frame_waits_for_its_parts() -> None:
         assert [type(m) for m, _ in rt.got] == [M.Ping, M.Call, M.Call]
         call, bufs = rt.got[1]
         assert isinstance(call, M.Call) and call.req == 1
-        assert _bulk.address_of(bufs[0]) == fill.to[0] and bufs[0].nbytes == _bulk.THRESHOLD
+        assert _bulk.address_of(bufs[0]) == fill.to[0] and bufs[0].nbytes == _pool.THRESHOLD
         assert not conn.incomplete() and not conn.closed
         finish(rt, [conn])
 
@@ -550,11 +550,11 @@ def test_a_fill_the_sender_cannot_serve_drops_the_connection(export: int, parts:
     made, or with too many addresses, drops the connection before anything
     is written into the peer, and the frames behind the gates never go."""
     with by_descriptor() as (rt, conn, transport):
-        lent = [bytearray(b"a") * _bulk.THRESHOLD, bytearray(b"b") * _bulk.THRESHOLD]
+        lent = [bytearray(b"a") * _pool.THRESHOLD, bytearray(b"b") * _pool.THRESHOLD]
         done = [conn.send(call_body(1), [(buf, KIND_BYTEARRAY)]) for buf in lent]
         assert conn.waiting_export() == 1 and all(d is not None for d in done)
         sent = len(transport.written)  # the first frame, its descriptor: the second waits
-        target = bytearray(_bulk.THRESHOLD)
+        target = bytearray(_pool.THRESHOLD)
         hostile = M.Fill(export, [_bulk.address_of(memoryview(target))] * parts)
         bulk = conn.bulk
         assert bulk is not None
@@ -572,7 +572,7 @@ _STEPS = st.sampled_from(["filled", "wrong", "ping", "pong", "fill", "call", "de
 @FUZZ
 @given(first=st.sampled_from(["filled", "filled", "ping", "call", "wrong"]),
        steps=st.lists(_STEPS, max_size=5),
-       n=st.sampled_from([_bulk.THRESHOLD, 3 * _bulk.THRESHOLD, 0, 100, 9 * _bulk.THRESHOLD]),
+       n=st.sampled_from([_pool.THRESHOLD, 3 * _pool.THRESHOLD, 0, 100, 9 * _pool.THRESHOLD]),
        start=st.sampled_from([0, 16, 63, 64, 4096]),
        cut_at=st.lists(st.integers(0, 400), max_size=6), mutate=st.booleans(), data=st.data())
 def test_descriptor_streams(first: str, steps: list[str], n: int, start: int,
@@ -595,7 +595,7 @@ def test_descriptor_streams(first: str, steps: list[str], n: int, start: int,
     if mutate:
         return
     data_steps = [s for s in steps if s not in ("ping", "pong", "fill")]
-    good = (_bulk.THRESHOLD <= n < 8 * _bulk.THRESHOLD and start < 64
+    good = (_pool.THRESHOLD <= n < 8 * _pool.THRESHOLD and start < 64
             and data_steps[:1] == ["filled"])
     delivered = [m.req for m, _ in rt.got if isinstance(m, M.Call)]
     assert (100 in delivered) == good, (steps, n, start, delivered)

@@ -3,8 +3,8 @@
 Large message values and ``RDMABuffer`` (:mod:`meshio.rdma`) share what is
 here: the address of a buffer (:func:`address_of`), this machine's identity
 (:data:`HOST_ID`), the one-copy move between two processes of one host
-(:func:`cma`: Linux cross-memory attach, the owner's code does not run), and
-the memory a received value lives in (:class:`_Pool`).
+(:func:`cma`: Linux cross-memory attach, the owner's code does not run); the
+memory a received value lives in is :mod:`._pool`'s.
 
 A large value on a connection between two processes of one host
 (:class:`Exports`): each out-of-band part of a frame from :data:`THRESHOLD`
@@ -43,13 +43,10 @@ import errno
 import functools
 import itertools
 import logging
-import mmap
 import os
 import socket
 import struct
 import threading
-import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -58,6 +55,7 @@ from .._exceptions import ProtocolError
 from ._frames import _LEN_MASK, _PEEK, _allocate
 from ._handshake import peer_creds
 from ._messages import Fill
+from ._pool import THRESHOLD, pool_view
 from ._serial import (
     KIND_ASCII,
     KIND_BUFFER,
@@ -67,22 +65,17 @@ from ._serial import (
     Handing,
     OutBuffers,
     limits,
-    owned_view,
 )
 from ._tasks import finished
 
 if TYPE_CHECKING:
     from ._connection import Connection
 
-__all__ = ("CAP_IPC_LOCK", "CAP_SYS_PTRACE", "HOST_ID", "REMOTE", "THRESHOLD", "Exports",
-           "address_of", "capable", "cma", "exports_for", "pin_for_cuda", "pool_view",
-           "ptrace_scope", "quarantine", "snapshot")
+__all__ = ("CAP_IPC_LOCK", "CAP_SYS_PTRACE", "HOST_ID", "REMOTE", "Exports", "address_of",
+           "capable", "cma", "exports_for", "ptrace_scope", "quarantine", "snapshot")
 
 log = logging.getLogger("meshio")
 
-#: out-of-band parts from this size on travel by descriptor between processes
-#: of one host
-THRESHOLD: Final = 1 << 20
 #: the kind flag of a part that is a descriptor
 REMOTE: Final = 0x80
 _DESC: Final = struct.Struct("<QQQ")
@@ -94,15 +87,6 @@ _LINE: Final = 64
 _BY_DESCRIPTOR: Final = frozenset((KIND_BYTEARRAY, KIND_BYTES, KIND_BUFFER))
 #: copies at least this large are split in two halves, one per thread
 _SPLIT: Final = 8 << 20
-#: blocks from this size on ask for transparent huge pages
-_HUGE: Final = 4 << 20
-#: bytes of idle pool memory a process keeps for the next values
-IDLE_CAP: Final = 1 << 30
-#: seconds an idle pool block waits for a value before it is unmapped
-#: (:meth:`_Pool.trim`: a burst of large values leaves nothing mapped)
-IDLE_KEEP: Final = 10.0
-#: ``cudaHostRegisterPortable``: registered for every CUDA context of the process
-_PORTABLE: Final = 1
 
 
 def _boot_id() -> str:
@@ -225,162 +209,6 @@ async def copied(jobs: Sequence[asyncio.Future[Any]]) -> None:
         errors = [e for job in jobs if not job.cancelled() and (e := job.exception())]
     if errors:
         raise errors[0]
-
-
-# ------------------------------------------------------------- the pool
-
-class _Block:
-    """One anonymous mapping of the pool, its address, and whether it is
-    registered with CUDA (:func:`pin_for_cuda`)."""
-
-    __slots__ = ("addr", "idle_since", "map", "pinned", "size")
-
-    def __init__(self, size: int) -> None:
-        self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if size >= _HUGE:  # fewer page faults on first touch, where THP is "madvise"
-            self.map.madvise(mmap.MADV_HUGEPAGE)
-        self.size = size
-        probe = ctypes.c_char.from_buffer(self.map)
-        self.addr = ctypes.addressof(probe)
-        del probe  # (an exported buffer would keep the map from closing)
-        self.pinned = False
-        self.idle_since = 0.0
-
-    def close(self) -> None:
-        if self.pinned:
-            _cudart().cudaHostUnregister(self.addr)
-        self.map.close()
-
-
-class _Lease:
-    """Held by a view of a block lent out: the block goes back to the pool
-    when the last user of the view drops it (whichever thread does)."""
-
-    __slots__ = ("block", "pool")
-
-    def __init__(self, pool: _Pool, block: _Block) -> None:
-        self.pool = pool
-        self.block = block
-
-    def __del__(self) -> None:
-        self.pool.returned.append(self.block)  # a deque: safe without a lock
-
-
-class _Pool:
-    """Mapped memory for received values: a value aliases a block until it
-    is dropped; idle blocks, up to :data:`IDLE_CAP` bytes, serve the next
-    values without page faults (the blocks given back last: the next values
-    are likelier of their sizes than of older ones), for up to
-    :data:`IDLE_KEEP` seconds (:meth:`trim`)."""
-
-    def __init__(self) -> None:
-        self.idle: list[_Block] = []
-        self.idle_bytes = 0
-        self.returned: deque[_Block] = deque()
-        self.lock = threading.Lock()
-
-    def view(self, n: int, start: int = 0) -> memoryview:
-        """A writable ``n``-byte view of a block, from byte ``start`` of it,
-        lent until it is dropped."""
-        n += start
-        with self.lock:
-            self._collect(time.monotonic())
-            fits = [b for b in self.idle if n <= b.size <= 2 * n]
-            if fits:
-                block = min(fits, key=lambda b: b.size)
-                self.idle.remove(block)
-                self.idle_bytes -= block.size
-            else:
-                block = _Block(-(-n // mmap.PAGESIZE) * mmap.PAGESIZE)
-        return owned_view(block.addr + start, n - start, _Lease(self, block))
-
-    def _collect(self, now: float) -> None:
-        """Take the blocks given back since (under the lock) into the idle
-        ones: the latest kept, the oldest idle making room."""
-        while self.returned:
-            block = self.returned.popleft()
-            if block.size > IDLE_CAP:
-                block.close()
-                continue
-            while self.idle_bytes + block.size > IDLE_CAP:
-                self._unmap(self.idle.pop(0))
-            block.idle_since = now
-            self.idle.append(block)
-            self.idle_bytes += block.size
-
-    def _unmap(self, block: _Block) -> None:
-        self.idle_bytes -= block.size
-        block.close()
-
-    def trim(self, now: float | None = None) -> None:
-        """Unmap the blocks idle for :data:`IDLE_KEEP` seconds by ``now``
-        (``time.monotonic()``; None: now), given back since too: what
-        each runtime does every ``IDLE_KEEP / 2`` seconds
-        (:func:`trimming`), so memory no value took again goes back to
-        the system, not kept up to :data:`IDLE_CAP` for good."""
-        now = time.monotonic() if now is None else now
-        with self.lock:
-            self._collect(now)
-            stale = [b for b in self.idle if now - b.idle_since >= IDLE_KEEP]
-            if stale:
-                self.idle = [b for b in self.idle if now - b.idle_since < IDLE_KEEP]
-                for block in stale:
-                    self._unmap(block)
-
-
-_pool = _Pool()
-#: a writable ``n``-byte view of mapped memory, lent until it is dropped
-pool_view: Final = _pool.view
-
-
-async def trimming() -> None:
-    """Trim the pool (:meth:`_Pool.trim`) every ``IDLE_KEEP / 2`` seconds,
-    for ever: a task of each runtime's."""
-    while True:
-        await asyncio.sleep(IDLE_KEEP / 2)
-        _pool.trim()
-
-
-def pin_for_cuda(memory: object) -> None:
-    """Register the pool block under ``memory`` (a view of it) with CUDA
-    (page-locked), for the block's life, before a GPU copies to or from
-    it: from pageable memory the device copies at a fraction of the bus's
-    speed (2.5x slower round trips of 16-256 MiB on an H200). Idle blocks
-    keep their registration, so a steady stream of GPU values pays it once.
-    Memory not from the pool, a block under :data:`THRESHOLD`, or a
-    registration CUDA refuses: nothing (the copy runs from pageable
-    memory)."""
-    block = _block_of(memory)
-    if block is None or block.pinned or block.size < THRESHOLD:
-        return
-    block.pinned = int(_cudart().cudaHostRegister(block.addr, block.size, _PORTABLE)) == 0
-    if not block.pinned:
-        _clear_cuda_error()
-
-
-def _block_of(memory: object) -> _Block | None:
-    """The pool block ``memory`` (a view of it) lies in, or None."""
-    lease = getattr(getattr(memory, "obj", None), "_meshio_owner", None)
-    return lease.block if isinstance(lease, _Lease) else None
-
-
-def _clear_cuda_error() -> None:
-    """Take back the error a refused registration left pending in the CUDA
-    runtime torch loaded (``cudaGetLastError``): torch's next kernel launch
-    would raise it as its own."""
-    with open("/proc/self/maps") as maps:
-        libraries = {line.split()[-1] for line in maps if "/libcudart.so" in line}
-    for path in libraries:
-        ctypes.CDLL(path).cudaGetLastError()
-
-
-def _cudart() -> Any:
-    """torch's bindings of the CUDA runtime (torch is imported wherever a
-    block is registered)."""
-    import torch
-
-    cuda: Any = torch.cuda  # (``cudart`` is untyped)
-    return cuda.cudart()
 
 
 # ------------------------------------------------ values on a connection

@@ -17,7 +17,8 @@ import struct
 import sys
 from typing import Any, Final
 
-from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers, owned_view
+from ._pool import owned_view
+from ._serial import KIND_ASCII, KIND_BYTES, OutBuffers
 
 _HDR: Final = struct.Struct("<II")
 #: ``_HDR.unpack_from``, bound once (see ``meshio._context.enter_scope``)

@@ -28,7 +28,7 @@ from .._exceptions import (
     SupervisionError,
     WrongLoopError,
 )
-from ._bulk import fill, trimming
+from ._bulk import fill
 from ._connection import Connection, Pending, disconnected, ignore_result, not_responding
 from ._credentials import Credentials
 from ._credit import credit, took, windows_lost
@@ -57,6 +57,7 @@ from ._messages import (
     Started,
     _Msg,
 )
+from ._pool import trimming
 from ._roles import DeadTable, Incarnation, Watch
 from ._serial import Buffers, limits
 from ._sockets import SocketBackend, feed, tcp_endpoint, tcp_listener, unix_listener

@@ -66,10 +66,11 @@ import msgspec.structs
 
 from .._checks import check_seconds
 from .._exceptions import SchemaError
+from ._pool import owned_view, pin_for_cuda, pool_view
 
 __all__ = ("Buffers", "Handing", "Limits", "OutBuffers", "Packer", "Refit", "Unfit",
            "Unsendable", "ascii_memory", "decoder_for", "dumps", "hands_port", "lenient",
-           "limits", "loads", "owned_view", "refitter", "set_limits", "travel", "type_name",
+           "limits", "loads", "refitter", "set_limits", "travel", "type_name",
            "unpicklable_part")
 
 #: buffers received with a frame: ``bytes``, ``bytearray`` or ``str``
@@ -291,8 +292,6 @@ def _to_host(t: Any) -> Any:
     slower for 64 MiB on an H200 VM); back in the pool once sent."""
     import torch  # (imported already: ``t`` is a tensor)
 
-    from ._bulk import pin_for_cuda, pool_view  # (that module builds on this one)
-
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return t.cpu()
@@ -409,8 +408,6 @@ def _to_device(torch: Any, t: Any, buf: Any, device: str) -> Any:
     it was sent from, where this process has it (else where it is)."""
     if device and _device_here(torch, device):
         if device.startswith("cuda"):
-            from ._bulk import pin_for_cuda  # (that module builds on this one)
-
             pin_for_cuda(buf)  # a large value arrived in pooled memory
         t = t.to(device)
     return t
@@ -742,16 +739,6 @@ def ascii_memory(s: str) -> Any:
     """The bytes of the ASCII string ``s``: its own memory (no copy)."""
     n = ctypes.c_ssize_t()
     return owned_view(_utf8(s, ctypes.byref(n)), len(s), s)
-
-
-def owned_view(addr: int, n: int, owner: object) -> memoryview:
-    """A writable byte view of the ``n`` bytes at ``addr``, which keeps
-    ``owner`` (what holds that memory: a tensor, a str, a pool lease) alive
-    while it, or a slice of it, lives: a frame lending it reads it after
-    the send returned, so the memory goes only once nothing reads it."""
-    array: Any = (ctypes.c_char * n).from_address(addr)
-    array._meshio_owner = owner
-    return memoryview(array).cast("B")
 
 
 #: attributes msgspec sets on a class it decodes (a dataclass, an enum, a

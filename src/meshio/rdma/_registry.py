@@ -21,8 +21,9 @@ import msgspec
 from .._exceptions import CallTimeout, RDMAError, SupervisionError
 from .._transport._connection import Connection, Pending
 from .._transport._messages import RdmaOp, RdmaOpName, Transfer
+from .._transport._pool import owned_view
 from .._transport._runtime import Runtime
-from .._transport._serial import Buffers, owned_view
+from .._transport._serial import Buffers
 from .._transport._tasks import within
 from ._fence import OwnerFence
 from ._memory import Memory

@@ -12,9 +12,9 @@ from typing import Final
 
 from .._constants import MSGPACK_NIL
 from .._exceptions import RDMAError, RDMAFallbackWarning
-from .._transport._bulk import pool_view
 from .._transport._connection import Connection
 from .._transport._messages import RdmaOp, RdmaOpName, Reply, Transfer
+from .._transport._pool import pool_view
 from .._transport._runtime import Runtime, runtime
 from .._transport._serial import KIND_BYTEARRAY, Buffers
 from .._transport._tasks import together

@@ -48,17 +48,10 @@ import msgspec
 from .._checks import check_seconds
 from .._context import Context, _context
 from .._exceptions import MeshioError, RDMAError
-from .._transport._bulk import (
-    HOST_ID,
-    address_of,
-    cma,
-    copied,
-    executor,
-    pin_for_cuda,
-    pool_view,
-)
+from .._transport._bulk import HOST_ID, address_of, cma, copied, executor
 from .._transport._connection import Connection, Pending
 from .._transport._messages import Reply, StoreOp
+from .._transport._pool import pin_for_cuda, pool_view
 from .._transport._runtime import (
     Runtime,
     existing_runtime,
