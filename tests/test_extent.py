@@ -231,6 +231,18 @@ def test_split() -> None:
         m.split("gpus")
 
 
+async def test_a_dim_named_self_is_taken_by_name_everywhere(
+        meshio_host: meshio.HostMesh) -> None:
+    """``self`` is a name like any other (it was a TypeError "multiple values
+    for argument 'self'" in slice, rename, item, grow and a Service)."""
+    async with meshio_host.spawn_procs(per_host={"self": 2}) as pm:
+        actors = await pm.spawn("ranks", Where)
+        assert await actors.slice(self=1).rank.call_one() == 1
+        assert (await actors.rank.call()).item(self=1) == 1
+        assert actors.rename(self="x").sizes == {"x": 2}
+        assert len(await meshio.Service(actors).rank.call()) == 2
+
+
 async def test_split_on_a_real_actor_mesh(meshio_host: meshio.HostMesh) -> None:
     pm = await meshio_host.spawn_procs(per_host={"gpus": 4})
     try:

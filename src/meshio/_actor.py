@@ -154,7 +154,7 @@ class Actor(metaclass=_ActorMeta):
             """Mesh operation (an actor mesh's, for type checkers): the points
             of the mesh, in row-major order."""
             ...
-        def slice(self, **dims: int | builtins.slice) -> Self:
+        def slice(self, /, **dims: int | builtins.slice) -> Self:
             """Mesh operation (an actor mesh's, for type checkers): the actors
             at some coordinates: an int drops the dim, a ``slice`` keeps it
             (``trainers.slice(gpus=0)``)."""
@@ -163,7 +163,7 @@ class Actor(metaclass=_ActorMeta):
             """Mesh operation (an actor mesh's, for type checkers): one
             dimension called ``name`` with every actor, in row-major order."""
             ...
-        def rename(self, **names: str) -> Self:
+        def rename(self, /, **names: str) -> Self:
             """Mesh operation (an actor mesh's, for type checkers): rename
             dims: ``trainers.rename(gpus="workers")``."""
             ...

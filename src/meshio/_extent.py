@@ -304,7 +304,7 @@ class MeshShape:
     def __iter__(self) -> Iterator[Point]:
         return self._region.points()
 
-    def slice(self: _S, **dims: int | builtins.slice) -> _S:
+    def slice(self: _S, /, **dims: int | builtins.slice) -> _S:
         """Select along named dims: an int drops the dim, a ``slice`` keeps it."""
         return self._with_region(self._region.slice(dims))
 
@@ -312,7 +312,7 @@ class MeshShape:
         """One dimension called ``name`` with every point, in row-major order."""
         return self._with_region(self._region.flatten(name))
 
-    def rename(self: _S, **names: str) -> _S:
+    def rename(self: _S, /, **names: str) -> _S:
         """Rename dims: ``mesh.rename(gpus="workers")``."""
         return self._with_region(self._region.rename(names))
 

@@ -534,7 +534,7 @@ class ProcMesh(MeshShape):
         await self._wait_ready()
         await self._state.replace(region.ranks[index])
 
-    async def grow(self, **dim: int) -> None:
+    async def grow(self, /, **dim: int) -> None:
         """Add points along one dimension, in place: ``await procs.grow(gpus=2)``
         on ``{"gpus": 4}`` gives ``{"gpus": 6}``.  The new processes start
         as the others did (env, bootstrap, supervisor); every actor mesh
@@ -562,7 +562,7 @@ class ProcMesh(MeshShape):
         await self._wait_ready()
         await self._state.grow(name, by)
 
-    async def shrink(self, **dim: int) -> None:
+    async def shrink(self, /, **dim: int) -> None:
         """Remove points along one dimension, in place, from its end:
         ``await procs.shrink(gpus=2)`` on ``{"gpus": 6}`` gives
         ``{"gpus": 4}``.  The actor meshes spawned on the whole proc mesh
@@ -816,11 +816,11 @@ class _ProcMeshRef(ProcMesh):
         raise RuntimeError(f"proc mesh {self._name!r}: replace() is available in the "
                            "controller that started the processes")
 
-    async def grow(self, **dim: int) -> None:
+    async def grow(self, /, **dim: int) -> None:
         raise RuntimeError(f"proc mesh {self._name!r}: grow() is available in the "
                            "controller that started the processes")
 
-    async def shrink(self, **dim: int) -> None:
+    async def shrink(self, /, **dim: int) -> None:
         raise RuntimeError(f"proc mesh {self._name!r}: shrink() is available in the "
                            "controller that started the processes")
 

@@ -61,7 +61,7 @@ class ValueMesh(MeshShape, Generic[R]):
         return [(p, v) for p, r, v in zip(self._region.points(), self._region.ranks, self._values)
                 if r not in self._holes]
 
-    def item(self, **coords: int) -> R:
+    def item(self, /, **coords: int) -> R:
         """The value at ``coords`` (dims of size 1 may be left out; a
         negative coordinate counts from the end, as in ``slice``).
 

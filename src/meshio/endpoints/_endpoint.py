@@ -137,7 +137,7 @@ class CallTarget(Protocol):
         """The view's points, in index order."""
         ...
 
-    def slice(self, **dims: int | builtins.slice) -> Self:
+    def slice(self, /, **dims: int | builtins.slice) -> Self:
         """A view of part of this one."""
         ...
 
