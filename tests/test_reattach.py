@@ -111,6 +111,25 @@ def running(pid: int) -> bool:
         return False
 
 
+def let_go(racers: list[subprocess.Popen[str]]) -> None:
+    """Tell each racing controller to finish (its stdin closed); each exits 0."""
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.close()
+        assert racer.wait(GUARD) == 0
+
+
+def reap(racers: list[subprocess.Popen[str]]) -> None:
+    """Kill the racing controllers still running, and close their pipes."""
+    for racer in racers:
+        if racer.poll() is None:
+            racer.kill()
+            racer.wait()
+        for pipe in (racer.stdin, racer.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
 def wait_exited(pids: list[int], timeout: float = GUARD) -> None:
     """Wait until every process of ``pids`` (not our children) has exited."""
     fds = []
@@ -575,18 +594,9 @@ def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controlle
         assert (f"was re-attached by the controller with pid {winner.pid} while this "
                 f"re-attach waited for it" in error
                 or "it serves a controller that re-attached to it" in error), error
-        for racer in racers:  # the winner stops the mesh
-            assert racer.stdin is not None
-            racer.stdin.close()
-            assert racer.wait(GUARD) == 0
+        let_go(racers)  # the winner stops the mesh
     finally:
-        for racer in racers:
-            if racer.poll() is None:
-                racer.kill()
-                racer.wait()
-            for pipe in (racer.stdin, racer.stdout):
-                if pipe is not None:
-                    pipe.close()
+        reap(racers)
     wait_exited(first.pids)
     assert list(records.iterdir()) == []  # no record, no lock file left
 
@@ -701,18 +711,9 @@ def test_two_controllers_spawning_one_kept_alive_name_at_once_one_starts(
                    f"pid {winner.pid})" in error), error
         assert workers_of("twins") == set(pids)  # the refused one started none
         assert record(records, "twins").controller_pid == winner.pid
-        for racer in racers:  # the winner stops the mesh
-            assert racer.stdin is not None
-            racer.stdin.close()
-            assert racer.wait(GUARD) == 0
+        let_go(racers)  # the winner stops the mesh
     finally:
-        for racer in racers:
-            if racer.poll() is None:
-                racer.kill()
-                racer.wait()
-            for pipe in (racer.stdin, racer.stdout):
-                if pipe is not None:
-                    pipe.close()
+        reap(racers)
     wait_exited(pids)
     assert not (records / "twins.json").exists()
 

@@ -7,7 +7,6 @@ import asyncio
 import ctypes
 import gc
 import os
-import signal
 import threading
 import time
 import warnings
@@ -30,7 +29,6 @@ from meshio.rdma import (
     _same_host,
     available_backends,
 )
-from meshio.testing import wait_exited
 from rdma_actors import N, Owner, Peer
 from test_docs import run_page
 
@@ -255,12 +253,7 @@ async def test_owner_killed_during_tcp_transfer_fails_promptly(
             await asyncio.sleep(0)
 
     await asyncio.wait_for(in_flight(), GUARD)
-    fd = os.pidfd_open(pid)
-    os.kill(pid, signal.SIGKILL)
-    try:
-        await wait_exited(fd, GUARD)
-    finally:
-        os.close(fd)
+    await killed(pid, GUARD)
     with pytest.raises(RDMAError, match="unreachable"):
         await asyncio.wait_for(transfer, GUARD)
     with pytest.raises(meshio.SupervisionError):

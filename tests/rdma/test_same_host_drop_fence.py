@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,11 @@ from supervision_helpers import until
 import meshio
 import meshio._transport._tasks as _tasks
 from fifo_gate import Gate, hold
+from gone import killed
 from log_watch import LogWatch
 from meshio import Actor, RDMABuffer, endpoint
 from meshio.rdma import RDMAError, _same_host, available_backends
-from meshio.testing import open_fds, wait_exited
+from meshio.testing import open_fds
 
 #: guard on a wait that should end long before it (a regression fails, not hangs)
 GUARD = 45.0
@@ -205,12 +205,7 @@ async def test_a_reader_killed_mid_copy_does_not_hold_the_drop(procs: meshio.Pro
     moving = asyncio.ensure_future(reader.transfer.call_one(buf, "read", gate.ready,
                                                             gate.release))
     await gate.wait_held(GUARD)
-    fd = os.pidfd_open(pid)
-    os.kill(pid, signal.SIGKILL)
-    try:
-        await wait_exited(fd, GUARD)
-    finally:
-        os.close(fd)
+    await killed(pid, GUARD)
     assert await asyncio.wait_for(owner.drop_then_reuse.call_one(), GUARD)  # returned at once
     assert await asyncio.wait_for(owner.reused.call_one(), GUARD) == 0
     with pytest.raises(meshio.SupervisionError):
