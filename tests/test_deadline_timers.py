@@ -41,6 +41,19 @@ class Echo(Actor):
         await fail_or_wait()
 
 
+    @endpoint(retry=meshio.Retry(attempts=10, on=(KeyError,), backoff=0.4))
+    async def keeps_failing(self) -> None:
+        raise KeyError("still missing")
+
+
+    @endpoint
+    async def wrong_or_raises(self) -> int:
+        """Rank 0 answers what its annotation refuses, rank 1 raises."""
+        if meshio.current_rank().rank == 0:
+            return "not an int"  # type: ignore[return-value]
+        raise ValueError("rank 1 failed")
+
+
 async def fail_or_wait() -> None:
     """Rank 0 raises; the others never answer."""
     if meshio.current_rank().rank == 0:
@@ -77,15 +90,46 @@ async def test_a_timed_out_call_keeps_the_failures_that_came_first(
     in the message and ``failures``), on both paths a call takes; before,
     they were dropped and only the silent rank was named."""
     actors = await procs.spawn("mixed", Echo)
-    for ep in (actors.fails_or_waits, actors.fails_or_waits_retried):
+    for name in ("fails_or_waits", "fails_or_waits_retried"):
         with pytest.raises(CallTimeout) as info:
-            await asyncio.wait_for(ep.options(timeout=0.5).call(), GUARD)
+            await asyncio.wait_for(getattr(actors, name).options(timeout=0.5).call(), GUARD)
         error = info.value
         assert tuple(error.ranks) == (1,), error
         assert [(p.rank, type(e).__name__) for p, e in error.failures] == [
             (0, "ActorError"), (1, "CallTimeout")], error.failures
-        assert "rank 0 failed" in str(error) and "no answer within 0.5s" in str(error), error
+        # (the first line says it timed out, as a lone timeout's does)
+        first = str(error).splitlines()[0]
+        assert first.startswith(f"Echo.{name} on 'mixed': no answer within 0.5s from "
+                                "rank(s) [1]") and first.endswith("; 1 other actor failed:"), first
+        assert "rank 0 failed" in str(error), error
     assert await asyncio.wait_for(actors.echo.call(3), GUARD)
+
+
+async def test_a_retry_the_deadline_would_overtake_gives_the_failure(
+        procs: meshio.ProcMesh) -> None:
+    """With a backoff that would send the next attempt past the deadline,
+    the caller gets the endpoint's last failure at once, on every adverb
+    that retries (before, the deadline passed in the backoff: a CallTimeout
+    saying "no answer", the failure nowhere)."""
+    actors = await procs.slice(procs=0).spawn("flaky", Echo)
+    for call in (actors.keeps_failing.options(timeout=1.0).call_one,
+                 actors.keeps_failing.options(timeout=1.0).call,
+                 meshio.Service(actors).keeps_failing.options(timeout=1.0).route):
+        with pytest.raises(meshio.ActorError, match="still missing") as info:
+            await asyncio.wait_for(call(), GUARD)
+        assert not isinstance(info.value, CallTimeout)
+
+
+async def test_an_actor_error_outranks_a_schema_error(procs: meshio.ProcMesh) -> None:
+    """supervision > timeout > actor > schema, as meshio._exceptions says:
+    a result the annotation refuses on one rank and an exception on
+    another raise an ActorError (it was the SchemaError: ``except
+    ActorError`` missed it), both ranks in ``failures``."""
+    actors = await procs.spawn("mixed_kinds", Echo)
+    with pytest.raises(meshio.ActorError) as info:
+        await asyncio.wait_for(actors.wrong_or_raises.call(), GUARD)
+    assert [(p.rank, type(e).__name__) for p, e in info.value.failures] == [
+        (0, "SchemaError"), (1, "ActorError")]
 
 
 async def test_a_cancelled_caller_is_not_timed_out(procs: meshio.ProcMesh) -> None:

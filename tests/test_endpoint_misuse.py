@@ -117,14 +117,19 @@ def test_an_adverb_read_on_the_class_says_to_spawn_first() -> None:
     """``Counter.add.call(k=1)``, the endpoint read on the class: it was
     "'EndpointDescriptor' object has no attribute 'call'", with no hint."""
     desc: Any = Counter.add
-    for adverb in ("call", "call_one", "choose", "stream", "broadcast", "remote"):
+    for adverb, use in (("call", "await mesh.add.call(...)"),
+                        ("call_one", "await mesh.add.call_one(...)"),
+                        ("choose", "await mesh.add.choose(...)"),
+                        ("stream", "async for point, value in mesh.add.stream(...)"),
+                        ("broadcast", "await mesh.add.broadcast(...)"),
+                        ("route", "await meshio.Service(mesh).add.route(...)"),
+                        ("remote", "await mesh.add.call(...)")):
         with pytest.raises(AttributeError) as info:
             getattr(desc, adverb)
         assert str(info.value) == (
             f"Counter.add is read on the class Counter, not on actors: spawn them, then "
             f"call it through the mesh spawn returns: mesh = await procs.spawn('name', "
-            f"Counter, ...); await mesh.add.{'call' if adverb == 'remote' else adverb}(...)"), \
-            info.value
+            f"Counter, ...); {use}"), info.value
     assert not hasattr(desc, "nope") and getattr(desc, "call", None) is None
 
 

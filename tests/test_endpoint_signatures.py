@@ -175,6 +175,16 @@ async def test_a_none_result_is_checked(sig: Sig, procs: meshio.ProcMesh) -> Non
     assert await within(sig.nothing.call_one()) is None  # the actor is fine
 
 
+def test_failures_naming_their_rank_as_spawned_group_in_a_slice() -> None:
+    """A slice's points are its own (0, 1...), the errors name the ranks
+    as spawned (``[g rank 5]``): they group all the same."""
+    from meshio.endpoints._endpoint import _summary  # (the grouping key)
+
+    assert _summary(SchemaError("bad arguments for G.f: x [g rank 5]")) == \
+        _summary(SchemaError("bad arguments for G.f: x [g rank 4]")) == "bad arguments for G.f: x"
+    assert _summary(SchemaError("result of G.f: y (from g rank 7)")) == "result of G.f: y"
+
+
 # ------------------------------------------------------- the wire (no actor)
 
 

@@ -559,10 +559,13 @@ class ActorMesh(MeshShape, Generic[A]):
                     except SupervisionError:
                         pass  # (no restart comes: the supervisor gave up, or a stop)
                     raise poison from e
-                if not policy.sends_again(e, attempt, deadline):
+                # (the owner knows when a restart is done, or that none comes)
+                restarting = isinstance(e, SupervisionError) and state is not None
+                if not policy.sends_again(e, attempt, deadline,
+                                          0.0 if restarting else policy.delay(attempt)):
                     raise
-                if isinstance(e, SupervisionError) and state is not None:
-                    # the owner knows when the restart is done (or that none comes)
+                if restarting:
+                    assert state is not None
                     await state.wait_ready(grank)
                 else:  # a reference held elsewhere, or an error raised by the endpoint
                     await asyncio.sleep(policy.delay(attempt))

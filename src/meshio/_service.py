@@ -659,9 +659,11 @@ class Service(MeshShape):
             try:
                 return await fut
             except Exception as e:
-                if policy is None or not policy.sends_again(e, attempt, deadline):
+                failover = isinstance(e, SupervisionError) and not replica.up()
+                if policy is None or not policy.sends_again(
+                        e, attempt, deadline, 0.0 if failover else policy.delay(attempt)):
                     raise
-                if isinstance(e, SupervisionError) and not replica.up():
+                if failover:
                     continue  # out of rotation now: another replica, at once
                 await asyncio.sleep(policy.delay(attempt))
 

@@ -46,6 +46,7 @@ from typing import (
 from .._checks import check_seconds
 from .._context import CallScope, call_scope
 from .._exceptions import (
+    ActorError,
     CallTimeout,
     DeadlockError,
     MeshioError,
@@ -337,11 +338,13 @@ class EndpointDescriptor(Generic[A, P, R]):
                 qualname = self.fn.__qualname__
                 cls = qualname.rpartition(".")[0]
                 adverb = "call" if name == "remote" else name
+                use = {"stream": f"async for point, value in mesh.{self.name}.stream(...)",
+                       "route": f"await meshio.Service(mesh).{self.name}.route(...)"}.get(
+                           adverb, f"await mesh.{self.name}.{adverb}(...)")
                 raise AttributeError(
                     f"{qualname} is read on the class {cls}, not on actors: spawn them, then "
                     f"call it through the mesh spawn returns: mesh = await procs.spawn("
-                    f"'name', {cls}, ...); await mesh.{self.name}.{adverb}(...)",
-                    name=name, obj=self)
+                    f"'name', {cls}, ...); {use}", name=name, obj=self)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
                                  name=name, obj=self)
 
@@ -646,8 +649,10 @@ class Endpoint(Generic[P, R]):
         if not failures:
             return timeout
         points = list(mesh)
+        others = f"{len(failures)} other actor{'s' if len(failures) > 1 else ''} failed"
         return combine_failures(self._qualname, mesh, [
-            *((points[i], e) for i, e in failures.items()), *((points[i], timeout) for i in late)])
+            *((points[i], e) for i, e in failures.items()), *((points[i], timeout) for i in late)],
+            head=f"{timeout.args[0]}; {others}")
 
     def _timed_out(self, late: list[int], deadline: float | None, route: Route) -> CallTimeout:
         """The error of a call through ``route`` whose ``deadline`` passed,
@@ -1033,7 +1038,9 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-_SEVERITY = (SupervisionError, CallTimeout, MeshioError)
+#: the kinds of failure, most serious first: what a call failing on several
+#: ranks raises (the module doc of meshio._exceptions)
+_SEVERITY = (SupervisionError, CallTimeout, ActorError, MeshioError)
 
 
 def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, BaseException]],
@@ -1049,7 +1056,7 @@ def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, Ba
     first = next((e for kind in _SEVERITY for _, e in errors if isinstance(e, kind)), errors[0][1])
     groups: dict[str, list[Point]] = {}
     for p, e in sorted(errors, key=lambda pe: pe[0].rank):
-        groups.setdefault(f"{type(e).__name__}: {_summary(e, p.rank)}", []).append(p)
+        groups.setdefault(f"{type(e).__name__}: {_summary(e)}", []).append(p)
     lines = "\n".join(f"  {_ranks(points)}: {summary}" for summary, points in groups.items())
     head = head or f"{what} failed on {len(errors)} of {len(mesh)} ranks of {mesh._name!r}"
     message = f"{head}:\n{lines}\n\nFirst failure in full:\n{first}"
@@ -1060,14 +1067,15 @@ def combine_failures(what: str, mesh: CallTarget, failures: list[tuple[Point, Ba
     return first
 
 
-def _summary(e: BaseException, rank: int) -> str:
-    """What failed at ``rank``, without what differs from rank to rank (a
+def _summary(e: BaseException) -> str:
+    """What failed, without what differs from rank to rank (a
     SupervisionError's message names its rank and pid: its cause instead;
-    others end by naming who answered: `` [g rank 3]``, `` (from g rank 3)``)."""
+    others end by naming who answered, by its rank as spawned: `` [g rank
+    3]``, `` (from g rank 3)``)."""
     if isinstance(e, SupervisionError) and e.cause:
         return e.cause.splitlines()[0]
     line = (str(e).splitlines() or [""])[0]
-    return re.sub(rf" (\[|\(from )[^\[\]()]* rank {rank}[\])]$", "", line)
+    return re.sub(r" (\[|\(from )[^\[\]()]* rank \d+[\])]$", "", line)
 
 
 def _ranks(points: list[Point]) -> str:

@@ -25,9 +25,11 @@ class Retry:
     failures seen by the caller: :class:`~meshio.SupervisionError` (the
     actor's process died or the connection to it was lost; the call then
     goes to the restarted incarnation once its supervisor has rebuilt it).
-    Retrying stops when the call's deadline (``options(timeout=...)``)
-    passes.  The endpoint must be safe to run more than once: a call is
-    re-executed only where such a policy is declared.
+    Retrying stops where the next attempt would come after the call's
+    deadline (``options(timeout=...)``): the caller then gets the last
+    failure, not a :class:`~meshio.CallTimeout` that hides it.  The
+    endpoint must be safe to run more than once: a call is re-executed
+    only where such a policy is declared.
 
     Attributes:
         attempts: how many times the call is sent at most (1: no retry).
@@ -69,12 +71,16 @@ class Retry:
             error.remote_type in (t.__qualname__, f"{t.__module__}.{t.__qualname__}")
             for t in self.on)
 
-    def sends_again(self, error: BaseException, attempt: int, deadline: float | None) -> bool:
+    def sends_again(self, error: BaseException, attempt: int, deadline: float | None,
+                    wait: float) -> bool:
         """Whether a call whose ``attempt``-th send (from 1) failed with
-        ``error`` is sent again: attempts are left, ``error`` matches and its
-        deadline (``time.monotonic()``; None: none) has not passed."""
+        ``error`` is sent again after ``wait`` seconds: attempts are left,
+        ``error`` matches and its deadline (``time.monotonic()``; None:
+        none) has not passed by then.  (A send the deadline would overtake
+        is not waited for: the caller gets ``error``, not a timeout that
+        hides it.)"""
         return attempt < self.attempts and self.matches(error) and (
-            deadline is None or time.monotonic() < deadline)
+            deadline is None or time.monotonic() + wait < deadline)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (from 1)."""
