@@ -450,7 +450,10 @@ class Service(MeshShape):
         replicas ``scale`` added, newest first, then the mesh's own actors
         from the last point back.  A removed replica (also one gone for
         good) is out of rotation at once; it is stopped once the calls
-        routed to it (``route``, ``choose``, ``call_one``) are answered:
+        routed to it (``route``, ``choose``, ``call_one``) are answered
+        (not those of ``call``, ``stream`` or ``broadcast`` to every
+        replica: those fail for it with :class:`~meshio.SupervisionError`,
+        as a proc mesh's ``shrink`` fails them for the points it removes):
         its proc mesh if the service started it, else its actor (the
         process belongs to the user's proc mesh and keeps running; a
         restart does not rebuild the actor).  ``scale`` returns then.
