@@ -217,6 +217,20 @@ async def race(name: str) -> None:
     await procs.stop()
 
 
+def held() -> None:
+    """A bootstrap waiting until the test lets it go (closes the Unix socket
+    named by ``HELD_AT``): the test kills the controller meanwhile."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["HELD_AT"])
+        s.recv(1)
+
+
+async def spawn_held(name: str, hold: str) -> None:
+    """Spawn kept-alive workers held in their bootstrap (killed meanwhile)."""
+    await (await hosts()).spawn_procs(per_host=per_host(), name=name, keep_alive=60,
+                                      env={"HELD_AT": hold}, bootstrap=held)
+
+
 if __name__ == "__main__":
     if sys.argv[-2] == "--job":
         JOB = sys.argv.pop()
@@ -229,6 +243,8 @@ if __name__ == "__main__":
         meshio.run(spawn(mesh, None if sys.argv[3] == "none" else float(sys.argv[3]),
                          json.loads(sys.argv[4]) if len(sys.argv) > 4 else {},
                          sys.argv[5] if len(sys.argv) > 5 else None))
+    elif what == "spawn-held":
+        meshio.run(spawn_held(mesh, sys.argv[3]))
     elif what == "give-up":
         meshio.run(give_up(mesh, float(sys.argv[3])))
     else:

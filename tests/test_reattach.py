@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from supervision_helpers import until
 
 import meshio
 import reattach_controller
@@ -845,3 +846,36 @@ async def test_a_reattached_worker_on_a_cut_off_host_is_fenced(
         finally:
             await procs.stop()
         wait_exited(first.pids)
+
+
+async def test_a_controller_killed_while_its_kept_alive_workers_start_leaves_them_found(
+        tmp_path: Path, records: Path) -> None:
+    """Killed after launching its workers, before they said hello: their
+    record lists them, so a re-attach finds and stops them.  (It listed
+    none: the record was taken for a dead mesh's, removed, and the workers
+    ran unreachable for their whole keep_alive.)"""
+    hold = str(tmp_path / "hold")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(hold)
+        server.listen(8)
+        server.settimeout(GUARD)
+        first = subprocess.Popen([sys.executable, str(SCRIPT), "spawn-held", "held", hold])
+        try:
+            held = [server.accept()[0] for _ in range(2)]  # both workers in their bootstrap
+            first.send_signal(signal.SIGKILL)
+            assert first.wait(GUARD) == -signal.SIGKILL
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        addrs = [w.addr for w in record(records, "held").workers]
+        assert len(addrs) == 2
+        for conn in held:  # let them go on: their controller is gone
+            conn.close()
+    # (they listen for a controller once their bootstrap returns)
+    await until(lambda: all(a in Path("/proc/net/unix").read_text() for a in addrs), GUARD)
+    procs = await asyncio.wait_for(meshio.this_host().reattach("held"), GUARD)
+    pids = procs.pids
+    assert len(pids) == 2
+    await asyncio.wait_for(procs.stop(), GUARD)
+    wait_exited(pids)

@@ -608,6 +608,9 @@ class ProcState:
                 worker = _Worker(grank, spec.listen, handle, spec, self.rt.loop)
                 self.workers.append(worker)
                 waits.append(self._hello(worker, waiter))
+            # (its workers, launched, in the record: this controller killed
+            # while they say hello, a re-attach finds them)
+            self.published()
             await together(waits)
         except BaseException:
             for w in waits:
