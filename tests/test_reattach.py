@@ -9,6 +9,7 @@ itself, re-attaches.  Every test has a records directory of its own
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -879,3 +880,24 @@ async def test_a_controller_killed_while_its_kept_alive_workers_start_leaves_the
     assert len(pids) == 2
     await asyncio.wait_for(procs.stop(), GUARD)
     wait_exited(pids)
+
+
+async def test_the_records_lock_held_elsewhere_is_waited_for_a_bounded_time(
+        records: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process stopped while it holds the records' lock (SIGSTOP, Ctrl-Z)
+    holds others' loops RECORDS_WAIT seconds at most, then they say so (it
+    was waited for without bound, the loop blocked)."""
+    from meshio import _keep_alive
+
+    monkeypatch.setattr(_keep_alive, "RECORDS_WAIT", 0.2)
+    fd = os.open(_keep_alive._dir(), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (another open file: it excludes this process too)
+        with pytest.raises(OSError, match=r"held the lock of the kept-alive records .* for "
+                                          r"0\.2 s \(is it stopped\?\)"):
+            await asyncio.wait_for(meshio.this_host().reattach("nobody"), GUARD)
+    finally:
+        os.close(fd)
+    with pytest.raises(meshio.UnknownProcMeshError):  # (free again)
+        await asyncio.wait_for(meshio.this_host().reattach("nobody"), GUARD)
+

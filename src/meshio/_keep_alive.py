@@ -36,6 +36,7 @@ addresses, and a kept-alive one's file name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -149,6 +150,10 @@ def _path(name: str) -> Path:
     return _dir() / f"{name}.json"
 
 
+#: seconds a check or write of the records waits for another process's
+#: (:func:`_records_locked`) before it gives up
+RECORDS_WAIT: Final = 5.0
+
 #: ``sizeof(sockaddr_un.sun_path)`` on Linux: the bytes of a Unix socket
 #: address (an abstract name's leading NUL counts; a path needs a NUL after it)
 SUN_PATH: Final = 108
@@ -209,12 +214,29 @@ def check_name(name: object, where: str, namespace: str, *, kept: bool) -> str:
 def _records_locked() -> Generator[Path]:
     """Hold the ``flock`` of the records' directory (given): the checks and
     writes of records take turns, so that each is one step with the write or
-    removal that follows it.  Waited for without the event loop: a holder
-    only reads and writes a few small files."""
+    removal that follows it.  Waited for without the event loop (a holder
+    only reads and writes a few small files), :data:`RECORDS_WAIT` seconds
+    at most: a holder stopped (SIGSTOP, Ctrl-Z) does not hold every other
+    controller's loop.
+
+    Raises:
+        OSError: another process held it all that time.
+    """
     folder = _dir()
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        until, pause = time.monotonic() + RECORDS_WAIT, 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= until:
+                    raise OSError(errno.EWOULDBLOCK, f"another process has held the lock of "
+                                  f"the kept-alive records ({folder}) for {RECORDS_WAIT:g} s "
+                                  f"(is it stopped?)") from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
         yield folder
     finally:
         os.close(fd)  # (lets the lock go)
@@ -409,8 +431,12 @@ def _write(record: KeptMesh) -> None:
 def forget(name: str, mesh_id: str) -> None:
     """Remove the record of ``name`` if this controller wrote it for the
     mesh ``mesh_id`` (not if another re-attached to the mesh meanwhile)."""
-    with _records_locked():
-        path = _path(name)
-        record = _read(path)
-        if record is not None and record.id == mesh_id and record.controller_pid == os.getpid():
-            path.unlink(missing_ok=True)
+    try:
+        with _records_locked():
+            path = _path(name)
+            record = _read(path)
+            if record is not None and record.id == mesh_id and \
+                    record.controller_pid == os.getpid():
+                path.unlink(missing_ok=True)
+    except OSError as e:  # (left: once its workers are gone, the next look removes it)
+        log.warning("meshio: cannot remove the reattach record of proc mesh %r (%s)", name, e)
