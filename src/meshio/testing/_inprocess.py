@@ -34,6 +34,7 @@ from .._proc_mesh import HostMesh
 from .._transport._credentials import Credentials
 from .._transport._roles import Incarnation
 from .._transport._runtime import Runtime
+from .._transport._tasks import TaskOwner
 from .._worker import serve
 
 log = logging.getLogger("meshio")
@@ -56,13 +57,13 @@ class InProcessWorker:
         self.downed: str | None = None  # nothing is between it and its controller
         self._rt = rt
         self._signal: int | None = None
-        loop = asyncio.get_running_loop()
         # Served in a copy of the runtime's own context (its actors see it as
         # runtime()), by a task of this worker's: serve's own rt.close() at
         # its end cancels the runtime's tasks, which would lose its status.
-        self._task: asyncio.Task[int] = loop.create_task(serve(rt, controller),
+        self._tasks = TaskOwner(f"in-process worker {rt.worker}")
+        self._task: asyncio.Task[int] = self._tasks.start(serve(rt, controller),
                                                           context=rt.context.copy())
-        self._exit: asyncio.Future[int] = loop.create_future()
+        self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[int]) -> None:
