@@ -243,6 +243,18 @@ async def test_a_dim_named_self_is_taken_by_name_everywhere(
         assert len(await meshio.Service(actors).rank.call()) == 2
 
 
+async def test_pids_read_before_the_start_say_to_await_it(
+        meshio_host: meshio.HostMesh) -> None:
+    """They were a bare ``KeyError: 0``."""
+    pm = meshio_host.spawn_procs(per_host={"gpus": 2})
+    try:
+        with pytest.raises(RuntimeError, match=r"proc mesh 'procs' is still starting: await it"):
+            pm.pids  # noqa: B018
+        assert len((await pm).pids) == 2
+    finally:
+        await pm.stop()
+
+
 async def test_split_on_a_real_actor_mesh(meshio_host: meshio.HostMesh) -> None:
     pm = await meshio_host.spawn_procs(per_host={"gpus": 4})
     try:

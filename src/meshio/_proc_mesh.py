@@ -217,8 +217,16 @@ class ProcMesh(MeshShape):
 
     @property
     def pids(self) -> list[int]:
-        """Pid of each process of this view, in point order (after start)."""
+        """Pid of each process of this view, in point order (after start).
+
+        Raises:
+            RuntimeError: the mesh is still starting (await it first).
+        """
         workers = {w.rank: w for w in self._state.workers}
+        if any(r not in workers for r in self._region.ranks):
+            raise RuntimeError(f"proc mesh {self._state.name!r} is still starting: await it "
+                               f"(procs = await host.spawn_procs(...), or the grow() under "
+                               f"way) before reading its pids")
         return [workers[r].handle.pid for r in self._region.ranks]
 
     @property
