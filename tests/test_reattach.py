@@ -113,6 +113,23 @@ def running(pid: int) -> bool:
         return False
 
 
+def go_together(racers: list[subprocess.Popen[str]]) -> list[list[str]]:
+    """Once every racing controller is ready, let them all go at once; what
+    each then says (its first word, and the rest)."""
+    for racer in racers:
+        assert racer.stdout is not None
+        assert _readline(racer.stdout.fileno()) == "ready"
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    said = []
+    for racer in racers:
+        assert racer.stdout is not None
+        said.append(_readline(racer.stdout.fileno()).split(" ", 1))
+    return said
+
+
 def let_go(racers: list[subprocess.Popen[str]]) -> None:
     """Tell each racing controller to finish (its stdin closed); each exits 0."""
     for racer in racers:
@@ -575,17 +592,7 @@ def test_two_controllers_reattaching_at_once_one_wins(controller: type[Controlle
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
               for _ in range(2)]
     try:
-        for racer in racers:  # both started, then both let go at once
-            assert racer.stdout is not None
-            assert _readline(racer.stdout.fileno()) == "ready"
-        for racer in racers:
-            assert racer.stdin is not None
-            racer.stdin.write("go\n")
-            racer.stdin.flush()
-        said = []
-        for racer in racers:
-            assert racer.stdout is not None
-            said.append(_readline(racer.stdout.fileno()).split(" ", 1))
+        said = go_together(racers)
         assert sorted(word for word, _ in said) == ["taken", "won"], said
         (states,), (error,) = ([json.loads(rest) for w, rest in said if w == word]
                                for word in ("won", "taken"))
@@ -692,17 +699,7 @@ def test_two_controllers_spawning_one_kept_alive_name_at_once_one_starts(
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
               for _ in range(2)]
     try:
-        for racer in racers:  # both started, then both let go at once
-            assert racer.stdout is not None
-            assert _readline(racer.stdout.fileno()) == "ready"
-        for racer in racers:
-            assert racer.stdin is not None
-            racer.stdin.write("go\n")
-            racer.stdin.flush()
-        said: list[list[str]] = []
-        for racer in racers:
-            assert racer.stdout is not None
-            said.append(_readline(racer.stdout.fileno()).split(" ", 1))
+        said = go_together(racers)
         assert sorted(word for word, _ in said) == ["refused", "started"], said
         (pids,), (error,) = ([json.loads(rest) for w, rest in said if w == word]
                              for word in ("started", "refused"))
