@@ -641,10 +641,10 @@ class Endpoint(Generic[P, R]):
         with the actors at ``late`` silent: its :meth:`_timed_out`, with the
         failures of those that answered (``failed``, by index; holes left
         out) combined as a call's are, so that none is lost."""
-        timeout = self._timed_out(late, deadline, route)
+        mesh = self._mesh._as_called(route)
+        timeout = self._timed_out(late, deadline, mesh)
         if not failed:
             return timeout
-        mesh = self._mesh._as_called(route)
         failures = {i: e for i, e in failed.items() if not mesh._hole(i, e)}
         if not failures:
             return timeout
@@ -654,12 +654,13 @@ class Endpoint(Generic[P, R]):
             *((points[i], e) for i, e in failures.items()), *((points[i], timeout) for i in late)],
             head=f"{timeout.args[0]}; {others}")
 
-    def _timed_out(self, late: list[int], deadline: float | None, route: Route) -> CallTimeout:
-        """The error of a call through ``route`` whose ``deadline`` passed,
-        naming the late actors (their indices in the view as called; ranks
-        as in ActorError/SupervisionError); ``inherited`` if ``deadline`` is
-        the one of the call being served (then over: see :func:`_expire`)."""
-        mesh = self._mesh._as_called(route)
+    def _timed_out(self, late: list[int], deadline: float | None,
+                   mesh: CallTarget) -> CallTimeout:
+        """The error of a call to ``mesh`` (the view as called) whose
+        ``deadline`` passed, naming the late actors (their indices in it;
+        ranks as in ActorError/SupervisionError); ``inherited`` if
+        ``deadline`` is the one of the call being served (then over: see
+        :func:`_expire`)."""
         ranks = [mesh._site(i).rank for i in late]
         scope = call_scope()
         inherited = scope is not None and scope.deadline == deadline
