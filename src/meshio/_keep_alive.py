@@ -376,18 +376,16 @@ def claim(record: KeptMesh) -> None:
     """Take the name of the new kept-alive mesh of ``record`` (no workers
     yet: they are being started) by writing its record: while this
     controller lives, or the mesh's workers do, a second claim of the name
-    is refused (:func:`_holder`).
+    is refused (:func:`_holder`): its first :func:`publish`.
 
     Raises:
         ValueError: another live proc mesh has the name.
         OSError: the record cannot be written.
     """
+    other = publish(record)
+    if other is None:
+        return
     name = record.name
-    with _records_locked():
-        other = _holder(record, None)
-        if other is None:
-            _write(record)
-            return
     if not other.workers:
         raise ValueError(
             f"spawn_procs(name={name!r}, keep_alive=...): a proc mesh named {name!r} is being "
